@@ -1,0 +1,42 @@
+// swift-tools-version: 6.0
+import PackageDescription
+
+// Library targets carry no unsafeFlags: SwiftPM refuses those in dependencies, and SwiftVLM must be usable as one.
+let package = Package(
+    name: "SwiftVLM",
+    platforms: [.macOS(.v14)],
+    products: [
+        .library(name: "SwiftVLM", targets: ["SwiftVLM"]),
+        .executable(name: "vlm", targets: ["vlm"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
+    ],
+    targets: [
+        // C libraries from Debian's -dev packages.
+        .systemLibrary(name: "CDNNL", path: "Sources/CDNNL"),
+        .systemLibrary(name: "CTurboJPEG", path: "Sources/CTurboJPEG"),
+        .systemLibrary(name: "CSPNG", path: "Sources/CSPNG"),
+        .systemLibrary(name: "CWebP", path: "Sources/CWebP"),
+
+        .target(name: "VLMTensor", dependencies: ["CDNNL"]),
+        .target(name: "VLMCheckpoint", dependencies: ["VLMTensor"]),
+        .target(name: "VLMTokenizers"),
+        .target(name: "VLMImages", dependencies: ["VLMTensor", "CTurboJPEG", "CSPNG", "CWebP"]),
+        .target(name: "VLMModels", dependencies: ["VLMTensor", "VLMCheckpoint"]),
+        .target(name: "VLMPipelines", dependencies: ["VLMTensor", "VLMCheckpoint", "VLMTokenizers", "VLMImages", "VLMModels"]),
+        .target(name: "SwiftVLM", dependencies: ["VLMTensor", "VLMCheckpoint", "VLMTokenizers", "VLMImages", "VLMModels", "VLMPipelines"]),
+        .executableTarget(name: "vlm", dependencies: [
+            "SwiftVLM",
+            .product(name: "ArgumentParser", package: "swift-argument-parser"),
+        ]),
+
+        .testTarget(name: "VLMTensorTests", dependencies: ["VLMTensor"]),
+        .testTarget(name: "VLMCheckpointTests", dependencies: ["VLMCheckpoint"]),
+        .testTarget(name: "VLMTokenizersTests", dependencies: ["VLMTokenizers"]),
+        .testTarget(name: "VLMImagesTests", dependencies: ["VLMImages"]),
+        .testTarget(name: "VLMModelsTests", dependencies: ["VLMModels", "VLMCheckpoint", "VLMPipelines"]),
+        .testTarget(name: "vlmTests", dependencies: ["vlm"]),
+    ],
+    swiftLanguageModes: [.v6]
+)

@@ -1,0 +1,7 @@
+// One import for library users: `import SwiftVLM` brings every module's public API.
+@_exported import VLMTensor
+@_exported import VLMCheckpoint
+@_exported import VLMTokenizers
+@_exported import VLMImages
+@_exported import VLMModels
+@_exported import VLMPipelines

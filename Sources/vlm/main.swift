@@ -1,0 +1,1 @@
+print("vlm: not yet implemented")
