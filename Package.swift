@@ -35,8 +35,9 @@ let package = Package(
         .testTarget(name: "VLMCheckpointTests", dependencies: ["VLMCheckpoint"]),
         .testTarget(name: "VLMTokenizersTests", dependencies: ["VLMTokenizers"]),
         .testTarget(name: "VLMImagesTests", dependencies: ["VLMImages"]),
-        .testTarget(name: "VLMModelsTests", dependencies: ["VLMModels", "VLMCheckpoint", "VLMPipelines"]),
-        .testTarget(name: "vlmTests", dependencies: ["vlm"]),
+        .testTarget(name: "VLMModelsTests", dependencies: ["VLMModels", "VLMCheckpoint", "VLMTensor"]),
+        .testTarget(name: "VLMPipelinesTests", dependencies: ["VLMPipelines", "VLMCheckpoint", "VLMImages", "VLMTensor"]),
+        .testTarget(name: "vlmTests", dependencies: ["vlm", "VLMCheckpoint"]),
     ],
     swiftLanguageModes: [.v6]
 )

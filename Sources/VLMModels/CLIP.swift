@@ -1,0 +1,249 @@
+import Foundation
+import VLMCheckpoint
+import VLMTensor
+
+// CLIP (Radford et al. 2021) as transformers' models/clip/modeling_clip.py builds it: a ViT image tower and a causal
+// text transformer, each projected into a shared embedding space where cosine similarity ranks image–text pairs.
+
+/// transformers' `CLIPTextConfig`, with its defaults.
+public struct CLIPTextConfig: Decodable, Sendable {
+    public var vocabSize: Int
+    public var hiddenSize: Int
+    public var intermediateSize: Int
+    public var numHiddenLayers: Int
+    public var numAttentionHeads: Int
+    public var maxPositionEmbeddings: Int
+    public var hiddenAct: String
+    public var layerNormEps: Float
+    public var eosTokenId: Int
+
+    enum CodingKeys: String, CodingKey {
+        case vocabSize = "vocab_size", hiddenSize = "hidden_size", intermediateSize = "intermediate_size"
+        case numHiddenLayers = "num_hidden_layers", numAttentionHeads = "num_attention_heads"
+        case maxPositionEmbeddings = "max_position_embeddings", hiddenAct = "hidden_act"
+        case layerNormEps = "layer_norm_eps", eosTokenId = "eos_token_id"
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        vocabSize = try c.value(.vocabSize, default: 49408)
+        hiddenSize = try c.value(.hiddenSize, default: 512)
+        intermediateSize = try c.value(.intermediateSize, default: 2048)
+        numHiddenLayers = try c.value(.numHiddenLayers, default: 12)
+        numAttentionHeads = try c.value(.numAttentionHeads, default: 8)
+        maxPositionEmbeddings = try c.value(.maxPositionEmbeddings, default: 77)
+        hiddenAct = try c.value(.hiddenAct, default: "quick_gelu")
+        layerNormEps = try c.value(.layerNormEps, default: 1e-5)
+        eosTokenId = try c.value(.eosTokenId, default: 49407)
+    }
+}
+
+/// transformers' `CLIPVisionConfig`, with its defaults.
+public struct CLIPVisionConfig: Decodable, Sendable {
+    public var hiddenSize: Int
+    public var intermediateSize: Int
+    public var numHiddenLayers: Int
+    public var numAttentionHeads: Int
+    public var numChannels: Int
+    public var imageSize: Int
+    public var patchSize: Int
+    public var hiddenAct: String
+    public var layerNormEps: Float
+
+    enum CodingKeys: String, CodingKey {
+        case hiddenSize = "hidden_size", intermediateSize = "intermediate_size"
+        case numHiddenLayers = "num_hidden_layers", numAttentionHeads = "num_attention_heads"
+        case numChannels = "num_channels", imageSize = "image_size", patchSize = "patch_size"
+        case hiddenAct = "hidden_act", layerNormEps = "layer_norm_eps"
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        hiddenSize = try c.value(.hiddenSize, default: 768)
+        intermediateSize = try c.value(.intermediateSize, default: 3072)
+        numHiddenLayers = try c.value(.numHiddenLayers, default: 12)
+        numAttentionHeads = try c.value(.numAttentionHeads, default: 12)
+        numChannels = try c.value(.numChannels, default: 3)
+        imageSize = try c.value(.imageSize, default: 224)
+        patchSize = try c.value(.patchSize, default: 32)
+        hiddenAct = try c.value(.hiddenAct, default: "quick_gelu")
+        layerNormEps = try c.value(.layerNormEps, default: 1e-5)
+    }
+
+    var patchesPerSide: Int { imageSize / patchSize }
+}
+
+/// transformers' `CLIPConfig`: both towers and the shared projection size.
+public struct CLIPConfig: Decodable, Sendable {
+    public var textConfig: CLIPTextConfig
+    public var visionConfig: CLIPVisionConfig
+    public var projectionDim: Int
+
+    enum CodingKeys: String, CodingKey {
+        case textConfig = "text_config", visionConfig = "vision_config", projectionDim = "projection_dim"
+    }
+
+    private struct Empty: Decodable {}
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        // An absent sub-config means all of its defaults, as CLIPConfig(text_config=None) does.
+        textConfig = try c.decodeIfPresent(CLIPTextConfig.self, forKey: .textConfig)
+            ?? JSONDecoder().decode(CLIPTextConfig.self, from: Data("{}".utf8))
+        visionConfig = try c.decodeIfPresent(CLIPVisionConfig.self, forKey: .visionConfig)
+            ?? JSONDecoder().decode(CLIPVisionConfig.self, from: Data("{}".utf8))
+        projectionDim = try c.value(.projectionDim, default: 512)
+    }
+}
+
+/// `CLIPVisionTransformer`: patch embedding, class token, learned positions, pre-norm encoder, pooled class token.
+final class CLIPVisionTransformer: Sendable {
+    let config: CLIPVisionConfig
+    let patchEmbedding: Conv2d
+    let classEmbedding: Tensor
+    let positionEmbedding: Tensor
+    let preLayerNorm: LayerNorm
+    let layers: [PreNormEncoderLayer]
+    let postLayerNorm: LayerNorm
+
+    init(_ config: CLIPVisionConfig, weights: Weights, file: String) throws {
+        guard config.patchSize > 0, config.imageSize % config.patchSize == 0,
+              config.numAttentionHeads > 0, config.hiddenSize % config.numAttentionHeads == 0 else {
+            throw ModelError.invalidConfig("vision_config: image_size \(config.imageSize) must be a multiple of patch_size \(config.patchSize), hidden_size \(config.hiddenSize) of num_attention_heads \(config.numAttentionHeads)", file: file)
+        }
+        self.config = config
+        let d = config.hiddenSize
+        let embeddings = weights.scoped("embeddings")
+        patchEmbedding = try Conv2d(
+            weight: embeddings("patch_embedding.weight", shape: [d, config.numChannels, config.patchSize, config.patchSize]),
+            bias: nil, stride: config.patchSize, padding: 0)
+        classEmbedding = try embeddings("class_embedding", shape: [d]).reshaped([1, 1, d])
+        positionEmbedding = try embeddings("position_embedding.weight", shape: [config.patchesPerSide * config.patchesPerSide + 1, d])
+        preLayerNorm = try LayerNorm(weights.scoped("pre_layrnorm"), size: d, eps: config.layerNormEps)
+        let activation = try Activation(huggingFaceName: config.hiddenAct, file: file)
+        layers = try (0..<config.numHiddenLayers).map { i in
+            try PreNormEncoderLayer(weights.scoped("encoder.layers.\(i)"), hiddenSize: d,
+                                    intermediateSize: config.intermediateSize, heads: config.numAttentionHeads,
+                                    activation: activation, eps: config.layerNormEps)
+        }
+        postLayerNorm = try LayerNorm(weights.scoped("post_layernorm"), size: d, eps: config.layerNormEps)
+    }
+
+    /// pixel_values [B, C, S, S] → the post-layernormed class token [B, D] (transformers' pooler_output).
+    func pooledOutput(_ pixelValues: Tensor) throws -> Tensor {
+        let expected = [config.numChannels, config.imageSize, config.imageSize]
+        guard pixelValues.rank == 4, Array(pixelValues.shape.dropFirst()) == expected else {
+            throw ModelError.invalidInput("CLIP vision model expects pixel values [batch, \(expected.map(String.init).joined(separator: ", "))], got \(pixelValues.shape)")
+        }
+        let batch = pixelValues.shape[0], d = config.hiddenSize
+        let patches = patchEmbedding(pixelValues, channelsLast: true).reshaped([batch, -1, d])
+        let classTokens = concatenate(Array(repeating: classEmbedding, count: batch), axis: 0)
+        var hidden = add(concatenate([classTokens, patches], axis: 1), positionEmbedding)
+        hidden = preLayerNorm(hidden)
+        for layer in layers { hidden = layer(hidden) }
+        return postLayerNorm(gatherTokens(hidden, positions: Array(repeating: 0, count: batch)))
+    }
+}
+
+/// `CLIPTextTransformer`: token + position embeddings, causal pre-norm encoder, final norm, eos pooling.
+final class CLIPTextTransformer: Sendable {
+    let config: CLIPTextConfig
+    let tokenEmbedding: Tensor
+    let positionEmbedding: Tensor
+    let layers: [PreNormEncoderLayer]
+    let finalLayerNorm: LayerNorm
+
+    init(_ config: CLIPTextConfig, weights: Weights, file: String) throws {
+        guard config.numAttentionHeads > 0, config.hiddenSize % config.numAttentionHeads == 0 else {
+            throw ModelError.invalidConfig("text_config: hidden_size \(config.hiddenSize) is not a multiple of num_attention_heads \(config.numAttentionHeads)", file: file)
+        }
+        self.config = config
+        let d = config.hiddenSize
+        tokenEmbedding = try weights("embeddings.token_embedding.weight", shape: [config.vocabSize, d])
+        positionEmbedding = try weights("embeddings.position_embedding.weight", shape: [config.maxPositionEmbeddings, d])
+        let activation = try Activation(huggingFaceName: config.hiddenAct, file: file)
+        layers = try (0..<config.numHiddenLayers).map { i in
+            try PreNormEncoderLayer(weights.scoped("encoder.layers.\(i)"), hiddenSize: d,
+                                    intermediateSize: config.intermediateSize, heads: config.numAttentionHeads,
+                                    activation: activation, eps: config.layerNormEps)
+        }
+        finalLayerNorm = try LayerNorm(weights.scoped("final_layer_norm"), size: d, eps: config.layerNormEps)
+    }
+
+    /// input_ids [B][T] (all rows the same length) → the final-normed state at each text's eos position [B, D].
+    func pooledOutput(inputIds: [[Int]], attentionMask: [[Int]]?) throws -> Tensor {
+        let batch = inputIds.count
+        let length = inputIds.first?.count ?? 0
+        guard batch > 0, length > 0, inputIds.allSatisfy({ $0.count == length }) else {
+            throw ModelError.invalidInput("CLIP text model expects a non-empty batch of equally long token sequences")
+        }
+        guard length <= config.maxPositionEmbeddings else {
+            throw ModelError.invalidInput("sequence of \(length) tokens exceeds max_position_embeddings \(config.maxPositionEmbeddings)")
+        }
+        let flat = inputIds.flatMap { $0 }
+        if let bad = flat.first(where: { $0 < 0 || $0 >= config.vocabSize }) {
+            throw ModelError.invalidInput("token id \(bad) is outside the vocabulary of \(config.vocabSize)")
+        }
+        let d = config.hiddenSize
+        let tokens = embedding(tokenEmbedding, ids: flat).reshaped([batch, length, d])
+        var hidden = add(tokens, embedding(positionEmbedding, ids: Array(0..<length)))
+        let mask = attentionMask.map { Tensor(shape: [batch, length], scalars: $0.flatMap { $0.map(Float.init) }) }
+        for layer in layers { hidden = layer(hidden, causal: true, keyPaddingMask: mask) }
+        hidden = finalLayerNorm(hidden)
+        return gatherTokens(hidden, positions: inputIds.map(eosPosition))
+    }
+
+    /// Where transformers pools: the argmax id under the legacy `eos_token_id == 2` configs (the eot token had the
+    /// highest id), otherwise the first `eos_token_id` (position 0 when there is none, as argmax of all-false gives).
+    private func eosPosition(_ ids: [Int]) -> Int {
+        if config.eosTokenId == 2 {
+            return ids.indices.max { ids[$0] < ids[$1] || (ids[$0] == ids[$1] && $0 > $1) } ?? 0
+        }
+        return ids.firstIndex(of: config.eosTokenId) ?? 0
+    }
+}
+
+/// transformers' `CLIPModel`: both towers, their projections and the learned temperature.
+public final class CLIPModel: ImageTextDualEncoder {
+    public let config: CLIPConfig
+    let vision: CLIPVisionTransformer
+    let text: CLIPTextTransformer
+    let visualProjection: Linear
+    let textProjection: Linear
+    public let logitScale: Float
+
+    /// Loads config.json and the safetensors weights of a checkpoint directory.
+    public convenience init(directory: ModelDirectory) throws {
+        try self.init(config: directory.decode(CLIPConfig.self), weights: Weights(WeightStore(directory: directory.url)),
+                      file: directory.url.appendingPathComponent("config.json").path)
+    }
+
+    public init(config: CLIPConfig, weights: Weights, file: String = "config.json") throws {
+        self.config = config
+        vision = try CLIPVisionTransformer(config.visionConfig, weights: weights.scoped("vision_model"), file: file)
+        text = try CLIPTextTransformer(config.textConfig, weights: weights.scoped("text_model"), file: file)
+        visualProjection = try Linear(weights.scoped("visual_projection"), inFeatures: config.visionConfig.hiddenSize,
+                                      outFeatures: config.projectionDim, bias: false)
+        textProjection = try Linear(weights.scoped("text_projection"), inFeatures: config.textConfig.hiddenSize,
+                                    outFeatures: config.projectionDim, bias: false)
+        logitScale = try weights("logit_scale").scalars.first ?? 0
+    }
+
+    public var imageSize: Int { config.visionConfig.imageSize }
+    public var embeddingSize: Int { config.projectionDim }
+
+    /// `get_image_features`: projected (not normalized) image embeddings [B, projection_dim].
+    public func imageFeatures(pixelValues: Tensor) throws -> Tensor {
+        try visualProjection(vision.pooledOutput(pixelValues))
+    }
+
+    /// `get_text_features`: projected (not normalized) text embeddings [B, projection_dim].
+    public func textFeatures(inputIds: [[Int]], attentionMask: [[Int]]?) throws -> Tensor {
+        try textProjection(text.pooledOutput(inputIds: inputIds, attentionMask: attentionMask))
+    }
+
+    /// `logits_per_image`: exp(logit_scale) × cosine similarity, [images, texts].
+    public func logitsPerImage(imageFeatures: Tensor, textFeatures: Tensor) -> Tensor {
+        scaled(matmul(l2Normalized(imageFeatures), l2Normalized(textFeatures), transposeB: true), by: Float(exp(Double(logitScale))))
+    }
+}

@@ -1,0 +1,122 @@
+import VLMCheckpoint
+import VLMTensor
+
+/// Errors in a model's configuration that its weights cannot fix.
+public enum ModelError: Error, CustomStringConvertible {
+    case unsupportedModelType(String, file: String)
+    case unsupportedActivation(String, file: String)
+    case invalidConfig(String, file: String)
+    case invalidInput(String)
+
+    public var description: String {
+        switch self {
+        case .unsupportedModelType(let type, let file):
+            return "\(file): model_type \"\(type)\" is not supported (supported: \(ModelRegistry.supportedTypes.joined(separator: ", ")))"
+        case .unsupportedActivation(let name, let file):
+            return "\(file): hidden_act \"\(name)\" is not supported"
+        case .invalidConfig(let message, let file):
+            return "\(file): \(message)"
+        case .invalidInput(let message):
+            return message
+        }
+    }
+}
+
+extension Activation {
+    /// The activation transformers' ACT2FN maps `name` to.
+    init(huggingFaceName name: String, file: String) throws {
+        switch name {
+        case "gelu": self = .gelu
+        case "quick_gelu": self = .quickGelu
+        case "gelu_new", "gelu_pytorch_tanh", "gelu_fast": self = .geluTanh
+        case "relu": self = .relu
+        case "silu", "swish": self = .silu
+        default: throw ModelError.unsupportedActivation(name, file: file)
+        }
+    }
+}
+
+extension Linear {
+    /// nn.Linear weights stored as `<scope>.weight` [out, in] and, when `bias`, `<scope>.bias` [out].
+    convenience init(_ weights: Weights, inFeatures: Int, outFeatures: Int, bias: Bool = true) throws {
+        try self.init(weight: weights("weight", shape: [outFeatures, inFeatures]),
+                      bias: bias ? weights("bias", shape: [outFeatures]) : nil)
+    }
+}
+
+/// nn.LayerNorm over the last dimension.
+struct LayerNorm {
+    let weight: Tensor
+    let bias: Tensor
+    let eps: Float
+
+    init(_ weights: Weights, size: Int, eps: Float) throws {
+        weight = try weights("weight", shape: [size])
+        bias = try weights("bias", shape: [size])
+        self.eps = eps
+    }
+
+    func callAsFunction(_ x: Tensor) -> Tensor { layerNorm(x, weight: weight, bias: bias, eps: eps) }
+}
+
+/// Multi-head self-attention with separate q/k/v/out projections (CLIP, SigLIP, ViT-style names).
+struct SelfAttention {
+    let query: Linear
+    let key: Linear
+    let value: Linear
+    let output: Linear
+    let heads: Int
+
+    init(_ weights: Weights, hiddenSize: Int, heads: Int) throws {
+        query = try Linear(weights.scoped("q_proj"), inFeatures: hiddenSize, outFeatures: hiddenSize)
+        key = try Linear(weights.scoped("k_proj"), inFeatures: hiddenSize, outFeatures: hiddenSize)
+        value = try Linear(weights.scoped("v_proj"), inFeatures: hiddenSize, outFeatures: hiddenSize)
+        output = try Linear(weights.scoped("out_proj"), inFeatures: hiddenSize, outFeatures: hiddenSize)
+        self.heads = heads
+    }
+
+    /// Attention over `x` [B, T, D]; `residual` is added to the output projection (the pre-norm block's skip).
+    func callAsFunction(_ x: Tensor, causal: Bool, keyPaddingMask: Tensor?, residual: Tensor) -> Tensor {
+        let context = attention(query: query(x), key: key(x), value: value(x), heads: heads,
+                                causal: causal, keyPaddingMask: keyPaddingMask)
+        return output(context, residual: residual)
+    }
+}
+
+/// The two-layer MLP of a transformer block: fc2(act(fc1(x))).
+struct FeedForward {
+    let fc1: Linear
+    let fc2: Linear
+    let activation: Activation
+
+    init(_ weights: Weights, hiddenSize: Int, intermediateSize: Int, activation: Activation) throws {
+        fc1 = try Linear(weights.scoped("fc1"), inFeatures: hiddenSize, outFeatures: intermediateSize)
+        fc2 = try Linear(weights.scoped("fc2"), inFeatures: intermediateSize, outFeatures: hiddenSize)
+        self.activation = activation
+    }
+
+    func callAsFunction(_ x: Tensor, residual: Tensor) -> Tensor {
+        fc2(fc1(x, activation: activation), residual: residual)
+    }
+}
+
+/// A pre-norm encoder block (CLIP, SigLIP): x + attn(ln1(x)), then h + mlp(ln2(h)).
+struct PreNormEncoderLayer {
+    let layerNorm1: LayerNorm
+    let selfAttention: SelfAttention
+    let layerNorm2: LayerNorm
+    let mlp: FeedForward
+
+    init(_ weights: Weights, hiddenSize: Int, intermediateSize: Int, heads: Int, activation: Activation, eps: Float) throws {
+        layerNorm1 = try LayerNorm(weights.scoped("layer_norm1"), size: hiddenSize, eps: eps)
+        selfAttention = try SelfAttention(weights.scoped("self_attn"), hiddenSize: hiddenSize, heads: heads)
+        layerNorm2 = try LayerNorm(weights.scoped("layer_norm2"), size: hiddenSize, eps: eps)
+        mlp = try FeedForward(weights.scoped("mlp"), hiddenSize: hiddenSize, intermediateSize: intermediateSize,
+                              activation: activation)
+    }
+
+    func callAsFunction(_ x: Tensor, causal: Bool = false, keyPaddingMask: Tensor? = nil) -> Tensor {
+        let attended = selfAttention(layerNorm1(x), causal: causal, keyPaddingMask: keyPaddingMask, residual: x)
+        return mlp(layerNorm2(attended), residual: attended)
+    }
+}

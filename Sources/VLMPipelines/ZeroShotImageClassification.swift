@@ -1,0 +1,43 @@
+import Foundation
+import VLMImages
+import VLMTensor
+
+/// One candidate label and its probability for an image.
+public struct LabelScore: Sendable, Codable, Equatable {
+    public let label: String
+    public let score: Float
+}
+
+/// transformers' "zero-shot-image-classification" pipeline: each label is put into the hypothesis template, and the
+/// image's logits over those prompts are softmaxed.
+public struct ZeroShotImageClassificationPipeline: Sendable {
+    public static let defaultHypothesisTemplate = "This is a photo of {}."
+    public let encoder: DualEncoderPipeline
+
+    public init(directory: URL) throws {
+        encoder = try DualEncoderPipeline(directory: directory)
+    }
+
+    public init(encoder: DualEncoderPipeline) {
+        self.encoder = encoder
+    }
+
+    /// Scores per image, sorted high to low (ties keep the labels' order, as Python's stable sort does).
+    public func callAsFunction(_ images: [RGBImage], candidateLabels: [String],
+                               hypothesisTemplate: String = defaultHypothesisTemplate) throws -> [[LabelScore]] {
+        guard !candidateLabels.isEmpty else { throw PipelineError.noCandidateLabels }
+        guard !images.isEmpty else { throw PipelineError.noInputs }
+        let prompts = candidateLabels.map { hypothesisTemplate.replacingOccurrences(of: "{}", with: $0) }
+        let textFeatures = try encoder.textEmbeddings(prompts)
+        let imageFeatures = try encoder.imageEmbeddings(images)
+        let probabilities = softmax(encoder.model.logitsPerImage(imageFeatures: imageFeatures, textFeatures: textFeatures)).scalars
+        let labels = candidateLabels.count
+        return images.indices.map { image in
+            let row = probabilities[(image * labels)..<((image + 1) * labels)]
+            return zip(candidateLabels, row).map { LabelScore(label: $0, score: $1) }
+                .enumerated()
+                .sorted { $0.element.score != $1.element.score ? $0.element.score > $1.element.score : $0.offset < $1.offset }
+                .map(\.element)
+        }
+    }
+}

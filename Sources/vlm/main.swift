@@ -1,1 +1,0 @@
-print("vlm: not yet implemented")

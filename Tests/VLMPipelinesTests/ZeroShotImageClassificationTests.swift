@@ -1,0 +1,78 @@
+import Foundation
+import Testing
+import VLMCheckpoint
+import VLMImages
+import VLMPipelines
+import VLMTensor
+
+/// End to end from files: photos → decoder → image processor, texts → tokenizer, through the model, against what
+/// transformers' processor, tokenizer, model and pipeline gave (oracle/clip.py).
+@Suite struct ZeroShotImageClassificationTests {
+    struct Expected: Decodable {
+        struct Classified: Decodable { let image: String; let scores: [Score] }
+        struct Score: Decodable { let label: String; let score: Float }
+        let photos: [String]
+        let texts: [String]
+        let input_ids: [[Int]]
+        let labels: [String]
+        let template: String
+        let zero_shot: [Classified]
+    }
+
+    static let checkpoints = ["tiny-quickgelu-argmax", "tiny-gelu-eos-fp16", "tiny-sharded-bf16"]
+    static let fixtures = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .appendingPathComponent("Fixtures")
+
+    struct Fixture {
+        let directory: URL
+        let expected: Expected
+        let tensors: SafetensorsFile
+        let photos: [RGBImage]
+
+        init(_ checkpoint: String) throws {
+            directory = ZeroShotImageClassificationTests.fixtures.appendingPathComponent("clip/\(checkpoint)")
+            expected = try JSONDecoder().decode(Expected.self, from: Data(contentsOf: directory.appendingPathComponent("expected.json")))
+            tensors = try SafetensorsFile(url: directory.appendingPathComponent("expected.safetensors"))
+            photos = try expected.photos.map { try ImageDecoder.decode(contentsOf: ZeroShotImageClassificationTests.fixtures.appendingPathComponent("photos/\($0)")) }
+        }
+    }
+
+    static func maxAbsDifference(_ a: Tensor, _ b: Tensor) -> Float {
+        #expect(a.shape == b.shape)
+        return zip(a.scalars, b.scalars).reduce(0) { max($0, abs($1.0 - $1.1)) }
+    }
+
+    @Test(arguments: checkpoints)
+    func imageEmbeddingsFromPhotoFiles(_ checkpoint: String) throws {
+        let test = try Fixture(checkpoint)
+        let pipeline = try DualEncoderPipeline(directory: test.directory)
+        #expect(Self.maxAbsDifference(pipeline.imageProcessor(test.photos), try test.tensors.tensor("pixel_values")) < 1e-5)
+        #expect(Self.maxAbsDifference(try pipeline.imageEmbeddings(test.photos), try test.tensors.tensor("image_embeds")) < 1e-4)
+    }
+
+    @Test(arguments: checkpoints)
+    func textEmbeddingsFromStrings(_ checkpoint: String) throws {
+        let test = try Fixture(checkpoint)
+        let pipeline = try DualEncoderPipeline(directory: test.directory)
+        let encodings = pipeline.tokenizer.encode(test.expected.texts, padding: .longest, truncation: true)
+        #expect(encodings.map(\.ids) == test.expected.input_ids)
+        #expect(Self.maxAbsDifference(try pipeline.textEmbeddings(test.expected.texts), try test.tensors.tensor("text_embeds")) < 1e-4)
+    }
+
+    @Test(arguments: checkpoints)
+    func scoresMatchTheTransformersPipeline(_ checkpoint: String) throws {
+        let test = try Fixture(checkpoint)
+        let pipeline = try ZeroShotImageClassificationPipeline(directory: test.directory)
+        let results = try pipeline(test.photos, candidateLabels: test.expected.labels, hypothesisTemplate: test.expected.template)
+        for (result, expected) in zip(results, test.expected.zero_shot) {
+            #expect(result.map(\.label) == expected.scores.map(\.label))
+            for (got, want) in zip(result, expected.scores) { #expect(abs(got.score - want.score) < 1e-4) }
+        }
+    }
+
+    @Test func emptyLabelListIsRefused() throws {
+        let test = try Fixture(Self.checkpoints[0])
+        let pipeline = try ZeroShotImageClassificationPipeline(directory: test.directory)
+        #expect(throws: PipelineError.self) { try pipeline(test.photos, candidateLabels: []) }
+    }
+}

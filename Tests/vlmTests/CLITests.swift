@@ -1,0 +1,198 @@
+import Foundation
+import Testing
+import VLMCheckpoint
+
+/// Runs the built `vlm` executable as a user would and reads what it prints.
+struct CLI {
+    struct Run {
+        let status: Int32
+        let stdout: String
+        let stderr: String
+    }
+
+    static let fixtures = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .appendingPathComponent("Fixtures")
+
+    /// The executable sits beside the test bundle in SwiftPM's build directory.
+    static let executable: URL = {
+        #if os(Linux)
+        let bundle = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
+        #else
+        let bundle = Bundle.allBundles.first { $0.bundlePath.hasSuffix(".xctest") }!.bundleURL
+        #endif
+        return bundle.deletingLastPathComponent().appendingPathComponent("vlm")
+    }()
+
+    static func run(_ arguments: [String]) throws -> Run {
+        let process = Process()
+        process.executableURL = executable
+        process.arguments = arguments
+        let out = Pipe(), err = Pipe()
+        process.standardOutput = out
+        process.standardError = err
+        try process.run()
+        // Read before waiting so a large output cannot fill the pipe and stall the child.
+        let stdout = out.fileHandleForReading.readDataToEndOfFile()
+        let stderr = err.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return Run(status: process.terminationStatus, stdout: String(decoding: stdout, as: UTF8.self),
+                   stderr: String(decoding: stderr, as: UTF8.self))
+    }
+
+    static func json(_ run: Run) throws -> Any {
+        try JSONSerialization.jsonObject(with: Data(run.stdout.utf8))
+    }
+}
+
+@Suite struct CLITests {
+    struct Expected: Decodable {
+        struct Classified: Decodable { let image: String; let scores: [Score] }
+        struct Score: Decodable { let label: String; let score: Double }
+        let texts: [String]
+        let input_ids: [[Int]]
+        let attention_mask: [[Int]]
+        let labels: [String]
+        let zero_shot: [Classified]
+    }
+
+    let model = CLI.fixtures.appendingPathComponent("clip/tiny-quickgelu-argmax")
+    let expected: Expected
+
+    init() throws {
+        expected = try JSONDecoder().decode(Expected.self, from: Data(contentsOf: model.appendingPathComponent("expected.json")))
+    }
+
+    func photo(_ name: String) -> String { CLI.fixtures.appendingPathComponent("photos/\(name)").path }
+
+    @Test func classifyPrintsTheTransformersPipelineScores() throws {
+        let images = [photo("chelsea.png"), photo("rocket.jpg")]
+        let run = try CLI.run(["classify"] + images + ["--model", model.path, "--labels", expected.labels.joined(separator: ","), "--json"])
+        #expect(run.status == 0, "\(run.stderr)")
+        let results = try #require(try CLI.json(run) as? [[String: Any]])
+        #expect(results.count == 2)
+        for (result, image) in zip(results, images) {
+            #expect(result["image"] as? String == image)
+            let want = try #require(expected.zero_shot.first { image.hasSuffix($0.image) })
+            let scores = try #require(result["scores"] as? [[String: Any]])
+            #expect(scores.map { $0["label"] as? String } == want.scores.map(\.label))
+            for (got, score) in zip(scores, want.scores) {
+                #expect(abs((got["score"] as? Double ?? -1) - score.score) < 1e-4)
+            }
+        }
+    }
+
+    @Test func classifyPrintsARankedTable() throws {
+        let run = try CLI.run(["classify", photo("coffee.png"), "--model", model.path, "--labels", "cat, coffee"])
+        #expect(run.status == 0, "\(run.stderr)")
+        let lines = run.stdout.split(separator: "\n")
+        #expect(lines.count == 3)
+        #expect(lines.first.map(String.init) == photo("coffee.png"))
+    }
+
+    func embeddings(_ arguments: [String]) throws -> [[Double]] {
+        let run = try CLI.run(["embed", "--model", model.path, "--json"] + arguments)
+        #expect(run.status == 0, "\(run.stderr)")
+        return try #require((try CLI.json(run) as? [String: Any])?["embeddings"] as? [[Double]])
+    }
+
+    func expectRows(_ rows: [[Double]], equal name: String, rows indices: [Int]) throws {
+        let tensors = try SafetensorsFile(url: model.appendingPathComponent("expected.safetensors"))
+        let expectedRows = try tensors.tensor(name)
+        let width = expectedRows.shape[1]
+        #expect(rows.count == indices.count)
+        for (row, index) in zip(rows, indices) {
+            let want = expectedRows.scalars[(index * width)..<((index + 1) * width)]
+            #expect(row.count == width)
+            #expect(zip(row, want).allSatisfy { abs($0 - Double($1)) < 1e-4 })
+        }
+    }
+
+    @Test func embedTextsLikeGetTextFeatures() throws {
+        try expectRows(embeddings(["--text"] + expected.texts), equal: "text_embeds", rows: Array(expected.texts.indices))
+        for row in try embeddings(["--normalize", "--text"] + expected.texts) {
+            #expect(abs(row.reduce(0) { $0 + $1 * $1 } - 1) < 1e-5)
+        }
+    }
+
+    @Test func embedImagesLikeGetImageFeatures() throws {
+        // chelsea.png and camera.png are photos 0 and 3 of the oracle's batch.
+        try expectRows(embeddings(["--image", photo("chelsea.png"), photo("camera.png")]), equal: "image_embeds", rows: [0, 3])
+    }
+
+    @Test func tokenizeGivesIdsWithSpecialTokensAndNoPadding() throws {
+        let run = try CLI.run(["tokenize", "--model", model.path, "--json"] + expected.texts)
+        #expect(run.status == 0, "\(run.stderr)")
+        let results = try #require(try CLI.json(run) as? [[String: Any]])
+        for (index, result) in results.enumerated() where expected.attention_mask[index].last == 0 {
+            // Rows the oracle padded show the unpadded ids as the ones under the attention mask.
+            let unpadded = zip(expected.input_ids[index], expected.attention_mask[index]).filter { $0.1 == 1 }.map(\.0)
+            #expect(result["text"] as? String == expected.texts[index])
+            #expect(result["ids"] as? [Int] == unpadded)
+        }
+    }
+
+    @Test func benchReportsMillisecondsPerImage() throws {
+        let run = try CLI.run(["bench", "--model", model.path, "--batch-size", "2", "--runs", "2", "--json"])
+        #expect(run.status == 0, "\(run.stderr)")
+        let report = try #require(try CLI.json(run) as? [String: Any])
+        #expect(report["task"] as? String == "image-embedding")
+        #expect(report["batch_size"] as? Int == 2)
+        #expect((report["ms_per_item"] as? Double ?? 0) > 0)
+    }
+}
+
+/// Bad input: one line on stderr naming the problem, exit status 1, nothing on stdout.
+@Suite struct CLIBadInputTests {
+    let model = CLI.fixtures.appendingPathComponent("clip/tiny-quickgelu-argmax")
+    let photo = CLI.fixtures.appendingPathComponent("photos/chelsea.png").path
+
+    func expectOneLineError(_ arguments: [String], mentioning needle: String) throws {
+        let run = try CLI.run(arguments)
+        #expect(run.status == 1)
+        #expect(run.stdout.isEmpty)
+        let lines = run.stderr.split(separator: "\n", omittingEmptySubsequences: true)
+        #expect(lines.count == 1, "stderr: \(run.stderr)")
+        #expect(run.stderr.contains(needle), "stderr: \(run.stderr)")
+    }
+
+    func temporaryDirectory() throws -> URL {
+        let url = FileManager.default.temporaryDirectory.appendingPathComponent("vlm-tests-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
+        return url
+    }
+
+    @Test func missingImageFile() throws {
+        try expectOneLineError(["classify", "/nonexistent/cat.jpg", "--model", model.path, "--labels", "a,b"], mentioning: "/nonexistent/cat.jpg")
+    }
+
+    @Test func fileThatIsNotAnImage() throws {
+        let notImage = model.appendingPathComponent("config.json").path
+        try expectOneLineError(["classify", notImage, "--model", model.path, "--labels", "a,b"], mentioning: notImage)
+    }
+
+    @Test func truncatedImage() throws {
+        let directory = try temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let bytes = try Data(contentsOf: CLI.fixtures.appendingPathComponent("photos/rocket.jpg"))
+        let truncated = directory.appendingPathComponent("truncated.jpg")
+        try bytes.prefix(bytes.count / 3).write(to: truncated)
+        try expectOneLineError(["classify", truncated.path, "--model", model.path, "--labels", "a,b"], mentioning: truncated.path)
+    }
+
+    @Test func directoryWithoutConfig() throws {
+        let directory = try temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        try expectOneLineError(["classify", photo, "--model", directory.path, "--labels", "a,b"], mentioning: directory.path)
+    }
+
+    @Test func unsupportedModelType() throws {
+        let directory = try temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        try Data(#"{"model_type": "bert"}"#.utf8).write(to: directory.appendingPathComponent("config.json"))
+        try expectOneLineError(["classify", photo, "--model", directory.path, "--labels", "a,b"], mentioning: "bert")
+    }
+
+    @Test func emptyLabelList() throws {
+        try expectOneLineError(["classify", photo, "--model", model.path, "--labels", " , "], mentioning: "label")
+    }
+}
