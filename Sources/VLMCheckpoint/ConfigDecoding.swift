@@ -43,56 +43,38 @@ func dottedKeyPath(_ path: [any CodingKey]) -> String {
     return result
 }
 
-/// The key path a decoding error is about (including a missing key itself) and a one-line reason.
-func keyPathAndReason(_ error: DecodingError) -> (keyPath: String, reason: String) {
-    switch error {
-    case let .keyNotFound(key, context):
-        return (dottedKeyPath(context.codingPath + [key]), "required key is missing")
-    case let .valueNotFound(type, context):
-        return (dottedKeyPath(context.codingPath), "expected \(jsonTypeName(type)) but found null")
-    case let .typeMismatch(type, context):
-        return (dottedKeyPath(context.codingPath), "expected \(jsonTypeName(type)): \(context.debugDescription)")
-    case let .dataCorrupted(context):
-        return (dottedKeyPath(context.codingPath), syntaxDetail(context))
-    @unknown default:
-        return ("", "\(error)")
+/// Decodes JSON, turning a failure into a one-line checkpoint error: `syntaxError` gets where the JSON is malformed,
+/// `contentError` gets the dotted key path and what is wrong there.
+func decodeJSON<T: Decodable>(
+    _ type: T.Type, from data: Data,
+    syntaxError: (_ reason: String) -> CheckpointError,
+    contentError: (_ keyPath: String, _ reason: String) -> CheckpointError
+) throws -> T {
+    do {
+        return try JSONDecoder().decode(type, from: data)
+    } catch let error as DecodingError {
+        switch error {
+        case let .keyNotFound(key, context):
+            throw contentError(dottedKeyPath(context.codingPath + [key]), "required key is missing")
+        case let .valueNotFound(_, context), let .typeMismatch(_, context):
+            throw contentError(dottedKeyPath(context.codingPath), context.debugDescription)
+        case let .dataCorrupted(context) where context.codingPath.isEmpty:
+            throw syntaxError(jsonSyntaxDetail(data) ?? context.debugDescription)
+        case let .dataCorrupted(context):
+            throw contentError(dottedKeyPath(context.codingPath), context.debugDescription)
+        @unknown default:
+            throw contentError("", "\(error)")
+        }
     }
 }
 
-/// A decoding error as one line: `'key.path': reason`.
-func describe(_ error: DecodingError) -> String {
-    let (keyPath, reason) = keyPathAndReason(error)
-    return keyPath.isEmpty ? reason : "'\(keyPath)': \(reason)"
-}
-
-/// Maps a decoding error of `file` to a checkpoint error: malformed JSON stays a JSON error, the rest name the key.
-func checkpointError(_ error: DecodingError, file: String) -> CheckpointError {
-    if case let .dataCorrupted(context) = error, context.codingPath.isEmpty {
-        return .invalidJSON(file: file, reason: syntaxDetail(context))
-    }
-    let (keyPath, reason) = keyPathAndReason(error)
-    return .invalidConfig(file: file, keyPath: keyPath, reason: reason)
-}
-
-/// The parser's own message (which says where the syntax error is) rather than the generic "not valid JSON".
-private func syntaxDetail(_ context: DecodingError.Context) -> String {
-    if let underlying = context.underlyingError as NSError?,
-       let detail = underlying.userInfo[NSDebugDescriptionErrorKey] as? String {
-        return detail
-    }
-    return context.debugDescription
-}
-
-private func jsonTypeName(_ type: Any.Type) -> String {
-    switch type {
-    case is String.Type: return "a string"
-    case is Bool.Type: return "a boolean"
-    case is any BinaryInteger.Type: return "an integer"
-    case is any BinaryFloatingPoint.Type: return "a number"
-    default:
-        let name = String(describing: type)
-        if name.hasPrefix("Array<") || name.hasPrefix("[") { return "an array" }
-        if name.hasPrefix("Dictionary<") { return "an object" }
-        return name
+/// Where `data` stops being JSON, e.g. "Invalid value around character 22." JSONDecoder only says "not valid JSON";
+/// JSONSerialization says where.
+func jsonSyntaxDetail(_ data: Data) -> String? {
+    do {
+        _ = try JSONSerialization.jsonObject(with: data, options: .fragmentsAllowed)
+        return nil
+    } catch {
+        return (error as NSError).userInfo[NSDebugDescriptionErrorKey] as? String
     }
 }

@@ -33,12 +33,10 @@ public struct ModelDirectory: Sendable {
     /// `…/config.json: 'vision_config.hidden_size': expected an integer: …`.
     public func decode<T: Decodable>(_ type: T.Type, from file: String = "config.json") throws -> T {
         let path = url.appendingPathComponent(file).path
-        let data = try readJSONFile(path)
-        do {
-            return try JSONDecoder().decode(type, from: data)
-        } catch let error as DecodingError {
-            throw checkpointError(error, file: path)
-        }
+        return try decodeJSON(
+            type, from: readJSONFile(path),
+            syntaxError: { CheckpointError.invalidJSON(file: path, reason: $0) },
+            contentError: { CheckpointError.invalidConfig(file: path, keyPath: $0, reason: $1) })
     }
 
     /// The top-level object of a JSON file of the directory, or nil when the file is absent.

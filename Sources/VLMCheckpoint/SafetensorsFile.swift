@@ -131,14 +131,15 @@ public final class SafetensorsFile: @unchecked Sendable {
         let dataStart = 8 + Int(headerLength)
         let dataSize = bytes.count - dataStart
 
-        let header: RawHeader
-        do {
-            let data = Data(bytesNoCopy: UnsafeMutableRawPointer(mutating: bytes.baseAddress! + 8),
-                            count: Int(headerLength), deallocator: .none)
-            header = try JSONDecoder().decode(RawHeader.self, from: data)
-        } catch let error as DecodingError {
-            throw CheckpointError.invalidHeader(file: file, reason: describe(error))
-        }
+        // The header is at most 100 MB and the mapping outlives this call, so no copy is needed.
+        let headerData = Data(bytesNoCopy: UnsafeMutableRawPointer(mutating: bytes.baseAddress! + 8),
+                              count: Int(headerLength), deallocator: .none)
+        let header = try decodeJSON(
+            RawHeader.self, from: headerData,
+            syntaxError: { CheckpointError.invalidHeader(file: file, reason: "not valid JSON: \($0)") },
+            contentError: { keyPath, reason in
+                CheckpointError.invalidHeader(file: file, reason: keyPath.isEmpty ? reason : "'\(keyPath)': \(reason)")
+            })
 
         var infos: [String: TensorInfo] = [:]
         for (name, entry) in header.entries.sorted(by: { $0.key < $1.key }) {

@@ -73,14 +73,13 @@ public final class WeightStore: @unchecked Sendable {
 
     private static func openShards(index indexURL: URL, directory: URL) throws -> [String: SafetensorsFile] {
         let indexPath = indexURL.path
-        let weightMap: [String: String]
-        do {
-            weightMap = try JSONDecoder().decode(ShardIndex.self, from: readJSONFile(indexPath)).weightMap
-        } catch let error as DecodingError {
-            let mapped = checkpointError(error, file: indexPath)
-            if case .invalidJSON = mapped { throw mapped }
-            throw CheckpointError.invalidIndex(file: indexPath, reason: describe(error))
-        }
+        let weightMap = try decodeJSON(
+            ShardIndex.self, from: readJSONFile(indexPath),
+            syntaxError: { CheckpointError.invalidJSON(file: indexPath, reason: $0) },
+            contentError: { keyPath, reason in
+                CheckpointError.invalidIndex(file: indexPath, reason: keyPath.isEmpty ? reason : "'\(keyPath)': \(reason)")
+            }
+        ).weightMap
 
         // Open each shard once, in a fixed order so that the first error reported does not vary between runs.
         var shards: [String: SafetensorsFile] = [:]
