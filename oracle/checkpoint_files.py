@@ -203,6 +203,12 @@ def bad_directories():
     directory("index_invalid_json", index_text='{"weight_map": {')
     directory("no_weights")
 
+    # Both layouts at once: transformers loads model.safetensors and ignores the index.
+    both = os.path.join(ROOT, "both")
+    shutil.copytree(sharded, both)
+    shutil.copy(os.path.join(ROOT, "single", "model.safetensors"), both)
+    os.remove(os.path.join(both, "expected.json"))
+
     config_dir = os.path.join(base, "bad_config")
     os.makedirs(config_dir)
     with open(os.path.join(config_dir, "config.json"), "w") as f:

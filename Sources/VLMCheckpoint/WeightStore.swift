@@ -15,18 +15,20 @@ public final class WeightStore: @unchecked Sendable {
     /// Sorted tensor names.
     public let names: [String]
 
-    /// Opens the checkpoint in `directory`, preferring the shard index when there is one. Every shard's header is
-    /// validated, and every tensor the index lists must be in the shard it names.
+    /// Opens the checkpoint in `directory`: `model.safetensors` if present, else the shards that
+    /// `model.safetensors.index.json` names. Every header is validated, and every tensor the index lists must be in
+    /// the shard it names.
     public init(directory: URL) throws {
         let indexURL = directory.appendingPathComponent(Self.indexFileName)
         let singleURL = directory.appendingPathComponent(Self.singleFileName)
-        if FileManager.default.fileExists(atPath: indexURL.path) {
-            source = indexURL.path
-            files = try Self.openShards(index: indexURL, directory: directory)
-        } else if FileManager.default.fileExists(atPath: singleURL.path) {
+        // The single file wins when both are present, as in transformers.
+        if FileManager.default.fileExists(atPath: singleURL.path) {
             source = singleURL.path
             let file = try SafetensorsFile(url: singleURL)
             files = Dictionary(uniqueKeysWithValues: file.tensorNames.map { ($0, file) })
+        } else if FileManager.default.fileExists(atPath: indexURL.path) {
+            source = indexURL.path
+            files = try Self.openShards(index: indexURL, directory: directory)
         } else {
             var isDirectory: ObjCBool = false
             guard FileManager.default.fileExists(atPath: directory.path, isDirectory: &isDirectory) else {

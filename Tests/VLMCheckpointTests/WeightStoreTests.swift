@@ -25,6 +25,11 @@ import VLMTensor
         #expect(store.info("vision_model.pre_layrnorm.weight")?.dtype == "BF16")
     }
 
+    @Test func singleFileWinsOverIndexAsInTransformers() throws {
+        let store = try WeightStore(directory: fixtures.appendingPathComponent("both"))
+        #expect(store.names == (try expectedTensors("single/expected.json")).keys.sorted())
+    }
+
     @Test func shapeMismatchNamesShardTensorAndBothShapes() throws {
         let store = try WeightStore(directory: fixtures.appendingPathComponent("sharded"))
         let error = try #require(throws: CheckpointError.self) {
