@@ -167,6 +167,7 @@ def bad_files():
     # 2^60 elements, consistent with its own byte range: only the file size can expose it.
     raw_file("huge_tensor.safetensors",
              {"w": {"dtype": "F32", "shape": [1 << 30, 1 << 30], "data_offsets": [0, 1 << 62]}}, data)
+    raw_file("fractional_dimension.safetensors", {"w": {"dtype": "F32", "shape": [1.5], "data_offsets": [0, 4]}}, data)
     raw_file("unknown_dtype.safetensors", {"w": {"dtype": "F128", "shape": [1], "data_offsets": [0, 16]}}, data)
     raw_file("invalid_json.safetensors", b'{"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]', data)
     raw_file("header_not_object.safetensors", b"[1, 2, 3]", data)

@@ -14,22 +14,6 @@ extension KeyedDecodingContainer {
     }
 }
 
-/// A coding key for any string, for JSON objects whose keys are data (safetensors headers, weight maps).
-struct AnyKey: CodingKey {
-    let stringValue: String
-    let intValue: Int?
-
-    init(stringValue: String) {
-        self.stringValue = stringValue
-        intValue = nil
-    }
-
-    init(intValue: Int) {
-        stringValue = String(intValue)
-        self.intValue = intValue
-    }
-}
-
 /// `vision_config.layers[2].hidden_size` for a coding path.
 func dottedKeyPath(_ path: [any CodingKey]) -> String {
     var result = ""
@@ -59,7 +43,10 @@ func decodeJSON<T: Decodable>(
         case let .valueNotFound(_, context), let .typeMismatch(_, context):
             throw contentError(dottedKeyPath(context.codingPath), context.debugDescription)
         case let .dataCorrupted(context) where context.codingPath.isEmpty:
-            throw syntaxError(jsonSyntaxDetail(data) ?? context.debugDescription)
+            if let detail = jsonSyntaxDetail(data) { throw syntaxError(detail) }
+            // Valid JSON that JSONDecoder still calls invalid, without a path: it does this for numbers that do not
+            // fit the requested type, such as 1.5 or 1e300 for an Int.
+            throw contentError("", "a number does not fit its field's type (a fraction or out-of-range value where an integer belongs?)")
         case let .dataCorrupted(context):
             throw contentError(dottedKeyPath(context.codingPath), context.debugDescription)
         @unknown default:

@@ -215,3 +215,19 @@ private struct RawHeader: Decodable {
         self.entries = entries
     }
 }
+
+/// A coding key for any string: a header's keys are tensor names.
+private struct AnyKey: CodingKey {
+    let stringValue: String
+    let intValue: Int?
+
+    init(stringValue: String) {
+        self.stringValue = stringValue
+        intValue = nil
+    }
+
+    init(intValue: Int) {
+        stringValue = String(intValue)
+        self.intValue = intValue
+    }
+}

@@ -95,6 +95,7 @@ import VLMTensor
         ("negative_dimension", "byteCountMismatch"),
         ("shape_overflow", "byteCountMismatch"),
         ("huge_tensor", "dataOutOfBounds"),
+        ("fractional_dimension", "invalidHeader"),
         ("unknown_dtype", "unknownDType"),
         ("invalid_json", "invalidHeader"),
         ("header_not_object", "invalidHeader"),
