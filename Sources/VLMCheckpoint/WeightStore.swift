@@ -1,0 +1,155 @@
+import Foundation
+import VLMTensor
+
+/// All weights of a checkpoint directory: `model.safetensors`, or `model.safetensors.index.json` and its shards
+/// (only the shards named by the index are opened). Tensors are looked up by Hugging Face name.
+public final class WeightStore: @unchecked Sendable {
+    public static let singleFileName = "model.safetensors"
+    public static let indexFileName = "model.safetensors.index.json"
+
+    /// The file a missing tensor is reported against: model.safetensors or the shard index.
+    private let source: String
+    // name → the file holding it. Immutable after init.
+    private let files: [String: SafetensorsFile]
+
+    /// Sorted tensor names.
+    public let names: [String]
+
+    /// Opens the checkpoint in `directory`: `model.safetensors` if present, else the shards that
+    /// `model.safetensors.index.json` names. Every header is validated, and every tensor the index lists must be in
+    /// the shard it names.
+    public init(directory: URL) throws {
+        let indexURL = directory.appendingPathComponent(Self.indexFileName)
+        let singleURL = directory.appendingPathComponent(Self.singleFileName)
+        // The single file wins when both are present, as in transformers.
+        if FileManager.default.fileExists(atPath: singleURL.path) {
+            source = singleURL.path
+            let file = try SafetensorsFile(url: singleURL)
+            files = Dictionary(uniqueKeysWithValues: file.tensorNames.map { ($0, file) })
+        } else if FileManager.default.fileExists(atPath: indexURL.path) {
+            source = indexURL.path
+            files = try Self.openShards(index: indexURL, directory: directory)
+        } else {
+            var isDirectory: ObjCBool = false
+            guard FileManager.default.fileExists(atPath: directory.path, isDirectory: &isDirectory) else {
+                throw CheckpointError.missingFile(path: directory.path)
+            }
+            guard isDirectory.boolValue else { throw CheckpointError.notADirectory(path: directory.path) }
+            throw CheckpointError.noWeights(directory: directory.path)
+        }
+        names = files.keys.sorted()
+    }
+
+    public func contains(_ name: String) -> Bool { files[name] != nil }
+
+    /// The dtype, shape and location of `name`, or nil when the checkpoint has no such tensor.
+    public func info(_ name: String) -> TensorInfo? { files[name]?.info(name) }
+
+    /// `name` as fp32; throws naming the file and tensor if it is missing, or if its shape differs from `shape`.
+    /// The shape is checked before any data is read.
+    public func tensor(_ name: String, shape: [Int]) throws -> Tensor {
+        let file = try file(holding: name)
+        if let actual = file.info(name)?.shape, actual != shape {
+            throw CheckpointError.shapeMismatch(file: file.url.path, tensor: name, expected: shape, actual: actual)
+        }
+        return try file.tensor(name)
+    }
+
+    /// `name` as fp32, whatever its shape; throws naming the file and tensor if it is missing.
+    public func tensor(_ name: String) throws -> Tensor {
+        try file(holding: name).tensor(name)
+    }
+
+    private func file(holding name: String) throws -> SafetensorsFile {
+        guard let file = files[name] else { throw CheckpointError.missingTensor(file: source, tensor: name) }
+        return file
+    }
+
+    private struct ShardIndex: Decodable {
+        let weightMap: [String: String]
+
+        enum CodingKeys: String, CodingKey {
+            case weightMap = "weight_map"
+        }
+    }
+
+    private static func openShards(index indexURL: URL, directory: URL) throws -> [String: SafetensorsFile] {
+        let indexPath = indexURL.path
+        let weightMap = try decodeJSON(
+            ShardIndex.self, from: readJSONFile(indexPath),
+            syntaxError: { CheckpointError.invalidJSON(file: indexPath, reason: $0) },
+            contentError: { keyPath, reason in
+                CheckpointError.invalidIndex(file: indexPath, reason: keyPath.isEmpty ? reason : "'\(keyPath)': \(reason)")
+            }
+        ).weightMap
+
+        // Open each shard once, in a fixed order so that the first error reported does not vary between runs.
+        var shards: [String: SafetensorsFile] = [:]
+        for shardName in Set(weightMap.values).sorted() {
+            guard isContained(shardName) else {
+                throw CheckpointError.unsafeShardName(index: indexPath, shard: shardName)
+            }
+            let shardURL = directory.appendingPathComponent(shardName)
+            guard FileManager.default.fileExists(atPath: shardURL.path) else {
+                throw CheckpointError.missingShard(index: indexPath, shard: shardName)
+            }
+            shards[shardName] = try SafetensorsFile(url: shardURL)
+        }
+
+        var files: [String: SafetensorsFile] = [:]
+        for (name, shardName) in weightMap.sorted(by: { $0.key < $1.key }) {
+            let shard = shards[shardName]!
+            guard shard.info(name) != nil else {
+                throw CheckpointError.missingTensor(file: shard.url.path, tensor: name)
+            }
+            files[name] = shard
+        }
+        return files
+    }
+
+    /// Whether a shard name stays inside the checkpoint directory: relative, with no empty, `.` or `..` component.
+    private static func isContained(_ shardName: String) -> Bool {
+        guard !shardName.hasPrefix("/"), !shardName.contains("\0") else { return false }
+        return shardName.split(separator: "/", omittingEmptySubsequences: false)
+            .allSatisfy { !$0.isEmpty && $0 != "." && $0 != ".." }
+    }
+}
+
+/// A view of a ``WeightStore`` under a name prefix: `weights.scoped("vision_model").scoped("encoder.layers.0")`
+/// reads `vision_model.encoder.layers.0.…`.
+public struct Weights: Sendable {
+    public let store: WeightStore
+    /// The dotted prefix, empty for the whole store.
+    public let prefix: String
+
+    public init(_ store: WeightStore, prefix: String = "") {
+        self.store = store
+        self.prefix = prefix
+    }
+
+    /// The view under `prefix.component`.
+    public func scoped(_ component: String) -> Weights {
+        Weights(store, prefix: fullName(component))
+    }
+
+    /// The tensor `prefix.name`, which must have `shape`.
+    public func callAsFunction(_ name: String, shape: [Int]) throws -> Tensor {
+        try store.tensor(fullName(name), shape: shape)
+    }
+
+    /// The tensor `prefix.name`, whatever its shape.
+    public func callAsFunction(_ name: String) throws -> Tensor {
+        try store.tensor(fullName(name))
+    }
+
+    public func contains(_ name: String) -> Bool {
+        store.contains(fullName(name))
+    }
+
+    /// `prefix.name`, or either alone when the other is empty.
+    public func fullName(_ name: String) -> String {
+        if prefix.isEmpty { return name }
+        if name.isEmpty { return prefix }
+        return prefix + "." + name
+    }
+}
