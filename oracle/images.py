@@ -169,6 +169,12 @@ def make_resize_cases():
         add("rgb8.png", 61, 20, filter_name)  # one axis unchanged: vertical pass only
         add("rgb8.png", 30, 47, filter_name)  # horizontal pass only
         add("pixel.png", 224, 224, filter_name)
+    # Pillow 13 goes vertical-first when height shrinks by more than twice the width's shrink (in pixels):
+    # 47 - 26 = 21 > 2 * (61 - 51) = 20 is vertical-first, 47 - 27 = 20 is not.
+    for filter_name in ["bicubic", "lanczos"]:
+        add("rgb8.png", 51, 26, filter_name)
+        add("rgb8.png", 51, 27, filter_name)
+        add("rocket.jpg", 600, 50, filter_name)
     for filter_name in ["nearest", "box", "hamming"]:
         add("chelsea.png", 224, 149, filter_name)
         add("rgb8.png", 130, 99, filter_name)
