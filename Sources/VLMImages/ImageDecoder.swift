@@ -1,0 +1,46 @@
+import Foundation
+
+/// Decodes JPEG, PNG and WebP files to RGB exactly as transformers' `load_image` does with Pillow:
+/// `ImageOps.exif_transpose(Image.open(f)).convert("RGB")`.
+public enum ImageDecoder {
+    /// Pillow's `Image.MAX_IMAGE_PIXELS`; larger images are refused before any pixel buffer is allocated.
+    public static let maxPixels = 89_478_485
+
+    /// JPEG (libturbojpeg), PNG (libspng), WebP (libwebp), sniffed by magic bytes, converted to RGB like Pillow's
+    /// `convert("RGB")` (alpha dropped, not composited), with EXIF orientation applied like transformers' `load_image`
+    /// (`ImageOps.exif_transpose`).
+    public static func decode(contentsOf url: URL) throws -> RGBImage {
+        let data: Data
+        do {
+            data = try Data(contentsOf: url)
+        } catch {
+            throw ImageError.unreadable(file: url.path, reason: error.localizedDescription)
+        }
+        return try decode([UInt8](data), name: url.path)
+    }
+
+    /// Decodes an image held in memory; `name` identifies it in errors.
+    public static func decode(_ data: [UInt8], name: String) throws -> RGBImage {
+        let decoded: (image: RGBImage, orientation: Int)
+        if data.starts(with: [0xFF, 0xD8, 0xFF]) {
+            decoded = try JPEGDecoding.decode(data, name: name)
+        } else if data.starts(with: [0x89, 0x50, 0x4E, 0x47, 0x0D, 0x0A, 0x1A, 0x0A]) {
+            decoded = try PNGDecoding.decode(data, name: name)
+        } else if data.count >= 12, data.starts(with: Array("RIFF".utf8)), Array(data[8..<12]) == Array("WEBP".utf8) {
+            decoded = try WebPDecoding.decode(data, name: name)
+        } else {
+            throw ImageError.unknownFormat(file: name)
+        }
+        return decoded.image.transposed(exifOrientation: decoded.orientation)
+    }
+
+    /// Refuses empty images and decompression bombs from their header dimensions.
+    static func checkDimensions(width: Int, height: Int, name: String, format: String) throws {
+        if width <= 0 || height <= 0 {
+            throw ImageError.corrupt(file: name, format: format, reason: "image is \(width)x\(height)")
+        }
+        if width > maxPixels || height > maxPixels || width * height > maxPixels {
+            throw ImageError.tooLarge(file: name, width: width, height: height)
+        }
+    }
+}
