@@ -1,0 +1,49 @@
+/// Rows of an embedding table: `[ids.count, dim]`.
+public func embedding(_ table: Tensor, ids: [Int]) -> Tensor {
+    precondition(table.rank == 2, "embedding table must be [vocab, dim], got \(table.shape)")
+    let (vocabulary, dim) = (table.shape[0], table.shape[1])
+    let output = Tensor(uninitialized: [ids.count, dim])
+    for (row, id) in ids.enumerated() {
+        precondition(id >= 0 && id < vocabulary, "embedding id \(id) outside vocabulary of \(vocabulary)")
+        (output.storage.pointer + row * dim).initialize(from: table.storage.pointer + id * dim, count: dim)
+    }
+    return output
+}
+
+/// Joins tensors along `axis` (negative counts from the end); all other dimensions must agree.
+public func concatenate(_ tensors: [Tensor], axis: Int) -> Tensor {
+    precondition(!tensors.isEmpty, "concatenate of no tensors")
+    let first = tensors[0].shape
+    let axis = axis < 0 ? axis + first.count : axis
+    precondition(axis >= 0 && axis < first.count, "concatenate axis \(axis) out of range for \(first)")
+    for tensor in tensors {
+        precondition(tensor.rank == first.count && tensor.shape.enumerated().allSatisfy { $0.offset == axis || $0.element == first[$0.offset] },
+                     "concatenate along \(axis): \(tensor.shape) does not match \(first)")
+    }
+    var shape = first
+    shape[axis] = tensors.reduce(0) { $0 + $1.shape[axis] }
+    let output = Tensor(uninitialized: shape)
+    let outer = first[..<axis].reduce(1, *)
+    let outputBlock = shape[axis...].reduce(1, *)
+    var offset = 0
+    for tensor in tensors {
+        let block = tensor.shape[axis...].reduce(1, *)
+        for index in 0..<outer {
+            (output.storage.pointer + index * outputBlock + offset).initialize(from: tensor.storage.pointer + index * block, count: block)
+        }
+        offset += block
+    }
+    return output
+}
+
+/// `x[b, positions[b], :]` for each `b` of `x [B, T, D]`: `[B, D]`.
+public func gatherTokens(_ x: Tensor, positions: [Int]) -> Tensor {
+    precondition(x.rank == 3 && positions.count == x.shape[0], "gatherTokens needs [B, T, D] and B positions, got \(x.shape) and \(positions.count)")
+    let (length, dim) = (x.shape[1], x.shape[2])
+    let output = Tensor(uninitialized: [positions.count, dim])
+    for (item, position) in positions.enumerated() {
+        precondition(position >= 0 && position < length, "gatherTokens position \(position) outside sequence of \(length)")
+        (output.storage.pointer + item * dim).initialize(from: x.storage.pointer + (item * length + position) * dim, count: dim)
+    }
+    return output
+}

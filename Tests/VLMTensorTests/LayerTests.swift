@@ -1,0 +1,75 @@
+import Testing
+@testable import VLMTensor
+
+@Suite struct LayerTests {
+    let fixtures = OpFixtures.shared
+
+    @Test(arguments: OpFixtures.names(op: "linear"))
+    func linearMatchesTorch(name: String) throws {
+        let c = try #require(fixtures.cases[name])
+        let layer = try Linear(weight: c.input("weight"), bias: c.optionalInput("bias"))
+        let y = layer(c.input("x"), activation: activationNamed(try #require(c.params.activation)), residual: c.optionalInput("residual"))
+        expectClose(y, c.output(), name)
+    }
+
+    /// One row and then all rows through the same layer: the weights packed once serve every row count.
+    @Test func linearServesEveryRowCount() throws {
+        let c = try #require(fixtures.cases["linear_bias"])
+        let layer = try Linear(weight: c.input("weight"), bias: c.input("bias"))
+        #expect(layer.inFeatures == 64 && layer.outFeatures == 96)
+        let x = c.input("x").reshaped([-1, 64])
+        let expected = c.output().reshaped([-1, 96])
+        for rows in [1, 5, x.shape[0]] {
+            let head = Tensor(shape: [rows, 64], scalars: Array(x.scalars[..<(rows * 64)]))
+            let wanted = Tensor(shape: [rows, 96], scalars: Array(expected.scalars[..<(rows * 96)]))
+            expectClose(layer(head), wanted, "linear on \(rows) rows")
+        }
+    }
+
+    @Test func linearIsSafeToShareBetweenTasks() async throws {
+        let c = try #require(fixtures.cases["linear_gelu_residual"])
+        let layer = try Linear(weight: c.input("weight"), bias: c.input("bias"))
+        let (x, residual, expected) = (c.input("x"), c.input("residual"), c.output())
+        let results = await withTaskGroup(of: Tensor.self) { group in
+            for _ in 0..<8 { group.addTask { layer(x, activation: .gelu, residual: residual) } }
+            return await group.reduce(into: []) { $0.append($1) }
+        }
+        for result in results { expectClose(result, expected, "concurrent linear") }
+    }
+
+    @Test func linearRejectsWrongRanks() {
+        #expect(throws: LayerError.self) { try Linear(weight: Tensor(zeros: [4]), bias: nil) }
+        #expect(throws: LayerError.self) { try Linear(weight: Tensor(zeros: [4, 3]), bias: Tensor(zeros: [3])) }
+    }
+
+    @Test(arguments: OpFixtures.names(op: "conv2d"))
+    func conv2dMatchesTorch(name: String) throws {
+        let c = try #require(fixtures.cases[name])
+        let layer = try Conv2d(weight: c.input("weight"), bias: c.optionalInput("bias"),
+                               stride: try #require(c.params.stride), padding: try #require(c.params.padding))
+        expectClose(layer(c.input("x")), c.output("y"), name)
+        expectClose(layer(c.input("x"), channelsLast: true), c.output("y_channels_last"), "\(name) channels last")
+    }
+
+    @Test func conv2dRejectsBadWeights() {
+        #expect(throws: LayerError.self) { try Conv2d(weight: Tensor(zeros: [4, 3, 3]), bias: nil, stride: 1, padding: 0) }
+        #expect(throws: LayerError.self) { try Conv2d(weight: Tensor(zeros: [4, 3, 3, 3]), bias: Tensor(zeros: [3]), stride: 1, padding: 0) }
+        #expect(throws: LayerError.self) { try Conv2d(weight: Tensor(zeros: [4, 3, 3, 3]), bias: nil, stride: 0, padding: 0) }
+    }
+
+    @Test(arguments: OpFixtures.names(op: "attention"))
+    func attentionMatchesTorch(name: String) throws {
+        let c = try #require(fixtures.cases[name])
+        let y = attention(query: c.input("query"), key: c.input("key"), value: c.input("value"), heads: try #require(c.params.heads),
+                          causal: try #require(c.params.causal as Bool?), keyPaddingMask: c.optionalInput("keyPaddingMask"), scale: c.params.scale)
+        expectClose(y, c.output(), name)
+    }
+
+    /// A score budget of one batch item makes attention run item by item, each with its own slice of the mask.
+    @Test func attentionInSlicesMatchesTorch() throws {
+        let c = try #require(fixtures.cases["attention_causal_padding"])
+        let y = attention(query: c.input("query"), key: c.input("key"), value: c.input("value"), heads: try #require(c.params.heads),
+                          causal: true, keyPaddingMask: c.input("keyPaddingMask"), scale: nil, scoreBudget: 1)
+        expectClose(y, c.output(), "sliced attention")
+    }
+}

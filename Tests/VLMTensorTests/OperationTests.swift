@@ -1,0 +1,75 @@
+import Testing
+@testable import VLMTensor
+
+@Suite struct OperationTests {
+    let fixtures = OpFixtures.shared
+
+    @Test(arguments: OpFixtures.names(op: "layerNorm"))
+    func layerNormMatchesTorch(name: String) throws {
+        let c = try #require(fixtures.cases[name])
+        let y = layerNorm(c.input("x"), weight: c.input("weight"), bias: c.input("bias"), eps: try #require(c.params.eps))
+        expectClose(y, c.output(), name)
+    }
+
+    @Test(arguments: OpFixtures.names(op: "activation"))
+    func activationMatchesTorch(name: String) throws {
+        let c = try #require(fixtures.cases[name])
+        expectClose(activation(c.input("x"), activationNamed(try #require(c.params.activation))), c.output(), name)
+    }
+
+    @Test func identityActivationReturnsInput() throws {
+        let x = Tensor(shape: [2, 2], scalars: [1, -2, 3, -4])
+        #expect(activation(x, .identity).scalars == x.scalars)
+    }
+
+    @Test func softmaxMatchesTorch() throws {
+        let c = try #require(fixtures.cases["softmax"])
+        expectClose(softmax(c.input("x")), c.output(), "softmax")
+    }
+
+    @Test func scaledMatchesTorch() throws {
+        let c = try #require(fixtures.cases["scaled"])
+        expectClose(scaled(c.input("x"), by: try #require(c.params.factor)), c.output(), "scaled")
+    }
+
+    @Test(arguments: OpFixtures.names(op: "add"))
+    func addMatchesTorch(name: String) throws {
+        let c = try #require(fixtures.cases[name])
+        expectClose(add(c.input("a"), c.input("b")), c.output(), name)
+    }
+
+    @Test func l2NormalizedMatchesTorch() throws {
+        let c = try #require(fixtures.cases["l2_normalize"])
+        expectClose(l2Normalized(c.input("x")), c.output(), "l2Normalized")
+    }
+
+    @Test(arguments: OpFixtures.names(op: "matmul"))
+    func matmulMatchesTorch(name: String) throws {
+        let c = try #require(fixtures.cases[name])
+        expectClose(matmul(c.input("a"), c.input("b"), transposeB: try #require(c.params.transposeB as Bool?)), c.output(), name)
+    }
+
+    @Test func embeddingMatchesTorch() throws {
+        let c = try #require(fixtures.cases["embedding"])
+        expectClose(embedding(c.input("table"), ids: try #require(c.params.ids)), c.output(), "embedding", tolerance: 0)
+    }
+
+    @Test(arguments: OpFixtures.names(op: "concatenate"))
+    func concatenateMatchesTorch(name: String) throws {
+        let c = try #require(fixtures.cases[name])
+        let parts = (0..<c.inputs.count).map { c.input("part\($0)") }
+        expectClose(concatenate(parts, axis: try #require(c.params.axis)), c.output(), name, tolerance: 0)
+    }
+
+    @Test func gatherTokensMatchesTorch() throws {
+        let c = try #require(fixtures.cases["gather_tokens"])
+        expectClose(gatherTokens(c.input("x"), positions: try #require(c.params.positions)), c.output(), "gatherTokens", tolerance: 0)
+    }
+
+    @Test func emptyTensorsPassThrough() {
+        let empty = Tensor(zeros: [0, 8])
+        #expect(softmax(empty).shape == [0, 8])
+        #expect(layerNorm(empty, weight: Tensor(zeros: [8]), bias: Tensor(zeros: [8]), eps: 1e-5).shape == [0, 8])
+        #expect(embedding(Tensor(zeros: [4, 8]), ids: []).shape == [0, 8])
+    }
+}
