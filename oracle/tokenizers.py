@@ -4,6 +4,9 @@ Run by hand from the package root: /work/oracle-venv/bin/python oracle/tokenizer
 Writes Tests/Fixtures/tokenizers/:
   clip/                 tokenizer.json + tokenizer_config.json of the full OpenAI CLIP vocabulary
   clip-small-legacy/    vocab.json + merges.txt + tokenizer_config.json (first 1000 merges, no tokenizer.json)
+  gpt2-style/, bert-style/: tokenizer.json only, built with the tokenizers library (GPT-2's byte-level pipeline over
+                        the small CLIP vocabulary; a WordPiece trained here with BERT's normalizer and processors)
+  gpt2_style_cases.json, bert_style_cases.json: ids, tokens and decoded text from tokenizers itself
   clip_cases.json, clip_small_cases.json: per string ids, tokens, decoded text (with and without special tokens);
                         batches encoded with padding=True, truncation=True, max_length=77; random id runs decoded
 """
@@ -200,6 +203,57 @@ def main():
         small = AutoTokenizer.from_pretrained(legacy_dir)
         assert type(small).__name__ == "CLIPTokenizer"
         write_json("clip_small_cases.json", cases(small, strings(99, 600), 99))
+    extra_pipelines()
+
+
+def backend_cases(tok, texts, seed):
+    """Cases from a tokenizers.Tokenizer directly (no transformers class exists for these hand-built pipelines)."""
+    out = {"single": [], "decode_ids": []}
+    for text in texts:
+        enc = tok.encode(text)
+        out["single"].append({
+            "text": text, "ids": enc.ids, "tokens": enc.tokens,
+            "ids_without_special": tok.encode(text, add_special_tokens=False).ids,
+            "decoded": tok.decode(enc.ids, skip_special_tokens=False),
+            "decoded_skip_special": tok.decode(enc.ids, skip_special_tokens=True),
+        })
+    rng = random.Random(seed)
+    for _ in range(100):
+        ids = [rng.randrange(tok.get_vocab_size()) for _ in range(rng.randint(1, 12))]
+        out["decode_ids"].append({"ids": ids, "decoded": tok.decode(ids, skip_special_tokens=False),
+                                  "decoded_skip_special": tok.decode(ids, skip_special_tokens=True)})
+    return out
+
+
+def write_backend(name, tok, texts, seed):
+    directory = os.path.join(OUT, name)
+    os.makedirs(directory, exist_ok=True)
+    tok.save(os.path.join(directory, "tokenizer.json"))
+    write_json(name.replace("-", "_") + "_cases.json", backend_cases(tok, texts, seed))
+
+
+def extra_pipelines():
+    from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers.models import BPE, WordPiece
+
+    legacy_dir = os.path.join(OUT, "clip-small-legacy")
+    gpt2 = Tokenizer(BPE.from_file(os.path.join(legacy_dir, "vocab.json"), os.path.join(legacy_dir, "merges.txt")))
+    gpt2.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    gpt2.decoder = decoders.ByteLevel()
+    gpt2.post_processor = processors.ByteLevel(trim_offsets=False)
+    gpt2.add_special_tokens(["<|endoftext|>"])
+    write_backend("gpt2-style", gpt2, strings(7, 500), 7)
+
+    bert = Tokenizer(WordPiece(unk_token="[UNK]"))
+    bert.normalizer = normalizers.BertNormalizer(lowercase=True)
+    bert.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    bert.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(vocab_size=600, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    bert.train_from_iterator(strings(5, 3000), trainer)
+    cls_id, sep_id = bert.token_to_id("[CLS]"), bert.token_to_id("[SEP]")
+    bert.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)])
+    write_backend("bert-style", bert, strings(11, 500) + ["[CLS] hello [MASK] world [SEP]", "[mask] x[SEP]y"], 11)
 
 
 if __name__ == "__main__":

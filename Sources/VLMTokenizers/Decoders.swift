@@ -51,8 +51,8 @@ struct WordPieceDecoder: Decoder {
         tokens.enumerated().map { index, token in
             var token = token
             if index > 0 {
-                if token.hasPrefix(prefix) {
-                    token = String(token.dropFirst(prefix.count))
+                if let rest = token.droppingScalarPrefix(prefix) {
+                    token = rest
                 } else {
                     token = " " + token
                 }

@@ -20,9 +20,10 @@ func makeModel(_ object: JSONObject) throws -> any TokenizationModel {
         for (index, merge) in merges.enumerated() {
             if let parts = merge as? [String], parts.count == 2 {
                 pairs.append((parts[0], parts[1]))
-            } else if let line = merge as? String, case let parts = line.split(separator: " ", omittingEmptySubsequences: false),
+            } else if let line = merge as? String,
+                      case let parts = line.unicodeScalars.split(separator: " ", omittingEmptySubsequences: false),
                       parts.count == 2 {
-                pairs.append((String(parts[0]), String(parts[1])))
+                pairs.append((String(String.UnicodeScalarView(parts[0])), String(String.UnicodeScalarView(parts[1]))))
             } else {
                 throw object.invalid("merges[\(index)]", "expected \"a b\" or [\"a\", \"b\"]")
             }
@@ -86,7 +87,7 @@ final class BPE: TokenizationModel {
         var table: [UInt64: Merge] = [:]
         table.reserveCapacity(merges.count)
         for (rank, (left, right)) in merges.enumerated() {
-            let merged = left + (right.hasPrefix(continuingSubwordPrefix) ? String(right.dropFirst(continuingSubwordPrefix.count)) : right)
+            let merged = left + (right.droppingScalarPrefix(continuingSubwordPrefix) ?? right)
             guard let leftId = vocabulary[left], let rightId = vocabulary[right], let mergedId = vocabulary[merged] else {
                 throw TokenizerError.mergeOutOfVocabulary(file: file, index: rank, merge: "\(left) \(right)")
             }

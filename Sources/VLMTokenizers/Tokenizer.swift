@@ -280,10 +280,13 @@ struct Pipeline {
             throw TokenizerError.unreadable(file: mergesURL.path, reason: "\(error)")
         }
         var merges: [(String, String)] = []
-        for (index, line) in mergesText.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
-            let line = line.hasSuffix("\r") ? line.dropLast() : line
-            if line.hasPrefix("#version") || (line.isEmpty && index > 0 && mergesText.hasSuffix("\n")) { continue }
-            let parts = line.split(separator: " ", omittingEmptySubsequences: false)
+        // Scalars, not Characters: "\r\n" and a space before a combining mark are single Characters.
+        var lines = mergesText.unicodeScalars.split(separator: "\n", omittingEmptySubsequences: false)
+        if lines.last?.isEmpty == true { lines.removeLast() }
+        for (index, line) in lines.enumerated() {
+            let line = line.last == "\r" ? line.dropLast() : line
+            if line.starts(with: "#version".unicodeScalars) { continue }
+            let parts = line.split(separator: " ", omittingEmptySubsequences: false).map { String(String.UnicodeScalarView($0)) }
             guard parts.count == 2 else {
                 throw TokenizerError.invalidField(file: mergesURL.path, path: "line \(index + 1)", reason: "expected two tokens separated by one space")
             }

@@ -64,3 +64,13 @@ enum ByteLevelAlphabet {
         return bytes
     }()
 }
+
+extension String {
+    /// The string without `prefix` when it starts with it, compared scalar by scalar: `String.hasPrefix` compares
+    /// grapheme clusters, so "##" is not a prefix of "##ा" (the mark joins the second "#").
+    func droppingScalarPrefix(_ prefix: String) -> String? {
+        let scalars = unicodeScalars
+        guard scalars.starts(with: prefix.unicodeScalars) else { return nil }
+        return String(scalars.dropFirst(prefix.unicodeScalars.count))
+    }
+}

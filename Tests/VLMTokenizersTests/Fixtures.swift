@@ -34,7 +34,8 @@ struct OracleCases: Decodable {
         let decoded_skip_special: String
     }
     let single: [Single]
-    let batches: [Batch]
+    /// Absent for pipelines recorded from tokenizers directly.
+    let batches: [Batch]?
     let decode_ids: [Decode]
 
     static func load(_ name: String) throws -> OracleCases {

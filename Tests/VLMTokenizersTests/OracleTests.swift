@@ -20,7 +20,7 @@ private func checkAgainstOracle(_ tokenizer: Tokenizer, _ cases: OracleCases) {
         let skipped = tokenizer.decode(item.ids, skipSpecialTokens: true)
         check(skipped == item.decoded_skip_special, "decode skipping special of \(item.text.debugDescription): \(skipped.debugDescription)")
     }
-    for batch in cases.batches {
+    for batch in cases.batches ?? [] {
         let longest = tokenizer.encode(batch.texts, padding: .longest, truncation: true, maxLength: 77)
         check(longest.map(\.ids) == batch.longest_77.ids, "padded ids of \(batch.texts)")
         check(longest.map(\.attentionMask) == batch.longest_77.attention_mask, "attention mask of \(batch.texts)")
@@ -57,5 +57,19 @@ private func checkAgainstOracle(_ tokenizer: Tokenizer, _ cases: OracleCases) {
         checkAgainstOracle(tokenizer, try OracleCases.load("clip_small_cases.json"))
         #expect(tokenizer.bosTokenId == 1512)
         #expect(tokenizer.eosTokenId == 1513)
+    }
+}
+
+@Suite struct OtherPipelineOracleTests {
+    /// GPT-2's pipeline: byte-level pre-tokenizer with its own regex on whole texts (spaces kept), no suffix.
+    @Test func gpt2StyleByteLevelBPE() throws {
+        let tokenizer = try Tokenizer(directory: fixturesDirectory.appendingPathComponent("gpt2-style"))
+        checkAgainstOracle(tokenizer, try OracleCases.load("gpt2_style_cases.json"))
+    }
+
+    /// BERT's pipeline: BertNormalizer, BertPreTokenizer, WordPiece, TemplateProcessing, WordPiece decoder.
+    @Test func bertStyleWordPiece() throws {
+        let tokenizer = try Tokenizer(directory: fixturesDirectory.appendingPathComponent("bert-style"))
+        checkAgainstOracle(tokenizer, try OracleCases.load("bert_style_cases.json"))
     }
 }
