@@ -1,0 +1,272 @@
+import Synchronization
+
+/// A tokenizer.json `model`: turns one pre-tokenized word into vocabulary ids.
+protocol TokenizationModel: Sendable {
+    func tokenize(_ word: [Unicode.Scalar]) -> [Int]
+    func tokenId(_ token: String) -> Int?
+    func token(_ id: Int) -> String?
+    /// How many entries the vocabulary has (the first id an added token outside it gets).
+    var vocabularySize: Int { get }
+}
+
+func makeModel(_ object: JSONObject) throws -> any TokenizationModel {
+    // Old files leave out "type"; their fields say which model they are.
+    let type = try object.optionalString("type") ?? (object.values["merges"] != nil ? "BPE" : "WordPiece")
+    switch type {
+    case "BPE":
+        guard let merges = object.values["merges"] as? [Any] else { throw object.invalid("merges", "expected an array") }
+        var pairs: [(String, String)] = []
+        pairs.reserveCapacity(merges.count)
+        for (index, merge) in merges.enumerated() {
+            if let parts = merge as? [String], parts.count == 2 {
+                pairs.append((parts[0], parts[1]))
+            } else if let line = merge as? String,
+                      case let parts = line.unicodeScalars.split(separator: " ", omittingEmptySubsequences: false),
+                      parts.count == 2 {
+                pairs.append((String(String.UnicodeScalarView(parts[0])), String(String.UnicodeScalarView(parts[1]))))
+            } else {
+                throw object.invalid("merges[\(index)]", "expected \"a b\" or [\"a\", \"b\"]")
+            }
+        }
+        return try BPE(
+            vocabulary: try vocabulary(object), merges: pairs, file: object.file,
+            unknownToken: try object.optionalString("unk_token"),
+            continuingSubwordPrefix: try object.optionalString("continuing_subword_prefix") ?? "",
+            endOfWordSuffix: try object.optionalString("end_of_word_suffix") ?? "",
+            fuseUnknown: try object.bool("fuse_unk", default: false),
+            byteFallback: try object.bool("byte_fallback", default: false),
+            ignoreMerges: try object.bool("ignore_merges", default: false))
+    case "WordPiece":
+        return WordPiece(
+            vocabulary: try vocabulary(object),
+            unknownToken: try object.optionalString("unk_token") ?? "[UNK]",
+            continuingSubwordPrefix: try object.optionalString("continuing_subword_prefix") ?? "##",
+            maxInputCharactersPerWord: object.isNull("max_input_chars_per_word") ? 100 : try object.int("max_input_chars_per_word"))
+    default:
+        throw TokenizerError.unsupportedComponent(file: object.file, path: object.path, type: type)
+    }
+}
+
+private func vocabulary(_ object: JSONObject) throws -> [String: Int] {
+    guard let raw = object.values["vocab"] as? [String: Any] else { throw object.invalid("vocab", "expected an object") }
+    var vocabulary: [String: Int] = [:]
+    vocabulary.reserveCapacity(raw.count)
+    for (token, value) in raw {
+        guard let id = JSONObject.integer(value), id >= 0 else { throw object.invalid("vocab", "id of \"\(token)\" is not a non-negative integer") }
+        vocabulary[token] = id
+    }
+    return vocabulary
+}
+
+/// Byte-pair encoding: a word starts as its characters and merges the adjacent pair of lowest rank until none is left.
+final class BPE: TokenizationModel {
+    private struct Merge { let rank: UInt32; let id: Int }
+
+    let vocabulary: [String: Int]
+    private let tokens: [Int: String]
+    private let merges: [UInt64: Merge]
+    let unknownToken: String?
+    let continuingSubwordPrefix: String
+    let endOfWordSuffix: String
+    private let fuseUnknown: Bool
+    private let byteFallback: Bool
+    private let ignoreMerges: Bool
+    private let cache = Mutex<[[Unicode.Scalar]: [Int]]>([:])
+    private static let cacheCapacity = 10_000
+
+    var vocabularySize: Int { vocabulary.count }
+
+    init(vocabulary: [String: Int], merges: [(String, String)], file: String, unknownToken: String?,
+         continuingSubwordPrefix: String, endOfWordSuffix: String, fuseUnknown: Bool = false,
+         byteFallback: Bool = false, ignoreMerges: Bool = false) throws {
+        self.vocabulary = vocabulary
+        var tokens: [Int: String] = [:]
+        tokens.reserveCapacity(vocabulary.count)
+        for (token, id) in vocabulary { tokens[id] = token }
+        self.tokens = tokens
+        var table: [UInt64: Merge] = [:]
+        table.reserveCapacity(merges.count)
+        for (rank, (left, right)) in merges.enumerated() {
+            let merged = left + (right.droppingScalarPrefix(continuingSubwordPrefix) ?? right)
+            guard let leftId = vocabulary[left], let rightId = vocabulary[right], let mergedId = vocabulary[merged] else {
+                throw TokenizerError.mergeOutOfVocabulary(file: file, index: rank, merge: "\(left) \(right)")
+            }
+            let key = BPE.pairKey(leftId, rightId)
+            // The first (lowest-rank) occurrence of a pair wins, as in tokenizers.
+            if table[key] == nil { table[key] = Merge(rank: UInt32(rank), id: mergedId) }
+        }
+        self.merges = table
+        self.unknownToken = unknownToken
+        self.continuingSubwordPrefix = continuingSubwordPrefix
+        self.endOfWordSuffix = endOfWordSuffix
+        self.fuseUnknown = fuseUnknown
+        self.byteFallback = byteFallback
+        self.ignoreMerges = ignoreMerges
+    }
+
+    func tokenId(_ token: String) -> Int? { vocabulary[token] }
+    func token(_ id: Int) -> String? { tokens[id] }
+
+    private static func pairKey(_ left: Int, _ right: Int) -> UInt64 { UInt64(UInt32(truncatingIfNeeded: left)) << 32 | UInt64(UInt32(truncatingIfNeeded: right)) }
+
+    func tokenize(_ word: [Unicode.Scalar]) -> [Int] {
+        if word.isEmpty { return [] }
+        if let cached = cache.withLock({ $0[word] }) { return cached }
+        let ids = merge(word)
+        cache.withLock { cache in
+            if cache.count < BPE.cacheCapacity { cache[word] = ids }
+        }
+        return ids
+    }
+
+    /// The word's characters as vocabulary ids, with prefix and suffix applied, unknowns as tokenizers handles them.
+    private func initialSymbols(_ word: [Unicode.Scalar]) -> [Int] {
+        var symbols: [Int] = []
+        symbols.reserveCapacity(word.count)
+        var pendingUnknown: Int?
+        let unknownId = unknownToken.flatMap { vocabulary[$0] }
+        for (index, scalar) in word.enumerated() {
+            var piece = String(scalar)
+            if index > 0 && !continuingSubwordPrefix.isEmpty { piece = continuingSubwordPrefix + piece }
+            if index == word.count - 1 && !endOfWordSuffix.isEmpty { piece += endOfWordSuffix }
+            if let id = vocabulary[piece] {
+                if let unknown = pendingUnknown { symbols.append(unknown); pendingUnknown = nil }
+                symbols.append(id)
+                continue
+            }
+            if byteFallback {
+                let byteIds = UTF8.encode(scalar)!.map { vocabulary["<0x" + hex($0) + ">"] }
+                if byteIds.allSatisfy({ $0 != nil }) {
+                    if let unknown = pendingUnknown { symbols.append(unknown); pendingUnknown = nil }
+                    symbols += byteIds.map { $0! }
+                    continue
+                }
+            }
+            guard let unknownId else { continue }
+            if let unknown = pendingUnknown, !fuseUnknown { symbols.append(unknown) }
+            pendingUnknown = unknownId
+        }
+        if let unknown = pendingUnknown { symbols.append(unknown) }
+        return symbols
+    }
+
+    private func merge(_ word: [Unicode.Scalar]) -> [Int] {
+        if ignoreMerges, let id = vocabulary[String(String.UnicodeScalarView(word))] { return [id] }
+        var ids = initialSymbols(word)
+        let count = ids.count
+        if count < 2 { return ids }
+        // A doubly linked list over the symbols; merged-away symbols are marked dead rather than removed.
+        var next = Array(1...count)
+        next[count - 1] = -1
+        var previous = Array(-1..<(count - 1))
+        var alive = [Bool](repeating: true, count: count)
+        // Queue entries are rank << 32 | position: popping the smallest gives the lowest rank, leftmost first.
+        var queue = MinHeap()
+        for position in 0..<(count - 1) {
+            if let merge = merges[BPE.pairKey(ids[position], ids[position + 1])] {
+                queue.push(UInt64(merge.rank) << 32 | UInt64(position))
+            }
+        }
+        while let top = queue.pop() {
+            let position = Int(top & 0xFFFF_FFFF)
+            let rank = UInt32(top >> 32)
+            guard alive[position], next[position] >= 0 else { continue }
+            let right = next[position]
+            // Stale entries: the pair at this position changed since it was queued.
+            guard let merge = merges[BPE.pairKey(ids[position], ids[right])], merge.rank == rank else { continue }
+            ids[position] = merge.id
+            alive[right] = false
+            next[position] = next[right]
+            if next[right] >= 0 { previous[next[right]] = position }
+            if previous[position] >= 0, let merge = merges[BPE.pairKey(ids[previous[position]], ids[position])] {
+                queue.push(UInt64(merge.rank) << 32 | UInt64(previous[position]))
+            }
+            if next[position] >= 0, let merge = merges[BPE.pairKey(ids[position], ids[next[position]])] {
+                queue.push(UInt64(merge.rank) << 32 | UInt64(position))
+            }
+        }
+        return (0..<count).filter { alive[$0] }.map { ids[$0] }
+    }
+}
+
+private func hex(_ byte: UInt8) -> String {
+    let digits = Array("0123456789ABCDEF")
+    return String([digits[Int(byte >> 4)], digits[Int(byte & 15)]])
+}
+
+/// A binary min-heap of UInt64 keys.
+struct MinHeap {
+    private var items: [UInt64] = []
+
+    mutating func push(_ item: UInt64) {
+        items.append(item)
+        var child = items.count - 1
+        while child > 0 {
+            let parent = (child - 1) / 2
+            if items[parent] <= items[child] { break }
+            items.swapAt(parent, child)
+            child = parent
+        }
+    }
+
+    mutating func pop() -> UInt64? {
+        guard let top = items.first else { return nil }
+        let last = items.removeLast()
+        if !items.isEmpty {
+            items[0] = last
+            var parent = 0
+            while true {
+                let left = 2 * parent + 1
+                if left >= items.count { break }
+                let right = left + 1
+                let child = right < items.count && items[right] < items[left] ? right : left
+                if items[parent] <= items[child] { break }
+                items.swapAt(parent, child)
+                parent = child
+            }
+        }
+        return top
+    }
+}
+
+/// WordPiece: the longest vocabulary prefix, then the longest `##`-continuation, and so on; the unknown token if stuck.
+struct WordPiece: TokenizationModel {
+    let vocabulary: [String: Int]
+    private let tokens: [Int: String]
+    let unknownToken: String
+    let continuingSubwordPrefix: String
+    let maxInputCharactersPerWord: Int
+
+    init(vocabulary: [String: Int], unknownToken: String, continuingSubwordPrefix: String, maxInputCharactersPerWord: Int) {
+        self.vocabulary = vocabulary
+        self.tokens = Dictionary(vocabulary.map { ($1, $0) }, uniquingKeysWith: { first, _ in first })
+        self.unknownToken = unknownToken
+        self.continuingSubwordPrefix = continuingSubwordPrefix
+        self.maxInputCharactersPerWord = maxInputCharactersPerWord
+    }
+
+    var vocabularySize: Int { vocabulary.count }
+    func tokenId(_ token: String) -> Int? { vocabulary[token] }
+    func token(_ id: Int) -> String? { tokens[id] }
+
+    func tokenize(_ word: [Unicode.Scalar]) -> [Int] {
+        let unknown = vocabulary[unknownToken].map { [$0] } ?? []
+        if word.count > maxInputCharactersPerWord { return unknown }
+        var ids: [Int] = []
+        var start = 0
+        while start < word.count {
+            var end = word.count
+            var found: Int?
+            while start < end {
+                var piece = String(String.UnicodeScalarView(word[start..<end]))
+                if start > 0 { piece = continuingSubwordPrefix + piece }
+                if let id = vocabulary[piece] { found = id; break }
+                end -= 1
+            }
+            guard let found else { return unknown }
+            ids.append(found)
+            start = end
+        }
+        return ids
+    }
+}
