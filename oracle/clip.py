@@ -101,7 +101,7 @@ def build(name, spec, bpe, photo_dir):
         prompts = tokenizer([TEMPLATE.format(l) for l in LABELS], padding=True, return_tensors="pt")
         logits_per_image = model(pixel_values=pixels, **prompts).logits_per_image
 
-    classifier = pipeline("zero-shot-image-classification", model=out, image_processor=processor)
+    classifier = pipeline("zero-shot-image-classification", model=out, image_processor=processor, dtype=torch.float32)
     classified = [classifier(os.path.join(photo_dir, p), candidate_labels=LABELS) for p in PHOTOS]
 
     save_file({

@@ -9,7 +9,7 @@ let fixturesDirectory: URL = {
     return url.appendingPathComponent("Tests/Fixtures/tokenizers")
 }()
 
-/// What oracle/tokenizers.py recorded from transformers.
+/// What oracle/tokenizer_fixtures.py recorded from transformers.
 struct OracleCases: Decodable {
     struct Single: Decodable {
         let text: String

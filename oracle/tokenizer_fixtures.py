@@ -1,6 +1,6 @@
 """Fixtures for VLMTokenizers: what transformers' CLIPTokenizer (tokenizers 0.23 underneath) makes of many strings.
 
-Run by hand from the package root: /work/oracle-venv/bin/python oracle/tokenizers.py
+Run by hand from the package root: python oracle/tokenizer_fixtures.py
 Writes Tests/Fixtures/tokenizers/:
   clip/                 tokenizer.json + tokenizer_config.json of the full OpenAI CLIP vocabulary
   clip-small-legacy/    vocab.json + merges.txt + tokenizer_config.json (first 1000 merges, no tokenizer.json)
@@ -10,22 +10,13 @@ Writes Tests/Fixtures/tokenizers/:
   clip_cases.json, clip_small_cases.json: per string ids, tokens, decoded text (with and without special tokens);
                         batches encoded with padding=True, truncation=True, max_length=77; random id runs decoded
 """
-import importlib.util
 import json
 import os
 import random
 import shutil
-import sys
 import tempfile
 
-# This file's name shadows the `tokenizers` package that transformers imports, so its folder must leave sys.path;
-# clip_vocab is loaded by path instead.
-ORACLE_DIR = os.path.dirname(os.path.abspath(__file__))
-sys.path = [p for p in sys.path if os.path.abspath(p or ".") != ORACLE_DIR]
-_spec = importlib.util.spec_from_file_location("clip_vocab", os.path.join(ORACLE_DIR, "clip_vocab.py"))
-clip_vocab = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(clip_vocab)
-clip_tokenizer = clip_vocab.clip_tokenizer
+from clip_vocab import clip_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "Tests", "Fixtures", "tokenizers")
