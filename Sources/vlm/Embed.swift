@@ -22,7 +22,7 @@ struct Embed: ParsableCommand {
 
     func validate() throws {
         guard images.isEmpty != texts.isEmpty else {
-            throw ValidationError("give either --image FILE... or --text TEXT..., not both")
+            throw ValidationError("give exactly one of --image FILE... and --text TEXT...")
         }
     }
 
