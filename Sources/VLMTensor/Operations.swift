@@ -1,5 +1,5 @@
-import CDNNL
-import Foundation
+internal import CDNNL
+internal import Foundation
 
 /// Shapes of the ops without weights; one cache serves them all.
 private enum OperationKey: Hashable {
