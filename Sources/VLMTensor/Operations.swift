@@ -1,5 +1,4 @@
 internal import CDNNL
-internal import Foundation
 
 /// Shapes of the ops without weights; one cache serves them all.
 private enum OperationKey: Hashable {
