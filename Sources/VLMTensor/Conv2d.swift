@@ -67,14 +67,9 @@ public final class Conv2d: @unchecked Sendable {
                      "Conv2d kernel \(kernelSize) larger than padded input \(x.shape)")
         let shape = channelsLast ? [batch, outHeight, outWidth, outChannels] : [batch, outChannels, outHeight, outWidth]
         if Tensor.elementCount(shape) == 0 { return Tensor(zeros: shape) }
-        let tokens: Tensor
-        if let patchProjection {
-            tokens = patchProjection(patches(x, outHeight: outHeight, outWidth: outWidth)).reshaped([batch, outHeight, outWidth, outChannels])
-            if channelsLast { return tokens }
-        } else {
-            tokens = convolve(x, outHeight: outHeight, outWidth: outWidth, channelsLast: channelsLast)
-            return tokens
-        }
+        guard let patchProjection else { return convolve(x, outHeight: outHeight, outWidth: outWidth, channelsLast: channelsLast) }
+        let tokens = patchProjection(patches(x, outHeight: outHeight, outWidth: outWidth)).reshaped([batch, outHeight, outWidth, outChannels])
+        if channelsLast { return tokens }
         let key = Key(stage: .reorder, batch: batch, height: outHeight, width: outWidth, channelsLast: false)
         let reorder = primitives.primitive(for: key) {
             let dims = [batch, outChannels, outHeight, outWidth]
