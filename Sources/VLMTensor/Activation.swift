@@ -1,4 +1,4 @@
-import CDNNL
+internal import CDNNL
 
 /// The activation functions transformer checkpoints name in their configs.
 public enum Activation: Sendable, Hashable {

@@ -1,4 +1,4 @@
-import CDNNL
+internal import CDNNL
 
 private enum AttentionMask: Hashable {
     case none

@@ -1,5 +1,5 @@
-import CDNNL
-import Foundation
+internal import CDNNL
+internal import Foundation
 
 /// `nn.Conv2d` with `groups=1`, square stride and symmetric zero padding, on NCHW input.
 ///
@@ -17,11 +17,17 @@ public final class Conv2d: @unchecked Sendable {
 
     private let weight: Tensor
     private let bias: Tensor?
+    /// Set when the kernel tiles the input (stride = kernel size, no padding), as in a ViT patch embedding: the
+    /// convolution is then a matmul of the flattened patches with the flattened weight.
+    private let patchProjection: Linear?
     private let primitives = PrimitiveCache<Key>(capacity: 32)
     private var packedWeights: [PackedBuffer] = []
     private let packingLock = NSLock()
 
+    private enum Stage: Hashable { case convolution, reorder }
+
     private struct Key: Hashable {
+        let stage: Stage
         let batch, height, width: Int
         let channelsLast: Bool
     }
@@ -42,6 +48,8 @@ public final class Conv2d: @unchecked Sendable {
         guard stride >= 1, padding >= 0 else { throw LayerError.geometry(layer: "Conv2d", stride: stride, padding: padding) }
         self.weight = weight
         self.bias = bias
+        let tilesInput = stride == kernelSize.height && stride == kernelSize.width && padding == 0
+        patchProjection = tilesInput ? try Linear(weight: weight.reshaped([outChannels, -1]), bias: bias) : nil
         self.stride = stride
         self.padding = padding
     }
@@ -57,17 +65,66 @@ public final class Conv2d: @unchecked Sendable {
         let outWidth = (width + 2 * padding - kernelSize.width) / stride + 1
         precondition(height + 2 * padding >= kernelSize.height && width + 2 * padding >= kernelSize.width,
                      "Conv2d kernel \(kernelSize) larger than padded input \(x.shape)")
-        let output = Tensor(uninitialized: channelsLast ? [batch, outHeight, outWidth, outChannels] : [batch, outChannels, outHeight, outWidth])
-        if output.count == 0 { return output }
-        let primitive = primitives.primitive(for: Key(batch: batch, height: height, width: width, channelsLast: channelsLast)) {
-            makePrimitive(batch: batch, height: height, width: width, outHeight: outHeight, outWidth: outWidth, channelsLast: channelsLast)
+        let shape = channelsLast ? [batch, outHeight, outWidth, outChannels] : [batch, outChannels, outHeight, outWidth]
+        if Tensor.elementCount(shape) == 0 { return Tensor(zeros: shape) }
+        guard let patchProjection else { return convolve(x, outHeight: outHeight, outWidth: outWidth, channelsLast: channelsLast) }
+        let tokens = patchProjection(patches(x, outHeight: outHeight, outWidth: outWidth)).reshaped([batch, outHeight, outWidth, outChannels])
+        if channelsLast { return tokens }
+        let key = Key(stage: .reorder, batch: batch, height: outHeight, width: outWidth, channelsLast: false)
+        let reorder = primitives.primitive(for: key) {
+            let dims = [batch, outChannels, outHeight, outWidth]
+            return Primitive(reorderFrom: memoryDescriptor(dims, tag: dnnl_nhwc), to: memoryDescriptor(dims, tag: dnnl_nchw))
         }
-        let weights = packed(as: primitive.descriptor(for: DNNL_ARG_WEIGHTS))
+        let output = Tensor(uninitialized: shape)
+        reorder.execute([(DNNL_ARG_FROM, tokens.rawPointer), (DNNL_ARG_TO, output.rawPointer)])
+        return output
+    }
+
+    /// `[N·H'·W', C·kh·kw]`: each row one patch, flattened in the weight's (channel, row, column) order.
+    private func patches(_ x: Tensor, outHeight: Int, outWidth: Int) -> Tensor {
+        let (batch, height, width) = (x.shape[0], x.shape[2], x.shape[3])
+        let (kh, kw) = kernelSize
+        let patchSize = inChannels * kh * kw
+        let rows = Tensor(uninitialized: [batch * outHeight * outWidth, patchSize])
+        DispatchQueue.concurrentPerform(iterations: batch) { item in
+            let (source, destination) = (x.storage.pointer, rows.storage.pointer)
+            for py in 0..<outHeight {
+                for px in 0..<outWidth {
+                    var target = destination + ((item * outHeight + py) * outWidth + px) * patchSize
+                    for channel in 0..<inChannels {
+                        for ky in 0..<kh {
+                            let row = source + ((item * inChannels + channel) * height + py * stride + ky) * width + px * stride
+                            target.initialize(from: row, count: kw)
+                            target += kw
+                        }
+                    }
+                }
+            }
+        }
+        return rows
+    }
+
+    /// A direct oneDNN convolution. Its output goes to the layout oneDNN prefers, then is reordered to the one
+    /// asked for: asking for NHWC output from NCHW input directly gets a reference implementation, orders of
+    /// magnitude slower.
+    private func convolve(_ x: Tensor, outHeight: Int, outWidth: Int, channelsLast: Bool) -> Tensor {
+        let (batch, height, width) = (x.shape[0], x.shape[2], x.shape[3])
+        let convolution = primitives.primitive(for: Key(stage: .convolution, batch: batch, height: height, width: width, channelsLast: false)) {
+            makePrimitive(batch: batch, height: height, width: width, outHeight: outHeight, outWidth: outWidth)
+        }
+        let weights = packed(as: convolution.descriptor(for: DNNL_ARG_WEIGHTS))
+        let result = PackedBuffer(descriptor: convolution.descriptor(for: DNNL_ARG_DST))
         var arguments: [(Int32, UnsafeMutableRawPointer)] = [
-            (DNNL_ARG_SRC, x.rawPointer), (DNNL_ARG_WEIGHTS, weights.pointer), (DNNL_ARG_DST, output.rawPointer),
+            (DNNL_ARG_SRC, x.rawPointer), (DNNL_ARG_WEIGHTS, weights.pointer), (DNNL_ARG_DST, result.pointer),
         ]
         if let bias { arguments.append((DNNL_ARG_BIAS, bias.rawPointer)) }
-        primitive.execute(arguments)
+        convolution.execute(arguments)
+        let dims = [batch, outChannels, outHeight, outWidth]
+        let reorder = primitives.primitive(for: Key(stage: .reorder, batch: batch, height: height, width: width, channelsLast: channelsLast)) {
+            Primitive(reorderFrom: result.descriptor, to: memoryDescriptor(dims, tag: channelsLast ? dnnl_nhwc : dnnl_nchw))
+        }
+        let output = Tensor(uninitialized: channelsLast ? [batch, outHeight, outWidth, outChannels] : dims)
+        reorder.execute([(DNNL_ARG_FROM, result.pointer), (DNNL_ARG_TO, output.rawPointer)])
         return output
     }
 
@@ -80,11 +137,11 @@ public final class Conv2d: @unchecked Sendable {
         return buffer
     }
 
-    private func makePrimitive(batch: Int, height: Int, width: Int, outHeight: Int, outWidth: Int, channelsLast: Bool) -> Primitive {
+    private func makePrimitive(batch: Int, height: Int, width: Int, outHeight: Int, outWidth: Int) -> Primitive {
         var source = memoryDescriptor([batch, inChannels, height, width])
         var weights = memoryDescriptor(weight.shape, tag: dnnl_format_tag_any)
         var bias = memoryDescriptor([outChannels])
-        var destination = memoryDescriptor([batch, outChannels, outHeight, outWidth], tag: channelsLast ? dnnl_nhwc : dnnl_nchw)
+        var destination = memoryDescriptor([batch, outChannels, outHeight, outWidth], tag: dnnl_format_tag_any)
         var strides: dnnl_dims_t = (dnnl_dim_t(stride), dnnl_dim_t(stride), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
         var pads: dnnl_dims_t = (dnnl_dim_t(padding), dnnl_dim_t(padding), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
         var operation = dnnl_convolution_desc_t()

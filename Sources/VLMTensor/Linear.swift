@@ -1,4 +1,4 @@
-import CDNNL
+internal import CDNNL
 
 /// Why a layer could not be built from the given weights.
 public enum LayerError: Error, CustomStringConvertible {

@@ -1,5 +1,5 @@
-import CDNNL
-import Foundation
+internal import CDNNL
+internal import Foundation
 
 // Everything that talks to oneDNN's C API directly lives in this file: the engine, the stream, memory descriptors,
 // primitive creation and execution, and the primitive caches.
@@ -235,20 +235,25 @@ final class PrimitiveCache<Key: Hashable>: @unchecked Sendable {
     }
 }
 
-/// A 64-byte aligned buffer of `byteCount` bytes holding weights in a oneDNN-chosen layout.
+/// A 64-byte aligned buffer in a oneDNN-chosen layout (packed weights, blocked intermediate results).
 final class PackedBuffer: @unchecked Sendable {
     let pointer: UnsafeMutableRawPointer
     let descriptor: dnnl_memory_desc_t
 
-    /// Reorders `source` (laid out as `sourceDescriptor`) into `descriptor`'s layout.
-    init(descriptor: dnnl_memory_desc_t, from source: UnsafeMutableRawPointer, sourceDescriptor: dnnl_memory_desc_t) {
+    /// An uninitialized buffer for `descriptor`.
+    init(descriptor: dnnl_memory_desc_t) {
         var md = descriptor
         let byteCount = dnnl_memory_desc_get_size(&md)
         var raw: UnsafeMutableRawPointer?
         let status = posix_memalign(&raw, 64, max(byteCount, 64))
-        precondition(status == 0 && raw != nil, "out of memory packing \(byteCount) bytes of weights")
+        precondition(status == 0 && raw != nil, "out of memory allocating \(byteCount) bytes")
         pointer = raw!
         self.descriptor = descriptor
+    }
+
+    /// Reorders `source` (laid out as `sourceDescriptor`) into `descriptor`'s layout.
+    convenience init(descriptor: dnnl_memory_desc_t, from source: UnsafeMutableRawPointer, sourceDescriptor: dnnl_memory_desc_t) {
+        self.init(descriptor: descriptor)
         let reorder = Primitive(reorderFrom: sourceDescriptor, to: descriptor)
         reorder.execute([(DNNL_ARG_FROM, source), (DNNL_ARG_TO, pointer)])
     }

@@ -1,5 +1,4 @@
-import CDNNL
-import Foundation
+internal import CDNNL
 
 /// Shapes of the ops without weights; one cache serves them all.
 private enum OperationKey: Hashable {
