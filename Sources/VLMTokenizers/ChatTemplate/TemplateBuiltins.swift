@@ -548,10 +548,9 @@ extension Interpreter {
         default:
             return nil
         }
+        // The sandbox hands out an undefined value that prints as "" and fails when called.
         if Self.unsafeMethods.contains(name) {
-            return bound(name) { (interpreter: inout Interpreter, _: inout CallArguments) throws(ChatTemplateError) in
-                throw interpreter.error("access to attribute '\(name)' of '\(object.typeName)' object is unsafe")
-            }
+            return .undefined("access to attribute '\(name)' of '\(object.typeName)' object is unsafe")
         }
         return nil
     }

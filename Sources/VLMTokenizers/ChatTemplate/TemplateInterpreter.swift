@@ -23,7 +23,7 @@ final class Scope {
 /// hang the caller or allocate without bound.
 struct Interpreter {
     static let maximumOutputBytes = 64 << 20
-    static let maximumIterations = 10_000_000
+    static let maximumIterations = 1_000_000
     static let maximumCallDepth = 100
     /// jinja2's sandbox refuses ranges longer than this.
     static let maximumRange = 100_000
@@ -530,13 +530,14 @@ struct Interpreter {
     }
 
     func binary(_ op: String, _ left: Value, _ right: Value) throws(ChatTemplateError) -> Value {
-        if op == "~" { return .string(left.pythonString + right.pythonString) }
+        if op == "~" { return .string(try concatenated(left.pythonString, right.pythonString)) }
         if case let .undefined(undefined) = left { throw error(undefined.message) }
         if case let .undefined(undefined) = right { throw error(undefined.message) }
         switch (op, left, right) {
-        case let ("+", .string(a), .string(b)): return .string(a + b)
-        case let ("+", .list(a), .list(b)): return .list(a + b)
-        case let ("+", .tuple(a), .tuple(b)): return .tuple(a + b)
+        case let ("+", .string(a), .string(b)): return .string(try concatenated(a, b))
+        case let ("+", .list(a), .list(b)) where a.count + b.count <= Self.maximumBuiltSize: return .list(a + b)
+        case let ("+", .tuple(a), .tuple(b)) where a.count + b.count <= Self.maximumBuiltSize: return .tuple(a + b)
+        case ("+", .list, .list), ("+", .tuple, .tuple): throw error("concatenated sequence too large")
         case let ("*", .string(text), _) where right.integer != nil && !(right.number == nil):
             let times = right.integer!
             guard times > 0 else { return .string("") }
@@ -600,6 +601,11 @@ struct Interpreter {
             }
         }
         throw unsupported(op, left, right)
+    }
+
+    private func concatenated(_ a: String, _ b: String) throws(ChatTemplateError) -> String {
+        guard a.utf8.count + b.utf8.count <= Self.maximumBuiltSize else { throw error("concatenated string too large") }
+        return a + b
     }
 
     private func checkedIntValue(_ result: (partialValue: Int, overflow: Bool)) throws(ChatTemplateError) -> Int {

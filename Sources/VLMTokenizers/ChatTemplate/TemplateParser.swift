@@ -3,7 +3,8 @@ struct TemplateParser {
     private let tokens: [TemplateToken]
     private let lexer: TemplateLexer
     private var index = 0
-    /// Bounds nesting so that a hostile template cannot overflow the stack.
+    /// Bounds the depth of the syntax tree (nested blocks, and chains of operators, filters and attributes, which
+    /// nest too), so that neither parsing nor rendering a hostile template can overflow the stack.
     private var depth = 0
     private static let maximumDepth = 200
 
@@ -221,7 +222,7 @@ struct TemplateParser {
             try expectBlockEnd()
             return .assign(target, value, at: start)
         }
-        let filters = isOp("|") ? try parseFilterChain() : []
+        let filters = skipOp("|") ? try parseFilterChain() : []
         try expectBlockEnd()
         let (body, _) = try parseBlock(until: ["endset"], opener: "set", at: start)
         try expectBlockEnd()
@@ -341,14 +342,24 @@ struct TemplateParser {
     }
 
     private mutating func parseOr() throws(ChatTemplateError) -> Expression {
+        let savedDepth = depth
+        defer { depth = savedDepth }
         var left = try parseAnd()
-        while skipName("or") { left = .or(left, try parseAnd()) }
+        while skipName("or") {
+            try nest()
+            left = .or(left, try parseAnd())
+        }
         return left
     }
 
     private mutating func parseAnd() throws(ChatTemplateError) -> Expression {
+        let savedDepth = depth
+        defer { depth = savedDepth }
         var left = try parseNot()
-        while skipName("and") { left = .and(left, try parseNot()) }
+        while skipName("and") {
+            try nest()
+            left = .and(left, try parseNot())
+        }
         return left
     }
 
@@ -365,7 +376,10 @@ struct TemplateParser {
         let offset = current.offset
         let first = try parseMath1()
         var operations: [(String, Expression)] = []
+        let savedDepth = depth
+        defer { depth = savedDepth }
         while true {
+            try nest()
             if case let .op(op) = current.kind, ["==", "!=", "<", "<=", ">", ">="].contains(op) {
                 index += 1
                 operations.append((op, try parseMath1()))
@@ -384,9 +398,12 @@ struct TemplateParser {
     private mutating func parseBinaryLevel(_ ops: Set<String>, next: (inout TemplateParser) throws(ChatTemplateError) -> Expression)
         throws(ChatTemplateError) -> Expression
     {
+        let savedDepth = depth
+        defer { depth = savedDepth }
         var left = try next(&self)
         while case let .op(op) = current.kind, ops.contains(op) {
             let offset = current.offset
+            try nest()
             index += 1
             left = .binary(op, left, try next(&self), at: offset)
         }
@@ -482,9 +499,12 @@ struct TemplateParser {
     }
 
     private mutating func parsePostfix(_ base: Expression) throws(ChatTemplateError) -> Expression {
+        let savedDepth = depth
+        defer { depth = savedDepth }
         var expression = base
         while true {
             let offset = current.offset
+            try nest()
             if skipOp(".") {
                 switch current.kind {
                 case let .name(name):
@@ -566,9 +586,12 @@ struct TemplateParser {
     }
 
     private mutating func parseFilterExpression(_ base: Expression) throws(ChatTemplateError) -> Expression {
+        let savedDepth = depth
+        defer { depth = savedDepth }
         var expression = base
         while true {
             let offset = current.offset
+            try nest()
             if skipOp("|") {
                 let name = try parseDottedName()
                 let arguments = isOp("(") ? try parseCallArguments() : Arguments()
