@@ -1,0 +1,125 @@
+import Foundation
+
+/// A Hugging Face chat template: Jinja source parsed once, rendered like transformers'
+/// `tokenizer.apply_chat_template(messages, tokenize=False, ...)`, byte for byte.
+///
+/// The interpreter covers what chat templates use: `for` (with `loop.*`, `else`, filters, `break`/`continue`), `if`,
+/// `set` (with `namespace()`), `macro`/`call`, `filter` blocks, `{% generation %}`, raw blocks and comments; Python
+/// values with their truthiness, arithmetic and printing; jinja2's filters and tests and Python's string and dict
+/// methods; and whitespace control as transformers configures jinja2 (`trim_blocks`, `lstrip_blocks`).
+public struct ChatTemplate: Sendable {
+    /// The template text.
+    public let source: String
+    /// Named in errors.
+    public let file: String
+    private let nodes: [TemplateNode]
+    private let scalars: [Unicode.Scalar]
+
+    /// Parses `source`; a syntax error names `file` and the line and column.
+    public init(source: String, file: String = "chat_template") throws(ChatTemplateError) {
+        self.source = source
+        self.file = file
+        scalars = TemplateLexer.normalize(source)
+        var lexer = TemplateLexer(source: scalars, file: file)
+        let tokens = try lexer.tokenize()
+        var parser = TemplateParser(tokens: tokens, lexer: lexer)
+        nodes = try parser.parseTemplate()
+    }
+
+    /// Renders a conversation as `apply_chat_template(messages, tokenize=False,
+    /// add_generation_prompt: addGenerationPrompt, **extraContext)` does.
+    ///
+    /// As transformers does, message keys whose value is null are dropped, `tools` and `documents` are none unless
+    /// `extraContext` sets them, and the reasoning text of a message is also given as `thinking` and
+    /// `reasoning_content`.
+    /// - Parameters:
+    ///   - messages: objects with "role" and "content" (a string, or a list of `{"type": "text"|"image", …}` parts).
+    ///   - bosToken: the `bos_token` variable; left undefined when nil.
+    ///   - eosToken: the `eos_token` variable; left undefined when nil.
+    ///   - extraContext: more variables (other special tokens, `tools`, `date_string`, …); they override the above.
+    public func render(messages: [JSONValue], addGenerationPrompt: Bool = false, bosToken: String? = nil,
+                       eosToken: String? = nil, extraContext: [String: JSONValue] = [:]) throws(ChatTemplateError) -> String
+    {
+        let globals = Scope(parent: nil)
+        globals.variables = Interpreter.globals(file: file)
+        let context = Scope(parent: globals)
+        context.variables["messages"] = .list(messages.map { Value(Self.prepare($0)) })
+        context.variables["tools"] = Value.none
+        context.variables["documents"] = Value.none
+        context.variables["add_generation_prompt"] = .bool(addGenerationPrompt)
+        if let bosToken { context.variables["bos_token"] = .string(bosToken) }
+        if let eosToken { context.variables["eos_token"] = .string(eosToken) }
+        for (name, value) in extraContext { context.variables[name] = Value(value) }
+        var interpreter = Interpreter(file: file, lexer: TemplateLexer(source: scalars, file: file))
+        var output = ""
+        _ = try interpreter.render(nodes, in: context, into: &output)
+        return output
+    }
+
+    /// transformers drops a message's null fields and aliases its reasoning fields before rendering.
+    private static func prepare(_ message: JSONValue) -> JSONValue {
+        guard case let .object(pairs) = message else { return message }
+        var fields = pairs.filter { $0.1 != .null }
+        let reasoningNames = ["reasoning_content", "thinking", "reasoning"]
+        guard let reasoning = reasoningNames.lazy.compactMap({ name in fields.first { $0.0 == name }?.1 }).first else {
+            return .object(fields)
+        }
+        // Python: {"thinking": reasoning, **message, "reasoning_content": reasoning}
+        if !fields.contains(where: { $0.0 == "thinking" }) { fields.insert(("thinking", reasoning), at: 0) }
+        if let index = fields.firstIndex(where: { $0.0 == "reasoning_content" }) {
+            fields[index].1 = reasoning
+        } else {
+            fields.append(("reasoning_content", reasoning))
+        }
+        return .object(fields)
+    }
+
+    /// Finds a checkpoint's default chat template the way transformers does: `chat_template.jinja`, then
+    /// `chat_template.json` (`{"chat_template": …}`), then `tokenizer_config.json`'s "chat_template" — a string, or a
+    /// list of `{"name", "template"}` of which the one named "default" is used.
+    ///
+    /// - Returns: nil if the directory holds no chat template.
+    public static func load(directory: URL) throws(ChatTemplateError) -> ChatTemplate? {
+        let jinja = directory.appendingPathComponent("chat_template.jinja")
+        if FileManager.default.fileExists(atPath: jinja.path) {
+            let data = try read(jinja)
+            guard let text = String(data: data, encoding: .utf8) else {
+                throw .invalidTemplateFile(file: jinja.path, message: "not valid UTF-8")
+            }
+            return try ChatTemplate(source: text, file: jinja.path)
+        }
+        for name in ["chat_template.json", "tokenizer_config.json"] {
+            let url = directory.appendingPathComponent(name)
+            guard FileManager.default.fileExists(atPath: url.path) else { continue }
+            let json = try JSONValue(parsing: try read(url), file: url.path)
+            guard case .object = json else { throw .invalidTemplateFile(file: url.path, message: "the top level is not an object") }
+            switch json["chat_template"] {
+            case nil, .null?:
+                if name == "chat_template.json" {
+                    throw .invalidTemplateFile(file: url.path, message: "no \"chat_template\" field")
+                }
+            case let .string(text)?:
+                return try ChatTemplate(source: text, file: url.path + ": chat_template")
+            case let .array(entries)?:
+                for entry in entries {
+                    guard case let .string(entryName)? = entry["name"], case let .string(text)? = entry["template"] else {
+                        throw .invalidTemplateFile(file: url.path, message: "each \"chat_template\" entry needs a string \"name\" and \"template\"")
+                    }
+                    if entryName == "default" { return try ChatTemplate(source: text, file: url.path + ": chat_template[default]") }
+                }
+                throw .invalidTemplateFile(file: url.path, message: "\"chat_template\" lists no template named \"default\"")
+            default:
+                throw .invalidTemplateFile(file: url.path, message: "\"chat_template\" is neither a string nor a list of named templates")
+            }
+        }
+        return nil
+    }
+
+    private static func read(_ url: URL) throws(ChatTemplateError) -> Data {
+        do {
+            return try Data(contentsOf: url)
+        } catch {
+            throw .unreadable(file: url.path, message: error.localizedDescription)
+        }
+    }
+}

@@ -1,0 +1,108 @@
+import Foundation
+import Testing
+import VLMTokenizers
+
+/// Tests/Fixtures/chat-templates, found from this file's path so tests run from any working directory.
+private let chatTemplateFixtures: URL = {
+    var url = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+    while !FileManager.default.fileExists(atPath: url.appendingPathComponent("Package.swift").path) {
+        url.deleteLastPathComponent()
+    }
+    return url.appendingPathComponent("Tests/Fixtures/chat-templates")
+}()
+
+private let parsedFixtures = ["models.json", "language.json"].map { name in
+    let url = chatTemplateFixtures.appendingPathComponent(name)
+    return (name, Result { try JSONValue(parsing: try Data(contentsOf: url), file: url.path) })
+}
+
+private func fixture(_ name: String) throws -> JSONValue {
+    try #require(parsedFixtures.first { $0.0 == name }).1.get()
+}
+
+private func strings(_ value: JSONValue?) -> [String: JSONValue] {
+    guard case let .object(pairs)? = value else { return [:] }
+    return Dictionary(pairs, uniquingKeysWith: { $1 })
+}
+
+private func string(_ value: JSONValue?) -> String? {
+    if case let .string(text)? = value { return text }
+    return nil
+}
+
+/// The names of the fixture's entries, so that each test case is named by its template.
+private func names(_ file: String) throws -> [String] {
+    guard case let .array(entries) = try fixture(file) else { return [] }
+    return entries.compactMap { string($0["name"]) }
+}
+
+private func entry(_ file: String, _ name: String) throws -> JSONValue {
+    guard case let .array(entries) = try fixture(file) else { throw ChatTemplateError.unreadable(file: file, message: "not a list") }
+    return try #require(entries.first { string($0["name"]) == name })
+}
+
+@Test("Real chat templates render byte-identically to transformers' apply_chat_template", arguments: try names("models.json"))
+func realTemplates(name: String) throws {
+    let model = try entry("models.json", name)
+    let template = try ChatTemplate(source: try #require(string(model["template"])), file: name)
+    var specials = strings(model["special_tokens"])
+    let bos = string(specials.removeValue(forKey: "bos_token"))
+    let eos = string(specials.removeValue(forKey: "eos_token"))
+    guard case let .array(cases)? = model["cases"] else { Issue.record("no cases"); return }
+    #expect(cases.count >= 20)
+    for (index, testCase) in cases.enumerated() {
+        guard case let .array(messages)? = testCase["messages"] else { Issue.record("no messages"); continue }
+        let addGenerationPrompt = testCase["add_generation_prompt"] == .bool(true)
+        let extra = specials.merging(strings(testCase["extra"])) { $1 }
+        let render = {
+            try template.render(messages: messages, addGenerationPrompt: addGenerationPrompt, bosToken: bos,
+                                eosToken: eos, extraContext: extra)
+        }
+        if let raised = string(testCase["raised"]) {
+            #expect(throws: ChatTemplateError.raised(file: name, message: raised), "\(name) case \(index)") { try render() }
+        } else {
+            let expected = try #require(string(testCase["expected"]))
+            let rendered = try render()
+            #expect(Array(rendered.utf8) == Array(expected.utf8), "\(name) case \(index):\n\(rendered)\n--- expected ---\n\(expected)")
+        }
+    }
+}
+
+@Test("Each language feature renders as jinja2 configured like transformers", arguments: try names("language.json"))
+func languageFeature(name: String) throws {
+    let testCase = try entry("language.json", name)
+    let source = try #require(string(testCase["template"]))
+    let context = strings(testCase["context"])
+    switch string(testCase["error"]) {
+    case "syntax"?:
+        do {
+            let template = try ChatTemplate(source: source, file: name)
+            Issue.record("\(name): parsed, but jinja2 reports a syntax error: \(template.source)")
+        } catch let error {
+            guard case let .syntax(file, line, _, _) = error else { Issue.record("\(name): \(error)"); return }
+            #expect(file == name)
+            if case let .int(expectedLine)? = testCase["line"] { #expect(line == expectedLine, "\(error)") }
+        }
+    case let kind?:
+        let template = try ChatTemplate(source: source, file: name)
+        do {
+            let rendered = try template.render(messages: [], extraContext: context)
+            Issue.record("\(name): rendered \(rendered.debugDescription), but jinja2 raises")
+        } catch let error {
+            switch (kind, error) {
+            case let ("raised", .raised(file, message)):
+                #expect(file == name)
+                #expect(message == string(testCase["message"]))
+            case ("render", .render(let file, _, _, _)):
+                #expect(file == name)
+            default:
+                Issue.record("\(name): expected a \(kind) error, got \(error)")
+            }
+        }
+    case nil:
+        let template = try ChatTemplate(source: source, file: name)
+        let expected = try #require(string(testCase["expected"]))
+        let rendered = try template.render(messages: [], extraContext: context)
+        #expect(Array(rendered.utf8) == Array(expected.utf8), "\(name): \(rendered.debugDescription) != \(expected.debugDescription)")
+    }
+}
