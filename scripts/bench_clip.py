@@ -10,7 +10,8 @@ pixels [B, 3, 224, 224], and ONNX Runtime's embeddings are checked against PyTor
 tower and projection exported with torch's dynamo exporter (needs the onnxscript package), cached in the model
 directory as onnx/vision_model.onnx. SwiftVLM is timed by its own `vlm bench --json`, which draws its own inputs; if the
 binary is missing or fails, its row says so. Each timing is the median over --runs forward passes after --warmup
-untimed ones, PyTorch's and ONNX Runtime's taking turns. The ceiling column compares with the time the model's FLOPs would take at --peak-gflops.
+untimed ones, PyTorch's and ONNX Runtime's taking turns. The ceiling column compares with the time the model's FLOPs
+would take at --peak-gflops.
 """
 import argparse
 import json
@@ -30,7 +31,7 @@ ONNX_TOLERANCE = 1e-4
 
 
 def vision_gflop_per_image(vision_config, projection_dim):
-    """Multiply-adds of the patch embedding, encoder and projection, counted as 2 FLOPs each (norms, softmax ignored)."""
+    """Multiply-adds of the patch embedding, encoder and projection, as 2 FLOPs each (norms and softmax left out)."""
     d, mlp = vision_config.hidden_size, vision_config.intermediate_size
     patches = (vision_config.image_size // vision_config.patch_size) ** 2
     tokens = patches + 1
@@ -82,13 +83,15 @@ def interleaved_samples_ms(engines, warmup, runs):
     return samples
 
 
-def vlm_ms_per_image(binary, model_dir, batch_size, timeout_s):
+def vlm_ms_per_image(binary, model_dir, batch_size, threads, timeout_s):
     """`vlm bench`'s ms per image, or the reason it is unavailable."""
     if not os.path.isfile(binary):
         return None, f"no binary at {binary}"
     command = [binary, "bench", "--model", model_dir, "--batch-size", str(batch_size), "--json"]
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+        # oneDNN's OpenMP runtime takes its thread count from here.
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
+                              env={**os.environ, "OMP_NUM_THREADS": str(threads)})
     except (OSError, subprocess.TimeoutExpired) as error:
         return None, str(error)
     if done.returncode != 0:
@@ -114,7 +117,7 @@ def main():
     parser.add_argument("--vlm", default=os.path.join(ROOT, ".build", "release", "vlm"), help="SwiftVLM's binary")
     parser.add_argument("--vlm-timeout", type=float, default=900, help="seconds one `vlm bench` may take")
     parser.add_argument("--peak-gflops", type=float, default=500, help="fp32 peak of the machine, for the ceiling")
-    parser.add_argument("--json", help="also write the results as JSON to this file ('-' for stdout)")
+    parser.add_argument("--json", help="also write the results, with every timed sample, as JSON to this file")
     args = parser.parse_args()
     if min(args.batch_sizes) < 1 or args.runs < 1 or args.warmup < 0 or args.threads < 1:
         parser.error("batch sizes, --runs and --threads must be positive, --warmup not negative")
@@ -158,13 +161,14 @@ def main():
             rows.append({"engine": engine, "batch_size": batch_size,
                          "ms_per_image": statistics.median(engine_samples) / batch_size,
                          "batch_ms_samples": engine_samples})
-        vlm_ms, vlm_error = vlm_ms_per_image(args.vlm, model_dir, batch_size, args.vlm_timeout)
+        vlm_ms, vlm_error = vlm_ms_per_image(args.vlm, model_dir, batch_size, args.threads, args.vlm_timeout)
         rows.append({"engine": "SwiftVLM", "batch_size": batch_size, "ms_per_image": vlm_ms,
                      **({"unavailable": vlm_error} if vlm_error else {})})
+    load_after = os.getloadavg()[0]
 
     print(f"CLIP ViT-B/32 image embedding, fp32, {args.threads} threads; {gflop:.2f} GFLOP per image, "
           f"ceiling {ceiling_ms:.1f} ms at {args.peak_gflops:g} GFLOP/s; median of {args.runs} runs after "
-          f"{args.warmup} warm-up; 1-minute load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after "
+          f"{args.warmup} warm-up; 1-minute load average {load_before:.1f} before, {load_after:.1f} after "
           f"(this run alone adds about {args.threads})\n")
     print("| engine | batch | ms/image | images/s | × ceiling |")
     print("| --- | ---: | ---: | ---: | ---: |")
@@ -182,15 +186,12 @@ def main():
 
     if args.json:
         results = {"model": model_dir, "threads": args.threads, "runs": args.runs, "warmup": args.warmup,
-                   "load_average_before": load_before, "load_average_after": os.getloadavg()[0],
+                   "load_average_before": load_before, "load_average_after": load_after,
                    "gflop_per_image": gflop, "ceiling_ms_per_image": ceiling_ms, "rows": rows,
                    "onnx_vs_pytorch": checks, "torch": torch.__version__, "onnxruntime": onnxruntime.__version__}
-        text = json.dumps(results, indent=2)
-        if args.json == "-":
-            print(text)
-        else:
-            with open(args.json, "w") as f:
-                f.write(text + "\n")
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+            f.write("\n")
     if any(check["max_abs_diff"] > ONNX_TOLERANCE for check in checks):
         sys.exit(1)
 
