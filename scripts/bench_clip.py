@@ -10,8 +10,8 @@ pixels [B, 3, 224, 224], and ONNX Runtime's embeddings are checked against PyTor
 tower and projection exported with torch's dynamo exporter (needs the onnxscript package), cached in the model
 directory as onnx/vision_model.onnx. SwiftVLM is timed by its own `vlm bench --json`, which draws its own inputs; if the
 binary is missing or fails, its row says so. Each timing is the median over --runs forward passes after --warmup
-untimed ones, PyTorch's and ONNX Runtime's taking turns. The ceiling column compares with the time the model's FLOPs
-would take at --peak-gflops.
+untimed ones, PyTorch's and ONNX Runtime's taking turns; their fastest run is shown too. The ceiling column compares
+with the time the model's FLOPs would take at --peak-gflops.
 """
 import argparse
 import json
@@ -160,6 +160,7 @@ def main():
         for engine, engine_samples in samples.items():
             rows.append({"engine": engine, "batch_size": batch_size,
                          "ms_per_image": statistics.median(engine_samples) / batch_size,
+                         "best_ms_per_image": min(engine_samples) / batch_size,
                          "batch_ms_samples": engine_samples})
         vlm_ms, vlm_error = vlm_ms_per_image(args.vlm, model_dir, batch_size, args.threads, args.vlm_timeout)
         rows.append({"engine": "SwiftVLM", "batch_size": batch_size, "ms_per_image": vlm_ms,
@@ -170,14 +171,16 @@ def main():
           f"ceiling {ceiling_ms:.1f} ms at {args.peak_gflops:g} GFLOP/s; median of {args.runs} runs after "
           f"{args.warmup} warm-up; 1-minute load average {load_before:.1f} before, {load_after:.1f} after "
           f"(this run alone adds about {args.threads})\n")
-    print("| engine | batch | ms/image | images/s | × ceiling |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    # The best run shows what an engine does when nothing else wants the cores; SwiftVLM reports only its median.
+    print("| engine | batch | ms/image | best ms/image | images/s | × ceiling |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for row in rows:
         ms = row["ms_per_image"]
         if ms is None:
-            print(f"| {row['engine']} | {row['batch_size']} | unavailable: {row['unavailable']} | | |")
-        else:
-            print(f"| {row['engine']} | {row['batch_size']} | {ms:.1f} | {1e3 / ms:.1f} | {ms / ceiling_ms:.2f} |")
+            print(f"| {row['engine']} | {row['batch_size']} | unavailable: {row['unavailable']} | | | |")
+            continue
+        best = f"{row['best_ms_per_image']:.1f}" if "best_ms_per_image" in row else ""
+        print(f"| {row['engine']} | {row['batch_size']} | {ms:.1f} | {best} | {1e3 / ms:.1f} | {ms / ceiling_ms:.2f} |")
     print()
     for check in checks:
         verdict = "ok" if check["max_abs_diff"] <= ONNX_TOLERANCE else "MISMATCH"
