@@ -1,0 +1,203 @@
+"""CLIP ViT-B/32 image-embedding speed: transformers/PyTorch, ONNX Runtime and SwiftVLM's `vlm bench`, in one run.
+
+    /work/oracle-venv/bin/python scripts/make_clip_checkpoint.py     # once: the full-size random-weight checkpoint
+    swift build -c release                                           # for the SwiftVLM row
+    /work/oracle-venv/bin/python scripts/bench_clip.py [--batch-sizes 1 32] [--runs 10] [--vlm .build/release/vlm]
+                                                       [--json results.json]
+
+All engines run fp32 on 2 threads. PyTorch (`CLIPModel.get_image_features`) and ONNX Runtime see the same seeded random
+pixels [B, 3, 224, 224], and ONNX Runtime's embeddings are checked against PyTorch's. ONNX Runtime runs the vision
+tower and projection exported with torch's dynamo exporter (needs the onnxscript package), cached in the model
+directory as onnx/vision_model.onnx. SwiftVLM is timed by its own `vlm bench --json`, which draws its own inputs; if the
+binary is missing or fails, its row says so. Each timing is the median over --runs forward passes after --warmup
+untimed ones, PyTorch's and ONNX Runtime's taking turns; their fastest run is shown too. The ceiling column compares
+with the time the model's FLOPs would take at --peak-gflops.
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_MODEL = os.path.join(ROOT, "models", "clip-vit-base-patch32-random")
+ONNX_TOLERANCE = 1e-4
+
+
+def vision_gflop_per_image(vision_config, projection_dim):
+    """Multiply-adds of the patch embedding, encoder and projection, as 2 FLOPs each (norms and softmax left out)."""
+    d, mlp = vision_config.hidden_size, vision_config.intermediate_size
+    patches = (vision_config.image_size // vision_config.patch_size) ** 2
+    tokens = patches + 1
+    patch_embedding = patches * vision_config.num_channels * vision_config.patch_size ** 2 * d
+    per_layer = tokens * (4 * d * d + 2 * d * mlp) + 2 * tokens * tokens * d
+    macs = patch_embedding + vision_config.num_hidden_layers * per_layer + d * projection_dim
+    return 2 * macs / 1e9
+
+
+class ImageEmbedder(torch.nn.Module):
+    """`get_image_features` as a plain tensor-to-tensor module, the shape the ONNX exporter needs."""
+
+    def __init__(self, clip):
+        super().__init__()
+        self.clip = clip
+
+    def forward(self, pixel_values):
+        return self.clip.get_image_features(pixel_values=pixel_values).pooler_output
+
+
+def onnx_model_path(model_dir, embedder, image_size):
+    """Exports the vision tower + projection once; a checkpoint newer than the export makes it stale."""
+    path = os.path.join(model_dir, "onnx", "vision_model.onnx")
+    weights = os.path.join(model_dir, "model.safetensors")
+    if os.path.isfile(path) and os.path.getmtime(path) >= os.path.getmtime(weights):
+        return path
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    partial = path + ".partial"
+    example = torch.zeros(2, 3, image_size, image_size)
+    torch.onnx.export(embedder, (example,), partial, dynamo=True, external_data=False,
+                      input_names=["pixel_values"], output_names=["image_embeds"],
+                      dynamic_shapes={"pixel_values": {0: torch.export.Dim("batch")}})
+    os.replace(partial, path)
+    return path
+
+
+def interleaved_samples_ms(engines, warmup, runs):
+    """Per-engine forward-pass times in ms. The engines take turns, so load from elsewhere on the machine (which
+    comes and goes) hits them alike instead of whichever happened to run at the time."""
+    for _ in range(warmup):
+        for run in engines.values():
+            run()
+    samples = {name: [] for name in engines}
+    for _ in range(runs):
+        for name, run in engines.items():
+            start = time.perf_counter()
+            run()
+            samples[name].append((time.perf_counter() - start) * 1e3)
+    return samples
+
+
+def vlm_ms_per_image(binary, model_dir, batch_size, threads, timeout_s):
+    """`vlm bench`'s ms per image, or the reason it is unavailable."""
+    if not os.path.isfile(binary):
+        return None, f"no binary at {binary}"
+    command = [binary, "bench", "--model", model_dir, "--batch-size", str(batch_size), "--json"]
+    try:
+        # oneDNN's OpenMP runtime takes its thread count from here.
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
+                              env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return None, str(error)
+    if done.returncode != 0:
+        last_line = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return None, f"exit {done.returncode}: {last_line}"
+    try:
+        report = json.loads(done.stdout.strip().splitlines()[-1])
+        ms = float(report["ms_per_item"])
+        if report["batch_size"] != batch_size or not math.isfinite(ms) or ms <= 0:
+            raise ValueError(report)
+    except (IndexError, KeyError, TypeError, ValueError) as error:
+        return None, f"unexpected output {done.stdout.strip()[-200:]!r} ({error!r})"
+    return ms, None
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="checkpoint directory (default: %(default)s)")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--runs", type=int, default=10, help="timed forward passes per engine and batch size")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed forward passes before them")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--vlm", default=os.path.join(ROOT, ".build", "release", "vlm"), help="SwiftVLM's binary")
+    parser.add_argument("--vlm-timeout", type=float, default=900, help="seconds one `vlm bench` may take")
+    parser.add_argument("--peak-gflops", type=float, default=500, help="fp32 peak of the machine, for the ceiling")
+    parser.add_argument("--json", help="also write the results, with every timed sample, as JSON to this file")
+    args = parser.parse_args()
+    if min(args.batch_sizes) < 1 or args.runs < 1 or args.warmup < 0 or args.threads < 1:
+        parser.error("batch sizes, --runs and --threads must be positive, --warmup not negative")
+
+    import onnxruntime
+    from transformers import CLIPModel
+
+    model_dir = os.path.abspath(args.model)
+    if not os.path.isfile(os.path.join(model_dir, "model.safetensors")):
+        sys.exit(f"no checkpoint in {model_dir}: run scripts/make_clip_checkpoint.py first")
+    torch.set_num_threads(args.threads)
+    clip = CLIPModel.from_pretrained(model_dir, dtype=torch.float32).eval()
+    embedder = ImageEmbedder(clip).eval()
+    vision = clip.config.vision_config
+    gflop = vision_gflop_per_image(vision, clip.config.projection_dim)
+    ceiling_ms = gflop / args.peak_gflops * 1e3
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = args.threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = onnxruntime.InferenceSession(onnx_model_path(model_dir, embedder, vision.image_size), options,
+                                           providers=["CPUExecutionProvider"])
+
+    load_before = os.getloadavg()[0]
+    rows, checks = [], []
+    for batch_size in args.batch_sizes:
+        pixels = torch.randn(batch_size, 3, vision.image_size, vision.image_size,
+                             generator=torch.Generator().manual_seed(batch_size))
+        feed = {"pixel_values": pixels.numpy()}
+        with torch.inference_mode():
+            reference = embedder(pixels).numpy()
+            (onnx_embeddings,) = session.run(None, feed)
+            checks.append({"batch_size": batch_size,
+                           "max_abs_diff": float(np.max(np.abs(onnx_embeddings - reference)))})
+            samples = interleaved_samples_ms({"PyTorch": lambda: embedder(pixels),
+                                              "ONNX Runtime": lambda: session.run(None, feed)},
+                                             args.warmup, args.runs)
+        for engine, engine_samples in samples.items():
+            rows.append({"engine": engine, "batch_size": batch_size,
+                         "ms_per_image": statistics.median(engine_samples) / batch_size,
+                         "best_ms_per_image": min(engine_samples) / batch_size,
+                         "batch_ms_samples": engine_samples})
+        vlm_ms, vlm_error = vlm_ms_per_image(args.vlm, model_dir, batch_size, args.threads, args.vlm_timeout)
+        rows.append({"engine": "SwiftVLM", "batch_size": batch_size, "ms_per_image": vlm_ms,
+                     **({"unavailable": vlm_error} if vlm_error else {})})
+    load_after = os.getloadavg()[0]
+
+    print(f"CLIP ViT-B/32 image embedding, fp32, {args.threads} threads; {gflop:.2f} GFLOP per image, "
+          f"ceiling {ceiling_ms:.1f} ms at {args.peak_gflops:g} GFLOP/s; median of {args.runs} runs after "
+          f"{args.warmup} warm-up; 1-minute load average {load_before:.1f} before, {load_after:.1f} after "
+          f"(this run alone adds about {args.threads})\n")
+    # The best run shows what an engine does when nothing else wants the cores; SwiftVLM reports only its median.
+    print("| engine | batch | ms/image | best ms/image | images/s | × ceiling |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for row in rows:
+        ms = row["ms_per_image"]
+        if ms is None:
+            print(f"| {row['engine']} | {row['batch_size']} | unavailable: {row['unavailable']} | | | |")
+            continue
+        best = f"{row['best_ms_per_image']:.1f}" if "best_ms_per_image" in row else ""
+        print(f"| {row['engine']} | {row['batch_size']} | {ms:.1f} | {best} | {1e3 / ms:.1f} | {ms / ceiling_ms:.2f} |")
+    print()
+    for check in checks:
+        verdict = "ok" if check["max_abs_diff"] <= ONNX_TOLERANCE else "MISMATCH"
+        print(f"ONNX Runtime vs PyTorch, batch {check['batch_size']}: max |diff| {check['max_abs_diff']:.2e} "
+              f"(tolerance {ONNX_TOLERANCE:g}) {verdict}")
+
+    if args.json:
+        results = {"model": model_dir, "threads": args.threads, "runs": args.runs, "warmup": args.warmup,
+                   "load_average_before": load_before, "load_average_after": load_after,
+                   "gflop_per_image": gflop, "ceiling_ms_per_image": ceiling_ms, "rows": rows,
+                   "onnx_vs_pytorch": checks, "torch": torch.__version__, "onnxruntime": onnxruntime.__version__}
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+            f.write("\n")
+    if any(check["max_abs_diff"] > ONNX_TOLERANCE for check in checks):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
