@@ -7,7 +7,9 @@ Run by hand from the repository root with the oracle venv (huggingface_hub comes
         README) in the Hub's URL layout from a local HTTP server on 127.0.0.1, points HF_ENDPOINT at it, runs
         huggingface_hub's snapshot_download into a fresh cache and copies that cache (symlinks kept) to
         Tests/Fixtures/hub/python-cache/. Also writes Tests/Fixtures/hub/repo.json, the repo's manifest (commit,
-        paths, sizes, git blob ids, LFS sha256), from which the Swift test server serves the same repo.
+        paths, sizes, git blob ids, LFS sha256), from which the Swift test server serves the same repo, and
+        Tests/Fixtures/hub/cases.json: what huggingface_hub's filter_repo_objects and _normalize_etag, and hashlib's
+        sha256, give on a few inputs.
 
     python oracle/hub_cache.py check-swift-cache DIR
         The reverse direction. With outgoing traffic disabled, asks huggingface_hub to find tiny-org/tiny-clip in the
@@ -133,6 +135,36 @@ def isolate_environment(endpoint, cache_dir, offline):
     })
 
 
+# File names of a typical transformers repo, plus names that exercise fnmatch's corners.
+LISTING = [
+    ".gitattributes", "README.md", "config.json", "flax_model.msgpack", "generation_config.json", "merges.txt",
+    "model.safetensors", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+    "model.safetensors.index.json", "preprocessor_config.json", "pytorch_model.bin", "special_tokens_map.json",
+    "tf_model.h5", "tokenizer.json", "tokenizer_config.json", "vocab.json", "onnx/model.onnx", "onnx/config.json",
+    "onnx/deep/x.json", "[weird].json", "a?b.txt", "Config.JSON",
+]
+PATTERNS = [
+    (None, None), (["*.json"], None), (["*.safetensors", "*.json"], ["onnx/*"]), (["onnx/"], None),
+    (["model-0000[1-2]-of-*.safetensors"], None), (["model-0000[!1]-of-*"], None), (["?????.json"], None),
+    (["[[]weird].json"], None), (["a?b.txt"], None), (["*"], ["*.bin", "*.h5", "*.msgpack"]), (["*.JSON"], None),
+    (["onnx/*.json"], None), (["[]"], None), (["*config*"], ["onnx/"]),
+]
+
+
+def cases():
+    from huggingface_hub.file_download import _normalize_etag
+    from huggingface_hub.utils import filter_repo_objects
+
+    pattern_cases = [{"include": allow, "exclude": ignore,
+                      "expected": list(filter_repo_objects(LISTING, allow_patterns=allow, ignore_patterns=ignore))}
+                     for allow, ignore in PATTERNS]
+    sha_cases = [{"length": n, "sha256": hashlib.sha256(bytes(i * 7 % 251 for i in range(n))).hexdigest()}
+                 for n in (0, 1, 55, 56, 63, 64, 65, 119, 1000, 70000)]
+    etags = ['"abc123"', 'W/"abc123"', "abc123", '"' + "f" * 64 + '"']
+    return {"listing": LISTING, "patterns": pattern_cases, "sha256_of_pattern_bytes": sha_cases,
+            "etags": [{"header": e, "normalized": _normalize_etag(e)} for e in etags]}
+
+
 def make():
     contents, manifest = build_repo()
     server = serve(contents, manifest)
@@ -152,6 +184,9 @@ def make():
     shutil.copytree(cache_dir, target, symlinks=True, ignore=shutil.ignore_patterns(".locks", "home"))
     with open(MANIFEST, "w") as f:
         json.dump(manifest, f, indent=1)
+        f.write("\n")
+    with open(os.path.join(FIXTURES, "cases.json"), "w") as f:
+        json.dump(cases(), f, indent=1)
         f.write("\n")
     shutil.rmtree(work)
     print(f"wrote {target} (commit {manifest['commit']}) and {MANIFEST}")
