@@ -25,7 +25,8 @@ let package = Package(
         .target(name: "VLMImages", dependencies: ["VLMTensor", "CTurboJPEG", "CSPNG", "CWebP"]),
         .target(name: "VLMModels", dependencies: ["VLMTensor", "VLMCheckpoint"]),
         .target(name: "VLMPipelines", dependencies: ["VLMTensor", "VLMCheckpoint", "VLMTokenizers", "VLMImages", "VLMModels"]),
-        .target(name: "SwiftVLM", dependencies: ["VLMTensor", "VLMCheckpoint", "VLMTokenizers", "VLMImages", "VLMModels", "VLMPipelines"]),
+        .target(name: "VLMHub"),
+        .target(name: "SwiftVLM", dependencies: ["VLMTensor", "VLMCheckpoint", "VLMTokenizers", "VLMImages", "VLMModels", "VLMPipelines", "VLMHub"]),
         .executableTarget(name: "vlm", dependencies: [
             "SwiftVLM",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
@@ -37,6 +38,7 @@ let package = Package(
         .testTarget(name: "VLMImagesTests", dependencies: ["VLMImages"]),
         .testTarget(name: "VLMModelsTests", dependencies: ["VLMModels", "VLMCheckpoint", "VLMTensor"]),
         .testTarget(name: "VLMPipelinesTests", dependencies: ["VLMPipelines", "VLMCheckpoint", "VLMImages", "VLMTensor"]),
+        .testTarget(name: "VLMHubTests", dependencies: ["VLMHub", "VLMCheckpoint"]),
         .testTarget(name: "vlmTests", dependencies: ["vlm", "VLMCheckpoint"]),
     ],
     swiftLanguageModes: [.v6]

@@ -5,3 +5,4 @@
 @_exported import VLMImages
 @_exported import VLMModels
 @_exported import VLMPipelines
+@_exported import VLMHub
