@@ -396,8 +396,26 @@ def language_fixtures():
     return cases
 
 
+def cli_fixture():
+    """A tokenizer directory with SmolLM2's ChatML template as chat_template.jinja, for `vlm tokenize --chat`."""
+    out = OUT / "cli"
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
+    tokenizer.save_pretrained(out)
+    (out / "chat_template.jinja").write_text(TEMPLATES["smollm2"], encoding="utf-8")
+    messages = [{"role": "user", "content": "What is in this photo?"},
+                {"role": "assistant", "content": "A cat, lying on a rug."},
+                {"role": "user", "content": "Ünïcödé: and its colour?"}]
+    (out / "messages.json").write_text(json.dumps(messages, ensure_ascii=False, indent=1), encoding="utf-8")
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"]
+    with open(out / "expected.json", "w", encoding="utf-8") as file:
+        json.dump({"text": text, "ids": ids}, file, ensure_ascii=False)
+
+
 def main():
     OUT.mkdir(parents=True, exist_ok=True)
+    cli_fixture()
     for filename, data in (("models.json", model_fixtures()), ("language.json", language_fixtures())):
         with open(OUT / filename, "w", encoding="utf-8") as file:
             json.dump(data, file, ensure_ascii=False, indent=1)

@@ -67,7 +67,8 @@ let maximumJSONFileSize = 256 << 20
 func readJSONFile(_ path: String) throws -> Data {
     let attributes: [FileAttributeKey: Any]
     do {
-        attributes = try FileManager.default.attributesOfItem(atPath: path)
+        // Follow symlinks: Hugging Face cache snapshots link every file into blobs/.
+        attributes = try FileManager.default.attributesOfItem(atPath: URL(fileURLWithPath: path).resolvingSymlinksInPath().path)
     } catch {
         throw CheckpointError.missingFile(path: path)
     }

@@ -1,9 +1,9 @@
 import Foundation
 
-/// Prints a JSON document on stdout; keys keep the order the Encodable declares them in.
+/// Prints a JSON document on stdout, keys sorted so the output is the same on every platform.
 func printJSON<T: Encodable>(_ value: T) throws {
     let encoder = JSONEncoder()
-    encoder.outputFormatting = [.withoutEscapingSlashes]
+    encoder.outputFormatting = [.withoutEscapingSlashes, .sortedKeys]
     print(String(decoding: try encoder.encode(value), as: UTF8.self))
 }
 

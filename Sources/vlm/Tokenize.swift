@@ -4,36 +4,109 @@ import SwiftVLM
 
 struct Tokenize: ParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Token ids of texts, with the special tokens the tokenizer adds by default, no padding.")
+        abstract: "Token ids of texts (with the special tokens the tokenizer adds by default, no padding), decoding of ids, or a chat rendered with the model's template.")
 
     @OptionGroup var options: ModelOption
 
     @Flag(help: "Print JSON instead of lines.")
     var json = false
 
-    @Argument(help: "Texts to tokenize.")
-    var texts: [String]
+    @Flag(help: "Treat the arguments as token ids and print the decoded text.")
+    var decode = false
 
-    private struct Result: Encodable {
+    @Flag(help: "With --decode: leave out special tokens.")
+    var skipSpecialTokens = false
+
+    @Option(help: "A JSON file holding a list of chat messages to render with the model's chat template.")
+    var chat: String?
+
+    @Flag(help: "With --chat: end with the assistant turn's opening, as add_generation_prompt=True does.")
+    var addGenerationPrompt = false
+
+    @Argument(help: "Texts to tokenize, or ids with --decode.")
+    var inputs: [String] = []
+
+    func validate() throws {
+        if chat != nil {
+            guard inputs.isEmpty, !decode else { throw ValidationError("--chat takes no other inputs") }
+        } else if inputs.isEmpty {
+            throw ValidationError("give texts to tokenize, ids with --decode, or --chat MESSAGES.json")
+        }
+    }
+
+    private struct Encoded: Encodable {
         let text: String
         let ids: [Int]
         let tokens: [String]
     }
 
+    private struct Rendered: Encodable {
+        let text: String
+        let ids: [Int]
+    }
+
     func run() throws {
-        let tokenizer = try Tokenizer(directory: URL(fileURLWithPath: options.model))
-        let results = texts.map { text in
-            let encoding = tokenizer.encode(text)
-            return Result(text: text, ids: encoding.ids, tokens: encoding.tokens)
+        let directory = URL(fileURLWithPath: options.model)
+        let tokenizer = try Tokenizer(directory: directory)
+        if let chat {
+            try renderChat(file: chat, directory: directory, tokenizer: tokenizer)
+        } else if decode {
+            let ids = try inputs.map { argument in
+                guard let id = Int(argument), id >= 0 else { throw TokenizeError.notAnId(argument) }
+                return id
+            }
+            let text = tokenizer.decode(ids, skipSpecialTokens: skipSpecialTokens)
+            if json { try printJSON(["text": text]) } else { print(text) }
+        } else {
+            let results = inputs.map { text in
+                let encoding = tokenizer.encode(text)
+                return Encoded(text: text, ids: encoding.ids, tokens: encoding.tokens)
+            }
+            if json {
+                try printJSON(results)
+                return
+            }
+            for result in results {
+                print(result.text)
+                print("  ids:    \(result.ids.map(String.init).joined(separator: " "))")
+                print("  tokens: \(result.tokens.joined(separator: " "))")
+            }
         }
-        if json {
-            try printJSON(results)
-            return
+    }
+
+    /// Renders like `apply_chat_template(messages, tokenize=False)`; the ids are that text encoded without adding
+    /// special tokens, as `tokenize=True` does.
+    private func renderChat(file: String, directory: URL, tokenizer: Tokenizer) throws {
+        guard let template = try ChatTemplate.load(directory: directory) else {
+            throw TokenizeError.noChatTemplate(directory.path)
         }
-        for result in results {
-            print(result.text)
-            print("  ids:    \(result.ids.map(String.init).joined(separator: " "))")
-            print("  tokens: \(result.tokens.joined(separator: " "))")
+        let data: Data
+        do { data = try Data(contentsOf: URL(fileURLWithPath: file)) } catch {
+            throw TokenizeError.unreadable(file)
+        }
+        guard case .array(let messages) = try JSONValue(parsing: data, file: file) else {
+            throw TokenizeError.notAMessageList(file)
+        }
+        let text = try template.render(messages: messages, addGenerationPrompt: addGenerationPrompt,
+                                       bosToken: tokenizer.bosTokenId.flatMap(tokenizer.token),
+                                       eosToken: tokenizer.eosTokenId.flatMap(tokenizer.token))
+        let ids = tokenizer.encode(text, addSpecialTokens: false).ids
+        if json { try printJSON(Rendered(text: text, ids: ids)) } else { print(text, terminator: "") }
+    }
+}
+
+enum TokenizeError: Error, CustomStringConvertible {
+    case notAnId(String)
+    case noChatTemplate(String)
+    case unreadable(String)
+    case notAMessageList(String)
+
+    var description: String {
+        switch self {
+        case .notAnId(let argument): return "\"\(argument)\" is not a token id"
+        case .noChatTemplate(let directory): return "\(directory): no chat template (chat_template.jinja, chat_template.json or tokenizer_config.json's chat_template)"
+        case .unreadable(let file): return "\(file): cannot read the file"
+        case .notAMessageList(let file): return "\(file): expected a JSON list of messages"
         }
     }
 }

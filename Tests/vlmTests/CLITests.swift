@@ -131,6 +131,26 @@ struct CLI {
         }
     }
 
+    @Test func tokenizeRendersAChatLikeApplyChatTemplate() throws {
+        struct Rendered: Decodable { let text: String; let ids: [Int] }
+        let directory = CLI.fixtures.appendingPathComponent("chat-templates/cli")
+        let want = try JSONDecoder().decode(Rendered.self, from: Data(contentsOf: directory.appendingPathComponent("expected.json")))
+        let run = try CLI.run(["tokenize", "--model", directory.path, "--chat", directory.appendingPathComponent("messages.json").path,
+                               "--add-generation-prompt", "--json"])
+        #expect(run.status == 0, "\(run.stderr)")
+        let got = try JSONDecoder().decode(Rendered.self, from: Data(run.stdout.utf8))
+        #expect(got.text == want.text)
+        #expect(got.ids == want.ids)
+    }
+
+    @Test func tokenizeDecodesIds() throws {
+        // The oracle's first text and its ids (special tokens included).
+        let ids = zip(expected.input_ids[0], expected.attention_mask[0]).filter { $0.1 == 1 }.map { String($0.0) }
+        let run = try CLI.run(["tokenize", "--model", model.path, "--decode", "--skip-special-tokens"] + ids)
+        #expect(run.status == 0, "\(run.stderr)")
+        #expect(run.stdout == expected.texts[0] + "\n")
+    }
+
     @Test func benchReportsMillisecondsPerImage() throws {
         let run = try CLI.run(["bench", "--model", model.path, "--batch-size", "2", "--runs", "2", "--json"])
         #expect(run.status == 0, "\(run.stderr)")
