@@ -2,7 +2,7 @@ import ArgumentParser
 import Foundation
 import SwiftVLM
 
-struct Bench: ParsableCommand {
+struct Bench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Image-embedding speed on random pixel inputs (warm-up excluded, median of several runs).")
 
@@ -27,8 +27,8 @@ struct Bench: ParsableCommand {
         guard batchSize > 0, runs > 0 else { throw ValidationError("--batch-size and --runs must be positive") }
     }
 
-    func run() throws {
-        let directory = try ModelDirectory(url: URL(fileURLWithPath: options.model))
+    func run() async throws {
+        let directory = try ModelDirectory(url: try await options.directory())
         let model = try ModelRegistry.dualEncoder(directory)
         var generator = SystemRandomNumberGenerator()
         let side = model.imageSize

@@ -2,7 +2,7 @@ import ArgumentParser
 import Foundation
 import SwiftVLM
 
-struct Classify: ParsableCommand {
+struct Classify: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Zero-shot image classification: rank candidate labels for each image.")
 
@@ -25,12 +25,12 @@ struct Classify: ParsableCommand {
         let scores: [LabelScore]
     }
 
-    func run() throws {
+    func run() async throws {
         let candidates = labels.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
         guard !candidates.isEmpty else { throw PipelineError.noCandidateLabels }
         guard !images.isEmpty else { throw PipelineError.noInputs }
         let decoded = try images.map { try ImageDecoder.decode(contentsOf: URL(fileURLWithPath: $0)) }
-        let pipeline = try ZeroShotImageClassificationPipeline(directory: URL(fileURLWithPath: options.model))
+        let pipeline = try ZeroShotImageClassificationPipeline(directory: try await options.directory())
         let results = try pipeline(decoded, candidateLabels: candidates, hypothesisTemplate: template)
         if json {
             try printJSON(zip(images, results).map { ImageResult(image: $0, scores: $1) })

@@ -2,7 +2,7 @@ import ArgumentParser
 import Foundation
 import SwiftVLM
 
-struct Embed: ParsableCommand {
+struct Embed: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Projected image or text embeddings (get_image_features / get_text_features).")
 
@@ -26,8 +26,8 @@ struct Embed: ParsableCommand {
         }
     }
 
-    func run() throws {
-        let pipeline = try DualEncoderPipeline(directory: URL(fileURLWithPath: options.model))
+    func run() async throws {
+        let pipeline = try DualEncoderPipeline(directory: try await options.directory())
         var embeddings: Tensor
         if images.isEmpty {
             embeddings = try pipeline.textEmbeddings(texts)

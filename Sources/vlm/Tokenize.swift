@@ -2,7 +2,7 @@ import ArgumentParser
 import Foundation
 import SwiftVLM
 
-struct Tokenize: ParsableCommand {
+struct Tokenize: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Token ids of texts (with the special tokens the tokenizer adds by default, no padding), decoding of ids, or a chat rendered with the model's template.")
 
@@ -45,8 +45,8 @@ struct Tokenize: ParsableCommand {
         let ids: [Int]
     }
 
-    func run() throws {
-        let directory = URL(fileURLWithPath: options.model)
+    func run() async throws {
+        let directory = try await options.directory()
         let tokenizer = try Tokenizer(directory: directory)
         if let chat {
             try renderChat(file: chat, directory: directory, tokenizer: tokenizer)

@@ -1,16 +1,49 @@
 import ArgumentParser
+import Foundation
+import SwiftVLM
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
 
 @main
-struct VLM: ParsableCommand {
+struct VLM: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "vlm",
         abstract: "Run vision-language models from Hugging Face checkpoints.",
-        subcommands: [Classify.self, Embed.self, Tokenize.self, Bench.self]
+        subcommands: [Classify.self, Embed.self, Tokenize.self, Bench.self, Download.self, Cache.self]
     )
 }
 
-/// `--model`: where every command finds its checkpoint.
+/// `--model`: a local checkpoint directory, or a Hub repo id resolved through the Hugging Face cache.
 struct ModelOption: ParsableArguments {
-    @Option(name: .long, help: "A checkpoint directory laid out like a Hugging Face model repository.")
+    @Option(name: .long, help: "A checkpoint directory, or a Hugging Face repo id (org/name[@revision]) found in or downloaded to the Hugging Face cache.")
     var model: String
+
+    @Flag(help: "Use only the local cache, never the network (as HF_HUB_OFFLINE=1).")
+    var offline = false
+
+    @Flag(help: "No download progress bars.")
+    var quiet = false
+
+    /// The checkpoint directory, downloading what a repo id needs first.
+    func directory() async throws -> URL {
+        var options = HubOptions()
+        if offline { options.offline = true }
+        let bar = progressBar(quiet: quiet)
+        defer { bar?.finish() }
+        return try await resolveModel(model, options: options, progress: progressHandler(bar))
+    }
+}
+
+/// A progress bar on stderr when it is a terminal and the user did not ask for quiet.
+func progressBar(quiet: Bool) -> TerminalProgressBar? {
+    quiet || isatty(STDERR_FILENO) == 0 ? nil : TerminalProgressBar()
+}
+
+func progressHandler(_ bar: TerminalProgressBar?) -> HubProgressHandler? {
+    guard let bar else { return nil }
+    return { bar.update($0) }
 }

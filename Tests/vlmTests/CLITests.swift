@@ -23,10 +23,11 @@ struct CLI {
         return bundle.deletingLastPathComponent().appendingPathComponent("vlm")
     }()
 
-    static func run(_ arguments: [String]) throws -> Run {
+    static func run(_ arguments: [String], environment: [String: String] = [:]) throws -> Run {
         let process = Process()
         process.executableURL = executable
         process.arguments = arguments
+        process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
         let out = Pipe(), err = Pipe()
         process.standardOutput = out
         process.standardError = err
@@ -149,6 +150,23 @@ struct CLI {
         let run = try CLI.run(["tokenize", "--model", model.path, "--decode", "--skip-special-tokens"] + ids)
         #expect(run.status == 0, "\(run.stderr)")
         #expect(run.stdout == expected.texts[0] + "\n")
+    }
+
+    @Test func modelsByRepoIdComeFromTheHuggingFaceCacheOffline() throws {
+        // A cache written by Python's huggingface_hub (oracle/hub_cache.py).
+        let cache = ["HF_HUB_CACHE": CLI.fixtures.appendingPathComponent("hub/python-cache").path]
+        let listed = try CLI.run(["cache", "list", "--json"], environment: cache)
+        #expect(listed.status == 0, "\(listed.stderr)")
+        let repos = try #require(try CLI.json(listed) as? [[String: Any]])
+        #expect(repos.map { $0["repo"] as? String } == ["tiny-org/tiny-clip"])
+
+        let run = try CLI.run(["classify", photo("chelsea.png"), "--model", "tiny-org/tiny-clip", "--offline", "--labels", "cat,dog", "--json"],
+                              environment: cache)
+        #expect(run.status == 0, "\(run.stderr)")
+        let missing = try CLI.run(["classify", photo("chelsea.png"), "--model", "nobody/nothing", "--offline", "--labels", "cat"],
+                                  environment: cache)
+        #expect(missing.status == 1)
+        #expect(missing.stderr.contains("nobody/nothing"))
     }
 
     @Test func benchReportsMillisecondsPerImage() throws {
