@@ -83,8 +83,6 @@ public struct CLIPConfig: Decodable, Sendable {
         case textConfig = "text_config", visionConfig = "vision_config", projectionDim = "projection_dim"
     }
 
-    private struct Empty: Decodable {}
-
     public init(from decoder: any Decoder) throws {
         let c = try decoder.container(keyedBy: CodingKeys.self)
         // An absent sub-config means all of its defaults, as CLIPConfig(text_config=None) does.

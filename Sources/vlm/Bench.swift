@@ -19,8 +19,12 @@ struct Bench: AsyncParsableCommand {
 
     private struct Report: Encodable {
         let task = "image-embedding"
-        let batch_size: Int
-        let ms_per_item: Double
+        let batchSize: Int
+        let msPerItem: Double
+
+        enum CodingKeys: String, CodingKey {
+            case task, batchSize = "batch_size", msPerItem = "ms_per_item"
+        }
     }
 
     func validate() throws {
@@ -43,7 +47,7 @@ struct Bench: AsyncParsableCommand {
         }
         let median = times.sorted()[times.count / 2] / Double(batchSize)
         if json {
-            try printJSON(Report(batch_size: batchSize, ms_per_item: median))
+            try printJSON(Report(batchSize: batchSize, msPerItem: median))
         } else {
             print("image-embedding, batch \(batchSize): \(String(format: "%.2f", median)) ms per image (median of \(runs) runs)")
         }

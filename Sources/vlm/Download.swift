@@ -43,21 +43,25 @@ struct Cache: ParsableCommand {
         private struct Entry: Encodable {
             let repo: String
             let path: String
-            let size_bytes: Int64
+            let sizeBytes: Int64
             let revisions: [String]
+
+            enum CodingKeys: String, CodingKey {
+                case repo, path, sizeBytes = "size_bytes", revisions
+            }
         }
 
         func run() throws {
             let repositories = try HubCache(directory: HubOptions().cacheDirectory).repositories()
             let entries = repositories.map {
-                Entry(repo: $0.id, path: $0.directory.path, size_bytes: $0.sizeOnDisk, revisions: $0.revisions.map(\.commit))
+                Entry(repo: $0.id, path: $0.directory.path, sizeBytes: $0.sizeOnDisk, revisions: $0.revisions.map(\.commit))
             }
             if json {
                 try printJSON(entries)
                 return
             }
             for entry in entries {
-                let megabytes = String(format: "%.1f MB", Double(entry.size_bytes) / 1e6)
+                let megabytes = String(format: "%.1f MB", Double(entry.sizeBytes) / 1e6)
                 print("\(entry.repo)  \(megabytes)  \(entry.revisions.map { String($0.prefix(8)) }.joined(separator: ", "))")
             }
         }
