@@ -97,11 +97,12 @@ struct UnicodeNormalization: Normalizer {
         text.transform(changes)
     }
 
-    /// `count` old scalars become `new`: one for one while both last, then insertions or one removal.
+    /// `count` old scalars become `new`: a composition absorbs the removed scalars into the first new one, a
+    /// decomposition inserts the extra ones after the first.
     private func appendChanges(from count: Int, to new: [Unicode.Scalar], into changes: inout [(Unicode.Scalar, Int)]) {
         for (index, scalar) in new.enumerated() {
             if new.count <= count {
-                changes.append((scalar, index == new.count - 1 ? new.count - count : 0))
+                changes.append((scalar, index == 0 ? new.count - count : 0))
             } else {
                 changes.append((scalar, index < count ? 0 : 1))
             }

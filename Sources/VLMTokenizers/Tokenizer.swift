@@ -226,9 +226,15 @@ public final class Tokenizer: Sendable {
         for (index, text) in texts.enumerated() {
             var first = encodeSequence(text, typeId: 0)
             var second = pairs.flatMap { $0[safe: index] }.map { encodeSequence($0, typeId: 1) }
-            if let strategy = options.truncation, let limit {
-                let added = options.addSpecialTokens ? (postProcessor?.addedTokenCount(pair: second != nil) ?? 0) : 0
-                try truncate(&first, &second, to: max(0, limit - added), strategy: strategy, fromLeft: truncateLeft)
+            // A limit below the special tokens' count wraps around in tokenizers' unsigned arithmetic: no truncation.
+            let added = options.addSpecialTokens ? (postProcessor?.addedTokenCount(pair: second != nil) ?? 0) : 0
+            if let strategy = options.truncation, let limit, limit >= added {
+                if limit == added {
+                    first.truncate(to: 0, fromLeft: truncateLeft)
+                    second?.truncate(to: 0, fromLeft: truncateLeft)
+                } else {
+                    try truncate(&first, &second, to: limit - added, strategy: strategy, fromLeft: truncateLeft)
+                }
             }
             encodings.append(finish(first, second, addSpecialTokens: options.addSpecialTokens))
         }
