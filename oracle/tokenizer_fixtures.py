@@ -195,6 +195,9 @@ def main():
         assert type(small).__name__ == "CLIPTokenizer"
         write_json("clip_small_cases.json", cases(small, strings(99, 600), 99))
     extra_pipelines()
+    import tokenizer_phase2
+
+    tokenizer_phase2.main()
 
 
 def backend_cases(tok, texts, seed):

@@ -33,8 +33,8 @@ struct AddedToken: Sendable {
 
 /// A piece of the input: either plain text still to tokenize, or an added token (with the text it covered).
 enum Segment {
-    case text([Unicode.Scalar])
-    case token(id: Int, text: [Unicode.Scalar])
+    case text(Range<Int>)
+    case token(id: Int, range: Range<Int>)
 }
 
 /// Finds added tokens as tokenizers does: leftmost-longest matches, then `single_word`, `lstrip` and `rstrip`.
@@ -60,42 +60,43 @@ struct AddedTokenMatcher: Sendable {
 
     var isEmpty: Bool { candidates.isEmpty }
 
-    private func longestMatch(in text: [Unicode.Scalar], at position: Int) -> Candidate? {
+    private func longestMatch(in text: ArraySlice<Unicode.Scalar>, at position: Int) -> Candidate? {
         guard let list = candidates[text[position]] else { return nil }
         return list.first { candidate in
-            position + candidate.scalars.count <= text.count
+            position + candidate.scalars.count <= text.endIndex
                 && text[position..<position + candidate.scalars.count].elementsEqual(candidate.scalars)
         }
     }
 
-    func split(_ text: [Unicode.Scalar]) -> [Segment] {
-        if isEmpty || text.isEmpty { return [.text(text)] }
+    /// Splits `text` (whose indices are its own) into added tokens and the text between them.
+    func split(_ text: ArraySlice<Unicode.Scalar>, start: Int) -> [Segment] {
+        if isEmpty || text.isEmpty { return text.isEmpty ? [] : [.text(text.indices)] }
         var segments: [Segment] = []
-        var segmentStart = 0
-        var position = 0
-        while position < text.count {
+        var segmentStart = text.startIndex
+        var position = text.startIndex
+        while position < text.endIndex {
             guard let match = longestMatch(in: text, at: position) else { position += 1; continue }
             var start = position
             var stop = position + match.scalars.count
             position = stop
             let token = match.token
             if token.singleWord {
-                let startsWord = start == 0 || !text[start - 1].isRegexWordCharacter
-                let endsWord = stop == text.count || !text[stop].isRegexWordCharacter
+                let startsWord = start == text.startIndex || !text[start - 1].isRegexWordCharacter
+                let endsWord = stop == text.endIndex || !text[stop].isRegexWordCharacter
                 if !startsWord || !endsWord { continue }
             }
             if token.leftStrip {
                 while start > segmentStart && text[start - 1].isRegexWhitespace { start -= 1 }
             }
             if token.rightStrip {
-                while stop < text.count && text[stop].isRegexWhitespace { stop += 1 }
+                while stop < text.endIndex && text[stop].isRegexWhitespace { stop += 1 }
                 position = stop
             }
-            if segmentStart < start { segments.append(.text(Array(text[segmentStart..<start]))) }
-            segments.append(.token(id: token.id, text: Array(text[start..<stop])))
+            if segmentStart < start { segments.append(.text(segmentStart..<start)) }
+            segments.append(.token(id: token.id, range: start..<stop))
             segmentStart = stop
         }
-        if segmentStart < text.count { segments.append(.text(Array(text[segmentStart...]))) }
+        if segmentStart < text.endIndex { segments.append(.text(segmentStart..<text.endIndex)) }
         return segments
     }
 }

@@ -11,6 +11,26 @@ func makeDecoder(_ object: JSONObject) throws -> any Decoder {
         return WordPieceDecoder(prefix: try object.optionalString("prefix") ?? "##",
                                 cleanup: try object.bool("cleanup", default: true))
     case "Sequence": return DecoderSequence(decoders: try object.objects("decoders").map(makeDecoder))
+    case "ByteFallback": return ByteFallbackDecoder()
+    case "Fuse": return FuseDecoder()
+    case "Strip":
+        let content = Array(try object.string("content").unicodeScalars)
+        guard content.count == 1 else { throw object.invalid("content", "expected one character") }
+        return StripDecoder(content: content[0], start: try object.int("start"), stop: try object.int("stop"))
+    case "Replace":
+        return ReplaceDecoder(pattern: try makePattern(try object.object("pattern")),
+                              content: Array(try object.string("content").unicodeScalars))
+    case "Metaspace":
+        let replacement = Array(try object.string("replacement").unicodeScalars)
+        guard replacement.count == 1 else { throw object.invalid("replacement", "expected one character") }
+        var prepends = try object.optionalString("prepend_scheme").map { $0 != "never" } ?? true
+        if object.values["add_prefix_space"] as? Bool == false { prepends = false }
+        return MetaspaceDecoder(replacement: replacement[0], dropsFirstReplacement: prepends)
+    case "BPEDecoder": return BPEDecoder(suffix: try object.optionalString("suffix") ?? "</w>")
+    case "CTC":
+        return CTCDecoder(padToken: try object.optionalString("pad_token") ?? "<pad>",
+                          wordDelimiterToken: try object.optionalString("word_delimiter_token") ?? "|",
+                          cleanup: try object.bool("cleanup", default: true))
     default:
         throw TokenizerError.unsupportedComponent(file: object.file, path: object.path, type: type)
     }
@@ -40,6 +60,121 @@ struct ByteLevelDecoder: Decoder {
             }
         }
         return [String(decoding: bytes, as: UTF8.self)]
+    }
+}
+
+/// Runs of `<0xXX>` tokens become the text of their bytes, or one U+FFFD per byte when that is not valid UTF-8.
+struct ByteFallbackDecoder: Decoder {
+    func decode(_ tokens: [String]) -> [String] {
+        var result: [String] = []
+        var bytes: [UInt8] = []
+        func flush() {
+            guard !bytes.isEmpty else { return }
+            if let text = String(validating: bytes, as: UTF8.self) {
+                result.append(text)
+            } else {
+                result += [String](repeating: "\u{FFFD}", count: bytes.count)
+            }
+            bytes.removeAll()
+        }
+        for token in tokens {
+            let utf8 = Array(token.utf8)
+            if utf8.count == 6, token.hasPrefix("<0x"), utf8[5] == UInt8(ascii: ">"),
+               let byte = UInt8(String(decoding: utf8[3..<5], as: UTF8.self), radix: 16) {
+                bytes.append(byte)
+            } else {
+                flush()
+                result.append(token)
+            }
+        }
+        flush()
+        return result
+    }
+}
+
+struct FuseDecoder: Decoder {
+    func decode(_ tokens: [String]) -> [String] { [tokens.joined()] }
+}
+
+/// Removes up to `start` leading and `stop` trailing `content` characters from every token.
+struct StripDecoder: Decoder {
+    let content: Unicode.Scalar
+    let start: Int
+    let stop: Int
+
+    func decode(_ tokens: [String]) -> [String] {
+        tokens.map { token in
+            let scalars = Array(token.unicodeScalars)
+            var lower = 0
+            while lower < min(start, scalars.count) && scalars[lower] == content { lower += 1 }
+            var upper = scalars.count
+            var stripped = 0
+            while stripped < stop && upper > 0 && scalars[upper - 1] == content { upper -= 1; stripped += 1 }
+            return String(String.UnicodeScalarView(scalars[lower..<max(lower, upper)]))
+        }
+    }
+}
+
+struct ReplaceDecoder: Decoder {
+    let pattern: any Pattern
+    let content: [Unicode.Scalar]
+
+    func decode(_ tokens: [String]) -> [String] {
+        tokens.map { token in
+            var text = NormalizedText(Array(token.unicodeScalars)[...], start: 0)
+            text.replace(pattern.matches(in: text.scalars), with: content)
+            return String(String.UnicodeScalarView(text.scalars))
+        }
+    }
+}
+
+/// The replacement character back to spaces; the first token's is dropped when the pre-tokenizer prepends one.
+struct MetaspaceDecoder: Decoder {
+    let replacement: Unicode.Scalar
+    let dropsFirstReplacement: Bool
+
+    func decode(_ tokens: [String]) -> [String] {
+        tokens.enumerated().map { index, token in
+            var result = String.UnicodeScalarView()
+            for scalar in token.unicodeScalars {
+                if scalar == replacement {
+                    if !(index == 0 && dropsFirstReplacement) { result.append(" ") }
+                } else {
+                    result.append(scalar)
+                }
+            }
+            return String(result)
+        }
+    }
+}
+
+/// The end-of-word suffix becomes a space, except in the last token.
+struct BPEDecoder: Decoder {
+    let suffix: String
+
+    func decode(_ tokens: [String]) -> [String] {
+        tokens.enumerated().map { index, token in
+            replacingScalars(in: token, of: suffix, with: index == tokens.count - 1 ? "" : " ")
+        }
+    }
+}
+
+/// CTC output: repeated tokens collapse, padding disappears, the word delimiter becomes a space.
+struct CTCDecoder: Decoder {
+    let padToken: String
+    let wordDelimiterToken: String
+    let cleanup: Bool
+
+    func decode(_ tokens: [String]) -> [String] {
+        var deduplicated: [String] = []
+        for token in tokens where deduplicated.last != token { deduplicated.append(token) }
+        return deduplicated.compactMap { token in
+            var text = replacingScalars(in: token, of: padToken, with: "")
+            if cleanup {
+                text = replacingScalars(in: cleanUpTokenization(text), of: wordDelimiterToken, with: " ")
+            }
+            return text.isEmpty ? nil : text
+        }
     }
 }
 

@@ -1,8 +1,17 @@
+import Foundation
 import Synchronization
+
+/// One token a model made of a word: its id, the scalars of the word it covers, and its string when that is not the
+/// vocabulary's (Unigram spells unknown pieces as the text they cover).
+struct ModelToken: Sendable, Equatable {
+    let id: Int
+    let range: Range<Int>
+    var text: String? = nil
+}
 
 /// A tokenizer.json `model`: turns one pre-tokenized word into vocabulary ids.
 protocol TokenizationModel: Sendable {
-    func tokenize(_ word: [Unicode.Scalar]) -> [Int]
+    func tokenize(_ word: [Unicode.Scalar]) -> [ModelToken]
     func tokenId(_ token: String) -> Int?
     func token(_ id: Int) -> String?
     /// How many entries the vocabulary has (the first id an added token outside it gets).
@@ -42,9 +51,19 @@ func makeModel(_ object: JSONObject) throws -> any TokenizationModel {
             unknownToken: try object.optionalString("unk_token") ?? "[UNK]",
             continuingSubwordPrefix: try object.optionalString("continuing_subword_prefix") ?? "##",
             maxInputCharactersPerWord: object.isNull("max_input_chars_per_word") ? 100 : try object.int("max_input_chars_per_word"))
+    case "Unigram":
+        return try Unigram(object)
+    case "WordLevel":
+        let vocabulary = try vocabulary(object)
+        return WordLevel(vocabulary: vocabulary, tokens: inverted(vocabulary),
+                         unknownToken: try object.optionalString("unk_token"))
     default:
         throw TokenizerError.unsupportedComponent(file: object.file, path: object.path, type: type)
     }
+}
+
+func inverted(_ vocabulary: [String: Int]) -> [Int: String] {
+    Dictionary(vocabulary.map { ($1, $0) }, uniquingKeysWith: { first, _ in first })
 }
 
 private func vocabulary(_ object: JSONObject) throws -> [String: Int] {
@@ -71,7 +90,7 @@ final class BPE: TokenizationModel {
     private let fuseUnknown: Bool
     private let byteFallback: Bool
     private let ignoreMerges: Bool
-    private let cache = Mutex<[[Unicode.Scalar]: [Int]]>([:])
+    private let cache = Mutex<[[Unicode.Scalar]: [ModelToken]]>([:])
     private static let cacheCapacity = 10_000
 
     var vocabularySize: Int { vocabulary.count }
@@ -109,7 +128,7 @@ final class BPE: TokenizationModel {
 
     private static func pairKey(_ left: Int, _ right: Int) -> UInt64 { UInt64(UInt32(truncatingIfNeeded: left)) << 32 | UInt64(UInt32(truncatingIfNeeded: right)) }
 
-    func tokenize(_ word: [Unicode.Scalar]) -> [Int] {
+    func tokenize(_ word: [Unicode.Scalar]) -> [ModelToken] {
         if word.isEmpty { return [] }
         if let cached = cache.withLock({ $0[word] }) { return cached }
         let ids = merge(word)
@@ -120,41 +139,52 @@ final class BPE: TokenizationModel {
     }
 
     /// The word's characters as vocabulary ids, with prefix and suffix applied, unknowns as tokenizers handles them.
-    private func initialSymbols(_ word: [Unicode.Scalar]) -> [Int] {
+    private func initialSymbols(_ word: [Unicode.Scalar]) -> (ids: [Int], ranges: [Range<Int>]) {
         var symbols: [Int] = []
+        var ranges: [Range<Int>] = []
         symbols.reserveCapacity(word.count)
-        var pendingUnknown: Int?
+        ranges.reserveCapacity(word.count)
+        var pendingUnknown: Range<Int>?
         let unknownId = unknownToken.flatMap { vocabulary[$0] }
+        func flushUnknown() {
+            if let range = pendingUnknown, let unknownId { symbols.append(unknownId); ranges.append(range) }
+            pendingUnknown = nil
+        }
         for (index, scalar) in word.enumerated() {
             var piece = String(scalar)
             if index > 0 && !continuingSubwordPrefix.isEmpty { piece = continuingSubwordPrefix + piece }
             if index == word.count - 1 && !endOfWordSuffix.isEmpty { piece += endOfWordSuffix }
             if let id = vocabulary[piece] {
-                if let unknown = pendingUnknown { symbols.append(unknown); pendingUnknown = nil }
+                flushUnknown()
                 symbols.append(id)
+                ranges.append(index..<index + 1)
                 continue
             }
             if byteFallback {
                 let byteIds = UTF8.encode(scalar)!.map { vocabulary["<0x" + hex($0) + ">"] }
                 if byteIds.allSatisfy({ $0 != nil }) {
-                    if let unknown = pendingUnknown { symbols.append(unknown); pendingUnknown = nil }
-                    symbols += byteIds.map { $0! }
+                    flushUnknown()
+                    for id in byteIds { symbols.append(id!); ranges.append(index..<index + 1) }
                     continue
                 }
             }
-            guard let unknownId else { continue }
-            if let unknown = pendingUnknown, !fuseUnknown { symbols.append(unknown) }
-            pendingUnknown = unknownId
+            guard unknownId != nil else { continue }
+            if let pending = pendingUnknown, fuseUnknown {
+                pendingUnknown = pending.lowerBound..<index + 1
+            } else {
+                flushUnknown()
+                pendingUnknown = index..<index + 1
+            }
         }
-        if let unknown = pendingUnknown { symbols.append(unknown) }
-        return symbols
+        flushUnknown()
+        return (symbols, ranges)
     }
 
-    private func merge(_ word: [Unicode.Scalar]) -> [Int] {
-        if ignoreMerges, let id = vocabulary[String(String.UnicodeScalarView(word))] { return [id] }
-        var ids = initialSymbols(word)
+    private func merge(_ word: [Unicode.Scalar]) -> [ModelToken] {
+        if ignoreMerges, let id = vocabulary[String(String.UnicodeScalarView(word))] { return [ModelToken(id: id, range: 0..<word.count)] }
+        var (ids, ranges) = initialSymbols(word)
         let count = ids.count
-        if count < 2 { return ids }
+        if count < 2 { return zip(ids, ranges).map { ModelToken(id: $0, range: $1) } }
         // A doubly linked list over the symbols; merged-away symbols are marked dead rather than removed.
         var next = Array(1...count)
         next[count - 1] = -1
@@ -175,6 +205,7 @@ final class BPE: TokenizationModel {
             // Stale entries: the pair at this position changed since it was queued.
             guard let merge = merges[BPE.pairKey(ids[position], ids[right])], merge.rank == rank else { continue }
             ids[position] = merge.id
+            ranges[position] = ranges[position].lowerBound..<ranges[right].upperBound
             alive[right] = false
             next[position] = next[right]
             if next[right] >= 0 { previous[next[right]] = position }
@@ -185,7 +216,7 @@ final class BPE: TokenizationModel {
                 queue.push(UInt64(merge.rank) << 32 | UInt64(position))
             }
         }
-        return (0..<count).filter { alive[$0] }.map { ids[$0] }
+        return (0..<count).filter { alive[$0] }.map { ModelToken(id: ids[$0], range: ranges[$0]) }
     }
 }
 
@@ -249,10 +280,10 @@ struct WordPiece: TokenizationModel {
     func tokenId(_ token: String) -> Int? { vocabulary[token] }
     func token(_ id: Int) -> String? { tokens[id] }
 
-    func tokenize(_ word: [Unicode.Scalar]) -> [Int] {
-        let unknown = vocabulary[unknownToken].map { [$0] } ?? []
+    func tokenize(_ word: [Unicode.Scalar]) -> [ModelToken] {
+        let unknown = vocabulary[unknownToken].map { [ModelToken(id: $0, range: 0..<word.count)] } ?? []
         if word.count > maxInputCharactersPerWord { return unknown }
-        var ids: [Int] = []
+        var ids: [ModelToken] = []
         var start = 0
         while start < word.count {
             var end = word.count
@@ -264,9 +295,158 @@ struct WordPiece: TokenizationModel {
                 end -= 1
             }
             guard let found else { return unknown }
-            ids.append(found)
+            ids.append(ModelToken(id: found, range: start..<end))
             start = end
         }
         return ids
+    }
+}
+
+/// WordLevel: whole words looked up in the vocabulary, the unknown token otherwise.
+struct WordLevel: TokenizationModel {
+    let vocabulary: [String: Int]
+    let tokens: [Int: String]
+    let unknownToken: String?
+
+    var vocabularySize: Int { vocabulary.count }
+    func tokenId(_ token: String) -> Int? { vocabulary[token] }
+    func token(_ id: Int) -> String? { tokens[id] }
+
+    func tokenize(_ word: [Unicode.Scalar]) -> [ModelToken] {
+        if let id = vocabulary[String(String.UnicodeScalarView(word))] { return [ModelToken(id: id, range: 0..<word.count)] }
+        guard let id = unknownToken.flatMap({ vocabulary[$0] }) else { return [] }
+        return [ModelToken(id: id, range: 0..<word.count)]
+    }
+}
+
+/// SentencePiece's unigram model: the segmentation with the highest total log-probability (Viterbi), unknown
+/// characters scored below every piece and fused together, optionally spelled as UTF-8 byte tokens.
+struct Unigram: TokenizationModel {
+    private let pieces: [String]
+    private let scores: [Double]
+    private let ids: [String: Int]
+    /// A trie over the pieces' scalars: children by scalar, and the piece id ending at each node (-1 if none).
+    private let children: [[UInt32: Int32]]
+    private let terminal: [Int32]
+    private let unknownId: Int?
+    private let unknownScore: Double
+    private let byteFallback: Bool
+
+    var vocabularySize: Int { pieces.count }
+    func tokenId(_ token: String) -> Int? { ids[token] }
+    func token(_ id: Int) -> String? { id >= 0 && id < pieces.count ? pieces[id] : nil }
+
+    init(_ object: JSONObject) throws {
+        guard let vocab = object.values["vocab"] as? [Any] else { throw object.invalid("vocab", "expected an array of [piece, score]") }
+        var pieces: [String] = []
+        var scores: [Double] = []
+        pieces.reserveCapacity(vocab.count)
+        scores.reserveCapacity(vocab.count)
+        for (index, entry) in vocab.enumerated() {
+            guard let pair = entry as? [Any], pair.count == 2, let piece = pair[0] as? String,
+                  let score = (pair[1] as? NSNumber)?.doubleValue, !(pair[1] is String) else {
+                throw object.invalid("vocab[\(index)]", "expected [piece, score]")
+            }
+            pieces.append(piece)
+            scores.append(score)
+        }
+        var ids: [String: Int] = [:]
+        var children: [[UInt32: Int32]] = [[:]]
+        var terminal: [Int32] = [-1]
+        for (id, piece) in pieces.enumerated() {
+            ids[piece] = id
+            var node = 0
+            for scalar in piece.unicodeScalars {
+                if let child = children[node][scalar.value] {
+                    node = Int(child)
+                } else {
+                    children.append([:])
+                    terminal.append(-1)
+                    children[node][scalar.value] = Int32(children.count - 1)
+                    node = children.count - 1
+                }
+            }
+            terminal[node] = Int32(id)
+        }
+        let unknownId = object.isNull("unk_id") ? nil : try object.int("unk_id")
+        if let unknownId, !(0..<pieces.count).contains(unknownId) {
+            throw object.invalid("unk_id", "\(unknownId) is outside the \(pieces.count)-piece vocabulary")
+        }
+        self.pieces = pieces
+        self.scores = scores
+        self.ids = ids
+        self.children = children
+        self.terminal = terminal
+        self.unknownId = unknownId
+        // tokenizers' kUnkPenalty.
+        unknownScore = (scores.min() ?? 0) - 10
+        byteFallback = try object.bool("byte_fallback", default: false)
+    }
+
+    func tokenize(_ word: [Unicode.Scalar]) -> [ModelToken] {
+        if word.isEmpty { return [] }
+        let count = word.count
+        var bestScore = [Double](repeating: 0, count: count + 1)
+        var bestStart = [Int](repeating: -1, count: count + 1)
+        var bestId = [Int](repeating: 0, count: count + 1)
+        for start in 0..<count where start == 0 || bestStart[start] >= 0 {
+            let scoreSoFar = bestScore[start]
+            var hasSingle = false
+            var node = 0
+            var end = start
+            while end < count, let child = children[node][word[end].value] {
+                node = Int(child)
+                end += 1
+                let id = Int(terminal[node])
+                guard id >= 0 else { continue }
+                let candidate = scoreSoFar + scores[id]
+                if bestStart[end] < 0 || candidate > bestScore[end] {
+                    bestScore[end] = candidate
+                    bestStart[end] = start
+                    bestId[end] = id
+                }
+                if end == start + 1 { hasSingle = true }
+            }
+            if !hasSingle, let unknownId {
+                let candidate = scoreSoFar + unknownScore
+                if bestStart[start + 1] < 0 || candidate > bestScore[start + 1] {
+                    bestScore[start + 1] = candidate
+                    bestStart[start + 1] = start
+                    bestId[start + 1] = unknownId
+                }
+            }
+        }
+        // Without an unknown piece a character may be unreachable; tokenizers then fails, here it is dropped.
+        var pieces: [(range: Range<Int>, id: Int)] = []
+        var end = count
+        while end > 0 {
+            var start = bestStart[end]
+            if start < 0 { end -= 1; continue }
+            let id = bestId[end]
+            if id == unknownId {
+                // Consecutive unknowns fuse into one piece.
+                while start > 0, bestStart[start] >= 0, bestId[start] == unknownId { start = bestStart[start] }
+            }
+            pieces.append((start..<end, id))
+            end = start
+        }
+        var tokens: [ModelToken] = []
+        tokens.reserveCapacity(pieces.count)
+        for (range, id) in pieces.reversed() {
+            let text = String(String.UnicodeScalarView(word[range]))
+            if let known = ids[text] {
+                tokens.append(ModelToken(id: known, range: range))
+                continue
+            }
+            if byteFallback {
+                let byteIds = text.utf8.map { ids["<0x" + hex($0) + ">"] }
+                if byteIds.allSatisfy({ $0 != nil }) {
+                    tokens += byteIds.map { ModelToken(id: $0!, range: range) }
+                    continue
+                }
+            }
+            tokens.append(ModelToken(id: unknownId ?? 0, range: range, text: text))
+        }
+        return tokens
     }
 }

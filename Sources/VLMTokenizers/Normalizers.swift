@@ -1,8 +1,18 @@
 import Foundation
 
-/// A tokenizer.json `normalizer`: rewrites the text before it is split into words.
+/// A tokenizer.json `normalizer`: rewrites the text before it is split into words, keeping track of where each
+/// scalar came from.
 protocol Normalizer: Sendable {
-    func normalize(_ text: [Unicode.Scalar]) -> [Unicode.Scalar]
+    func normalize(_ text: inout NormalizedText)
+}
+
+extension Normalizer {
+    /// The normalized scalars alone (for added tokens' contents).
+    func normalize(_ scalars: [Unicode.Scalar]) -> [Unicode.Scalar] {
+        var text = NormalizedText(scalars[...], start: 0)
+        normalize(&text)
+        return text.scalars
+    }
 }
 
 func makeNormalizer(_ object: JSONObject) throws -> any Normalizer {
@@ -22,6 +32,10 @@ func makeNormalizer(_ object: JSONObject) throws -> any Normalizer {
     case "Strip":
         return Strip(left: try object.bool("strip_left", default: true), right: try object.bool("strip_right", default: true))
     case "StripAccents": return StripAccents()
+    case "Precompiled":
+        // Converters write a null charsmap for SentencePiece models that had no normalization rules.
+        if object.isNull("precompiled_charsmap") { return NormalizerSequence(normalizers: []) }
+        return try PrecompiledNormalizer(base64: try object.string("precompiled_charsmap"), object: object)
     case "BertNormalizer":
         let lowercase = try object.bool("lowercase", default: true)
         return BertNormalizer(
@@ -37,45 +51,81 @@ func makeNormalizer(_ object: JSONObject) throws -> any Normalizer {
 struct NormalizerSequence: Normalizer {
     let normalizers: [any Normalizer]
 
-    func normalize(_ text: [Unicode.Scalar]) -> [Unicode.Scalar] {
-        normalizers.reduce(text) { $1.normalize($0) }
+    func normalize(_ text: inout NormalizedText) {
+        for normalizer in normalizers { normalizer.normalize(&text) }
     }
 }
 
-/// NFC, NFD, NFKC, NFKD through Foundation.
+/// NFC, NFD, NFKC, NFKD through Foundation, aligned chunk by chunk (a chunk is a starter and the marks after it).
 struct UnicodeNormalization: Normalizer {
     enum Form: Sendable { case nfc, nfd, nfkc, nfkd }
     let form: Form
 
-    func normalize(_ text: [Unicode.Scalar]) -> [Unicode.Scalar] {
-        // Below U+0300 every character is already NFC; ASCII is invariant under all four forms.
-        let invariantBelow: UInt32 = form == .nfc ? 0x300 : 0x80
-        if text.allSatisfy({ $0.value < invariantBelow }) { return text }
-        let string = String(String.UnicodeScalarView(text))
-        let normalized = switch form {
+    private func normalized(_ scalars: ArraySlice<Unicode.Scalar>) -> [Unicode.Scalar] {
+        let string = String(String.UnicodeScalarView(scalars))
+        let result = switch form {
         case .nfc: string.precomposedStringWithCanonicalMapping
         case .nfd: string.decomposedStringWithCanonicalMapping
         case .nfkc: string.precomposedStringWithCompatibilityMapping
         case .nfkd: string.decomposedStringWithCompatibilityMapping
         }
-        return Array(normalized.unicodeScalars)
+        return Array(result.unicodeScalars)
+    }
+
+    func normalize(_ text: inout NormalizedText) {
+        // Below U+0300 every character is already NFC; ASCII is invariant under all four forms.
+        let invariantBelow: UInt32 = form == .nfc ? 0x300 : 0x80
+        if text.scalars.allSatisfy({ $0.value < invariantBelow }) { return }
+        let whole = normalized(text.scalars[...])
+        var chunkStarts: [Int] = []
+        for (index, scalar) in text.scalars.enumerated() {
+            let joinsPrevious = scalar.properties.canonicalCombiningClass != .notReordered
+                || (0x1160...0x11FF).contains(scalar.value) || (0xD7B0...0xD7FF).contains(scalar.value)
+            if index == 0 || !joinsPrevious { chunkStarts.append(index) }
+        }
+        chunkStarts.append(text.scalars.count)
+        var changes: [(Unicode.Scalar, Int)] = []
+        changes.reserveCapacity(whole.count)
+        for (start, end) in zip(chunkStarts, chunkStarts.dropFirst()) {
+            appendChanges(from: end - start, to: normalized(text.scalars[start..<end]), into: &changes)
+        }
+        // Compositions across chunks (rare): align the whole text as one chunk instead.
+        if changes.count != whole.count || !zip(changes, whole).allSatisfy({ $0.0 == $1 }) {
+            changes.removeAll()
+            appendChanges(from: text.scalars.count, to: whole, into: &changes)
+        }
+        text.transform(changes)
+    }
+
+    /// `count` old scalars become `new`: a composition absorbs the removed scalars into the first new one, a
+    /// decomposition inserts the extra ones after the first.
+    private func appendChanges(from count: Int, to new: [Unicode.Scalar], into changes: inout [(Unicode.Scalar, Int)]) {
+        for (index, scalar) in new.enumerated() {
+            if new.count <= count {
+                changes.append((scalar, index == 0 ? new.count - count : 0))
+            } else {
+                changes.append((scalar, index < count ? 0 : 1))
+            }
+        }
     }
 }
 
 /// Lowercases character by character, like Rust's `char::to_lowercase`: full mappings (İ → i̇), no context (no final
 /// sigma).
 struct Lowercase: Normalizer {
-    func normalize(_ text: [Unicode.Scalar]) -> [Unicode.Scalar] {
-        var result: [Unicode.Scalar] = []
-        result.reserveCapacity(text.count)
-        for scalar in text {
-            if scalar.value < 0x80 {
-                result.append(scalar.value >= 0x41 && scalar.value <= 0x5A ? Unicode.Scalar(scalar.value + 32)! : scalar)
-            } else {
-                result.append(contentsOf: scalar.properties.lowercaseMapping.unicodeScalars)
+    func normalize(_ text: inout NormalizedText) {
+        if text.scalars.allSatisfy({ $0.value < 0x80 }) {
+            for index in text.scalars.indices where text.scalars[index].value >= 0x41 && text.scalars[index].value <= 0x5A {
+                text.scalars[index] = Unicode.Scalar(text.scalars[index].value + 32)!
             }
+            return
         }
-        return result
+        text.flatMap { scalar in
+            if scalar.value < 0x80 {
+                return [scalar.value >= 0x41 && scalar.value <= 0x5A ? Unicode.Scalar(scalar.value + 32)! : scalar]
+            }
+            return Array(scalar.properties.lowercaseMapping.unicodeScalars)
+        }
     }
 }
 
@@ -83,27 +133,16 @@ struct Replace: Normalizer {
     let pattern: any Pattern
     let content: [Unicode.Scalar]
 
-    func normalize(_ text: [Unicode.Scalar]) -> [Unicode.Scalar] {
-        let matches = pattern.matches(in: text)
-        if matches.isEmpty { return text }
-        var result: [Unicode.Scalar] = []
-        result.reserveCapacity(text.count)
-        var previous = 0
-        for match in matches {
-            result.append(contentsOf: text[previous..<match.lowerBound])
-            result.append(contentsOf: content)
-            previous = match.upperBound
-        }
-        result.append(contentsOf: text[previous...])
-        return result
+    func normalize(_ text: inout NormalizedText) {
+        text.replace(pattern.matches(in: text.scalars), with: content)
     }
 }
 
 struct Prepend: Normalizer {
     let prefix: [Unicode.Scalar]
 
-    func normalize(_ text: [Unicode.Scalar]) -> [Unicode.Scalar] {
-        text.isEmpty ? text : prefix + text
+    func normalize(_ text: inout NormalizedText) {
+        text.prepend(prefix)
     }
 }
 
@@ -111,19 +150,22 @@ struct Strip: Normalizer {
     let left: Bool
     let right: Bool
 
-    func normalize(_ text: [Unicode.Scalar]) -> [Unicode.Scalar] {
+    func normalize(_ text: inout NormalizedText) {
         var lower = 0
-        var upper = text.count
-        if left { while lower < upper && text[lower].isRegexWhitespace { lower += 1 } }
-        if right { while upper > lower && text[upper - 1].isRegexWhitespace { upper -= 1 } }
-        return Array(text[lower..<upper])
+        var upper = text.scalars.count
+        if left { while lower < upper && text.scalars[lower].isRegexWhitespace { lower += 1 } }
+        if right { while upper > lower && text.scalars[upper - 1].isRegexWhitespace { upper -= 1 } }
+        if lower > 0 || upper < text.scalars.count {
+            text = NormalizedText(scalars: Array(text.scalars[lower..<upper]), alignments: Array(text.alignments[lower..<upper]),
+                                  originalStart: text.originalStart)
+        }
     }
 }
 
 /// Drops nonspacing marks (meant to follow NFD or NFKD).
 struct StripAccents: Normalizer {
-    func normalize(_ text: [Unicode.Scalar]) -> [Unicode.Scalar] {
-        text.filter { $0.properties.generalCategory != .nonspacingMark }
+    func normalize(_ text: inout NormalizedText) {
+        text.filter { $0.value < 0x300 || $0.properties.generalCategory != .nonspacingMark }
     }
 }
 
@@ -134,27 +176,19 @@ struct BertNormalizer: Normalizer {
     let stripAccents: Bool
     let lowercase: Bool
 
-    func normalize(_ text: [Unicode.Scalar]) -> [Unicode.Scalar] {
-        var text = text
+    func normalize(_ text: inout NormalizedText) {
         if cleanText {
-            text = text.compactMap { scalar in
-                if scalar.value == 0 || scalar.value == 0xFFFD || isBertControl(scalar) { return nil }
-                return scalar.isRegexWhitespace ? " " : scalar
-            }
+            text.filter { !($0.value == 0 || $0.value == 0xFFFD || isBertControl($0)) }
+            text.flatMap { [$0.isRegexWhitespace ? " " : $0] }
         }
-        if handleChineseCharacters {
-            var spaced: [Unicode.Scalar] = []
-            spaced.reserveCapacity(text.count)
-            for scalar in text {
-                if isCJKIdeograph(scalar) { spaced += [" ", scalar, " "] } else { spaced.append(scalar) }
-            }
-            text = spaced
+        if handleChineseCharacters && text.scalars.contains(where: isCJKIdeograph) {
+            text.flatMap { isCJKIdeograph($0) ? [" ", $0, " "] : [$0] }
         }
         if stripAccents {
-            text = StripAccents().normalize(UnicodeNormalization(form: .nfd).normalize(text))
+            UnicodeNormalization(form: .nfd).normalize(&text)
+            StripAccents().normalize(&text)
         }
-        if lowercase { text = Lowercase().normalize(text) }
-        return text
+        if lowercase { Lowercase().normalize(&text) }
     }
 }
 

@@ -157,6 +157,35 @@ struct RegexPattern: Pattern, @unchecked Sendable {
     }
 }
 
+/// Every scalar a predicate accepts, each one a match of its own (tokenizers' `char` patterns).
+struct ScalarPattern: Pattern {
+    let accepts: @Sendable (Unicode.Scalar) -> Bool
+
+    func matches(in text: [Unicode.Scalar]) -> [Range<Int>] {
+        text.indices.filter { accepts(text[$0]) }.map { $0..<$0 + 1 }
+    }
+}
+
+/// `\w+|[^\w\s]+`, the Whitespace pre-tokenizer's regex: runs of word characters and runs of other non-spaces.
+struct WordOrSymbolRunsPattern: Pattern {
+    func matches(in text: [Unicode.Scalar]) -> [Range<Int>] {
+        var result: [Range<Int>] = []
+        var position = 0
+        while position < text.count {
+            let scalar = text[position]
+            if scalar.isRegexWhitespace && !scalar.isRegexWordCharacter { position += 1; continue }
+            let isWord = scalar.isRegexWordCharacter
+            var end = position + 1
+            while end < text.count && text[end].isRegexWordCharacter == isWord && (isWord || !text[end].isRegexWhitespace) {
+                end += 1
+            }
+            result.append(position..<end)
+            position = end
+        }
+        return result
+    }
+}
+
 /// Builds the pattern of a tokenizer.json `{"String": ...}` or `{"Regex": ...}` object.
 func makePattern(_ object: JSONObject) throws -> any Pattern {
     if let literal = try object.optionalString("String") {
@@ -177,15 +206,19 @@ enum SplitBehavior: String, Sendable {
     case contiguous = "Contiguous"
 
     /// Splits `text` at the matches of `pattern` (or, inverted, at what lies between them); never yields empty pieces.
-    func split(_ text: [Unicode.Scalar], by pattern: any Pattern, invert: Bool = false) -> [[Unicode.Scalar]] {
+    func split(_ text: [Unicode.Scalar], by pattern: any Pattern, invert: Bool = false) -> [Range<Int>] {
+        split(count: text.count, matches: pattern.matches(in: text), invert: invert)
+    }
+
+    func split(count: Int, matches: [Range<Int>], invert: Bool = false) -> [Range<Int>] {
         var spans: [(range: Range<Int>, isMatch: Bool)] = []
         var previous = 0
-        for match in pattern.matches(in: text) {
+        for match in matches {
             if previous < match.lowerBound { spans.append((previous..<match.lowerBound, invert)) }
             spans.append((match, !invert))
             previous = match.upperBound
         }
-        if previous < text.count { spans.append((previous..<text.count, invert)) }
+        if previous < count { spans.append((previous..<count, invert)) }
 
         var pieces: [Range<Int>] = []
         var previousWasMatch = false
@@ -225,6 +258,6 @@ enum SplitBehavior: String, Sendable {
                 previousWasMatch = isMatch
             }
         }
-        return pieces.filter { !$0.isEmpty }.map { Array(text[$0]) }
+        return pieces.filter { !$0.isEmpty }
     }
 }

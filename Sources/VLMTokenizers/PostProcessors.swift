@@ -1,22 +1,67 @@
-/// A tokenizer.json `post_processor`: adds the special tokens around one encoded sequence.
+/// One sequence's encoding on its way through the post-processor (tokenizers' `Encoding` before merging).
+struct EncodingParts {
+    var ids: [Int] = []
+    var tokens: [String] = []
+    var offsets: [Range<Int>] = []
+    var typeIds: [Int] = []
+    var specialTokensMask: [Int] = []
+
+    mutating func append(_ other: EncodingParts) {
+        ids += other.ids
+        tokens += other.tokens
+        offsets += other.offsets
+        typeIds += other.typeIds
+        specialTokensMask += other.specialTokensMask
+    }
+
+    /// Keeps `count` tokens from the start (`fromLeft` false) or the end.
+    mutating func truncate(to count: Int, fromLeft: Bool) {
+        guard ids.count > count else { return }
+        let range = fromLeft ? (ids.count - count)..<ids.count : 0..<count
+        ids = Array(ids[range])
+        tokens = Array(tokens[range])
+        offsets = Array(offsets[range])
+        typeIds = Array(typeIds[range])
+        specialTokensMask = Array(specialTokensMask[range])
+    }
+}
+
+/// A tokenizer.json `post_processor`: adds the special tokens around one sequence or a pair, sets type ids.
 protocol PostProcessor: Sendable {
     /// How many tokens `process` adds (what truncation leaves room for).
-    var addedTokenCount: Int { get }
-    func process(ids: [Int], tokens: [String]) -> (ids: [Int], tokens: [String])
+    func addedTokenCount(pair: Bool) -> Int
+    func process(_ encodings: [EncodingParts], addSpecialTokens: Bool) -> [EncodingParts]
 }
 
 func makePostProcessor(_ object: JSONObject) throws -> any PostProcessor {
     let type = try object.string("type")
     switch type {
-    case "RobertaProcessing", "BertProcessing":
-        return try Surround(prefix: [specialToken(object, "cls")], suffix: [specialToken(object, "sep")])
+    case "BertProcessing":
+        let cls = try specialToken(object, "cls"), sep = try specialToken(object, "sep")
+        return Template(
+            single: [.special([cls], typeId: 0), .sequence(second: false, typeId: 0), .special([sep], typeId: 0)],
+            pair: [.special([cls], typeId: 0), .sequence(second: false, typeId: 0), .special([sep], typeId: 0),
+                   .sequence(second: true, typeId: 1), .special([sep], typeId: 1)])
+    case "RobertaProcessing":
+        let cls = try specialToken(object, "cls"), sep = try specialToken(object, "sep")
+        let template = Template(
+            single: [.special([cls], typeId: 0), .sequence(second: false, typeId: 0), .special([sep], typeId: 0)],
+            pair: [.special([cls], typeId: 0), .sequence(second: false, typeId: 0), .special([sep, sep], typeId: 0),
+                   .sequence(second: true, typeId: 0), .special([sep], typeId: 0)])
+        let trim = try object.bool("trim_offsets", default: true)
+        return PostProcessorSequence(processors: [
+            ByteLevelOffsetTrimming(trimOffsets: trim, addPrefixSpace: try object.bool("add_prefix_space", default: true)),
+            template,
+        ])
     case "TemplateProcessing":
-        return try template(object)
+        let specialTokens = try object.optionalObject("special_tokens")
+        return Template(single: try templatePieces(object, "single", specialTokens),
+                        pair: try templatePieces(object, "pair", specialTokens))
     case "ByteLevel":
-        return Surround(prefix: [], suffix: [])
+        return ByteLevelOffsetTrimming(trimOffsets: try object.bool("trim_offsets", default: true),
+                                       addPrefixSpace: try object.bool("add_prefix_space", default: true))
     case "Sequence":
-        let processors = try object.objects("processors").map(makePostProcessor)
-        return PostProcessorSequence(processors: processors)
+        return PostProcessorSequence(processors: try object.objects("processors").map(makePostProcessor))
     default:
         throw TokenizerError.unsupportedComponent(file: object.file, path: object.path, type: type)
     }
@@ -31,54 +76,115 @@ private func specialToken(_ object: JSONObject, _ key: String) throws -> (id: In
     return (id, token)
 }
 
-private func template(_ object: JSONObject) throws -> Surround {
-    guard let single = object.values["single"] as? [Any] else { throw object.invalid("single", "expected an array") }
-    let specialTokens = try object.optionalObject("special_tokens")
-    var prefix: [(id: Int, token: String)] = []
-    var suffix: [(id: Int, token: String)] = []
-    var sawSequence = false
-    for (index, piece) in single.enumerated() {
-        let path = "single[\(index)]"
+private func templatePieces(_ object: JSONObject, _ key: String, _ specialTokens: JSONObject?) throws -> [Template.Piece] {
+    guard let pieces = object.values[key] as? [Any] else { throw object.invalid(key, "expected an array") }
+    return try pieces.enumerated().map { index, piece in
+        let path = "\(key)[\(index)]"
         guard let piece = piece as? [String: Any] else { throw object.invalid(path, "expected an object") }
-        if piece["Sequence"] != nil {
-            guard !sawSequence else { throw object.invalid(path, "the single template has more than one sequence") }
-            sawSequence = true
-            continue
+        if let sequence = piece["Sequence"] as? [String: Any], let name = sequence["id"] as? String, name == "A" || name == "B" {
+            return .sequence(second: name == "B", typeId: JSONObject.integer(sequence["type_id"]) ?? 0)
         }
         guard let special = piece["SpecialToken"] as? [String: Any], let name = special["id"] as? String else {
-            throw object.invalid(path, "expected {\"Sequence\": ...} or {\"SpecialToken\": ...}")
+            throw object.invalid(path, "expected {\"Sequence\": {\"id\": \"A\" or \"B\"}} or {\"SpecialToken\": ...}")
         }
         guard let entry = specialTokens?.values[name] as? [String: Any], let ids = entry["ids"] as? [Any],
               let tokens = entry["tokens"] as? [String], ids.count == tokens.count else {
             throw object.invalid("special_tokens", "no ids and tokens for \"\(name)\"")
         }
-        for (id, token) in zip(ids, tokens) {
+        let pairs = try zip(ids, tokens).map { id, token in
             guard let id = JSONObject.integer(id) else { throw object.invalid("special_tokens", "bad id for \"\(name)\"") }
-            if sawSequence { suffix.append((id, token)) } else { prefix.append((id, token)) }
+            return (id: id, token: token)
         }
+        return .special(pairs, typeId: JSONObject.integer(special["type_id"]) ?? 0)
     }
-    guard sawSequence else { throw object.invalid("single", "the single template has no sequence") }
-    return Surround(prefix: prefix, suffix: suffix)
 }
 
-/// Fixed special tokens before and after the sequence (RoBERTa's and BERT's processors, single-sequence templates).
-struct Surround: PostProcessor {
-    let prefix: [(id: Int, token: String)]
-    let suffix: [(id: Int, token: String)]
+/// TemplateProcessing (and BERT's and RoBERTa's processors, which are fixed templates): special tokens and the
+/// sequences in the template's order, each with the template's type id.
+struct Template: PostProcessor {
+    enum Piece {
+        case sequence(second: Bool, typeId: Int)
+        case special([(id: Int, token: String)], typeId: Int)
+    }
 
-    var addedTokenCount: Int { prefix.count + suffix.count }
+    let single: [Piece]
+    let pair: [Piece]
 
-    func process(ids: [Int], tokens: [String]) -> (ids: [Int], tokens: [String]) {
-        (prefix.map(\.id) + ids + suffix.map(\.id), prefix.map(\.token) + tokens + suffix.map(\.token))
+    func addedTokenCount(pair isPair: Bool) -> Int {
+        (isPair ? pair : single).reduce(0) { count, piece in
+            if case let .special(tokens, _) = piece { return count + tokens.count }
+            return count
+        }
+    }
+
+    func process(_ encodings: [EncodingParts], addSpecialTokens: Bool) -> [EncodingParts] {
+        var result = EncodingParts()
+        for piece in encodings.count > 1 ? pair : single {
+            switch piece {
+            case let .sequence(second, typeId):
+                guard let encoding = encodings[safe: second ? 1 : 0] else { continue }
+                var part = encoding
+                part.typeIds = [Int](repeating: typeId, count: part.ids.count)
+                result.append(part)
+            case let .special(tokens, typeId):
+                guard addSpecialTokens else { continue }
+                for (id, token) in tokens {
+                    result.ids.append(id)
+                    result.tokens.append(token)
+                    result.offsets.append(0..<0)
+                    result.typeIds.append(typeId)
+                    result.specialTokensMask.append(1)
+                }
+            }
+        }
+        return [result]
+    }
+}
+
+extension Array {
+    subscript(safe index: Int) -> Element? { indices.contains(index) ? self[index] : nil }
+}
+
+/// The byte-level processor: leading and trailing spaces (Ġ) leave the tokens' offsets.
+struct ByteLevelOffsetTrimming: PostProcessor {
+    let trimOffsets: Bool
+    let addPrefixSpace: Bool
+
+    func addedTokenCount(pair: Bool) -> Int { 0 }
+
+    func process(_ encodings: [EncodingParts], addSpecialTokens: Bool) -> [EncodingParts] {
+        guard trimOffsets else { return encodings }
+        let space = ByteLevelAlphabet.characters[0x20]
+        func isSpace(_ scalar: Unicode.Scalar) -> Bool { scalar == space || scalar.isRegexWhitespace }
+        return encodings.map { encoding in
+            var encoding = encoding
+            for (index, token) in encoding.tokens.enumerated() {
+                let scalars = Array(token.unicodeScalars)
+                var leading = scalars.prefix(while: isSpace).count
+                let trailing = scalars.reversed().prefix(while: isSpace).count
+                guard leading > 0 || trailing > 0 else { continue }
+                var offsets = encoding.offsets[index]
+                if leading > 0 {
+                    if (index == 0 || offsets.lowerBound == 0) && addPrefixSpace && leading == 1 { leading = 0 }
+                    let lower = min(offsets.lowerBound + leading, offsets.upperBound)
+                    offsets = lower..<offsets.upperBound
+                }
+                if trailing > 0 && offsets.upperBound >= trailing {
+                    offsets = offsets.lowerBound..<max(offsets.upperBound - trailing, offsets.lowerBound)
+                }
+                encoding.offsets[index] = offsets
+            }
+            return encoding
+        }
     }
 }
 
 struct PostProcessorSequence: PostProcessor {
     let processors: [any PostProcessor]
 
-    var addedTokenCount: Int { processors.reduce(0) { $0 + $1.addedTokenCount } }
+    func addedTokenCount(pair: Bool) -> Int { processors.reduce(0) { $0 + $1.addedTokenCount(pair: pair) } }
 
-    func process(ids: [Int], tokens: [String]) -> (ids: [Int], tokens: [String]) {
-        processors.reduce((ids, tokens)) { $1.process(ids: $0.0, tokens: $0.1) }
+    func process(_ encodings: [EncodingParts], addSpecialTokens: Bool) -> [EncodingParts] {
+        processors.reduce(encodings) { $1.process($0, addSpecialTokens: addSpecialTokens) }
     }
 }

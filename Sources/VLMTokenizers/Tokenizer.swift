@@ -1,6 +1,6 @@
 import Foundation
 
-/// The result of encoding one text.
+/// The result of encoding one text or one pair of texts.
 public struct Encoding: Sendable, Equatable {
     /// Vocabulary ids, special tokens and padding included.
     public let ids: [Int]
@@ -8,6 +8,13 @@ public struct Encoding: Sendable, Equatable {
     public let tokens: [String]
     /// 1 for real tokens, 0 for padding.
     public let attentionMask: [Int]
+    /// Which sequence of a pair each token belongs to, as the post-processor sets it (transformers' token_type_ids).
+    public let typeIds: [Int]
+    /// For each token, the range of Unicode scalars (Python's str indices) of its text in the input it came from;
+    /// empty for special tokens and padding (transformers' `return_offsets_mapping=True`).
+    public let offsets: [Range<Int>]
+    /// 1 for special tokens added by the post-processor and for padding, 0 otherwise.
+    public let specialTokensMask: [Int]
 }
 
 /// How `Tokenizer.encode(_:padding:truncation:maxLength:)` pads a batch.
@@ -18,6 +25,65 @@ public enum Padding: Sendable {
     case longest
     /// Pad to `maxLength`, or to the model's maximum length (transformers' `padding="max_length"`).
     case maxLength
+}
+
+/// Which sequence of a pair loses tokens when an encoding is too long (transformers' `truncation=` strategies).
+public enum TruncationStrategy: Sendable {
+    /// Remove from the longer sequence until both fit (`"longest_first"`, what `truncation=True` means).
+    case longestFirst
+    /// Only the first sequence loses tokens (`"only_first"`).
+    case onlyFirst
+    /// Only the second sequence of a pair loses tokens (`"only_second"`).
+    case onlySecond
+}
+
+/// Which end of a sequence padding or truncation applies to.
+public enum Side: Sendable {
+    case left, right
+}
+
+/// Everything `Tokenizer.encode(_:pairs:options:)` can be asked, with transformers' defaults.
+public struct EncodingOptions: Sendable {
+    /// Add the post-processor's special tokens.
+    public var addSpecialTokens = true
+    public var padding = Padding.none
+    /// nil: no truncation.
+    public var truncation: TruncationStrategy? = nil
+    /// The length truncation and `.maxLength` padding aim at; nil: tokenizer_config.json's `model_max_length`.
+    public var maxLength: Int? = nil
+    /// Round the padded length up to a multiple of this.
+    public var padToMultipleOf: Int? = nil
+    /// nil: tokenizer_config.json's `truncation_side` (default right).
+    public var truncationSide: Side? = nil
+    /// nil: tokenizer_config.json's `padding_side` (default right).
+    public var paddingSide: Side? = nil
+
+    public init(addSpecialTokens: Bool = true, padding: Padding = .none, truncation: TruncationStrategy? = nil,
+                maxLength: Int? = nil, padToMultipleOf: Int? = nil, truncationSide: Side? = nil, paddingSide: Side? = nil) {
+        self.addSpecialTokens = addSpecialTokens
+        self.padding = padding
+        self.truncation = truncation
+        self.maxLength = maxLength
+        self.padToMultipleOf = padToMultipleOf
+        self.truncationSide = truncationSide
+        self.paddingSide = paddingSide
+    }
+}
+
+/// Why a batch could not be truncated as asked (tokenizers raises the same errors).
+public enum TruncationError: Error, CustomStringConvertible, Equatable {
+    /// `.onlySecond` was asked for a text without a pair.
+    case secondSequenceNotProvided
+    /// The sequence allowed to lose tokens is shorter than what has to go.
+    case sequenceTooShort(length: Int, excess: Int)
+
+    public var description: String {
+        switch self {
+        case .secondSequenceNotProvided: "truncation only_second needs a pair of texts"
+        case let .sequenceTooShort(length, excess):
+            "the sequence to truncate has \(length) tokens, fewer than the \(excess) that must go to respect max_length"
+        }
+    }
 }
 
 /// A Hugging Face tokenizer: tokenizer.json's normalizer, pre-tokenizer, model, post-processor, decoder and added
@@ -36,6 +102,7 @@ public final class Tokenizer: Sendable {
     private let specialTokens: Set<String>
     private let padToken: String?
     private let padOnLeft: Bool
+    private let truncateOnLeft: Bool
     private let cleanUpTokenizationSpaces: Bool
     /// CLIPTokenizer's decode turns the end-of-word suffix into spaces and strips the result.
     private let endOfWordSuffixToSpace: String?
@@ -111,6 +178,7 @@ public final class Tokenizer: Sendable {
         // Configurations write "no limit" as a huge float such as 1e30.
         modelMaxLength = config.flatMap { JSONObject.integer($0.values["model_max_length"]) }.flatMap { $0 > 0 && $0 < 1 << 40 ? $0 : nil }
         padOnLeft = (try config?.optionalString("padding_side")) == "left"
+        truncateOnLeft = (try config?.optionalString("truncation_side")) == "left"
         cleanUpTokenizationSpaces = try config?.bool("clean_up_tokenization_spaces", default: false) ?? false
         let tokenizerClass = try config?.optionalString("tokenizer_class")
         if tokenizerClass == "CLIPTokenizer" || tokenizerClass == "CLIPTokenizerFast", let bpe = pipeline.model as? BPE,
@@ -131,40 +199,106 @@ public final class Tokenizer: Sendable {
         addedTokens[id]?.content ?? model.token(id)
     }
 
-    /// Encodes one text like `tokenizer(text)`: added tokens, normalization, pre-tokenization, the model, and (when
-    /// `addSpecialTokens`) the post-processor's special tokens. No truncation, no padding.
-    public func encode(_ text: String, addSpecialTokens: Bool = true) -> Encoding {
-        let (ids, tokens) = encodeUnprocessed(text)
-        return finish(ids: ids, tokens: tokens, addSpecialTokens: addSpecialTokens, truncateTo: nil)
+    /// Encodes one text, or a pair, like `tokenizer(text, pair)`: added tokens, normalization, pre-tokenization, the
+    /// model, and (when `addSpecialTokens`) the post-processor's special tokens. No truncation, no padding.
+    public func encode(_ text: String, pair: String? = nil, addSpecialTokens: Bool = true) -> Encoding {
+        let first = encodeSequence(text, typeId: 0)
+        let second = pair.map { encodeSequence($0, typeId: 1) }
+        return finish(first, second, addSpecialTokens: addSpecialTokens)
     }
 
     /// Batch encode like tokenizer(texts, padding=..., truncation=True, max_length=...): truncation to maxLength (or
     /// model_max_length) keeping the special tokens as transformers does, padding with the pad token on the tokenizer's
     /// padding side to the longest or to maxLength.
     public func encode(_ texts: [String], padding: Padding = .none, truncation: Bool = false, maxLength: Int? = nil) -> [Encoding] {
-        let limit = maxLength ?? modelMaxLength
-        var encodings = texts.map { text in
-            let (ids, tokens) = encodeUnprocessed(text)
-            return finish(ids: ids, tokens: tokens, addSpecialTokens: true, truncateTo: truncation ? limit : nil)
+        // Single texts with longest_first cannot fail to truncate.
+        (try? encode(texts, pairs: nil, options: EncodingOptions(padding: padding, truncation: truncation ? .longestFirst : nil,
+                                                                  maxLength: maxLength))) ?? []
+    }
+
+    /// Batch encode texts, or pairs of texts (`pairs` as long as `texts`), like `tokenizer(texts, pairs, ...)`
+    /// with transformers' truncation strategies, truncation and padding sides and `pad_to_multiple_of`.
+    public func encode(_ texts: [String], pairs: [String]?, options: EncodingOptions) throws -> [Encoding] {
+        let limit = options.maxLength ?? modelMaxLength
+        let truncateLeft = (options.truncationSide ?? (truncateOnLeft ? .left : .right)) == .left
+        var encodings: [Encoding] = []
+        encodings.reserveCapacity(texts.count)
+        for (index, text) in texts.enumerated() {
+            var first = encodeSequence(text, typeId: 0)
+            var second = pairs.flatMap { $0[safe: index] }.map { encodeSequence($0, typeId: 1) }
+            // A limit below the special tokens' count wraps around in tokenizers' unsigned arithmetic: no truncation.
+            let added = options.addSpecialTokens ? (postProcessor?.addedTokenCount(pair: second != nil) ?? 0) : 0
+            if let strategy = options.truncation, let limit, limit >= added {
+                if limit == added {
+                    first.truncate(to: 0, fromLeft: truncateLeft)
+                    second?.truncate(to: 0, fromLeft: truncateLeft)
+                } else {
+                    try truncate(&first, &second, to: limit - added, strategy: strategy, fromLeft: truncateLeft)
+                }
+            }
+            encodings.append(finish(first, second, addSpecialTokens: options.addSpecialTokens))
         }
-        let target: Int? = switch padding {
+        var target: Int? = switch options.padding {
         case .none: nil
         case .longest: encodings.map(\.ids.count).max()
         case .maxLength: limit
         }
-        if let target, let padTokenId {
-            encodings = encodings.map { encoding in
-                let count = target - encoding.ids.count
-                guard count > 0 else { return encoding }
-                let ids = [Int](repeating: padTokenId, count: count)
-                let tokens = [String](repeating: padToken ?? "", count: count)
-                let mask = [Int](repeating: 0, count: count)
-                return padOnLeft
-                    ? Encoding(ids: ids + encoding.ids, tokens: tokens + encoding.tokens, attentionMask: mask + encoding.attentionMask)
-                    : Encoding(ids: encoding.ids + ids, tokens: encoding.tokens + tokens, attentionMask: encoding.attentionMask + mask)
+        if let multiple = options.padToMultipleOf, multiple > 0, let length = target, length % multiple != 0 {
+            target = (length / multiple + 1) * multiple
+        }
+        guard let target, let padTokenId else { return encodings }
+        let padLeft = (options.paddingSide ?? (padOnLeft ? .left : .right)) == .left
+        return encodings.map { encoding in
+            let count = target - encoding.ids.count
+            guard count > 0 else { return encoding }
+            func pad<T>(_ values: [T], _ value: T) -> [T] {
+                let padding = [T](repeating: value, count: count)
+                return padLeft ? padding + values : values + padding
+            }
+            return Encoding(ids: pad(encoding.ids, padTokenId), tokens: pad(encoding.tokens, padToken ?? ""),
+                            attentionMask: pad(encoding.attentionMask, 0), typeIds: pad(encoding.typeIds, 0),
+                            offsets: pad(encoding.offsets, 0..<0), specialTokensMask: pad(encoding.specialTokensMask, 1))
+        }
+    }
+
+    /// tokenizers' `truncate_encodings`, with `limit` already net of the special tokens.
+    private func truncate(_ first: inout EncodingParts, _ second: inout EncodingParts?, to limit: Int,
+                          strategy: TruncationStrategy, fromLeft: Bool) throws {
+        let total = first.ids.count + (second?.ids.count ?? 0)
+        guard total > limit else { return }
+        let excess = total - limit
+        switch strategy {
+        case .longestFirst:
+            guard var pair = second else {
+                first.truncate(to: limit, fromLeft: fromLeft)
+                return
+            }
+            var shorter = min(first.ids.count, pair.ids.count)
+            var longer: Int
+            if shorter > limit {
+                longer = shorter
+            } else {
+                longer = max(shorter, limit - shorter)
+            }
+            if shorter + longer > limit {
+                shorter = limit / 2
+                longer = shorter + limit % 2
+            }
+            let firstIsLonger = first.ids.count > pair.ids.count
+            first.truncate(to: firstIsLonger ? longer : shorter, fromLeft: fromLeft)
+            pair.truncate(to: firstIsLonger ? shorter : longer, fromLeft: fromLeft)
+            second = pair
+        case .onlyFirst, .onlySecond:
+            if strategy == .onlySecond {
+                guard var pair = second else { throw TruncationError.secondSequenceNotProvided }
+                guard pair.ids.count > excess else { throw TruncationError.sequenceTooShort(length: pair.ids.count, excess: excess) }
+                pair.truncate(to: pair.ids.count - excess, fromLeft: fromLeft)
+                second = pair
+            } else {
+                guard first.ids.count > excess else { throw TruncationError.sequenceTooShort(length: first.ids.count, excess: excess) }
+                first.truncate(to: first.ids.count - excess, fromLeft: fromLeft)
             }
         }
-        return encodings
     }
 
     /// Decodes ids like `tokenizer.decode(ids)`; ids outside the vocabulary are skipped.
@@ -187,55 +321,51 @@ public final class Tokenizer: Sendable {
         return text
     }
 
-    private func encodeUnprocessed(_ text: String) -> (ids: [Int], tokens: [String]) {
-        var ids: [Int] = []
-        var tokens: [String] = []
-        func appendToken(_ id: Int, _ text: [Unicode.Scalar]) {
-            ids.append(id)
-            tokens.append(String(String.UnicodeScalarView(text)))
+    /// One sequence through added tokens, normalizer, pre-tokenizer and model, with offsets into `text`.
+    private func encodeSequence(_ text: String, typeId: Int) -> EncodingParts {
+        var parts = EncodingParts()
+        func appendToken(_ id: Int, _ token: String, _ offsets: Range<Int>) {
+            parts.ids.append(id)
+            parts.tokens.append(token)
+            parts.offsets.append(offsets)
         }
-        for segment in rawMatcher.split(Array(text.unicodeScalars)) {
+        let original = Array(text.unicodeScalars)
+        for segment in rawMatcher.split(original[...], start: 0) {
             switch segment {
-            case let .token(id, text):
-                appendToken(id, text)
-            case let .text(raw):
-                let normalized = normalizer?.normalize(raw) ?? raw
-                for piece in normalizedMatcher.split(normalized) {
+            case let .token(id, range):
+                appendToken(id, String(String.UnicodeScalarView(original[range])), range)
+            case let .text(range):
+                var normalized = NormalizedText(original[range], start: range.lowerBound)
+                normalizer?.normalize(&normalized)
+                for piece in normalizedMatcher.split(normalized.scalars[...], start: 0) {
                     switch piece {
-                    case let .token(id, text):
-                        appendToken(id, text)
-                    case let .text(text):
+                    case let .token(id, pieceRange):
+                        appendToken(id, String(String.UnicodeScalarView(normalized.scalars[pieceRange])),
+                                    normalized.originalRange(pieceRange))
+                    case let .text(pieceRange):
+                        let text = pieceRange.count == normalized.scalars.count ? normalized : normalized.slice(pieceRange)
                         let words = preTokenizer?.preTokenize([text]) ?? [text]
                         for word in words {
-                            for id in model.tokenize(word) {
-                                ids.append(id)
-                                tokens.append(model.token(id) ?? "")
+                            for token in model.tokenize(word.scalars) {
+                                appendToken(token.id, token.text ?? model.token(token.id) ?? "", word.originalRange(token.range))
                             }
                         }
                     }
                 }
             }
         }
-        return (ids, tokens)
+        parts.typeIds = [Int](repeating: typeId, count: parts.ids.count)
+        parts.specialTokensMask = [Int](repeating: 0, count: parts.ids.count)
+        return parts
     }
 
-    /// Truncates (leaving room for the special tokens, keeping the start as tokenizers' default `longest_first` does
-    /// for one sequence) and then adds the special tokens.
-    private func finish(ids: [Int], tokens: [String], addSpecialTokens: Bool, truncateTo limit: Int?) -> Encoding {
-        var ids = ids
-        var tokens = tokens
-        let added = addSpecialTokens ? (postProcessor?.addedTokenCount ?? 0) : 0
-        if let limit {
-            let keep = max(0, limit - added)
-            if ids.count > keep {
-                ids.removeSubrange(keep...)
-                tokens.removeSubrange(keep...)
-            }
-        }
-        if addSpecialTokens, let postProcessor {
-            (ids, tokens) = postProcessor.process(ids: ids, tokens: tokens)
-        }
-        return Encoding(ids: ids, tokens: tokens, attentionMask: [Int](repeating: 1, count: ids.count))
+    /// The post-processor (or plain concatenation) over one sequence or a pair.
+    private func finish(_ first: EncodingParts, _ second: EncodingParts?, addSpecialTokens: Bool) -> Encoding {
+        let encodings = second.map { [first, $0] } ?? [first]
+        var merged = EncodingParts()
+        for part in postProcessor?.process(encodings, addSpecialTokens: addSpecialTokens) ?? encodings { merged.append(part) }
+        return Encoding(ids: merged.ids, tokens: merged.tokens, attentionMask: [Int](repeating: 1, count: merged.ids.count),
+                        typeIds: merged.typeIds, offsets: merged.offsets, specialTokensMask: merged.specialTokensMask)
     }
 }
 
@@ -317,6 +447,10 @@ struct Pipeline {
             addedTokens.append(AddedToken(id: id, content: content, normalized: false, special: true))
         }
         self.addedTokens = addedTokens
-        postProcessor = Surround(prefix: [(addedTokens[0].id, bos)], suffix: [(addedTokens.last!.id, eos)])
+        let bosToken = (id: addedTokens[0].id, token: bos), eosToken = (id: addedTokens.last!.id, token: eos)
+        postProcessor = Template(
+            single: [.special([bosToken], typeId: 0), .sequence(second: false, typeId: 0), .special([eosToken], typeId: 0)],
+            pair: [.special([bosToken], typeId: 0), .sequence(second: false, typeId: 0), .special([eosToken, eosToken], typeId: 0),
+                   .sequence(second: true, typeId: 0), .special([eosToken], typeId: 0)])
     }
 }

@@ -26,7 +26,7 @@ import Testing
         let text = Array("a--b-c".unicodeScalars)
         let dash = LiteralPattern(literal: ["-"])
         func run(_ behavior: SplitBehavior, invert: Bool = false) -> [String] {
-            behavior.split(text, by: dash, invert: invert).map { String(String.UnicodeScalarView($0)) }
+            behavior.split(text, by: dash, invert: invert).map { String(String.UnicodeScalarView(text[$0])) }
         }
         #expect(run(.removed) == ["a", "b", "c"])
         #expect(run(.isolated) == ["a", "-", "-", "b", "-", "c"])
@@ -60,12 +60,12 @@ import Testing
     }
 
     @Test func unknownComponentTypeNamesFileAndType() throws {
-        let error = try #require(try loadError(["tokenizer.json": #"{"normalizer": {"type": "Precompiled"}, \#(Self.minimalModel)}"#]))
+        let error = try #require(try loadError(["tokenizer.json": #"{"pre_tokenizer": {"type": "UnicodeScripts"}, \#(Self.minimalModel)}"#]))
         guard case let .unsupportedComponent(file, path, type) = error else { Issue.record("\(error)"); return }
         #expect(file.hasSuffix("tokenizer.json"))
-        #expect(path == "$.normalizer")
-        #expect(type == "Precompiled")
-        #expect(error.description.contains("Precompiled"))
+        #expect(path == "$.pre_tokenizer")
+        #expect(type == "UnicodeScripts")
+        #expect(error.description.contains("UnicodeScripts"))
     }
 
     @Test func malformedJSONNamesFile() throws {
