@@ -432,7 +432,7 @@ struct Unigram: TokenizationModel {
         }
         var tokens: [ModelToken] = []
         tokens.reserveCapacity(pieces.count)
-        for (range, id) in pieces.reversed() {
+        for (range, _) in pieces.reversed() {
             let text = String(String.UnicodeScalarView(word[range]))
             if let known = ids[text] {
                 tokens.append(ModelToken(id: known, range: range))
