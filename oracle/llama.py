@@ -5,7 +5,8 @@ Run by hand from the repository root with the oracle venv (oracle/requirements.t
     python oracle/llama.py                      # tiny checkpoints → Tests/Fixtures/llama/<case>/
     python oracle/llama.py --smollm2 PATH.gguf  # also Tests/Fixtures/llama/smollm2.json from the real GGUF
 
-Each tiny case directory is a checkpoint SwiftVLM loads as is (config.json + model.safetensors) plus expected.json:
+gqa-untied.gguf is that case converted as llama.cpp does (permuted Q/K, quantized MLP), with gqa-untied.gguf.json the
+logits transformers computes from the GGUF. Each tiny case directory is a checkpoint SwiftVLM loads as is (config.json + model.safetensors) plus expected.json:
 full-sequence logits for a forward pass (with the attention mask and position ids given), and greedy continuations
 from `generate` (KV cache, do_sample=False), with the smallest top-1/top-2 logit margin seen while generating so that
 a near-tie cannot make the test flaky.
@@ -122,6 +123,71 @@ def build_case(name, overrides):
     print(name, [g["min_margin"] for g in generations], [list(map(len, g["new_tokens"])) for g in generations])
 
 
+def llama_cpp_permute(weights, heads):
+    # convert_hf_to_gguf.py's LlamaModel.permute: interleave each head's two rotary halves.
+    return weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
+
+
+def tiny_gguf(case):
+    """The case's checkpoint as llama.cpp's converter would write it (Q/K permuted; F16 embeddings, Q8_0 MLP,
+    F32 rest), and the logits transformers computes after loading that GGUF."""
+    import gguf
+    import numpy as np
+    from gguf import GGMLQuantizationType as Q
+    directory = os.path.join(FIXTURES, case)
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    config = model.config
+    path = os.path.join(FIXTURES, f"{case}.gguf")
+    writer = gguf.GGUFWriter(path, arch="llama")
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_vocab_size(config.vocab_size)
+    writer.add_rope_dimension_count(config.head_dim)
+    writer.add_uint32("tokenizer.ggml.eos_token_id", 2)
+    names = {"model.embed_tokens.weight": ("token_embd.weight", Q.F16), "model.norm.weight": ("output_norm.weight", Q.F32),
+             "lm_head.weight": ("output.weight", Q.F32)}
+    modules = {"input_layernorm": ("attn_norm", Q.F32), "post_attention_layernorm": ("ffn_norm", Q.F32),
+               "self_attn.q_proj": ("attn_q", Q.F32), "self_attn.k_proj": ("attn_k", Q.F32),
+               "self_attn.v_proj": ("attn_v", Q.F32), "self_attn.o_proj": ("attn_output", Q.F32),
+               "mlp.gate_proj": ("ffn_gate", Q.Q8_0), "mlp.up_proj": ("ffn_up", Q.Q8_0), "mlp.down_proj": ("ffn_down", Q.Q8_0)}
+    for name, tensor in model.state_dict().items():
+        data = tensor.numpy()
+        if name in names:
+            target, qtype = names[name]
+        else:
+            _, _, layer, rest = name.split(".", 3)
+            module, kind = rest.rsplit(".", 1)
+            short, qtype = modules[module]
+            target = f"blk.{layer}.{short}.{kind}"
+            if short == "attn_q":
+                data = llama_cpp_permute(data, config.num_attention_heads)
+            elif short == "attn_k":
+                data = llama_cpp_permute(data, config.num_key_value_heads)
+        quantized = gguf.quants.quantize(np.ascontiguousarray(data), qtype)
+        writer.add_tensor(target, quantized, raw_dtype=qtype if qtype == Q.Q8_0 else None)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    loaded = AutoModelForCausalLM.from_pretrained(FIXTURES, gguf_file=f"{case}.gguf", dtype=torch.float32).eval()
+    ids = torch.tensor([PROMPTS[0]])
+    with torch.no_grad():
+        logits = loaded(input_ids=ids).logits[0]
+        reference = model(input_ids=ids).logits[0]
+    # Quantization moves logits by a few hundredths; a wrong Q/K order would move them by whole units.
+    drift = (logits - reference).abs().max().item()
+    assert drift < 0.5, drift
+    print(f"{case}.gguf: transformers' GGUF logits differ from the checkpoint's by", drift)
+    json.dump(dict(input_ids=[PROMPTS[0]], logits=logits.flatten().tolist()),
+              open(os.path.join(FIXTURES, f"{case}.gguf.json"), "w"))
+
+
 def smollm2(path):
     from transformers import AutoTokenizer
     directory, file = os.path.split(path)
@@ -157,6 +223,7 @@ def main():
     os.makedirs(FIXTURES, exist_ok=True)
     for name, overrides in CASES.items():
         build_case(name, overrides)
+    tiny_gguf("gqa-untied")
     if args.smollm2:
         smollm2(args.smollm2)
 

@@ -114,6 +114,20 @@ func maxDifference(_ actual: [Float], _ expected: [Float]) -> Float {
         }
     }
 
+    /// gqa-untied converted as llama.cpp does: permuted Q/K rows, F16 embeddings, Q8_0 MLP.
+    @Test func ggufConversionMatchesTransformersLoadingIt() throws {
+        struct Expected: Decodable {
+            let input_ids: [[Int]]
+            let logits: [Float]
+        }
+        let url = LlamaFixture.root.appendingPathComponent("gqa-untied.gguf")
+        let expected = try JSONDecoder().decode(Expected.self, from: Data(contentsOf: url.appendingPathExtension("json")))
+        let model = try LlamaForCausalLM(gguf: url)
+        #expect(!model.config.tieWordEmbeddings && model.config.numKeyValueHeads == 2)
+        let logits = try model.logits(inputIds: expected.input_ids)
+        #expect(maxDifference(logits.scalars, expected.logits) < Self.tolerance)
+    }
+
     @Test func cachedDecodingEqualsFullRecomputation() throws {
         let model = try LlamaFixture("gqa-untied").model
         let prompt = [[1, 17, 45, 99, 3]]
