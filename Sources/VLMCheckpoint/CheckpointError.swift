@@ -41,6 +41,9 @@ public enum CheckpointError: Error, CustomStringConvertible, Sendable {
     case invalidJSON(file: String, reason: String)
     /// A config value that is missing or of the wrong type; `keyPath` is dotted, e.g. `vision_config.hidden_size`.
     case invalidConfig(file: String, keyPath: String, reason: String)
+    /// A GGUF file that is truncated, corrupt or of a kind this reader does not handle; `tensor` is set when the
+    /// problem is one tensor's (its shape, offset, or a tensor type that cannot be dequantized).
+    case invalidGGUF(file: String, tensor: String?, reason: String)
 
     public var description: String {
         switch self {
@@ -84,6 +87,8 @@ public enum CheckpointError: Error, CustomStringConvertible, Sendable {
             return "\(file): invalid JSON: \(reason)"
         case let .invalidConfig(file, keyPath, reason):
             return "\(file): \(keyPath.isEmpty ? "top level" : "'\(keyPath)'"): \(reason)"
+        case let .invalidGGUF(file, tensor, reason):
+            return "\(file): \(tensor.map { "tensor '\($0)': " } ?? "invalid GGUF: ")\(reason)"
         }
     }
 }

@@ -1,0 +1,494 @@
+import Foundation
+import VLMCheckpoint
+import VLMTensor
+
+// The Llama decoder as transformers' models/llama/modeling_llama.py builds it: RMSNorm, rotary position embeddings,
+// grouped-query attention and a SwiGLU MLP, pre-norm residual blocks. Llama 2/3 and SmolLM2 checkpoints are this.
+
+/// transformers' RoPE parameters (`rope_parameters`, or the legacy `rope_theta` + `rope_scaling`), for the types
+/// this decoder computes: "default", "linear" and "llama3".
+public struct RopeParameters: Sendable, Equatable {
+    public var ropeType: String
+    public var theta: Double
+    /// "linear" and "llama3": how much longer the context is than in pretraining.
+    public var factor: Double?
+    /// "llama3" only.
+    public var lowFrequencyFactor: Double?
+    public var highFrequencyFactor: Double?
+    public var originalMaxPositionEmbeddings: Int?
+
+    public static let supportedTypes = ["default", "linear", "llama3"]
+
+    public init(ropeType: String = "default", theta: Double = 10000, factor: Double? = nil, lowFrequencyFactor: Double? = nil,
+                highFrequencyFactor: Double? = nil, originalMaxPositionEmbeddings: Int? = nil) {
+        self.ropeType = ropeType
+        self.theta = theta
+        self.factor = factor
+        self.lowFrequencyFactor = lowFrequencyFactor
+        self.highFrequencyFactor = highFrequencyFactor
+        self.originalMaxPositionEmbeddings = originalMaxPositionEmbeddings
+    }
+
+    /// The inverse frequencies of the `headDim/2` rotated pairs, in fp32 as modeling_rope_utils.py computes them.
+    func inverseFrequencies(headDim: Int, file: String) throws -> [Float] {
+        let base = Float(theta)
+        let standard = stride(from: 0, to: headDim, by: 2).map { 1 / pow(base, Float($0) / Float(headDim)) }
+        switch ropeType {
+        case "default":
+            return standard
+        case "linear":
+            let factor = Float(try required(factor, "factor", file: file))
+            return standard.map { $0 / factor }
+        case "llama3":
+            let factor = Float(try required(factor, "factor", file: file))
+            let low = Float(try required(lowFrequencyFactor, "low_freq_factor", file: file))
+            let high = Float(try required(highFrequencyFactor, "high_freq_factor", file: file))
+            let context = Float(try required(originalMaxPositionEmbeddings, "original_max_position_embeddings", file: file))
+            let lowWavelength = context / low, highWavelength = context / high
+            return standard.map { frequency in
+                let wavelength = 2 * Float.pi / frequency
+                let scaled = wavelength > lowWavelength ? frequency / factor : frequency
+                guard wavelength >= highWavelength, wavelength <= lowWavelength else { return scaled }
+                let smooth = (context / wavelength - low) / (high - low)
+                return (1 - smooth) * scaled / factor + smooth * scaled
+            }
+        default:
+            throw ModelError.invalidConfig(
+                "rope type \"\(ropeType)\" is not supported (supported: \(Self.supportedTypes.joined(separator: ", ")))", file: file)
+        }
+    }
+
+    private func required<T>(_ value: T?, _ key: String, file: String) throws -> T {
+        guard let value else { throw ModelError.invalidConfig("rope type \"\(ropeType)\" needs \(key)", file: file) }
+        return value
+    }
+}
+
+/// transformers' `LlamaConfig`, with its defaults.
+public struct LlamaConfig: Decodable, Sendable {
+    public var vocabSize: Int
+    public var hiddenSize: Int
+    public var intermediateSize: Int
+    public var numHiddenLayers: Int
+    public var numAttentionHeads: Int
+    public var numKeyValueHeads: Int
+    public var headDim: Int
+    public var hiddenAct: String
+    public var maxPositionEmbeddings: Int
+    public var rmsNormEps: Float
+    public var tieWordEmbeddings: Bool
+    /// Biases on the q, k, v and o projections.
+    public var attentionBias: Bool
+    /// Biases on the gate, up and down projections.
+    public var mlpBias: Bool
+    public var rope: RopeParameters
+    public var bosTokenId: Int?
+    /// `eos_token_id`, which checkpoints give as one id or a list.
+    public var eosTokenIds: [Int]
+
+    enum CodingKeys: String, CodingKey {
+        case vocabSize = "vocab_size", hiddenSize = "hidden_size", intermediateSize = "intermediate_size"
+        case numHiddenLayers = "num_hidden_layers", numAttentionHeads = "num_attention_heads"
+        case numKeyValueHeads = "num_key_value_heads", headDim = "head_dim", hiddenAct = "hidden_act"
+        case maxPositionEmbeddings = "max_position_embeddings", rmsNormEps = "rms_norm_eps"
+        case tieWordEmbeddings = "tie_word_embeddings", attentionBias = "attention_bias", mlpBias = "mlp_bias"
+        case ropeParameters = "rope_parameters", ropeScaling = "rope_scaling", ropeTheta = "rope_theta"
+        case bosTokenId = "bos_token_id", eosTokenId = "eos_token_id"
+    }
+
+    /// One `rope_parameters` / `rope_scaling` dict; the legacy form says `type` where the new one says `rope_type`.
+    private struct RopeDictionary: Decodable {
+        var ropeType: String?, type: String?, ropeTheta: Double?, factor: Double?
+        var lowFreqFactor: Double?, highFreqFactor: Double?, originalMaxPositionEmbeddings: Int?
+
+        enum CodingKeys: String, CodingKey {
+            case ropeType = "rope_type", type, ropeTheta = "rope_theta", factor
+            case lowFreqFactor = "low_freq_factor", highFreqFactor = "high_freq_factor"
+            case originalMaxPositionEmbeddings = "original_max_position_embeddings"
+        }
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        vocabSize = try c.value(.vocabSize, default: 32000)
+        hiddenSize = try c.value(.hiddenSize, default: 4096)
+        intermediateSize = try c.value(.intermediateSize, default: 11008)
+        numHiddenLayers = try c.value(.numHiddenLayers, default: 32)
+        numAttentionHeads = try c.value(.numAttentionHeads, default: 32)
+        numKeyValueHeads = try c.value(.numKeyValueHeads, default: numAttentionHeads)
+        headDim = try c.value(.headDim, default: numAttentionHeads > 0 ? hiddenSize / numAttentionHeads : 0)
+        hiddenAct = try c.value(.hiddenAct, default: "silu")
+        maxPositionEmbeddings = try c.value(.maxPositionEmbeddings, default: 2048)
+        rmsNormEps = try c.value(.rmsNormEps, default: 1e-6)
+        tieWordEmbeddings = try c.value(.tieWordEmbeddings, default: false)
+        attentionBias = try c.value(.attentionBias, default: false)
+        mlpBias = try c.value(.mlpBias, default: false)
+        bosTokenId = try c.value(.bosTokenId, default: 1)
+        if let list = try? c.decodeIfPresent([Int].self, forKey: .eosTokenId) {
+            eosTokenIds = list
+        } else {
+            eosTokenIds = try c.decodeIfPresent(Int.self, forKey: .eosTokenId).map { [$0] } ?? (c.contains(.eosTokenId) ? [] : [2])
+        }
+        // Priority as convert_rope_params_to_dict: the dict (rope_scaling wins over rope_parameters), then a
+        // top-level rope_theta, then 10000.
+        let dictionary = try c.decodeIfPresent(RopeDictionary.self, forKey: .ropeScaling)
+            ?? c.decodeIfPresent(RopeDictionary.self, forKey: .ropeParameters)
+        let theta = try dictionary?.ropeTheta ?? c.value(.ropeTheta, default: 10000.0)
+        let ropeType = dictionary?.ropeType ?? dictionary?.type ?? "default"
+        rope = RopeParameters(
+            ropeType: ropeType, theta: theta, factor: dictionary?.factor, lowFrequencyFactor: dictionary?.lowFreqFactor,
+            highFrequencyFactor: dictionary?.highFreqFactor,
+            originalMaxPositionEmbeddings: dictionary?.originalMaxPositionEmbeddings
+                ?? (ropeType == "llama3" ? maxPositionEmbeddings : nil))
+    }
+
+    /// The config transformers builds from a GGUF file's `llama.*` metadata (integrations/ggml.py): tied embeddings
+    /// when the file has no `output.weight`, the vocabulary from `llama.vocab_size` or the tokenizer's token list.
+    public init(gguf file: GGUFFile) throws {
+        let path = file.url.path
+        func invalid(_ reason: String) -> CheckpointError { .invalidGGUF(file: path, tensor: nil, reason: reason) }
+        guard let architecture = file.metadata["general.architecture"]?.string else {
+            throw invalid("general.architecture is missing")
+        }
+        guard architecture == "llama" || architecture == "mistral" else {
+            throw invalid("general.architecture is \"\(architecture)\", not a Llama-family decoder (llama, mistral)")
+        }
+        func integer(_ key: String) throws -> Int? {
+            guard let value = file.metadata["\(architecture).\(key)"] else { return nil }
+            guard let integer = value.integer, integer >= 0 else { throw invalid("\(architecture).\(key) is \(value), expected a count") }
+            return integer
+        }
+        func requiredInteger(_ key: String) throws -> Int {
+            guard let value = try integer(key) else { throw invalid("\(architecture).\(key) is missing") }
+            return value
+        }
+        hiddenSize = try requiredInteger("embedding_length")
+        numHiddenLayers = try requiredInteger("block_count")
+        numAttentionHeads = try requiredInteger("attention.head_count")
+        numKeyValueHeads = try integer("attention.head_count_kv") ?? numAttentionHeads
+        intermediateSize = try requiredInteger("feed_forward_length")
+        maxPositionEmbeddings = try integer("context_length") ?? 2048
+        headDim = try integer("rope.dimension_count") ?? (numAttentionHeads > 0 ? hiddenSize / numAttentionHeads : 0)
+        rmsNormEps = Float(file.metadata["\(architecture).attention.layer_norm_rms_epsilon"]?.number ?? 1e-6)
+        let theta = file.metadata["\(architecture).rope.freq_base"]?.number ?? 10000
+        rope = RopeParameters(theta: theta)
+        if let size = try integer("vocab_size") {
+            vocabSize = size
+        } else if let tokens = file.metadata["tokenizer.ggml.tokens"]?.array {
+            vocabSize = tokens.count
+        } else {
+            throw invalid("neither \(architecture).vocab_size nor tokenizer.ggml.tokens gives the vocabulary size")
+        }
+        hiddenAct = "silu"
+        tieWordEmbeddings = file.info("output.weight") == nil
+        attentionBias = file.info("blk.0.attn_q.bias") != nil
+        mlpBias = file.info("blk.0.ffn_gate.bias") != nil
+        bosTokenId = file.metadata["tokenizer.ggml.bos_token_id"]?.integer
+        eosTokenIds = file.metadata["tokenizer.ggml.eos_token_id"]?.integer.map { [$0] } ?? []
+    }
+
+    /// Checks what the model needs to be built at all, so that a bad config is an error rather than a crash.
+    func validate(file: String) throws {
+        let counts = [("vocab_size", vocabSize), ("hidden_size", hiddenSize), ("intermediate_size", intermediateSize),
+                      ("num_attention_heads", numAttentionHeads), ("num_key_value_heads", numKeyValueHeads),
+                      ("head_dim", headDim)]
+        for (key, value) in counts where value <= 0 {
+            throw ModelError.invalidConfig("\(key) is \(value), expected a positive count", file: file)
+        }
+        guard numHiddenLayers >= 0 else { throw ModelError.invalidConfig("num_hidden_layers is \(numHiddenLayers)", file: file) }
+        guard numAttentionHeads % numKeyValueHeads == 0 else {
+            throw ModelError.invalidConfig(
+                "num_attention_heads \(numAttentionHeads) is not a multiple of num_key_value_heads \(numKeyValueHeads)", file: file)
+        }
+        guard headDim % 2 == 0 else { throw ModelError.invalidConfig("head_dim \(headDim) is odd; RoPE rotates pairs", file: file) }
+    }
+}
+
+/// Keys and values of every layer for the tokens seen so far, preallocated for `capacity` positions so that
+/// decoding appends in place. Made by ``LlamaForCausalLM/makeCache(batch:capacity:)`` and filled by its forward
+/// passes.
+public final class LlamaKVCache: @unchecked Sendable {
+    public let batch: Int
+    public let capacity: Int
+    /// Positions already stored.
+    public private(set) var length = 0
+    /// Per layer, `[batch, capacity, kvHeads·headDim]`.
+    let keys: [Tensor]
+    let values: [Tensor]
+    let width: Int
+
+    init(batch: Int, capacity: Int, layers: Int, width: Int) {
+        self.batch = batch
+        self.capacity = capacity
+        self.width = width
+        keys = (0..<layers).map { _ in Tensor(uninitialized: [batch, capacity, width]) }
+        values = (0..<layers).map { _ in Tensor(uninitialized: [batch, capacity, width]) }
+    }
+
+    /// Writes `key` and `value` (`[batch, T, width]`) of `layer` at positions `length..<length + T`.
+    func store(layer: Int, key: Tensor, value: Tensor) {
+        let count = key.shape[1]
+        for (source, destination) in [(key, keys[layer]), (value, values[layer])] {
+            for item in 0..<batch {
+                (destination.storage.pointer + (item * capacity + length) * width)
+                    .update(from: source.storage.pointer + item * count * width, count: count * width)
+            }
+        }
+    }
+
+    func advance(by count: Int) { length += count }
+}
+
+final class LlamaDecoderLayer: @unchecked Sendable {
+    let inputNorm: Tensor, postAttentionNorm: Tensor
+    let query: Linear, key: Linear, value: Linear, output: Linear
+    let gate: Linear, up: Linear, down: Linear
+
+    init(config c: LlamaConfig, tensor: (String, [Int]) throws -> Tensor, prefix: String) throws {
+        func linear(_ name: String, _ outFeatures: Int, _ inFeatures: Int, bias: Bool) throws -> Linear {
+            try Linear(weight: tensor("\(prefix).\(name).weight", [outFeatures, inFeatures]),
+                       bias: bias ? tensor("\(prefix).\(name).bias", [outFeatures]) : nil)
+        }
+        let queryWidth = c.numAttentionHeads * c.headDim, keyWidth = c.numKeyValueHeads * c.headDim
+        inputNorm = try tensor("\(prefix).input_layernorm.weight", [c.hiddenSize])
+        postAttentionNorm = try tensor("\(prefix).post_attention_layernorm.weight", [c.hiddenSize])
+        query = try linear("self_attn.q_proj", queryWidth, c.hiddenSize, bias: c.attentionBias)
+        key = try linear("self_attn.k_proj", keyWidth, c.hiddenSize, bias: c.attentionBias)
+        value = try linear("self_attn.v_proj", keyWidth, c.hiddenSize, bias: c.attentionBias)
+        output = try linear("self_attn.o_proj", c.hiddenSize, queryWidth, bias: c.attentionBias)
+        gate = try linear("mlp.gate_proj", c.intermediateSize, c.hiddenSize, bias: c.mlpBias)
+        up = try linear("mlp.up_proj", c.intermediateSize, c.hiddenSize, bias: c.mlpBias)
+        down = try linear("mlp.down_proj", c.hiddenSize, c.intermediateSize, bias: c.mlpBias)
+    }
+}
+
+/// A Llama-family causal language model (transformers' `LlamaForCausalLM`), from a Hugging Face checkpoint
+/// directory or a llama.cpp GGUF file.
+///
+/// Inputs are batches of equal-length rows, left-padded, with transformers' `attention_mask` (1 for tokens, 0 for
+/// padding) and `position_ids`. With a ``LlamaKVCache`` a pass sees the cached positions as well as its own, so a
+/// prompt is prefilled in one pass and each new token costs one more.
+public final class LlamaForCausalLM: @unchecked Sendable {
+    public let config: LlamaConfig
+    let embedTokens: Tensor
+    let layers: [LlamaDecoderLayer]
+    let norm: Tensor
+    let lmHead: Linear
+    let activation: Activation
+    let inverseFrequencies: [Float]
+
+    /// Builds the model from `config` and a source of weights by Hugging Face name (`model.layers.0.…`,
+    /// `lm_head.weight`), each of which must have the given shape.
+    init(config: LlamaConfig, file: String, tensor: (String, [Int]) throws -> Tensor) throws {
+        try config.validate(file: file)
+        self.config = config
+        activation = try Activation(huggingFaceName: config.hiddenAct, file: file)
+        inverseFrequencies = try config.rope.inverseFrequencies(headDim: config.headDim, file: file)
+        embedTokens = try tensor("model.embed_tokens.weight", [config.vocabSize, config.hiddenSize])
+        layers = try (0..<config.numHiddenLayers).map {
+            try LlamaDecoderLayer(config: config, tensor: tensor, prefix: "model.layers.\($0)")
+        }
+        norm = try tensor("model.norm.weight", [config.hiddenSize])
+        lmHead = try Linear(weight: config.tieWordEmbeddings ? embedTokens
+                                : tensor("lm_head.weight", [config.vocabSize, config.hiddenSize]), bias: nil)
+    }
+
+    /// Loads config.json and the safetensors weights of a checkpoint directory whose `model_type` is `llama`.
+    public convenience init(directory: ModelDirectory) throws {
+        let configPath = directory.url.appendingPathComponent("config.json").path
+        let type = try directory.modelType
+        guard type == "llama" else {
+            throw ModelError.invalidConfig("model_type \"\(type)\" is not a Llama decoder (supported: llama)", file: configPath)
+        }
+        let weights = try WeightStore(directory: directory.url)
+        try self.init(config: directory.decode(LlamaConfig.self), file: configPath) { try weights.tensor($0, shape: $1) }
+    }
+
+    /// Loads a llama.cpp GGUF file: config from its metadata, weights dequantized to fp32, and the query and key
+    /// rows put back in Hugging Face's order (llama.cpp's converter interleaves each head's rotary halves; this
+    /// undoes it as transformers' `LlamaTensorProcessor` does).
+    public convenience init(gguf url: URL) throws {
+        let file = try GGUFFile(url: url)
+        let config = try LlamaConfig(gguf: file)
+        try self.init(config: config, file: url.path) { name, shape in
+            let ggufName = try Self.ggufName(for: name, file: url.path)
+            let tensor = try file.tensor(ggufName, shape: shape)
+            if ggufName.contains(".attn_q.") { return Self.unpermuteRotaryRows(tensor, heads: config.numAttentionHeads) }
+            if ggufName.contains(".attn_k.") { return Self.unpermuteRotaryRows(tensor, heads: config.numKeyValueHeads) }
+            return tensor
+        }
+    }
+
+    static func ggufName(for name: String, file: String) throws -> String {
+        let fixed = ["model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+                     "lm_head.weight": "output.weight"]
+        if let mapped = fixed[name] { return mapped }
+        let parts = name.split(separator: ".", maxSplits: 3).map(String.init)
+        let modules = ["input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+                       "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+                       "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+                       "mlp.down_proj": "ffn_down"]
+        if parts.count == 4, parts[0] == "model", parts[1] == "layers", let rest = parts.last {
+            let module = rest.split(separator: ".").dropLast().joined(separator: ".")
+            let kind = rest.split(separator: ".").last.map(String.init) ?? ""
+            if let mapped = modules[module] { return "blk.\(parts[2]).\(mapped).\(kind)" }
+        }
+        throw CheckpointError.missingTensor(file: file, tensor: name)
+    }
+
+    /// Hugging Face row `h·2d + j·d + i` is GGUF row `h·2d + 2i + j` within each head of `2d` rows (j ∈ {0, 1}).
+    static func unpermuteRotaryRows(_ tensor: Tensor, heads: Int) -> Tensor {
+        let rows = tensor.shape[0]
+        let rowLength = tensor.count / max(rows, 1)
+        let half = rows / heads / 2
+        let result = Tensor(uninitialized: tensor.shape)
+        for head in 0..<heads {
+            for pair in 0..<half {
+                for j in 0..<2 {
+                    let source = tensor.storage.pointer + (head * 2 * half + 2 * pair + j) * rowLength
+                    let destination = result.storage.pointer + (head * 2 * half + j * half + pair) * rowLength
+                    destination.initialize(from: source, count: rowLength)
+                }
+            }
+        }
+        return result
+    }
+
+    /// An empty cache for `batch` rows and up to `capacity` positions (prompt plus new tokens).
+    public func makeCache(batch: Int, capacity: Int) throws -> LlamaKVCache {
+        let width = config.numKeyValueHeads * config.headDim
+        let positions = batch.multipliedReportingOverflow(by: capacity)
+        let bytes = positions.partialValue.multipliedReportingOverflow(by: 2 * max(layers.count, 1) * width * 4)
+        guard batch > 0, capacity > 0, !positions.overflow, !bytes.overflow, bytes.partialValue <= Self.maximumCacheBytes else {
+            throw ModelError.invalidInput("a KV cache for \(batch) rows of \(capacity) positions is out of range")
+        }
+        return LlamaKVCache(batch: batch, capacity: capacity, layers: layers.count, width: width)
+    }
+
+    /// 16 GiB: more than this machine class has, so a larger request is a mistake, not a workload.
+    static let maximumCacheBytes = 16 << 30
+
+    /// Rows of the embedding table for `ids` (`[B][T]`, equal lengths): `[B, T, hiddenSize]`.
+    public func embed(_ ids: [[Int]]) throws -> Tensor {
+        let length = try Self.rowLength(ids, "input ids")
+        for row in ids {
+            if let bad = row.first(where: { $0 < 0 || $0 >= config.vocabSize }) {
+                throw ModelError.invalidInput("token id \(bad) is outside the vocabulary of \(config.vocabSize)")
+            }
+        }
+        return embedding(embedTokens, ids: ids.flatMap { $0 }).reshaped([ids.count, length, config.hiddenSize])
+    }
+
+    /// Logits `[B, T, vocabSize]` for token ids, or `[B, 1, vocabSize]` for the last position only.
+    ///
+    /// - Parameters:
+    ///   - attentionMask: `[B][cached + T]`, 1 for tokens and 0 for padding; nil means all tokens.
+    ///   - positionIds: `[B][T]`; nil means `cached ..< cached + T` for every row, as transformers' forward.
+    ///   - cache: extended in place by the `T` new positions.
+    public func logits(inputIds: [[Int]], attentionMask: [[Int]]? = nil, positionIds: [[Int]]? = nil,
+                       cache: LlamaKVCache? = nil, lastPositionOnly: Bool = false) throws -> Tensor {
+        try logits(inputsEmbeds: embed(inputIds), attentionMask: attentionMask, positionIds: positionIds, cache: cache,
+                   lastPositionOnly: lastPositionOnly)
+    }
+
+    /// Logits for input embeddings `[B, T, hiddenSize]` (a VLM's text embeddings with image features spliced in).
+    public func logits(inputsEmbeds: Tensor, attentionMask: [[Int]]? = nil, positionIds: [[Int]]? = nil,
+                       cache: LlamaKVCache? = nil, lastPositionOnly: Bool = false) throws -> Tensor {
+        let hidden = try hiddenStates(inputsEmbeds: inputsEmbeds, attentionMask: attentionMask, positionIds: positionIds, cache: cache)
+        let (batch, length) = (hidden.shape[0], hidden.shape[1])
+        guard lastPositionOnly, length > 1 else { return lmHead(hidden) }
+        return lmHead(gatherTokens(hidden, positions: Array(repeating: length - 1, count: batch)).reshaped([batch, 1, config.hiddenSize]))
+    }
+
+    /// The final normalized hidden states `[B, T, hiddenSize]` (transformers' `last_hidden_state`).
+    public func hiddenStates(inputsEmbeds: Tensor, attentionMask: [[Int]]? = nil, positionIds: [[Int]]? = nil,
+                             cache: LlamaKVCache? = nil) throws -> Tensor {
+        guard inputsEmbeds.rank == 3, inputsEmbeds.shape[2] == config.hiddenSize, inputsEmbeds.shape[0] > 0 else {
+            throw ModelError.invalidInput("inputs_embeds must be [B, T, \(config.hiddenSize)], got \(inputsEmbeds.shape)")
+        }
+        let (batch, length) = (inputsEmbeds.shape[0], inputsEmbeds.shape[1])
+        let past = cache?.length ?? 0
+        if let cache {
+            guard cache.batch == batch, past + length <= cache.capacity, cache.keys.count == layers.count,
+                  cache.width == config.numKeyValueHeads * config.headDim else {
+                throw ModelError.invalidInput(
+                    "the KV cache holds \(cache.batch) rows of \(cache.capacity) positions (\(past) used); \(batch) rows of \(length) more do not fit")
+            }
+        }
+        let positions = positionIds ?? Array(repeating: Array(past..<(past + length)), count: batch)
+        guard positions.count == batch, try Self.rowLength(positions, "position ids") == length,
+              positions.allSatisfy({ $0.allSatisfy { $0 >= 0 && $0 < 1 << 24 } }) else {
+            throw ModelError.invalidInput("position ids must be [\(batch)][\(length)] of non-negative positions")
+        }
+        var keyPaddingMask: Tensor?
+        if let attentionMask {
+            guard attentionMask.count == batch, try Self.rowLength(attentionMask, "attention mask") == past + length else {
+                throw ModelError.invalidInput("the attention mask must be [\(batch)][\(past + length)] (cached and new positions)")
+            }
+            if attentionMask.contains(where: { $0.contains(0) }) {
+                keyPaddingMask = Tensor(shape: [batch, past + length], scalars: attentionMask.flatMap { $0.map { $0 != 0 ? 1 : 0 } })
+            }
+        }
+        if length == 0 { return inputsEmbeds }
+
+        let tables = rotaryTables(positions: positions.flatMap { $0 }, inverseFrequencies: inverseFrequencies)
+        var hidden = inputsEmbeds
+        for (index, layer) in layers.enumerated() {
+            hidden = decoderLayer(layer, index: index, hidden: hidden, rotary: tables, keyPaddingMask: keyPaddingMask, cache: cache)
+        }
+        cache?.advance(by: length)
+        return rmsNorm(hidden, weight: norm, eps: config.rmsNormEps)
+    }
+
+    private func decoderLayer(_ layer: LlamaDecoderLayer, index: Int, hidden: Tensor, rotary: (cos: Tensor, sin: Tensor),
+                              keyPaddingMask: Tensor?, cache: LlamaKVCache?) -> Tensor {
+        let heads = config.numAttentionHeads, keyHeads = config.numKeyValueHeads
+        let normed = rmsNorm(hidden, weight: layer.inputNorm, eps: config.rmsNormEps)
+        let query = applyRotaryEmbedding(layer.query(normed), heads: heads, cos: rotary.cos, sin: rotary.sin)
+        let key = applyRotaryEmbedding(layer.key(normed), heads: keyHeads, cos: rotary.cos, sin: rotary.sin)
+        let value = layer.value(normed)
+        let keys: Tensor, values: Tensor
+        if let cache {
+            cache.store(layer: index, key: key, value: value)
+            let total = cache.length + hidden.shape[1]
+            keys = repeatHeads(cache.keys[index], length: total)
+            values = repeatHeads(cache.values[index], length: total)
+        } else {
+            keys = repeatHeads(key, length: key.shape[1])
+            values = repeatHeads(value, length: value.shape[1])
+        }
+        let attended = attention(query: query, key: keys, value: values, heads: heads, causal: true,
+                                 keyPaddingMask: keyPaddingMask, scale: 1 / Float(config.headDim).squareRoot())
+        let afterAttention = layer.output(attended, residual: hidden)
+        let normedAgain = rmsNorm(afterAttention, weight: layer.postAttentionNorm, eps: config.rmsNormEps)
+        let gated = multiply(layer.gate(normedAgain, activation: activation), layer.up(normedAgain))
+        return layer.down(gated, residual: afterAttention)
+    }
+
+    /// The first `length` positions of `x [B, capacity, kvHeads·headDim]`, each key/value head repeated for the
+    /// query heads it serves (transformers' `repeat_kv`): `[B, length, heads·headDim]`.
+    private func repeatHeads(_ x: Tensor, length: Int) -> Tensor {
+        let (batch, capacity) = (x.shape[0], x.shape[1])
+        let heads = config.numAttentionHeads, keyHeads = config.numKeyValueHeads, headDim = config.headDim
+        if heads == keyHeads && capacity == length { return x }
+        let group = heads / keyHeads
+        let output = Tensor(uninitialized: [batch, length, heads * headDim])
+        for item in 0..<batch {
+            for position in 0..<length {
+                let source = x.storage.pointer + (item * capacity + position) * keyHeads * headDim
+                let destination = output.storage.pointer + (item * length + position) * heads * headDim
+                for head in 0..<heads {
+                    (destination + head * headDim).initialize(from: source + (head / group) * headDim, count: headDim)
+                }
+            }
+        }
+        return output
+    }
+
+    static func rowLength(_ rows: [[Int]], _ what: String) throws -> Int {
+        guard let length = rows.first?.count, rows.allSatisfy({ $0.count == length }) else {
+            throw ModelError.invalidInput("\(what) must be a non-empty batch of rows of equal length (pad on the left)")
+        }
+        return length
+    }
+}

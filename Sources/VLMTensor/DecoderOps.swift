@@ -1,0 +1,94 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+// Small ops of decoder-only language models (Llama and its kin). They are memory-bound and cheap next to the
+// matmuls, so they stay plain Swift.
+
+/// RMS normalization over the last dimension, as transformers' `LlamaRMSNorm`: `weight · x / √(mean(x²) + eps)`.
+public func rmsNorm(_ x: Tensor, weight: Tensor, eps: Float) -> Tensor {
+    let features = x.shape.last ?? 0
+    precondition(x.rank >= 1 && weight.shape == [features], "rmsNorm of \(x.shape) needs weight [\(features)], got \(weight.shape)")
+    let output = Tensor(uninitialized: x.shape)
+    if x.count == 0 { return output }
+    let rows = x.count / features
+    let source = x.storage.pointer, destination = output.storage.pointer, scale = weight.storage.pointer
+    for row in 0..<rows {
+        let input = source + row * features
+        // Double accumulation rounds the mean correctly, which PyTorch's pairwise float sum approximates.
+        var sumOfSquares = 0.0
+        for column in 0..<features { sumOfSquares += Double(input[column]) * Double(input[column]) }
+        let inverse = 1 / (Float(sumOfSquares / Double(features)) + eps).squareRoot()
+        let out = destination + row * features
+        for column in 0..<features { out[column] = scale[column] * (input[column] * inverse) }
+    }
+    return output
+}
+
+/// Rotary position embedding tables: `cos` and `sin` of `position · inverseFrequency`, each `[positions.count,
+/// inverseFrequencies.count]` (transformers concatenates the table with itself; half is enough here).
+public func rotaryTables(positions: [Int], inverseFrequencies: [Float]) -> (cos: Tensor, sin: Tensor) {
+    let half = inverseFrequencies.count
+    let cosines = Tensor(uninitialized: [positions.count, half])
+    let sines = Tensor(uninitialized: [positions.count, half])
+    for (row, position) in positions.enumerated() {
+        for index in 0..<half {
+            // fp32 product, then fp32 cos/sin, as transformers' LlamaRotaryEmbedding.
+            let angle = Float(position) * inverseFrequencies[index]
+            cosines.storage.pointer[row * half + index] = cos(angle)
+            sines.storage.pointer[row * half + index] = sin(angle)
+        }
+    }
+    return (cosines, sines)
+}
+
+/// Rotates each head of `x [B, T, heads·headDim]` by its position: transformers' `apply_rotary_pos_emb`, the
+/// "rotate half" form (`x·cos + rotate_half(x)·sin`). `cos` and `sin` are `[B·T, headDim/2]` from ``rotaryTables``.
+public func applyRotaryEmbedding(_ x: Tensor, heads: Int, cos: Tensor, sin: Tensor) -> Tensor {
+    precondition(x.rank == 3 && heads > 0 && x.shape[2] % heads == 0, "applyRotaryEmbedding needs [B, T, heads·headDim], got \(x.shape)")
+    let tokens = x.shape[0] * x.shape[1]
+    let headDim = x.shape[2] / heads
+    let half = headDim / 2
+    precondition(headDim % 2 == 0 && cos.shape == [tokens, half] && sin.shape == [tokens, half],
+                 "applyRotaryEmbedding: tables \(cos.shape) do not fit \(x.shape) with \(heads) heads")
+    let output = Tensor(uninitialized: x.shape)
+    for token in 0..<tokens {
+        let c = cos.storage.pointer + token * half, s = sin.storage.pointer + token * half
+        for head in 0..<heads {
+            let input = x.storage.pointer + (token * heads + head) * headDim
+            let out = output.storage.pointer + (token * heads + head) * headDim
+            for index in 0..<half {
+                let first = input[index], second = input[index + half]
+                out[index] = first * c[index] + -second * s[index]
+                out[index + half] = second * c[index] + first * s[index]
+            }
+        }
+    }
+    return output
+}
+
+/// Elementwise `a · b` of two tensors of one shape (the gating product of SwiGLU).
+public func multiply(_ a: Tensor, _ b: Tensor) -> Tensor {
+    precondition(a.shape == b.shape, "multiply: \(a.shape) and \(b.shape) differ")
+    let output = Tensor(uninitialized: a.shape)
+    for index in 0..<a.count { output.storage.pointer[index] = a.storage.pointer[index] * b.storage.pointer[index] }
+    return output
+}
+
+/// The index of the largest value of each row of `x [..., N]`; the first one on ties, as `torch.argmax`. NaN counts as
+/// largest, also as torch does.
+public func argmaxLastDimension(_ x: Tensor) -> [Int] {
+    let columns = x.shape.last ?? 0
+    precondition(columns > 0, "argmax over an empty dimension of \(x.shape)")
+    let rows = x.count / columns
+    return (0..<rows).map { row in
+        let values = x.storage.pointer + row * columns
+        var best = 0
+        for column in 1..<columns where values[column] > values[best] || (values[column].isNaN && !values[best].isNaN) {
+            best = column
+        }
+        return best
+    }
+}

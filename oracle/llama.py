@@ -1,0 +1,232 @@
+"""Llama fixtures: tiny random-init checkpoints and what transformers computes with them; SmolLM2 GGUF expectations.
+
+Run by hand from the repository root with the oracle venv (oracle/requirements.txt):
+
+    python oracle/llama.py                      # tiny checkpoints → Tests/Fixtures/llama/<case>/
+    python oracle/llama.py --smollm2 PATH.gguf  # also Tests/Fixtures/llama/smollm2.json from the real GGUF
+
+gqa-untied.gguf is that case converted as llama.cpp does (permuted Q/K, quantized MLP), with gqa-untied.gguf.json the
+logits transformers computes from the GGUF. Each tiny case directory is a checkpoint SwiftVLM loads as is (config.json + model.safetensors) plus expected.json:
+full-sequence logits for a forward pass (with the attention mask and position ids given), and greedy continuations
+from `generate` (KV cache, do_sample=False), with the smallest top-1/top-2 logit margin seen while generating so that
+a near-tie cannot make the test flaky.
+"""
+import argparse
+import copy
+import json
+import os
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURES = os.path.join(ROOT, "Tests", "Fixtures", "llama")
+VOCAB = 160
+BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            max_position_embeddings=64, bos_token_id=1, eos_token_id=2, pad_token_id=0, initializer_range=0.2)
+
+CASES = {
+    # Grouped-query attention (4 query heads over 2 key/value heads), untied lm_head, default RoPE.
+    "gqa-untied": dict(num_key_value_heads=2, tie_word_embeddings=False, rms_norm_eps=1e-5),
+    # Llama 3.1 RoPE scaling with a small original context so every band (scaled, smoothed, kept) occurs; tied.
+    "llama3-tied": dict(num_key_value_heads=4, tie_word_embeddings=True,
+                        rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
+                                             high_freq_factor=4.0, original_max_position_embeddings=16)),
+    # Linear RoPE scaling, biases on attention and MLP, one key/value head, head_dim unlike hidden/heads; the
+    # config.json is rewritten in the legacy rope_theta + rope_scaling form older checkpoints use.
+    "linear-bias-mqa": dict(num_key_value_heads=1, head_dim=8, attention_bias=True, mlp_bias=True,
+                            tie_word_embeddings=False, legacy_rope=dict(rope_theta=1000.0, rope_scaling={"type": "linear", "factor": 2.0})),
+}
+
+PROMPTS = [[1, 17, 45, 99, 3, 150, 12], [1, 8], [1, 60, 61, 62, 5]]
+NEW_TOKENS = 16
+
+
+def left_pad(prompts, pad):
+    length = max(map(len, prompts))
+    ids = [[pad] * (length - len(p)) + p for p in prompts]
+    mask = [[0] * (length - len(p)) + [1] * len(p) for p in prompts]
+    return torch.tensor(ids), torch.tensor(mask)
+
+
+def generation_positions(mask):
+    # What generate() derives from a left-padded mask: count real tokens, pads at 0.
+    positions = mask.long().cumsum(-1) - 1
+    return positions.masked_fill(mask == 0, 0)
+
+
+def greedy(model, ids, mask, eos):
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False,
+                         eos_token_id=eos, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    new = out.sequences[:, ids.shape[1]:].tolist()
+    margins = []
+    for step, logits in enumerate(out.logits):
+        top = logits.topk(2, dim=-1).values
+        for row in range(ids.shape[0]):
+            # Only rows still generating matter; finished rows are padded by generate.
+            if eos is None or not any(t in eos for t in new[row][:step]):
+                margins.append((top[row, 0] - top[row, 1]).item())
+    rows = []
+    for row in new:
+        cut = next((i + 1 for i, t in enumerate(row) if eos is not None and t in eos), len(row))
+        rows.append(row[:cut])
+    return rows, min(margins)
+
+
+def build_case(name, overrides):
+    torch.manual_seed(len(name))
+    overrides = dict(overrides)
+    legacy = overrides.pop("legacy_rope", None)
+    config = LlamaConfig(**BASE, **copy.deepcopy(overrides), **copy.deepcopy(legacy or {}))
+    model = LlamaForCausalLM(config).eval()
+    directory = os.path.join(FIXTURES, name)
+    model.save_pretrained(directory)
+    if legacy:
+        path = os.path.join(directory, "config.json")
+        saved = json.load(open(path))
+        saved.pop("rope_parameters")
+        saved.update(legacy)
+        json.dump(saved, open(path, "w"), indent=2)
+        reloaded = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+        assert reloaded.config.rope_parameters == model.config.rope_parameters, reloaded.config.rope_parameters
+        model = reloaded
+    expected = {}
+
+    with torch.no_grad():
+        # One unpadded prompt, default positions.
+        ids = torch.tensor([PROMPTS[0]])
+        expected["single"] = dict(input_ids=ids.tolist(), logits=model(input_ids=ids).logits[0].flatten().tolist())
+        # Left-padded batch with generate()'s positions.
+        ids, mask = left_pad(PROMPTS, 0)
+        positions = generation_positions(mask)
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+        expected["batch"] = dict(input_ids=ids.tolist(), attention_mask=mask.tolist(), position_ids=positions.tolist(),
+                                 logits=[logits[b][mask[b].bool()].flatten().tolist() for b in range(len(PROMPTS))])
+        # inputs_embeds as a VLM splices them: arbitrary vectors, not rows of the table.
+        embeds = torch.randn(1, 5, config.hidden_size, generator=torch.Generator().manual_seed(7))
+        expected["embeds"] = dict(inputs_embeds=embeds.flatten().tolist(),
+                                  logits=model(inputs_embeds=embeds).logits[0].flatten().tolist())
+
+    generations = []
+    single, margin = greedy(model, torch.tensor([PROMPTS[0]]), torch.ones(1, len(PROMPTS[0]), dtype=torch.long), None)
+    generations.append(dict(prompts=[PROMPTS[0]], eos=[], new_tokens=single, min_margin=margin))
+    # Stop on two eos ids: the 6th token of the first continuation and a token of the second row's.
+    probe, _ = greedy(model, *left_pad(PROMPTS, 0), None)
+    eos = [probe[0][5], probe[1][10]]
+    batch, margin = greedy(model, *left_pad(PROMPTS, 0), eos)
+    generations.append(dict(prompts=PROMPTS, eos=eos, new_tokens=batch, min_margin=margin))
+    for generation in generations:
+        assert generation["min_margin"] > 1e-3, (name, generation)
+    expected["generations"] = generations
+    expected["max_new_tokens"] = NEW_TOKENS
+    json.dump(expected, open(os.path.join(directory, "expected.json"), "w"))
+    print(name, [g["min_margin"] for g in generations], [list(map(len, g["new_tokens"])) for g in generations])
+
+
+def llama_cpp_permute(weights, heads):
+    # convert_hf_to_gguf.py's LlamaModel.permute: interleave each head's two rotary halves.
+    return weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
+
+
+def tiny_gguf(case):
+    """The case's checkpoint as llama.cpp's converter would write it (Q/K permuted; F16 embeddings, Q8_0 MLP,
+    F32 rest), and the logits transformers computes after loading that GGUF."""
+    import gguf
+    import numpy as np
+    from gguf import GGMLQuantizationType as Q
+    directory = os.path.join(FIXTURES, case)
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    config = model.config
+    path = os.path.join(FIXTURES, f"{case}.gguf")
+    writer = gguf.GGUFWriter(path, arch="llama")
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_vocab_size(config.vocab_size)
+    writer.add_rope_dimension_count(config.head_dim)
+    writer.add_uint32("tokenizer.ggml.eos_token_id", 2)
+    names = {"model.embed_tokens.weight": ("token_embd.weight", Q.F16), "model.norm.weight": ("output_norm.weight", Q.F32),
+             "lm_head.weight": ("output.weight", Q.F32)}
+    modules = {"input_layernorm": ("attn_norm", Q.F32), "post_attention_layernorm": ("ffn_norm", Q.F32),
+               "self_attn.q_proj": ("attn_q", Q.F32), "self_attn.k_proj": ("attn_k", Q.F32),
+               "self_attn.v_proj": ("attn_v", Q.F32), "self_attn.o_proj": ("attn_output", Q.F32),
+               "mlp.gate_proj": ("ffn_gate", Q.Q8_0), "mlp.up_proj": ("ffn_up", Q.Q8_0), "mlp.down_proj": ("ffn_down", Q.Q8_0)}
+    for name, tensor in model.state_dict().items():
+        data = tensor.numpy()
+        if name in names:
+            target, qtype = names[name]
+        else:
+            _, _, layer, rest = name.split(".", 3)
+            module, kind = rest.rsplit(".", 1)
+            short, qtype = modules[module]
+            target = f"blk.{layer}.{short}.{kind}"
+            if short == "attn_q":
+                data = llama_cpp_permute(data, config.num_attention_heads)
+            elif short == "attn_k":
+                data = llama_cpp_permute(data, config.num_key_value_heads)
+        quantized = gguf.quants.quantize(np.ascontiguousarray(data), qtype)
+        writer.add_tensor(target, quantized, raw_dtype=qtype if qtype == Q.Q8_0 else None)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    loaded = AutoModelForCausalLM.from_pretrained(FIXTURES, gguf_file=f"{case}.gguf", dtype=torch.float32).eval()
+    ids = torch.tensor([PROMPTS[0]])
+    with torch.no_grad():
+        logits = loaded(input_ids=ids).logits[0]
+        reference = model(input_ids=ids).logits[0]
+    # Quantization moves logits by a few hundredths; a wrong Q/K order would move them by whole units.
+    drift = (logits - reference).abs().max().item()
+    assert drift < 0.5, drift
+    print(f"{case}.gguf: transformers' GGUF logits differ from the checkpoint's by", drift)
+    json.dump(dict(input_ids=[PROMPTS[0]], logits=logits.flatten().tolist()),
+              open(os.path.join(FIXTURES, f"{case}.gguf.json"), "w"))
+
+
+def smollm2(path):
+    from transformers import AutoTokenizer
+    directory, file = os.path.split(path)
+    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=file)
+    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=file, dtype=torch.float32).eval()
+    texts = ["The capital of France is", "def fibonacci(n):",
+             tokenizer.apply_chat_template([{"role": "user", "content": "What is 2+2?"}], tokenize=False,
+                                           add_generation_prompt=True)]
+    cases = []
+    for text in texts:
+        ids = tokenizer(text, return_tensors="pt").input_ids
+        with torch.no_grad():
+            last = model(input_ids=ids).logits[0, -1]
+        top = last.topk(10)
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, do_sample=False,
+                             eos_token_id=[2], pad_token_id=2, output_logits=True, return_dict_in_generate=True)
+        margins = [(l[0].topk(2).values[0] - l[0].topk(2).values[1]).item() for l in out.logits]
+        new = out.sequences[0, ids.shape[1]:].tolist()
+        cases.append(dict(text=text, input_ids=ids[0].tolist(), top_ids=top.indices.tolist(),
+                          top_logits=top.values.tolist(), logits_head=last[:64].tolist(), new_tokens=new,
+                          continuation=tokenizer.decode(new), min_margin=min(margins)))
+        print(repr(text), repr(tokenizer.decode(new)), min(margins))
+    import gguf, transformers
+    json.dump(dict(file=file, eos=[2], max_new_tokens=32, versions=dict(
+        torch=torch.__version__, transformers=transformers.__version__, gguf=gguf.__version__ if hasattr(gguf, "__version__") else "0.19.0"),
+        cases=cases), open(os.path.join(FIXTURES, "smollm2.json"), "w"), indent=1)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--smollm2", help="path of SmolLM2-135M-Instruct.Q4_1.gguf")
+    args = parser.parse_args()
+    os.makedirs(FIXTURES, exist_ok=True)
+    for name, overrides in CASES.items():
+        build_case(name, overrides)
+    tiny_gguf("gqa-untied")
+    if args.smollm2:
+        smollm2(args.smollm2)
+
+
+if __name__ == "__main__":
+    main()
