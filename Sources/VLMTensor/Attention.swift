@@ -1,5 +1,4 @@
 internal import CVLMKernels
-internal import Foundation
 
 /// Multi-head scaled-dot-product attention, `softmax(q·kᵀ·scale + mask)·v`, per head.
 ///
@@ -104,6 +103,6 @@ private func runAttention(_ layout: AttentionLayout, query: Tensor, queryOffset:
     if units * queryLength * keyLength * headDim < parallelAttentionWork {
         for unit in 0..<units { run(unit) }
     } else {
-        DispatchQueue.concurrentPerform(iterations: units, execute: run)
+        parallelFor(units, run)
     }
 }

@@ -1,6 +1,5 @@
 internal import CDNNL
 internal import CVLMKernels
-internal import Foundation
 
 /// Shapes of the ops without weights; one cache serves them all.
 private enum OperationKey: Hashable {
@@ -47,7 +46,7 @@ func layerNorm(_ x: Tensor, weight: Tensor, bias: Tensor, eps: Float, path: Kern
     if units == 1 {
         run(0)
     } else {
-        DispatchQueue.concurrentPerform(iterations: units, execute: run)
+        parallelFor(units, run)
     }
     return output
 }

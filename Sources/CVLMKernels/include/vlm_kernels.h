@@ -51,6 +51,14 @@ int vlm_attention(const vlm_attention_problem *problem, vlm_kernel_isa isa);
 void vlm_layer_norm(const float *x, float *y, ptrdiff_t rows, ptrdiff_t features, const float *weight,
                     const float *bias, float eps, vlm_kernel_isa isa);
 
+/// The work of one index of vlm_parallel_for.
+typedef void (*vlm_parallel_body)(void *context, ptrdiff_t index);
+
+/// Calls `body(context, i)` for every `i` in `0 ..< count`, spread over the worker threads of the GNU OpenMP
+/// runtime that oneDNN uses, and returns 0 once all calls have returned. Returns -1 without calling anything when
+/// no such runtime is loaded in the process; the caller then uses threads of its own.
+int vlm_parallel_for(ptrdiff_t count, vlm_parallel_body body, void *context);
+
 #ifdef __cplusplus
 }
 #endif
