@@ -1,4 +1,5 @@
 internal import CVLMKernels
+internal import Foundation
 
 /// Multi-head scaled-dot-product attention, `softmax(q·kᵀ·scale + mask)·v`, per head.
 ///
@@ -84,23 +85,27 @@ private func runAttention(_ layout: AttentionLayout, query: Tensor, queryOffset:
     let headDim = width / heads
     let scale = scale ?? 1 / Float(headDim).squareRoot()
 
-    // One work unit is one head of one batch item.
-    let units = batch * heads
+    // A work unit is a run of consecutive heads of one batch item: the kernel fetches the next head's data while it
+    // works on the current one, so runs should be long, but there should be a few units per core to balance.
+    let groupsPerItem = min(heads, max(1, (2 * ProcessInfo.processInfo.activeProcessorCount + batch - 1) / batch))
+    let units = batch * groupsPerItem
     let run: @Sendable (Int) -> Void = { unit in
-        let (item, head) = unit.quotientAndRemainder(dividingBy: heads)
-        let headOffset = head * headDim
+        let (item, group) = unit.quotientAndRemainder(dividingBy: groupsPerItem)
+        let firstHead = group * heads / groupsPerItem
+        let headCount = (group + 1) * heads / groupsPerItem - firstHead
+        let headOffset = firstHead * headDim
         var problem = vlm_attention_problem(
             query: query.storage.pointer + queryOffset + item * queryLength * layout.queryStride + headOffset,
             key: key.storage.pointer + keyOffset + item * keyLength * layout.keyStride + headOffset,
             value: value.storage.pointer + valueOffset + item * keyLength * layout.valueStride + headOffset,
             output: output.storage.pointer + item * queryLength * width + headOffset,
             query_stride: layout.queryStride, key_stride: layout.keyStride, value_stride: layout.valueStride,
-            output_stride: width, query_length: queryLength, key_length: keyLength, head_dim: headDim, head_count: 1,
-            scale: scale, causal: causal ? 1 : 0,
+            output_stride: width, query_length: queryLength, key_length: keyLength, head_dim: headDim,
+            head_count: headCount, scale: scale, causal: causal ? 1 : 0,
             key_mask: keyPaddingMask.map { UnsafePointer($0.storage.pointer + item * keyLength) })
         precondition(vlm_attention(&problem, path.isa) == 0, "out of memory for attention scratch over \(keyLength) keys")
     }
-    if units * queryLength * keyLength * headDim < parallelAttentionWork {
+    if batch * heads * queryLength * keyLength * headDim < parallelAttentionWork {
         for unit in 0..<units { run(unit) }
     } else {
         parallelFor(units, run)

@@ -26,8 +26,8 @@ public func layerNorm(_ x: Tensor, weight: Tensor, bias: Tensor, eps: Float) -> 
     layerNorm(x, weight: weight, bias: bias, eps: eps, path: .best)
 }
 
-/// Rows per layer-norm work unit: large enough that handing it to another core pays off.
-private let layerNormRowsPerUnit = 64
+/// Rows per layer-norm work unit: a few microseconds of work, so that even one image's 50 tokens spread over the cores.
+private let layerNormRowsPerUnit = 16
 
 func layerNorm(_ x: Tensor, weight: Tensor, bias: Tensor, eps: Float, path: KernelPath) -> Tensor {
     let features = x.shape.last ?? 0
