@@ -181,23 +181,19 @@ AVX512 static void prefetch_head(const vlm_attention_problem *p, ptrdiff_t head,
 }
 
 AVX512 int vlm_attention_avx512(const vlm_attention_problem *p) {
+    // The gather offsets are 32-bit; strides that do not fit take the portable path (no real model has them).
+    if (p->key_stride > INT32_MAX / LANES) return vlm_attention_scalar(p);
     const ptrdiff_t d = p->head_dim, tq = p->query_length, tk = p->key_length;
     const ptrdiff_t packed_width = (tk + LANES - 1) / LANES * LANES;
     const size_t packed_bytes = (size_t)(d * packed_width) * sizeof(float);
     const size_t score_bytes = (size_t)(ROWS * (packed_width > 0 ? packed_width : LANES)) * sizeof(float);
     const size_t mask_bytes = p->key_mask ? (size_t)packed_width * sizeof(float) : 0;
-    char *scratch = aligned_alloc(64, packed_bytes + score_bytes + mask_bytes + 64);
+    char *scratch = aligned_alloc(64, packed_bytes + score_bytes + mask_bytes);
     if (!scratch) return -1;
     float *keys_transposed = (float *)scratch;
     float *scores = (float *)(scratch + packed_bytes);
     float *mask_bias = p->key_mask ? (float *)(scratch + packed_bytes + score_bytes) : NULL;
     for (ptrdiff_t j = 0; mask_bias && j < tk; j++) mask_bias[j] = p->key_mask[j] != 0 ? 0.0f : -INFINITY;
-    // The gather offsets are 32-bit; strides that do not fit take the scalar path (no real model has them).
-    if (p->key_stride > INT32_MAX / LANES) {
-        free(scratch);
-        return vlm_attention_scalar(p);
-    }
-
     const ptrdiff_t feature_vectors = (d + LANES - 1) / LANES;
     prefetch_head(p, 0, _MM_HINT_T0);
     for (ptrdiff_t h = 0; h < p->head_count; h++) {
