@@ -1,9 +1,9 @@
 #ifndef VLM_KERNELS_H
 #define VLM_KERNELS_H
 
-// Hand-written fp32 kernels for the ops where oneDNN's generic primitives are slow at transformer shapes:
-// multi-head attention over short sequences and layer normalization. Each has an AVX-512 path and a portable
-// one; both match PyTorch's fp32 results within about 1e-6.
+// Hand-written fp32 kernels for multi-head attention (any strides, so fused query-key-value projections need no
+// copies) and layer normalization, plus a parallel loop on oneDNN's OpenMP threads. Each kernel has an AVX-512 path
+// and a portable one; both match PyTorch's fp32 results within about 1e-6.
 
 #include <stddef.h>
 
