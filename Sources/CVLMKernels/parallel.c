@@ -1,3 +1,6 @@
+// RTLD_DEFAULT is a GNU extension in older glibc headers.
+#define _GNU_SOURCE
+
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
