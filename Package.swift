@@ -19,7 +19,9 @@ let package = Package(
         .systemLibrary(name: "CSPNG", path: "Sources/CSPNG"),
         .systemLibrary(name: "CWebP", path: "Sources/CWebP"),
 
-        .target(name: "VLMTensor", dependencies: ["CDNNL"]),
+        // Hand-written AVX-512 kernels (attention, layer norm) with portable fallbacks.
+        .target(name: "CVLMKernels"),
+        .target(name: "VLMTensor", dependencies: ["CDNNL", "CVLMKernels"]),
         .target(name: "VLMCheckpoint", dependencies: ["VLMTensor"]),
         .target(name: "VLMTokenizers"),
         .target(name: "VLMImages", dependencies: ["VLMTensor", "CTurboJPEG", "CSPNG", "CWebP"]),

@@ -170,6 +170,57 @@ x = randn(3, 5, 4)
 positions = [0, 4, 2]
 case("gather_tokens", "gatherTokens", {"x": x}, {"y": x[torch.arange(3), torch.tensor(positions)]}, positions=positions)
 
+# Cases for the hand-written kernels, appended so the data of the cases above stays as it was. Layer norm over
+# enough rows to be split between cores, with a feature count that is no multiple of the vector width.
+x = randn(3, 50, 80, scale=2, shift=-3)
+w, b = randn(80, scale=0.5, shift=1), randn(80, scale=0.2)
+case("layer_norm_3x50x80", "layerNorm", {"x": x, "weight": w, "bias": b},
+     {"y": F.layer_norm(x, (80,), w, b, 1e-5)}, eps=1e-5)
+
+
+def padding_mask(batch, tk, left=False):
+    """Item b masks b keys: its first b with left padding, its last b with right padding."""
+    mask = torch.ones(batch, tk)
+    for item in range(1, batch):
+        if left:
+            mask[item, :item] = 0
+        else:
+            mask[item, tk - item:] = 0
+    return mask
+
+
+# Head dims 32/64/80/128, cross attention with Tq != Tk, sequences long enough that the kernels work in query
+# blocks, and left padding, which under a causal mask leaves the first queries with no key at all.
+for name, batch, tq, tk, heads, width, causal, padding in [
+    ("attention_head_dim_64_cross", 2, 5, 37, 2, 128, False, None),
+    ("attention_head_dim_80", 2, 13, 13, 2, 160, False, "right"),
+    ("attention_head_dim_128_causal", 2, 20, 20, 2, 256, True, "right"),
+    ("attention_long", 1, 300, 333, 1, 64, False, None),
+    ("attention_left_padding_causal", 3, 6, 6, 2, 64, True, "left"),
+]:
+    q, k, v = randn(batch, tq, width, scale=2), randn(batch, tk, width, scale=2), randn(batch, tk, width)
+    mask = None if padding is None else padding_mask(batch, tk, left=padding == "left")
+    inputs = {"query": q, "key": k, "value": v}
+    if mask is not None:
+        inputs["keyPaddingMask"] = mask
+    out = eager_attention(q, k, v, heads, causal, mask, (width // heads) ** -0.5)
+    case(name, "attention", inputs, {"y": out}, heads=heads, causal=causal)
+
+# Packed [B, T, 3E] input, as a fused query-key-value projection produces it.
+for name, batch, length, heads, width, causal, padded in [
+    ("attention_packed_clip_like", 2, 50, 2, 128, False, False),
+    ("attention_packed_causal_padding", 3, 11, 2, 64, True, True),
+    ("attention_packed_long_causal_padding", 2, 301, 1, 32, True, True),
+]:
+    qkv = randn(batch, length, 3 * width, scale=2)
+    q, k, v = qkv.split(width, dim=-1)
+    mask = padding_mask(batch, length) if padded else None
+    inputs = {"qkv": qkv}
+    if mask is not None:
+        inputs["keyPaddingMask"] = mask
+    out = eager_attention(q.contiguous(), k.contiguous(), v.contiguous(), heads, causal, mask, (width // heads) ** -0.5)
+    case(name, "attentionPacked", inputs, {"y": out}, heads=heads, causal=causal)
+
 os.makedirs(OUT, exist_ok=True)
 with open(os.path.join(OUT, "tensor_ops.bin"), "wb") as f:
     f.write(b"".join(blob))

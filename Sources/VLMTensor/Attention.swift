@@ -1,26 +1,5 @@
-internal import CDNNL
-
-private enum AttentionMask: Hashable {
-    case none
-    /// `[B, 1, 1, Tk]`: key padding only.
-    case perKey
-    /// `[B, 1, Tq, Tk]`: causal, possibly with key padding folded in.
-    case perQueryAndKey
-}
-
-private enum AttentionStage: Hashable { case scores, softmax, weightedValues }
-
-private struct AttentionKey: Hashable {
-    let stage: AttentionStage
-    let batch, heads, queryLength, keyLength, headDim: Int
-    let mask: AttentionMask
-    let scale: Float
-}
-
-private let attentionPrimitives = PrimitiveCache<AttentionKey>(capacity: 384)
-
-/// Attention scores of this many floats (64 MiB) at most are materialized at once; larger batches run in slices.
-let defaultScoreBudget = 1 << 24
+internal import CVLMKernels
+internal import Foundation
 
 /// Multi-head scaled-dot-product attention, `softmax(q·kᵀ·scale + mask)·v`, per head.
 ///
@@ -30,126 +9,105 @@ let defaultScoreBudget = 1 << 24
 ///   - value: `[B, Tk, heads·headDim]`.
 ///   - causal: query `i` sees keys up to `i + Tk - Tq` (the last query sees every key).
 ///   - keyPaddingMask: `[B, Tk]`, nonzero where the key may be attended to (transformers' `attention_mask`).
-///     Every query must keep at least one key.
+///     A query left with no key at all averages every value, as transformers' eager attention does.
 ///   - scale: defaults to `1/√headDim`.
 /// - Returns: `[B, Tq, heads·headDim]`.
 public func attention(query: Tensor, key: Tensor, value: Tensor, heads: Int, causal: Bool = false,
                       keyPaddingMask: Tensor? = nil, scale: Float? = nil) -> Tensor {
     attention(query: query, key: key, value: value, heads: heads, causal: causal, keyPaddingMask: keyPaddingMask,
-              scale: scale, scoreBudget: defaultScoreBudget)
+              scale: scale, path: .best)
+}
+
+/// Self-attention over the fused output of one query-key-value projection.
+///
+/// - Parameters:
+///   - packedQKV: `[B, T, 3·heads·headDim]`: queries, keys and values side by side along the last dimension, as a
+///     `Linear` whose weight stacks the three projections' weights produces them.
+///   - heads, causal, keyPaddingMask, scale: as in ``attention(query:key:value:heads:causal:keyPaddingMask:scale:)``,
+///     with `Tq = Tk = T`.
+/// - Returns: `[B, T, heads·headDim]`.
+public func attention(packedQKV: Tensor, heads: Int, causal: Bool = false, keyPaddingMask: Tensor? = nil,
+                      scale: Float? = nil) -> Tensor {
+    attention(packedQKV: packedQKV, heads: heads, causal: causal, keyPaddingMask: keyPaddingMask, scale: scale, path: .best)
 }
 
 func attention(query: Tensor, key: Tensor, value: Tensor, heads: Int, causal: Bool, keyPaddingMask: Tensor?,
-               scale: Float?, scoreBudget: Int) -> Tensor {
+               scale: Float?, path: KernelPath) -> Tensor {
     precondition(query.rank == 3 && key.rank == 3 && key.shape == value.shape && query.shape[0] == key.shape[0]
                  && query.shape[2] == key.shape[2],
                  "attention needs query [B, Tq, E], key and value [B, Tk, E]; got \(query.shape), \(key.shape), \(value.shape)")
     let (batch, queryLength, width) = (query.shape[0], query.shape[1], query.shape[2])
-    let keyLength = key.shape[1]
-    precondition(heads > 0 && width % heads == 0, "attention: width \(width) does not split into \(heads) heads")
-    if let keyPaddingMask {
-        precondition(keyPaddingMask.shape == [batch, keyLength], "attention: keyPaddingMask \(keyPaddingMask.shape), expected [\(batch), \(keyLength)]")
-    }
-    let headDim = width / heads
-    let scale = scale ?? 1 / Float(headDim).squareRoot()
     let output = Tensor(uninitialized: query.shape)
-    if output.count == 0 { return output }
-    precondition(keyLength > 0, "attention over zero keys")
-
-    let mask = additiveMask(batch: batch, queryLength: queryLength, keyLength: keyLength, causal: causal, keyPaddingMask: keyPaddingMask)
-    let maskKind: AttentionMask = causal ? .perQueryAndKey : (keyPaddingMask == nil ? .none : .perKey)
-    let maskRowLength = maskKind == .perQueryAndKey ? queryLength * keyLength : keyLength
-
-    let scoresPerItem = heads * queryLength * keyLength
-    let slice = max(1, min(batch, scoreBudget / max(scoresPerItem, 1)))
-    let scores = Tensor(uninitialized: [slice * scoresPerItem])
-    let floatSize = MemoryLayout<Float>.stride
-    var start = 0
-    while start < batch {
-        let count = min(slice, batch - start)
-        func primitive(_ stage: AttentionStage) -> Primitive {
-            let cacheKey = AttentionKey(stage: stage, batch: count, heads: heads, queryLength: queryLength, keyLength: keyLength,
-                                        headDim: headDim, mask: maskKind, scale: scale)
-            return attentionPrimitives.primitive(for: cacheKey) { makeAttentionPrimitive(cacheKey) }
-        }
-        var scoreArguments: [(Int32, UnsafeMutableRawPointer)] = [
-            (DNNL_ARG_SRC, query.rawPointer + start * queryLength * width * floatSize),
-            (DNNL_ARG_WEIGHTS, key.rawPointer + start * keyLength * width * floatSize),
-            (DNNL_ARG_DST, scores.rawPointer),
-        ]
-        if let mask { scoreArguments.append((postOpSource(0), mask.rawPointer + start * maskRowLength * floatSize)) }
-        primitive(.scores).execute(scoreArguments)
-        primitive(.softmax).execute([(DNNL_ARG_SRC, scores.rawPointer), (DNNL_ARG_DST, scores.rawPointer)])
-        primitive(.weightedValues).execute([
-            (DNNL_ARG_SRC, scores.rawPointer),
-            (DNNL_ARG_WEIGHTS, value.rawPointer + start * keyLength * width * floatSize),
-            (DNNL_ARG_DST, output.rawPointer + start * queryLength * width * floatSize),
-        ])
-        start += count
-    }
+    let layout = AttentionLayout(batch: batch, queryLength: queryLength, keyLength: key.shape[1], width: width,
+                                 heads: heads, queryStride: width, keyStride: width, valueStride: width)
+    runAttention(layout, query: query, queryOffset: 0, key: key, keyOffset: 0, value: value, valueOffset: 0,
+                 output: output, causal: causal, keyPaddingMask: keyPaddingMask, scale: scale, path: path)
     return output
 }
 
-/// The additive mask transformers builds: 0 where attending, the most negative float where not. A causal mask
-/// is materialized per batch item because oneDNN's fast matmul cannot broadcast a binary post-op over the batch.
-private func additiveMask(batch: Int, queryLength: Int, keyLength: Int, causal: Bool, keyPaddingMask: Tensor?) -> Tensor? {
-    let blocked = -Float.greatestFiniteMagnitude
-    if !causal {
-        guard let keyPaddingMask else { return nil }
-        let mask = Tensor(uninitialized: [batch, 1, 1, keyLength])
-        for index in 0..<mask.count { mask.storage.pointer[index] = keyPaddingMask.storage.pointer[index] != 0 ? 0 : blocked }
-        return mask
-    }
-    let mask = Tensor(uninitialized: [batch, 1, queryLength, keyLength])
-    let offset = keyLength - queryLength
-    for item in 0..<batch {
-        let padding = keyPaddingMask.map { $0.storage.pointer + item * keyLength }
-        for row in 0..<queryLength {
-            let destination = mask.storage.pointer + (item * queryLength + row) * keyLength
-            for column in 0..<keyLength {
-                let visible = column <= row + offset && (padding?[column] ?? 1) != 0
-                destination[column] = visible ? 0 : blocked
-            }
-        }
-    }
-    return mask
+func attention(packedQKV: Tensor, heads: Int, causal: Bool, keyPaddingMask: Tensor?, scale: Float?,
+               path: KernelPath) -> Tensor {
+    precondition(packedQKV.rank == 3 && packedQKV.shape[2] % 3 == 0,
+                 "attention needs packed queries, keys and values [B, T, 3·E]; got \(packedQKV.shape)")
+    let (batch, length, width) = (packedQKV.shape[0], packedQKV.shape[1], packedQKV.shape[2] / 3)
+    let output = Tensor(uninitialized: [batch, length, width])
+    let layout = AttentionLayout(batch: batch, queryLength: length, keyLength: length, width: width, heads: heads,
+                                 queryStride: 3 * width, keyStride: 3 * width, valueStride: 3 * width)
+    runAttention(layout, query: packedQKV, queryOffset: 0, key: packedQKV, keyOffset: width, value: packedQKV,
+                 valueOffset: 2 * width, output: output, causal: causal, keyPaddingMask: keyPaddingMask, scale: scale,
+                 path: path)
+    return output
 }
 
-private func makeAttentionPrimitive(_ key: AttentionKey) -> Primitive {
-    let (b, h, tq, tk, d) = (key.batch, key.heads, key.queryLength, key.keyLength, key.headDim)
-    let width = h * d
-    // Views of [B, T, heads·headDim] as [B, heads, T, headDim] without moving data.
-    let queries = memoryDescriptor([b, h, tq, d], strides: [tq * width, d, width, 1])
-    let scores = memoryDescriptor([b, h, tq, tk])
-    let name: String
-    let primitive: Primitive?
-    switch key.stage {
-    case .scores:
-        name = "attention scores"
-        var source = queries
-        var keysTransposed = memoryDescriptor([b, h, d, tk], strides: [tk * width, d, 1, width])
-        var destination = scores
-        var operation = dnnl_matmul_desc_t()
-        checkDNNL(dnnl_matmul_desc_init(&operation, &source, &keysTransposed, nil, &destination), "attention scores descriptor")
-        var attributes = PrimitiveAttributes(outputScale: key.scale)
-        switch key.mask {
-        case .none: break
-        case .perKey: attributes.postOps = [.add(memoryDescriptor([b, 1, 1, tk]))]
-        case .perQueryAndKey: attributes.postOps = [.add(memoryDescriptor([b, 1, tq, tk]))]
-        }
-        primitive = Primitive(name, operation: operation, attributes: attributes)
-    case .softmax:
-        name = "attention softmax"
-        primitive = Primitive(name, operation: softmaxOperation(scores, axis: 3))
-    case .weightedValues:
-        name = "attention values"
-        var source = scores
-        var values = memoryDescriptor([b, h, tk, d], strides: [tk * width, d, width, 1])
-        var destination = queries
-        var operation = dnnl_matmul_desc_t()
-        checkDNNL(dnnl_matmul_desc_init(&operation, &source, &values, nil, &destination), "attention values descriptor")
-        primitive = Primitive(name, operation: operation)
+/// Where attention's operands lie: every token's `heads·headDim` features start `*Stride` floats after the
+/// previous token's, and batch items follow one another.
+private struct AttentionLayout {
+    let batch, queryLength, keyLength, width, heads: Int
+    let queryStride, keyStride, valueStride: Int
+}
+
+/// Below this many multiply-adds (about 50 µs of work) attention runs on the calling thread: waking the other
+/// cores would cost more than it saves.
+private let parallelAttentionWork = 1 << 20
+
+private func runAttention(_ layout: AttentionLayout, query: Tensor, queryOffset: Int, key: Tensor, keyOffset: Int,
+                          value: Tensor, valueOffset: Int, output: Tensor, causal: Bool, keyPaddingMask: Tensor?,
+                          scale: Float?, path: KernelPath) {
+    let (batch, queryLength, keyLength, width, heads) =
+        (layout.batch, layout.queryLength, layout.keyLength, layout.width, layout.heads)
+    precondition(heads > 0 && width % heads == 0, "attention: width \(width) does not split into \(heads) heads")
+    if let keyPaddingMask {
+        precondition(keyPaddingMask.shape == [batch, keyLength],
+                     "attention: keyPaddingMask \(keyPaddingMask.shape), expected [\(batch), \(keyLength)]")
     }
-    guard let primitive else { fatalError("oneDNN has no implementation of \(name) for \(key)") }
-    return primitive
+    if output.count == 0 { return }
+    precondition(keyLength > 0, "attention over zero keys")
+    let headDim = width / heads
+    let scale = scale ?? 1 / Float(headDim).squareRoot()
+
+    // A work unit is a run of consecutive heads of one batch item: the kernel fetches the next head's data while it
+    // works on the current one, so runs should be long, but there should be a few units per core to balance.
+    let groupsPerItem = min(heads, max(1, (2 * ProcessInfo.processInfo.activeProcessorCount + batch - 1) / batch))
+    let units = batch * groupsPerItem
+    let run: @Sendable (Int) -> Void = { unit in
+        let (item, group) = unit.quotientAndRemainder(dividingBy: groupsPerItem)
+        let firstHead = group * heads / groupsPerItem
+        let headCount = (group + 1) * heads / groupsPerItem - firstHead
+        let headOffset = firstHead * headDim
+        var problem = vlm_attention_problem(
+            query: query.storage.pointer + queryOffset + item * queryLength * layout.queryStride + headOffset,
+            key: key.storage.pointer + keyOffset + item * keyLength * layout.keyStride + headOffset,
+            value: value.storage.pointer + valueOffset + item * keyLength * layout.valueStride + headOffset,
+            output: output.storage.pointer + item * queryLength * width + headOffset,
+            query_stride: layout.queryStride, key_stride: layout.keyStride, value_stride: layout.valueStride,
+            output_stride: width, query_length: queryLength, key_length: keyLength, head_dim: headDim,
+            head_count: headCount, scale: scale, causal: causal ? 1 : 0,
+            key_mask: keyPaddingMask.map { UnsafePointer($0.storage.pointer + item * keyLength) })
+        precondition(vlm_attention(&problem, path.isa) == 0, "out of memory for attention scratch over \(keyLength) keys")
+    }
+    if batch * heads * queryLength * keyLength * headDim < parallelAttentionWork {
+        for unit in 0..<units { run(unit) }
+    } else {
+        parallelFor(units, run)
+    }
 }

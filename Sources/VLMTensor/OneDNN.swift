@@ -108,33 +108,27 @@ enum PostOp {
     case add(dnnl_memory_desc_t)
 }
 
-/// Primitive attributes: post-ops and an optional output scale (applied to the accumulator, before post-ops).
+/// Primitive attributes: post-ops.
 struct PrimitiveAttributes {
     var postOps: [PostOp] = []
-    var outputScale: Float? = nil
 
     func withHandle<R>(_ body: (dnnl_primitive_attr_t?) -> R) -> R {
-        if postOps.isEmpty && outputScale == nil { return body(nil) }
+        if postOps.isEmpty { return body(nil) }
         var attr: dnnl_primitive_attr_t?
         checkDNNL(dnnl_primitive_attr_create(&attr), "attribute creation")
         defer { dnnl_primitive_attr_destroy(attr) }
-        if var scale = outputScale {
-            checkDNNL(dnnl_primitive_attr_set_output_scales(attr, 1, 0, &scale), "output scale \(scale)")
-        }
-        if !postOps.isEmpty {
-            var ops: dnnl_post_ops_t?
-            checkDNNL(dnnl_post_ops_create(&ops), "post-op creation")
-            defer { dnnl_post_ops_destroy(ops) }
-            for op in postOps {
-                switch op {
-                case let .eltwise(algorithm, alpha, beta):
-                    checkDNNL(dnnl_post_ops_append_eltwise(ops, 1, algorithm, alpha, beta), "eltwise post-op")
-                case var .add(descriptor):
-                    checkDNNL(dnnl_post_ops_append_binary(ops, dnnl_binary_add, &descriptor), "binary add post-op")
-                }
+        var ops: dnnl_post_ops_t?
+        checkDNNL(dnnl_post_ops_create(&ops), "post-op creation")
+        defer { dnnl_post_ops_destroy(ops) }
+        for op in postOps {
+            switch op {
+            case let .eltwise(algorithm, alpha, beta):
+                checkDNNL(dnnl_post_ops_append_eltwise(ops, 1, algorithm, alpha, beta), "eltwise post-op")
+            case var .add(descriptor):
+                checkDNNL(dnnl_post_ops_append_binary(ops, dnnl_binary_add, &descriptor), "binary add post-op")
             }
-            checkDNNL(dnnl_primitive_attr_set_post_ops(attr, ops), "setting post-ops")
         }
+        checkDNNL(dnnl_primitive_attr_set_post_ops(attr, ops), "setting post-ops")
         return body(attr)
     }
 }

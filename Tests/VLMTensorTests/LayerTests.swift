@@ -56,20 +56,4 @@ import Testing
         #expect(throws: LayerError.self) { try Conv2d(weight: Tensor(zeros: [4, 3, 3, 3]), bias: Tensor(zeros: [3]), stride: 1, padding: 0) }
         #expect(throws: LayerError.self) { try Conv2d(weight: Tensor(zeros: [4, 3, 3, 3]), bias: nil, stride: 0, padding: 0) }
     }
-
-    @Test(arguments: OpFixtures.names(op: "attention"))
-    func attentionMatchesTorch(name: String) throws {
-        let c = try #require(fixtures.cases[name])
-        let y = attention(query: c.input("query"), key: c.input("key"), value: c.input("value"), heads: try #require(c.params.heads),
-                          causal: try #require(c.params.causal as Bool?), keyPaddingMask: c.optionalInput("keyPaddingMask"), scale: c.params.scale)
-        expectClose(y, c.output(), name)
-    }
-
-    /// A score budget of one batch item makes attention run item by item, each with its own slice of the mask.
-    @Test func attentionInSlicesMatchesTorch() throws {
-        let c = try #require(fixtures.cases["attention_causal_padding"])
-        let y = attention(query: c.input("query"), key: c.input("key"), value: c.input("value"), heads: try #require(c.params.heads),
-                          causal: true, keyPaddingMask: c.input("keyPaddingMask"), scale: nil, scoreBudget: 1)
-        expectClose(y, c.output(), "sliced attention")
-    }
 }

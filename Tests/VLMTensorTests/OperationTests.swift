@@ -4,11 +4,11 @@ import Testing
 @Suite struct OperationTests {
     let fixtures = OpFixtures.shared
 
-    @Test(arguments: OpFixtures.names(op: "layerNorm"))
-    func layerNormMatchesTorch(name: String) throws {
+    @Test(arguments: OpFixtures.names(op: "layerNorm"), [KernelPath.vector, .scalar])
+    func layerNormMatchesTorch(name: String, path: KernelPath) throws {
         let c = try #require(fixtures.cases[name])
-        let y = layerNorm(c.input("x"), weight: c.input("weight"), bias: c.input("bias"), eps: try #require(c.params.eps))
-        expectClose(y, c.output(), name)
+        let y = layerNorm(c.input("x"), weight: c.input("weight"), bias: c.input("bias"), eps: try #require(c.params.eps), path: path)
+        expectClose(y, c.output(), "\(name) \(path)", tolerance: 1e-6)
     }
 
     @Test(arguments: OpFixtures.names(op: "activation"))

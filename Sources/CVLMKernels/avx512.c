@@ -1,0 +1,286 @@
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels_internal.h"
+
+// The package compiles for baseline x86-64, so every function here opts into AVX-512 itself; dispatch.c calls
+// them only after checking the CPU.
+#define AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,fma")))
+#define AVX512_INLINE static inline __attribute__((always_inline, target("avx512f,avx512dq,avx512bw,avx512vl,fma")))
+
+/// Query rows per block: 6 rows × 4 vectors of accumulators plus operands fit the 32 zmm registers.
+enum { ROWS = 6, MAX_VECTORS = 4, LANES = 16 };
+
+AVX512_INLINE __mmask16 tail_mask(ptrdiff_t remaining) {
+    return remaining >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << remaining) - 1);
+}
+
+/// e^x for x ≤ 0 (after max subtraction) within 2 ulp: Cody–Waite reduction x = n·ln2 + r with |r| ≤ ln2/2, Cephes'
+/// degree-6 polynomial for e^r, then scaling by 2^n. Arguments below -104 (e^x is not a float any more, and -inf for
+/// masked keys) give exactly 0.
+AVX512_INLINE __m512 exp_nonpositive(__m512 x) {
+    const __m512 lowest = _mm512_set1_ps(-104.0f);
+    // Written so that NaN propagates: "not less than" holds for NaN, and max returns its second operand for NaN.
+    __mmask16 representable = _mm512_cmp_ps_mask(x, lowest, _CMP_NLT_UQ);
+    __m512 clamped = _mm512_max_ps(lowest, x);
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(clamped, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), clamped);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 y = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
+    y = _mm512_add_ps(y, _mm512_set1_ps(1.0f));
+    return _mm512_maskz_mov_ps(representable, _mm512_scalef_ps(y, n));
+}
+
+/// scores[r][j0 + 16·n + lane] = q_r · kᵀ[:, j0 + 16·n + lane] for `rows_in_block` query rows and `vectors` vectors of
+/// 16 keys, with kᵀ packed as `head_dim` rows of `packed_width` floats.
+AVX512_INLINE void scores_tile(const int rows_in_block, const int vectors, const float *const *q, ptrdiff_t head_dim,
+                               const float *keys_transposed, ptrdiff_t packed_width, float *scores) {
+    __m512 acc[ROWS][MAX_VECTORS];
+    for (int r = 0; r < rows_in_block; r++)
+        for (int n = 0; n < vectors; n++) acc[r][n] = _mm512_setzero_ps();
+    for (ptrdiff_t c = 0; c < head_dim; c++) {
+        __m512 k[MAX_VECTORS];
+        for (int n = 0; n < vectors; n++) k[n] = _mm512_load_ps(keys_transposed + c * packed_width + n * LANES);
+        for (int r = 0; r < rows_in_block; r++) {
+            __m512 a = _mm512_set1_ps(q[r][c]);
+            for (int n = 0; n < vectors; n++) acc[r][n] = _mm512_fmadd_ps(a, k[n], acc[r][n]);
+        }
+    }
+    for (int r = 0; r < rows_in_block; r++)
+        for (int n = 0; n < vectors; n++) _mm512_store_ps(scores + r * packed_width + n * LANES, acc[r][n]);
+}
+
+/// out_r[c0 ..] = Σ_j p_r[j] · v_j[c0 ..] over `keys` keys, for `vectors` vectors of 16 features, the last one
+/// masked by `last`.
+AVX512_INLINE void values_tile(const int rows_in_block, const int vectors, const float *probabilities,
+                               ptrdiff_t packed_width, ptrdiff_t keys, const float *v, ptrdiff_t value_stride,
+                               __mmask16 last, float *const *out) {
+    __m512 acc[ROWS][MAX_VECTORS];
+    for (int r = 0; r < rows_in_block; r++)
+        for (int n = 0; n < vectors; n++) acc[r][n] = _mm512_setzero_ps();
+    for (ptrdiff_t j = 0; j < keys; j++) {
+        const float *row = v + j * value_stride;
+        __m512 value[MAX_VECTORS];
+        for (int n = 0; n < vectors - 1; n++) value[n] = _mm512_loadu_ps(row + n * LANES);
+        value[vectors - 1] = _mm512_maskz_loadu_ps(last, row + (vectors - 1) * LANES);
+        for (int r = 0; r < rows_in_block; r++) {
+            __m512 p = _mm512_set1_ps(probabilities[r * packed_width + j]);
+            for (int n = 0; n < vectors; n++) acc[r][n] = _mm512_fmadd_ps(p, value[n], acc[r][n]);
+        }
+    }
+    for (int r = 0; r < rows_in_block; r++) {
+        for (int n = 0; n < vectors - 1; n++) _mm512_storeu_ps(out[r] + n * LANES, acc[r][n]);
+        _mm512_mask_storeu_ps(out[r] + (vectors - 1) * LANES, last, acc[r][vectors - 1]);
+    }
+}
+
+// Both tiles are specialized for every (rows, vectors) pair so that their accumulators live in registers.
+#define TILE_CASES(CASE, R) CASE(R, 1) CASE(R, 2) CASE(R, 3) CASE(R, 4)
+#define ALL_TILE_CASES(CASE) TILE_CASES(CASE, 1) TILE_CASES(CASE, 2) TILE_CASES(CASE, 3) \
+    TILE_CASES(CASE, 4) TILE_CASES(CASE, 5) TILE_CASES(CASE, 6)
+
+AVX512 static void scores_block(int rows_in_block, int vectors, const float *const *q, ptrdiff_t head_dim,
+                                const float *keys_transposed, ptrdiff_t packed_width, float *scores) {
+#define SCORES_CASE(R, N) \
+    case R * 8 + N: scores_tile(R, N, q, head_dim, keys_transposed, packed_width, scores); break;
+    switch (rows_in_block * 8 + vectors) { ALL_TILE_CASES(SCORES_CASE) }
+#undef SCORES_CASE
+}
+
+AVX512 static void values_block(int rows_in_block, int vectors, const float *probabilities, ptrdiff_t packed_width,
+                                ptrdiff_t keys, const float *v, ptrdiff_t value_stride, __mmask16 last,
+                                float *const *out) {
+#define VALUES_CASE(R, N) \
+    case R * 8 + N: values_tile(R, N, probabilities, packed_width, keys, v, value_stride, last, out); break;
+    switch (rows_in_block * 8 + vectors) { ALL_TILE_CASES(VALUES_CASE) }
+#undef VALUES_CASE
+}
+
+/// Turns raw dot products row[0 ..< visible] into probabilities in place: scale, add the key mask (0 or -inf per key,
+/// or NULL), subtract the max, exponentiate, normalize. A row with no visible key becomes uniform over all
+/// `key_length` keys. Returns how many leading entries the value product must read.
+AVX512 static ptrdiff_t softmax_row(float *row, ptrdiff_t visible, ptrdiff_t key_length, float scale,
+                                    const float *mask_bias) {
+    const __m512 scale_vector = _mm512_set1_ps(scale);
+    __m512 max_vector = _mm512_set1_ps(-INFINITY);
+    for (ptrdiff_t j = 0; j < visible; j += LANES) {
+        __mmask16 m = tail_mask(visible - j);
+        __m512 s = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + j), scale_vector);
+        if (mask_bias) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(m, mask_bias + j));
+        _mm512_mask_storeu_ps(row + j, m, s);
+        max_vector = _mm512_mask_max_ps(max_vector, m, max_vector, s);
+    }
+    float max = _mm512_reduce_max_ps(max_vector);
+    if (max == -INFINITY) {
+        const __m512 uniform = _mm512_set1_ps(1.0f / (float)key_length);
+        for (ptrdiff_t j = 0; j < key_length; j += LANES) _mm512_mask_storeu_ps(row + j, tail_mask(key_length - j), uniform);
+        return key_length;
+    }
+    const __m512 max_broadcast = _mm512_set1_ps(max);
+    __m512 sum_vector = _mm512_setzero_ps();
+    for (ptrdiff_t j = 0; j < visible; j += LANES) {
+        __mmask16 m = tail_mask(visible - j);
+        __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + j), max_broadcast));
+        e = _mm512_maskz_mov_ps(m, e);
+        _mm512_mask_storeu_ps(row + j, m, e);
+        sum_vector = _mm512_add_ps(sum_vector, e);
+    }
+    const __m512 inverse = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum_vector));
+    for (ptrdiff_t j = 0; j < visible; j += LANES) {
+        __mmask16 m = tail_mask(visible - j);
+        _mm512_mask_storeu_ps(row + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + j), inverse));
+    }
+    return visible;
+}
+
+/// kᵀ of one head: `head_dim` rows of `packed_width` floats, key j in column j. Columns past key_length stay zero.
+AVX512 static void pack_keys_transposed(const float *key, ptrdiff_t key_stride, ptrdiff_t key_length,
+                                        ptrdiff_t head_dim, float *packed, ptrdiff_t packed_width) {
+    // 16 keys at a time: gather one feature of 16 keys into a vector with a single strided gather.
+    const __m512i offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                               _mm512_set1_epi32((int)key_stride));
+    for (ptrdiff_t j = 0; j < key_length; j += LANES) {
+        __mmask16 m = tail_mask(key_length - j);
+        const float *base = key + j * key_stride;
+        for (ptrdiff_t c = 0; c < head_dim; c++) {
+            __m512 column = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, offsets, base + c, 4);
+            _mm512_store_ps(packed + c * packed_width + j, column);
+        }
+    }
+}
+
+/// Asks for one head's queries, keys and values ahead of use. Each token's slice of a head is a few cache lines
+/// thousands of bytes away from the next token's, a pattern the hardware prefetchers do not follow, so without this
+/// most of the time goes into waiting for memory.
+AVX512 static void prefetch_head(const vlm_attention_problem *p, ptrdiff_t head, int hint) {
+    const ptrdiff_t bytes = p->head_dim * (ptrdiff_t)sizeof(float);
+    for (int operand = 0; operand < 3; operand++) {
+        const float *base = operand == 0 ? p->query : (operand == 1 ? p->key : p->value);
+        const ptrdiff_t stride = operand == 0 ? p->query_stride : (operand == 1 ? p->key_stride : p->value_stride);
+        const ptrdiff_t tokens = operand == 0 ? p->query_length : p->key_length;
+        for (ptrdiff_t t = 0; t < tokens; t++) {
+            const char *row = (const char *)(base + t * stride + head * p->head_dim);
+            for (ptrdiff_t offset = 0; offset < bytes; offset += 64) {
+                if (hint == _MM_HINT_T0) _mm_prefetch(row + offset, _MM_HINT_T0);
+                else _mm_prefetch(row + offset, _MM_HINT_T1);
+            }
+        }
+    }
+}
+
+AVX512 int vlm_attention_avx512(const vlm_attention_problem *p) {
+    // The gather offsets are 32-bit; strides that do not fit take the portable path (no real model has them).
+    if (p->key_stride > INT32_MAX / LANES) return vlm_attention_scalar(p);
+    const ptrdiff_t d = p->head_dim, tq = p->query_length, tk = p->key_length;
+    const ptrdiff_t packed_width = (tk + LANES - 1) / LANES * LANES;
+    const size_t packed_bytes = (size_t)(d * packed_width) * sizeof(float);
+    const size_t score_bytes = (size_t)(ROWS * (packed_width > 0 ? packed_width : LANES)) * sizeof(float);
+    const size_t mask_bytes = p->key_mask ? (size_t)packed_width * sizeof(float) : 0;
+    char *scratch = aligned_alloc(64, packed_bytes + score_bytes + mask_bytes);
+    if (!scratch) return -1;
+    float *keys_transposed = (float *)scratch;
+    float *scores = (float *)(scratch + packed_bytes);
+    float *mask_bias = p->key_mask ? (float *)(scratch + packed_bytes + score_bytes) : NULL;
+    for (ptrdiff_t j = 0; mask_bias && j < tk; j++) mask_bias[j] = p->key_mask[j] != 0 ? 0.0f : -INFINITY;
+    const ptrdiff_t feature_vectors = (d + LANES - 1) / LANES;
+    prefetch_head(p, 0, _MM_HINT_T0);
+    for (ptrdiff_t h = 0; h < p->head_count; h++) {
+        if (h + 1 < p->head_count) prefetch_head(p, h + 1, _MM_HINT_T1);
+        pack_keys_transposed(p->key + h * d, p->key_stride, tk, d, keys_transposed, packed_width);
+        const float *v = p->value + h * d;
+        // Blocks as even as possible (50 queries: 5 of 6 and 4 of 5 rather than 8 of 6 and 1 of 2): a block's
+        // loads cost the same for any row count.
+        const ptrdiff_t blocks = (tq + ROWS - 1) / ROWS;
+        for (ptrdiff_t block = 0, i0 = 0; block < blocks; block++) {
+            const int rows_in_block = (int)(tq / blocks + (block < tq % blocks ? 1 : 0));
+            const float *q[ROWS];
+            float *out[ROWS];
+            ptrdiff_t visible[ROWS];
+            for (int r = 0; r < rows_in_block; r++) {
+                q[r] = p->query + (i0 + r) * p->query_stride + h * d;
+                out[r] = p->output + (i0 + r) * p->output_stride + h * d;
+                visible[r] = vlm_visible_keys(p, i0 + r);
+            }
+            // Causal visibility grows with the row, so the block's last row sees the most keys.
+            const ptrdiff_t block_keys = visible[rows_in_block - 1];
+            for (ptrdiff_t j0 = 0; j0 < block_keys; j0 += MAX_VECTORS * LANES) {
+                ptrdiff_t remaining = (block_keys - j0 + LANES - 1) / LANES;
+                int vectors = (int)(remaining < MAX_VECTORS ? remaining : MAX_VECTORS);
+                scores_block(rows_in_block, vectors, q, d, keys_transposed + j0, packed_width, scores + j0);
+            }
+            ptrdiff_t used[ROWS], block_used = 0;
+            for (int r = 0; r < rows_in_block; r++) {
+                used[r] = softmax_row(scores + r * packed_width, visible[r], tk, p->scale, mask_bias);
+                block_used = used[r] > block_used ? used[r] : block_used;
+            }
+            // Rows that see fewer keys than the block reads contribute nothing for the rest.
+            for (int r = 0; r < rows_in_block; r++)
+                memset(scores + r * packed_width + used[r], 0, (size_t)(block_used - used[r]) * sizeof(float));
+            for (ptrdiff_t c0 = 0; c0 < feature_vectors; c0 += MAX_VECTORS) {
+                ptrdiff_t remaining = feature_vectors - c0;
+                int vectors = (int)(remaining < MAX_VECTORS ? remaining : MAX_VECTORS);
+                __mmask16 last = tail_mask(d - (c0 + vectors - 1) * LANES);
+                float *out_chunk[ROWS];
+                for (int r = 0; r < rows_in_block; r++) out_chunk[r] = out[r] + c0 * LANES;
+                values_block(rows_in_block, vectors, scores, packed_width, block_used, v + c0 * LANES, p->value_stride,
+                             last, out_chunk);
+            }
+            i0 += rows_in_block;
+        }
+    }
+    free(scratch);
+    return 0;
+}
+
+AVX512 void vlm_layer_norm_avx512(const float *x, float *y, ptrdiff_t rows, ptrdiff_t features, const float *weight,
+                                  const float *bias, float eps) {
+    for (ptrdiff_t row = 0; row < rows; row++) {
+        const float *in = x + row * features;
+        float *out = y + row * features;
+        // Double sums make mean and variance correctly rounded; PyTorch's float reductions come within an ulp.
+        __m512d low = _mm512_setzero_pd(), high = _mm512_setzero_pd();
+        for (ptrdiff_t c = 0; c < features; c += LANES) {
+            __m512 v = _mm512_maskz_loadu_ps(tail_mask(features - c), in + c);
+            low = _mm512_add_pd(low, _mm512_cvtps_pd(_mm512_castps512_ps256(v)));
+            high = _mm512_add_pd(high, _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1)));
+        }
+        const double mean = _mm512_reduce_add_pd(_mm512_add_pd(low, high)) / (double)features;
+        const __m512d mean_vector = _mm512_set1_pd(mean);
+        low = _mm512_setzero_pd();
+        high = _mm512_setzero_pd();
+        for (ptrdiff_t c = 0; c < features; c += LANES) {
+            __mmask16 m = tail_mask(features - c);
+            __m512 v = _mm512_maskz_loadu_ps(m, in + c);
+            __m512d dl = _mm512_maskz_sub_pd((__mmask8)m, _mm512_cvtps_pd(_mm512_castps512_ps256(v)), mean_vector);
+            __m512d dh = _mm512_maskz_sub_pd((__mmask8)(m >> 8),
+                                             _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1)),
+                                             mean_vector);
+            low = _mm512_fmadd_pd(dl, dl, low);
+            high = _mm512_fmadd_pd(dh, dh, high);
+        }
+        const double variance = _mm512_reduce_add_pd(_mm512_add_pd(low, high)) / (double)features;
+        // The same float steps as PyTorch's kernel: rstd from the float variance, then (x·rstd - mean·rstd)·w + b.
+        const float rstd = 1.0f / sqrtf((float)variance + eps);
+        const __m512 scale = _mm512_set1_ps(rstd), shift = _mm512_set1_ps(-rstd * (float)mean);
+        for (ptrdiff_t c = 0; c < features; c += LANES) {
+            __mmask16 m = tail_mask(features - c);
+            __m512 normalized = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, in + c), scale, shift);
+            __m512 result = _mm512_fmadd_ps(normalized, _mm512_maskz_loadu_ps(m, weight + c), _mm512_maskz_loadu_ps(m, bias + c));
+            _mm512_mask_storeu_ps(out + c, m, result);
+        }
+    }
+}
+
+#endif

@@ -1,0 +1,34 @@
+#include "kernels_internal.h"
+
+vlm_kernel_isa vlm_best_isa(void) {
+#if defined(__x86_64__)
+    // __builtin_cpu_supports("avx512f") also checks that the OS saves the zmm registers (XCR0).
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw")
+        && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma")) {
+        return VLM_ISA_AVX512;
+    }
+#endif
+    return VLM_ISA_SCALAR;
+}
+
+int vlm_attention(const vlm_attention_problem *problem, vlm_kernel_isa isa) {
+    if (problem->query_length <= 0 || problem->head_dim <= 0 || problem->head_count <= 0) return 0;
+#if defined(__x86_64__)
+    if (isa == VLM_ISA_AVX512 && vlm_best_isa() == VLM_ISA_AVX512) return vlm_attention_avx512(problem);
+#endif
+    (void)isa;
+    return vlm_attention_scalar(problem);
+}
+
+void vlm_layer_norm(const float *x, float *y, ptrdiff_t rows, ptrdiff_t features, const float *weight,
+                    const float *bias, float eps, vlm_kernel_isa isa) {
+    if (rows <= 0 || features <= 0) return;
+#if defined(__x86_64__)
+    if (isa == VLM_ISA_AVX512 && vlm_best_isa() == VLM_ISA_AVX512) {
+        vlm_layer_norm_avx512(x, y, rows, features, weight, bias, eps);
+        return;
+    }
+#endif
+    (void)isa;
+    vlm_layer_norm_scalar(x, y, rows, features, weight, bias, eps);
+}

@@ -1,0 +1,67 @@
+#ifndef VLM_KERNELS_H
+#define VLM_KERNELS_H
+
+// Hand-written fp32 kernels for multi-head attention (any strides, so fused query-key-value projections need no
+// copies) and layer normalization, plus a parallel loop on oneDNN's OpenMP threads. Each kernel has an AVX-512 path
+// and a portable one; both match PyTorch's fp32 results within about 1e-6.
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/// Which implementation a kernel runs.
+typedef enum vlm_kernel_isa {
+    /// Portable C, for any CPU; compilers vectorize it, and on x86-64 Linux the loader picks a copy compiled for
+    /// AVX2 and FMA where the CPU has them.
+    VLM_ISA_SCALAR = 0,
+    /// AVX-512 (F, DQ, BW, VL) with FMA; falls back to VLM_ISA_SCALAR where the CPU lacks it.
+    VLM_ISA_AVX512 = 1,
+} vlm_kernel_isa;
+
+/// The fastest implementation this CPU supports.
+vlm_kernel_isa vlm_best_isa(void);
+
+/// One unit of multi-head attention: `softmax(q·kᵀ·scale + mask)·v` for `head_count` consecutive heads of one
+/// batch item. Head `h` of a token occupies floats `[h·head_dim, (h+1)·head_dim)` from that token's base pointer.
+typedef struct vlm_attention_problem {
+    /// Head 0 of query token 0; consecutive query tokens are `query_stride` floats apart.
+    const float *query;
+    /// Head 0 of key token 0.
+    const float *key;
+    /// Head 0 of value token 0.
+    const float *value;
+    /// Head 0 of output token 0; written, never read.
+    float *output;
+    ptrdiff_t query_stride, key_stride, value_stride, output_stride;
+    ptrdiff_t query_length, key_length, head_dim, head_count;
+    float scale;
+    /// Nonzero: query `i` sees keys `0 ... i + key_length - query_length`.
+    int causal;
+    /// `key_length` floats, nonzero where the key may be attended to; NULL attends to every key.
+    const float *key_mask;
+} vlm_attention_problem;
+
+/// Runs one attention unit. A query that sees no key at all averages every value uniformly, as PyTorch does
+/// when all its scores carry the same large negative mask. Returns 0, or -1 when scratch memory cannot be allocated.
+int vlm_attention(const vlm_attention_problem *problem, vlm_kernel_isa isa);
+
+/// Layer normalization of `rows` rows of `features` floats: `(x - mean) / sqrt(var + eps) * weight + bias` with the
+/// biased variance, like `torch.nn.functional.layer_norm`. `x` and `y` are contiguous rows.
+void vlm_layer_norm(const float *x, float *y, ptrdiff_t rows, ptrdiff_t features, const float *weight,
+                    const float *bias, float eps, vlm_kernel_isa isa);
+
+/// The work of one index of vlm_parallel_for.
+typedef void (*vlm_parallel_body)(void *context, ptrdiff_t index);
+
+/// Calls `body(context, i)` for every `i` in `0 ..< count`, spread over the worker threads of the GNU OpenMP
+/// runtime that oneDNN uses, and returns 0 once all calls have returned. Returns -1 without calling anything when
+/// no such runtime is loaded in the process; the caller then uses threads of its own.
+int vlm_parallel_for(ptrdiff_t count, vlm_parallel_body body, void *context);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,25 @@
+#ifndef VLM_KERNELS_INTERNAL_H
+#define VLM_KERNELS_INTERNAL_H
+
+#include "vlm_kernels.h"
+
+// The implementations behind vlm_kernels.h's entry points; the entry points pick one.
+
+int vlm_attention_scalar(const vlm_attention_problem *problem);
+void vlm_layer_norm_scalar(const float *x, float *y, ptrdiff_t rows, ptrdiff_t features, const float *weight,
+                           const float *bias, float eps);
+
+#if defined(__x86_64__)
+int vlm_attention_avx512(const vlm_attention_problem *problem);
+void vlm_layer_norm_avx512(const float *x, float *y, ptrdiff_t rows, ptrdiff_t features, const float *weight,
+                           const float *bias, float eps);
+#endif
+
+/// Keys `0 ..< result` are visible to query `row` (before the padding mask).
+static inline ptrdiff_t vlm_visible_keys(const vlm_attention_problem *p, ptrdiff_t row) {
+    if (!p->causal) return p->key_length;
+    ptrdiff_t visible = row + 1 + p->key_length - p->query_length;
+    return visible < 0 ? 0 : (visible > p->key_length ? p->key_length : visible);
+}
+
+#endif

@@ -1,0 +1,28 @@
+internal import CVLMKernels
+internal import Foundation
+
+/// Which implementation of the hand-written kernels in CVLMKernels runs. Everything uses `best`; tests pin
+/// `scalar` to check the portable fallback on machines that would otherwise never run it.
+enum KernelPath: Sendable {
+    case vector
+    case scalar
+
+    static let best: KernelPath = vlm_best_isa() == VLM_ISA_AVX512 ? .vector : .scalar
+
+    var isa: vlm_kernel_isa { self == .vector ? VLM_ISA_AVX512 : VLM_ISA_SCALAR }
+}
+
+/// Runs `body(i)` for every `i` in `0..<count` on every core and returns when all have finished. The work goes to
+/// the OpenMP threads that oneDNN's primitives run on where that runtime is loaded (see CVLMKernels/parallel.c for
+/// why), to Dispatch's threads otherwise.
+func parallelFor(_ count: Int, _ body: @Sendable (Int) -> Void) {
+    withoutActuallyEscaping(body) { body in
+        var task = body
+        let handedOver = withUnsafeMutablePointer(to: &task) { pointer in
+            vlm_parallel_for(count, { context, index in
+                context!.assumingMemoryBound(to: (@Sendable (Int) -> Void).self).pointee(index)
+            }, pointer) == 0
+        }
+        if !handedOver { DispatchQueue.concurrentPerform(iterations: count, execute: body) }
+    }
+}

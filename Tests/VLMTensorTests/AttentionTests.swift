@@ -1,0 +1,96 @@
+import Foundation
+import Testing
+@testable import VLMTensor
+
+/// Attention against transformers' eager attention, through both kernel paths: `.vector` falls back to `.scalar`
+/// on CPUs without AVX-512, where both cases check the same code.
+@Suite struct AttentionTests {
+    let fixtures = OpFixtures.shared
+    static let paths: [KernelPath] = [.vector, .scalar]
+
+    @Test(arguments: OpFixtures.names(op: "attention"), paths)
+    func separateProjectionsMatchTorch(name: String, path: KernelPath) throws {
+        let c = try #require(fixtures.cases[name])
+        let y = attention(query: c.input("query"), key: c.input("key"), value: c.input("value"), heads: try #require(c.params.heads),
+                          causal: try #require(c.params.causal as Bool?), keyPaddingMask: c.optionalInput("keyPaddingMask"),
+                          scale: c.params.scale, path: path)
+        expectClose(y, c.output(), "\(name) \(path)", tolerance: 1e-6)
+    }
+
+    @Test(arguments: OpFixtures.names(op: "attentionPacked"), paths)
+    func packedProjectionMatchesTorch(name: String, path: KernelPath) throws {
+        let c = try #require(fixtures.cases[name])
+        let (heads, causal) = (try #require(c.params.heads), try #require(c.params.causal as Bool?))
+        let packed = c.input("qkv")
+        let mask = c.optionalInput("keyPaddingMask")
+        let y = attention(packedQKV: packed, heads: heads, causal: causal, keyPaddingMask: mask, scale: nil, path: path)
+        expectClose(y, c.output(), "\(name) \(path)", tolerance: 1e-6)
+
+        // The packed layout only changes strides: the same numbers as from three separate tensors, bit for bit.
+        let width = packed.shape[2] / 3
+        let (query, key, value) = (slice(packed, part: 0, width: width), slice(packed, part: 1, width: width),
+                                   slice(packed, part: 2, width: width))
+        let separate = attention(query: query, key: key, value: value, heads: heads, causal: causal, keyPaddingMask: mask,
+                                 scale: nil, path: path)
+        #expect(y.scalars == separate.scalars, "\(name) \(path): packed and separate projections differ")
+    }
+
+    /// On a Linux machine whose CPU lists the AVX-512 features, the vector path is the one that runs.
+    @Test func bestPathUsesAVX512WhereTheCPUHasIt() throws {
+        guard let cpuinfo = try? String(contentsOfFile: "/proc/cpuinfo", encoding: .utf8),
+              let flags = cpuinfo.split(separator: "\n").first(where: { $0.hasPrefix("flags") }) else { return }
+        let features = Set(flags.split(separator: " ").map(String.init))
+        let needed: Set = ["avx512f", "avx512dq", "avx512bw", "avx512vl", "fma"]
+        #expect(KernelPath.best == (needed.isSubset(of: features) ? .vector : .scalar))
+    }
+
+    /// The public entry points run the best path.
+    @Test func publicEntryPointsMatchTorch() throws {
+        let c = try #require(fixtures.cases["attention_packed_causal_padding"])
+        let y = attention(packedQKV: c.input("qkv"), heads: try #require(c.params.heads), causal: true,
+                          keyPaddingMask: c.input("keyPaddingMask"))
+        expectClose(y, c.output(), "packed, best path", tolerance: 1e-6)
+        let s = try #require(fixtures.cases["attention_causal_padding"])
+        let z = attention(query: s.input("query"), key: s.input("key"), value: s.input("value"), heads: try #require(s.params.heads),
+                          causal: true, keyPaddingMask: s.input("keyPaddingMask"))
+        expectClose(z, s.output(), "separate, best path", tolerance: 1e-6)
+    }
+
+    /// Masked keys contribute exactly nothing: changing their values must not change any output bit.
+    @Test(arguments: paths)
+    func maskedKeysAreIgnored(path: KernelPath) throws {
+        let c = try #require(fixtures.cases["attention_head_dim_80"])
+        let mask = c.input("keyPaddingMask")
+        let (key, value) = (c.input("key"), c.input("value"))
+        let (batch, length, width) = (key.shape[0], key.shape[1], key.shape[2])
+        var changedKeys = key.scalars, changedValues = value.scalars
+        for item in 0..<batch {
+            for token in 0..<length where mask.scalars[item * length + token] == 0 {
+                for feature in 0..<width {
+                    changedKeys[(item * length + token) * width + feature] = 1e4
+                    changedValues[(item * length + token) * width + feature] = -7
+                }
+            }
+        }
+        #expect(mask.scalars.contains(0))
+        let heads = try #require(c.params.heads)
+        let original = attention(query: c.input("query"), key: key, value: value, heads: heads, causal: false,
+                                 keyPaddingMask: mask, scale: nil, path: path)
+        let changed = attention(query: c.input("query"), key: Tensor(shape: key.shape, scalars: changedKeys),
+                                value: Tensor(shape: value.shape, scalars: changedValues), heads: heads, causal: false,
+                                keyPaddingMask: mask, scale: nil, path: path)
+        #expect(original.scalars == changed.scalars)
+    }
+
+    /// `[B, T, 3E]` → the `part`-th `[B, T, E]` block.
+    private func slice(_ packed: Tensor, part: Int, width: Int) -> Tensor {
+        let tokens = packed.shape[0] * packed.shape[1]
+        let all = packed.scalars
+        var scalars: [Float] = []
+        scalars.reserveCapacity(tokens * width)
+        for token in 0..<tokens {
+            scalars += all[(token * 3 + part) * width ..< (token * 3 + part + 1) * width]
+        }
+        return Tensor(shape: [packed.shape[0], packed.shape[1], width], scalars: scalars)
+    }
+}
