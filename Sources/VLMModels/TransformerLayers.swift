@@ -59,26 +59,27 @@ struct LayerNorm {
     func callAsFunction(_ x: Tensor) -> Tensor { layerNorm(x, weight: weight, bias: bias, eps: eps) }
 }
 
-/// Multi-head self-attention with separate q/k/v/out projections (CLIP, SigLIP, ViT-style names).
+/// Multi-head self-attention over q_proj/k_proj/v_proj/out_proj weights (CLIP, SigLIP, ViT-style names).
+///
+/// The three input projections run as one Linear of width 3·D whose output the attention reads in place: one matrix
+/// product instead of three.
 struct SelfAttention {
-    let query: Linear
-    let key: Linear
-    let value: Linear
+    let queryKeyValue: Linear
     let output: Linear
     let heads: Int
 
     init(_ weights: Weights, hiddenSize: Int, heads: Int) throws {
-        query = try Linear(weights.scoped("q_proj"), inFeatures: hiddenSize, outFeatures: hiddenSize)
-        key = try Linear(weights.scoped("k_proj"), inFeatures: hiddenSize, outFeatures: hiddenSize)
-        value = try Linear(weights.scoped("v_proj"), inFeatures: hiddenSize, outFeatures: hiddenSize)
+        let projections = ["q_proj", "k_proj", "v_proj"].map(weights.scoped)
+        queryKeyValue = try Linear(
+            weight: concatenate(projections.map { try $0("weight", shape: [hiddenSize, hiddenSize]) }, axis: 0),
+            bias: concatenate(projections.map { try $0("bias", shape: [hiddenSize]) }, axis: 0))
         output = try Linear(weights.scoped("out_proj"), inFeatures: hiddenSize, outFeatures: hiddenSize)
         self.heads = heads
     }
 
     /// Attention over `x` [B, T, D]; `residual` is added to the output projection (the pre-norm block's skip).
     func callAsFunction(_ x: Tensor, causal: Bool, keyPaddingMask: Tensor?, residual: Tensor) -> Tensor {
-        let context = attention(query: query(x), key: key(x), value: value(x), heads: heads,
-                                causal: causal, keyPaddingMask: keyPaddingMask)
+        let context = attention(packedQKV: queryKeyValue(x), heads: heads, causal: causal, keyPaddingMask: keyPaddingMask)
         return output(context, residual: residual)
     }
 }

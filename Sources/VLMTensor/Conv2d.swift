@@ -86,7 +86,7 @@ public final class Conv2d: @unchecked Sendable {
         let (kh, kw) = kernelSize
         let patchSize = inChannels * kh * kw
         let rows = Tensor(uninitialized: [batch * outHeight * outWidth, patchSize])
-        DispatchQueue.concurrentPerform(iterations: batch) { item in
+        parallelFor(batch) { item in
             let (source, destination) = (x.storage.pointer, rows.storage.pointer)
             for py in 0..<outHeight {
                 for px in 0..<outWidth {
