@@ -17,6 +17,9 @@ struct Tokenize: AsyncParsableCommand {
     @Flag(help: "With --decode: leave out special tokens.")
     var skipSpecialTokens = false
 
+    @Option(help: "A second sequence encoded with each text as a pair (text, pair).")
+    var pair: String?
+
     @Option(help: "A JSON file holding a list of chat messages to render with the model's chat template.")
     var chat: String?
 
@@ -28,7 +31,9 @@ struct Tokenize: AsyncParsableCommand {
 
     func validate() throws {
         if chat != nil {
-            guard inputs.isEmpty, !decode else { throw ValidationError("--chat takes no other inputs") }
+            guard inputs.isEmpty, !decode, pair == nil else { throw ValidationError("--chat takes no other inputs") }
+        } else if decode && pair != nil {
+            throw ValidationError("--pair encodes; it does not go with --decode")
         } else if inputs.isEmpty {
             throw ValidationError("give texts to tokenize, ids with --decode, or --chat MESSAGES.json")
         }
@@ -59,7 +64,7 @@ struct Tokenize: AsyncParsableCommand {
             if json { try printJSON(["text": text]) } else { print(text) }
         } else {
             let results = inputs.map { text in
-                let encoding = tokenizer.encode(text)
+                let encoding = tokenizer.encode(text, pair: pair)
                 return Encoded(text: text, ids: encoding.ids, tokens: encoding.tokens)
             }
             if json {

@@ -144,6 +144,21 @@ struct CLI {
         #expect(got.ids == want.ids)
     }
 
+    @Test func tokenizeEncodesPairsLikeTokenizers() throws {
+        struct Pairs: Decodable {
+            struct Case: Decodable { let text: String; let pair: String; let ids: [Int] }
+            let pairs: [Case]
+        }
+        let fixtures = CLI.fixtures.appendingPathComponent("tokenizers")
+        let cases = try JSONDecoder().decode(Pairs.self, from: Data(contentsOf: fixtures.appendingPathComponent("clip_phase2.json"))).pairs
+        for pair in cases.prefix(5) {
+            let run = try CLI.run(["tokenize", "--model", fixtures.appendingPathComponent("clip").path, "--json", "--pair", pair.pair, pair.text])
+            #expect(run.status == 0, "\(run.stderr)")
+            let result = try #require((try CLI.json(run) as? [[String: Any]])?.first)
+            #expect(result["ids"] as? [Int] == pair.ids)
+        }
+    }
+
     @Test func tokenizeDecodesIds() throws {
         // The oracle's first text and its ids (special tokens included).
         let ids = zip(expected.input_ids[0], expected.attention_mask[0]).filter { $0.1 == 1 }.map { String($0.0) }
