@@ -196,31 +196,9 @@ public final class GGUFFile: @unchecked Sendable {
     }
 
     private static func map(_ path: String) throws -> (UnsafeRawPointer, Int) {
-        let descriptor = open(path, O_RDONLY | O_CLOEXEC)
-        guard descriptor >= 0 else {
-            let code = errno
-            if code == ENOENT { throw CheckpointError.missingFile(path: path) }
-            throw CheckpointError.unreadable(file: path, reason: String(cString: strerror(code)))
+        try mapReadOnly(path, minimumSize: GGUFReader.headerSize) { size in
+            CheckpointError.invalidGGUF(file: path, tensor: nil, reason: "\(size) bytes, shorter than the \(GGUFReader.headerSize)-byte GGUF header")
         }
-        defer { close(descriptor) }
-        var status = stat()
-        guard fstat(descriptor, &status) == 0 else {
-            throw CheckpointError.unreadable(file: path, reason: String(cString: strerror(errno)))
-        }
-        guard (status.st_mode & S_IFMT) == S_IFREG else {
-            throw CheckpointError.unreadable(file: path, reason: "not a regular file")
-        }
-        let size = Int(status.st_size)
-        // mmap refuses zero bytes; the fixed header alone is 24.
-        guard size >= GGUFReader.headerSize else {
-            throw CheckpointError.invalidGGUF(file: path, tensor: nil, reason: "\(size) bytes, shorter than the \(GGUFReader.headerSize)-byte GGUF header")
-        }
-        guard let mapping = mmap(nil, size, PROT_READ, MAP_PRIVATE, descriptor, 0),
-              mapping != UnsafeMutableRawPointer(bitPattern: -1)
-        else {
-            throw CheckpointError.unreadable(file: path, reason: "mmap: \(String(cString: strerror(errno)))")
-        }
-        return (UnsafeRawPointer(mapping), size)
     }
 }
 

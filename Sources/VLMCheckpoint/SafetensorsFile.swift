@@ -97,29 +97,8 @@ public final class SafetensorsFile: @unchecked Sendable {
     // MARK: - Opening and validation
 
     private static func map(_ path: String) throws -> (UnsafeRawPointer, Int) {
-        let descriptor = open(path, O_RDONLY | O_CLOEXEC)
-        guard descriptor >= 0 else {
-            let code = errno
-            if code == ENOENT { throw CheckpointError.missingFile(path: path) }
-            throw CheckpointError.unreadable(file: path, reason: String(cString: strerror(code)))
-        }
-        defer { close(descriptor) }
-        var status = stat()
-        guard fstat(descriptor, &status) == 0 else {
-            throw CheckpointError.unreadable(file: path, reason: String(cString: strerror(errno)))
-        }
-        guard (status.st_mode & S_IFMT) == S_IFREG else {
-            throw CheckpointError.unreadable(file: path, reason: "not a regular file")
-        }
-        let size = Int(status.st_size)
-        // mmap refuses zero bytes, and anything under 8 bytes cannot hold the header length anyway.
-        guard size >= 8 else { throw CheckpointError.fileTooShort(file: path, size: size) }
-        guard let mapping = mmap(nil, size, PROT_READ, MAP_PRIVATE, descriptor, 0),
-              mapping != UnsafeMutableRawPointer(bitPattern: -1)
-        else {
-            throw CheckpointError.unreadable(file: path, reason: "mmap: \(String(cString: strerror(errno)))")
-        }
-        return (UnsafeRawPointer(mapping), size)
+        // Anything under 8 bytes cannot hold the header length.
+        try mapReadOnly(path, minimumSize: 8) { CheckpointError.fileTooShort(file: path, size: $0) }
     }
 
     private static func parseHeader(of bytes: UnsafeRawBufferPointer, file: String) throws -> [String: TensorInfo] {

@@ -1,0 +1,32 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// Maps a regular file read-only (the caller munmaps it); files shorter than `minimumSize` get `tooShort(size)`,
+/// which also keeps mmap from seeing zero bytes.
+func mapReadOnly(_ path: String, minimumSize: Int, tooShort: (Int) -> CheckpointError) throws -> (UnsafeRawPointer, Int) {
+    let descriptor = open(path, O_RDONLY | O_CLOEXEC)
+    guard descriptor >= 0 else {
+        let code = errno
+        if code == ENOENT { throw CheckpointError.missingFile(path: path) }
+        throw CheckpointError.unreadable(file: path, reason: String(cString: strerror(code)))
+    }
+    defer { close(descriptor) }
+    var status = stat()
+    guard fstat(descriptor, &status) == 0 else {
+        throw CheckpointError.unreadable(file: path, reason: String(cString: strerror(errno)))
+    }
+    guard (status.st_mode & S_IFMT) == S_IFREG else {
+        throw CheckpointError.unreadable(file: path, reason: "not a regular file")
+    }
+    let size = Int(status.st_size)
+    guard size >= max(minimumSize, 1) else { throw tooShort(size) }
+    guard let mapping = mmap(nil, size, PROT_READ, MAP_PRIVATE, descriptor, 0),
+          mapping != UnsafeMutableRawPointer(bitPattern: -1)
+    else {
+        throw CheckpointError.unreadable(file: path, reason: "mmap: \(String(cString: strerror(errno)))")
+    }
+    return (UnsafeRawPointer(mapping), size)
+}
