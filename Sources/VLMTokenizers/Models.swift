@@ -38,7 +38,7 @@ func makeModel(_ object: JSONObject) throws -> any TokenizationModel {
             }
         }
         return try BPE(
-            vocabulary: try vocabulary(object), merges: pairs, file: object.file,
+            vocabulary: try Vocabulary(try object.object("vocab"), field: "vocab"), merges: pairs, file: object.file,
             unknownToken: try object.optionalString("unk_token"),
             continuingSubwordPrefix: try object.optionalString("continuing_subword_prefix") ?? "",
             endOfWordSuffix: try object.optionalString("end_of_word_suffix") ?? "",
@@ -47,42 +47,25 @@ func makeModel(_ object: JSONObject) throws -> any TokenizationModel {
             ignoreMerges: try object.bool("ignore_merges", default: false))
     case "WordPiece":
         return WordPiece(
-            vocabulary: try vocabulary(object),
+            vocabulary: try Vocabulary(try object.object("vocab"), field: "vocab"),
             unknownToken: try object.optionalString("unk_token") ?? "[UNK]",
             continuingSubwordPrefix: try object.optionalString("continuing_subword_prefix") ?? "##",
             maxInputCharactersPerWord: object.isNull("max_input_chars_per_word") ? 100 : try object.int("max_input_chars_per_word"))
     case "Unigram":
         return try Unigram(object)
     case "WordLevel":
-        let vocabulary = try vocabulary(object)
-        return WordLevel(vocabulary: vocabulary, tokens: inverted(vocabulary),
+        return WordLevel(vocabulary: try Vocabulary(try object.object("vocab"), field: "vocab"),
                          unknownToken: try object.optionalString("unk_token"))
     default:
         throw TokenizerError.unsupportedComponent(file: object.file, path: object.path, type: type)
     }
 }
 
-func inverted(_ vocabulary: [String: Int]) -> [Int: String] {
-    Dictionary(vocabulary.map { ($1, $0) }, uniquingKeysWith: { first, _ in first })
-}
-
-private func vocabulary(_ object: JSONObject) throws -> [String: Int] {
-    guard let raw = object.values["vocab"] as? [String: Any] else { throw object.invalid("vocab", "expected an object") }
-    var vocabulary: [String: Int] = [:]
-    vocabulary.reserveCapacity(raw.count)
-    for (token, value) in raw {
-        guard let id = JSONObject.integer(value), id >= 0 else { throw object.invalid("vocab", "id of \"\(token)\" is not a non-negative integer") }
-        vocabulary[token] = id
-    }
-    return vocabulary
-}
-
 /// Byte-pair encoding: a word starts as its characters and merges the adjacent pair of lowest rank until none is left.
 final class BPE: TokenizationModel {
     private struct Merge { let rank: UInt32; let id: Int }
 
-    let vocabulary: [String: Int]
-    private let tokens: [Int: String]
+    let vocabulary: Vocabulary
     private let merges: [UInt64: Merge]
     let unknownToken: String?
     let continuingSubwordPrefix: String
@@ -95,14 +78,10 @@ final class BPE: TokenizationModel {
 
     var vocabularySize: Int { vocabulary.count }
 
-    init(vocabulary: [String: Int], merges: [(String, String)], file: String, unknownToken: String?,
+    init(vocabulary: Vocabulary, merges: [(String, String)], file: String, unknownToken: String?,
          continuingSubwordPrefix: String, endOfWordSuffix: String, fuseUnknown: Bool = false,
          byteFallback: Bool = false, ignoreMerges: Bool = false) throws {
         self.vocabulary = vocabulary
-        var tokens: [Int: String] = [:]
-        tokens.reserveCapacity(vocabulary.count)
-        for (token, id) in vocabulary { tokens[id] = token }
-        self.tokens = tokens
         var table: [UInt64: Merge] = [:]
         table.reserveCapacity(merges.count)
         for (rank, (left, right)) in merges.enumerated() {
@@ -124,7 +103,7 @@ final class BPE: TokenizationModel {
     }
 
     func tokenId(_ token: String) -> Int? { vocabulary[token] }
-    func token(_ id: Int) -> String? { tokens[id] }
+    func token(_ id: Int) -> String? { vocabulary.token(id) }
 
     private static func pairKey(_ left: Int, _ right: Int) -> UInt64 { UInt64(UInt32(truncatingIfNeeded: left)) << 32 | UInt64(UInt32(truncatingIfNeeded: right)) }
 
@@ -262,15 +241,13 @@ struct MinHeap {
 
 /// WordPiece: the longest vocabulary prefix, then the longest `##`-continuation, and so on; the unknown token if stuck.
 struct WordPiece: TokenizationModel {
-    let vocabulary: [String: Int]
-    private let tokens: [Int: String]
+    let vocabulary: Vocabulary
     let unknownToken: String
     let continuingSubwordPrefix: String
     let maxInputCharactersPerWord: Int
 
-    init(vocabulary: [String: Int], unknownToken: String, continuingSubwordPrefix: String, maxInputCharactersPerWord: Int) {
+    init(vocabulary: Vocabulary, unknownToken: String, continuingSubwordPrefix: String, maxInputCharactersPerWord: Int) {
         self.vocabulary = vocabulary
-        self.tokens = Dictionary(vocabulary.map { ($1, $0) }, uniquingKeysWith: { first, _ in first })
         self.unknownToken = unknownToken
         self.continuingSubwordPrefix = continuingSubwordPrefix
         self.maxInputCharactersPerWord = maxInputCharactersPerWord
@@ -278,7 +255,7 @@ struct WordPiece: TokenizationModel {
 
     var vocabularySize: Int { vocabulary.count }
     func tokenId(_ token: String) -> Int? { vocabulary[token] }
-    func token(_ id: Int) -> String? { tokens[id] }
+    func token(_ id: Int) -> String? { vocabulary.token(id) }
 
     func tokenize(_ word: [Unicode.Scalar]) -> [ModelToken] {
         let unknown = vocabulary[unknownToken].map { [ModelToken(id: $0, range: 0..<word.count)] } ?? []
@@ -304,13 +281,12 @@ struct WordPiece: TokenizationModel {
 
 /// WordLevel: whole words looked up in the vocabulary, the unknown token otherwise.
 struct WordLevel: TokenizationModel {
-    let vocabulary: [String: Int]
-    let tokens: [Int: String]
+    let vocabulary: Vocabulary
     let unknownToken: String?
 
     var vocabularySize: Int { vocabulary.count }
     func tokenId(_ token: String) -> Int? { vocabulary[token] }
-    func token(_ id: Int) -> String? { tokens[id] }
+    func token(_ id: Int) -> String? { vocabulary.token(id) }
 
     func tokenize(_ word: [Unicode.Scalar]) -> [ModelToken] {
         if let id = vocabulary[String(String.UnicodeScalarView(word))] { return [ModelToken(id: id, range: 0..<word.count)] }
@@ -324,7 +300,7 @@ struct WordLevel: TokenizationModel {
 struct Unigram: TokenizationModel {
     private let pieces: [String]
     private let scores: [Double]
-    private let ids: [String: Int]
+    private let ids: [TokenKey: Int]
     /// A trie over the pieces' scalars: children by scalar, and the piece id ending at each node (-1 if none).
     private let children: [[UInt32: Int32]]
     private let terminal: [Int32]
@@ -333,7 +309,7 @@ struct Unigram: TokenizationModel {
     private let byteFallback: Bool
 
     var vocabularySize: Int { pieces.count }
-    func tokenId(_ token: String) -> Int? { ids[token] }
+    func tokenId(_ token: String) -> Int? { ids[TokenKey(token)] }
     func token(_ id: Int) -> String? { id >= 0 && id < pieces.count ? pieces[id] : nil }
 
     init(_ object: JSONObject) throws {
@@ -350,11 +326,11 @@ struct Unigram: TokenizationModel {
             pieces.append(piece)
             scores.append(score)
         }
-        var ids: [String: Int] = [:]
+        var ids: [TokenKey: Int] = [:]
         var children: [[UInt32: Int32]] = [[:]]
         var terminal: [Int32] = [-1]
         for (id, piece) in pieces.enumerated() {
-            ids[piece] = id
+            ids[TokenKey(piece)] = id
             var node = 0
             for scalar in piece.unicodeScalars {
                 if let child = children[node][scalar.value] {
@@ -434,12 +410,13 @@ struct Unigram: TokenizationModel {
         tokens.reserveCapacity(pieces.count)
         for (range, _) in pieces.reversed() {
             let text = String(String.UnicodeScalarView(word[range]))
-            if let known = ids[text] {
+            // tokenizers looks the piece up again by its text: fused unknowns that spell a piece get its id.
+            if let known = ids[TokenKey(text)] {
                 tokens.append(ModelToken(id: known, range: range))
                 continue
             }
             if byteFallback {
-                let byteIds = text.utf8.map { ids["<0x" + hex($0) + ">"] }
+                let byteIds = text.utf8.map { ids[TokenKey("<0x" + hex($0) + ">")] }
                 if byteIds.allSatisfy({ $0 != nil }) {
                     tokens += byteIds.map { ModelToken(id: $0!, range: range) }
                     continue

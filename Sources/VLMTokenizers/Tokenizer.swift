@@ -96,10 +96,10 @@ public final class Tokenizer: Sendable {
     private let postProcessor: (any PostProcessor)?
     private let decoder: (any Decoder)?
     private let addedTokens: [Int: AddedToken]
-    private let addedTokenIds: [String: Int]
+    private let addedTokenIds: [TokenKey: Int]
     private let rawMatcher: AddedTokenMatcher
     private let normalizedMatcher: AddedTokenMatcher
-    private let specialTokens: Set<String>
+    private let specialTokens: Set<TokenKey>
     private let padToken: String?
     private let padOnLeft: Bool
     private let truncateOnLeft: Bool
@@ -141,10 +141,10 @@ public final class Tokenizer: Sendable {
 
         var added = pipeline.addedTokens
         func tokenId(_ content: String) -> Int? {
-            added.first { $0.content == content }?.id ?? pipeline.model.tokenId(content)
+            added.first { $0.content.utf8.elementsEqual(content.utf8) }?.id ?? pipeline.model.tokenId(content)
         }
         func addSpecial(_ content: String?) {
-            guard let content, !content.isEmpty, !added.contains(where: { $0.content == content }) else { return }
+            guard let content, !content.isEmpty, !added.contains(where: { $0.content.utf8.elementsEqual(content.utf8) }) else { return }
             let id = pipeline.model.tokenId(content) ?? max(pipeline.model.vocabularySize, (added.map(\.id).max() ?? -1) + 1)
             added.append(AddedToken(id: id, content: content, normalized: false, special: true))
         }
@@ -152,7 +152,7 @@ public final class Tokenizer: Sendable {
             for (key, _) in decoderTable.values.sorted(by: { (Int($0.key) ?? 0) < (Int($1.key) ?? 0) }) {
                 guard let id = Int(key) else { throw decoderTable.invalid(key, "added token ids must be integers") }
                 let token = try AddedToken(try decoderTable.object(key), id: id)
-                if !added.contains(where: { $0.content == token.content }) { added.append(token) }
+                if !added.contains(where: { $0.content.utf8.elementsEqual(token.content.utf8) }) { added.append(token) }
             }
         }
         let specialKeys = ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"]
@@ -162,8 +162,8 @@ public final class Tokenizer: Sendable {
         }
 
         addedTokens = Dictionary(added.map { ($0.id, $0) }, uniquingKeysWith: { _, last in last })
-        addedTokenIds = Dictionary(added.map { ($0.content, $0.id) }, uniquingKeysWith: { _, last in last })
-        specialTokens = Set(added.filter(\.special).map(\.content))
+        addedTokenIds = Dictionary(added.map { (TokenKey($0.content), $0.id) }, uniquingKeysWith: { _, last in last })
+        specialTokens = Set(added.filter(\.special).map { TokenKey($0.content) })
         rawMatcher = AddedTokenMatcher(added.filter { !$0.normalized }.map { (Array($0.content.unicodeScalars), $0) })
         let normalizer = pipeline.normalizer
         normalizedMatcher = AddedTokenMatcher(added.filter(\.normalized).map { token in
@@ -191,7 +191,7 @@ public final class Tokenizer: Sendable {
 
     /// The id of a token string: added tokens first, then the model's vocabulary.
     public func tokenId(_ token: String) -> Int? {
-        addedTokenIds[token] ?? model.tokenId(token)
+        addedTokenIds[TokenKey(token)] ?? model.tokenId(token)
     }
 
     /// The token string of an id, if the vocabulary has it.
@@ -305,7 +305,7 @@ public final class Tokenizer: Sendable {
     public func decode(_ ids: [Int], skipSpecialTokens: Bool = false) -> String {
         let tokens = ids.compactMap { id -> String? in
             guard let token = token(id) else { return nil }
-            return skipSpecialTokens && specialTokens.contains(token) ? nil : token
+            return skipSpecialTokens && specialTokens.contains(TokenKey(token)) ? nil : token
         }
         var text = decoder.map { $0.decode(tokens).joined() } ?? tokens.joined(separator: " ")
         // transformers skips this cleanup for BPE models: it would eat real spaces before punctuation.
@@ -397,11 +397,7 @@ struct Pipeline {
         }
         let vocabularyURL = directory.appendingPathComponent("vocab.json")
         let vocabularyJSON = try JSONObject.read(vocabularyURL)
-        var vocabulary: [String: Int] = [:]
-        for (token, value) in vocabularyJSON.values {
-            guard let id = JSONObject.integer(value), id >= 0 else { throw vocabularyJSON.invalid(token, "expected a non-negative integer id") }
-            vocabulary[token] = id
-        }
+        let vocabulary = try Vocabulary(vocabularyJSON, field: "vocab")
         let mergesURL = directory.appendingPathComponent("merges.txt")
         let mergesText: String
         do {
@@ -441,7 +437,7 @@ struct Pipeline {
         decoder = ByteLevelDecoder()
         var addedTokens: [AddedToken] = []
         var nextId = vocabulary.count
-        for content in [bos, eos] where !addedTokens.contains(where: { $0.content == content }) {
+        for content in [bos, eos] where !addedTokens.contains(where: { $0.content.utf8.elementsEqual(content.utf8) }) {
             let id = vocabulary[content] ?? nextId
             if id == nextId { nextId += 1 }
             addedTokens.append(AddedToken(id: id, content: content, normalized: false, special: true))
