@@ -40,5 +40,9 @@ private func checkReal(_ directory: String, _ fixture: String) throws {
 @Suite struct RealTokenizerTests {
     @Test func bertUncasedTokenizerJSON() throws { try checkReal("bert-uncased", "bert-uncased.json") }
 
+    @Test func bertUncasedFromVocabTxt() throws { try checkReal("bert-uncased-vocab", "bert-uncased.json") }
+
+    @Test func gpt2FromVocabAndMerges() throws { try checkReal("gpt2", "gpt2.json") }
+
     @Test func smolLM2FromGGUF() throws { try checkReal("smollm2", "smollm2.json") }
 }
