@@ -245,12 +245,27 @@ struct WordPiece: TokenizationModel {
     let unknownToken: String
     let continuingSubwordPrefix: String
     let maxInputCharactersPerWord: Int
+    private let unknownId: Int?
+    /// Every piece, for a word's start; and the pieces that begin with the prefix, without it, for what follows.
+    private let starts: ScalarTrie
+    private let continuations: ScalarTrie
 
     init(vocabulary: Vocabulary, unknownToken: String, continuingSubwordPrefix: String, maxInputCharactersPerWord: Int) {
         self.vocabulary = vocabulary
         self.unknownToken = unknownToken
         self.continuingSubwordPrefix = continuingSubwordPrefix
         self.maxInputCharactersPerWord = maxInputCharactersPerWord
+        unknownId = vocabulary[unknownToken]
+        var starts = ScalarTrie()
+        var continuations = ScalarTrie()
+        let prefix = Array(continuingSubwordPrefix.unicodeScalars)
+        for (key, id) in vocabulary.entries {
+            let scalars = Array(key.text.unicodeScalars)
+            starts.insert(scalars, id: id)
+            if scalars.starts(with: prefix) { continuations.insert(scalars[prefix.count...], id: id) }
+        }
+        self.starts = starts
+        self.continuations = continuations
     }
 
     var vocabularySize: Int { vocabulary.count }
@@ -258,24 +273,16 @@ struct WordPiece: TokenizationModel {
     func token(_ id: Int) -> String? { vocabulary.token(id) }
 
     func tokenize(_ word: [Unicode.Scalar]) -> [ModelToken] {
-        let unknown = vocabulary[unknownToken].map { [ModelToken(id: $0, range: 0..<word.count)] } ?? []
+        let unknown = unknownId.map { [ModelToken(id: $0, range: 0..<word.count)] } ?? []
         if word.count > maxInputCharactersPerWord { return unknown }
-        var ids: [ModelToken] = []
+        var tokens: [ModelToken] = []
         var start = 0
         while start < word.count {
-            var end = word.count
-            var found: Int?
-            while start < end {
-                var piece = String(String.UnicodeScalarView(word[start..<end]))
-                if start > 0 { piece = continuingSubwordPrefix + piece }
-                if let id = vocabulary[piece] { found = id; break }
-                end -= 1
-            }
-            guard let found else { return unknown }
-            ids.append(ModelToken(id: found, range: start..<end))
-            start = end
+            guard let match = (start == 0 ? starts : continuations).longestMatch(in: word, from: start) else { return unknown }
+            tokens.append(ModelToken(id: match.id, range: start..<match.end))
+            start = match.end
         }
-        return ids
+        return tokens
     }
 }
 

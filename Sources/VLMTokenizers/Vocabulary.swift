@@ -48,3 +48,52 @@ struct Vocabulary: Sendable {
 
     var entries: some Sequence<(key: TokenKey, value: Int)> { ids }
 }
+
+/// Vocabulary pieces as paths of scalars, for longest-prefix matches without building a string per candidate.
+struct ScalarTrie: Sendable {
+    /// Children: parent node << 32 | scalar → child node.
+    private var edges: [UInt64: UInt32] = [:]
+    /// The piece id ending at each node, -1 where none does.
+    private var ids: [Int32] = [-1]
+
+    mutating func insert(_ scalars: some Sequence<Unicode.Scalar>, id: Int) {
+        var node: UInt32 = 0
+        for scalar in scalars {
+            let key = UInt64(node) << 32 | UInt64(scalar.value)
+            if let child = edges[key] {
+                node = child
+            } else {
+                ids.append(-1)
+                node = UInt32(ids.count - 1)
+                edges[key] = node
+            }
+        }
+        ids[Int(node)] = Int32(id)
+    }
+
+    /// The longest piece that `word` has at `start`: where it ends and its id.
+    func longestMatch(in word: [Unicode.Scalar], from start: Int) -> (end: Int, id: Int)? {
+        var node: UInt32 = 0
+        var best: (end: Int, id: Int)?
+        var position = start
+        while position < word.count, let child = edges[UInt64(node) << 32 | UInt64(word[position].value)] {
+            node = child
+            position += 1
+            let id = ids[Int(node)]
+            if id >= 0 { best = (position, Int(id)) }
+        }
+        return best
+    }
+
+    /// Each piece that `word` has at `start`, shortest first: where it ends and its id.
+    func forEachMatch(in word: [Unicode.Scalar], from start: Int, _ body: (_ end: Int, _ id: Int) -> Void) {
+        var node: UInt32 = 0
+        var position = start
+        while position < word.count, let child = edges[UInt64(node) << 32 | UInt64(word[position].value)] {
+            node = child
+            position += 1
+            let id = ids[Int(node)]
+            if id >= 0 { body(position, Int(id)) }
+        }
+    }
+}
