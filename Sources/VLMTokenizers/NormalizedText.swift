@@ -70,20 +70,25 @@ struct NormalizedText {
         alignments = newAlignments
     }
 
-    /// Maps each scalar to zero or more scalars: the first inherits the old scalar's alignment, the others are insertions.
-    mutating func flatMap(_ map: (Unicode.Scalar) -> [Unicode.Scalar]) {
+    /// Maps each scalar to zero or more scalars, which `map` appends to its second argument: the first inherits the
+    /// old scalar's alignment, the others are insertions.
+    mutating func flatMap(_ map: (Unicode.Scalar, inout [Unicode.Scalar]) -> Void) {
         var newScalars: [Unicode.Scalar] = []
         var newAlignments: [Range<Int>] = []
         newScalars.reserveCapacity(scalars.count)
         newAlignments.reserveCapacity(scalars.count)
         for (scalar, alignment) in zip(scalars, alignments) {
-            for mapped in map(scalar) {
-                newScalars.append(mapped)
-                newAlignments.append(alignment)
-            }
+            let before = newScalars.count
+            map(scalar, &newScalars)
+            for _ in before..<newScalars.count { newAlignments.append(alignment) }
         }
         scalars = newScalars
         alignments = newAlignments
+    }
+
+    /// Replaces each scalar with one scalar, alignments unchanged.
+    mutating func map(_ transform: (Unicode.Scalar) -> Unicode.Scalar) {
+        for index in scalars.indices { scalars[index] = transform(scalars[index]) }
     }
 
     /// Inserts `prefix` before the first scalar, aligned with it (tokenizers' `prepend`).

@@ -156,11 +156,12 @@ struct Lowercase: Normalizer {
             }
             return
         }
-        text.flatMap { scalar in
+        text.flatMap { scalar, output in
             if scalar.value < 0x80 {
-                return [scalar.value >= 0x41 && scalar.value <= 0x5A ? Unicode.Scalar(scalar.value + 32)! : scalar]
+                output.append(scalar.value >= 0x41 && scalar.value <= 0x5A ? Unicode.Scalar(scalar.value + 32)! : scalar)
+            } else {
+                output.append(contentsOf: scalar.properties.lowercaseMapping.unicodeScalars)
             }
-            return Array(scalar.properties.lowercaseMapping.unicodeScalars)
         }
     }
 }
@@ -215,10 +216,12 @@ struct BertNormalizer: Normalizer {
     func normalize(_ text: inout NormalizedText) {
         if cleanText {
             text.filter { !($0.value == 0 || $0.value == 0xFFFD || isBertControl($0)) }
-            text.flatMap { [$0.isRegexWhitespace ? " " : $0] }
+            text.map { $0.isRegexWhitespace ? " " : $0 }
         }
         if handleChineseCharacters && text.scalars.contains(where: isCJKIdeograph) {
-            text.flatMap { isCJKIdeograph($0) ? [" ", $0, " "] : [$0] }
+            text.flatMap { scalar, output in
+                if isCJKIdeograph(scalar) { output += [" ", scalar, " "] } else { output.append(scalar) }
+            }
         }
         if stripAccents {
             UnicodeNormalization(form: .nfd).normalize(&text)

@@ -111,7 +111,9 @@ struct ByteLevelPreTokenizer: PreTokenizer {
             }
             return text
         }
-        text.flatMap { scalar in UTF8.encode(scalar)!.map { ByteLevelAlphabet.characters[Int($0)] } }
+        text.flatMap { scalar, output in
+            for byte in UTF8.encode(scalar)! { output.append(ByteLevelAlphabet.characters[Int(byte)]) }
+        }
         return text
     }
 }

@@ -16,7 +16,10 @@ struct TokenKey: Hashable, Sendable {
 /// A model's token strings and ids, looked up byte for byte.
 struct Vocabulary: Sendable {
     private var ids: [TokenKey: Int] = [:]
-    private var tokens: [Int: String] = [:]
+    /// Tokens by id: an array for the usual dense ids, a dictionary for ids far beyond the entry count (so that a
+    /// hostile file cannot make a giant allocation).
+    private var denseTokens: [String?] = []
+    private var sparseTokens: [Int: String] = [:]
 
     init() {}
 
@@ -38,13 +41,28 @@ struct Vocabulary: Sendable {
         get { ids[TokenKey(token)] }
         set {
             let key = TokenKey(token)
-            if let old = ids[key], tokens[old].map(TokenKey.init) == key { tokens[old] = nil }
+            if let old = ids[key], self.token(old).map(TokenKey.init) == key { setToken(nil, for: old) }
             ids[key] = newValue
-            if let newValue, tokens[newValue] == nil { tokens[newValue] = token }
+            if let newValue, self.token(newValue) == nil { setToken(token, for: newValue) }
         }
     }
 
-    func token(_ id: Int) -> String? { tokens[id] }
+    func token(_ id: Int) -> String? {
+        if id >= 0 && id < denseTokens.count, let token = denseTokens[id] { return token }
+        return sparseTokens.isEmpty ? nil : sparseTokens[id]
+    }
+
+    private mutating func setToken(_ token: String?, for id: Int) {
+        if token == nil {
+            if id >= 0 && id < denseTokens.count { denseTokens[id] = nil }
+            sparseTokens[id] = nil
+        } else if id >= 0 && id < 2 * ids.count + 65536 {
+            if id >= denseTokens.count { denseTokens += repeatElement(nil, count: id + 1 - denseTokens.count) }
+            denseTokens[id] = token
+        } else {
+            sparseTokens[id] = token
+        }
+    }
 
     var entries: some Sequence<(key: TokenKey, value: Int)> { ids }
 }

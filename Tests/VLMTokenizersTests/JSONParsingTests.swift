@@ -33,6 +33,15 @@ import Testing
         #expect(model.token(1)?.unicodeScalars.first == "\u{212B}")
     }
 
+    @Test func farApartIdsNeedNoGiantTable() throws {
+        let json = #"{"model": {"type": "WordLevel", "unk_token": "a", "vocab": {"a": 0, "b": 1000000000000, "c": 2}}}"#
+        let model = try makeModel(try JSONObject.parse(Data(json.utf8), file: "tokenizer.json").object("model"))
+        #expect(model.tokenId("b") == 1_000_000_000_000)
+        #expect(model.token(1_000_000_000_000) == "b")
+        #expect(model.token(2) == "c")
+        #expect(model.token(1) == nil)
+    }
+
     @Test func malformedJSONFailsWithItsPosition() {
         for bad in ["{\"a\": 1,}", "[\"\\ud800\"]", "{\"a\" 1}", "[01]", "[1.]", "[1e]", String(repeating: "[", count: 200) + String(repeating: "]", count: 200), "{\"a\": 1} x", "[\"\u{01}\"]", "[1e999]"] {
             #expect(throws: TokenizerJSONParser.Failure.self, "\(bad)") { try TokenizerJSONParser.parse(Data(bad.utf8)) }
