@@ -60,9 +60,10 @@ struct NormalizedText {
 
     /// Keeps the scalars `keep` accepts, each with its own alignment (tokenizers' `filter`).
     mutating func filter(_ keep: (Unicode.Scalar) -> Bool) {
-        var newScalars: [Unicode.Scalar] = []
-        var newAlignments: [Range<Int>] = []
-        for (scalar, alignment) in zip(scalars, alignments) where keep(scalar) {
+        guard let firstDropped = scalars.firstIndex(where: { !keep($0) }) else { return }
+        var newScalars = Array(scalars[..<firstDropped])
+        var newAlignments = Array(alignments[..<firstDropped])
+        for (scalar, alignment) in zip(scalars[(firstDropped + 1)...], alignments[(firstDropped + 1)...]) where keep(scalar) {
             newScalars.append(scalar)
             newAlignments.append(alignment)
         }

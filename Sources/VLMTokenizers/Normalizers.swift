@@ -220,7 +220,13 @@ struct BertNormalizer: Normalizer {
         }
         if handleChineseCharacters && text.scalars.contains(where: isCJKIdeograph) {
             text.flatMap { scalar, output in
-                if isCJKIdeograph(scalar) { output += [" ", scalar, " "] } else { output.append(scalar) }
+                if isCJKIdeograph(scalar) {
+                    output.append(" ")
+                    output.append(scalar)
+                    output.append(" ")
+                } else {
+                    output.append(scalar)
+                }
             }
         }
         if stripAccents {
@@ -234,6 +240,7 @@ struct BertNormalizer: Normalizer {
 /// BERT counts tab, newline and carriage return as whitespace, every other category C character as a control.
 func isBertControl(_ scalar: Unicode.Scalar) -> Bool {
     if scalar == "\t" || scalar == "\n" || scalar == "\r" { return false }
+    if scalar.value < 0x80 { return scalar.value < 0x20 || scalar.value == 0x7F }
     switch scalar.properties.generalCategory {
     case .control, .format, .unassigned, .privateUse, .surrogate: return true
     default: return false
