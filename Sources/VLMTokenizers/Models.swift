@@ -308,9 +308,8 @@ struct Unigram: TokenizationModel {
     private let pieces: [String]
     private let scores: [Double]
     private let ids: [TokenKey: Int]
-    /// A trie over the pieces' scalars: children by scalar, and the piece id ending at each node (-1 if none).
-    private let children: [[UInt32: Int32]]
-    private let terminal: [Int32]
+    /// The pieces by their scalars (a repeated piece has its last id, as in tokenizers' token_to_ids).
+    private let trie: ScalarTrie
     private let unknownId: Int?
     private let unknownScore: Double
     private let byteFallback: Bool
@@ -334,22 +333,10 @@ struct Unigram: TokenizationModel {
             scores.append(score)
         }
         var ids: [TokenKey: Int] = [:]
-        var children: [[UInt32: Int32]] = [[:]]
-        var terminal: [Int32] = [-1]
+        var trie = ScalarTrie()
         for (id, piece) in pieces.enumerated() {
             ids[TokenKey(piece)] = id
-            var node = 0
-            for scalar in piece.unicodeScalars {
-                if let child = children[node][scalar.value] {
-                    node = Int(child)
-                } else {
-                    children.append([:])
-                    terminal.append(-1)
-                    children[node][scalar.value] = Int32(children.count - 1)
-                    node = children.count - 1
-                }
-            }
-            terminal[node] = Int32(id)
+            trie.insert(piece.unicodeScalars, id: id)
         }
         let unknownId = object.isNull("unk_id") ? nil : try object.int("unk_id")
         if let unknownId, !(0..<pieces.count).contains(unknownId) {
@@ -358,8 +345,7 @@ struct Unigram: TokenizationModel {
         self.pieces = pieces
         self.scores = scores
         self.ids = ids
-        self.children = children
-        self.terminal = terminal
+        self.trie = trie
         self.unknownId = unknownId
         // tokenizers' kUnkPenalty.
         unknownScore = (scores.min() ?? 0) - 10
@@ -375,13 +361,8 @@ struct Unigram: TokenizationModel {
         for start in 0..<count where start == 0 || bestStart[start] >= 0 {
             let scoreSoFar = bestScore[start]
             var hasSingle = false
-            var node = 0
-            var end = start
-            while end < count, let child = children[node][word[end].value] {
-                node = Int(child)
-                end += 1
-                let id = Int(terminal[node])
-                guard id >= 0 else { continue }
+            // Shortest first, and only a strictly better score replaces: tokenizers' encode_optimized.
+            trie.forEachMatch(in: word, from: start) { end, id in
                 let candidate = scoreSoFar + scores[id]
                 if bestStart[end] < 0 || candidate > bestScore[end] {
                     bestScore[end] = candidate
