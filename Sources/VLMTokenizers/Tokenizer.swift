@@ -117,8 +117,9 @@ public final class Tokenizer: Sendable {
     public let padTokenId: Int?
 
     /// Loads tokenizer.json (+ tokenizer_config.json for model_max_length, special tokens, padding side...) from a
-    /// checkpoint directory; falls back to vocab.json + merges.txt (CLIP/GPT-2 style: tokenizer_config.json's
-    /// "tokenizer_class" says which) when there is no tokenizer.json.
+    /// checkpoint directory; without tokenizer.json, rebuilds the pipeline from the vocabulary files as transformers
+    /// does for tokenizer_config.json's "tokenizer_class": vocab.json + merges.txt for CLIPTokenizer and
+    /// GPT2Tokenizer, vocab.txt for BertTokenizer.
     public convenience init(directory: URL) throws {
         let configURL = directory.appendingPathComponent("tokenizer_config.json")
         let config = FileManager.default.fileExists(atPath: configURL.path) ? try JSONObject.read(configURL) : nil
