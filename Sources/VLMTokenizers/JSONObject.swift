@@ -5,6 +5,15 @@ struct JSONObject {
     let file: String
     let path: String
     let values: [String: Any]
+    /// The members in file order with their keys byte for byte (vocabularies).
+    let members: [(key: String, value: Any)]
+
+    init(file: String, path: String, members: JSONMembers) {
+        self.file = file
+        self.path = path
+        self.values = members.dictionary
+        self.members = members.pairs
+    }
 
     static func read(_ url: URL) throws -> JSONObject {
         let data: Data
@@ -19,14 +28,14 @@ struct JSONObject {
     static func parse(_ data: Data, file: String) throws -> JSONObject {
         let any: Any
         do {
-            any = try JSONSerialization.jsonObject(with: data)
+            any = try TokenizerJSONParser.parse(data)
         } catch {
             throw TokenizerError.malformedJSON(file: file, reason: "\(error)")
         }
-        guard let values = any as? [String: Any] else {
+        guard let members = any as? JSONMembers else {
             throw TokenizerError.malformedJSON(file: file, reason: "the top level is not an object")
         }
-        return JSONObject(file: file, path: "$", values: values)
+        return JSONObject(file: file, path: "$", members: members)
     }
 
     func invalid(_ key: String, _ reason: String) -> TokenizerError {
@@ -36,8 +45,8 @@ struct JSONObject {
     func isNull(_ key: String) -> Bool { values[key] == nil || values[key] is NSNull }
 
     func object(_ key: String) throws -> JSONObject {
-        guard let value = values[key] as? [String: Any] else { throw invalid(key, "expected an object") }
-        return JSONObject(file: file, path: "\(path).\(key)", values: value)
+        guard let value = values[key] as? JSONMembers else { throw invalid(key, "expected an object") }
+        return JSONObject(file: file, path: "\(path).\(key)", members: value)
     }
 
     func optionalObject(_ key: String) throws -> JSONObject? { isNull(key) ? nil : try object(key) }
@@ -45,8 +54,8 @@ struct JSONObject {
     func objects(_ key: String) throws -> [JSONObject] {
         guard let array = values[key] as? [Any] else { throw invalid(key, "expected an array") }
         return try array.enumerated().map { index, element in
-            guard let object = element as? [String: Any] else { throw invalid("\(key)[\(index)]", "expected an object") }
-            return JSONObject(file: file, path: "\(path).\(key)[\(index)]", values: object)
+            guard let object = element as? JSONMembers else { throw invalid("\(key)[\(index)]", "expected an object") }
+            return JSONObject(file: file, path: "\(path).\(key)[\(index)]", members: object)
         }
     }
 
@@ -79,7 +88,7 @@ struct JSONObject {
     func tokenContent(_ key: String) throws -> String? {
         if isNull(key) { return nil }
         if let text = values[key] as? String { return text }
-        if let object = values[key] as? [String: Any], let text = object["content"] as? String { return text }
+        if let object = values[key] as? JSONMembers, let text = object.dictionary["content"] as? String { return text }
         throw invalid(key, "expected a token string or an object with \"content\"")
     }
 }

@@ -38,7 +38,7 @@ func makeModel(_ object: JSONObject) throws -> any TokenizationModel {
             }
         }
         return try BPE(
-            vocabulary: try vocabulary(object), merges: pairs, file: object.file,
+            vocabulary: try Vocabulary(try object.object("vocab"), field: "vocab"), merges: pairs, file: object.file,
             unknownToken: try object.optionalString("unk_token"),
             continuingSubwordPrefix: try object.optionalString("continuing_subword_prefix") ?? "",
             endOfWordSuffix: try object.optionalString("end_of_word_suffix") ?? "",
@@ -47,42 +47,25 @@ func makeModel(_ object: JSONObject) throws -> any TokenizationModel {
             ignoreMerges: try object.bool("ignore_merges", default: false))
     case "WordPiece":
         return WordPiece(
-            vocabulary: try vocabulary(object),
+            vocabulary: try Vocabulary(try object.object("vocab"), field: "vocab"),
             unknownToken: try object.optionalString("unk_token") ?? "[UNK]",
             continuingSubwordPrefix: try object.optionalString("continuing_subword_prefix") ?? "##",
             maxInputCharactersPerWord: object.isNull("max_input_chars_per_word") ? 100 : try object.int("max_input_chars_per_word"))
     case "Unigram":
         return try Unigram(object)
     case "WordLevel":
-        let vocabulary = try vocabulary(object)
-        return WordLevel(vocabulary: vocabulary, tokens: inverted(vocabulary),
+        return WordLevel(vocabulary: try Vocabulary(try object.object("vocab"), field: "vocab"),
                          unknownToken: try object.optionalString("unk_token"))
     default:
         throw TokenizerError.unsupportedComponent(file: object.file, path: object.path, type: type)
     }
 }
 
-func inverted(_ vocabulary: [String: Int]) -> [Int: String] {
-    Dictionary(vocabulary.map { ($1, $0) }, uniquingKeysWith: { first, _ in first })
-}
-
-private func vocabulary(_ object: JSONObject) throws -> [String: Int] {
-    guard let raw = object.values["vocab"] as? [String: Any] else { throw object.invalid("vocab", "expected an object") }
-    var vocabulary: [String: Int] = [:]
-    vocabulary.reserveCapacity(raw.count)
-    for (token, value) in raw {
-        guard let id = JSONObject.integer(value), id >= 0 else { throw object.invalid("vocab", "id of \"\(token)\" is not a non-negative integer") }
-        vocabulary[token] = id
-    }
-    return vocabulary
-}
-
 /// Byte-pair encoding: a word starts as its characters and merges the adjacent pair of lowest rank until none is left.
 final class BPE: TokenizationModel {
     private struct Merge { let rank: UInt32; let id: Int }
 
-    let vocabulary: [String: Int]
-    private let tokens: [Int: String]
+    let vocabulary: Vocabulary
     private let merges: [UInt64: Merge]
     let unknownToken: String?
     let continuingSubwordPrefix: String
@@ -95,14 +78,10 @@ final class BPE: TokenizationModel {
 
     var vocabularySize: Int { vocabulary.count }
 
-    init(vocabulary: [String: Int], merges: [(String, String)], file: String, unknownToken: String?,
+    init(vocabulary: Vocabulary, merges: [(String, String)], file: String, unknownToken: String?,
          continuingSubwordPrefix: String, endOfWordSuffix: String, fuseUnknown: Bool = false,
          byteFallback: Bool = false, ignoreMerges: Bool = false) throws {
         self.vocabulary = vocabulary
-        var tokens: [Int: String] = [:]
-        tokens.reserveCapacity(vocabulary.count)
-        for (token, id) in vocabulary { tokens[id] = token }
-        self.tokens = tokens
         var table: [UInt64: Merge] = [:]
         table.reserveCapacity(merges.count)
         for (rank, (left, right)) in merges.enumerated() {
@@ -124,7 +103,7 @@ final class BPE: TokenizationModel {
     }
 
     func tokenId(_ token: String) -> Int? { vocabulary[token] }
-    func token(_ id: Int) -> String? { tokens[id] }
+    func token(_ id: Int) -> String? { vocabulary.token(id) }
 
     private static func pairKey(_ left: Int, _ right: Int) -> UInt64 { UInt64(UInt32(truncatingIfNeeded: left)) << 32 | UInt64(UInt32(truncatingIfNeeded: right)) }
 
@@ -262,55 +241,59 @@ struct MinHeap {
 
 /// WordPiece: the longest vocabulary prefix, then the longest `##`-continuation, and so on; the unknown token if stuck.
 struct WordPiece: TokenizationModel {
-    let vocabulary: [String: Int]
-    private let tokens: [Int: String]
+    let vocabulary: Vocabulary
     let unknownToken: String
     let continuingSubwordPrefix: String
     let maxInputCharactersPerWord: Int
+    private let unknownId: Int?
+    /// Every piece, for a word's start; and the pieces that begin with the prefix, without it, for what follows.
+    private let starts: ScalarTrie
+    private let continuations: ScalarTrie
 
-    init(vocabulary: [String: Int], unknownToken: String, continuingSubwordPrefix: String, maxInputCharactersPerWord: Int) {
+    init(vocabulary: Vocabulary, unknownToken: String, continuingSubwordPrefix: String, maxInputCharactersPerWord: Int) {
         self.vocabulary = vocabulary
-        self.tokens = Dictionary(vocabulary.map { ($1, $0) }, uniquingKeysWith: { first, _ in first })
         self.unknownToken = unknownToken
         self.continuingSubwordPrefix = continuingSubwordPrefix
         self.maxInputCharactersPerWord = maxInputCharactersPerWord
+        unknownId = vocabulary[unknownToken]
+        var starts = ScalarTrie()
+        var continuations = ScalarTrie()
+        let prefix = Array(continuingSubwordPrefix.unicodeScalars)
+        for (key, id) in vocabulary.entries {
+            let scalars = Array(key.text.unicodeScalars)
+            starts.insert(scalars, id: id)
+            if scalars.starts(with: prefix) { continuations.insert(scalars[prefix.count...], id: id) }
+        }
+        self.starts = starts
+        self.continuations = continuations
     }
 
     var vocabularySize: Int { vocabulary.count }
     func tokenId(_ token: String) -> Int? { vocabulary[token] }
-    func token(_ id: Int) -> String? { tokens[id] }
+    func token(_ id: Int) -> String? { vocabulary.token(id) }
 
     func tokenize(_ word: [Unicode.Scalar]) -> [ModelToken] {
-        let unknown = vocabulary[unknownToken].map { [ModelToken(id: $0, range: 0..<word.count)] } ?? []
+        let unknown = unknownId.map { [ModelToken(id: $0, range: 0..<word.count)] } ?? []
         if word.count > maxInputCharactersPerWord { return unknown }
-        var ids: [ModelToken] = []
+        var tokens: [ModelToken] = []
         var start = 0
         while start < word.count {
-            var end = word.count
-            var found: Int?
-            while start < end {
-                var piece = String(String.UnicodeScalarView(word[start..<end]))
-                if start > 0 { piece = continuingSubwordPrefix + piece }
-                if let id = vocabulary[piece] { found = id; break }
-                end -= 1
-            }
-            guard let found else { return unknown }
-            ids.append(ModelToken(id: found, range: start..<end))
-            start = end
+            guard let match = (start == 0 ? starts : continuations).longestMatch(in: word, from: start) else { return unknown }
+            tokens.append(ModelToken(id: match.id, range: start..<match.end))
+            start = match.end
         }
-        return ids
+        return tokens
     }
 }
 
 /// WordLevel: whole words looked up in the vocabulary, the unknown token otherwise.
 struct WordLevel: TokenizationModel {
-    let vocabulary: [String: Int]
-    let tokens: [Int: String]
+    let vocabulary: Vocabulary
     let unknownToken: String?
 
     var vocabularySize: Int { vocabulary.count }
     func tokenId(_ token: String) -> Int? { vocabulary[token] }
-    func token(_ id: Int) -> String? { tokens[id] }
+    func token(_ id: Int) -> String? { vocabulary.token(id) }
 
     func tokenize(_ word: [Unicode.Scalar]) -> [ModelToken] {
         if let id = vocabulary[String(String.UnicodeScalarView(word))] { return [ModelToken(id: id, range: 0..<word.count)] }
@@ -324,16 +307,15 @@ struct WordLevel: TokenizationModel {
 struct Unigram: TokenizationModel {
     private let pieces: [String]
     private let scores: [Double]
-    private let ids: [String: Int]
-    /// A trie over the pieces' scalars: children by scalar, and the piece id ending at each node (-1 if none).
-    private let children: [[UInt32: Int32]]
-    private let terminal: [Int32]
+    private let ids: [TokenKey: Int]
+    /// The pieces by their scalars (a repeated piece has its last id, as in tokenizers' token_to_ids).
+    private let trie: ScalarTrie
     private let unknownId: Int?
     private let unknownScore: Double
     private let byteFallback: Bool
 
     var vocabularySize: Int { pieces.count }
-    func tokenId(_ token: String) -> Int? { ids[token] }
+    func tokenId(_ token: String) -> Int? { ids[TokenKey(token)] }
     func token(_ id: Int) -> String? { id >= 0 && id < pieces.count ? pieces[id] : nil }
 
     init(_ object: JSONObject) throws {
@@ -350,23 +332,11 @@ struct Unigram: TokenizationModel {
             pieces.append(piece)
             scores.append(score)
         }
-        var ids: [String: Int] = [:]
-        var children: [[UInt32: Int32]] = [[:]]
-        var terminal: [Int32] = [-1]
+        var ids: [TokenKey: Int] = [:]
+        var trie = ScalarTrie()
         for (id, piece) in pieces.enumerated() {
-            ids[piece] = id
-            var node = 0
-            for scalar in piece.unicodeScalars {
-                if let child = children[node][scalar.value] {
-                    node = Int(child)
-                } else {
-                    children.append([:])
-                    terminal.append(-1)
-                    children[node][scalar.value] = Int32(children.count - 1)
-                    node = children.count - 1
-                }
-            }
-            terminal[node] = Int32(id)
+            ids[TokenKey(piece)] = id
+            trie.insert(piece.unicodeScalars, id: id)
         }
         let unknownId = object.isNull("unk_id") ? nil : try object.int("unk_id")
         if let unknownId, !(0..<pieces.count).contains(unknownId) {
@@ -375,8 +345,7 @@ struct Unigram: TokenizationModel {
         self.pieces = pieces
         self.scores = scores
         self.ids = ids
-        self.children = children
-        self.terminal = terminal
+        self.trie = trie
         self.unknownId = unknownId
         // tokenizers' kUnkPenalty.
         unknownScore = (scores.min() ?? 0) - 10
@@ -392,13 +361,8 @@ struct Unigram: TokenizationModel {
         for start in 0..<count where start == 0 || bestStart[start] >= 0 {
             let scoreSoFar = bestScore[start]
             var hasSingle = false
-            var node = 0
-            var end = start
-            while end < count, let child = children[node][word[end].value] {
-                node = Int(child)
-                end += 1
-                let id = Int(terminal[node])
-                guard id >= 0 else { continue }
+            // Shortest first, and only a strictly better score replaces: tokenizers' encode_optimized.
+            trie.forEachMatch(in: word, from: start) { end, id in
                 let candidate = scoreSoFar + scores[id]
                 if bestStart[end] < 0 || candidate > bestScore[end] {
                     bestScore[end] = candidate
@@ -434,12 +398,13 @@ struct Unigram: TokenizationModel {
         tokens.reserveCapacity(pieces.count)
         for (range, _) in pieces.reversed() {
             let text = String(String.UnicodeScalarView(word[range]))
-            if let known = ids[text] {
+            // tokenizers looks the piece up again by its text: fused unknowns that spell a piece get its id.
+            if let known = ids[TokenKey(text)] {
                 tokens.append(ModelToken(id: known, range: range))
                 continue
             }
             if byteFallback {
-                let byteIds = text.utf8.map { ids["<0x" + hex($0) + ">"] }
+                let byteIds = text.utf8.map { ids[TokenKey("<0x" + hex($0) + ">")] }
                 if byteIds.allSatisfy({ $0 != nil }) {
                     tokens += byteIds.map { ModelToken(id: $0!, range: range) }
                     continue

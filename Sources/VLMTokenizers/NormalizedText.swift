@@ -60,9 +60,10 @@ struct NormalizedText {
 
     /// Keeps the scalars `keep` accepts, each with its own alignment (tokenizers' `filter`).
     mutating func filter(_ keep: (Unicode.Scalar) -> Bool) {
-        var newScalars: [Unicode.Scalar] = []
-        var newAlignments: [Range<Int>] = []
-        for (scalar, alignment) in zip(scalars, alignments) where keep(scalar) {
+        guard let firstDropped = scalars.firstIndex(where: { !keep($0) }) else { return }
+        var newScalars = Array(scalars[..<firstDropped])
+        var newAlignments = Array(alignments[..<firstDropped])
+        for (scalar, alignment) in zip(scalars[(firstDropped + 1)...], alignments[(firstDropped + 1)...]) where keep(scalar) {
             newScalars.append(scalar)
             newAlignments.append(alignment)
         }
@@ -70,20 +71,25 @@ struct NormalizedText {
         alignments = newAlignments
     }
 
-    /// Maps each scalar to zero or more scalars: the first inherits the old scalar's alignment, the others are insertions.
-    mutating func flatMap(_ map: (Unicode.Scalar) -> [Unicode.Scalar]) {
+    /// Maps each scalar to zero or more scalars, which `map` appends to its second argument: the first inherits the
+    /// old scalar's alignment, the others are insertions.
+    mutating func flatMap(_ map: (Unicode.Scalar, inout [Unicode.Scalar]) -> Void) {
         var newScalars: [Unicode.Scalar] = []
         var newAlignments: [Range<Int>] = []
         newScalars.reserveCapacity(scalars.count)
         newAlignments.reserveCapacity(scalars.count)
         for (scalar, alignment) in zip(scalars, alignments) {
-            for mapped in map(scalar) {
-                newScalars.append(mapped)
-                newAlignments.append(alignment)
-            }
+            let before = newScalars.count
+            map(scalar, &newScalars)
+            for _ in before..<newScalars.count { newAlignments.append(alignment) }
         }
         scalars = newScalars
         alignments = newAlignments
+    }
+
+    /// Replaces each scalar with one scalar, alignments unchanged.
+    mutating func map(_ transform: (Unicode.Scalar) -> Unicode.Scalar) {
+        for index in scalars.indices { scalars[index] = transform(scalars[index]) }
     }
 
     /// Inserts `prefix` before the first scalar, aligned with it (tokenizers' `prepend`).

@@ -1,3 +1,4 @@
+import Synchronization
 import Foundation
 
 /// A tokenizer.json `normalizer`: rewrites the text before it is split into words, keeping track of where each
@@ -72,27 +73,62 @@ struct UnicodeNormalization: Normalizer {
         return Array(result.unicodeScalars)
     }
 
+    /// Single scalars normalized before, per form: Foundation's normalization costs microseconds a call.
+    private static let singleScalarCache = Mutex<[UInt64: [Unicode.Scalar]]>([:])
+    private static let singleScalarCacheCapacity = 1 << 16
+
+    private func normalized(_ scalar: Unicode.Scalar) -> [Unicode.Scalar] {
+        let formIndex: UInt64 = switch form {
+        case .nfc: 0
+        case .nfd: 1
+        case .nfkc: 2
+        case .nfkd: 3
+        }
+        let key = UInt64(scalar.value) | formIndex << 32
+        if let cached = Self.singleScalarCache.withLock({ $0[key] }) { return cached }
+        let result = normalized([scalar][...])
+        Self.singleScalarCache.withLock { cache in
+            if cache.count < Self.singleScalarCacheCapacity { cache[key] = result }
+        }
+        return result
+    }
+
     func normalize(_ text: inout NormalizedText) {
         // Below U+0300 every character is already NFC; ASCII is invariant under all four forms.
         let invariantBelow: UInt32 = form == .nfc ? 0x300 : 0x80
-        if text.scalars.allSatisfy({ $0.value < invariantBelow }) { return }
-        let whole = normalized(text.scalars[...])
+        guard let firstVariant = text.scalars.firstIndex(where: { $0.value >= invariantBelow }) else { return }
         var chunkStarts: [Int] = []
-        for (index, scalar) in text.scalars.enumerated() {
-            let joinsPrevious = scalar.properties.canonicalCombiningClass != .notReordered
-                || (0x1160...0x11FF).contains(scalar.value) || (0xD7B0...0xD7FF).contains(scalar.value)
-            if index == 0 || !joinsPrevious { chunkStarts.append(index) }
+        for index in firstVariant..<text.scalars.count {
+            let scalar = text.scalars[index]
+            let joinsPrevious = scalar.value >= 0x300 && (scalar.properties.canonicalCombiningClass != .notReordered
+                || (0x1160...0x11FF).contains(scalar.value) || (0xD7B0...0xD7FF).contains(scalar.value))
+            if index == firstVariant || !joinsPrevious { chunkStarts.append(index) }
         }
         chunkStarts.append(text.scalars.count)
-        var changes: [(Unicode.Scalar, Int)] = []
-        changes.reserveCapacity(whole.count)
-        for (start, end) in zip(chunkStarts, chunkStarts.dropFirst()) {
-            appendChanges(from: end - start, to: normalized(text.scalars[start..<end]), into: &changes)
+        // The chunk before the first variant scalar may take combining marks that follow it.
+        if firstVariant > 0 && chunkStarts.count > 1 && text.scalars[firstVariant].properties.canonicalCombiningClass != .notReordered {
+            chunkStarts[0] = firstVariant - 1
         }
-        // Compositions across chunks (rare): align the whole text as one chunk instead.
-        if changes.count != whole.count || !zip(changes, whole).allSatisfy({ $0.0 == $1 }) {
-            changes.removeAll()
-            appendChanges(from: text.scalars.count, to: whole, into: &changes)
+        var changes: [(Unicode.Scalar, Int)] = []
+        changes.reserveCapacity(text.scalars.count + 8)
+        for scalar in text.scalars[..<chunkStarts[0]] { changes.append((scalar, 0)) }
+        var unchanged = true
+        for (start, end) in zip(chunkStarts, chunkStarts.dropFirst()) {
+            let chunk = text.scalars[start..<end]
+            let new = chunk.count == 1 ? (chunk.first!.value < invariantBelow ? [chunk.first!] : normalized(chunk.first!)) : normalized(chunk)
+            if unchanged && !new.elementsEqual(chunk) { unchanged = false }
+            appendChanges(from: end - start, to: new, into: &changes)
+        }
+        if unchanged && (form == .nfd || form == .nfkd) { return }
+        // Decompositions never cross chunks; compositions (NFC, NFKC) rarely do: then align the whole text as one chunk.
+        if form == .nfc || form == .nfkc {
+            let whole = normalized(text.scalars[...])
+            if changes.count != whole.count || !zip(changes, whole).allSatisfy({ $0.0 == $1 }) {
+                changes.removeAll()
+                appendChanges(from: text.scalars.count, to: whole, into: &changes)
+            } else if unchanged {
+                return
+            }
         }
         text.transform(changes)
     }
@@ -120,11 +156,12 @@ struct Lowercase: Normalizer {
             }
             return
         }
-        text.flatMap { scalar in
+        text.flatMap { scalar, output in
             if scalar.value < 0x80 {
-                return [scalar.value >= 0x41 && scalar.value <= 0x5A ? Unicode.Scalar(scalar.value + 32)! : scalar]
+                output.append(scalar.value >= 0x41 && scalar.value <= 0x5A ? Unicode.Scalar(scalar.value + 32)! : scalar)
+            } else {
+                output.append(contentsOf: scalar.properties.lowercaseMapping.unicodeScalars)
             }
-            return Array(scalar.properties.lowercaseMapping.unicodeScalars)
         }
     }
 }
@@ -179,10 +216,18 @@ struct BertNormalizer: Normalizer {
     func normalize(_ text: inout NormalizedText) {
         if cleanText {
             text.filter { !($0.value == 0 || $0.value == 0xFFFD || isBertControl($0)) }
-            text.flatMap { [$0.isRegexWhitespace ? " " : $0] }
+            text.map { $0.isRegexWhitespace ? " " : $0 }
         }
         if handleChineseCharacters && text.scalars.contains(where: isCJKIdeograph) {
-            text.flatMap { isCJKIdeograph($0) ? [" ", $0, " "] : [$0] }
+            text.flatMap { scalar, output in
+                if isCJKIdeograph(scalar) {
+                    output.append(" ")
+                    output.append(scalar)
+                    output.append(" ")
+                } else {
+                    output.append(scalar)
+                }
+            }
         }
         if stripAccents {
             UnicodeNormalization(form: .nfd).normalize(&text)
@@ -195,6 +240,7 @@ struct BertNormalizer: Normalizer {
 /// BERT counts tab, newline and carriage return as whitespace, every other category C character as a control.
 func isBertControl(_ scalar: Unicode.Scalar) -> Bool {
     if scalar == "\t" || scalar == "\n" || scalar == "\r" { return false }
+    if scalar.value < 0x80 { return scalar.value < 0x20 || scalar.value == 0x7F }
     switch scalar.properties.generalCategory {
     case .control, .format, .unassigned, .privateUse, .surrogate: return true
     default: return false

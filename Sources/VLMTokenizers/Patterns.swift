@@ -32,14 +32,26 @@ struct AlternationPattern: Pattern {
         /// `[^\s\p{L}\p{N}]`
         case other
 
-        func contains(_ scalar: Unicode.Scalar) -> Bool {
+        /// Whether a scalar of the given `kind` (see `AlternationPattern.kind`) is in the class.
+        func contains(kind: UInt8) -> Bool {
             switch self {
-            case .letter: scalar.isLetter
-            case .number: scalar.isNumber
-            case .whitespace: scalar.isRegexWhitespace
-            case .other: !scalar.isRegexWhitespace && !scalar.isLetter && !scalar.isNumber
+            case .letter: kind == AlternationPattern.letterKind
+            case .number: kind == AlternationPattern.numberKind
+            case .whitespace: kind == AlternationPattern.whitespaceKind
+            case .other: kind == 0
             }
         }
+    }
+
+    fileprivate static let letterKind: UInt8 = 1, numberKind: UInt8 = 2, whitespaceKind: UInt8 = 3
+    private static let asciiKinds: [UInt8] = (0..<128).map { kind(Unicode.Scalar(UInt8($0))) }
+
+    /// Which of the classes a scalar is in, the general-category lookup done once per scalar (0: none, "other").
+    private static func kind(_ scalar: Unicode.Scalar) -> UInt8 {
+        if scalar.isRegexWhitespace { return whitespaceKind }
+        if scalar.isLetter { return letterKind }
+        if scalar.isNumber { return numberKind }
+        return 0
     }
 
     enum Alternative: Sendable {
@@ -81,9 +93,10 @@ struct AlternationPattern: Pattern {
 
     func matches(in text: [Unicode.Scalar]) -> [Range<Int>] {
         var result: [Range<Int>] = []
+        let kinds = text.map { $0.value < 0x80 ? Self.asciiKinds[Int($0.value)] : Self.kind($0) }
         var position = 0
         while position < text.count {
-            if let end = matchEnd(in: text, at: position) {
+            if let end = matchEnd(in: text, kinds: kinds, at: position) {
                 result.append(position..<end)
                 position = end
             } else {
@@ -94,7 +107,7 @@ struct AlternationPattern: Pattern {
     }
 
     /// The end of the first alternative that matches at `start`; none of them can match empty.
-    private func matchEnd(in text: [Unicode.Scalar], at start: Int) -> Int? {
+    private func matchEnd(in text: [Unicode.Scalar], kinds: [UInt8], at start: Int) -> Int? {
         for alternative in alternatives {
             switch alternative {
             case let .literal(literal):
@@ -103,19 +116,19 @@ struct AlternationPattern: Pattern {
                 }
             case let .run(characterClass, repeated, optionalSpace):
                 var first = start
-                if optionalSpace && text[start] == " " && start + 1 < text.count && characterClass.contains(text[start + 1]) {
+                if optionalSpace && text[start] == " " && start + 1 < text.count && characterClass.contains(kind: kinds[start + 1]) {
                     first = start + 1
                 }
-                guard characterClass.contains(text[first]) else { continue }
+                guard characterClass.contains(kind: kinds[first]) else { continue }
                 var end = first + 1
                 if repeated {
-                    while end < text.count && characterClass.contains(text[end]) { end += 1 }
+                    while end < text.count && characterClass.contains(kind: kinds[end]) { end += 1 }
                 }
                 return end
             case .whitespaceNotBeforeNonSpace:
-                guard text[start].isRegexWhitespace else { continue }
+                guard kinds[start] == Self.whitespaceKind else { continue }
                 var end = start + 1
-                while end < text.count && text[end].isRegexWhitespace { end += 1 }
+                while end < text.count && kinds[end] == Self.whitespaceKind { end += 1 }
                 if end == text.count { return end }
                 if end - 1 > start { return end - 1 }
             }

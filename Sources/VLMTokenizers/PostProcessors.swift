@@ -80,14 +80,14 @@ private func templatePieces(_ object: JSONObject, _ key: String, _ specialTokens
     guard let pieces = object.values[key] as? [Any] else { throw object.invalid(key, "expected an array") }
     return try pieces.enumerated().map { index, piece in
         let path = "\(key)[\(index)]"
-        guard let piece = piece as? [String: Any] else { throw object.invalid(path, "expected an object") }
-        if let sequence = piece["Sequence"] as? [String: Any], let name = sequence["id"] as? String, name == "A" || name == "B" {
+        guard let piece = (piece as? JSONMembers)?.dictionary else { throw object.invalid(path, "expected an object") }
+        if let sequence = (piece["Sequence"] as? JSONMembers)?.dictionary, let name = sequence["id"] as? String, name == "A" || name == "B" {
             return .sequence(second: name == "B", typeId: JSONObject.integer(sequence["type_id"]) ?? 0)
         }
-        guard let special = piece["SpecialToken"] as? [String: Any], let name = special["id"] as? String else {
+        guard let special = (piece["SpecialToken"] as? JSONMembers)?.dictionary, let name = special["id"] as? String else {
             throw object.invalid(path, "expected {\"Sequence\": {\"id\": \"A\" or \"B\"}} or {\"SpecialToken\": ...}")
         }
-        guard let entry = specialTokens?.values[name] as? [String: Any], let ids = entry["ids"] as? [Any],
+        guard let entry = (specialTokens?.values[name] as? JSONMembers)?.dictionary, let ids = entry["ids"] as? [Any],
               let tokens = entry["tokens"] as? [String], ids.count == tokens.count else {
             throw object.invalid("special_tokens", "no ids and tokens for \"\(name)\"")
         }

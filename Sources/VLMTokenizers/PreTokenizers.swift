@@ -33,10 +33,7 @@ func makePreTokenizer(_ object: JSONObject) throws -> any PreTokenizer {
         guard delimiter.count == 1 else { throw object.invalid("delimiter", "expected one character") }
         return Split(pattern: ScalarPattern { $0 == delimiter[0] }, behavior: .removed, invert: false)
     case "BertPreTokenizer":
-        return PreTokenizerSequence(preTokenizers: [
-            Split(pattern: ScalarPattern { $0.isRegexWhitespace }, behavior: .removed, invert: false),
-            Split(pattern: ScalarPattern(accepts: isBertPunctuation), behavior: .isolated, invert: false),
-        ])
+        return bertPreTokenizer()
     case "Punctuation":
         return Split(pattern: ScalarPattern(accepts: isBertPunctuation), behavior: try behavior(default: .isolated), invert: false)
     case "Digits":
@@ -114,7 +111,9 @@ struct ByteLevelPreTokenizer: PreTokenizer {
             }
             return text
         }
-        text.flatMap { scalar in UTF8.encode(scalar)!.map { ByteLevelAlphabet.characters[Int($0)] } }
+        text.flatMap { scalar, output in
+            for byte in UTF8.encode(scalar)! { output.append(ByteLevelAlphabet.characters[Int(byte)]) }
+        }
         return text
     }
 }
@@ -165,4 +164,12 @@ func isBertPunctuation(_ scalar: Unicode.Scalar) -> Bool {
     default:
         return false
     }
+}
+
+/// BERT's pre-tokenizer: split on whitespace, then every punctuation character on its own.
+func bertPreTokenizer() -> PreTokenizerSequence {
+    PreTokenizerSequence(preTokenizers: [
+        Split(pattern: ScalarPattern { $0.isRegexWhitespace }, behavior: .removed, invert: false),
+        Split(pattern: ScalarPattern(accepts: isBertPunctuation), behavior: .isolated, invert: false),
+    ])
 }

@@ -96,10 +96,10 @@ public final class Tokenizer: Sendable {
     private let postProcessor: (any PostProcessor)?
     private let decoder: (any Decoder)?
     private let addedTokens: [Int: AddedToken]
-    private let addedTokenIds: [String: Int]
+    private let addedTokenIds: [TokenKey: Int]
     private let rawMatcher: AddedTokenMatcher
     private let normalizedMatcher: AddedTokenMatcher
-    private let specialTokens: Set<String>
+    private let specialTokens: Set<TokenKey>
     private let padToken: String?
     private let padOnLeft: Bool
     private let truncateOnLeft: Bool
@@ -117,8 +117,9 @@ public final class Tokenizer: Sendable {
     public let padTokenId: Int?
 
     /// Loads tokenizer.json (+ tokenizer_config.json for model_max_length, special tokens, padding side...) from a
-    /// checkpoint directory; falls back to vocab.json + merges.txt (CLIP/GPT-2 style: tokenizer_config.json's
-    /// "tokenizer_class" says which) when there is no tokenizer.json.
+    /// checkpoint directory; without tokenizer.json, rebuilds the pipeline from the vocabulary files as transformers
+    /// does for tokenizer_config.json's "tokenizer_class": vocab.json + merges.txt for CLIPTokenizer and
+    /// GPT2Tokenizer, vocab.txt for BertTokenizer.
     public convenience init(directory: URL) throws {
         let configURL = directory.appendingPathComponent("tokenizer_config.json")
         let config = FileManager.default.fileExists(atPath: configURL.path) ? try JSONObject.read(configURL) : nil
@@ -141,10 +142,10 @@ public final class Tokenizer: Sendable {
 
         var added = pipeline.addedTokens
         func tokenId(_ content: String) -> Int? {
-            added.first { $0.content == content }?.id ?? pipeline.model.tokenId(content)
+            added.first { $0.content.utf8.elementsEqual(content.utf8) }?.id ?? pipeline.model.tokenId(content)
         }
         func addSpecial(_ content: String?) {
-            guard let content, !content.isEmpty, !added.contains(where: { $0.content == content }) else { return }
+            guard let content, !content.isEmpty, !added.contains(where: { $0.content.utf8.elementsEqual(content.utf8) }) else { return }
             let id = pipeline.model.tokenId(content) ?? max(pipeline.model.vocabularySize, (added.map(\.id).max() ?? -1) + 1)
             added.append(AddedToken(id: id, content: content, normalized: false, special: true))
         }
@@ -152,7 +153,7 @@ public final class Tokenizer: Sendable {
             for (key, _) in decoderTable.values.sorted(by: { (Int($0.key) ?? 0) < (Int($1.key) ?? 0) }) {
                 guard let id = Int(key) else { throw decoderTable.invalid(key, "added token ids must be integers") }
                 let token = try AddedToken(try decoderTable.object(key), id: id)
-                if !added.contains(where: { $0.content == token.content }) { added.append(token) }
+                if !added.contains(where: { $0.content.utf8.elementsEqual(token.content.utf8) }) { added.append(token) }
             }
         }
         let specialKeys = ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"]
@@ -162,8 +163,8 @@ public final class Tokenizer: Sendable {
         }
 
         addedTokens = Dictionary(added.map { ($0.id, $0) }, uniquingKeysWith: { _, last in last })
-        addedTokenIds = Dictionary(added.map { ($0.content, $0.id) }, uniquingKeysWith: { _, last in last })
-        specialTokens = Set(added.filter(\.special).map(\.content))
+        addedTokenIds = Dictionary(added.map { (TokenKey($0.content), $0.id) }, uniquingKeysWith: { _, last in last })
+        specialTokens = Set(added.filter(\.special).map { TokenKey($0.content) })
         rawMatcher = AddedTokenMatcher(added.filter { !$0.normalized }.map { (Array($0.content.unicodeScalars), $0) })
         let normalizer = pipeline.normalizer
         normalizedMatcher = AddedTokenMatcher(added.filter(\.normalized).map { token in
@@ -191,7 +192,7 @@ public final class Tokenizer: Sendable {
 
     /// The id of a token string: added tokens first, then the model's vocabulary.
     public func tokenId(_ token: String) -> Int? {
-        addedTokenIds[token] ?? model.tokenId(token)
+        addedTokenIds[TokenKey(token)] ?? model.tokenId(token)
     }
 
     /// The token string of an id, if the vocabulary has it.
@@ -305,7 +306,7 @@ public final class Tokenizer: Sendable {
     public func decode(_ ids: [Int], skipSpecialTokens: Bool = false) -> String {
         let tokens = ids.compactMap { id -> String? in
             guard let token = token(id) else { return nil }
-            return skipSpecialTokens && specialTokens.contains(token) ? nil : token
+            return skipSpecialTokens && specialTokens.contains(TokenKey(token)) ? nil : token
         }
         var text = decoder.map { $0.decode(tokens).joined() } ?? tokens.joined(separator: " ")
         // transformers skips this cleanup for BPE models: it would eat real spaces before punctuation.
@@ -385,72 +386,5 @@ struct Pipeline {
         postProcessor = try json.optionalObject("post_processor").map(makePostProcessor)
         decoder = try json.optionalObject("decoder").map(makeDecoder)
         addedTokens = json.isNull("added_tokens") ? [] : try json.objects("added_tokens").map { try AddedToken($0, id: try $0.int("id")) }
-    }
-
-    /// CLIP's pipeline over vocab.json + merges.txt, as transformers' CLIPTokenizer builds it.
-    init(legacyDirectory directory: URL, config: JSONObject?) throws {
-        let tokenizerClass = try config?.optionalString("tokenizer_class")
-        guard tokenizerClass == "CLIPTokenizer" || tokenizerClass == "CLIPTokenizerFast" else {
-            throw TokenizerError.noTokenizerFiles(
-                directory: directory.path,
-                reason: "no tokenizer.json, and tokenizer class \(tokenizerClass.map { "\"\($0)\"" } ?? "(none)") has no vocab.json + merges.txt loader")
-        }
-        let vocabularyURL = directory.appendingPathComponent("vocab.json")
-        let vocabularyJSON = try JSONObject.read(vocabularyURL)
-        var vocabulary: [String: Int] = [:]
-        for (token, value) in vocabularyJSON.values {
-            guard let id = JSONObject.integer(value), id >= 0 else { throw vocabularyJSON.invalid(token, "expected a non-negative integer id") }
-            vocabulary[token] = id
-        }
-        let mergesURL = directory.appendingPathComponent("merges.txt")
-        let mergesText: String
-        do {
-            mergesText = try String(contentsOf: mergesURL, encoding: .utf8)
-        } catch {
-            throw TokenizerError.unreadable(file: mergesURL.path, reason: "\(error)")
-        }
-        var merges: [(String, String)] = []
-        // Scalars, not Characters: "\r\n" and a space before a combining mark are single Characters.
-        var lines = mergesText.unicodeScalars.split(separator: "\n", omittingEmptySubsequences: false)
-        if lines.last?.isEmpty == true { lines.removeLast() }
-        for (index, line) in lines.enumerated() {
-            let line = line.last == "\r" ? line.dropLast() : line
-            if line.starts(with: "#version".unicodeScalars) { continue }
-            let parts = line.split(separator: " ", omittingEmptySubsequences: false).map { String(String.UnicodeScalarView($0)) }
-            guard parts.count == 2 else {
-                throw TokenizerError.invalidField(file: mergesURL.path, path: "line \(index + 1)", reason: "expected two tokens separated by one space")
-            }
-            merges.append((String(parts[0]), String(parts[1])))
-        }
-
-        let bos = try config?.tokenContent("bos_token") ?? "<|startoftext|>"
-        let eos = try config?.tokenContent("eos_token") ?? "<|endoftext|>"
-        let unknown = try config?.tokenContent("unk_token") ?? "<|endoftext|>"
-        model = try BPE(vocabulary: vocabulary, merges: merges, file: mergesURL.path, unknownToken: unknown,
-                        continuingSubwordPrefix: "", endOfWordSuffix: "</w>")
-        normalizer = NormalizerSequence(normalizers: [
-            UnicodeNormalization(form: .nfc),
-            Replace(pattern: AlternationPattern.known(#"\s+"#)!, content: [" "]),
-            Lowercase(),
-        ])
-        preTokenizer = PreTokenizerSequence(preTokenizers: [
-            Split(pattern: AlternationPattern.known(#"<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"#)!,
-                  behavior: .removed, invert: true),
-            ByteLevelPreTokenizer(addPrefixSpace: false, useRegex: true),
-        ])
-        decoder = ByteLevelDecoder()
-        var addedTokens: [AddedToken] = []
-        var nextId = vocabulary.count
-        for content in [bos, eos] where !addedTokens.contains(where: { $0.content == content }) {
-            let id = vocabulary[content] ?? nextId
-            if id == nextId { nextId += 1 }
-            addedTokens.append(AddedToken(id: id, content: content, normalized: false, special: true))
-        }
-        self.addedTokens = addedTokens
-        let bosToken = (id: addedTokens[0].id, token: bos), eosToken = (id: addedTokens.last!.id, token: eos)
-        postProcessor = Template(
-            single: [.special([bosToken], typeId: 0), .sequence(second: false, typeId: 0), .special([eosToken], typeId: 0)],
-            pair: [.special([bosToken], typeId: 0), .sequence(second: false, typeId: 0), .special([eosToken, eosToken], typeId: 0),
-                   .sequence(second: true, typeId: 0), .special([eosToken], typeId: 0)])
     }
 }

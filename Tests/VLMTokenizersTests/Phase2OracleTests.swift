@@ -99,4 +99,8 @@ private func checkPhase2(_ directory: String, _ fixture: String, minimumStrings:
     @Test func gpt2StyleOffsetsPairsTruncation() throws { try checkPhase2("gpt2-style", "gpt2_style_phase2.json", minimumStrings: 1500) }
 
     @Test func bertStyleOffsetsPairsTruncation() throws { try checkPhase2("bert-style", "bert_style_phase2.json", minimumStrings: 1500) }
+
+    @Test func t5StyleUnigramPrecompiledMetaspace() throws { try checkPhase2("t5-style", "t5_style_phase2.json", minimumStrings: 5000) }
+
+    @Test func llamaStyleByteFallbackMetaspace() throws { try checkPhase2("llama-style", "llama_style_phase2.json", minimumStrings: 5000) }
 }
