@@ -1,3 +1,4 @@
+#if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
 internal import CDNNL
 internal import Foundation
 
@@ -259,3 +260,5 @@ extension Tensor {
     /// The storage as the untyped pointer oneDNN's memory objects take. oneDNN only reads inputs.
     var rawPointer: UnsafeMutableRawPointer { UnsafeMutableRawPointer(storage.pointer) }
 }
+
+#endif
