@@ -4,17 +4,14 @@
 #include "kernels_internal.h"
 
 #if defined(__APPLE__)
+// The CBLAS header of macOS 13.3 and later; the older one is deprecated.
+#define ACCELERATE_NEW_LAPACK
 #include <Accelerate/Accelerate.h>
 
-int vlm_gemm(ptrdiff_t m, ptrdiff_t n, ptrdiff_t k, const float *a, ptrdiff_t lda, const float *b, ptrdiff_t ldb,
-             int transpose_b, float *c, ptrdiff_t ldc) {
-    if (m <= 0 || n <= 0) return 0;
-    if (k <= 0) {
-        for (ptrdiff_t i = 0; i < m; i++) memset(c + i * ldc, 0, (size_t)n * sizeof(float));
-        return 0;
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, transpose_b ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, 1.0f, a,
-                (int)lda, b, (int)ldb, 0.0f, c, (int)ldc);
+static int multiply(ptrdiff_t m, ptrdiff_t n, ptrdiff_t k, const float *a, ptrdiff_t lda, const float *b, ptrdiff_t ldb,
+                    int transpose_b, float *c, ptrdiff_t ldc) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, transpose_b ? CblasTrans : CblasNoTrans, (__LAPACK_int)m, (__LAPACK_int)n,
+                (__LAPACK_int)k, 1.0f, a, (__LAPACK_int)lda, b, (__LAPACK_int)ldb, 0.0f, c, (__LAPACK_int)ldc);
     return 0;
 }
 
@@ -37,13 +34,11 @@ PORTABLE_CLONES static void multiply_panel(ptrdiff_t m, ptrdiff_t n, ptrdiff_t k
     }
 }
 
-int vlm_gemm(ptrdiff_t m, ptrdiff_t n, ptrdiff_t k, const float *a, ptrdiff_t lda, const float *b, ptrdiff_t ldb,
-             int transpose_b, float *c, ptrdiff_t ldc) {
-    if (m <= 0 || n <= 0) return 0;
-    for (ptrdiff_t i = 0; i < m; i++) memset(c + i * ldc, 0, (size_t)n * sizeof(float));
-    if (k <= 0) return 0;
+static int multiply(ptrdiff_t m, ptrdiff_t n, ptrdiff_t k, const float *a, ptrdiff_t lda, const float *b, ptrdiff_t ldb,
+                    int transpose_b, float *c, ptrdiff_t ldc) {
     float *panel = malloc(sizeof(float) * PANEL_K * PANEL_N);
     if (!panel) return -1;
+    for (ptrdiff_t i = 0; i < m; i++) memset(c + i * ldc, 0, (size_t)n * sizeof(float));
     for (ptrdiff_t j0 = 0; j0 < n; j0 += PANEL_N) {
         ptrdiff_t columns = n - j0 < PANEL_N ? n - j0 : PANEL_N;
         for (ptrdiff_t p0 = 0; p0 < k; p0 += PANEL_K) {
@@ -61,3 +56,13 @@ int vlm_gemm(ptrdiff_t m, ptrdiff_t n, ptrdiff_t k, const float *a, ptrdiff_t ld
 }
 
 #endif
+
+int vlm_gemm(ptrdiff_t m, ptrdiff_t n, ptrdiff_t k, const float *a, ptrdiff_t lda, const float *b, ptrdiff_t ldb,
+             int transpose_b, float *c, ptrdiff_t ldc) {
+    if (m <= 0 || n <= 0) return 0;
+    if (k <= 0) {
+        for (ptrdiff_t i = 0; i < m; i++) memset(c + i * ldc, 0, (size_t)n * sizeof(float));
+        return 0;
+    }
+    return multiply(m, n, k, a, lda, b, ldb, transpose_b, c, ldc);
+}
