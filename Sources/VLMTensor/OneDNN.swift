@@ -2,8 +2,8 @@
 internal import CDNNL
 internal import Foundation
 
-// Everything that talks to oneDNN's C API directly lives in this file: the engine, the stream, memory descriptors,
-// primitive creation and execution, and the primitive caches.
+// The oneDNN machinery the oneDNN backend (the OneDNN*.swift files) builds on: the engine, the stream, memory
+// descriptors, primitive creation and execution, and the primitive caches.
 
 /// The process-wide oneDNN CPU engine and stream.
 ///
