@@ -19,9 +19,14 @@ let package = Package(
         .systemLibrary(name: "CSPNG", path: "Sources/CSPNG"),
         .systemLibrary(name: "CWebP", path: "Sources/CWebP"),
 
-        // Hand-written AVX-512 kernels (attention, layer norm) with portable fallbacks.
-        .target(name: "CVLMKernels"),
-        .target(name: "VLMTensor", dependencies: ["CDNNL", "CVLMKernels"]),
+        // Hand-written AVX-512 kernels (attention, layer norm) with portable fallbacks, and the GEMM of builds
+        // without oneDNN (Accelerate on Apple platforms).
+        .target(name: "CVLMKernels", linkerSettings: [.linkedFramework("Accelerate", .when(platforms: [.macOS, .iOS]))]),
+        // oneDNN 2.x is Linux-only here (Homebrew ships 3.x, another C API); elsewhere VLMTensor uses CVLMKernels.
+        .target(name: "VLMTensor", dependencies: [
+            .target(name: "CDNNL", condition: .when(platforms: [.linux])),
+            "CVLMKernels",
+        ]),
         .target(name: "VLMCheckpoint", dependencies: ["VLMTensor"]),
         .target(name: "VLMTokenizers"),
         .target(name: "VLMImages", dependencies: ["VLMTensor", "CTurboJPEG", "CSPNG", "CWebP"]),

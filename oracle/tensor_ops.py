@@ -221,6 +221,13 @@ for name, batch, length, heads, width, causal, padded in [
     out = eager_attention(q.contiguous(), k.contiguous(), v.contiguous(), heads, causal, mask, (width // heads) ** -0.5)
     case(name, "attentionPacked", inputs, {"y": out}, heads=heads, causal=causal)
 
+# Wider than one panel of the portable backend's GEMM (256 columns) and deeper (128), so its tiling is exercised.
+# Appended last so the cases above keep their random inputs.
+a, b = randn(3, 140), randn(140, 260)
+case("matmul_panels", "matmul", {"a": a, "b": b}, {"y": a @ b}, transposeB=False)
+b = randn(260, 140)
+case("matmul_panels_transposed", "matmul", {"a": a, "b": b}, {"y": a @ b.T}, transposeB=True)
+
 os.makedirs(OUT, exist_ok=True)
 with open(os.path.join(OUT, "tensor_ops.bin"), "wb") as f:
     f.write(b"".join(blob))

@@ -5,6 +5,14 @@
 
 // The implementations behind vlm_kernels.h's entry points; the entry points pick one.
 
+/// Marks a portable function to be compiled twice on x86-64 Linux, also for x86-64-v3 (AVX2, FMA); the loader
+/// picks that copy where the CPU has it.
+#if defined(__x86_64__) && defined(__ELF__)
+#define PORTABLE_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define PORTABLE_CLONES
+#endif
+
 int vlm_attention_scalar(const vlm_attention_problem *problem);
 void vlm_layer_norm_scalar(const float *x, float *y, ptrdiff_t rows, ptrdiff_t features, const float *weight,
                            const float *bias, float eps);

@@ -10,11 +10,6 @@
 // path and the GEMM kernels behind PyTorch. On x86-64 Linux the functions are also compiled for x86-64-v3 (AVX2,
 // FMA) and the loader picks that copy where the CPU has it; elsewhere fmaf is a single instruction (arm64) or a
 // library call (x86-64 before 2013).
-#if defined(__x86_64__) && defined(__ELF__)
-#define PORTABLE_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define PORTABLE_CLONES
-#endif
 
 /// Keys per row of the packed kᵀ; a multiple of the widest vector so rows stay aligned.
 enum { PACK = 16 };

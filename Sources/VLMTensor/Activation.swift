@@ -1,4 +1,8 @@
-internal import CDNNL
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
 
 /// The activation functions transformer checkpoints name in their configs.
 public enum Activation: Sendable, Hashable {
@@ -15,20 +19,15 @@ public enum Activation: Sendable, Hashable {
     /// `x·sigmoid(x)` (transformers "silu"/"swish").
     case silu
 
-    /// The oneDNN eltwise algorithm and its alpha/beta, nil for identity.
-    var eltwise: (algorithm: dnnl_alg_kind_t, alpha: Float, beta: Float)? {
+    /// The function on one value, in fp32 as PyTorch computes it; the portable backend's implementation.
+    func callAsFunction(_ x: Float) -> Float {
         switch self {
-        case .identity: nil
-        case .gelu: (dnnl_eltwise_gelu_erf, 0, 0)
-        case .geluTanh: (dnnl_eltwise_gelu_tanh, 0, 0)
-        // oneDNN's swish is x·sigmoid(alpha·x).
-        case .quickGelu: (dnnl_eltwise_swish, 1.702, 0)
-        case .relu: (dnnl_eltwise_relu, 0, 0)
-        case .silu: (dnnl_eltwise_swish, 1, 0)
+        case .identity: x
+        case .gelu: 0.5 * x * (1 + erf(x * 0.70710678118654752))
+        case .geluTanh: 0.5 * x * (1 + tanh(0.79788456080286536 * (x + 0.044715 * x * x * x)))
+        case .quickGelu: x / (1 + exp(-1.702 * x))
+        case .relu: max(x, 0)
+        case .silu: x / (1 + exp(-x))
         }
-    }
-
-    var postOps: [PostOp] {
-        eltwise.map { [.eltwise($0.algorithm, alpha: $0.alpha, beta: $0.beta)] } ?? []
     }
 }

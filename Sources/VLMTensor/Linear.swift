@@ -1,5 +1,3 @@
-internal import CDNNL
-
 /// Why a layer could not be built from the given weights.
 public enum LayerError: Error, CustomStringConvertible {
     case weightRank(layer: String, expected: Int, shape: [Int])
@@ -20,49 +18,51 @@ public enum LayerError: Error, CustomStringConvertible {
 
 /// `nn.Linear`: `y = x·Wᵀ + b`, optionally followed by a fused activation and a residual addition.
 ///
-/// The weight is reordered once, at init, into the blocked layout oneDNN's matmul prefers; the primitive for each
-/// row count is created on first use and cached. Safe to call from several threads.
+/// On oneDNN the weight is packed once, at init, and the matmul for each row count is created on first use and
+/// cached. Safe to call from several threads.
 public final class Linear: @unchecked Sendable {
     /// Size of the last dimension of the input.
     public let inFeatures: Int
     /// Size of the last dimension of the output.
     public let outFeatures: Int
 
-    private let weights: PackedBuffer
-    private let bias: Tensor?
-    private let primitives = PrimitiveCache<Key>(capacity: 64)
+    private let implementation: Implementation
 
-    private struct Key: Hashable {
-        let rows: Int
-        let activation: Activation
-        let residual: Bool
+    private enum Implementation {
+        #if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
+        case oneDNN(OneDNNLinear)
+        #endif
+        /// PyTorch's `[out, in]` weight as given, then the bias, the activation and the residual one row at a time.
+        case portable(weight: Tensor, bias: Tensor?)
     }
 
     /// - Parameters:
     ///   - weight: `[out, in]`, as PyTorch stores it.
     ///   - bias: `[out]`, or nil.
     /// - Throws: `LayerError` when the weight is not 2-D or the bias does not match it.
-    public init(weight: Tensor, bias: Tensor?) throws {
+    public convenience init(weight: Tensor, bias: Tensor?) throws {
+        try self.init(weight: weight, bias: bias, backend: .best)
+    }
+
+    init(weight: Tensor, bias: Tensor?, backend: Backend) throws {
         guard weight.rank == 2 else { throw LayerError.weightRank(layer: "Linear", expected: 2, shape: weight.shape) }
         outFeatures = weight.shape[0]
         inFeatures = weight.shape[1]
         if let bias, bias.shape != [outFeatures] {
             throw LayerError.biasShape(layer: "Linear", expected: [outFeatures], shape: bias.shape)
         }
-        self.bias = bias
-        // PyTorch's [out, in] row-major weight is the matmul's [in, out] operand with strides (1, in). The
-        // blocked layout brgemm picks does not depend on the row count, so any row count serves to ask for it.
-        let plain = memoryDescriptor([inFeatures, outFeatures], strides: [1, inFeatures])
-        let probe = Linear.makePrimitive(rows: 128, inFeatures: inFeatures, outFeatures: outFeatures,
-                                         weights: memoryDescriptor([inFeatures, outFeatures], tag: dnnl_format_tag_any),
-                                         hasBias: bias != nil, activation: .identity, residual: false)
-        weights = PackedBuffer(descriptor: probe.descriptor(for: DNNL_ARG_WEIGHTS), from: weight.rawPointer, sourceDescriptor: plain)
+        switch backend {
+        #if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
+        case .oneDNN: implementation = .oneDNN(OneDNNLinear(weight: weight, bias: bias))
+        #endif
+        case .portable: implementation = .portable(weight: weight, bias: bias)
+        }
     }
 
     /// Applies the layer to `x` of shape `[..., inFeatures]`, giving `[..., outFeatures]`.
     ///
     /// - Parameters:
-    ///   - activation: applied to `x·Wᵀ + b` inside the matmul.
+    ///   - activation: applied to `x·Wᵀ + b`.
     ///   - residual: a tensor of the output's shape added after the activation.
     public func callAsFunction(_ x: Tensor, activation: Activation = .identity, residual: Tensor? = nil) -> Tensor {
         precondition(x.rank >= 1 && x.shape.last == inFeatures, "Linear(\(inFeatures) -> \(outFeatures)) got input \(x.shape)")
@@ -70,39 +70,26 @@ public final class Linear: @unchecked Sendable {
         if let residual {
             precondition(residual.shape == Array(outputShape), "Linear residual \(residual.shape) does not match output \(outputShape)")
         }
-        let rows = x.count / inFeatures
+        let rows = Tensor.elementCount(Array(x.shape.dropLast()))
         let output = Tensor(uninitialized: Array(outputShape))
-        if rows == 0 { return output }
-        let key = Key(rows: rows, activation: activation, residual: residual != nil)
-        let primitive = primitives.primitive(for: key) {
-            Linear.makePrimitive(rows: rows, inFeatures: inFeatures, outFeatures: outFeatures, weights: weights.descriptor,
-                                 hasBias: bias != nil, activation: activation, residual: residual != nil)
+        if output.count == 0 { return output }
+        switch implementation {
+        #if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
+        case let .oneDNN(layer): layer.apply(x, rows: rows, activation: activation, residual: residual, into: output)
+        #endif
+        case let .portable(weight, bias):
+            gemm(m: rows, n: outFeatures, k: inFeatures, x.storage.pointer, weight.storage.pointer, transposeB: true,
+                 into: output.storage.pointer)
+            for row in 0..<rows {
+                let out = output.storage.pointer + row * outFeatures
+                for column in 0..<outFeatures {
+                    out[column] = activation(out[column] + (bias?.storage.pointer[column] ?? 0))
+                }
+                if let residual {
+                    for column in 0..<outFeatures { out[column] += residual.storage.pointer[row * outFeatures + column] }
+                }
+            }
         }
-        var arguments: [(Int32, UnsafeMutableRawPointer)] = [
-            (DNNL_ARG_SRC, x.rawPointer), (DNNL_ARG_WEIGHTS, weights.pointer), (DNNL_ARG_DST, output.rawPointer),
-        ]
-        if let bias { arguments.append((DNNL_ARG_BIAS, bias.rawPointer)) }
-        if let residual { arguments.append((postOpSource(activation == .identity ? 0 : 1), residual.rawPointer)) }
-        primitive.execute(arguments)
         return output
-    }
-
-    private static func makePrimitive(rows: Int, inFeatures: Int, outFeatures: Int, weights: dnnl_memory_desc_t,
-                                      hasBias: Bool, activation: Activation, residual: Bool) -> Primitive {
-        var source = memoryDescriptor([rows, inFeatures])
-        var weights = weights
-        var bias = memoryDescriptor([1, outFeatures])
-        var destination = memoryDescriptor([rows, outFeatures])
-        var operation = dnnl_matmul_desc_t()
-        let status = hasBias
-            ? dnnl_matmul_desc_init(&operation, &source, &weights, &bias, &destination)
-            : dnnl_matmul_desc_init(&operation, &source, &weights, nil, &destination)
-        checkDNNL(status, "Linear matmul descriptor [\(rows), \(inFeatures)] -> \(outFeatures)")
-        var attributes = PrimitiveAttributes(postOps: activation.postOps)
-        if residual { attributes.postOps.append(.add(destination)) }
-        guard let primitive = Primitive("Linear matmul", operation: operation, attributes: attributes) else {
-            fatalError("oneDNN has no matmul for Linear [\(rows), \(inFeatures)] -> \(outFeatures) with the packed weight layout")
-        }
-        return primitive
     }
 }

@@ -1,8 +1,9 @@
+#if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
 internal import CDNNL
 internal import Foundation
 
-// Everything that talks to oneDNN's C API directly lives in this file: the engine, the stream, memory descriptors,
-// primitive creation and execution, and the primitive caches.
+// The oneDNN machinery the oneDNN backend (the OneDNN*.swift files) builds on: the engine, the stream, memory
+// descriptors, primitive creation and execution, and the primitive caches.
 
 /// The process-wide oneDNN CPU engine and stream.
 ///
@@ -259,3 +260,5 @@ extension Tensor {
     /// The storage as the untyped pointer oneDNN's memory objects take. oneDNN only reads inputs.
     var rawPointer: UnsafeMutableRawPointer { UnsafeMutableRawPointer(storage.pointer) }
 }
+
+#endif

@@ -4,37 +4,39 @@ import Testing
 @Suite struct LayerTests {
     let fixtures = OpFixtures.shared
 
-    @Test(arguments: OpFixtures.names(op: "linear"))
-    func linearMatchesTorch(name: String) throws {
+    @Test(arguments: OpFixtures.names(op: "linear"), Backend.allCases)
+    func linearMatchesTorch(name: String, backend: Backend) throws {
         let c = try #require(fixtures.cases[name])
-        let layer = try Linear(weight: c.input("weight"), bias: c.optionalInput("bias"))
+        let layer = try Linear(weight: c.input("weight"), bias: c.optionalInput("bias"), backend: backend)
         let y = layer(c.input("x"), activation: activationNamed(try #require(c.params.activation)), residual: c.optionalInput("residual"))
-        expectClose(y, c.output(), name)
+        expectClose(y, c.output(), "\(name) \(backend)")
     }
 
     /// One row and then all rows through the same layer: the weights packed once serve every row count.
-    @Test func linearServesEveryRowCount() throws {
+    @Test(arguments: Backend.allCases)
+    func linearServesEveryRowCount(backend: Backend) throws {
         let c = try #require(fixtures.cases["linear_bias"])
-        let layer = try Linear(weight: c.input("weight"), bias: c.input("bias"))
+        let layer = try Linear(weight: c.input("weight"), bias: c.input("bias"), backend: backend)
         #expect(layer.inFeatures == 64 && layer.outFeatures == 96)
         let x = c.input("x").reshaped([-1, 64])
         let expected = c.output().reshaped([-1, 96])
         for rows in [1, 5, x.shape[0]] {
             let head = Tensor(shape: [rows, 64], scalars: Array(x.scalars[..<(rows * 64)]))
             let wanted = Tensor(shape: [rows, 96], scalars: Array(expected.scalars[..<(rows * 96)]))
-            expectClose(layer(head), wanted, "linear on \(rows) rows")
+            expectClose(layer(head), wanted, "linear on \(rows) rows, \(backend)")
         }
     }
 
-    @Test func linearIsSafeToShareBetweenTasks() async throws {
+    @Test(arguments: Backend.allCases)
+    func linearIsSafeToShareBetweenTasks(backend: Backend) async throws {
         let c = try #require(fixtures.cases["linear_gelu_residual"])
-        let layer = try Linear(weight: c.input("weight"), bias: c.input("bias"))
+        let layer = try Linear(weight: c.input("weight"), bias: c.input("bias"), backend: backend)
         let (x, residual, expected) = (c.input("x"), c.input("residual"), c.output())
         let results = await withTaskGroup(of: Tensor.self) { group in
             for _ in 0..<8 { group.addTask { layer(x, activation: .gelu, residual: residual) } }
             return await group.reduce(into: []) { $0.append($1) }
         }
-        for result in results { expectClose(result, expected, "concurrent linear") }
+        for result in results { expectClose(result, expected, "concurrent linear, \(backend)") }
     }
 
     @Test func linearRejectsWrongRanks() {
@@ -42,13 +44,13 @@ import Testing
         #expect(throws: LayerError.self) { try Linear(weight: Tensor(zeros: [4, 3]), bias: Tensor(zeros: [3])) }
     }
 
-    @Test(arguments: OpFixtures.names(op: "conv2d"))
-    func conv2dMatchesTorch(name: String) throws {
+    @Test(arguments: OpFixtures.names(op: "conv2d"), Backend.allCases)
+    func conv2dMatchesTorch(name: String, backend: Backend) throws {
         let c = try #require(fixtures.cases[name])
         let layer = try Conv2d(weight: c.input("weight"), bias: c.optionalInput("bias"),
-                               stride: try #require(c.params.stride), padding: try #require(c.params.padding))
-        expectClose(layer(c.input("x")), c.output("y"), name)
-        expectClose(layer(c.input("x"), channelsLast: true), c.output("y_channels_last"), "\(name) channels last")
+                               stride: try #require(c.params.stride), padding: try #require(c.params.padding), backend: backend)
+        expectClose(layer(c.input("x")), c.output("y"), "\(name) \(backend)")
+        expectClose(layer(c.input("x"), channelsLast: true), c.output("y_channels_last"), "\(name) \(backend) channels last")
     }
 
     @Test func conv2dRejectsBadWeights() {

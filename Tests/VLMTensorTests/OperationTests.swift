@@ -11,10 +11,11 @@ import Testing
         expectClose(y, c.output(), "\(name) \(path)", tolerance: 1e-6)
     }
 
-    @Test(arguments: OpFixtures.names(op: "activation"))
-    func activationMatchesTorch(name: String) throws {
+    @Test(arguments: OpFixtures.names(op: "activation"), Backend.allCases)
+    func activationMatchesTorch(name: String, backend: Backend) throws {
         let c = try #require(fixtures.cases[name])
-        expectClose(activation(c.input("x"), activationNamed(try #require(c.params.activation))), c.output(), name)
+        let y = activation(c.input("x"), activationNamed(try #require(c.params.activation)), backend: backend)
+        expectClose(y, c.output(), "\(name) \(backend)")
     }
 
     @Test func identityActivationReturnsInput() throws {
@@ -22,20 +23,22 @@ import Testing
         #expect(activation(x, .identity).scalars == x.scalars)
     }
 
-    @Test func softmaxMatchesTorch() throws {
+    @Test(arguments: Backend.allCases)
+    func softmaxMatchesTorch(backend: Backend) throws {
         let c = try #require(fixtures.cases["softmax"])
-        expectClose(softmax(c.input("x")), c.output(), "softmax")
+        expectClose(softmax(c.input("x"), backend: backend), c.output(), "softmax \(backend)")
     }
 
-    @Test func scaledMatchesTorch() throws {
+    @Test(arguments: Backend.allCases)
+    func scaledMatchesTorch(backend: Backend) throws {
         let c = try #require(fixtures.cases["scaled"])
-        expectClose(scaled(c.input("x"), by: try #require(c.params.factor)), c.output(), "scaled")
+        expectClose(scaled(c.input("x"), by: try #require(c.params.factor), backend: backend), c.output(), "scaled \(backend)")
     }
 
-    @Test(arguments: OpFixtures.names(op: "add"))
-    func addMatchesTorch(name: String) throws {
+    @Test(arguments: OpFixtures.names(op: "add"), Backend.allCases)
+    func addMatchesTorch(name: String, backend: Backend) throws {
         let c = try #require(fixtures.cases[name])
-        expectClose(add(c.input("a"), c.input("b")), c.output(), name)
+        expectClose(add(c.input("a"), c.input("b"), backend: backend), c.output(), "\(name) \(backend)")
     }
 
     @Test func l2NormalizedMatchesTorch() throws {
@@ -43,10 +46,11 @@ import Testing
         expectClose(l2Normalized(c.input("x")), c.output(), "l2Normalized")
     }
 
-    @Test(arguments: OpFixtures.names(op: "matmul"))
-    func matmulMatchesTorch(name: String) throws {
+    @Test(arguments: OpFixtures.names(op: "matmul"), Backend.allCases)
+    func matmulMatchesTorch(name: String, backend: Backend) throws {
         let c = try #require(fixtures.cases[name])
-        expectClose(matmul(c.input("a"), c.input("b"), transposeB: try #require(c.params.transposeB as Bool?)), c.output(), name)
+        let y = matmul(c.input("a"), c.input("b"), transposeB: try #require(c.params.transposeB as Bool?), backend: backend)
+        expectClose(y, c.output(), "\(name) \(backend)")
     }
 
     @Test func embeddingMatchesTorch() throws {
@@ -66,9 +70,11 @@ import Testing
         expectClose(gatherTokens(c.input("x"), positions: try #require(c.params.positions)), c.output(), "gatherTokens", tolerance: 0)
     }
 
-    @Test func emptyTensorsPassThrough() {
+    @Test(arguments: Backend.allCases)
+    func emptyTensorsPassThrough(backend: Backend) {
         let empty = Tensor(zeros: [0, 8])
-        #expect(softmax(empty).shape == [0, 8])
+        #expect(softmax(empty, backend: backend).shape == [0, 8])
+        #expect(matmul(Tensor(zeros: [3, 0]), Tensor(zeros: [0, 2]), transposeB: false, backend: backend).scalars == [Float](repeating: 0, count: 6))
         #expect(layerNorm(empty, weight: Tensor(zeros: [8]), bias: Tensor(zeros: [8]), eps: 1e-5).shape == [0, 8])
         #expect(embedding(Tensor(zeros: [4, 8]), ids: []).shape == [0, 8])
     }

@@ -2,7 +2,8 @@
 #define VLM_KERNELS_H
 
 // Hand-written fp32 kernels for multi-head attention (any strides, so fused query-key-value projections need no
-// copies) and layer normalization, plus a parallel loop on oneDNN's OpenMP threads. Each kernel has an AVX-512 path
+// copies) and layer normalization, a parallel loop on oneDNN's OpenMP threads, and the matrix product that builds
+// without oneDNN use. Each kernel has an AVX-512 path
 // and a portable one; both match PyTorch's fp32 results within about 1e-6.
 
 #include <stddef.h>
@@ -51,6 +52,13 @@ int vlm_attention(const vlm_attention_problem *problem, vlm_kernel_isa isa);
 /// biased variance, like `torch.nn.functional.layer_norm`. `x` and `y` are contiguous rows.
 void vlm_layer_norm(const float *x, float *y, ptrdiff_t rows, ptrdiff_t features, const float *weight,
                     const float *bias, float eps, vlm_kernel_isa isa);
+
+/// `c = a·b`, or `a·bᵀ` when `transpose_b` is nonzero, in row-major fp32: `a` is `m × k`, `b` is `k × n` (`n × k`
+/// when transposed), `c` is `m × n`, and each matrix's rows lie `ld*` floats apart. The matrix product of builds
+/// without oneDNN: Accelerate's `cblas_sgemm` on Apple platforms, a cache-blocked C loop elsewhere. Returns 0, or
+/// -1 when scratch memory cannot be allocated.
+int vlm_gemm(ptrdiff_t m, ptrdiff_t n, ptrdiff_t k, const float *a, ptrdiff_t lda, const float *b, ptrdiff_t ldb,
+             int transpose_b, float *c, ptrdiff_t ldc);
 
 /// The work of one index of vlm_parallel_for.
 typedef void (*vlm_parallel_body)(void *context, ptrdiff_t index);

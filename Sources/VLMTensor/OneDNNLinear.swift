@@ -1,0 +1,68 @@
+#if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
+internal import CDNNL
+
+/// `Linear` on oneDNN's matmul. The weight is reordered once, at init, into the blocked layout oneDNN's matmul
+/// prefers; the primitive for each row count is created on first use and cached.
+final class OneDNNLinear: @unchecked Sendable {
+    private let inFeatures: Int
+    private let outFeatures: Int
+    private let weights: PackedBuffer
+    private let bias: Tensor?
+    private let primitives = PrimitiveCache<Key>(capacity: 64)
+
+    private struct Key: Hashable {
+        let rows: Int
+        let activation: Activation
+        let residual: Bool
+    }
+
+    /// `weight [out, in]` and `bias [out]`, already checked by `Linear`.
+    init(weight: Tensor, bias: Tensor?) {
+        outFeatures = weight.shape[0]
+        inFeatures = weight.shape[1]
+        self.bias = bias
+        // PyTorch's [out, in] row-major weight is the matmul's [in, out] operand with strides (1, in). The
+        // blocked layout brgemm picks does not depend on the row count, so any row count serves to ask for it.
+        let plain = memoryDescriptor([inFeatures, outFeatures], strides: [1, inFeatures])
+        let probe = OneDNNLinear.makePrimitive(rows: 128, inFeatures: inFeatures, outFeatures: outFeatures,
+                                               weights: memoryDescriptor([inFeatures, outFeatures], tag: dnnl_format_tag_any),
+                                               hasBias: bias != nil, activation: .identity, residual: false)
+        weights = PackedBuffer(descriptor: probe.descriptor(for: DNNL_ARG_WEIGHTS), from: weight.rawPointer, sourceDescriptor: plain)
+    }
+
+    /// Writes the layer's output for `rows > 0` rows of `x` to `output`.
+    func apply(_ x: Tensor, rows: Int, activation: Activation, residual: Tensor?, into output: Tensor) {
+        let key = Key(rows: rows, activation: activation, residual: residual != nil)
+        let primitive = primitives.primitive(for: key) {
+            OneDNNLinear.makePrimitive(rows: rows, inFeatures: inFeatures, outFeatures: outFeatures, weights: weights.descriptor,
+                                       hasBias: bias != nil, activation: activation, residual: residual != nil)
+        }
+        var arguments: [(Int32, UnsafeMutableRawPointer)] = [
+            (DNNL_ARG_SRC, x.rawPointer), (DNNL_ARG_WEIGHTS, weights.pointer), (DNNL_ARG_DST, output.rawPointer),
+        ]
+        if let bias { arguments.append((DNNL_ARG_BIAS, bias.rawPointer)) }
+        if let residual { arguments.append((postOpSource(activation == .identity ? 0 : 1), residual.rawPointer)) }
+        primitive.execute(arguments)
+    }
+
+    private static func makePrimitive(rows: Int, inFeatures: Int, outFeatures: Int, weights: dnnl_memory_desc_t,
+                                      hasBias: Bool, activation: Activation, residual: Bool) -> Primitive {
+        var source = memoryDescriptor([rows, inFeatures])
+        var weights = weights
+        var bias = memoryDescriptor([1, outFeatures])
+        var destination = memoryDescriptor([rows, outFeatures])
+        var operation = dnnl_matmul_desc_t()
+        let status = hasBias
+            ? dnnl_matmul_desc_init(&operation, &source, &weights, &bias, &destination)
+            : dnnl_matmul_desc_init(&operation, &source, &weights, nil, &destination)
+        checkDNNL(status, "Linear matmul descriptor [\(rows), \(inFeatures)] -> \(outFeatures)")
+        var attributes = PrimitiveAttributes(postOps: activation.postOps)
+        if residual { attributes.postOps.append(.add(destination)) }
+        guard let primitive = Primitive("Linear matmul", operation: operation, attributes: attributes) else {
+            fatalError("oneDNN has no matmul for Linear [\(rows), \(inFeatures)] -> \(outFeatures) with the packed weight layout")
+        }
+        return primitive
+    }
+}
+
+#endif
