@@ -1,7 +1,7 @@
 // swift-tools-version: 6.0
 import PackageDescription
 
-// Library targets carry no unsafeFlags: SwiftPM refuses those in dependencies, and SwiftVLM must be usable as one.
+// No target carries unsafe compiler flags: SwiftPM refuses them in dependencies, and SwiftVLM must be usable as one.
 let package = Package(
     name: "SwiftVLM",
     platforms: [.macOS(.v14)],

@@ -127,36 +127,25 @@ public final class GGUFFile: @unchecked Sendable {
     /// Tensors in file order.
     public let tensorInfos: [GGUFTensorInfo]
     private let infosByName: [String: GGUFTensorInfo]
-    // The whole file, mapped read-only. Immutable after init, hence safe to share across threads.
-    private let mapping: UnsafeRawPointer
-    private let mappedSize: Int
+    private let file: MappedFile
 
     /// Maps `url` and validates its header, metadata and tensor directory.
     public init(url: URL) throws {
         self.url = url
         let path = url.path
-        let (mapping, size) = try Self.map(path)
-        do {
-            var reader = GGUFReader(bytes: UnsafeRawBufferPointer(start: mapping, count: size), file: path)
-            let header = try reader.readHeader()
-            version = header.version
-            metadataKeys = header.keys
-            metadata = header.metadata
-            alignment = header.alignment
-            let layout = try reader.readTensorInfos(count: header.tensorCount, alignment: header.alignment)
-            dataOffset = layout.dataOffset
-            tensorInfos = layout.infos
-        } catch {
-            munmap(UnsafeMutableRawPointer(mutating: mapping), size)
-            throw error
+        file = try MappedFile(path: path, minimumSize: GGUFReader.headerSize) { size in
+            CheckpointError.invalidGGUF(file: path, tensor: nil, reason: "\(size) bytes, shorter than the \(GGUFReader.headerSize)-byte GGUF header")
         }
+        var reader = GGUFReader(bytes: file.bytes, file: path)
+        let header = try reader.readHeader()
+        version = header.version
+        metadataKeys = header.keys
+        metadata = header.metadata
+        alignment = header.alignment
+        let layout = try reader.readTensorInfos(count: header.tensorCount, alignment: header.alignment)
+        dataOffset = layout.dataOffset
+        tensorInfos = layout.infos
         infosByName = Dictionary(uniqueKeysWithValues: tensorInfos.map { ($0.name, $0) })
-        self.mapping = mapping
-        mappedSize = size
-    }
-
-    deinit {
-        munmap(UnsafeMutableRawPointer(mutating: mapping), mappedSize)
     }
 
     /// The tensor `name`'s type, shape and location, or nil when the file has no such tensor.
@@ -167,7 +156,7 @@ public final class GGUFFile: @unchecked Sendable {
     public func tensor(_ name: String) throws -> Tensor {
         guard let info = infosByName[name] else { throw CheckpointError.missingTensor(file: url.path, tensor: name) }
         let result = Tensor(uninitialized: info.shape)
-        let source = mapping + info.byteRange.lowerBound
+        let source = file.bytes.baseAddress! + info.byteRange.lowerBound
         let destination = result.storage.pointer
         let blocks = info.elementCount / (info.type.layout?.blockSize ?? 1)
         switch info.type {
@@ -193,12 +182,6 @@ public final class GGUFFile: @unchecked Sendable {
             throw CheckpointError.shapeMismatch(file: url.path, tensor: name, expected: shape, actual: actual)
         }
         return try tensor(name)
-    }
-
-    private static func map(_ path: String) throws -> (UnsafeRawPointer, Int) {
-        try mapReadOnly(path, minimumSize: GGUFReader.headerSize) { size in
-            CheckpointError.invalidGGUF(file: path, tensor: nil, reason: "\(size) bytes, shorter than the \(GGUFReader.headerSize)-byte GGUF header")
-        }
     }
 }
 

@@ -4,9 +4,22 @@ import Glibc
 import Darwin
 #endif
 
-/// Maps a regular file read-only (the caller munmaps it); files shorter than `minimumSize` get `tooShort(size)`,
-/// which also keeps mmap from seeing zero bytes.
-func mapReadOnly(_ path: String, minimumSize: Int, tooShort: (Int) -> CheckpointError) throws -> (UnsafeRawPointer, Int) {
+/// A regular file mapped read-only for as long as this object lives. Immutable, hence safe to share across threads.
+final class MappedFile: @unchecked Sendable {
+    let bytes: UnsafeRawBufferPointer
+
+    /// Files shorter than `minimumSize` get `tooShort(size)`, which also keeps mmap from seeing zero bytes.
+    init(path: String, minimumSize: Int, tooShort: (Int) -> CheckpointError) throws {
+        let (start, size) = try mapReadOnly(path, minimumSize: minimumSize, tooShort: tooShort)
+        bytes = UnsafeRawBufferPointer(start: start, count: size)
+    }
+
+    deinit {
+        munmap(UnsafeMutableRawPointer(mutating: bytes.baseAddress!), bytes.count)
+    }
+}
+
+private func mapReadOnly(_ path: String, minimumSize: Int, tooShort: (Int) -> CheckpointError) throws -> (UnsafeRawPointer, Int) {
     let descriptor = open(path, O_RDONLY | O_CLOEXEC)
     guard descriptor >= 0 else {
         let code = errno

@@ -46,29 +46,17 @@ public final class SafetensorsFile: @unchecked Sendable {
     /// Sorted tensor names.
     public let tensorNames: [String]
     private let infos: [String: TensorInfo]
-    // The whole file, mapped read-only. Immutable after init, hence safe to share across threads.
-    private let mapping: UnsafeRawPointer
-    private let mappedSize: Int
+    private let file: MappedFile
 
     /// Maps `url` and validates its header: JSON, dtypes, shapes against byte counts, offsets against the file size,
     /// and that no two tensors overlap.
     public init(url: URL) throws {
         self.url = url
         let path = url.path
-        let (mapping, size) = try Self.map(path)
-        do {
-            infos = try Self.parseHeader(of: UnsafeRawBufferPointer(start: mapping, count: size), file: path)
-        } catch {
-            munmap(UnsafeMutableRawPointer(mutating: mapping), size)
-            throw error
-        }
-        self.mapping = mapping
-        mappedSize = size
+        // Anything under 8 bytes cannot hold the header length.
+        file = try MappedFile(path: path, minimumSize: 8) { CheckpointError.fileTooShort(file: path, size: $0) }
+        infos = try Self.parseHeader(of: file.bytes, file: path)
         tensorNames = infos.keys.sorted()
-    }
-
-    deinit {
-        munmap(UnsafeMutableRawPointer(mutating: mapping), mappedSize)
     }
 
     /// The dtype, shape and byte range of `name`, or nil when the file has no such tensor.
@@ -78,7 +66,7 @@ public final class SafetensorsFile: @unchecked Sendable {
     /// ``CheckpointError/unsupportedDType(file:tensor:dtype:)``.
     public func tensor(_ name: String) throws -> Tensor {
         guard let info = infos[name] else { throw CheckpointError.missingTensor(file: url.path, tensor: name) }
-        let source = mapping + info.byteRange.lowerBound
+        let source = file.bytes.baseAddress! + info.byteRange.lowerBound
         let result = Tensor(uninitialized: info.shape)
         switch SafetensorsDType(rawValue: info.dtype) {
         case .f32:
@@ -96,10 +84,6 @@ public final class SafetensorsFile: @unchecked Sendable {
 
     // MARK: - Opening and validation
 
-    private static func map(_ path: String) throws -> (UnsafeRawPointer, Int) {
-        // Anything under 8 bytes cannot hold the header length.
-        try mapReadOnly(path, minimumSize: 8) { CheckpointError.fileTooShort(file: path, size: $0) }
-    }
 
     private static func parseHeader(of bytes: UnsafeRawBufferPointer, file: String) throws -> [String: TensorInfo] {
         let headerLength = UInt64(littleEndian: bytes.loadUnaligned(as: UInt64.self))
