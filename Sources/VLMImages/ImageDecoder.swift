@@ -6,10 +6,23 @@ public enum ImageDecoder {
     /// Pillow's `Image.MAX_IMAGE_PIXELS`; larger images are refused before any pixel buffer is allocated.
     public static let maxPixels = 89_478_485
 
+    /// Larger files are refused before they are read.
+    static let maximumFileSize = 1 << 30
+
     /// JPEG (libturbojpeg), PNG (libspng), WebP (libwebp), sniffed by magic bytes, converted to RGB like Pillow's
     /// `convert("RGB")` (alpha dropped, not composited), with EXIF orientation applied like transformers' `load_image`
     /// (`ImageOps.exif_transpose`).
     public static func decode(contentsOf url: URL) throws -> RGBImage {
+        var isDirectory: ObjCBool = false
+        guard FileManager.default.fileExists(atPath: url.path, isDirectory: &isDirectory) else {
+            throw ImageError.unreadable(file: url.path, reason: "no such file")
+        }
+        guard !isDirectory.boolValue else { throw ImageError.unreadable(file: url.path, reason: "is a directory") }
+        // No image format Pillow opens under its pixel limit needs a gigabyte of compressed bytes; refuse before reading.
+        let size = (try? FileManager.default.attributesOfItem(atPath: url.path)[.size] as? NSNumber)?.intValue ?? 0
+        guard size <= maximumFileSize else {
+            throw ImageError.unreadable(file: url.path, reason: "\(size) bytes, larger than the \(maximumFileSize >> 20) MiB an image file may have")
+        }
         let data: Data
         do {
             data = try Data(contentsOf: url)

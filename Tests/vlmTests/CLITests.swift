@@ -218,6 +218,12 @@ struct CLI {
         try expectOneLineError(["classify", "/nonexistent/cat.jpg", "--model", model.path, "--labels", "a,b"], mentioning: "/nonexistent/cat.jpg")
     }
 
+    @Test func directoryGivenAsImage() throws {
+        let directory = try temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        try expectOneLineError(["classify", directory.path, "--model", model.path, "--labels", "a,b"], mentioning: "is a directory")
+    }
+
     @Test func fileThatIsNotAnImage() throws {
         let notImage = model.appendingPathComponent("config.json").path
         try expectOneLineError(["classify", notImage, "--model", model.path, "--labels", "a,b"], mentioning: notImage)
