@@ -1,5 +1,34 @@
 import VLMTensor
 
+/// A decoder-only language model that ``generate(inputIds:attentionMask:options:processors:selector:)`` can drive:
+/// Llama-family, OPT and GPT-2 decoders conform.
+public protocol CausalLanguageModel: AnyObject, Sendable {
+    /// Size of the logits' last dimension.
+    var vocabularySize: Int { get }
+    /// Rows of the embedding table for `ids` (`[B][T]`, equal lengths): `[B, T, hidden]`.
+    func embed(_ ids: [[Int]]) throws -> Tensor
+    /// An empty cache for `batch` rows and up to `capacity` positions (prompt plus new tokens).
+    func makeCache(batch: Int, capacity: Int) throws -> KVCache
+    /// Logits `[B, T, vocabularySize]` for input embeddings `[B, T, hidden]`, or `[B, 1, vocabularySize]` with
+    /// `lastPositionOnly`.
+    ///
+    /// - Parameters:
+    ///   - attentionMask: `[B][cached + T]`, 1 for tokens and 0 for padding; nil means all tokens.
+    ///   - positionIds: `[B][T]`; nil means `cached ..< cached + T` for every row, as transformers' forward.
+    ///   - cache: extended in place by the `T` new positions.
+    func logits(inputsEmbeds: Tensor, attentionMask: [[Int]]?, positionIds: [[Int]]?, cache: KVCache?,
+                lastPositionOnly: Bool) throws -> Tensor
+}
+
+extension CausalLanguageModel {
+    /// Logits for token ids; see ``logits(inputsEmbeds:attentionMask:positionIds:cache:lastPositionOnly:)``.
+    public func logits(inputIds: [[Int]], attentionMask: [[Int]]? = nil, positionIds: [[Int]]? = nil,
+                       cache: KVCache? = nil, lastPositionOnly: Bool = false) throws -> Tensor {
+        try logits(inputsEmbeds: embed(inputIds), attentionMask: attentionMask, positionIds: positionIds, cache: cache,
+                   lastPositionOnly: lastPositionOnly)
+    }
+}
+
 /// Changes next-token logits before a token is chosen (repetition penalties, temperature, …).
 public protocol LogitsProcessor: Sendable {
     /// `logits` is `[B, vocabSize]`; `generated[b]` holds row `b`'s new tokens so far.
@@ -31,7 +60,7 @@ public struct GenerationOptions: Sendable {
     }
 }
 
-extension LlamaForCausalLM {
+extension CausalLanguageModel {
     /// Continues a left-padded batch of prompts: the prompt is prefilled in one pass, then each step feeds one
     /// token per row through a preallocated KV cache.
     ///
@@ -78,7 +107,7 @@ extension LlamaForCausalLM {
         var generated = Array(repeating: [Int](), count: batch)
         var finished = Array(repeating: false, count: batch)
         for step in 0..<options.maxNewTokens {
-            var scores = logits.reshaped([batch, config.vocabSize])
+            var scores = logits.reshaped([batch, vocabularySize])
             for processor in processors { scores = processor.process(scores, generated: generated) }
             let tokens = selector.selectTokens(scores)
             for row in 0..<batch where !finished[row] {

@@ -142,51 +142,6 @@ public struct LlamaConfig: Decodable, Sendable {
                 ?? (ropeType == "llama3" ? maxPositionEmbeddings : nil))
     }
 
-    /// The config transformers builds from a GGUF file's `llama.*` metadata (integrations/ggml.py): tied embeddings
-    /// when the file has no `output.weight`, the vocabulary from `llama.vocab_size` or the tokenizer's token list.
-    public init(gguf file: GGUFFile) throws {
-        let path = file.url.path
-        func invalid(_ reason: String) -> CheckpointError { .invalidGGUF(file: path, tensor: nil, reason: reason) }
-        guard let architecture = file.metadata["general.architecture"]?.string else {
-            throw invalid("general.architecture is missing")
-        }
-        guard architecture == "llama" || architecture == "mistral" else {
-            throw invalid("general.architecture is \"\(architecture)\", not a Llama-family decoder (llama, mistral)")
-        }
-        func integer(_ key: String) throws -> Int? {
-            guard let value = file.metadata["\(architecture).\(key)"] else { return nil }
-            guard let integer = value.integer, integer >= 0 else { throw invalid("\(architecture).\(key) is \(value), expected a count") }
-            return integer
-        }
-        func requiredInteger(_ key: String) throws -> Int {
-            guard let value = try integer(key) else { throw invalid("\(architecture).\(key) is missing") }
-            return value
-        }
-        hiddenSize = try requiredInteger("embedding_length")
-        numHiddenLayers = try requiredInteger("block_count")
-        numAttentionHeads = try requiredInteger("attention.head_count")
-        numKeyValueHeads = try integer("attention.head_count_kv") ?? numAttentionHeads
-        intermediateSize = try requiredInteger("feed_forward_length")
-        maxPositionEmbeddings = try integer("context_length") ?? 2048
-        headDim = try integer("rope.dimension_count") ?? (numAttentionHeads > 0 ? hiddenSize / numAttentionHeads : 0)
-        rmsNormEps = Float(file.metadata["\(architecture).attention.layer_norm_rms_epsilon"]?.number ?? 1e-6)
-        let theta = file.metadata["\(architecture).rope.freq_base"]?.number ?? 10000
-        rope = RopeParameters(theta: theta)
-        if let size = try integer("vocab_size") {
-            vocabSize = size
-        } else if let tokens = file.metadata["tokenizer.ggml.tokens"]?.array {
-            vocabSize = tokens.count
-        } else {
-            throw invalid("neither \(architecture).vocab_size nor tokenizer.ggml.tokens gives the vocabulary size")
-        }
-        hiddenAct = "silu"
-        tieWordEmbeddings = file.info("output.weight") == nil
-        attentionBias = file.info("blk.0.attn_q.bias") != nil
-        mlpBias = file.info("blk.0.ffn_gate.bias") != nil
-        bosTokenId = file.metadata["tokenizer.ggml.bos_token_id"]?.integer
-        eosTokenIds = file.metadata["tokenizer.ggml.eos_token_id"]?.integer.map { [$0] } ?? []
-    }
-
     /// Checks what the model needs to be built at all, so that a bad config is an error rather than a crash.
     func validate(file: String) throws {
         let counts = [("vocab_size", vocabSize), ("hidden_size", hiddenSize), ("intermediate_size", intermediateSize),
@@ -202,41 +157,6 @@ public struct LlamaConfig: Decodable, Sendable {
         }
         guard headDim % 2 == 0 else { throw ModelError.invalidConfig("head_dim \(headDim) is odd; RoPE rotates pairs", file: file) }
     }
-}
-
-/// Keys and values of every layer for the tokens seen so far, preallocated for `capacity` positions so that
-/// decoding appends in place. Made by ``LlamaForCausalLM/makeCache(batch:capacity:)`` and filled by its forward
-/// passes.
-public final class LlamaKVCache: @unchecked Sendable {
-    public let batch: Int
-    public let capacity: Int
-    /// Positions already stored.
-    public private(set) var length = 0
-    /// Per layer, `[batch, capacity, kvHeads·headDim]`.
-    let keys: [Tensor]
-    let values: [Tensor]
-    let width: Int
-
-    init(batch: Int, capacity: Int, layers: Int, width: Int) {
-        self.batch = batch
-        self.capacity = capacity
-        self.width = width
-        keys = (0..<layers).map { _ in Tensor(uninitialized: [batch, capacity, width]) }
-        values = (0..<layers).map { _ in Tensor(uninitialized: [batch, capacity, width]) }
-    }
-
-    /// Writes `key` and `value` (`[batch, T, width]`) of `layer` at positions `length..<length + T`.
-    func store(layer: Int, key: Tensor, value: Tensor) {
-        let count = key.shape[1]
-        for (source, destination) in [(key, keys[layer]), (value, values[layer])] {
-            for item in 0..<batch {
-                (destination.storage.pointer + (item * capacity + length) * width)
-                    .update(from: source.storage.pointer + item * count * width, count: count * width)
-            }
-        }
-    }
-
-    func advance(by count: Int) { length += count }
 }
 
 final class LlamaDecoderLayer: @unchecked Sendable {
@@ -266,9 +186,9 @@ final class LlamaDecoderLayer: @unchecked Sendable {
 /// directory or a llama.cpp GGUF file.
 ///
 /// Inputs are batches of equal-length rows, left-padded, with transformers' `attention_mask` (1 for tokens, 0 for
-/// padding) and `position_ids`. With a ``LlamaKVCache`` a pass sees the cached positions as well as its own, so a
+/// padding) and `position_ids`. With a ``KVCache`` a pass sees the cached positions as well as its own, so a
 /// prompt is prefilled in one pass and each new token costs one more.
-public final class LlamaForCausalLM: @unchecked Sendable {
+public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
     public let config: LlamaConfig
     let embedTokens: Tensor
     let layers: [LlamaDecoderLayer]
@@ -304,65 +224,14 @@ public final class LlamaForCausalLM: @unchecked Sendable {
         try self.init(config: directory.decode(LlamaConfig.self), file: configPath) { try weights.tensor($0, shape: $1) }
     }
 
-    /// Loads a llama.cpp GGUF file: config from its metadata, weights dequantized to fp32, and the query and key
-    /// rows put back in Hugging Face's order (llama.cpp's converter interleaves each head's rotary halves; this
-    /// undoes it as transformers' `LlamaTensorProcessor` does).
-    public convenience init(gguf url: URL) throws {
-        let file = try GGUFFile(url: url)
-        let config = try LlamaConfig(gguf: file)
-        try self.init(config: config, file: url.path) { name, shape in
-            let ggufName = try Self.ggufName(for: name, file: url.path)
-            let tensor = try file.tensor(ggufName, shape: shape)
-            if ggufName.contains(".attn_q.") { return Self.unpermuteRotaryRows(tensor, heads: config.numAttentionHeads) }
-            if ggufName.contains(".attn_k.") { return Self.unpermuteRotaryRows(tensor, heads: config.numKeyValueHeads) }
-            return tensor
-        }
-    }
-
-    static func ggufName(for name: String, file: String) throws -> String {
-        let fixed = ["model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-                     "lm_head.weight": "output.weight"]
-        if let mapped = fixed[name] { return mapped }
-        let parts = name.split(separator: ".", maxSplits: 3).map(String.init)
-        let modules = ["input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-                       "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-                       "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-                       "mlp.down_proj": "ffn_down"]
-        if parts.count == 4, parts[0] == "model", parts[1] == "layers", let rest = parts.last {
-            let module = rest.split(separator: ".").dropLast().joined(separator: ".")
-            let kind = rest.split(separator: ".").last.map(String.init) ?? ""
-            if let mapped = modules[module] { return "blk.\(parts[2]).\(mapped).\(kind)" }
-        }
-        throw CheckpointError.missingTensor(file: file, tensor: name)
-    }
-
-    /// Hugging Face row `h·2d + j·d + i` is GGUF row `h·2d + 2i + j` within each head of `2d` rows (j ∈ {0, 1}).
-    static func unpermuteRotaryRows(_ tensor: Tensor, heads: Int) -> Tensor {
-        let rows = tensor.shape[0]
-        let rowLength = tensor.count / max(rows, 1)
-        let half = rows / heads / 2
-        let result = Tensor(uninitialized: tensor.shape)
-        for head in 0..<heads {
-            for pair in 0..<half {
-                for j in 0..<2 {
-                    let source = tensor.storage.pointer + (head * 2 * half + 2 * pair + j) * rowLength
-                    let destination = result.storage.pointer + (head * 2 * half + j * half + pair) * rowLength
-                    destination.initialize(from: source, count: rowLength)
-                }
-            }
-        }
-        return result
-    }
-
-    /// An empty cache for `batch` rows and up to `capacity` positions (prompt plus new tokens).
-    public func makeCache(batch: Int, capacity: Int) throws -> LlamaKVCache {
+    public func makeCache(batch: Int, capacity: Int) throws -> KVCache {
         let width = config.numKeyValueHeads * config.headDim
         let positions = batch.multipliedReportingOverflow(by: capacity)
         let bytes = positions.partialValue.multipliedReportingOverflow(by: 2 * max(layers.count, 1) * width * 4)
         guard batch > 0, capacity > 0, !positions.overflow, !bytes.overflow, bytes.partialValue <= Self.maximumCacheBytes else {
             throw ModelError.invalidInput("a KV cache for \(batch) rows of \(capacity) positions is out of range")
         }
-        return LlamaKVCache(batch: batch, capacity: capacity, layers: layers.count, width: width)
+        return KVCache(batch: batch, capacity: capacity, layers: layers.count, width: width)
     }
 
     /// 16 GiB: more than this machine class has, so a larger request is a mistake, not a workload.
@@ -379,21 +248,12 @@ public final class LlamaForCausalLM: @unchecked Sendable {
         return embedding(embedTokens, ids: ids.flatMap { $0 }).reshaped([ids.count, length, config.hiddenSize])
     }
 
-    /// Logits `[B, T, vocabSize]` for token ids, or `[B, 1, vocabSize]` for the last position only.
-    ///
-    /// - Parameters:
-    ///   - attentionMask: `[B][cached + T]`, 1 for tokens and 0 for padding; nil means all tokens.
-    ///   - positionIds: `[B][T]`; nil means `cached ..< cached + T` for every row, as transformers' forward.
-    ///   - cache: extended in place by the `T` new positions.
-    public func logits(inputIds: [[Int]], attentionMask: [[Int]]? = nil, positionIds: [[Int]]? = nil,
-                       cache: LlamaKVCache? = nil, lastPositionOnly: Bool = false) throws -> Tensor {
-        try logits(inputsEmbeds: embed(inputIds), attentionMask: attentionMask, positionIds: positionIds, cache: cache,
-                   lastPositionOnly: lastPositionOnly)
-    }
+    public var vocabularySize: Int { config.vocabSize }
 
-    /// Logits for input embeddings `[B, T, hiddenSize]` (a VLM's text embeddings with image features spliced in).
+    /// Logits for input embeddings `[B, T, hiddenSize]` (a VLM's text embeddings with image features spliced in);
+    /// see ``CausalLanguageModel/logits(inputsEmbeds:attentionMask:positionIds:cache:lastPositionOnly:)``.
     public func logits(inputsEmbeds: Tensor, attentionMask: [[Int]]? = nil, positionIds: [[Int]]? = nil,
-                       cache: LlamaKVCache? = nil, lastPositionOnly: Bool = false) throws -> Tensor {
+                       cache: KVCache? = nil, lastPositionOnly: Bool = false) throws -> Tensor {
         let hidden = try hiddenStates(inputsEmbeds: inputsEmbeds, attentionMask: attentionMask, positionIds: positionIds, cache: cache)
         let (batch, length) = (hidden.shape[0], hidden.shape[1])
         guard lastPositionOnly, length > 1 else { return lmHead(hidden) }
@@ -402,7 +262,7 @@ public final class LlamaForCausalLM: @unchecked Sendable {
 
     /// The final normalized hidden states `[B, T, hiddenSize]` (transformers' `last_hidden_state`).
     public func hiddenStates(inputsEmbeds: Tensor, attentionMask: [[Int]]? = nil, positionIds: [[Int]]? = nil,
-                             cache: LlamaKVCache? = nil) throws -> Tensor {
+                             cache: KVCache? = nil) throws -> Tensor {
         guard inputsEmbeds.rank == 3, inputsEmbeds.shape[2] == config.hiddenSize, inputsEmbeds.shape[0] > 0 else {
             throw ModelError.invalidInput("inputs_embeds must be [B, T, \(config.hiddenSize)], got \(inputsEmbeds.shape)")
         }
@@ -441,7 +301,7 @@ public final class LlamaForCausalLM: @unchecked Sendable {
     }
 
     private func decoderLayer(_ layer: LlamaDecoderLayer, index: Int, hidden: Tensor, rotary: (cos: Tensor, sin: Tensor),
-                              keyPaddingMask: Tensor?, cache: LlamaKVCache?) -> Tensor {
+                              keyPaddingMask: Tensor?, cache: KVCache?) -> Tensor {
         let heads = config.numAttentionHeads, keyHeads = config.numKeyValueHeads
         let normed = rmsNorm(hidden, weight: layer.inputNorm, eps: config.rmsNormEps)
         let query = applyRotaryEmbedding(layer.query(normed), heads: heads, cos: rotary.cos, sin: rotary.sin)

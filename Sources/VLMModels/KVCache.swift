@@ -1,0 +1,35 @@
+import VLMTensor
+
+/// Keys and values of every layer for the tokens seen so far, preallocated for `capacity` positions so that
+/// decoding appends in place. Made by a decoder's `makeCache(batch:capacity:)` and filled by its forward passes.
+public final class KVCache: @unchecked Sendable {
+    public let batch: Int
+    public let capacity: Int
+    /// Positions already stored.
+    public private(set) var length = 0
+    /// Per layer, `[batch, capacity, kvHeads·headDim]`.
+    let keys: [Tensor]
+    let values: [Tensor]
+    let width: Int
+
+    init(batch: Int, capacity: Int, layers: Int, width: Int) {
+        self.batch = batch
+        self.capacity = capacity
+        self.width = width
+        keys = (0..<layers).map { _ in Tensor(uninitialized: [batch, capacity, width]) }
+        values = (0..<layers).map { _ in Tensor(uninitialized: [batch, capacity, width]) }
+    }
+
+    /// Writes `key` and `value` (`[batch, T, width]`) of `layer` at positions `length..<length + T`.
+    func store(layer: Int, key: Tensor, value: Tensor) {
+        let count = key.shape[1]
+        for (source, destination) in [(key, keys[layer]), (value, values[layer])] {
+            for item in 0..<batch {
+                (destination.storage.pointer + (item * capacity + length) * width)
+                    .update(from: source.storage.pointer + item * count * width, count: count * width)
+            }
+        }
+    }
+
+    func advance(by count: Int) { length += count }
+}
