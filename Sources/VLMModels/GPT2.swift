@@ -173,6 +173,8 @@ public final class GPT2LMHeadModel: CausalLanguageModel, @unchecked Sendable {
     let finalNorm: (weight: Tensor, bias: Tensor)
     let lmHead: Linear
     let activation: Activation
+    /// The config's path, for errors about what the checkpoint lacks.
+    let configFile: String
 
     /// Builds the model from `config` and a source of weights by Hugging Face name relative to the transformer
     /// (`wte.weight`, `h.0.…`; `lm_head` is `lmHeadWeight`), each of which must have the given shape.
@@ -180,6 +182,7 @@ public final class GPT2LMHeadModel: CausalLanguageModel, @unchecked Sendable {
          lmHeadWeight: () throws -> Tensor) throws {
         try config.validate(file: file)
         self.config = config
+        configFile = file
         activation = try Activation(huggingFaceName: config.activationFunction, file: file)
         tokenTable = try tensor("wte.weight", [config.vocabSize, config.hiddenSize])
         positionTable = try tensor("wpe.weight", [config.maxPositionEmbeddings, config.hiddenSize])
@@ -228,7 +231,7 @@ public final class GPT2LMHeadModel: CausalLanguageModel, @unchecked Sendable {
     /// - Throws: `ModelError.invalidConfig` when the checkpoint has no cross-attention, `invalidInput` for shapes.
     public func attending(to encoderHiddenStates: Tensor, attentionMask: [[Int]]? = nil) throws -> GPT2CrossAttendingDecoder {
         guard config.addCrossAttention else {
-            throw ModelError.invalidConfig("this GPT-2 has no cross-attention (add_cross_attention is false)", file: "config.json")
+            throw ModelError.invalidConfig("this GPT-2 has no cross-attention (add_cross_attention is false)", file: configFile)
         }
         guard encoderHiddenStates.rank == 3, encoderHiddenStates.shape[0] > 0, encoderHiddenStates.shape[1] > 0,
               encoderHiddenStates.shape[2] == config.hiddenSize else {
