@@ -3,21 +3,23 @@ import VLMCheckpoint
 import VLMTensor
 
 // The Llama decoder as transformers' models/llama/modeling_llama.py builds it: RMSNorm, rotary position embeddings,
-// grouped-query attention and a SwiGLU MLP, pre-norm residual blocks. Llama 2/3 and SmolLM2 checkpoints are this.
+// grouped-query attention and a SwiGLU MLP, pre-norm residual blocks. Llama 2/3 and SmolLM2 checkpoints are this;
+// Mistral (modeling_mistral.py) and Qwen2 (modeling_qwen2.py) are the same network with their own biases, defaults
+// and sliding-window attention.
 
 /// transformers' RoPE parameters (`rope_parameters`, or the legacy `rope_theta` + `rope_scaling`), for the types
-/// this decoder computes: "default", "linear" and "llama3".
+/// this decoder computes: "default", "linear", "llama3" and "dynamic".
 public struct RopeParameters: Sendable, Equatable {
     public var ropeType: String
     public var theta: Double
-    /// "linear" and "llama3": how much longer the context is than in pretraining.
+    /// "linear", "llama3" and "dynamic": how much longer the context is than in pretraining.
     public var factor: Double?
     /// "llama3" only.
     public var lowFrequencyFactor: Double?
     public var highFrequencyFactor: Double?
     public var originalMaxPositionEmbeddings: Int?
 
-    public static let supportedTypes = ["default", "linear", "llama3"]
+    public static let supportedTypes = ["default", "linear", "llama3", "dynamic"]
 
     public init(ropeType: String = "default", theta: Double = 10000, factor: Double? = nil, lowFrequencyFactor: Double? = nil,
                 highFrequencyFactor: Double? = nil, originalMaxPositionEmbeddings: Int? = nil) {
@@ -30,12 +32,17 @@ public struct RopeParameters: Sendable, Equatable {
     }
 
     /// The inverse frequencies of the `headDim/2` rotated pairs, in fp32 as modeling_rope_utils.py computes them.
-    func inverseFrequencies(headDim: Int, file: String) throws -> [Float] {
-        let base = Float(theta)
-        let standard = stride(from: 0, to: headDim, by: 2).map { 1 / pow(base, Float($0) / Float(headDim)) }
+    /// For "dynamic" these are the frequencies of sequences up to `maxPositionEmbeddings`; longer ones use
+    /// ``dynamicInverseFrequencies(headDim:sequenceLength:maxPositionEmbeddings:)``.
+    func inverseFrequencies(headDim: Int, maxPositionEmbeddings: Int, file: String) throws -> [Float] {
+        let standard = Self.frequencies(base: Float(theta), headDim: headDim)
         switch ropeType {
         case "default":
             return standard
+        case "dynamic":
+            _ = try required(factor, "factor", file: file)
+            return dynamicInverseFrequencies(headDim: headDim, sequenceLength: maxPositionEmbeddings,
+                                             maxPositionEmbeddings: maxPositionEmbeddings)
         case "linear":
             let factor = Float(try required(factor, "factor", file: file))
             return standard.map { $0 / factor }
@@ -58,14 +65,36 @@ public struct RopeParameters: Sendable, Equatable {
         }
     }
 
+    /// "dynamic" (NTK-aware) scaling for a pass whose largest position is `sequenceLength - 1`: the base grows with
+    /// the sequence beyond `maxPositionEmbeddings` (`_compute_dynamic_ntk_parameters`, in fp32 as its tensor path).
+    ///
+    /// transformers recomputes these in every forward from that pass's `max(position_ids) + 1` and keeps the
+    /// largest seen; cached keys keep the rotation they were stored with. Within one generation positions only
+    /// grow, so computing them per pass, as here, gives the same numbers without state in the model.
+    func dynamicInverseFrequencies(headDim: Int, sequenceLength: Int, maxPositionEmbeddings: Int) -> [Float] {
+        let factor = Float(factor ?? 1)
+        let length = Float(max(sequenceLength, maxPositionEmbeddings)), context = Float(maxPositionEmbeddings)
+        let growth = pow(factor * length / context - (factor - 1), Float(Double(headDim) / Double(headDim - 2)))
+        return Self.frequencies(base: Float(theta) * growth, headDim: headDim)
+    }
+
+    private static func frequencies(base: Float, headDim: Int) -> [Float] {
+        stride(from: 0, to: headDim, by: 2).map { 1 / pow(base, Float($0) / Float(headDim)) }
+    }
+
     private func required<T>(_ value: T?, _ key: String, file: String) throws -> T {
         guard let value else { throw ModelError.invalidConfig("rope type \"\(ropeType)\" needs \(key)", file: file) }
         return value
     }
 }
 
-/// transformers' `LlamaConfig`, with its defaults.
+/// transformers' `LlamaConfig`, `MistralConfig` or `Qwen2Config` (by `model_type`), with that class's defaults.
 public struct LlamaConfig: Decodable, Sendable {
+    /// The `model_type`s this config and ``LlamaForCausalLM`` read.
+    public static let supportedModelTypes = ["llama", "mistral", "qwen2"]
+
+    /// "llama", "mistral" or "qwen2".
+    public var modelType = "llama"
     public var vocabSize: Int
     public var hiddenSize: Int
     public var intermediateSize: Int
@@ -77,7 +106,8 @@ public struct LlamaConfig: Decodable, Sendable {
     public var maxPositionEmbeddings: Int
     public var rmsNormEps: Float
     public var tieWordEmbeddings: Bool
-    /// Biases on the q, k, v and o projections.
+    /// Biases on the q, k and v projections (Llama's `attention_bias`, always on for Qwen2, off for Mistral); the o
+    /// projection has one only in Llama with `attention_bias`.
     public var attentionBias: Bool
     /// Biases on the gate, up and down projections.
     public var mlpBias: Bool
@@ -85,6 +115,20 @@ public struct LlamaConfig: Decodable, Sendable {
     public var bosTokenId: Int?
     /// `eos_token_id`, which checkpoints give as one id or a list.
     public var eosTokenIds: [Int]
+    /// Mistral's `sliding_window`, or Qwen2's with `use_sliding_window`: a query at sequence index `i` attends to
+    /// keys `i - slidingWindow + 1 ... i` only (indices count padding, as transformers' masks do). Nil: full causal.
+    public var slidingWindow: Int? = nil
+    /// Qwen2's per-layer `layer_types` ("full_attention" or "sliding_attention"); empty means every layer slides
+    /// when ``slidingWindow`` is set.
+    public var layerTypes: [String] = []
+
+    var outputProjectionBias: Bool { modelType == "llama" && attentionBias }
+
+    /// The sliding window of layer `index`, nil where it attends to every earlier position.
+    func attentionWindow(layer index: Int) -> Int? {
+        guard let slidingWindow else { return nil }
+        return layerTypes.isEmpty || layerTypes[index] == "sliding_attention" ? slidingWindow : nil
+    }
 
     enum CodingKeys: String, CodingKey {
         case vocabSize = "vocab_size", hiddenSize = "hidden_size", intermediateSize = "intermediate_size"
@@ -94,6 +138,14 @@ public struct LlamaConfig: Decodable, Sendable {
         case tieWordEmbeddings = "tie_word_embeddings", attentionBias = "attention_bias", mlpBias = "mlp_bias"
         case ropeParameters = "rope_parameters", ropeScaling = "rope_scaling", ropeTheta = "rope_theta"
         case bosTokenId = "bos_token_id", eosTokenId = "eos_token_id"
+        case modelType = "model_type", slidingWindow = "sliding_window", useSlidingWindow = "use_sliding_window"
+        case maxWindowLayers = "max_window_layers", layerTypes = "layer_types"
+    }
+
+    /// The defaults in which the three config classes differ.
+    private struct Defaults {
+        var vocabSize = 32000, intermediateSize = 11008, numKeyValueHeads: Int?, maxPositionEmbeddings = 2048
+        var bosTokenId: Int? = 1, eosTokenIds = [2], slidingWindow: Int?
     }
 
     /// One `rope_parameters` / `rope_scaling` dict; the legacy form says `type` where the new one says `rope_type`.
@@ -110,24 +162,49 @@ public struct LlamaConfig: Decodable, Sendable {
 
     public init(from decoder: any Decoder) throws {
         let c = try decoder.container(keyedBy: CodingKeys.self)
-        vocabSize = try c.value(.vocabSize, default: 32000)
+        modelType = try c.value(.modelType, default: "llama")
+        let defaults = switch modelType {
+        case "mistral": Defaults(intermediateSize: 14336, numKeyValueHeads: 8, maxPositionEmbeddings: 4096 * 32, slidingWindow: 4096)
+        case "qwen2": Defaults(vocabSize: 151936, intermediateSize: 22016, maxPositionEmbeddings: 32768, bosTokenId: nil, eosTokenIds: [],
+                               slidingWindow: 4096)
+        default: Defaults()
+        }
+        vocabSize = try c.value(.vocabSize, default: defaults.vocabSize)
         hiddenSize = try c.value(.hiddenSize, default: 4096)
-        intermediateSize = try c.value(.intermediateSize, default: 11008)
+        intermediateSize = try c.value(.intermediateSize, default: defaults.intermediateSize)
         numHiddenLayers = try c.value(.numHiddenLayers, default: 32)
         numAttentionHeads = try c.value(.numAttentionHeads, default: 32)
-        numKeyValueHeads = try c.value(.numKeyValueHeads, default: numAttentionHeads)
+        numKeyValueHeads = try c.value(.numKeyValueHeads, default: defaults.numKeyValueHeads ?? numAttentionHeads)
         headDim = try c.value(.headDim, default: numAttentionHeads > 0 ? hiddenSize / numAttentionHeads : 0)
         hiddenAct = try c.value(.hiddenAct, default: "silu")
-        maxPositionEmbeddings = try c.value(.maxPositionEmbeddings, default: 2048)
+        maxPositionEmbeddings = try c.value(.maxPositionEmbeddings, default: defaults.maxPositionEmbeddings)
         rmsNormEps = try c.value(.rmsNormEps, default: 1e-6)
         tieWordEmbeddings = try c.value(.tieWordEmbeddings, default: false)
-        attentionBias = try c.value(.attentionBias, default: false)
-        mlpBias = try c.value(.mlpBias, default: false)
-        bosTokenId = try c.value(.bosTokenId, default: 1)
+        // Mistral and Qwen2 hard-code their projections' biases and ignore these keys.
+        attentionBias = try modelType == "qwen2" || (modelType == "llama" && c.value(.attentionBias, default: false))
+        mlpBias = try modelType == "llama" && c.value(.mlpBias, default: false)
+        bosTokenId = c.contains(.bosTokenId) ? try c.decodeIfPresent(Int.self, forKey: .bosTokenId) : defaults.bosTokenId
         if let list = try? c.decodeIfPresent([Int].self, forKey: .eosTokenId) {
             eosTokenIds = list
         } else {
-            eosTokenIds = try c.decodeIfPresent(Int.self, forKey: .eosTokenId).map { [$0] } ?? (c.contains(.eosTokenId) ? [] : [2])
+            eosTokenIds = try c.decodeIfPresent(Int.self, forKey: .eosTokenId).map { [$0] }
+                ?? (c.contains(.eosTokenId) ? [] : defaults.eosTokenIds)
+        }
+        // A present `null` turns the window off; an absent key takes the class default.
+        let window = c.contains(.slidingWindow) ? try c.decodeIfPresent(Int.self, forKey: .slidingWindow) : defaults.slidingWindow
+        switch modelType {
+        case "mistral":
+            slidingWindow = window
+        case "qwen2":
+            // Qwen2Config.__post_init__: the window only with use_sliding_window, on layers from max_window_layers on.
+            let sliding = try c.value(.useSlidingWindow, default: false) ? window : nil
+            let firstSlidingLayer = try c.value(.maxWindowLayers, default: 28)
+            slidingWindow = sliding
+            layerTypes = try c.decodeIfPresent([String].self, forKey: .layerTypes) ?? (0..<max(numHiddenLayers, 0)).map {
+                sliding != nil && $0 >= firstSlidingLayer ? "sliding_attention" : "full_attention"
+            }
+        default:
+            break
         }
         // Priority as convert_rope_params_to_dict: the dict (rope_scaling wins over rope_parameters), then a
         // top-level rope_theta, then 10000.
@@ -156,6 +233,25 @@ public struct LlamaConfig: Decodable, Sendable {
                 "num_attention_heads \(numAttentionHeads) is not a multiple of num_key_value_heads \(numKeyValueHeads)", file: file)
         }
         guard headDim % 2 == 0 else { throw ModelError.invalidConfig("head_dim \(headDim) is odd; RoPE rotates pairs", file: file) }
+        guard rope.ropeType != "dynamic" || headDim > 2 else {
+            throw ModelError.invalidConfig("dynamic RoPE needs head_dim above 2, got \(headDim)", file: file)
+        }
+        guard Self.supportedModelTypes.contains(modelType) else {
+            throw ModelError.invalidConfig(
+                "model_type \"\(modelType)\" is not a Llama-family decoder (supported: \(Self.supportedModelTypes.joined(separator: ", ")))",
+                file: file)
+        }
+        if let slidingWindow, slidingWindow <= 0 {
+            throw ModelError.invalidConfig("sliding_window is \(slidingWindow), expected a positive count", file: file)
+        }
+        if !layerTypes.isEmpty {
+            guard layerTypes.count == numHiddenLayers else {
+                throw ModelError.invalidConfig("layer_types lists \(layerTypes.count) layers, num_hidden_layers is \(numHiddenLayers)", file: file)
+            }
+            if let unknown = layerTypes.first(where: { $0 != "full_attention" && $0 != "sliding_attention" }) {
+                throw ModelError.invalidConfig("layer_types has \"\(unknown)\" (supported: full_attention, sliding_attention)", file: file)
+            }
+        }
     }
 }
 
@@ -175,7 +271,7 @@ final class LlamaDecoderLayer: @unchecked Sendable {
         query = try linear("self_attn.q_proj", queryWidth, c.hiddenSize, bias: c.attentionBias)
         key = try linear("self_attn.k_proj", keyWidth, c.hiddenSize, bias: c.attentionBias)
         value = try linear("self_attn.v_proj", keyWidth, c.hiddenSize, bias: c.attentionBias)
-        output = try linear("self_attn.o_proj", c.hiddenSize, queryWidth, bias: c.attentionBias)
+        output = try linear("self_attn.o_proj", c.hiddenSize, queryWidth, bias: c.outputProjectionBias)
         gate = try linear("mlp.gate_proj", c.intermediateSize, c.hiddenSize, bias: c.mlpBias)
         up = try linear("mlp.up_proj", c.intermediateSize, c.hiddenSize, bias: c.mlpBias)
         down = try linear("mlp.down_proj", c.hiddenSize, c.intermediateSize, bias: c.mlpBias)
@@ -203,7 +299,8 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
         try config.validate(file: file)
         self.config = config
         activation = try Activation(huggingFaceName: config.hiddenAct, file: file)
-        inverseFrequencies = try config.rope.inverseFrequencies(headDim: config.headDim, file: file)
+        inverseFrequencies = try config.rope.inverseFrequencies(headDim: config.headDim, maxPositionEmbeddings: config.maxPositionEmbeddings,
+                                                                file: file)
         embedTokens = try tensor("model.embed_tokens.weight", [config.vocabSize, config.hiddenSize])
         layers = try (0..<config.numHiddenLayers).map {
             try LlamaDecoderLayer(config: config, tensor: tensor, prefix: "model.layers.\($0)")
@@ -213,12 +310,15 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
                                 : tensor("lm_head.weight", [config.vocabSize, config.hiddenSize]), bias: nil)
     }
 
-    /// Loads config.json and the safetensors weights of a checkpoint directory whose `model_type` is `llama`.
+    /// Loads config.json and the safetensors weights of a checkpoint directory whose `model_type` is `llama`,
+    /// `mistral` or `qwen2`.
     public convenience init(directory: ModelDirectory) throws {
         let configPath = directory.url.appendingPathComponent("config.json").path
         let type = try directory.modelType
-        guard type == "llama" else {
-            throw ModelError.invalidConfig("model_type \"\(type)\" is not a Llama decoder (supported: llama)", file: configPath)
+        guard LlamaConfig.supportedModelTypes.contains(type) else {
+            throw ModelError.invalidConfig(
+                "model_type \"\(type)\" is not a Llama-family decoder (supported: \(LlamaConfig.supportedModelTypes.joined(separator: ", ")))",
+                file: configPath)
         }
         let weights = try WeightStore(directory: directory.url)
         try self.init(config: directory.decode(LlamaConfig.self), file: configPath) { try weights.tensor($0, shape: $1) }
@@ -291,7 +391,12 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
         }
         if length == 0 { return inputsEmbeds }
 
-        let tables = rotaryTables(positions: positions.flatMap { $0 }, inverseFrequencies: inverseFrequencies)
+        let flatPositions = positions.flatMap { $0 }
+        let frequencies = config.rope.ropeType == "dynamic" && (flatPositions.max() ?? 0) >= config.maxPositionEmbeddings
+            ? config.rope.dynamicInverseFrequencies(headDim: config.headDim, sequenceLength: (flatPositions.max() ?? 0) + 1,
+                                                    maxPositionEmbeddings: config.maxPositionEmbeddings)
+            : inverseFrequencies
+        let tables = rotaryTables(positions: flatPositions, inverseFrequencies: frequencies)
         var hidden = inputsEmbeds
         for (index, layer) in layers.enumerated() {
             hidden = decoderLayer(layer, index: index, hidden: hidden, rotary: tables, keyPaddingMask: keyPaddingMask, cache: cache)
@@ -317,12 +422,53 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
             keys = repeatHeads(key, length: key.shape[1])
             values = repeatHeads(value, length: value.shape[1])
         }
-        let attended = attention(query: query, key: keys, value: values, heads: heads, causal: true,
-                                 keyPaddingMask: keyPaddingMask, scale: 1 / Float(config.headDim).squareRoot())
+        let scale = 1 / Float(config.headDim).squareRoot()
+        let attended: Tensor
+        if let window = config.attentionWindow(layer: index), keys.shape[1] > window {
+            attended = slidingWindowAttention(query: query, keys: keys, values: values, window: window,
+                                              keyPaddingMask: keyPaddingMask, scale: scale)
+        } else {
+            attended = attention(query: query, key: keys, value: values, heads: heads, causal: true,
+                                 keyPaddingMask: keyPaddingMask, scale: scale)
+        }
         let afterAttention = layer.output(attended, residual: hidden)
         let normedAgain = rmsNorm(afterAttention, weight: layer.postAttentionNorm, eps: config.rmsNormEps)
         let gated = multiply(layer.gate(normedAgain, activation: activation), layer.up(normedAgain))
         return layer.down(gated, residual: afterAttention)
+    }
+
+    /// Causal attention in which the query at sequence index `i` (of `keys.shape[1]`, the last queries being
+    /// `query`'s) sees only keys `i - window + 1 ... i`: transformers' `sliding_window_overlay`. Each query attends
+    /// to its own run of keys; a decoding step is one query, so this costs a prefill longer than the window only.
+    private func slidingWindowAttention(query: Tensor, keys: Tensor, values: Tensor, window: Int, keyPaddingMask: Tensor?,
+                                        scale: Float) -> Tensor {
+        let (batch, length, width) = (query.shape[0], query.shape[1], query.shape[2])
+        let total = keys.shape[1], past = total - length
+        let output = Tensor(uninitialized: query.shape)
+        for step in 0..<length {
+            let position = past + step
+            let seen = max(0, position - window + 1)..<(position + 1)
+            let attended = attention(query: sequenceSlice(query, step..<(step + 1)), key: sequenceSlice(keys, seen),
+                                     value: sequenceSlice(values, seen), heads: config.numAttentionHeads,
+                                     keyPaddingMask: keyPaddingMask.map { sequenceSlice($0, seen) }, scale: scale)
+            for item in 0..<batch {
+                (output.storage.pointer + (item * length + step) * width)
+                    .initialize(from: attended.storage.pointer + item * width, count: width)
+            }
+        }
+        return output
+    }
+
+    /// Positions `range` of `x [B, T, ...]` (or of a mask `[B, T]`), copied.
+    private func sequenceSlice(_ x: Tensor, _ range: Range<Int>) -> Tensor {
+        let (batch, length) = (x.shape[0], x.shape[1])
+        let inner = x.shape.dropFirst(2).reduce(1, *)
+        let output = Tensor(uninitialized: [batch, range.count] + x.shape.dropFirst(2))
+        for item in 0..<batch {
+            (output.storage.pointer + item * range.count * inner)
+                .initialize(from: x.storage.pointer + (item * length + range.lowerBound) * inner, count: range.count * inner)
+        }
+        return output
     }
 
     /// The first `length` positions of `x [B, capacity, kvHeads·headDim]`, each key/value head repeated for the

@@ -1,0 +1,138 @@
+import VLMCheckpoint
+import VLMTensor
+
+/// The `model_type`s ``loadCausalLanguageModel(directory:)`` builds.
+public let supportedCausalLanguageModelTypes = ["gpt2", "llama", "mistral", "opt", "qwen2"]
+
+/// The decoder-only language model in a checkpoint directory, chosen by config.json's `model_type`: a
+/// ``LlamaForCausalLM`` for llama, mistral and qwen2, an ``OPTForCausalLM`` for opt, a ``GPT2LMHeadModel`` for gpt2.
+///
+/// - Throws: `ModelError.invalidConfig` naming config.json and the supported types when `model_type` is another;
+///   the model's own errors for a bad config or missing weights.
+public func loadCausalLanguageModel(directory: ModelDirectory) throws -> any CausalLanguageModel {
+    switch try directory.modelType {
+    case "llama", "mistral", "qwen2": return try LlamaForCausalLM(directory: directory)
+    case "opt": return try OPTForCausalLM(directory: directory)
+    case "gpt2": return try GPT2LMHeadModel(directory: directory)
+    case let type:
+        throw ModelError.invalidConfig(
+            "model_type \"\(type)\" is not a causal language model SwiftVLM runs (supported: \(supportedCausalLanguageModelTypes.joined(separator: ", ")))",
+            file: directory.url.appendingPathComponent("config.json").path)
+    }
+}
+
+// What the OPT and GPT-2 decoders share: input checks, the KV cache's bounds, learned positions.
+
+/// The length of every row of `rows`, which must be non-empty and equal.
+func equalRowLength(_ rows: [[Int]], _ what: String) throws -> Int {
+    guard let length = rows.first?.count, rows.allSatisfy({ $0.count == length }) else {
+        throw ModelError.invalidInput("\(what) must be a non-empty batch of rows of equal length (pad on the left)")
+    }
+    return length
+}
+
+/// Rows of `table [vocabulary, width]` for token ids `[B][T]`: `[B, T, width]`; an id outside the table is an error.
+func tokenEmbeddings(_ ids: [[Int]], table: Tensor) throws -> Tensor {
+    let length = try equalRowLength(ids, "input ids")
+    let (vocabulary, width) = (table.shape[0], table.shape[1])
+    for row in ids {
+        if let bad = row.first(where: { $0 < 0 || $0 >= vocabulary }) {
+            throw ModelError.invalidInput("token id \(bad) is outside the vocabulary of \(vocabulary)")
+        }
+    }
+    return embedding(table, ids: ids.flatMap { $0 }).reshaped([ids.count, length, width])
+}
+
+/// An empty cache of `layers` layers of `width` keys and values per position, refused when it is absurdly large.
+func makeBoundedCache(batch: Int, capacity: Int, layers: Int, width: Int) throws -> KVCache {
+    let positions = batch.multipliedReportingOverflow(by: capacity)
+    let bytes = positions.partialValue.multipliedReportingOverflow(by: 2 * max(layers, 1) * width * 4)
+    guard batch > 0, capacity > 0, !positions.overflow, !bytes.overflow,
+          bytes.partialValue <= LlamaForCausalLM.maximumCacheBytes else {
+        throw ModelError.invalidInput("a KV cache for \(batch) rows of \(capacity) positions is out of range")
+    }
+    return KVCache(batch: batch, capacity: capacity, layers: layers, width: width)
+}
+
+/// The checked shape of one forward pass of a decoder: `inputsEmbeds [B, T, width]`, a cache with room for `T`
+/// more positions, and the attention mask over cached and new positions as a key padding mask (nil when it
+/// masks nothing).
+struct DecoderPass {
+    let batch: Int, length: Int, past: Int
+    let keyPaddingMask: Tensor?
+
+    init(inputsEmbeds: Tensor, width: Int, attentionMask: [[Int]]?, cache: KVCache?, layers: Int, cacheWidth: Int) throws {
+        guard inputsEmbeds.rank == 3, inputsEmbeds.shape[2] == width, inputsEmbeds.shape[0] > 0 else {
+            throw ModelError.invalidInput("inputs_embeds must be [B, T, \(width)], got \(inputsEmbeds.shape)")
+        }
+        (batch, length) = (inputsEmbeds.shape[0], inputsEmbeds.shape[1])
+        past = cache?.length ?? 0
+        if let cache {
+            guard cache.batch == batch, past + length <= cache.capacity, cache.keys.count == layers, cache.width == cacheWidth else {
+                throw ModelError.invalidInput(
+                    "the KV cache holds \(cache.batch) rows of \(cache.capacity) positions (\(past) used); \(batch) rows of \(length) more do not fit")
+            }
+        }
+        var keyPaddingMask: Tensor?
+        if let attentionMask {
+            guard attentionMask.count == batch, try equalRowLength(attentionMask, "attention mask") == past + length else {
+                throw ModelError.invalidInput("the attention mask must be [\(batch)][\(past + length)] (cached and new positions)")
+            }
+            if attentionMask.contains(where: { $0.contains(0) }) {
+                keyPaddingMask = Tensor(shape: [batch, past + length], scalars: attentionMask.flatMap { $0.map { $0 != 0 ? 1 : 0 } })
+            }
+        }
+        self.keyPaddingMask = keyPaddingMask
+    }
+
+    /// `positionIds` checked to be `[B][T]` of positions below `limit`, or `past ..< past + T` for every row.
+    func positions(_ positionIds: [[Int]]?, below limit: Int) throws -> [[Int]] {
+        let positions = positionIds ?? Array(repeating: Array(past..<(past + length)), count: batch)
+        guard positions.count == batch, try equalRowLength(positions, "position ids") == length,
+              positions.allSatisfy({ $0.allSatisfy { $0 >= 0 && $0 < limit } }) else {
+            throw ModelError.invalidInput("position ids must be [\(batch)][\(length)] of positions in 0..<\(limit)")
+        }
+        return positions
+    }
+
+    /// Self-attention of a layer without grouped heads: the new keys and values are appended to `cache` (when
+    /// there is one) and the queries attend causally to every cached and new position.
+    func selfAttention(query: Tensor, key: Tensor, value: Tensor, layer: Int, cache: KVCache?, heads: Int,
+                       scale: Float) -> Tensor {
+        var keys = key, values = value
+        if let cache {
+            cache.store(layer: layer, key: key, value: value)
+            keys = Self.firstPositions(cache.keys[layer], past + length)
+            values = Self.firstPositions(cache.values[layer], past + length)
+        }
+        return attention(query: query, key: keys, value: values, heads: heads, causal: true, keyPaddingMask: keyPaddingMask,
+                         scale: scale)
+    }
+
+    /// The first `count` positions of a cache tensor `[B, capacity, width]`.
+    private static func firstPositions(_ x: Tensor, _ count: Int) -> Tensor {
+        let (batch, capacity, width) = (x.shape[0], x.shape[1], x.shape[2])
+        if capacity == count { return x }
+        let output = Tensor(uninitialized: [batch, count, width])
+        for item in 0..<batch {
+            (output.storage.pointer + item * count * width).initialize(from: x.storage.pointer + item * capacity * width,
+                                                                       count: count * width)
+        }
+        return output
+    }
+}
+
+/// Rows `positions + offset` of a learned position table `[positions, width]`, as `[B, T, width]`.
+func learnedPositions(_ table: Tensor, positions: [[Int]], offset: Int = 0) -> Tensor {
+    embedding(table, ids: positions.flatMap { $0.map { $0 + offset } })
+        .reshaped([positions.count, positions.first?.count ?? 0, table.shape[1]])
+}
+
+/// `weight [features]` when the layer norm has learned parameters, else ones (and zeros for the bias).
+func layerNormParameters(_ tensor: (String, [Int]) throws -> Tensor, _ prefix: String, size: Int,
+                         affine: Bool) throws -> (weight: Tensor, bias: Tensor) {
+    guard affine else {
+        return (Tensor(shape: [size], scalars: Array(repeating: 1, count: size)), Tensor(zeros: [size]))
+    }
+    return try (tensor("\(prefix).weight", [size]), tensor("\(prefix).bias", [size]))
+}

@@ -1,0 +1,230 @@
+import Foundation
+import Testing
+import VLMCheckpoint
+import VLMModels
+import VLMTensor
+
+/// A tiny random-init decoder checkpoint written by oracle/decoders.py, with what transformers computed on it.
+struct DecoderFixture {
+    struct Expected: Decodable {
+        struct Forward: Decodable {
+            let input_ids: [[Int]]?
+            let attention_mask: [[Int]]?
+            let position_ids: [[Int]]?
+            let inputs_embeds: [Float]?
+            let logits: LlamaFixture.FlexibleLogits
+        }
+        struct Generation: Decodable {
+            let prompts: [[Int]]
+            let eos: [Int]
+            let new_tokens: [[Int]]
+        }
+        struct Encoder: Decodable {
+            let hidden_states: [Float]
+            let shape: [Int]
+            let attention_mask: [[Int]]
+        }
+        let single: Forward
+        let batch: Forward
+        let embeds: Forward
+        let generations: [Generation]
+        let max_new_tokens: Int
+        let encoder: Encoder?
+    }
+
+    static let names = ["qwen2", "mistral-sliding", "llama-dynamic", "opt-pre", "opt-post-proj", "gpt2", "gpt2-cross"]
+    static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .appendingPathComponent("Fixtures/decoders")
+
+    let directory: ModelDirectory
+    let model: any CausalLanguageModel
+    let expected: Expected
+
+    init(_ name: String) throws {
+        directory = try ModelDirectory(url: Self.root.appendingPathComponent(name))
+        model = try loadCausalLanguageModel(directory: directory)
+        expected = try JSONDecoder().decode(Expected.self, from: Data(contentsOf: directory.url.appendingPathComponent("expected.json")))
+    }
+
+    /// The model a pass over `rows` rows runs: the decoder itself, or for the cross-attention case the decoder
+    /// attending to the first `rows` encoder outputs, as the oracle did.
+    func model(rows: Int) throws -> any CausalLanguageModel {
+        guard let encoder = expected.encoder else { return model }
+        let gpt2 = try #require(model as? GPT2LMHeadModel)
+        let rowSize = encoder.shape[1] * encoder.shape[2]
+        let states = Tensor(shape: [rows, encoder.shape[1], encoder.shape[2]], scalars: Array(encoder.hidden_states[..<(rows * rowSize)]))
+        return try gpt2.attending(to: states, attentionMask: Array(encoder.attention_mask[..<rows]))
+    }
+
+    /// Left-padded ids and mask for `prompts`.
+    static func leftPadded(_ prompts: [[Int]]) -> (ids: [[Int]], mask: [[Int]]) {
+        let length = prompts.map(\.count).max() ?? 0
+        return (prompts.map { Array(repeating: 0, count: length - $0.count) + $0 },
+                prompts.map { Array(repeating: 0, count: length - $0.count) + Array(repeating: 1, count: $0.count) })
+    }
+}
+
+/// The logits at the unpadded positions of each row, in order (what the oracle keeps of a padded batch).
+func unpaddedRows(_ logits: Tensor, mask: [[Int]]) -> [[Float]] {
+    let (length, vocabulary) = (logits.shape[1], logits.shape[2])
+    let scalars = logits.scalars
+    var rows: [[Float]] = []
+    for (row, flags) in mask.enumerated() {
+        var kept: [Float] = []
+        for position in 0..<length where flags[position] != 0 {
+            let start: Int = (row * length + position) * vocabulary
+            kept += scalars[start..<(start + vocabulary)]
+        }
+        rows.append(kept)
+    }
+    return rows
+}
+
+@Suite struct DecoderTests {
+    static let tolerance: Float = 1e-4
+
+    @Test(arguments: DecoderFixture.names)
+    func logitsMatchTransformers(_ name: String) throws {
+        let fixture = try DecoderFixture(name)
+        let single = fixture.expected.single
+        let logits = try fixture.model(rows: 1).logits(inputIds: try #require(single.input_ids))
+        #expect(maxDifference(logits.scalars, single.logits.rows[0]) < Self.tolerance, "\(name)")
+    }
+
+    @Test(arguments: DecoderFixture.names)
+    func leftPaddedBatchMatchesTransformers(_ name: String) throws {
+        let fixture = try DecoderFixture(name)
+        let batch = fixture.expected.batch
+        let (ids, mask) = (try #require(batch.input_ids), try #require(batch.attention_mask))
+        // OPT's fixture leaves the positions to the model, which counts them from the mask.
+        let logits = try fixture.model(rows: ids.count).logits(inputIds: ids, attentionMask: mask, positionIds: batch.position_ids)
+        for (row, (actual, expected)) in zip(unpaddedRows(logits, mask: mask), batch.logits.rows).enumerated() {
+            #expect(maxDifference(actual, expected) < Self.tolerance, "\(name) row \(row)")
+        }
+    }
+
+    @Test(arguments: DecoderFixture.names)
+    func inputsEmbedsMatchTransformers(_ name: String) throws {
+        let fixture = try DecoderFixture(name)
+        let embeds = try #require(fixture.expected.embeds.inputs_embeds)
+        let width = embeds.count / 5
+        let logits = try fixture.model(rows: 1).logits(inputsEmbeds: Tensor(shape: [1, 5, width], scalars: embeds), attentionMask: nil,
+                                                       positionIds: nil, cache: nil, lastPositionOnly: false)
+        #expect(maxDifference(logits.scalars, fixture.expected.embeds.logits.rows[0]) < Self.tolerance, "\(name)")
+    }
+
+    @Test(arguments: DecoderFixture.names)
+    func greedyGenerationMatchesTransformers(_ name: String) throws {
+        let fixture = try DecoderFixture(name)
+        for generation in fixture.expected.generations {
+            let (ids, mask) = DecoderFixture.leftPadded(generation.prompts)
+            let output = try fixture.model(rows: ids.count).generate(
+                inputIds: ids, attentionMask: mask,
+                options: GenerationOptions(maxNewTokens: fixture.expected.max_new_tokens, eosTokenIds: generation.eos))
+            #expect(output == generation.new_tokens, "\(name), eos \(generation.eos)")
+        }
+    }
+
+    /// A prefill longer than Mistral's window (per-query windows), then single steps, against full recomputation;
+    /// likewise for OPT's and GPT-2's caches.
+    @Test(arguments: ["mistral-sliding", "qwen2", "opt-post-proj", "gpt2"])
+    func cachedDecodingEqualsFullRecomputation(_ name: String) throws {
+        let model = try DecoderFixture(name).model
+        let prompt = [1, 17, 45, 99, 3, 150, 12]
+        let cache = try model.makeCache(batch: 1, capacity: 9)
+        _ = try model.logits(inputIds: [prompt], cache: cache)
+        _ = try model.logits(inputIds: [[7]], cache: cache)
+        let stepped = try model.logits(inputIds: [[9]], cache: cache)
+        let full = try model.logits(inputIds: [prompt + [7, 9]], lastPositionOnly: true)
+        #expect(cache.length == 9)
+        #expect(maxDifference(stepped.scalars, full.scalars) < 1e-5, "\(name)")
+    }
+
+    /// Rows repeated for beams attend to their own encoder row: the batch, each row twice, against the oracle.
+    @Test func crossAttentionRowsMayRepeatEncoderRows() throws {
+        let fixture = try DecoderFixture("gpt2-cross")
+        let batch = fixture.expected.batch
+        let (ids, mask) = (try #require(batch.input_ids), try #require(batch.attention_mask))
+        let model = try fixture.model(rows: ids.count)
+        let doubled = { (rows: [[Int]]) in rows.flatMap { [$0, $0] } }
+        let logits = try model.logits(inputIds: doubled(ids), attentionMask: doubled(mask),
+                                      positionIds: batch.position_ids.map(doubled))
+        for (row, actual) in unpaddedRows(logits, mask: doubled(mask)).enumerated() {
+            #expect(maxDifference(actual, batch.logits.rows[row / 2]) < Self.tolerance, "row \(row)")
+        }
+        #expect(throws: ModelError.self) { try model.logits(inputIds: [[1, 2], [3, 4]]) }
+    }
+
+    @Test func crossAttentionNeedsACheckpointWithIt() throws {
+        let gpt2 = try #require(try DecoderFixture("gpt2").model as? GPT2LMHeadModel)
+        #expect(throws: ModelError.self) { try gpt2.attending(to: Tensor(zeros: [1, 2, 64])) }
+        let cross = try #require(try DecoderFixture("gpt2-cross").model as? GPT2LMHeadModel)
+        #expect(throws: ModelError.self) { try cross.attending(to: Tensor(zeros: [1, 2, 32])) }
+        #expect(throws: ModelError.self) { try cross.attending(to: Tensor(zeros: [1, 2, 64]), attentionMask: [[1]]) }
+    }
+
+    @Test func loaderDispatchesOnModelType() throws {
+        #expect(try DecoderFixture("qwen2").model is LlamaForCausalLM)
+        #expect(try DecoderFixture("mistral-sliding").model is LlamaForCausalLM)
+        #expect(try DecoderFixture("opt-pre").model is OPTForCausalLM)
+        #expect(try DecoderFixture("gpt2").model is GPT2LMHeadModel)
+        let llama = try loadCausalLanguageModel(directory: ModelDirectory(url: LlamaFixture.root.appendingPathComponent("gqa-untied")))
+        #expect(llama is LlamaForCausalLM)
+    }
+
+    @Test func unknownModelTypeNamesTheSupportedOnes() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("decoder-tests-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        try Data(#"{"model_type": "bert"}"#.utf8).write(to: directory.appendingPathComponent("config.json"))
+        let error = try #require(throws: ModelError.self) { try loadCausalLanguageModel(directory: ModelDirectory(url: directory)) }
+        #expect(error.description.contains("config.json") && error.description.contains("\"bert\"")
+                && error.description.contains("gpt2, llama, mistral, opt, qwen2"))
+        try Data(#"{"n_embd": 64}"#.utf8).write(to: directory.appendingPathComponent("config.json"))
+        #expect(throws: CheckpointError.self) { try loadCausalLanguageModel(directory: ModelDirectory(url: directory)) }
+    }
+
+    @Test func badInputsAreErrors() throws {
+        for name in ["opt-pre", "gpt2"] {
+            let model = try DecoderFixture(name).model
+            #expect(throws: ModelError.self) { try model.logits(inputIds: [[1, 500]]) }
+            #expect(throws: ModelError.self) { try model.logits(inputIds: [[1, 2], [3]]) }
+            #expect(throws: ModelError.self) { try model.logits(inputIds: [[1, 2]], attentionMask: [[1]]) }
+            #expect(throws: ModelError.self) { try model.logits(inputIds: [[1, 2]], positionIds: [[0, 64]]) }
+            let cache = try model.makeCache(batch: 1, capacity: 2)
+            #expect(throws: ModelError.self) { try model.logits(inputIds: [[1, 2, 3]], cache: cache) }
+            #expect(throws: ModelError.self) { try model.makeCache(batch: 1 << 40, capacity: 1 << 40) }
+        }
+        // Past the learned position table: an error, not an out-of-range read.
+        let gpt2 = try DecoderFixture("gpt2").model
+        #expect(throws: ModelError.self) { try gpt2.logits(inputIds: [Array(repeating: 5, count: 65)]) }
+    }
+
+    @Test func configsReadTheirClassDefaults() throws {
+        let qwen2 = try DecoderFixture("qwen2").directory.decode(LlamaConfig.self)
+        #expect(qwen2.modelType == "qwen2" && qwen2.attentionBias && !qwen2.mlpBias)
+        #expect(qwen2.slidingWindow == 4 && qwen2.layerTypes == ["full_attention", "sliding_attention"])
+        let mistral = try DecoderFixture("mistral-sliding").directory.decode(LlamaConfig.self)
+        #expect(mistral.slidingWindow == 5 && !mistral.attentionBias && mistral.numKeyValueHeads == 2)
+        let dynamic = try DecoderFixture("llama-dynamic").directory.decode(LlamaConfig.self)
+        #expect(dynamic.rope == RopeParameters(ropeType: "dynamic", theta: 10000, factor: 2))
+        #expect(dynamic.slidingWindow == nil && dynamic.maxPositionEmbeddings == 6)
+
+        let bare = { (json: String) in try JSONDecoder().decode(LlamaConfig.self, from: Data(json.utf8)) }
+        let mistralDefaults = try bare(#"{"model_type": "mistral"}"#)
+        #expect(mistralDefaults.slidingWindow == 4096 && mistralDefaults.numKeyValueHeads == 8 && mistralDefaults.eosTokenIds == [2])
+        #expect(try bare(#"{"model_type": "mistral", "sliding_window": null}"#).slidingWindow == nil)
+        let qwenDefaults = try bare(#"{"model_type": "qwen2", "num_hidden_layers": 30, "use_sliding_window": true}"#)
+        #expect(qwenDefaults.vocabSize == 151936 && qwenDefaults.eosTokenIds == [] && qwenDefaults.bosTokenId == nil)
+        #expect(qwenDefaults.slidingWindow == 4096 && qwenDefaults.layerTypes.filter { $0 == "sliding_attention" }.count == 2)
+
+        let opt = try DecoderFixture("opt-post-proj").directory.decode(OPTConfig.self)
+        #expect(!opt.doLayerNormBefore && opt.wordEmbedProjDim == 32 && opt.hiddenSize == 64 && opt.tieWordEmbeddings)
+        let optDefaults = try JSONDecoder().decode(OPTConfig.self, from: Data("{}".utf8))
+        #expect(optDefaults.wordEmbedProjDim == 768 && optDefaults.activationFunction == "relu" && optDefaults.padTokenId == 1)
+        let gpt2 = try DecoderFixture("gpt2-cross").directory.decode(GPT2Config.self)
+        #expect(gpt2.addCrossAttention && gpt2.scaleAttnByInverseLayerIdx && !gpt2.tieWordEmbeddings && gpt2.innerSize == 64)
+        let gpt2Defaults = try JSONDecoder().decode(GPT2Config.self, from: Data("{}".utf8))
+        #expect(gpt2Defaults.innerSize == 3072 && gpt2Defaults.eosTokenIds == [50256] && gpt2Defaults.activationFunction == "gelu_new")
+    }
+}
