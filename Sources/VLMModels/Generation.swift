@@ -1,6 +1,6 @@
 import VLMTensor
 
-/// A decoder-only language model that ``generate(inputIds:attentionMask:options:processors:selector:)`` can drive:
+/// A decoder-only language model that ``generate(inputIds:attentionMask:config:stoppingCriteria:seed:onStep:)`` can drive:
 /// Llama-family, OPT and GPT-2 decoders conform.
 public protocol CausalLanguageModel: AnyObject, Sendable {
     /// Size of the logits' last dimension.
@@ -112,14 +112,13 @@ extension CausalLanguageModel {
         if newTokens == 0 {
             return GenerationOutput(sequences: Array(repeating: [], count: batch * config.numReturnSequences), scores: [])
         }
-        let criteria = stoppingCriteria
         if config.numBeams > 1 {
             guard !config.doSample else {
                 throw ModelError.invalidInput("beam sampling (do_sample with num_beams > 1) is not supported")
             }
-            return try beamSearch(prompt: prompt, batch: batch, newTokens: newTokens, config: config, criteria: criteria)
+            return try beamSearch(prompt: prompt, batch: batch, newTokens: newTokens, config: config, criteria: stoppingCriteria)
         }
-        return try sample(prompt: prompt, newTokens: newTokens, config: config, criteria: criteria, seed: seed, onStep: onStep)
+        return try sample(prompt: prompt, newTokens: newTokens, config: config, criteria: stoppingCriteria, seed: seed, onStep: onStep)
     }
 
     /// Greedy decoding, or sampling with `config.doSample` (transformers' `_sample`).
