@@ -1,6 +1,6 @@
 import VLMTensor
 
-/// A decoder-only language model that ``generate(inputIds:attentionMask:options:processors:selector:)`` can drive:
+/// A decoder-only language model that ``generate(inputIds:attentionMask:config:stoppingCriteria:seed:onStep:)`` can drive:
 /// Llama-family, OPT and GPT-2 decoders conform.
 public protocol CausalLanguageModel: AnyObject, Sendable {
     /// Size of the logits' last dimension.
@@ -29,25 +29,16 @@ extension CausalLanguageModel {
     }
 }
 
-/// Changes next-token logits before a token is chosen (repetition penalties, temperature, …).
-public protocol LogitsProcessor: Sendable {
-    /// `logits` is `[B, vocabSize]`; `generated[b]` holds row `b`'s new tokens so far.
-    func process(_ logits: Tensor, generated: [[Int]]) -> Tensor
+/// What ``CausalLanguageModel/generate(inputIds:attentionMask:config:stoppingCriteria:seed:onStep:)`` returns.
+public struct GenerationOutput: Sendable, Equatable {
+    /// The new tokens of each returned sequence (`numReturnSequences` per prompt, prompt by prompt), each ending
+    /// with the eos token that stopped it, if one did.
+    public var sequences: [[Int]]
+    /// Beam search only: each sequence's length-penalized log-probability (transformers' `sequences_scores`).
+    public var scores: [Float]
 }
 
-/// Chooses each row's next token from its (processed) logits.
-public protocol TokenSelector {
-    /// `logits` is `[B, vocabSize]`; returns one token per row.
-    mutating func selectTokens(_ logits: Tensor) -> [Int]
-}
-
-/// Greedy decoding: the most likely token, the first on ties (transformers' `do_sample=False`, one beam).
-public struct GreedySelector: TokenSelector {
-    public init() {}
-    public mutating func selectTokens(_ logits: Tensor) -> [Int] { argmaxLastDimension(logits) }
-}
-
-/// When generation stops.
+/// When generation stops, for ``CausalLanguageModel/generate(inputIds:attentionMask:options:)``.
 public struct GenerationOptions: Sendable {
     /// At most this many new tokens per row.
     public var maxNewTokens: Int
@@ -61,68 +52,183 @@ public struct GenerationOptions: Sendable {
 }
 
 extension CausalLanguageModel {
-    /// Continues a left-padded batch of prompts: the prompt is prefilled in one pass, then each step feeds one
-    /// token per row through a preallocated KV cache.
-    ///
-    /// Positions follow transformers' `generate`: each row counts its own tokens from 0, padding ignored.
-    /// - Returns: each row's new tokens, ending with the eos token that stopped it, if one did.
-    public func generate(inputIds: [[Int]], attentionMask: [[Int]]? = nil, options: GenerationOptions,
-                         processors: [any LogitsProcessor] = [], selector: some TokenSelector = GreedySelector()) throws -> [[Int]] {
-        try generate(inputsEmbeds: embed(inputIds), attentionMask: attentionMask, options: options, processors: processors,
-                     selector: selector)
+    /// Greedy continuation of a left-padded batch: each row's new tokens.
+    public func generate(inputIds: [[Int]], attentionMask: [[Int]]? = nil, options: GenerationOptions) throws -> [[Int]] {
+        var config = GenerationConfig()
+        config.maxNewTokens = options.maxNewTokens
+        config.eosTokenIds = options.eosTokenIds.sorted()
+        return try generate(inputIds: inputIds, attentionMask: attentionMask, config: config).sequences
     }
 
-    /// ``generate(inputIds:attentionMask:options:processors:selector:)`` from input embeddings `[B, T, hiddenSize]`,
-    /// for prompts whose embeddings carry image features.
-    public func generate(inputsEmbeds: Tensor, attentionMask: [[Int]]? = nil, options: GenerationOptions,
-                         processors: [any LogitsProcessor] = [], selector: some TokenSelector = GreedySelector()) throws -> [[Int]] {
+    /// Continues a left-padded batch of prompts as transformers' `generate` does with `config`: greedy decoding,
+    /// sampling or beam search, its logits processors, and its stopping rules (max length, eos ids, stop criteria).
+    ///
+    /// The prompt is prefilled in one pass, then each step feeds one token per row through a KV cache allocated
+    /// once for the whole generation. Positions follow transformers: each row counts its own tokens from 0,
+    /// padding ignored.
+    /// - Parameters:
+    ///   - stoppingCriteria: more reasons to end a row (``StopStringCriterion`` for `config.stopStrings`).
+    ///   - seed: seeds the ``SeededGenerator`` that sampling draws from.
+    ///   - onStep: called after each step of greedy decoding or sampling with every row's new token (nil for rows
+    ///     already finished); throwing from it ends generation with that error. Beam search does not call it.
+    public func generate(inputIds: [[Int]], attentionMask: [[Int]]? = nil, config: GenerationConfig,
+                         stoppingCriteria: [any StoppingCriterion] = [], seed: UInt64 = 0,
+                         onStep: ((_ tokens: [Int?]) throws -> Void)? = nil) throws -> GenerationOutput {
+        try generate(inputsEmbeds: embed(inputIds), promptIds: inputIds, attentionMask: attentionMask, config: config,
+                     stoppingCriteria: stoppingCriteria, seed: seed, onStep: onStep)
+    }
+
+    /// ``generate(inputIds:attentionMask:config:stoppingCriteria:seed:onStep:)`` from input embeddings
+    /// `[B, T, hiddenSize]`, for prompts whose embeddings carry image features.
+    ///
+    /// - Parameter promptIds: the prompt's token ids where known (`[B][T]`), which the repetition penalty and stop
+    ///   strings see as transformers does; nil means they see only new tokens.
+    public func generate(inputsEmbeds: Tensor, promptIds: [[Int]]? = nil, attentionMask: [[Int]]? = nil,
+                         config: GenerationConfig, stoppingCriteria: [any StoppingCriterion] = [], seed: UInt64 = 0,
+                         onStep: ((_ tokens: [Int?]) throws -> Void)? = nil) throws -> GenerationOutput {
         guard inputsEmbeds.rank == 3, inputsEmbeds.shape[0] > 0, inputsEmbeds.shape[1] > 0 else {
             throw ModelError.invalidInput("generation needs a non-empty prompt, got inputs_embeds \(inputsEmbeds.shape)")
         }
-        guard options.maxNewTokens >= 0 else { throw ModelError.invalidInput("maxNewTokens is \(options.maxNewTokens)") }
+        try config.validate()
         let (batch, promptLength) = (inputsEmbeds.shape[0], inputsEmbeds.shape[1])
-        var mask = attentionMask ?? Array(repeating: Array(repeating: 1, count: promptLength), count: batch)
+        let mask = attentionMask ?? Array(repeating: Array(repeating: 1, count: promptLength), count: batch)
         guard mask.count == batch, mask.allSatisfy({ $0.count == promptLength }) else {
             throw ModelError.invalidInput("the attention mask must be [\(batch)][\(promptLength)]")
         }
         guard mask.allSatisfy({ $0.contains { $0 != 0 } }) else {
             throw ModelError.invalidInput("every row of the attention mask needs at least one token")
         }
-        if options.maxNewTokens == 0 { return Array(repeating: [], count: batch) }
+        if let promptIds, promptIds.count != batch || promptIds.contains(where: { $0.count != promptLength }) {
+            throw ModelError.invalidInput("the prompt ids must be [\(batch)][\(promptLength)]")
+        }
+        let newTokens = try config.newTokenLimit(promptLength: promptLength)
+        guard promptLength.addingReportingOverflow(newTokens).overflow == false else {
+            throw ModelError.invalidInput("max_new_tokens \(newTokens) is out of range")
+        }
+        // Beam search and several samples per prompt run the prompt once per row they need, as transformers expands it.
+        let copies = config.numBeams > 1 ? config.numBeams : config.numReturnSequences
+        let prompt = GenerationPrompt(embeds: repeatRows(inputsEmbeds, copies), mask: mask.repeatingRows(copies),
+                                      ids: promptIds?.repeatingRows(copies), length: promptLength)
+        if newTokens == 0 {
+            return GenerationOutput(sequences: Array(repeating: [], count: batch * config.numReturnSequences), scores: [])
+        }
+        if config.numBeams > 1 {
+            guard !config.doSample else {
+                throw ModelError.invalidInput("beam sampling (do_sample with num_beams > 1) is not supported")
+            }
+            return try beamSearch(prompt: prompt, batch: batch, newTokens: newTokens, config: config, criteria: stoppingCriteria)
+        }
+        return try sample(prompt: prompt, newTokens: newTokens, config: config, criteria: stoppingCriteria, seed: seed, onStep: onStep)
+    }
 
+    /// Greedy decoding, or sampling with `config.doSample` (transformers' `_sample`).
+    private func sample(prompt: GenerationPrompt, newTokens: Int, config: GenerationConfig, criteria: [any StoppingCriterion],
+                        seed: UInt64, onStep: (([Int?]) throws -> Void)?) throws -> GenerationOutput {
+        let rows = prompt.mask.count
+        let processors = config.logitsProcessors
+        var generator = SeededGenerator(seed: seed)
+        var step = try DecodingState(model: self, prompt: prompt, rows: rows, capacity: prompt.length + newTokens)
+        var histories = prompt.histories
+        var generated = Array(repeating: [Int](), count: rows)
+        var finished = Array(repeating: false, count: rows)
+        let eos = Set(config.eosTokenIds)
+        for index in 0..<newTokens {
+            var tokens = [Int?](repeating: nil, count: rows)
+            for row in 0..<rows where !finished[row] {
+                var scores = step.scores(row: row)
+                for processor in processors { processor.process(&scores, history: histories[row]) }
+                let token = config.doSample ? generator.sample(scores: scores) : argmax(scores)
+                tokens[row] = token
+                generated[row].append(token)
+                histories[row].tokens.append(token)
+                finished[row] = eos.contains(token) || criteria.contains { $0.shouldStop(histories[row]) }
+            }
+            try onStep?(tokens)
+            if index == newTokens - 1 || !finished.contains(false) { break }
+            // Finished rows keep being fed their last token; rows never attend to each other, so it changes nothing.
+            try step.advance(tokens: generated.map { $0.last! })
+        }
+        return GenerationOutput(sequences: generated, scores: [])
+    }
+}
+
+/// A prompt as generation runs it: embeddings `[rows, length, hidden]`, the attention mask and, where known, ids.
+struct GenerationPrompt {
+    var embeds: Tensor
+    var mask: [[Int]]
+    var ids: [[Int]]?
+    var length: Int
+
+    /// Each row's tokens for the logits processors: the ids with their padding, or nothing for embeddings alone.
+    var histories: [TokenHistory] {
+        mask.enumerated().map { row, flags in
+            let padding = flags.firstIndex { $0 != 0 } ?? 0
+            return ids.map { TokenHistory(tokens: $0[row], paddingLength: padding, promptLength: length) }
+                ?? TokenHistory(tokens: [], promptLength: 0)
+        }
+    }
+}
+
+/// The model, its KV cache and the next-token scores of every row, one step at a time.
+struct DecodingState<Model: CausalLanguageModel> {
+    let model: Model
+    let cache: KVCache
+    var mask: [[Int]]
+    var positions: [[Int]]
+    private var logits: [Float]
+
+    init(model: Model, prompt: GenerationPrompt, rows: Int, capacity: Int) throws {
+        self.model = model
+        mask = prompt.mask
         // generate()'s position_ids: cumsum(mask) - 1, padding at 0.
-        var positions = mask.map { row in
+        positions = prompt.mask.map { row in
             var count = -1
             return row.map { flag in
                 if flag != 0 { count += 1 }
                 return flag != 0 ? count : 0
             }
         }
-        let (capacity, overflow) = promptLength.addingReportingOverflow(options.maxNewTokens)
-        guard !overflow else { throw ModelError.invalidInput("maxNewTokens \(options.maxNewTokens) is out of range") }
-        let cache = try makeCache(batch: batch, capacity: capacity)
-        var logits = try self.logits(inputsEmbeds: inputsEmbeds, attentionMask: mask, positionIds: positions, cache: cache,
-                                     lastPositionOnly: true)
-        var selector = selector
-        var generated = Array(repeating: [Int](), count: batch)
-        var finished = Array(repeating: false, count: batch)
-        for step in 0..<options.maxNewTokens {
-            var scores = logits.reshaped([batch, vocabularySize])
-            for processor in processors { scores = processor.process(scores, generated: generated) }
-            let tokens = selector.selectTokens(scores)
-            for row in 0..<batch where !finished[row] {
-                generated[row].append(tokens[row])
-                finished[row] = options.eosTokenIds.contains(tokens[row])
-            }
-            if step == options.maxNewTokens - 1 || finished.allSatisfy({ $0 }) { break }
-            // Finished rows keep being fed (their last token); rows never attend to each other, so it changes nothing.
-            for row in 0..<batch {
-                mask[row].append(1)
-                positions[row] = [(positions[row].last ?? -1) + 1]
-            }
-            logits = try self.logits(inputIds: generated.map { [$0.last!] }, attentionMask: mask, positionIds: positions,
-                                     cache: cache)
-        }
-        return generated
+        cache = try model.makeCache(batch: rows, capacity: capacity)
+        logits = try model.logits(inputsEmbeds: prompt.embeds, attentionMask: mask, positionIds: positions, cache: cache,
+                                  lastPositionOnly: true).scalars
     }
+
+    /// Row `row`'s next-token logits.
+    func scores(row: Int) -> [Float] {
+        let size = model.vocabularySize
+        return Array(logits[(row * size)..<((row + 1) * size)])
+    }
+
+    /// Feeds one token per row.
+    mutating func advance(tokens: [Int]) throws {
+        for row in mask.indices {
+            mask[row].append(1)
+            positions[row] = [(positions[row].last ?? -1) + 1]
+        }
+        logits = try model.logits(inputIds: tokens.map { [$0] }, attentionMask: mask, positionIds: positions, cache: cache).scalars
+    }
+}
+
+/// The first index of the largest score (torch's `argmax`).
+func argmax(_ scores: [Float]) -> Int {
+    var best = 0
+    for index in scores.indices where scores[index] > scores[best] { best = index }
+    return best
+}
+
+/// Each row of `x [B, …]` repeated `count` times in place (torch's `repeat_interleave(count, dim=0)`).
+func repeatRows(_ x: Tensor, _ count: Int) -> Tensor {
+    guard count > 1 else { return x }
+    let rowSize = x.count / x.shape[0]
+    let output = Tensor(uninitialized: [x.shape[0] * count] + x.shape.dropFirst())
+    for row in 0..<x.shape[0] {
+        for copy in 0..<count {
+            (output.storage.pointer + (row * count + copy) * rowSize).initialize(from: x.storage.pointer + row * rowSize, count: rowSize)
+        }
+    }
+    return output
+}
+
+extension Array {
+    func repeatingRows(_ count: Int) -> [Element] { flatMap { Array(repeating: $0, count: count) } }
 }

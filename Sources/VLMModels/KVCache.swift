@@ -32,4 +32,22 @@ public final class KVCache: @unchecked Sendable {
     }
 
     func advance(by count: Int) { length += count }
+
+    /// Makes row `i` a copy of what row `rows[i]` held, for every layer and stored position: beam search moves each
+    /// beam's history to where its continuation now lives, in place.
+    public func reorder(rows: [Int]) throws {
+        guard rows.count == batch, rows.allSatisfy({ $0 >= 0 && $0 < batch }) else {
+            throw ModelError.invalidInput("reordering a KV cache of \(batch) rows needs \(batch) row indices in 0..<\(batch), got \(rows)")
+        }
+        let moved = rows.enumerated().filter { $0.offset != $0.element }
+        guard !moved.isEmpty, length > 0 else { return }
+        let rowSize = capacity * width, used = length * width
+        let scratch = UnsafeMutablePointer<Float>.allocate(capacity: batch * used)
+        defer { scratch.deallocate() }
+        for tensor in keys + values {
+            let base = tensor.storage.pointer
+            for row in 0..<batch { (scratch + row * used).update(from: base + row * rowSize, count: used) }
+            for (row, source) in moved { (base + row * rowSize).update(from: scratch + source * used, count: used) }
+        }
+    }
 }
