@@ -30,6 +30,21 @@ struct DecoderFixture {
         let generations: [Generation]
         let max_new_tokens: Int
         let encoder: Encoder?
+        let beam: [Beam]
+    }
+    /// transformers' beam search on a left-padded batch: `sequences` hold the prompt, then the new tokens padded
+    /// after a finished hypothesis' eos.
+    struct Beam: Decodable {
+        let length_penalty: Double
+        let early_stopping: Bool
+        let num_beams: Int
+        let num_return_sequences: Int
+        let max_new_tokens: Int
+        let eos: [Int]
+        let input_ids: [[Int]]
+        let attention_mask: [[Int]]
+        let sequences: [[Int]]
+        let sequences_scores: [Float]
     }
 
     static let names = ["qwen2", "mistral-sliding", "llama-dynamic", "opt-pre", "opt-post-proj", "gpt2", "gpt2-cross"]
@@ -226,5 +241,37 @@ func unpaddedRows(_ logits: Tensor, mask: [[Int]]) -> [[Float]] {
         #expect(gpt2.addCrossAttention && gpt2.scaleAttnByInverseLayerIdx && !gpt2.tieWordEmbeddings && gpt2.innerSize == 64)
         let gpt2Defaults = try JSONDecoder().decode(GPT2Config.self, from: Data("{}".utf8))
         #expect(gpt2Defaults.innerSize == 3072 && gpt2Defaults.eosTokenIds == [50256] && gpt2Defaults.activationFunction == "gelu_new")
+    }
+}
+
+@Suite struct DecoderBeamSearchTests {
+    @Test(arguments: DecoderFixture.names)
+    func beamSearchMatchesTransformers(_ name: String) throws {
+        let fixture = try DecoderFixture(name)
+        for beam in fixture.expected.beam {
+            var config = GenerationConfig()
+            config.numBeams = beam.num_beams
+            config.numReturnSequences = beam.num_return_sequences
+            config.maxNewTokens = beam.max_new_tokens
+            config.lengthPenalty = beam.length_penalty
+            config.earlyStopping = beam.early_stopping ? .always : .heuristic
+            config.eosTokenIds = beam.eos
+            config.padTokenId = 0
+            let model = try fixture.model(rows: beam.input_ids.count)
+            let output = try model.generate(inputIds: beam.input_ids, attentionMask: beam.attention_mask, config: config)
+            // A hypothesis ends at its first eos; what follows is padding.
+            let promptLength = beam.input_ids[0].count
+            let expected = beam.sequences.map { row -> [Int] in
+                let new = Array(row[promptLength...])
+                guard let end = new.firstIndex(where: beam.eos.contains) else { return new }
+                return Array(new[...end])
+            }
+            let label = "\(name) length_penalty \(beam.length_penalty) early_stopping \(beam.early_stopping)"
+            #expect(output.sequences == expected, "\(label)")
+            #expect(output.scores.count == beam.sequences_scores.count, "\(label)")
+            for (actual, wanted) in zip(output.scores, beam.sequences_scores) {
+                #expect(abs(actual - wanted) < 1e-4, "\(label): \(output.scores) vs \(beam.sequences_scores)")
+            }
+        }
     }
 }
