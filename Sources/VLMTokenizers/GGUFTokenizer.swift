@@ -168,9 +168,14 @@ extension Pipeline {
             ])
         }
 
+        // tokenizers' AddedVocabulary: a token already added stays as it is; one outside the vocabulary gets the next id.
+        var added: [TokenKey: Int] = [:]
+        var nextId = vocabulary.count
         func add(_ content: String, special: Bool) {
-            guard !pipeline.addedTokens.contains(where: { $0.content.utf8.elementsEqual(content.utf8) }) else { return }
-            let id = vocabulary[content] ?? max(vocabulary.count, (pipeline.addedTokens.map(\.id).max() ?? -1) + 1)
+            guard added[TokenKey(content)] == nil else { return }
+            let id = vocabulary[content] ?? nextId
+            nextId = max(nextId, id + 1)
+            added[TokenKey(content)] = id
             pipeline.addedTokens.append(AddedToken(id: id, content: content, normalized: false, special: special))
         }
         for content in classDefaults { add(content, special: true) }
@@ -181,17 +186,14 @@ extension Pipeline {
             if !byteLevel || token.unicodeScalars.allSatisfy(alphabet.contains) { add(token, special: true) }
         }
         for (token, type) in zip(tokens, types) where type == userDefinedType {
-            if vocabulary[token] != nil || pipeline.addedTokens.contains(where: { $0.content.utf8.elementsEqual(token.utf8) }) {
-                add(token, special: false)
-            }
+            if vocabulary[token] != nil || added[TokenKey(token)] != nil { add(token, special: false) }
         }
         for case let (_, token?) in named { add(token, special: true) }
 
         // transformers' update_post_processor: "bos $A eos" and "bos $A eos bos:1 $B:1 eos:1".
         func entry(_ token: String?) -> (id: Int, token: String)? {
             guard let token else { return nil }
-            let id = pipeline.addedTokens.first { $0.content.utf8.elementsEqual(token.utf8) }?.id ?? vocabulary[token]
-            return id.map { ($0, token) }
+            return (added[TokenKey(token)] ?? vocabulary[token]).map { ($0, token) }
         }
         let bos = (metadata.addBosToken ?? (metadata.model == "llama")) ? entry(named[0].1) : nil
         let eos = (metadata.addEosToken ?? false) ? entry(named[1].1) : nil
