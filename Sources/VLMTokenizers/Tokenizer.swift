@@ -133,7 +133,7 @@ public final class Tokenizer: Sendable {
         try self.init(pipeline: pipeline, config: config)
     }
 
-    private init(pipeline: Pipeline, config: JSONObject?) throws {
+    init(pipeline: Pipeline, config: JSONObject?) throws {
         normalizer = pipeline.normalizer
         preTokenizer = pipeline.preTokenizer
         model = pipeline.model

@@ -51,10 +51,14 @@ struct Tokenize: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let directory = try await options.directory()
-        let tokenizer = try Tokenizer(directory: directory)
+        // A GGUF file carries its tokenizer in its metadata; anything else is a checkpoint directory or a repo id.
+        var isDirectory: ObjCBool = false
+        let isFile = FileManager.default.fileExists(atPath: options.model, isDirectory: &isDirectory) && !isDirectory.boolValue
+        let path = isFile ? URL(fileURLWithPath: options.model) : try await options.directory()
+        let (tokenizer, template) = try loadTokenizer(path: path)
         if let chat {
-            try renderChat(file: chat, directory: directory, tokenizer: tokenizer)
+            guard let template else { throw TokenizeError.noChatTemplate(path.path) }
+            try renderChat(file: chat, template: template, tokenizer: tokenizer)
         } else if decode {
             let ids = try inputs.map { argument in
                 guard let id = Int(argument), id >= 0 else { throw TokenizeError.notAnId(argument) }
@@ -81,10 +85,7 @@ struct Tokenize: AsyncParsableCommand {
 
     /// Renders like `apply_chat_template(messages, tokenize=False)`; the ids are that text encoded without adding
     /// special tokens, as `tokenize=True` does.
-    private func renderChat(file: String, directory: URL, tokenizer: Tokenizer) throws {
-        guard let template = try ChatTemplate.load(directory: directory) else {
-            throw TokenizeError.noChatTemplate(directory.path)
-        }
+    private func renderChat(file: String, template: ChatTemplate, tokenizer: Tokenizer) throws {
         let data: Data
         do { data = try Data(contentsOf: URL(fileURLWithPath: file)) } catch {
             throw TokenizeError.unreadable(file)
@@ -109,7 +110,7 @@ enum TokenizeError: Error, CustomStringConvertible {
     var description: String {
         switch self {
         case .notAnId(let argument): return "\"\(argument)\" is not a token id"
-        case .noChatTemplate(let directory): return "\(directory): no chat template (chat_template.jinja, chat_template.json or tokenizer_config.json's chat_template)"
+        case .noChatTemplate(let model): return "\(model): no chat template (chat_template.jinja, chat_template.json or tokenizer_config.json's chat_template; a GGUF's tokenizer.chat_template)"
         case .unreadable(let file): return "\(file): cannot read the file"
         case .notAMessageList(let file): return "\(file): expected a JSON list of messages"
         }

@@ -254,4 +254,88 @@ struct CLI {
     @Test func emptyLabelList() throws {
         try expectOneLineError(["classify", photo, "--model", model.path, "--labels", " , "], mentioning: "label")
     }
+
+    @Test func tokenizeRefusesAGGUFFileWithoutATokenizer() throws {
+        let file = CLI.fixtures.appendingPathComponent("gguf/aligned64.gguf").path
+        try expectOneLineError(["tokenize", "--model", file, "hello"], mentioning: file)
+    }
+
+    @Test func tokenizeRefusesAGGUFFileWithoutAChatTemplate() throws {
+        let directory = try temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let messages = directory.appendingPathComponent("messages.json")
+        try Data(#"[{"role": "user", "content": "hi"}]"#.utf8).write(to: messages)
+        let file = CLI.fixtures.appendingPathComponent("gguf-tokenizers/phi3-spm.gguf").path
+        try expectOneLineError(["tokenize", "--model", file, "--chat", messages.path], mentioning: "no chat template")
+    }
+}
+
+/// `vlm tokenize --model FILE.gguf`: the tokenizer and chat template from the file's metadata, as transformers loads
+/// them with `gguf_file=` (fixtures by oracle/gguf_tokenizers.py).
+@Suite struct CLIGGUFTokenizeTests {
+    /// What oracle/gguf_tokenizers.py recorded for a GGUF written from a SentencePiece model (add_bos and add_eos on).
+    struct GGUFExpected: Decodable {
+        struct Pair: Decodable { let text: Int; let pair: Int; let ids: [Int] }
+        struct Chat: Decodable { let messages: [[String: String]]; let add_generation_prompt: Bool; let text: String; let ids: [Int] }
+        let ids: [[Int]]
+        let decoded: [String]
+        let decoded_skip_special: [String?]
+        let pairs: [Pair]
+        let chats: [Chat]
+    }
+
+    var ggufFixtures: URL { CLI.fixtures.appendingPathComponent("gguf-tokenizers") }
+
+    func ggufExpected() throws -> (GGUFExpected, [String]) {
+        let expected = try JSONDecoder().decode(GGUFExpected.self, from: Data(contentsOf: ggufFixtures.appendingPathComponent("llama-spm.json")))
+        let strings = try JSONDecoder().decode([String].self, from: Data(contentsOf: ggufFixtures.appendingPathComponent("strings.json")))
+        return (expected, strings)
+    }
+
+    @Test func tokenizeTakesAGGUFFile() throws {
+        let (expected, strings) = try ggufExpected()
+        let texts = Array(strings[20..<30])
+        let run = try CLI.run(["tokenize", "--model", ggufFixtures.appendingPathComponent("llama-spm.gguf").path, "--json"] + texts)
+        #expect(run.status == 0, "\(run.stderr)")
+        let results = try #require(try CLI.json(run) as? [[String: Any]])
+        #expect(results.count == texts.count)
+        for (index, result) in results.enumerated() {
+            #expect(result["text"] as? String == texts[index])
+            #expect(result["ids"] as? [Int] == expected.ids[20 + index])
+        }
+    }
+
+    @Test func tokenizeEncodesPairsAndDecodesWithAGGUFFile() throws {
+        let (expected, strings) = try ggufExpected()
+        let model = ggufFixtures.appendingPathComponent("llama-spm.gguf").path
+        let pair = expected.pairs[0]
+        let encoded = try CLI.run(["tokenize", "--model", model, "--json", "--pair", strings[pair.pair], strings[pair.text]])
+        #expect(encoded.status == 0, "\(encoded.stderr)")
+        #expect((try CLI.json(encoded) as? [[String: Any]])?.first?["ids"] as? [Int] == pair.ids)
+        let index = 20
+        let ids = expected.ids[index].map(String.init)
+        let decoded = try CLI.run(["tokenize", "--model", model, "--json", "--decode"] + ids)
+        #expect((try CLI.json(decoded) as? [String: Any])?["text"] as? String == expected.decoded[index])
+        let skipped = try CLI.run(["tokenize", "--model", model, "--json", "--decode", "--skip-special-tokens"] + ids)
+        #expect((try CLI.json(skipped) as? [String: Any])?["text"] as? String
+                == expected.decoded_skip_special[index] ?? expected.decoded[index])
+    }
+
+    @Test func tokenizeRendersTheChatTemplateOfAGGUFFile() throws {
+        struct Rendered: Decodable { let text: String; let ids: [Int] }
+        let (expected, _) = try ggufExpected()
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("vlm-tests-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        for (index, chat) in expected.chats.enumerated() {
+            let messages = directory.appendingPathComponent("messages\(index).json")
+            try JSONSerialization.data(withJSONObject: chat.messages).write(to: messages)
+            let run = try CLI.run(["tokenize", "--model", ggufFixtures.appendingPathComponent("llama-spm.gguf").path,
+                                   "--chat", messages.path, "--json"] + (chat.add_generation_prompt ? ["--add-generation-prompt"] : []))
+            #expect(run.status == 0, "\(run.stderr)")
+            let got = try JSONDecoder().decode(Rendered.self, from: Data(run.stdout.utf8))
+            #expect(got.text == chat.text)
+            #expect(got.ids == chat.ids)
+        }
+    }
 }

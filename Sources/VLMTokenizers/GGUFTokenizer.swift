@@ -1,0 +1,299 @@
+import Foundation
+
+/// The tokenizer a GGUF file describes in its metadata (llama.cpp's `tokenizer.ggml.*` keys and
+/// `tokenizer.chat_template`), as plain values: VLMTokenizers does not read GGUF files itself (VLMCheckpoint does), so
+/// whoever opens the file fills this in.
+public struct GGUFTokenizerMetadata: Sendable {
+    /// The GGUF file, named in errors.
+    public var file: String
+    /// `general.architecture`: picks the SentencePiece variant (phi3) for a "llama" tokenizer.
+    public var architecture: String?
+    /// `tokenizer.ggml.model`: "gpt2" (byte-level BPE) or "llama" (SentencePiece BPE with byte fallback).
+    public var model: String
+    /// `tokenizer.ggml.pre`: the pre-tokenizer's split regex, by llama.cpp's name for it.
+    public var pre: String?
+    /// `tokenizer.ggml.tokens`, by id.
+    public var tokens: [String]
+    /// `tokenizer.ggml.scores`: SentencePiece scores, from which merges are derived when the file has none.
+    public var scores: [Double]?
+    /// `tokenizer.ggml.token_type`: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte.
+    public var tokenTypes: [Int]?
+    /// `tokenizer.ggml.merges`: "left right" pairs, best first.
+    public var merges: [String]?
+    /// `tokenizer.ggml.bos_token_id`, `eos_token_id`, `unknown_token_id` and `padding_token_id`.
+    public var bosTokenId: Int?
+    public var eosTokenId: Int?
+    public var unknownTokenId: Int?
+    public var paddingTokenId: Int?
+    /// `tokenizer.ggml.add_bos_token` and `add_eos_token`, nil when the file does not say.
+    public var addBosToken: Bool?
+    public var addEosToken: Bool?
+    /// `tokenizer.chat_template`.
+    public var chatTemplate: String?
+
+    public init(file: String, architecture: String? = nil, model: String, pre: String? = nil, tokens: [String],
+                scores: [Double]? = nil, tokenTypes: [Int]? = nil, merges: [String]? = nil, bosTokenId: Int? = nil,
+                eosTokenId: Int? = nil, unknownTokenId: Int? = nil, paddingTokenId: Int? = nil,
+                addBosToken: Bool? = nil, addEosToken: Bool? = nil, chatTemplate: String? = nil) {
+        self.file = file
+        self.architecture = architecture
+        self.model = model
+        self.pre = pre
+        self.tokens = tokens
+        self.scores = scores
+        self.tokenTypes = tokenTypes
+        self.merges = merges
+        self.bosTokenId = bosTokenId
+        self.eosTokenId = eosTokenId
+        self.unknownTokenId = unknownTokenId
+        self.paddingTokenId = paddingTokenId
+        self.addBosToken = addBosToken
+        self.addEosToken = addEosToken
+        self.chatTemplate = chatTemplate
+    }
+}
+
+extension Tokenizer {
+    /// The tokenizer transformers builds for `AutoTokenizer.from_pretrained(dir, gguf_file=name)`: for "gpt2",
+    /// GPT-2's byte-level BPE (tokens outside the byte alphabet respelled as bytes, the split regex of
+    /// `tokenizer.ggml.pre` when transformers knows it); for "llama", Llama's SentencePiece BPE (Metaspace, byte
+    /// fallback; phi3's normalizer for architecture "phi3"), with merges derived from the scores when the file has
+    /// none. Control tokens become special added tokens, user-defined ones plain added tokens; the bos/eos/unk/pad
+    /// ids name the special tokens; `add_bos_token` (default true for "llama") and `add_eos_token` say what encoding
+    /// adds.
+    /// - Throws: `TokenizerError` naming the file and the key when a tokenizer type is unsupported, a key is missing,
+    ///   or arrays disagree.
+    public convenience init(gguf metadata: GGUFTokenizerMetadata) throws {
+        let (pipeline, named) = try Pipeline.make(gguf: metadata)
+        var members: [(key: String, value: Any)] = []
+        for (key, token) in named { if let token { members.append((key, token)) } }
+        let config = JSONObject(file: metadata.file, path: "$",
+                                members: JSONMembers(pairs: members, dictionary: Dictionary(members, uniquingKeysWith: { $1 })))
+        try self.init(pipeline: pipeline, config: config)
+    }
+}
+
+private let controlType = 3
+private let userDefinedType = 4
+
+extension Pipeline {
+    private init(model: any TokenizationModel, normalizer: (any Normalizer)?, preTokenizer: (any PreTokenizer)?,
+                 postProcessor: (any PostProcessor)?, decoder: (any Decoder)?, addedTokens: [AddedToken]) {
+        self.model = model
+        self.normalizer = normalizer
+        self.preTokenizer = preTokenizer
+        self.postProcessor = postProcessor
+        self.decoder = decoder
+        self.addedTokens = addedTokens
+    }
+
+    /// The pipeline of a GGUF tokenizer, and its special tokens by tokenizer_config.json's names.
+    fileprivate static func make(gguf metadata: GGUFTokenizerMetadata) throws -> (Pipeline, [(String, String?)]) {
+        let file = metadata.file
+        let tokens = metadata.tokens
+        func invalid(_ key: String, _ reason: String) -> TokenizerError {
+            .invalidField(file: file, path: key, reason: reason)
+        }
+        if tokens.isEmpty { throw invalid("tokenizer.ggml.tokens", "no tokens") }
+        if let scores = metadata.scores, scores.count != tokens.count {
+            throw invalid("tokenizer.ggml.scores", "\(scores.count) scores for \(tokens.count) tokens")
+        }
+        if let types = metadata.tokenTypes, types.count != tokens.count {
+            throw invalid("tokenizer.ggml.token_type", "\(types.count) token types for \(tokens.count) tokens")
+        }
+        func specialToken(_ id: Int?, _ key: String) throws -> String? {
+            guard let id else { return nil }
+            guard tokens.indices.contains(id) else {
+                throw invalid("tokenizer.ggml.\(key)", "\(id) is not a token id (the file has \(tokens.count) tokens)")
+            }
+            return tokens[id]
+        }
+        let named: [(String, String?)] = [
+            ("bos_token", try specialToken(metadata.bosTokenId, "bos_token_id")),
+            ("eos_token", try specialToken(metadata.eosTokenId, "eos_token_id")),
+            ("unk_token", try specialToken(metadata.unknownTokenId, "unknown_token_id")),
+            ("pad_token", try specialToken(metadata.paddingTokenId, "padding_token_id")),
+        ]
+
+        let byteLevel: Bool
+        let vocabulary: Vocabulary
+        // The special tokens transformers' tokenizer class declares by default, added before the file's own.
+        let classDefaults: [String]
+        var pipeline: Pipeline
+        switch metadata.model {
+        case "gpt2":
+            byteLevel = true
+            vocabulary = byteLevelVocabulary(tokens)
+            let model = try BPE(vocabulary: vocabulary, merges: try ggufMerges(metadata, vocabularyOrder: tokens),
+                                file: file, unknownToken: nil, continuingSubwordPrefix: "", endOfWordSuffix: "")
+            pipeline = Pipeline(model: model, normalizer: nil,
+                                preTokenizer: ByteLevelPreTokenizer(addPrefixSpace: false, useRegex: true),
+                                postProcessor: nil, decoder: ByteLevelDecoder(), addedTokens: [])
+            classDefaults = ["<|endoftext|>"]
+        case "llama":
+            if let architecture = metadata.architecture, ["gemma", "gemma2", "gemma3"].contains(architecture) {
+                throw TokenizerError.unsupportedComponent(file: file, path: "general.architecture", type: architecture)
+            }
+            byteLevel = false
+            var plain = Vocabulary()
+            for (id, token) in tokens.enumerated() { plain[token] = id }
+            vocabulary = plain
+            let model = try BPE(vocabulary: vocabulary, merges: try ggufMerges(metadata, vocabularyOrder: tokens),
+                                file: file, unknownToken: nil, continuingSubwordPrefix: "", endOfWordSuffix: "",
+                                fuseUnknown: true, byteFallback: true)
+            let space: Unicode.Scalar = "\u{2581}"
+            let decoder = DecoderSequence(decoders: [
+                ReplaceDecoder(pattern: LiteralPattern(literal: [space]), content: [" "]),
+                ByteFallbackDecoder(), FuseDecoder(), StripDecoder(content: " ", start: 1, stop: 0),
+            ])
+            if metadata.architecture == "phi3" {
+                // Phi-3 prefixes the text through its normalizer, not Metaspace: "  hi" keeps both spaces.
+                pipeline = Pipeline(model: model, normalizer: NormalizerSequence(normalizers: [
+                    Prepend(prefix: [space]), Replace(pattern: LiteralPattern(literal: [" "]), content: [space]),
+                ]), preTokenizer: nil, postProcessor: nil, decoder: decoder, addedTokens: [])
+            } else {
+                pipeline = Pipeline(model: model, normalizer: nil,
+                                    preTokenizer: Metaspace(replacement: space, prependScheme: .first, split: false),
+                                    postProcessor: nil, decoder: decoder, addedTokens: [])
+            }
+            classDefaults = ["<s>", "</s>", "<unk>"]
+        default:
+            throw TokenizerError.unsupportedComponent(file: file, path: "tokenizer.ggml.model", type: metadata.model)
+        }
+        if let pre = metadata.pre, let regex = ggufSplitRegexes[pre] {
+            pipeline.preTokenizer = PreTokenizerSequence(preTokenizers: [
+                Split(pattern: try AlternationPattern.known(regex) ?? RegexPattern(regex, file: file),
+                      behavior: .isolated, invert: false),
+                ByteLevelPreTokenizer(addPrefixSpace: false, useRegex: false),
+            ])
+        }
+
+        // tokenizers' AddedVocabulary: a token already added stays as it is; one outside the vocabulary gets the next id.
+        var added: [TokenKey: Int] = [:]
+        var nextId = vocabulary.count
+        func add(_ content: String, special: Bool) {
+            guard added[TokenKey(content)] == nil else { return }
+            let id = vocabulary[content] ?? nextId
+            nextId = max(nextId, id + 1)
+            added[TokenKey(content)] = id
+            pipeline.addedTokens.append(AddedToken(id: id, content: content, normalized: false, special: special))
+        }
+        for content in classDefaults { add(content, special: true) }
+        let types = metadata.tokenTypes ?? []
+        let alphabet = Set(ByteLevelAlphabet.characters)
+        // A byte-level control token spelled outside the byte alphabet is a llama.cpp mislabel; transformers skips it.
+        for (token, type) in zip(tokens, types) where type == controlType {
+            if !byteLevel || token.unicodeScalars.allSatisfy(alphabet.contains) { add(token, special: true) }
+        }
+        for (token, type) in zip(tokens, types) where type == userDefinedType {
+            if vocabulary[token] != nil || added[TokenKey(token)] != nil { add(token, special: false) }
+        }
+        for case let (_, token?) in named { add(token, special: true) }
+
+        // transformers' update_post_processor: "bos $A eos" and "bos $A eos bos:1 $B:1 eos:1".
+        func entry(_ token: String?) -> (id: Int, token: String)? {
+            guard let token else { return nil }
+            return (added[TokenKey(token)] ?? vocabulary[token]).map { ($0, token) }
+        }
+        let bos = (metadata.addBosToken ?? (metadata.model == "llama")) ? entry(named[0].1) : nil
+        let eos = (metadata.addEosToken ?? false) ? entry(named[1].1) : nil
+        func pieces(_ sequence: Bool, typeId: Int) -> [Template.Piece] {
+            (bos.map { [Template.Piece.special([$0], typeId: typeId)] } ?? [])
+                + [.sequence(second: sequence, typeId: typeId)]
+                + (eos.map { [Template.Piece.special([$0], typeId: typeId)] } ?? [])
+        }
+        pipeline.postProcessor = Template(single: pieces(false, typeId: 0),
+                                          pair: pieces(false, typeId: 0) + pieces(true, typeId: 1))
+        return (pipeline, named)
+    }
+}
+
+/// GPT-2's vocabulary of a GGUF: tokens already in the byte alphabet as they are, others (llama.cpp writes some added
+/// tokens in plain text) respelled byte by byte; a later token with the same spelling takes it over.
+private func byteLevelVocabulary(_ tokens: [String]) -> Vocabulary {
+    let alphabet = Set(ByteLevelAlphabet.characters)
+    var vocabulary = Vocabulary()
+    for (id, token) in tokens.enumerated() {
+        if token.unicodeScalars.allSatisfy(alphabet.contains) {
+            vocabulary[token] = id
+        } else {
+            var spelled = String.UnicodeScalarView()
+            for byte in token.utf8 { spelled.append(ByteLevelAlphabet.characters[Int(byte)]) }
+            vocabulary[String(spelled)] = id
+        }
+    }
+    return vocabulary
+}
+
+/// The file's merges, or those transformers' `generate_merges` derives from the vocabulary: every split of a token
+/// into two tokens, ordered by the token's score (best first), or by its id when there are no scores.
+private func ggufMerges(_ metadata: GGUFTokenizerMetadata, vocabularyOrder tokens: [String]) throws -> [(String, String)] {
+    if let merges = metadata.merges {
+        return try merges.enumerated().map { index, merge in
+            let parts = merge.unicodeScalars.split(separator: " ", omittingEmptySubsequences: false)
+            guard parts.count == 2 else {
+                throw TokenizerError.invalidField(file: metadata.file, path: "tokenizer.ggml.merges[\(index)]",
+                                                  reason: "expected two tokens separated by one space")
+            }
+            return (String(String.UnicodeScalarView(parts[0])), String(String.UnicodeScalarView(parts[1])))
+        }
+    }
+    if metadata.model == "llama" && metadata.scores == nil {
+        throw TokenizerError.invalidField(file: metadata.file, path: "tokenizer.ggml.scores",
+                                          reason: "a SentencePiece tokenizer without tokenizer.ggml.merges needs scores")
+    }
+    // Python dicts: a repeated token keeps its first place in the order and the last id and score.
+    var ids: [TokenKey: Int] = [:]
+    var order: [String] = []
+    var keyScores: [TokenKey: Double] = [:]
+    for (id, token) in tokens.enumerated() {
+        let key = TokenKey(token)
+        if ids[key] == nil { order.append(token) }
+        ids[key] = id
+        keyScores[key] = metadata.scores?[id] ?? Double(id)
+    }
+    struct Candidate { let left: [Unicode.Scalar]; let right: [Unicode.Scalar]; let score: Double; let position: Int }
+    var candidates: [Candidate] = []
+    for token in order {
+        let scalars = Array(token.unicodeScalars)
+        guard scalars.count > 1 else { continue }
+        let score = keyScores[TokenKey(token)]!
+        var local: [(left: Int, right: Int, split: Int)] = []
+        for split in 1..<scalars.count {
+            let left = String(String.UnicodeScalarView(scalars[..<split]))
+            let right = String(String.UnicodeScalarView(scalars[split...]))
+            if let leftId = ids[TokenKey(left)], let rightId = ids[TokenKey(right)] { local.append((leftId, rightId, split)) }
+        }
+        local.sort { ($0.left, $0.right, $0.split) < ($1.left, $1.right, $1.split) }
+        for merge in local {
+            candidates.append(Candidate(left: Array(scalars[..<merge.split]), right: Array(scalars[merge.split...]),
+                                        score: score, position: candidates.count))
+        }
+    }
+    // Python's stable sort, descending by score with scores and ascending by id without.
+    let descending = metadata.scores != nil
+    candidates.sort { a, b in
+        if a.score != b.score { return descending ? a.score > b.score : a.score < b.score }
+        if a.left.count != b.left.count { return descending ? a.left.count > b.left.count : a.left.count < b.left.count }
+        if a.right.count != b.right.count { return descending ? a.right.count > b.right.count : a.right.count < b.right.count }
+        return a.position < b.position
+    }
+    return candidates.map { (String(String.UnicodeScalarView($0.left)), String(String.UnicodeScalarView($0.right))) }
+}
+
+private let llama3Split = #"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"#
+private let tekkenSplit = #"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"#
+private let qwen2Split = #"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"#
+private let qwen35Split = #"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"#
+private let gpt4oSplit = #"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"#
+
+/// transformers' GGUF_PRE_TOKENIZER_SPLITS: the split regex of each `tokenizer.ggml.pre` it knows; others keep GPT-2's.
+private let ggufSplitRegexes: [String: String] = [
+    "llama3": llama3Split, "llama-v3": llama3Split, "llama-bpe": llama3Split, "falcon3": llama3Split,
+    "falcon-h1": llama3Split, "pixtral": llama3Split, "midm-2.0": llama3Split, "lfm2": llama3Split,
+    "jina-v5-nano": llama3Split, "dbrx": llama3Split, "smaug-bpe": llama3Split,
+    "tekken": tekkenSplit,
+    "qwen2": qwen2Split, "deepseek-r1-qwen": qwen2Split, "kormo": qwen2Split, "f2llmv2": qwen2Split, "megrez": qwen2Split,
+    "qwen35": qwen35Split,
+    "gpt-4o": gpt4oSplit, "llama4": gpt4oSplit, "kanana2": gpt4oSplit, "talkie": gpt4oSplit, "minimax-m2": gpt4oSplit,
+]
