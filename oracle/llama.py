@@ -188,21 +188,32 @@ def tiny_gguf(case):
               open(os.path.join(FIXTURES, f"{case}.gguf.json"), "w"))
 
 
+# transformers' bar for the real model: 64 greedy tokens, plain prompts and chats.
+MAX_NEW_TOKENS = 64
+
+
 def smollm2(path):
     from transformers import AutoTokenizer
     directory, file = os.path.split(path)
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=file)
     model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=file, dtype=torch.float32).eval()
-    texts = ["The capital of France is", "def fibonacci(n):",
-             tokenizer.apply_chat_template([{"role": "user", "content": "What is 2+2?"}], tokenize=False,
-                                           add_generation_prompt=True)]
+    plain = ["The capital of France is", "def fibonacci(n):", "Once upon a time,", "The three primary colors are",
+             "import numpy as np\n", "Water boils at"]
+    chats = [[{"role": "user", "content": "What is 2+2?"}],
+             [{"role": "user", "content": "Write a haiku about the sea."}],
+             [{"role": "user", "content": "Name three fruits."}],
+             [{"role": "system", "content": "You are a pirate."}, {"role": "user", "content": "Say hello."}],
+             [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How can I help?"},
+              {"role": "user", "content": "What is the weather like on Mars?"}],
+             [{"role": "user", "content": "Translate 'good morning' to French."}]]
+    texts = plain + [tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) for chat in chats]
     cases = []
     for text in texts:
         ids = tokenizer(text, return_tensors="pt").input_ids
         with torch.no_grad():
             last = model(input_ids=ids).logits[0, -1]
         top = last.topk(10)
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, do_sample=False,
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
                              eos_token_id=[2], pad_token_id=2, output_logits=True, return_dict_in_generate=True)
         margins = [(l[0].topk(2).values[0] - l[0].topk(2).values[1]).item() for l in out.logits]
         new = out.sequences[0, ids.shape[1]:].tolist()
@@ -211,7 +222,7 @@ def smollm2(path):
                           continuation=tokenizer.decode(new), min_margin=min(margins)))
         print(repr(text), repr(tokenizer.decode(new)), min(margins))
     import gguf, transformers
-    json.dump(dict(file=file, eos=[2], max_new_tokens=32, versions=dict(
+    json.dump(dict(file=file, eos=[2], max_new_tokens=MAX_NEW_TOKENS, versions=dict(
         torch=torch.__version__, transformers=transformers.__version__, gguf=gguf.__version__ if hasattr(gguf, "__version__") else "0.19.0"),
         cases=cases), open(os.path.join(FIXTURES, "smollm2.json"), "w"), indent=1)
 

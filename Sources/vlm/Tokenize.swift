@@ -51,10 +51,7 @@ struct Tokenize: AsyncParsableCommand {
     }
 
     func run() async throws {
-        // A GGUF file carries its tokenizer in its metadata; anything else is a checkpoint directory or a repo id.
-        var isDirectory: ObjCBool = false
-        let isFile = FileManager.default.fileExists(atPath: options.model, isDirectory: &isDirectory) && !isDirectory.boolValue
-        let path = isFile ? URL(fileURLWithPath: options.model) : try await options.directory()
+        let path = try await options.fileOrDirectory()
         let (tokenizer, template) = try loadTokenizer(path: path)
         if let chat {
             guard let template else { throw TokenizeError.noChatTemplate(path.path) }
@@ -86,14 +83,7 @@ struct Tokenize: AsyncParsableCommand {
     /// Renders like `apply_chat_template(messages, tokenize=False)`; the ids are that text encoded without adding
     /// special tokens, as `tokenize=True` does.
     private func renderChat(file: String, template: ChatTemplate, tokenizer: Tokenizer) throws {
-        let data: Data
-        do { data = try Data(contentsOf: URL(fileURLWithPath: file)) } catch {
-            throw TokenizeError.unreadable(file)
-        }
-        guard case .array(let messages) = try JSONValue(parsing: data, file: file) else {
-            throw TokenizeError.notAMessageList(file)
-        }
-        let text = try template.render(messages: messages, addGenerationPrompt: addGenerationPrompt,
+        let text = try template.render(messages: readMessages(file), addGenerationPrompt: addGenerationPrompt,
                                        bosToken: tokenizer.bosTokenId.flatMap(tokenizer.token),
                                        eosToken: tokenizer.eosTokenId.flatMap(tokenizer.token))
         let ids = tokenizer.encode(text, addSpecialTokens: false).ids

@@ -13,13 +13,13 @@ struct VLM: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "vlm",
         abstract: "Run vision-language models from Hugging Face checkpoints.",
-        subcommands: [Classify.self, Embed.self, Tokenize.self, Bench.self, BenchTokenizer.self, Download.self, Cache.self]
+        subcommands: [Classify.self, Embed.self, Tokenize.self, Generate.self, Chat.self, Bench.self, BenchTokenizer.self, Download.self, Cache.self]
     )
 }
 
 /// `--model`: a local checkpoint directory, or a Hub repo id resolved through the Hugging Face cache.
 struct ModelOption: ParsableArguments {
-    @Option(name: .long, help: "A checkpoint directory, or a Hugging Face repo id (org/name[@revision]) found in or downloaded to the Hugging Face cache.")
+    @Option(name: .long, help: "A checkpoint directory, a GGUF file (language models), or a Hugging Face repo id (org/name[@revision]) found in or downloaded to the Hugging Face cache.")
     var model: String
 
     @Flag(help: "Use only the local cache, never the network (as HF_HUB_OFFLINE=1).")
@@ -35,6 +35,15 @@ struct ModelOption: ParsableArguments {
         let bar = progressBar(quiet: quiet)
         defer { bar?.finish() }
         return try await resolveModel(model, options: options, progress: progressHandler(bar))
+    }
+
+    /// An existing file as given (a GGUF file carries its whole model); otherwise ``directory()``.
+    func fileOrDirectory() async throws -> URL {
+        var isDirectory: ObjCBool = false
+        if FileManager.default.fileExists(atPath: model, isDirectory: &isDirectory), !isDirectory.boolValue {
+            return URL(fileURLWithPath: model)
+        }
+        return try await directory()
     }
 }
 

@@ -23,8 +23,9 @@ struct CLI {
         return bundle.deletingLastPathComponent().appendingPathComponent("vlm")
     }()
 
-    static func run(_ arguments: [String], environment: [String: String] = [:]) throws -> Run {
+    static func run(_ arguments: [String], environment: [String: String] = [:], standardInput: URL? = nil) throws -> Run {
         let process = Process()
+        if let standardInput { process.standardInput = try FileHandle(forReadingFrom: standardInput) }
         process.executableURL = executable
         process.arguments = arguments
         process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }

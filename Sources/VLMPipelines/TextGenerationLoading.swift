@@ -1,0 +1,52 @@
+import Foundation
+import VLMCheckpoint
+import VLMModels
+
+extension TextGenerationPipeline {
+    /// Loads a language model with its tokenizer, chat template and generation settings, as transformers'
+    /// `pipeline("text-generation", model=path)` does: from a checkpoint directory (config.json's `model_type`, the
+    /// tokenizer files, generation_config.json) or from a llama.cpp GGUF file (the metadata gives the config, the
+    /// tokenizer and the template; the generation settings are the config's special token ids, as
+    /// `GenerationConfig.from_model_config` makes them).
+    ///
+    /// Settings the model leaves unset take the pipeline's defaults (`_default_generation_config`): at most 256 new
+    /// tokens, and sampling at temperature 0.7.
+    ///
+    /// - Throws: the loaders' errors, each naming the file and what is wrong.
+    public convenience init(path: URL) throws {
+        let (tokenizer, chatTemplate) = try loadTokenizer(path: path)
+        var isDirectory: ObjCBool = false
+        if FileManager.default.fileExists(atPath: path.path, isDirectory: &isDirectory), isDirectory.boolValue {
+            let model = try loadCausalLanguageModel(directory: ModelDirectory(url: path))
+            let config = try GenerationConfig.load(directory: path)
+            self.init(model: model, tokenizer: tokenizer,
+                      config: Self.withPipelineDefaults(config, setKeys: Self.generationKeys(directory: path)), chatTemplate: chatTemplate)
+        } else {
+            let model = try LlamaForCausalLM(gguf: path)
+            var config = GenerationConfig()
+            config.eosTokenIds = model.config.eosTokenIds
+            config.bosTokenId = model.config.bosTokenId
+            self.init(model: model, tokenizer: tokenizer, config: Self.withPipelineDefaults(config, setKeys: []),
+                      chatTemplate: chatTemplate)
+        }
+    }
+
+    /// The keys of the file `GenerationConfig.load(directory:)` reads.
+    private static func generationKeys(directory: URL) -> Set<String> {
+        for name in ["generation_config.json", "config.json"] {
+            guard let data = try? Data(contentsOf: directory.appendingPathComponent(name)) else { continue }
+            return Set(((try? JSONSerialization.jsonObject(with: data)) as? [String: Any])?.keys.map { $0 } ?? [])
+        }
+        return []
+    }
+
+    /// transformers' `Pipeline._get_generate_kwargs`: the pipeline's defaults for what the model does not set, the
+    /// sampling ones only when sampling.
+    private static func withPipelineDefaults(_ config: GenerationConfig, setKeys: Set<String>) -> GenerationConfig {
+        var config = config
+        if !setKeys.contains("max_new_tokens") && !setKeys.contains("max_length") { config.maxNewTokens = 256 }
+        if !setKeys.contains("do_sample") { config.doSample = true }
+        if config.doSample && !setKeys.contains("temperature") { config.temperature = 0.7 }
+        return config
+    }
+}
