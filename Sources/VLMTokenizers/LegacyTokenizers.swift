@@ -49,7 +49,8 @@ extension Pipeline {
         postProcessor = Template(
             single: [.special([bosToken], typeId: 0), .sequence(second: false, typeId: 0), .special([eosToken], typeId: 0)],
             pair: [.special([bosToken], typeId: 0), .sequence(second: false, typeId: 0), .special([eosToken, eosToken], typeId: 0),
-                   .sequence(second: true, typeId: 0), .special([eosToken], typeId: 0)])
+                   .sequence(second: true, typeId: 0), .special([eosToken], typeId: 0)],
+            overflowingTypeId: 0)  // transformers converts CLIP to RobertaProcessing
     }
 
     /// GPT2Tokenizer: byte-level BPE with no unknown token and no post-processor; <|endoftext|> is bos, eos and unk.

@@ -215,7 +215,7 @@ struct BertNormalizer: Normalizer {
 
     func normalize(_ text: inout NormalizedText) {
         if cleanText {
-            text.filter { !($0.value == 0 || $0.value == 0xFFFD || isBertControl($0)) }
+            text.filter { !isRemovedByCleanText($0) }
             text.map { $0.isRegexWhitespace ? " " : $0 }
         }
         if handleChineseCharacters && text.scalars.contains(where: isCJKIdeograph) {
@@ -237,14 +237,12 @@ struct BertNormalizer: Normalizer {
     }
 }
 
-/// BERT counts tab, newline and carriage return as whitespace, every other category C character as a control.
-func isBertControl(_ scalar: Unicode.Scalar) -> Bool {
-    if scalar == "\t" || scalar == "\n" || scalar == "\r" { return false }
-    if scalar.value < 0x80 { return scalar.value < 0x20 || scalar.value == 0x7F }
-    switch scalar.properties.generalCategory {
-    case .control, .format, .unassigned, .privateUse, .surrogate: return true
-    default: return false
-    }
+/// NUL, U+FFFD and what BERT counts as controls: tokenizers' table of Cc, Cf and Co (not tab, newline and carriage
+/// return, which are whitespace; not unassigned code points, which its table lacks).
+func isRemovedByCleanText(_ scalar: Unicode.Scalar) -> Bool {
+    let value = scalar.value
+    if value < 0x80 { return value == 0x7F || (value < 0x20 && value != 0x09 && value != 0x0A && value != 0x0D) }
+    return bertCleanTextRemovedRanges.contains { $0.contains(value) }
 }
 
 /// The "Chinese characters" of BERT: the CJK Unified Ideographs blocks and their compatibility blocks.

@@ -5,8 +5,22 @@ struct EncodingParts {
     var offsets: [Range<Int>] = []
     var typeIds: [Int] = []
     var specialTokensMask: [Int] = []
+    /// What truncation cut off, as whole windows; they carry no overflowing parts of their own (tokenizers nests
+    /// some, but transformers never returns them).
+    var overflowing: [EncodingParts] = []
 
+    /// tokenizers' `Encoding::merge_with`: each overflowing part of either side is combined with the other side and
+    /// with the other side's overflowing parts.
     mutating func append(_ other: EncodingParts) {
+        if !overflowing.isEmpty || !other.overflowing.isEmpty {
+            var merged: [EncodingParts] = []
+            for mine in overflowing {
+                merged.append(mine.concatenated(other))
+                for theirs in other.overflowing { merged.append(mine.concatenated(theirs)) }
+            }
+            for theirs in other.overflowing { merged.append(concatenated(theirs)) }
+            overflowing = merged
+        }
         ids += other.ids
         tokens += other.tokens
         offsets += other.offsets
@@ -14,15 +28,56 @@ struct EncodingParts {
         specialTokensMask += other.specialTokensMask
     }
 
-    /// Keeps `count` tokens from the start (`fromLeft` false) or the end.
-    mutating func truncate(to count: Int, fromLeft: Bool) {
-        guard ids.count > count else { return }
-        let range = fromLeft ? (ids.count - count)..<ids.count : 0..<count
-        ids = Array(ids[range])
-        tokens = Array(tokens[range])
-        offsets = Array(offsets[range])
-        typeIds = Array(typeIds[range])
-        specialTokensMask = Array(specialTokensMask[range])
+    private func concatenated(_ other: EncodingParts) -> EncodingParts {
+        var result = self
+        result.overflowing = []
+        result.ids += other.ids
+        result.tokens += other.tokens
+        result.offsets += other.offsets
+        result.typeIds += other.typeIds
+        result.specialTokensMask += other.specialTokensMask
+        return result
+    }
+
+    private func slice(_ range: Range<Int>) -> EncodingParts {
+        EncodingParts(ids: Array(ids[range]), tokens: Array(tokens[range]), offsets: Array(offsets[range]),
+                      typeIds: Array(typeIds[range]), specialTokensMask: Array(specialTokensMask[range]))
+    }
+
+    /// tokenizers' `Encoding::truncate`: keeps the first (or, `fromLeft`, the last) `maxLength` tokens; the rest
+    /// become overflowing windows of `maxLength` tokens that each repeat `stride` tokens of the window before.
+    mutating func truncate(to maxLength: Int, stride: Int = 0, fromLeft: Bool) throws(TruncationError) {
+        let count = ids.count
+        guard maxLength < count else { return }
+        guard maxLength > 0 else {
+            var whole = self
+            whole.overflowing = []
+            self = EncodingParts(overflowing: [whole])
+            return
+        }
+        guard stride < maxLength else { throw .strideTooLong(stride: stride, maxLength: maxLength) }
+        let step = maxLength - stride
+        var windows: [Range<Int>] = []
+        if fromLeft {
+            var stop = count
+            while true {
+                let start = max(0, stop - maxLength)
+                windows.append(start..<stop)
+                if start == 0 || stop <= step { break }
+                stop -= step
+            }
+        } else {
+            var start = 0
+            while true {
+                let stop = min(start + maxLength, count)
+                windows.append(start..<stop)
+                if stop == count { break }
+                start += step
+            }
+        }
+        var first = slice(windows[0])
+        first.overflowing = windows.dropFirst().map(slice)
+        self = first
     }
 }
 
@@ -47,7 +102,8 @@ func makePostProcessor(_ object: JSONObject) throws -> any PostProcessor {
         let template = Template(
             single: [.special([cls], typeId: 0), .sequence(second: false, typeId: 0), .special([sep], typeId: 0)],
             pair: [.special([cls], typeId: 0), .sequence(second: false, typeId: 0), .special([sep, sep], typeId: 0),
-                   .sequence(second: true, typeId: 0), .special([sep], typeId: 0)])
+                   .sequence(second: true, typeId: 0), .special([sep], typeId: 0)],
+            overflowingTypeId: 0)
         let trim = try object.bool("trim_offsets", default: true)
         return PostProcessorSequence(processors: [
             ByteLevelOffsetTrimming(trimOffsets: trim, addPrefixSpace: try object.bool("add_prefix_space", default: true)),
@@ -109,6 +165,9 @@ struct Template: PostProcessor {
 
     let single: [Piece]
     let pair: [Piece]
+    /// The type id RoBERTa's processor gives overflowing parts (all 0); TemplateProcessing and BERT's processor
+    /// leave theirs as encoding made them (0 for the first sequence, 1 for the pair).
+    var overflowingTypeId: Int? = nil
 
     func addedTokenCount(pair isPair: Bool) -> Int {
         (isPair ? pair : single).reduce(0) { count, piece in
@@ -125,9 +184,22 @@ struct Template: PostProcessor {
                 guard let encoding = encodings[safe: second ? 1 : 0] else { continue }
                 var part = encoding
                 part.typeIds = [Int](repeating: typeId, count: part.ids.count)
+                if let overflowingTypeId {
+                    for index in part.overflowing.indices {
+                        part.overflowing[index].typeIds = [Int](repeating: overflowingTypeId, count: part.overflowing[index].ids.count)
+                    }
+                }
                 result.append(part)
             case let .special(tokens, typeId):
                 guard addSpecialTokens else { continue }
+                guard result.overflowing.isEmpty else {
+                    // As an encoding of its own, so that the overflowing parts get the special tokens too.
+                    result.append(EncodingParts(ids: tokens.map(\.id), tokens: tokens.map(\.token),
+                                                offsets: [Range<Int>](repeating: 0..<0, count: tokens.count),
+                                                typeIds: [Int](repeating: typeId, count: tokens.count),
+                                                specialTokensMask: [Int](repeating: 1, count: tokens.count)))
+                    continue
+                }
                 for (id, token) in tokens {
                     result.ids.append(id)
                     result.tokens.append(token)
@@ -154,28 +226,34 @@ struct ByteLevelOffsetTrimming: PostProcessor {
 
     func process(_ encodings: [EncodingParts], addSpecialTokens: Bool) -> [EncodingParts] {
         guard trimOffsets else { return encodings }
-        let space = ByteLevelAlphabet.characters[0x20]
-        func isSpace(_ scalar: Unicode.Scalar) -> Bool { scalar == space || scalar.isRegexWhitespace }
         return encodings.map { encoding in
-            var encoding = encoding
-            for (index, token) in encoding.tokens.enumerated() {
-                let scalars = Array(token.unicodeScalars)
-                var leading = scalars.prefix(while: isSpace).count
-                let trailing = scalars.reversed().prefix(while: isSpace).count
-                guard leading > 0 || trailing > 0 else { continue }
-                var offsets = encoding.offsets[index]
-                if leading > 0 {
-                    if (index == 0 || offsets.lowerBound == 0) && addPrefixSpace && leading == 1 { leading = 0 }
-                    let lower = min(offsets.lowerBound + leading, offsets.upperBound)
-                    offsets = lower..<offsets.upperBound
-                }
-                if trailing > 0 && offsets.upperBound >= trailing {
-                    offsets = offsets.lowerBound..<max(offsets.upperBound - trailing, offsets.lowerBound)
-                }
-                encoding.offsets[index] = offsets
-            }
+            var encoding = trimmed(encoding)
+            encoding.overflowing = encoding.overflowing.map(trimmed)
             return encoding
         }
+    }
+
+    private func trimmed(_ encoding: EncodingParts) -> EncodingParts {
+        let space = ByteLevelAlphabet.characters[0x20]
+        func isSpace(_ scalar: Unicode.Scalar) -> Bool { scalar == space || scalar.isRegexWhitespace }
+        var encoding = encoding
+        for (index, token) in encoding.tokens.enumerated() {
+            let scalars = Array(token.unicodeScalars)
+            var leading = scalars.prefix(while: isSpace).count
+            let trailing = scalars.reversed().prefix(while: isSpace).count
+            guard leading > 0 || trailing > 0 else { continue }
+            var offsets = encoding.offsets[index]
+            if leading > 0 {
+                if (index == 0 || offsets.lowerBound == 0) && addPrefixSpace && leading == 1 { leading = 0 }
+                let lower = min(offsets.lowerBound + leading, offsets.upperBound)
+                offsets = lower..<offsets.upperBound
+            }
+            if trailing > 0 && offsets.upperBound >= trailing {
+                offsets = offsets.lowerBound..<max(offsets.upperBound - trailing, offsets.lowerBound)
+            }
+            encoding.offsets[index] = offsets
+        }
+        return encoding
     }
 }
 

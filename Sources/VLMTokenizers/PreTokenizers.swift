@@ -39,6 +39,8 @@ func makePreTokenizer(_ object: JSONObject) throws -> any PreTokenizer {
     case "Digits":
         let individual = try object.bool("individual_digits", default: false)
         return Split(pattern: ScalarPattern { $0.isNumber }, behavior: individual ? .isolated : .contiguous, invert: false)
+    case "UnicodeScripts":
+        return UnicodeScripts()
     case "Metaspace":
         let replacement = Array(try object.string("replacement").unicodeScalars)
         guard replacement.count == 1 else { throw object.invalid("replacement", "expected one character") }
@@ -172,4 +174,41 @@ func bertPreTokenizer() -> PreTokenizerSequence {
         Split(pattern: ScalarPattern { $0.isRegexWhitespace }, behavior: .removed, invert: false),
         Split(pattern: ScalarPattern(accepts: isBertPunctuation), behavior: .isolated, invert: false),
     ])
+}
+
+/// tokenizers' UnicodeScripts: a new word wherever the script changes. Spaces belong to no script and stay with the
+/// word before them (leading ones are dropped, as tokenizers drops them); Hiragana, Katakana and U+30FC count as Han.
+struct UnicodeScripts: PreTokenizer {
+    /// The script number of a scalar in `unicodeScriptRanges` (0: none).
+    static func script(_ scalar: Unicode.Scalar) -> UInt32 {
+        if scalar == " " { return 0 }
+        let key = scalar.value << 8 | 0xFF
+        // The last range starting at or before the scalar.
+        var low = 0, high = unicodeScriptRanges.count
+        while low < high {
+            let middle = (low + high) / 2
+            if unicodeScriptRanges[middle] <= key { low = middle + 1 } else { high = middle }
+        }
+        return low == 0 ? 0 : unicodeScriptRanges[low - 1] & 0xFF
+    }
+
+    func preTokenize(_ words: [NormalizedText]) -> [NormalizedText] {
+        var result: [NormalizedText] = []
+        result.reserveCapacity(words.count)
+        for word in words {
+            var starts: [Int] = []
+            var last: UInt32? = nil
+            for (index, scalar) in word.scalars.enumerated() {
+                let script = Self.script(scalar)
+                guard script != 0 else { continue }
+                if last != script { starts.append(index) }
+                last = script
+            }
+            for (index, start) in starts.enumerated() {
+                let end = index + 1 < starts.count ? starts[index + 1] : word.scalars.count
+                result.append(start == 0 && end == word.scalars.count ? word : word.slice(start..<end))
+            }
+        }
+        return result
+    }
 }

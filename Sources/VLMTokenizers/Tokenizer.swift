@@ -15,6 +15,10 @@ public struct Encoding: Sendable, Equatable {
     public let offsets: [Range<Int>]
     /// 1 for special tokens added by the post-processor and for padding, 0 otherwise.
     public let specialTokensMask: [Int]
+    /// What truncation cut off, as further encodings of at most the same length, each with the special tokens and
+    /// repeating `EncodingOptions.stride` tokens of the window before it (tokenizers' `overflowing`; transformers'
+    /// `return_overflowing_tokens=True` returns this encoding followed by these).
+    public let overflowing: [Encoding]
 }
 
 /// How `Tokenizer.encode(_:padding:truncation:maxLength:)` pads a batch.
@@ -57,9 +61,13 @@ public struct EncodingOptions: Sendable {
     public var truncationSide: Side? = nil
     /// nil: tokenizer_config.json's `padding_side` (default right).
     public var paddingSide: Side? = nil
+    /// With truncation, how many tokens each overflowing window repeats from the one before (transformers' `stride`);
+    /// it must be below the length left for a sequence.
+    public var stride = 0
 
     public init(addSpecialTokens: Bool = true, padding: Padding = .none, truncation: TruncationStrategy? = nil,
-                maxLength: Int? = nil, padToMultipleOf: Int? = nil, truncationSide: Side? = nil, paddingSide: Side? = nil) {
+                maxLength: Int? = nil, padToMultipleOf: Int? = nil, truncationSide: Side? = nil, paddingSide: Side? = nil,
+                stride: Int = 0) {
         self.addSpecialTokens = addSpecialTokens
         self.padding = padding
         self.truncation = truncation
@@ -67,6 +75,7 @@ public struct EncodingOptions: Sendable {
         self.padToMultipleOf = padToMultipleOf
         self.truncationSide = truncationSide
         self.paddingSide = paddingSide
+        self.stride = stride
     }
 }
 
@@ -76,12 +85,17 @@ public enum TruncationError: Error, CustomStringConvertible, Equatable {
     case secondSequenceNotProvided
     /// The sequence allowed to lose tokens is shorter than what has to go.
     case sequenceTooShort(length: Int, excess: Int)
+    /// The stride is not below the number of tokens a sequence may keep (tokenizers raises this one when truncation
+    /// is set, for max_length less the special tokens of a single text, or panics when encoding).
+    case strideTooLong(stride: Int, maxLength: Int)
 
     public var description: String {
         switch self {
         case .secondSequenceNotProvided: "truncation only_second needs a pair of texts"
         case let .sequenceTooShort(length, excess):
             "the sequence to truncate has \(length) tokens, fewer than the \(excess) that must go to respect max_length"
+        case let .strideTooLong(stride, maxLength):
+            "stride \(stride) must be below the \(maxLength) tokens a sequence may keep once special tokens are counted"
         }
     }
 }
@@ -222,6 +236,12 @@ public final class Tokenizer: Sendable {
     public func encode(_ texts: [String], pairs: [String]?, options: EncodingOptions) throws -> [Encoding] {
         let limit = options.maxLength ?? modelMaxLength
         let truncateLeft = (options.truncationSide ?? (truncateOnLeft ? .left : .right)) == .left
+        let stride = max(0, options.stride)
+        if options.truncation != nil, let limit {
+            // tokenizers checks the stride against a single text's room when truncation is set, before any text.
+            let room = limit - (postProcessor?.addedTokenCount(pair: false) ?? 0)
+            if room >= 0 && room < stride { throw TruncationError.strideTooLong(stride: stride, maxLength: room) }
+        }
         var encodings: [Encoding] = []
         encodings.reserveCapacity(texts.count)
         for (index, text) in texts.enumerated() {
@@ -231,10 +251,10 @@ public final class Tokenizer: Sendable {
             let added = options.addSpecialTokens ? (postProcessor?.addedTokenCount(pair: second != nil) ?? 0) : 0
             if let strategy = options.truncation, let limit, limit >= added {
                 if limit == added {
-                    first.truncate(to: 0, fromLeft: truncateLeft)
-                    second?.truncate(to: 0, fromLeft: truncateLeft)
+                    try first.truncate(to: 0, fromLeft: truncateLeft)
+                    try second?.truncate(to: 0, fromLeft: truncateLeft)
                 } else {
-                    try truncate(&first, &second, to: limit - added, strategy: strategy, fromLeft: truncateLeft)
+                    try truncate(&first, &second, to: limit - added, strategy: strategy, stride: stride, fromLeft: truncateLeft)
                 }
             }
             encodings.append(finish(first, second, addSpecialTokens: options.addSpecialTokens))
@@ -249,29 +269,33 @@ public final class Tokenizer: Sendable {
         }
         guard let target, let padTokenId else { return encodings }
         let padLeft = (options.paddingSide ?? (padOnLeft ? .left : .right)) == .left
-        return encodings.map { encoding in
+        // Overflowing encodings are padded to the same length (tokenizers' `Encoding::pad`).
+        func padded(_ encoding: Encoding) -> Encoding {
             let count = target - encoding.ids.count
-            guard count > 0 else { return encoding }
+            guard count > 0 || !encoding.overflowing.isEmpty else { return encoding }
             func pad<T>(_ values: [T], _ value: T) -> [T] {
+                guard count > 0 else { return values }
                 let padding = [T](repeating: value, count: count)
                 return padLeft ? padding + values : values + padding
             }
             return Encoding(ids: pad(encoding.ids, padTokenId), tokens: pad(encoding.tokens, padToken ?? ""),
                             attentionMask: pad(encoding.attentionMask, 0), typeIds: pad(encoding.typeIds, 0),
-                            offsets: pad(encoding.offsets, 0..<0), specialTokensMask: pad(encoding.specialTokensMask, 1))
+                            offsets: pad(encoding.offsets, 0..<0), specialTokensMask: pad(encoding.specialTokensMask, 1),
+                            overflowing: encoding.overflowing.map(padded))
         }
+        return encodings.map(padded)
     }
 
     /// tokenizers' `truncate_encodings`, with `limit` already net of the special tokens.
     private func truncate(_ first: inout EncodingParts, _ second: inout EncodingParts?, to limit: Int,
-                          strategy: TruncationStrategy, fromLeft: Bool) throws {
+                          strategy: TruncationStrategy, stride: Int, fromLeft: Bool) throws {
         let total = first.ids.count + (second?.ids.count ?? 0)
         guard total > limit else { return }
         let excess = total - limit
         switch strategy {
         case .longestFirst:
             guard var pair = second else {
-                first.truncate(to: limit, fromLeft: fromLeft)
+                try first.truncate(to: limit, stride: stride, fromLeft: fromLeft)
                 return
             }
             var shorter = min(first.ids.count, pair.ids.count)
@@ -286,18 +310,18 @@ public final class Tokenizer: Sendable {
                 longer = shorter + limit % 2
             }
             let firstIsLonger = first.ids.count > pair.ids.count
-            first.truncate(to: firstIsLonger ? longer : shorter, fromLeft: fromLeft)
-            pair.truncate(to: firstIsLonger ? shorter : longer, fromLeft: fromLeft)
+            try first.truncate(to: firstIsLonger ? longer : shorter, stride: stride, fromLeft: fromLeft)
+            try pair.truncate(to: firstIsLonger ? shorter : longer, stride: stride, fromLeft: fromLeft)
             second = pair
         case .onlyFirst, .onlySecond:
             if strategy == .onlySecond {
                 guard var pair = second else { throw TruncationError.secondSequenceNotProvided }
                 guard pair.ids.count > excess else { throw TruncationError.sequenceTooShort(length: pair.ids.count, excess: excess) }
-                pair.truncate(to: pair.ids.count - excess, fromLeft: fromLeft)
+                try pair.truncate(to: pair.ids.count - excess, stride: stride, fromLeft: fromLeft)
                 second = pair
             } else {
                 guard first.ids.count > excess else { throw TruncationError.sequenceTooShort(length: first.ids.count, excess: excess) }
-                first.truncate(to: first.ids.count - excess, fromLeft: fromLeft)
+                try first.truncate(to: first.ids.count - excess, stride: stride, fromLeft: fromLeft)
             }
         }
     }
@@ -365,8 +389,15 @@ public final class Tokenizer: Sendable {
         let encodings = second.map { [first, $0] } ?? [first]
         var merged = EncodingParts()
         for part in postProcessor?.process(encodings, addSpecialTokens: addSpecialTokens) ?? encodings { merged.append(part) }
-        return Encoding(ids: merged.ids, tokens: merged.tokens, attentionMask: [Int](repeating: 1, count: merged.ids.count),
-                        typeIds: merged.typeIds, offsets: merged.offsets, specialTokensMask: merged.specialTokensMask)
+        return Encoding(merged)
+    }
+}
+
+extension Encoding {
+    init(_ parts: EncodingParts) {
+        self.init(ids: parts.ids, tokens: parts.tokens, attentionMask: [Int](repeating: 1, count: parts.ids.count),
+                  typeIds: parts.typeIds, offsets: parts.offsets, specialTokensMask: parts.specialTokensMask,
+                  overflowing: parts.overflowing.map(Encoding.init))
     }
 }
 

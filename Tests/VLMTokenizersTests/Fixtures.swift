@@ -9,39 +9,11 @@ let fixturesDirectory: URL = {
     return url.appendingPathComponent("Tests/Fixtures/tokenizers")
 }()
 
-/// What oracle/tokenizer_fixtures.py recorded from transformers.
-struct OracleCases: Decodable {
-    struct Single: Decodable {
-        let text: String
-        let ids: [Int]
-        let tokens: [String]
-        let ids_without_special: [Int]
-        let decoded: String
-        let decoded_skip_special: String
-    }
-    struct Padded: Decodable {
-        let ids: [[Int]]
-        let attention_mask: [[Int]]
-    }
-    struct Batch: Decodable {
-        let texts: [String]
-        let longest_77: Padded
-        let max_length_16: Padded
-    }
-    struct Decode: Decodable {
-        let ids: [Int]
-        let decoded: String
-        let decoded_skip_special: String
-    }
-    let single: [Single]
-    /// Absent for pipelines recorded from tokenizers directly.
-    let batches: [Batch]?
-    let decode_ids: [Decode]
-
-    static func load(_ name: String) throws -> OracleCases {
-        try JSONDecoder().decode(OracleCases.self, from: Data(contentsOf: fixturesDirectory.appendingPathComponent(name)))
-    }
-}
+/// The input strings every tokenizer fixture shares (oracle/tokenizer_strings.py).
+let sharedStrings: [String] = {
+    let url = fixturesDirectory.appendingPathComponent("real/strings.json")
+    return (try? JSONDecoder().decode([String].self, from: Data(contentsOf: url))) ?? []
+}()
 
 /// A scratch directory with the given files, removed by the caller.
 func temporaryDirectory(files: [String: String]) throws -> URL {

@@ -147,13 +147,15 @@ struct CLI {
 
     @Test func tokenizeEncodesPairsLikeTokenizers() throws {
         struct Pairs: Decodable {
-            struct Case: Decodable { let text: String; let pair: String; let ids: [Int] }
+            /// Indices into the shared strings.
+            struct Case: Decodable { let a: Int; let b: Int; let ids: [Int] }
             let pairs: [Case]
         }
         let fixtures = CLI.fixtures.appendingPathComponent("tokenizers")
-        let cases = try JSONDecoder().decode(Pairs.self, from: Data(contentsOf: fixtures.appendingPathComponent("clip_phase2.json"))).pairs
+        let texts = try JSONDecoder().decode([String].self, from: Data(contentsOf: fixtures.appendingPathComponent("real/strings.json")))
+        let cases = try JSONDecoder().decode(Pairs.self, from: Data(contentsOf: fixtures.appendingPathComponent("cases/clip.json"))).pairs
         for pair in cases.prefix(5) {
-            let run = try CLI.run(["tokenize", "--model", fixtures.appendingPathComponent("clip").path, "--json", "--pair", pair.pair, pair.text])
+            let run = try CLI.run(["tokenize", "--model", fixtures.appendingPathComponent("clip").path, "--json", "--pair", texts[pair.b], texts[pair.a]])
             #expect(run.status == 0, "\(run.stderr)")
             let result = try #require((try CLI.json(run) as? [[String: Any]])?.first)
             #expect(result["ids"] as? [Int] == pair.ids)

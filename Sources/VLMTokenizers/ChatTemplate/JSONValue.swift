@@ -39,8 +39,22 @@ public enum JSONValue: Sendable, Equatable {
     ///
     /// - Parameter file: named in errors.
     public init(parsing data: Data, file: String = "JSON") throws(ChatTemplateError) {
-        var parser = JSONParser(bytes: Array(data), file: file)
-        self = try parser.parseDocument()
+        let bytes = [UInt8](data)
+        do {
+            self = try JSONReader<TemplateJSON>.read(bytes)
+        } catch {
+            var line = 1
+            var column = 1
+            for byte in bytes[..<min(error.offset, bytes.count)] {
+                if byte == UInt8(ascii: "\n") {
+                    line += 1
+                    column = 1
+                } else if byte & 0xC0 != 0x80 {
+                    column += 1
+                }
+            }
+            throw .invalidJSON(file: file, line: line, column: column, message: error.reason)
+        }
     }
 }
 
@@ -58,239 +72,34 @@ extension JSONValue: ExpressibleByNilLiteral, ExpressibleByBooleanLiteral, Expre
     public init(dictionaryLiteral elements: (String, JSONValue)...) { self = .object(elements) }
 }
 
-/// A strict JSON reader over UTF-8 bytes that bounds nesting, so hostile files cannot exhaust the stack.
-struct JSONParser {
+/// How chat-template data reads, as Python's `json.loads` reads it: integers that fit in `Int` stay integers, other
+/// numbers are correctly rounded doubles, a repeated key keeps its first position and its last value, lone
+/// surrogates and invalid UTF-8 become U+FFFD, a byte order mark is skipped.
+enum TemplateJSON: JSONReadingPolicy {
     static let maximumDepth = 512
+    static let replacesInvalidText = true
+    static let skipsByteOrderMark = true
+    static let null = JSONValue.null
+    static func bool(_ value: Bool) -> JSONValue { .bool(value) }
+    static func string(_ value: String) -> JSONValue { .string(value) }
+    static func array(_ elements: [JSONValue]) -> JSONValue { .array(elements) }
 
-    let bytes: [UInt8]
-    let file: String
-    var position = 0
-
-    init(bytes: [UInt8], file: String) {
-        self.bytes = bytes
-        self.file = file
+    static func object(_ members: [(key: String, value: JSONValue)]) -> JSONValue {
+        var pairs: [(String, JSONValue)] = []
+        for (key, value) in members {
+            if let index = pairs.firstIndex(where: { $0.0.utf8.elementsEqual(key.utf8) }) {
+                pairs[index].1 = value
+            } else {
+                pairs.append((key, value))
+            }
+        }
+        return .object(pairs)
     }
 
-    mutating func parseDocument() throws(ChatTemplateError) -> JSONValue {
-        if bytes.starts(with: [0xEF, 0xBB, 0xBF]) { position = 3 }
-        let value = try parseValue(depth: 0)
-        skipWhitespace()
-        if position != bytes.count { throw failure("unexpected text after the JSON value") }
-        return value
-    }
-
-    private func failure(_ message: String) -> ChatTemplateError {
-        var line = 1
-        var column = 1
-        for byte in bytes[..<min(position, bytes.count)] {
-            if byte == UInt8(ascii: "\n") {
-                line += 1
-                column = 1
-            } else if byte & 0xC0 != 0x80 {
-                column += 1
-            }
-        }
-        return .invalidJSON(file: file, line: line, column: column, message: message)
-    }
-
-    private mutating func skipWhitespace() {
-        while position < bytes.count, [0x20, 0x09, 0x0A, 0x0D].contains(bytes[position]) { position += 1 }
-    }
-
-    private mutating func parseValue(depth: Int) throws(ChatTemplateError) -> JSONValue {
-        guard depth < Self.maximumDepth else { throw failure("nesting deeper than \(Self.maximumDepth) levels") }
-        skipWhitespace()
-        guard position < bytes.count else { throw failure("unexpected end of JSON") }
-        switch bytes[position] {
-        case UInt8(ascii: "{"):
-            position += 1
-            var pairs: [(String, JSONValue)] = []
-            skipWhitespace()
-            if position < bytes.count, bytes[position] == UInt8(ascii: "}") {
-                position += 1
-                return .object(pairs)
-            }
-            while true {
-                skipWhitespace()
-                guard position < bytes.count, bytes[position] == UInt8(ascii: "\"") else {
-                    throw failure("expected a string key")
-                }
-                let key = try parseString()
-                skipWhitespace()
-                guard position < bytes.count, bytes[position] == UInt8(ascii: ":") else {
-                    throw failure("expected ':' after an object key")
-                }
-                position += 1
-                let value = try parseValue(depth: depth + 1)
-                // Python's json.loads keeps the last value of a repeated key, at the key's first position.
-                if let index = pairs.firstIndex(where: { $0.0.utf8.elementsEqual(key.utf8) }) {
-                    pairs[index].1 = value
-                } else {
-                    pairs.append((key, value))
-                }
-                skipWhitespace()
-                guard position < bytes.count else { throw failure("unexpected end of JSON in an object") }
-                if bytes[position] == UInt8(ascii: ",") {
-                    position += 1
-                } else if bytes[position] == UInt8(ascii: "}") {
-                    position += 1
-                    return .object(pairs)
-                } else {
-                    throw failure("expected ',' or '}' in an object")
-                }
-            }
-        case UInt8(ascii: "["):
-            position += 1
-            var elements: [JSONValue] = []
-            skipWhitespace()
-            if position < bytes.count, bytes[position] == UInt8(ascii: "]") {
-                position += 1
-                return .array(elements)
-            }
-            while true {
-                elements.append(try parseValue(depth: depth + 1))
-                skipWhitespace()
-                guard position < bytes.count else { throw failure("unexpected end of JSON in an array") }
-                if bytes[position] == UInt8(ascii: ",") {
-                    position += 1
-                } else if bytes[position] == UInt8(ascii: "]") {
-                    position += 1
-                    return .array(elements)
-                } else {
-                    throw failure("expected ',' or ']' in an array")
-                }
-            }
-        case UInt8(ascii: "\""):
-            return .string(try parseString())
-        case UInt8(ascii: "t"):
-            try expectWord("true")
-            return .bool(true)
-        case UInt8(ascii: "f"):
-            try expectWord("false")
-            return .bool(false)
-        case UInt8(ascii: "n"):
-            try expectWord("null")
-            return .null
-        case UInt8(ascii: "-"), UInt8(ascii: "0")...UInt8(ascii: "9"):
-            return try parseNumber()
-        default:
-            throw failure("unexpected character")
-        }
-    }
-
-    private mutating func expectWord(_ word: String) throws(ChatTemplateError) {
-        let utf8 = Array(word.utf8)
-        guard bytes.count - position >= utf8.count, Array(bytes[position..<position + utf8.count]) == utf8 else {
-            throw failure("unexpected character")
-        }
-        position += utf8.count
-    }
-
-    private mutating func parseNumber() throws(ChatTemplateError) -> JSONValue {
-        let start = position
-        var isInteger = true
-        if bytes[position] == UInt8(ascii: "-") { position += 1 }
-        func digits(_ p: inout Int, _ bytes: [UInt8]) -> Int {
-            let s = p
-            while p < bytes.count, (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(bytes[p]) { p += 1 }
-            return p - s
-        }
-        let integerDigits = digits(&position, bytes)
-        guard integerDigits > 0 else { throw failure("invalid number") }
-        if integerDigits > 1, bytes[position - integerDigits] == UInt8(ascii: "0") {
-            throw failure("invalid number (leading zero)")
-        }
-        if position < bytes.count, bytes[position] == UInt8(ascii: ".") {
-            isInteger = false
-            position += 1
-            guard digits(&position, bytes) > 0 else { throw failure("invalid number") }
-        }
-        if position < bytes.count, bytes[position] == UInt8(ascii: "e") || bytes[position] == UInt8(ascii: "E") {
-            isInteger = false
-            position += 1
-            if position < bytes.count, bytes[position] == UInt8(ascii: "+") || bytes[position] == UInt8(ascii: "-") {
-                position += 1
-            }
-            guard digits(&position, bytes) > 0 else { throw failure("invalid number") }
-        }
-        let text = String(decoding: bytes[start..<position], as: UTF8.self)
-        if isInteger, let value = Int(text) { return .int(value) }
-        guard let value = Double(text) else { throw failure("invalid number") }
-        return .double(value)
-    }
-
-    private mutating func parseHex4() throws(ChatTemplateError) -> UInt32 {
-        guard bytes.count - position >= 4 else { throw failure("truncated \\u escape") }
-        var value: UInt32 = 0
-        for _ in 0..<4 {
-            let byte = bytes[position]
-            let digit: UInt8
-            switch byte {
-            case UInt8(ascii: "0")...UInt8(ascii: "9"): digit = byte - UInt8(ascii: "0")
-            case UInt8(ascii: "a")...UInt8(ascii: "f"): digit = byte - UInt8(ascii: "a") + 10
-            case UInt8(ascii: "A")...UInt8(ascii: "F"): digit = byte - UInt8(ascii: "A") + 10
-            default: throw failure("invalid \\u escape")
-            }
-            value = value * 16 + UInt32(digit)
-            position += 1
-        }
-        return value
-    }
-
-    private mutating func parseString() throws(ChatTemplateError) -> String {
-        position += 1
-        var scalars = String.UnicodeScalarView()
-        var runStart = position
-        func flush(_ end: Int, _ scalars: inout String.UnicodeScalarView, _ bytes: [UInt8]) {
-            if end > runStart { scalars.append(contentsOf: String(decoding: bytes[runStart..<end], as: UTF8.self).unicodeScalars) }
-        }
-        while true {
-            guard position < bytes.count else { throw failure("unterminated string") }
-            let byte = bytes[position]
-            if byte == UInt8(ascii: "\"") {
-                flush(position, &scalars, bytes)
-                position += 1
-                return String(scalars)
-            }
-            if byte < 0x20 { throw failure("control character in a string") }
-            if byte != UInt8(ascii: "\\") {
-                position += 1
-                continue
-            }
-            flush(position, &scalars, bytes)
-            position += 1
-            guard position < bytes.count else { throw failure("unterminated string") }
-            let escape = bytes[position]
-            position += 1
-            switch escape {
-            case UInt8(ascii: "\""): scalars.append("\"")
-            case UInt8(ascii: "\\"): scalars.append("\\")
-            case UInt8(ascii: "/"): scalars.append("/")
-            case UInt8(ascii: "b"): scalars.append("\u{08}")
-            case UInt8(ascii: "f"): scalars.append("\u{0C}")
-            case UInt8(ascii: "n"): scalars.append("\n")
-            case UInt8(ascii: "r"): scalars.append("\r")
-            case UInt8(ascii: "t"): scalars.append("\t")
-            case UInt8(ascii: "u"):
-                var code = try parseHex4()
-                if (0xD800..<0xDC00).contains(code), bytes.count - position >= 6,
-                    bytes[position] == UInt8(ascii: "\\"), bytes[position + 1] == UInt8(ascii: "u")
-                {
-                    let saved = position
-                    position += 2
-                    let low = try parseHex4()
-                    if (0xDC00..<0xE000).contains(low) {
-                        code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00)
-                    } else {
-                        position = saved
-                    }
-                }
-                // A lone surrogate cannot live in a Swift string; U+FFFD stands in for it.
-                scalars.append(Unicode.Scalar(code) ?? "\u{FFFD}")
-            default:
-                throw failure("invalid escape in a string")
-            }
-            runStart = position
-        }
+    static func number(_ number: JSONNumberText) -> Result<JSONValue, JSONSyntaxError> {
+        let text = number.text
+        if number.isInteger, let value = Int(text) { return .success(.int(value)) }
+        guard let value = Double(text) else { return .failure(JSONSyntaxError(offset: number.range.lowerBound, reason: "invalid number")) }
+        return .success(.double(value))
     }
 }
