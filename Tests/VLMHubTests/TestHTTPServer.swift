@@ -35,7 +35,7 @@ final class TestHTTPServer: @unchecked Sendable {
     private var stopped = false
     private var requests: [ServedRequest] = []
 
-    init(lifetime: TimeInterval = 120, handler: @escaping @Sendable (ServedRequest) -> ServedResponse) throws {
+    init(lifetime: TimeInterval = 600, handler: @escaping @Sendable (ServedRequest) -> ServedResponse) throws {
         self.handler = handler
         let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         guard listener >= 0 else { throw ServerError.socket("socket") }

@@ -57,7 +57,7 @@ struct TextGenerationTests {
 
     @Test func messagesGoThroughTheChatTemplate() throws {
         let (pipeline, expected) = try SmolLM2Pipeline.make()
-        let testCase = expected.cases[2]
+        let testCase = try #require(expected.cases.first { $0.text.hasSuffix("user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n") })
         let result = try pipeline.generate(messages: [["role": "user", "content": "What is 2+2?"]])
         #expect(result.promptTokens == testCase.input_ids)
         #expect(result.ids == testCase.new_tokens)
