@@ -164,9 +164,10 @@ final class LlamaDecoderLayer: @unchecked Sendable {
     let query: Linear, key: Linear, value: Linear, output: Linear
     let gate: Linear, up: Linear, down: Linear
 
-    init(config c: LlamaConfig, tensor: (String, [Int]) throws -> Tensor, prefix: String) throws {
+    init(config c: LlamaConfig, tensor: (String, [Int]) throws -> Tensor, matrix: (String, [Int]) throws -> WeightMatrix,
+         prefix: String) throws {
         func linear(_ name: String, _ outFeatures: Int, _ inFeatures: Int, bias: Bool) throws -> Linear {
-            try Linear(weight: tensor("\(prefix).\(name).weight", [outFeatures, inFeatures]),
+            try Linear(weight: matrix("\(prefix).\(name).weight", [outFeatures, inFeatures]),
                        bias: bias ? tensor("\(prefix).\(name).bias", [outFeatures]) : nil)
         }
         let queryWidth = c.numAttentionHeads * c.headDim, keyWidth = c.numKeyValueHeads * c.headDim
@@ -190,7 +191,7 @@ final class LlamaDecoderLayer: @unchecked Sendable {
 /// prompt is prefilled in one pass and each new token costs one more.
 public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
     public let config: LlamaConfig
-    let embedTokens: Tensor
+    let embedTokens: WeightMatrix
     let layers: [LlamaDecoderLayer]
     let norm: Tensor
     let lmHead: Linear
@@ -198,19 +199,24 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
     let inverseFrequencies: [Float]
 
     /// Builds the model from `config` and a source of weights by Hugging Face name (`model.layers.0.…`,
-    /// `lm_head.weight`), each of which must have the given shape.
-    init(config: LlamaConfig, file: String, tensor: (String, [Int]) throws -> Tensor) throws {
+    /// `lm_head.weight`), each of which must have the given shape. `matrix` gives the embedding table and the
+    /// projection weights (quantized ones stay quantized); without it they are `tensor`'s fp32 tensors.
+    init(config: LlamaConfig, file: String, tensor: (String, [Int]) throws -> Tensor,
+         matrix matrixSource: ((String, [Int]) throws -> WeightMatrix)? = nil) throws {
+        func matrix(_ name: String, _ shape: [Int]) throws -> WeightMatrix {
+            try matrixSource?(name, shape) ?? .dense(tensor(name, shape))
+        }
         try config.validate(file: file)
         self.config = config
         activation = try Activation(huggingFaceName: config.hiddenAct, file: file)
         inverseFrequencies = try config.rope.inverseFrequencies(headDim: config.headDim, file: file)
-        embedTokens = try tensor("model.embed_tokens.weight", [config.vocabSize, config.hiddenSize])
+        embedTokens = try matrix("model.embed_tokens.weight", [config.vocabSize, config.hiddenSize])
         layers = try (0..<config.numHiddenLayers).map {
-            try LlamaDecoderLayer(config: config, tensor: tensor, prefix: "model.layers.\($0)")
+            try LlamaDecoderLayer(config: config, tensor: tensor, matrix: matrix, prefix: "model.layers.\($0)")
         }
         norm = try tensor("model.norm.weight", [config.hiddenSize])
         lmHead = try Linear(weight: config.tieWordEmbeddings ? embedTokens
-                                : tensor("lm_head.weight", [config.vocabSize, config.hiddenSize]), bias: nil)
+                                : matrix("lm_head.weight", [config.vocabSize, config.hiddenSize]), bias: nil)
     }
 
     /// Loads config.json and the safetensors weights of a checkpoint directory whose `model_type` is `llama`.
@@ -245,7 +251,7 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
                 throw ModelError.invalidInput("token id \(bad) is outside the vocabulary of \(config.vocabSize)")
             }
         }
-        return embedding(embedTokens, ids: ids.flatMap { $0 }).reshaped([ids.count, length, config.hiddenSize])
+        return embedTokens.rows(ids.flatMap { $0 }).reshaped([ids.count, length, config.hiddenSize])
     }
 
     public var vocabularySize: Int { config.vocabSize }
