@@ -313,42 +313,18 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
         let query = applyRotaryEmbedding(layer.query(normed), heads: heads, cos: rotary.cos, sin: rotary.sin)
         let key = applyRotaryEmbedding(layer.key(normed), heads: keyHeads, cos: rotary.cos, sin: rotary.sin)
         let value = layer.value(normed)
-        let keys: Tensor, values: Tensor
+        var keys = key, values = value
         if let cache {
             cache.store(layer: index, key: key, value: value)
-            let total = cache.length + hidden.shape[1]
-            keys = repeatHeads(cache.keys[index], length: total)
-            values = repeatHeads(cache.values[index], length: total)
-        } else {
-            keys = repeatHeads(key, length: key.shape[1])
-            values = repeatHeads(value, length: value.shape[1])
+            (keys, values) = (cache.keys[index], cache.values[index])
         }
-        let attended = attention(query: query, key: keys, value: values, heads: heads, causal: true,
-                                 keyPaddingMask: keyPaddingMask, scale: 1 / Float(config.headDim).squareRoot())
+        let attended = groupedQueryAttention(query: query, key: keys, value: values, heads: heads, keyHeads: keyHeads,
+                                             keyLength: (cache?.length ?? 0) + hidden.shape[1], causal: true,
+                                             keyPaddingMask: keyPaddingMask, scale: 1 / Float(config.headDim).squareRoot())
         let afterAttention = layer.output(attended, residual: hidden)
         let normedAgain = rmsNorm(afterAttention, weight: layer.postAttentionNorm, eps: config.rmsNormEps)
         let gated = multiply(layer.gate(normedAgain, activation: activation), layer.up(normedAgain))
         return layer.down(gated, residual: afterAttention)
-    }
-
-    /// The first `length` positions of `x [B, capacity, kvHeads·headDim]`, each key/value head repeated for the
-    /// query heads it serves (transformers' `repeat_kv`): `[B, length, heads·headDim]`.
-    private func repeatHeads(_ x: Tensor, length: Int) -> Tensor {
-        let (batch, capacity) = (x.shape[0], x.shape[1])
-        let heads = config.numAttentionHeads, keyHeads = config.numKeyValueHeads, headDim = config.headDim
-        if heads == keyHeads && capacity == length { return x }
-        let group = heads / keyHeads
-        let output = Tensor(uninitialized: [batch, length, heads * headDim])
-        for item in 0..<batch {
-            for position in 0..<length {
-                let source = x.storage.pointer + (item * capacity + position) * keyHeads * headDim
-                let destination = output.storage.pointer + (item * length + position) * heads * headDim
-                for head in 0..<heads {
-                    (destination + head * headDim).initialize(from: source + (head / group) * headDim, count: headDim)
-                }
-            }
-        }
-        return output
     }
 
     static func rowLength(_ rows: [[Int]], _ what: String) throws -> Int {
