@@ -113,11 +113,13 @@ public struct GGUFTensorInfo: Sendable, Equatable {
     public var elementCount: Int { dimensions.reduce(1, *) }
 }
 
-/// A GGUF (v2 or v3) file, memory-mapped read-only: metadata, tensor directory, and tensors dequantized to fp32.
+/// A GGUF (v2 or v3) file, memory-mapped read-only: metadata, tensor directory, tensors dequantized to fp32, and
+/// quantized weight matrices read in place.
 ///
 /// Opening reads the header, the metadata and the tensor directory, and validates every count, size and offset
 /// against the file, so a truncated or corrupt file is a ``CheckpointError/invalidGGUF(file:tensor:reason:)`` naming
-/// the file (and the tensor), never a crash or a huge allocation. Tensor data is read only by ``tensor(_:)``.
+/// the file (and the tensor), never a crash or a huge allocation. Tensor data is read only by ``tensor(_:)`` and
+/// ``matrix(_:shape:)``.
 public final class GGUFFile: @unchecked Sendable {
     /// Arrays nest at most this deep; real files nest none.
     static let maximumArrayDepth = 8
