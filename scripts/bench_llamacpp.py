@@ -8,6 +8,7 @@ llama.cpp comes from PyPI's llama-cpp-python, built from source for this CPU (CM
 Both engines get the same 256 pseudo-random prompt token ids (the LCG `vlm bench` uses), prefill them in one
 batch, then feed back the greedy token 128 times with no stop token; each reports the median of --runs runs after
 one warm-up. SwiftVLM is built with `swift build -c release` and run with OMP_NUM_THREADS set to --threads.
+llama.cpp runs without its extra (AMX) weight buffers, which crash where the CPU reports AMX that the VM withholds.
 """
 
 import argparse
@@ -52,7 +53,16 @@ def ensure_llamacpp() -> Path:
 LLAMACPP_BENCH = r"""
 import json, statistics, sys, time
 import numpy as np
+import llama_cpp.llama_cpp as low_level
 from llama_cpp import Llama
+# ggml's extra buffer types route Q4_0/Q4_1/Q8_0 weights to its AMX kernels when CPUID reports AMX; on machines
+# (VMs) that report AMX but fault on tile instructions that dies with SIGILL, so they are turned off.
+_default_params = low_level.llama_model_default_params
+def _model_params():
+    params = _default_params()
+    params.use_extra_bufts = False
+    return params
+low_level.llama_model_default_params = _model_params
 model, threads, runs, prompt_tokens, new_tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 llm = Llama(model_path=model, n_ctx=prompt_tokens + new_tokens + 8, n_batch=512, n_ubatch=512, n_threads=threads,
             n_threads_batch=threads, verbose=False)
