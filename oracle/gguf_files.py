@@ -3,13 +3,17 @@
 Run by hand:  /work/oracle-venv/bin/python oracle/gguf_files.py
 Writes Tests/Fixtures/gguf/:
   every_type.gguf       every metadata value type (arrays of each, nested, empty string) and F32, F16, BF16,
-                        Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q4_K tensors (Q4_K: a type the reader cannot dequantize)
+                        Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K and Q2_K tensors (Q2_K: a type the reader
+                        cannot dequantize)
   aligned64.gguf        general.alignment = 64
   expected.json         metadata with gguf-py's value types; per tensor the ggml type, dims and gguf-py's
                         dequantized values as fp32 bit patterns (gguf.quants.dequantize)
   broken/*.gguf         corrupt copies of a small file, each with the error the reader must name (broken.json)
+  matmul.json           per quantized format, a 37-row matrix of random blocks (base64) and the product of 17
+                        activation rows with its gguf-py dequantization, in float64 (for the quantized Linear tests)
 """
 
+import base64
 import json
 import struct
 from pathlib import Path
@@ -32,6 +36,46 @@ def typed(value, vtype, sub_type=None):
     if vtype in (V.FLOAT32, V.FLOAT64):
         return {"type": vtype.name, "value": float(np.float32(value)) if vtype == V.FLOAT32 else float(value)}
     return {"type": vtype.name, "value": value}
+
+
+K_QUANTS = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
+BLOCK_BYTES = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q5_0: 22, Q.Q5_1: 24, Q.Q8_0: 34, Q.Q4_K: 144, Q.Q5_K: 176, Q.Q6_K: 210}
+BLOCK_ELEMENTS = {q: (256 if q in K_QUANTS else 32) for q in BLOCK_BYTES}
+
+
+def random_blocks(qtype, rows, columns):
+    """Random quantized blocks whose fp16 scales (and minimums) are small finite numbers, so values stay sane."""
+    blocks = rows * columns // BLOCK_ELEMENTS[qtype]
+    data = rng.integers(0, 256, (blocks, BLOCK_BYTES[qtype]), dtype=np.uint8)
+
+    def put_half(offset, low, high):
+        data[:, offset:offset + 2] = rng.uniform(low, high, blocks).astype(np.float16).view(np.uint8).reshape(blocks, 2)
+
+    if qtype == Q.Q6_K:
+        put_half(208, 0.001, 0.01)
+    else:
+        put_half(0, -0.05 if qtype not in K_QUANTS else 0.001, 0.05 if qtype not in K_QUANTS else 0.01)
+        if qtype in (Q.Q4_1, Q.Q5_1, Q.Q4_K, Q.Q5_K):
+            put_half(2, -0.05 if qtype not in K_QUANTS else 0.001, 0.05 if qtype not in K_QUANTS else 0.02)
+    return data.reshape(rows, -1)
+
+
+def write_matmul():
+    """Rows and columns chosen so that row groups have a remainder, and 32-element formats end on a partial chunk."""
+    rows, samples = 37, 17
+    cases = {}
+    for qtype in BLOCK_BYTES:
+        columns = 512 if qtype in K_QUANTS else 320
+        quantized = random_blocks(qtype, rows, columns)
+        weight = gguf.quants.dequantize(quantized, qtype).astype(np.float64)
+        x = rng.standard_normal((samples, columns)).astype(np.float32)
+        cases[qtype.name] = {
+            "rows": rows, "columns": columns,
+            "blocks": base64.b64encode(quantized.tobytes()).decode(),
+            "x": base64.b64encode(x.tobytes()).decode(),
+            "y": (x.astype(np.float64) @ weight.T).reshape(-1).tolist(),
+        }
+    return cases
 
 
 def write_every_type():
@@ -66,10 +110,15 @@ def write_every_type():
     tensors = {}
 
     def add(name, data, qtype, shape):
-        if qtype == Q.Q4_K:
-            # gguf-py cannot quantize K-quants; the bytes only need the right size for a type the reader refuses.
-            writer.add_tensor(name, np.zeros((shape[0], 144 * shape[1] // 256), np.uint8), raw_dtype=qtype)
+        if qtype == Q.Q2_K:
+            # The bytes only need the right size for a type the reader refuses.
+            writer.add_tensor(name, np.zeros((shape[0], 84 * shape[1] // 256), np.uint8), raw_dtype=qtype)
             expected = None
+        elif qtype in K_QUANTS:
+            # gguf-py cannot quantize K-quants: random blocks with sane scales, dequantized by gguf-py.
+            quantized = random_blocks(qtype, shape[0], shape[1])
+            writer.add_tensor(name, quantized, raw_dtype=qtype)
+            expected = gguf.quants.dequantize(quantized, qtype)
         elif qtype == Q.BF16:
             as_bits = data.astype(np.float32).view(np.uint32)
             quantized = ((as_bits + 0x7FFF + ((as_bits >> 16) & 1)) >> 16).astype(np.uint16)
@@ -84,7 +133,7 @@ def write_every_type():
             writer.add_tensor(name, quantized, raw_dtype=qtype)
             expected = gguf.quants.dequantize(quantized, qtype)
         entry = {"type": qtype.name, "shape": list(shape), "dims": list(reversed(shape))}
-        if qtype != Q.Q4_K:
+        if expected is not None:
             entry["bits"] = bits(expected)
         tensors[name] = entry
 
@@ -93,7 +142,9 @@ def write_every_type():
     add("plain.bf16", rng.standard_normal((4, 6)).astype(np.float32), Q.BF16, (4, 6))
     for qtype in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0):
         add(f"quant.{qtype.name.lower()}", (rng.standard_normal((3, 64)) * 2 + 0.3).astype(np.float32), qtype, (3, 64))
-    add("quant.q4_k", rng.standard_normal((1, 256)).astype(np.float32), Q.Q4_K, (1, 256))
+    for qtype in K_QUANTS:
+        add(f"quant.{qtype.name.lower()}", None, qtype, (2, 512))
+    add("quant.q2_k", None, Q.Q2_K, (1, 256))
     add("rank4.f32", rng.standard_normal((2, 1, 2, 3)).astype(np.float32), Q.F32, (2, 1, 2, 3))
 
     writer.write_header_to_file()
@@ -160,6 +211,8 @@ def write_broken():
         "truncated_header": (valid[:20], None, "truncated"),
         "truncated_metadata": (valid[:40], None, "truncated"),
         "truncated_data": (valid[:-8], "weight", "past the end"),
+        "truncated_q4_1": (pack_file(infos=[info(b"blk.0.ffn_up.weight", [64, 2], 3, 0)], data=bytes(79)),
+                           "blk.0.ffn_up.weight", "past the end"),
         "absurd_tensor_count": (pack_file(tensor_count=huge), None, "tensor count"),
         "absurd_kv_count": (pack_file(kv_count=huge), None, "metadata key count"),
         "absurd_string_length": (pack_file(kvs=[struct.pack("<Q", huge) + b"general"]), None, "length of metadata key 0"),
@@ -208,6 +261,7 @@ def main():
     expected["aligned64"] = write_aligned64()
     (OUT / "expected.json").write_text(json.dumps(expected, indent=1, ensure_ascii=False) + "\n")
     (OUT / "broken.json").write_text(json.dumps(write_broken(), indent=1) + "\n")
+    (OUT / "matmul.json").write_text(json.dumps(write_matmul()) + "\n")
 
 
 if __name__ == "__main__":

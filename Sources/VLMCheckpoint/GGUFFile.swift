@@ -62,10 +62,16 @@ public struct GGMLType: RawRepresentable, Hashable, Sendable, CustomStringConver
     public static let q5_0 = GGMLType(rawValue: 6)
     public static let q5_1 = GGMLType(rawValue: 7)
     public static let q8_0 = GGMLType(rawValue: 8)
+    public static let q4_K = GGMLType(rawValue: 12)
+    public static let q5_K = GGMLType(rawValue: 13)
+    public static let q6_K = GGMLType(rawValue: 14)
     public static let bf16 = GGMLType(rawValue: 30)
 
-    /// The types ``GGUFFile/tensor(_:)`` dequantizes to fp32.
-    public static let dequantizable: [GGMLType] = [.f32, .f16, .bf16, .q4_0, .q4_1, .q5_0, .q5_1, .q8_0]
+    /// The types ``GGUFFile/tensor(_:)`` dequantizes to fp32: the float types and every ``QuantizationFormat``.
+    public static let dequantizable: [GGMLType] = [.f32, .f16, .bf16] + QuantizationFormat.allCases.map(\.ggmlType)
+
+    /// The quantized block format of this type, or nil for float and unsupported types.
+    public var quantizationFormat: QuantizationFormat? { QuantizationFormat(rawValue: rawValue) }
 
     /// ggml's name (`Q4_0`, `BF16`, …), or `type N` for a number ggml does not define.
     public var description: String { Self.layouts[rawValue]?.name ?? "type \(rawValue)" }
@@ -88,6 +94,11 @@ public struct GGMLType: RawRepresentable, Hashable, Sendable, CustomStringConver
     ]
 }
 
+extension QuantizationFormat {
+    /// The ggml tensor type with this block format.
+    public var ggmlType: GGMLType { GGMLType(rawValue: rawValue) }
+}
+
 /// Where one tensor of a GGUF file lives (already validated against the file).
 public struct GGUFTensorInfo: Sendable, Equatable {
     public let name: String
@@ -102,11 +113,13 @@ public struct GGUFTensorInfo: Sendable, Equatable {
     public var elementCount: Int { dimensions.reduce(1, *) }
 }
 
-/// A GGUF (v2 or v3) file, memory-mapped read-only: metadata, tensor directory, and tensors dequantized to fp32.
+/// A GGUF (v2 or v3) file, memory-mapped read-only: metadata, tensor directory, tensors dequantized to fp32, and
+/// quantized weight matrices read in place.
 ///
 /// Opening reads the header, the metadata and the tensor directory, and validates every count, size and offset
 /// against the file, so a truncated or corrupt file is a ``CheckpointError/invalidGGUF(file:tensor:reason:)`` naming
-/// the file (and the tensor), never a crash or a huge allocation. Tensor data is read only by ``tensor(_:)``.
+/// the file (and the tensor), never a crash or a huge allocation. Tensor data is read only by ``tensor(_:)`` and
+/// ``matrix(_:shape:)``.
 public final class GGUFFile: @unchecked Sendable {
     /// Arrays nest at most this deep; real files nest none.
     static let maximumArrayDepth = 8
@@ -154,26 +167,23 @@ public final class GGUFFile: @unchecked Sendable {
     /// A fresh fp32 copy of `name` in its PyTorch shape, dequantized as ggml (and gguf-py) do. Types outside
     /// ``GGMLType/dequantizable`` throw, naming the tensor and its type.
     public func tensor(_ name: String) throws -> Tensor {
-        guard let info = infosByName[name] else { throw CheckpointError.missingTensor(file: url.path, tensor: name) }
-        let result = Tensor(uninitialized: info.shape)
+        let info = try self.info(name, file: url.path)
         let source = file.bytes.baseAddress! + info.byteRange.lowerBound
-        let destination = result.storage.pointer
-        let blocks = info.elementCount / (info.type.layout?.blockSize ?? 1)
         switch info.type {
-        case .f32: UnsafeMutableRawPointer(destination).copyMemory(from: source, byteCount: info.byteRange.count)
-        case .f16: widen16(source, count: result.count, format: .float16, into: destination)
-        case .bf16: widen16(source, count: result.count, format: .bfloat16, into: destination)
-        case .q4_0: dequantizeQ4(source, blocks: blocks, hasMinimum: false, into: destination)
-        case .q4_1: dequantizeQ4(source, blocks: blocks, hasMinimum: true, into: destination)
-        case .q5_0: dequantizeQ5(source, blocks: blocks, hasMinimum: false, into: destination)
-        case .q5_1: dequantizeQ5(source, blocks: blocks, hasMinimum: true, into: destination)
-        case .q8_0: dequantizeQ8(source, blocks: blocks, into: destination)
+        case .f32:
+            let result = Tensor(uninitialized: info.shape)
+            UnsafeMutableRawPointer(result.storage.pointer).copyMemory(from: source, byteCount: info.byteRange.count)
+            return result
+        case .f16, .bf16:
+            let result = Tensor(uninitialized: info.shape)
+            widen16(source, count: result.count, format: info.type == .f16 ? .float16 : .bfloat16, into: result.storage.pointer)
+            return result
         default:
-            throw CheckpointError.invalidGGUF(
-                file: url.path, tensor: name,
-                reason: "type \(info.type) cannot be dequantized yet (supported: \(GGMLType.dequantizable.map(\.description).joined(separator: ", ")))")
+            // A tensor of any rank is a matrix of rows along its first ggml dimension.
+            let rowLength = info.dimensions.first ?? 1
+            let rows = rowLength == 0 ? 0 : info.elementCount / rowLength
+            return try quantizedMatrix(info, rows: rows, columns: rowLength).dequantized().reshaped(info.shape)
         }
-        return result
     }
 
     /// `name` as fp32, which must have the PyTorch shape `shape`; the shape is checked before any data is read.
@@ -182,6 +192,36 @@ public final class GGUFFile: @unchecked Sendable {
             throw CheckpointError.shapeMismatch(file: url.path, tensor: name, expected: shape, actual: actual)
         }
         return try tensor(name)
+    }
+
+    /// The 2-D tensor `name` of PyTorch shape `shape` (`[rows, columns]`) as a weight matrix: quantized types stay
+    /// quantized, read in place from the mapping (which the matrix keeps alive); float types are widened to fp32.
+    public func matrix(_ name: String, shape: [Int]) throws -> WeightMatrix {
+        let info = try self.info(name, file: url.path)
+        guard shape.count == 2, info.shape == shape else {
+            throw CheckpointError.shapeMismatch(file: url.path, tensor: name, expected: shape, actual: info.shape)
+        }
+        guard info.type.quantizationFormat != nil else { return .dense(try tensor(name)) }
+        return .quantized(try quantizedMatrix(info, rows: shape[0], columns: shape[1]))
+    }
+
+    private func info(_ name: String, file path: String) throws -> GGUFTensorInfo {
+        guard let info = infosByName[name] else { throw CheckpointError.missingTensor(file: path, tensor: name) }
+        return info
+    }
+
+    private func quantizedMatrix(_ info: GGUFTensorInfo, rows: Int, columns: Int) throws -> QuantizedMatrix {
+        guard let format = info.type.quantizationFormat else {
+            throw CheckpointError.invalidGGUF(
+                file: url.path, tensor: info.name,
+                reason: "type \(info.type) cannot be dequantized (supported: \(GGMLType.dequantizable.map(\.description).joined(separator: ", ")))")
+        }
+        let bytes = UnsafeRawBufferPointer(rebasing: file.bytes[info.byteRange])
+        do {
+            return try QuantizedMatrix(format: format, rows: rows, columns: columns, bytes: bytes, owner: file)
+        } catch {
+            throw CheckpointError.invalidGGUF(file: url.path, tensor: info.name, reason: "\(error)")
+        }
     }
 }
 
@@ -372,76 +412,5 @@ struct GGUFReader {
             throw corrupt("its data overlaps tensor '\(previous.name)'", tensor: next.name)
         }
         return (infos, dataOffset)
-    }
-}
-
-// MARK: - Dequantization
-//
-// Block layouts from ggml-common.h; each scale is an fp16. The arithmetic matches gguf-py's numpy dequantizers
-// (fp16 scales widened to fp32, then one multiply and, with a minimum, one add), so values agree bit for bit.
-
-private func half(_ source: UnsafeRawPointer, _ offset: Int) -> Float {
-    Float(bitPattern: float32Bits(fromFloat16: source.loadUnaligned(fromByteOffset: offset, as: UInt16.self).littleEndian))
-}
-
-/// Q4_0 (`d`, 16 bytes of nibbles: x = (q − 8)·d) and Q4_1 (`d`, `m`, nibbles: x = q·d + m). Low nibbles are
-/// elements 0–15 of the block, high nibbles 16–31.
-private func dequantizeQ4(_ source: UnsafeRawPointer, blocks: Int, hasMinimum: Bool, into destination: UnsafeMutablePointer<Float>) {
-    let blockBytes = hasMinimum ? 20 : 18
-    let quantsOffset = hasMinimum ? 4 : 2
-    for block in 0..<blocks {
-        let base = source + block * blockBytes
-        let scale = half(base, 0)
-        let minimum = hasMinimum ? half(base, 2) : 0
-        let quants = base + quantsOffset
-        let output = destination + block * 32
-        for index in 0..<16 {
-            let byte = quants.load(fromByteOffset: index, as: UInt8.self)
-            if hasMinimum {
-                output[index] = scale * Float(byte & 0x0F) + minimum
-                output[index + 16] = scale * Float(byte >> 4) + minimum
-            } else {
-                output[index] = scale * Float(Int(byte & 0x0F) - 8)
-                output[index + 16] = scale * Float(Int(byte >> 4) - 8)
-            }
-        }
-    }
-}
-
-/// Q5_0 (`d`, 32 high bits, nibbles: x = (q − 16)·d) and Q5_1 (`d`, `m`, high bits, nibbles: x = q·d + m).
-private func dequantizeQ5(_ source: UnsafeRawPointer, blocks: Int, hasMinimum: Bool, into destination: UnsafeMutablePointer<Float>) {
-    let blockBytes = hasMinimum ? 24 : 22
-    let highBitsOffset = hasMinimum ? 4 : 2
-    for block in 0..<blocks {
-        let base = source + block * blockBytes
-        let scale = half(base, 0)
-        let minimum = hasMinimum ? half(base, 2) : 0
-        let highBits = UInt32(littleEndian: base.loadUnaligned(fromByteOffset: highBitsOffset, as: UInt32.self))
-        let quants = base + highBitsOffset + 4
-        let output = destination + block * 32
-        for index in 0..<16 {
-            let byte = quants.load(fromByteOffset: index, as: UInt8.self)
-            let low = Int(byte & 0x0F) | Int((highBits >> UInt32(index)) & 1) << 4
-            let high = Int(byte >> 4) | Int((highBits >> UInt32(index + 16)) & 1) << 4
-            if hasMinimum {
-                output[index] = scale * Float(low) + minimum
-                output[index + 16] = scale * Float(high) + minimum
-            } else {
-                output[index] = scale * Float(low - 16)
-                output[index + 16] = scale * Float(high - 16)
-            }
-        }
-    }
-}
-
-/// Q8_0: `d`, then 32 signed bytes: x = q·d.
-private func dequantizeQ8(_ source: UnsafeRawPointer, blocks: Int, into destination: UnsafeMutablePointer<Float>) {
-    for block in 0..<blocks {
-        let base = source + block * 34
-        let scale = half(base, 0)
-        let output = destination + block * 32
-        for index in 0..<32 {
-            output[index] = scale * Float(base.load(fromByteOffset: 2 + index, as: Int8.self))
-        }
     }
 }

@@ -260,9 +260,10 @@ final class LlamaDecoderLayer: @unchecked Sendable {
     let query: Linear, key: Linear, value: Linear, output: Linear
     let gate: Linear, up: Linear, down: Linear
 
-    init(config c: LlamaConfig, tensor: (String, [Int]) throws -> Tensor, prefix: String) throws {
+    init(config c: LlamaConfig, tensor: (String, [Int]) throws -> Tensor, matrix: (String, [Int]) throws -> WeightMatrix,
+         prefix: String) throws {
         func linear(_ name: String, _ outFeatures: Int, _ inFeatures: Int, bias: Bool) throws -> Linear {
-            try Linear(weight: tensor("\(prefix).\(name).weight", [outFeatures, inFeatures]),
+            try Linear(weight: matrix("\(prefix).\(name).weight", [outFeatures, inFeatures]),
                        bias: bias ? tensor("\(prefix).\(name).bias", [outFeatures]) : nil)
         }
         let queryWidth = c.numAttentionHeads * c.headDim, keyWidth = c.numKeyValueHeads * c.headDim
@@ -286,7 +287,7 @@ final class LlamaDecoderLayer: @unchecked Sendable {
 /// prompt is prefilled in one pass and each new token costs one more.
 public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
     public let config: LlamaConfig
-    let embedTokens: Tensor
+    let embedTokens: WeightMatrix
     let layers: [LlamaDecoderLayer]
     let norm: Tensor
     let lmHead: Linear
@@ -294,20 +295,25 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
     let inverseFrequencies: [Float]
 
     /// Builds the model from `config` and a source of weights by Hugging Face name (`model.layers.0.…`,
-    /// `lm_head.weight`), each of which must have the given shape.
-    init(config: LlamaConfig, file: String, tensor: (String, [Int]) throws -> Tensor) throws {
+    /// `lm_head.weight`), each of which must have the given shape. `matrix` gives the embedding table and the
+    /// projection weights (quantized ones stay quantized); without it they are `tensor`'s fp32 tensors.
+    init(config: LlamaConfig, file: String, tensor: (String, [Int]) throws -> Tensor,
+         matrix matrixSource: ((String, [Int]) throws -> WeightMatrix)? = nil) throws {
+        func matrix(_ name: String, _ shape: [Int]) throws -> WeightMatrix {
+            try matrixSource?(name, shape) ?? .dense(tensor(name, shape))
+        }
         try config.validate(file: file)
         self.config = config
         activation = try Activation(huggingFaceName: config.hiddenAct, file: file)
         inverseFrequencies = try config.rope.inverseFrequencies(headDim: config.headDim, maxPositionEmbeddings: config.maxPositionEmbeddings,
                                                                 file: file)
-        embedTokens = try tensor("model.embed_tokens.weight", [config.vocabSize, config.hiddenSize])
+        embedTokens = try matrix("model.embed_tokens.weight", [config.vocabSize, config.hiddenSize])
         layers = try (0..<config.numHiddenLayers).map {
-            try LlamaDecoderLayer(config: config, tensor: tensor, prefix: "model.layers.\($0)")
+            try LlamaDecoderLayer(config: config, tensor: tensor, matrix: matrix, prefix: "model.layers.\($0)")
         }
         norm = try tensor("model.norm.weight", [config.hiddenSize])
         lmHead = try Linear(weight: config.tieWordEmbeddings ? embedTokens
-                                : tensor("lm_head.weight", [config.vocabSize, config.hiddenSize]), bias: nil)
+                                : matrix("lm_head.weight", [config.vocabSize, config.hiddenSize]), bias: nil)
     }
 
     /// Loads config.json and the safetensors weights of a checkpoint directory whose `model_type` is `llama`,
@@ -345,7 +351,7 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
                 throw ModelError.invalidInput("token id \(bad) is outside the vocabulary of \(config.vocabSize)")
             }
         }
-        return embedding(embedTokens, ids: ids.flatMap { $0 }).reshaped([ids.count, length, config.hiddenSize])
+        return embedTokens.rows(ids.flatMap { $0 }).reshaped([ids.count, length, config.hiddenSize])
     }
 
     public var vocabularySize: Int { config.vocabSize }
@@ -412,24 +418,20 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
         let query = applyRotaryEmbedding(layer.query(normed), heads: heads, cos: rotary.cos, sin: rotary.sin)
         let key = applyRotaryEmbedding(layer.key(normed), heads: keyHeads, cos: rotary.cos, sin: rotary.sin)
         let value = layer.value(normed)
-        let keys: Tensor, values: Tensor
+        var keys = key, values = value
         if let cache {
             cache.store(layer: index, key: key, value: value)
-            let total = cache.length + hidden.shape[1]
-            keys = repeatHeads(cache.keys[index], length: total)
-            values = repeatHeads(cache.values[index], length: total)
-        } else {
-            keys = repeatHeads(key, length: key.shape[1])
-            values = repeatHeads(value, length: value.shape[1])
+            (keys, values) = (cache.keys[index], cache.values[index])
         }
         let scale = 1 / Float(config.headDim).squareRoot()
+        let keyLength = (cache?.length ?? 0) + hidden.shape[1]
         let attended: Tensor
-        if let window = config.attentionWindow(layer: index), keys.shape[1] > window {
-            attended = slidingWindowAttention(query: query, keys: keys, values: values, window: window,
+        if let window = config.attentionWindow(layer: index), keyLength > window {
+            attended = slidingWindowAttention(query: query, keys: keys, values: values, keyLength: keyLength, window: window,
                                               keyPaddingMask: keyPaddingMask, scale: scale)
         } else {
-            attended = attention(query: query, key: keys, value: values, heads: heads, causal: true,
-                                 keyPaddingMask: keyPaddingMask, scale: scale)
+            attended = groupedQueryAttention(query: query, key: keys, value: values, heads: heads, keyHeads: keyHeads,
+                                             keyLength: keyLength, causal: true, keyPaddingMask: keyPaddingMask, scale: scale)
         }
         let afterAttention = layer.output(attended, residual: hidden)
         let normedAgain = rmsNorm(afterAttention, weight: layer.postAttentionNorm, eps: config.rmsNormEps)
@@ -437,20 +439,20 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
         return layer.down(gated, residual: afterAttention)
     }
 
-    /// Causal attention in which the query at sequence index `i` (of `keys.shape[1]`, the last queries being
-    /// `query`'s) sees only keys `i - window + 1 ... i`: transformers' `sliding_window_overlay`. Each query attends
+    /// Causal attention in which the query at sequence index `i` (of `keyLength`, the last queries being `query`'s) sees only keys `i - window + 1 ... i`: transformers' `sliding_window_overlay`. Each query attends
     /// to its own run of keys; a decoding step is one query, so this costs a prefill longer than the window only.
-    private func slidingWindowAttention(query: Tensor, keys: Tensor, values: Tensor, window: Int, keyPaddingMask: Tensor?,
-                                        scale: Float) -> Tensor {
+    private func slidingWindowAttention(query: Tensor, keys: Tensor, values: Tensor, keyLength: Int, window: Int,
+                                        keyPaddingMask: Tensor?, scale: Float) -> Tensor {
         let (batch, length, width) = (query.shape[0], query.shape[1], query.shape[2])
-        let total = keys.shape[1], past = total - length
+        let past = keyLength - length
         let output = Tensor(uninitialized: query.shape)
         for step in 0..<length {
             let position = past + step
             let seen = max(0, position - window + 1)..<(position + 1)
-            let attended = attention(query: sequenceSlice(query, step..<(step + 1)), key: sequenceSlice(keys, seen),
-                                     value: sequenceSlice(values, seen), heads: config.numAttentionHeads,
-                                     keyPaddingMask: keyPaddingMask.map { sequenceSlice($0, seen) }, scale: scale)
+            let attended = groupedQueryAttention(
+                query: sequenceSlice(query, step..<(step + 1)), key: sequenceSlice(keys, seen), value: sequenceSlice(values, seen),
+                heads: config.numAttentionHeads, keyHeads: config.numKeyValueHeads, keyLength: seen.count, causal: false,
+                keyPaddingMask: keyPaddingMask.map { sequenceSlice($0, seen) }, scale: scale)
             for item in 0..<batch {
                 (output.storage.pointer + (item * length + step) * width)
                     .initialize(from: attended.storage.pointer + item * width, count: width)
@@ -467,26 +469,6 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
         for item in 0..<batch {
             (output.storage.pointer + item * range.count * inner)
                 .initialize(from: x.storage.pointer + (item * length + range.lowerBound) * inner, count: range.count * inner)
-        }
-        return output
-    }
-
-    /// The first `length` positions of `x [B, capacity, kvHeads·headDim]`, each key/value head repeated for the
-    /// query heads it serves (transformers' `repeat_kv`): `[B, length, heads·headDim]`.
-    private func repeatHeads(_ x: Tensor, length: Int) -> Tensor {
-        let (batch, capacity) = (x.shape[0], x.shape[1])
-        let heads = config.numAttentionHeads, keyHeads = config.numKeyValueHeads, headDim = config.headDim
-        if heads == keyHeads && capacity == length { return x }
-        let group = heads / keyHeads
-        let output = Tensor(uninitialized: [batch, length, heads * headDim])
-        for item in 0..<batch {
-            for position in 0..<length {
-                let source = x.storage.pointer + (item * capacity + position) * keyHeads * headDim
-                let destination = output.storage.pointer + (item * length + position) * heads * headDim
-                for head in 0..<heads {
-                    (destination + head * headDim).initialize(from: source + (head / group) * headDim, count: headDim)
-                }
-            }
         }
         return output
     }

@@ -53,19 +53,33 @@ extension LlamaConfig {
 }
 
 extension LlamaForCausalLM {
-    /// Loads a llama.cpp GGUF file: config from its metadata, weights dequantized to fp32, and the query and key
-    /// rows put back in Hugging Face's order (llama.cpp's converter interleaves each head's rotary halves; this
-    /// undoes it as transformers' `LlamaTensorProcessor` does).
+    /// Loads a llama.cpp GGUF file: config from its metadata, and the query and key rows put back in Hugging Face's
+    /// order (llama.cpp's converter interleaves each head's rotary halves; this undoes it as transformers'
+    /// `LlamaTensorProcessor` does). Quantized matrices stay quantized and are read from the mapped file (the
+    /// query and key rows are reordered in a quantized copy); norms and float matrices are fp32.
     public convenience init(gguf url: URL) throws {
         let file = try GGUFFile(url: url)
         let config = try LlamaConfig(gguf: file)
-        try self.init(config: config, file: url.path) { name, shape in
+        func heads(_ ggufName: String) -> Int? {
+            if ggufName.contains(".attn_q.") { return config.numAttentionHeads }
+            if ggufName.contains(".attn_k.") { return config.numKeyValueHeads }
+            return nil
+        }
+        try self.init(config: config, file: url.path, tensor: { name, shape in
             let ggufName = try Self.ggufName(for: name, file: url.path)
             let tensor = try file.tensor(ggufName, shape: shape)
-            if ggufName.contains(".attn_q.") { return Self.unpermuteRotaryRows(tensor, heads: config.numAttentionHeads) }
-            if ggufName.contains(".attn_k.") { return Self.unpermuteRotaryRows(tensor, heads: config.numKeyValueHeads) }
-            return tensor
-        }
+            guard let heads = heads(ggufName) else { return tensor }
+            return Self.unpermuteRotaryRows(tensor, heads: heads)
+        }, matrix: { name, shape in
+            let ggufName = try Self.ggufName(for: name, file: url.path)
+            let matrix = try file.matrix(ggufName, shape: shape)
+            guard let heads = heads(ggufName) else { return matrix }
+            switch matrix {
+            case let .dense(tensor): return .dense(Self.unpermuteRotaryRows(tensor, heads: heads))
+            case let .quantized(quantized):
+                return .quantized(quantized.permutingRows(Self.rotaryRowOrder(rows: shape[0], heads: heads)))
+            }
+        })
     }
 
     static func ggufName(for name: String, file: String) throws -> String {
@@ -85,20 +99,25 @@ extension LlamaForCausalLM {
         throw CheckpointError.missingTensor(file: file, tensor: name)
     }
 
-    /// Hugging Face row `h·2d + j·d + i` is GGUF row `h·2d + 2i + j` within each head of `2d` rows (j ∈ {0, 1}).
+    /// Hugging Face row `h·2d + j·d + i` is GGUF row `h·2d + 2i + j` within each head of `2d` rows (j ∈ {0, 1}):
+    /// element `r` is the GGUF row that becomes Hugging Face row `r`.
+    static func rotaryRowOrder(rows: Int, heads: Int) -> [Int] {
+        let half = rows / heads / 2
+        var order = [Int](repeating: 0, count: rows)
+        for head in 0..<heads {
+            for pair in 0..<half {
+                for j in 0..<2 { order[head * 2 * half + j * half + pair] = head * 2 * half + 2 * pair + j }
+            }
+        }
+        return order
+    }
+
     static func unpermuteRotaryRows(_ tensor: Tensor, heads: Int) -> Tensor {
         let rows = tensor.shape[0]
         let rowLength = tensor.count / max(rows, 1)
-        let half = rows / heads / 2
         let result = Tensor(uninitialized: tensor.shape)
-        for head in 0..<heads {
-            for pair in 0..<half {
-                for j in 0..<2 {
-                    let source = tensor.storage.pointer + (head * 2 * half + 2 * pair + j) * rowLength
-                    let destination = result.storage.pointer + (head * 2 * half + j * half + pair) * rowLength
-                    destination.initialize(from: source, count: rowLength)
-                }
-            }
+        for (row, source) in rotaryRowOrder(rows: rows, heads: heads).enumerated() {
+            (result.storage.pointer + row * rowLength).initialize(from: tensor.storage.pointer + source * rowLength, count: rowLength)
         }
         return result
     }

@@ -34,6 +34,8 @@ public final class Linear: @unchecked Sendable {
         #endif
         /// PyTorch's `[out, in]` weight as given, then the bias, the activation and the residual one row at a time.
         case portable(weight: Tensor, bias: Tensor?)
+        /// GGUF quantized blocks, multiplied without expanding them to fp32 for good.
+        case quantized(QuantizedLinear)
     }
 
     /// - Parameters:
@@ -42,6 +44,30 @@ public final class Linear: @unchecked Sendable {
     /// - Throws: `LayerError` when the weight is not 2-D or the bias does not match it.
     public convenience init(weight: Tensor, bias: Tensor?) throws {
         try self.init(weight: weight, bias: bias, backend: .best)
+    }
+
+    /// - Parameters:
+    ///   - weight: `[out, in]`: an fp32 tensor, or a quantized matrix that stays quantized.
+    ///   - bias: `[out]`, or nil.
+    /// - Throws: `LayerError` when a dense weight is not 2-D or the bias does not match the weight.
+    public convenience init(weight: WeightMatrix, bias: Tensor?) throws {
+        try self.init(weight: weight, bias: bias, backend: .best)
+    }
+
+    convenience init(weight: WeightMatrix, bias: Tensor?, backend: Backend) throws {
+        switch weight {
+        case let .dense(tensor): try self.init(weight: tensor, bias: bias, backend: backend)
+        case let .quantized(matrix): try self.init(quantized: matrix, bias: bias, backend: backend)
+        }
+    }
+
+    private init(quantized weight: QuantizedMatrix, bias: Tensor?, backend: Backend) throws {
+        outFeatures = weight.rows
+        inFeatures = weight.columns
+        if let bias, bias.shape != [outFeatures] {
+            throw LayerError.biasShape(layer: "Linear", expected: [outFeatures], shape: bias.shape)
+        }
+        implementation = .quantized(QuantizedLinear(weight: weight, bias: bias, backend: backend))
     }
 
     init(weight: Tensor, bias: Tensor?, backend: Backend) throws {
@@ -77,6 +103,7 @@ public final class Linear: @unchecked Sendable {
         #if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
         case let .oneDNN(layer): layer.apply(x, rows: rows, activation: activation, residual: residual, into: output)
         #endif
+        case let .quantized(layer): layer.apply(x, rows: rows, activation: activation, residual: residual, into: output)
         case let .portable(weight, bias):
             gemm(m: rows, n: outFeatures, k: inFeatures, x.storage.pointer, weight.storage.pointer, transposeB: true,
                  into: output.storage.pointer)

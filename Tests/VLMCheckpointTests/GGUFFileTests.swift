@@ -73,11 +73,38 @@ private func expectedValue(_ entry: [String: Any]) throws -> GGUFValue {
 
     @Test func unsupportedTypeIsRefusedNamingTheTensorAndType() throws {
         let file = try GGUFFile(url: ggufFixtures.appendingPathComponent("every_type.gguf"))
-        let error = try #require(throws: CheckpointError.self) { try file.tensor("quant.q4_k") }
+        let error = try #require(throws: CheckpointError.self) { try file.tensor("quant.q2_k") }
         #expect(caseName(error) == "invalidGGUF")
         #expect(error.description.contains("every_type.gguf"))
-        #expect(error.description.contains("'quant.q4_k'"))
-        #expect(error.description.contains("Q4_K"))
+        #expect(error.description.contains("'quant.q2_k'"))
+        #expect(error.description.contains("Q2_K"))
+    }
+
+    @Test func quantizedMatricesStayQuantizedAndDequantizeAsGGUFPy() throws {
+        let file = try GGUFFile(url: ggufFixtures.appendingPathComponent("every_type.gguf"))
+        let tensors = try #require(try jsonObject("expected.json")["tensors"] as? [String: [String: Any]])
+        for format in QuantizationFormat.allCases {
+            let name = "quant.\(format.description.lowercased())"
+            let entry = try #require(tensors[name], "\(name)")
+            let shape = try #require(entry["shape"] as? [Int])
+            guard case let .quantized(matrix) = try file.matrix(name, shape: shape) else {
+                Issue.record("\(name) was not kept quantized")
+                continue
+            }
+            #expect(matrix.format == format && matrix.rows == shape[0] && matrix.columns == shape[1], "\(name)")
+            #expect(bitPatterns(matrix.dequantized()) == entry["bits"] as? [UInt32], "\(name)")
+            let rows = bitPatterns(try file.tensor(name)).chunked(shape[1])
+            #expect(bitPatterns(matrix.rows([1, 0, 1])) == rows[1] + rows[0] + rows[1], "\(name): embedding rows")
+        }
+        guard case let .dense(plain) = try file.matrix("plain.f32", shape: [3, 5]) else {
+            Issue.record("plain.f32 should be a dense matrix")
+            return
+        }
+        #expect(plain.shape == [3, 5])
+        let shape = try #require(throws: CheckpointError.self) { try file.matrix("quant.q4_1", shape: [64, 3]) }
+        #expect(caseName(shape) == "shapeMismatch")
+        let refused = try #require(throws: CheckpointError.self) { try file.matrix("quant.q2_k", shape: [1, 256]) }
+        #expect(refused.description.contains("'quant.q2_k'") && refused.description.contains("Q2_K"))
     }
 
     @Test func missingTensorAndWrongShapeAreNamed() throws {
@@ -128,10 +155,22 @@ private func expectedValue(_ entry: [String: Any]) throws -> GGUFValue {
         #expect(file.info("weight")?.shape == [2, 4])
     }
 
+    @Test func truncatedQuantizedTensorIsNamed() throws {
+        let path = ggufFixtures.appendingPathComponent("broken/truncated_q4_1.gguf").path
+        let error = try #require(throws: CheckpointError.self) { try GGUFFile(url: URL(fileURLWithPath: path)) }
+        #expect(error.description.contains("tensor 'blk.0.ffn_up.weight'"), "\(error)")
+    }
+
     @Test func missingFileIsReported() throws {
         let error = try #require(throws: CheckpointError.self) {
             try GGUFFile(url: ggufFixtures.appendingPathComponent("nowhere.gguf"))
         }
         #expect(caseName(error) == "missingFile")
+    }
+}
+
+private extension Array {
+    func chunked(_ size: Int) -> [[Element]] {
+        stride(from: 0, to: count, by: size).map { Array(self[$0..<Swift.min($0 + size, count)]) }
     }
 }

