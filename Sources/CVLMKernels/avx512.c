@@ -145,6 +145,25 @@ AVX512 static ptrdiff_t softmax_row(float *row, ptrdiff_t visible, ptrdiff_t key
     return visible;
 }
 
+/// Scores of a few query rows against keys read where they lie. Packing kᵀ costs a gather per key feature, which
+/// only many query rows repay; a decoding step has one.
+AVX512 static void scores_unpacked(int rows, const float *const *q, ptrdiff_t head_dim, const float *key,
+                                   ptrdiff_t key_stride, ptrdiff_t keys, float *scores, ptrdiff_t packed_width) {
+    const ptrdiff_t full = head_dim / LANES * LANES;
+    const __mmask16 tail = tail_mask(head_dim - full);
+    for (ptrdiff_t j = 0; j < keys; j++) {
+        const float *k = key + j * key_stride;
+        for (int r = 0; r < rows; r++) {
+            __m512 acc = _mm512_setzero_ps();
+            for (ptrdiff_t c = 0; c < full; c += LANES)
+                acc = _mm512_fmadd_ps(_mm512_loadu_ps(q[r] + c), _mm512_loadu_ps(k + c), acc);
+            if (full < head_dim)
+                acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, q[r] + full), _mm512_maskz_loadu_ps(tail, k + full), acc);
+            scores[r * packed_width + j] = _mm512_reduce_add_ps(acc);
+        }
+    }
+}
+
 /// kᵀ of one head: `head_dim` rows of `packed_width` floats, key j in column j. Columns past key_length stay zero.
 AVX512 static void pack_keys_transposed(const float *key, ptrdiff_t key_stride, ptrdiff_t key_length,
                                         ptrdiff_t head_dim, float *packed, ptrdiff_t packed_width) {
@@ -185,7 +204,9 @@ AVX512 int vlm_attention_avx512(const vlm_attention_problem *p) {
     if (p->key_stride > INT32_MAX / LANES) return vlm_attention_scalar(p);
     const ptrdiff_t d = p->head_dim, tq = p->query_length, tk = p->key_length;
     const ptrdiff_t packed_width = (tk + LANES - 1) / LANES * LANES;
-    const size_t packed_bytes = (size_t)(d * packed_width) * sizeof(float);
+    // Below this many query rows, reading keys in place beats packing them (see scores_unpacked).
+    const int packed = tq > 4;
+    const size_t packed_bytes = packed ? (size_t)(d * packed_width) * sizeof(float) : 0;
     const size_t score_bytes = (size_t)(ROWS * (packed_width > 0 ? packed_width : LANES)) * sizeof(float);
     const size_t mask_bytes = p->key_mask ? (size_t)packed_width * sizeof(float) : 0;
     char *scratch = aligned_alloc(64, packed_bytes + score_bytes + mask_bytes);
@@ -198,7 +219,7 @@ AVX512 int vlm_attention_avx512(const vlm_attention_problem *p) {
     prefetch_head(p, 0, _MM_HINT_T0);
     for (ptrdiff_t h = 0; h < p->head_count; h++) {
         if (h + 1 < p->head_count) prefetch_head(p, h + 1, _MM_HINT_T1);
-        pack_keys_transposed(p->key + h * d, p->key_stride, tk, d, keys_transposed, packed_width);
+        if (packed) pack_keys_transposed(p->key + h * d, p->key_stride, tk, d, keys_transposed, packed_width);
         const float *v = p->value + h * d;
         // Blocks as even as possible (50 queries: 5 of 6 and 4 of 5 rather than 8 of 6 and 1 of 2): a block's
         // loads cost the same for any row count.
@@ -215,7 +236,9 @@ AVX512 int vlm_attention_avx512(const vlm_attention_problem *p) {
             }
             // Causal visibility grows with the row, so the block's last row sees the most keys.
             const ptrdiff_t block_keys = visible[rows_in_block - 1];
-            for (ptrdiff_t j0 = 0; j0 < block_keys; j0 += MAX_VECTORS * LANES) {
+            if (!packed)
+                scores_unpacked(rows_in_block, q, d, p->key + h * d, p->key_stride, block_keys, scores, packed_width);
+            for (ptrdiff_t j0 = 0; packed && j0 < block_keys; j0 += MAX_VECTORS * LANES) {
                 ptrdiff_t remaining = (block_keys - j0 + LANES - 1) / LANES;
                 int vectors = (int)(remaining < MAX_VECTORS ? remaining : MAX_VECTORS);
                 scores_block(rows_in_block, vectors, q, d, keys_transposed + j0, packed_width, scores + j0);
