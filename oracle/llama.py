@@ -182,7 +182,9 @@ def write_gguf(model, path, arch, types, permute, name=None):
         qtype = types.get(module, Q.F32) if data.ndim == 2 else Q.F32
         quantized = gguf.quants.quantize(np.ascontiguousarray(data), qtype)
         writer.add_tensor(target, quantized, raw_dtype=qtype if qtype not in (Q.F32, Q.F16) else None)
-        stored[hf_name] = torch.from_numpy(gguf.quants.dequantize(quantized, qtype).astype(np.float32)).reshape(tensor.shape)
+        # Rows are quantized independently, so rounding the unpermuted rows gives the file's values in HF order.
+        in_order = gguf.quants.quantize(np.ascontiguousarray(tensor.numpy()), qtype)
+        stored[hf_name] = torch.from_numpy(gguf.quants.dequantize(in_order, qtype).astype(np.float32)).reshape(tensor.shape)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
