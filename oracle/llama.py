@@ -6,7 +6,12 @@ Run by hand from the repository root with the oracle venv (oracle/requirements.t
     python oracle/llama.py --smollm2 PATH.gguf  # also Tests/Fixtures/llama/smollm2.json from the real GGUF
 
 gqa-untied.gguf is that case converted as llama.cpp does (permuted Q/K, quantized MLP), with gqa-untied.gguf.json the
-logits transformers computes from the GGUF. Each tiny case directory is a checkpoint SwiftVLM loads as is (config.json + model.safetensors) plus expected.json:
+logits transformers computes from the GGUF; qwen2-tiny.gguf(.json) likewise for a tiny random Qwen2 written as
+llama.cpp writes qwen2 (see qwen2_tiny_gguf). To remake only those, without touching the other fixtures:
+
+    python -c 'import sys; sys.path.insert(0, "oracle"); import llama; llama.qwen2_tiny_gguf()'
+
+Each tiny case directory is a checkpoint SwiftVLM loads as is (config.json + model.safetensors) plus expected.json:
 full-sequence logits for a forward pass (with the attention mask and position ids given), and greedy continuations
 from `generate` (KV cache, do_sample=False), with the smallest top-1/top-2 logit margin seen while generating so that
 a near-tie cannot make the test flaky.
@@ -128,17 +133,17 @@ def llama_cpp_permute(weights, heads):
     return weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
 
 
-def tiny_gguf(case):
-    """The case's checkpoint as llama.cpp's converter would write it (Q/K permuted; F16 embeddings, Q8_0 MLP,
-    F32 rest), and the logits transformers computes after loading that GGUF."""
+def write_gguf(model, path, arch, types, permute, name=None):
+    """Writes `model` as llama.cpp's converter would for `arch`: its metadata keys, GGUF tensor names, the ggml type
+    `types` gives each HF module (F32 for norms and biases, which the converter never quantizes), and Q/K rows
+    interleaved where `permute` (llama's rotary layout; qwen2 keeps Hugging Face's)."""
     import gguf
     import numpy as np
     from gguf import GGMLQuantizationType as Q
-    directory = os.path.join(FIXTURES, case)
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
     config = model.config
-    path = os.path.join(FIXTURES, f"{case}.gguf")
-    writer = gguf.GGUFWriter(path, arch="llama")
+    writer = gguf.GGUFWriter(path, arch=arch)
+    if name is not None:
+        writer.add_name(name)
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -148,44 +153,101 @@ def tiny_gguf(case):
     writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
-    writer.add_rope_dimension_count(config.head_dim)
+    if arch == "llama":
+        # LlamaModel's converter adds the rotary width; Qwen2's does not (and transformers ignores it for qwen2).
+        writer.add_rope_dimension_count(config.head_dim)
     writer.add_uint32("tokenizer.ggml.eos_token_id", 2)
-    names = {"model.embed_tokens.weight": ("token_embd.weight", Q.F16), "model.norm.weight": ("output_norm.weight", Q.F32),
-             "lm_head.weight": ("output.weight", Q.F32)}
-    modules = {"input_layernorm": ("attn_norm", Q.F32), "post_attention_layernorm": ("ffn_norm", Q.F32),
-               "self_attn.q_proj": ("attn_q", Q.F32), "self_attn.k_proj": ("attn_k", Q.F32),
-               "self_attn.v_proj": ("attn_v", Q.F32), "self_attn.o_proj": ("attn_output", Q.F32),
-               "mlp.gate_proj": ("ffn_gate", Q.Q8_0), "mlp.up_proj": ("ffn_up", Q.Q8_0), "mlp.down_proj": ("ffn_down", Q.Q8_0)}
-    for name, tensor in model.state_dict().items():
+    names = {"model.embed_tokens.weight": "token_embd", "model.norm.weight": "output_norm", "lm_head.weight": "output"}
+    modules = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+               "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+               "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    tied = config.tie_word_embeddings
+    stored = {}
+    for hf_name, tensor in model.state_dict().items():
+        if tied and hf_name == "lm_head.weight":
+            continue
         data = tensor.numpy()
-        if name in names:
-            target, qtype = names[name]
+        module, kind = hf_name.rsplit(".", 1)
+        if module + ".weight" in names:
+            short = names[module + ".weight"]
+            target = f"{short}.{kind}"
         else:
-            _, _, layer, rest = name.split(".", 3)
-            module, kind = rest.rsplit(".", 1)
-            short, qtype = modules[module]
+            _, _, layer, module = module.split(".", 3)
+            short = modules[module]
             target = f"blk.{layer}.{short}.{kind}"
-            if short == "attn_q":
+            if permute and short == "attn_q":
                 data = llama_cpp_permute(data, config.num_attention_heads)
-            elif short == "attn_k":
+            elif permute and short == "attn_k":
                 data = llama_cpp_permute(data, config.num_key_value_heads)
+        qtype = types.get(module, Q.F32) if data.ndim == 2 else Q.F32
         quantized = gguf.quants.quantize(np.ascontiguousarray(data), qtype)
-        writer.add_tensor(target, quantized, raw_dtype=qtype if qtype == Q.Q8_0 else None)
+        writer.add_tensor(target, quantized, raw_dtype=qtype if qtype not in (Q.F32, Q.F16) else None)
+        # Rows are quantized independently, so rounding the unpermuted rows gives the file's values in HF order.
+        in_order = gguf.quants.quantize(np.ascontiguousarray(tensor.numpy()), qtype)
+        stored[hf_name] = torch.from_numpy(gguf.quants.dequantize(in_order, qtype).astype(np.float32)).reshape(tensor.shape)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    # What the file holds, in Hugging Face's names and row order: the model as rounded to the file's types.
+    rounded = copy.deepcopy(model)
+    rounded.load_state_dict(stored, strict=not tied)
+    return rounded
+
+
+def gguf_logits(model, case):
+    """The logits transformers computes after loading Tests/Fixtures/llama/<case>.gguf, checked against those of
+    `model`, the source rounded to the file's types (write_gguf's result)."""
     loaded = AutoModelForCausalLM.from_pretrained(FIXTURES, gguf_file=f"{case}.gguf", dtype=torch.float32).eval()
+    assert type(loaded) is type(model), type(loaded)
     ids = torch.tensor([PROMPTS[0]])
     with torch.no_grad():
         logits = loaded(input_ids=ids).logits[0]
         reference = model(input_ids=ids).logits[0]
-    # Quantization moves logits by a few hundredths; a wrong Q/K order would move them by whole units.
+    # The same weights in the same order: only float rounding apart (a wrong Q/K order would move whole units).
     drift = (logits - reference).abs().max().item()
-    assert drift < 0.5, drift
-    print(f"{case}.gguf: transformers' GGUF logits differ from the checkpoint's by", drift)
-    json.dump(dict(input_ids=[PROMPTS[0]], logits=logits.flatten().tolist()),
-              open(os.path.join(FIXTURES, f"{case}.gguf.json"), "w"))
+    assert drift < 1e-4, drift
+    print(f"{case}.gguf: transformers' GGUF logits differ from the rounded checkpoint's by", drift)
+    return loaded, dict(input_ids=[PROMPTS[0]], logits=logits.flatten().tolist())
+
+
+def tiny_gguf(case):
+    """The case's checkpoint as llama.cpp's converter would write it (Q/K permuted; F16 embeddings, Q8_0 MLP,
+    F32 rest), and the logits transformers computes after loading that GGUF."""
+    from gguf import GGMLQuantizationType as Q
+    model = AutoModelForCausalLM.from_pretrained(os.path.join(FIXTURES, case), dtype=torch.float32)
+    types = {"model.embed_tokens": Q.F16, "mlp.gate_proj": Q.Q8_0, "mlp.up_proj": Q.Q8_0, "mlp.down_proj": Q.Q8_0}
+    rounded = write_gguf(model, os.path.join(FIXTURES, f"{case}.gguf"), "llama", types, permute=True)
+    _, expected = gguf_logits(rounded, case)
+    json.dump(expected, open(os.path.join(FIXTURES, f"{case}.gguf.json"), "w"))
+
+
+def qwen2_tiny_gguf():
+    """qwen2-tiny.gguf: a tiny random Qwen2 (grouped-query attention, q/k/v biases made non-zero, tied embeddings)
+    written as llama.cpp's converter writes Qwen2 (no Q/K permutation: llama.cpp runs it with NEOX rotary, which is
+    Hugging Face's layout; F16 embeddings, Q5_0 attention, F32 MLP), with the logits and a greedy continuation that
+    transformers computes from the GGUF. It has no sliding window: GGUF metadata carries none, so transformers takes
+    Qwen2Config's use_sliding_window=False."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from gguf import GGMLQuantizationType as Q
+    torch.manual_seed(2)
+    config = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                         rope_parameters=dict(rope_type="default", rope_theta=1000000.0), initializer_range=0.2)
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for projection in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                projection.bias.normal_(std=0.5)
+    types = {"model.embed_tokens": Q.F16, "self_attn.q_proj": Q.Q5_0, "self_attn.k_proj": Q.Q5_0,
+             "self_attn.v_proj": Q.Q5_0, "self_attn.o_proj": Q.Q5_0}
+    rounded = write_gguf(model, os.path.join(FIXTURES, "qwen2-tiny.gguf"), "qwen2", types, permute=False, name="qwen2-tiny")
+    loaded, expected = gguf_logits(rounded, "qwen2-tiny")
+    assert loaded.config.sliding_window is None and loaded.config.tie_word_embeddings
+    new_tokens, margin = greedy(loaded, torch.tensor([PROMPTS[0]]), torch.ones(1, len(PROMPTS[0]), dtype=torch.long), None)
+    assert margin > 1e-3, margin
+    expected.update(new_tokens=new_tokens[0], max_new_tokens=NEW_TOKENS, min_margin=margin)
+    json.dump(expected, open(os.path.join(FIXTURES, "qwen2-tiny.gguf.json"), "w"))
 
 
 # transformers' bar for the real model: 64 greedy tokens, plain prompts and chats.
@@ -235,6 +297,7 @@ def main():
     for name, overrides in CASES.items():
         build_case(name, overrides)
     tiny_gguf("gqa-untied")
+    qwen2_tiny_gguf()
     if args.smollm2:
         smollm2(args.smollm2)
 

@@ -2,21 +2,32 @@ import Foundation
 import VLMCheckpoint
 import VLMTensor
 
-// Llama-family decoders from llama.cpp GGUF files: the config from `llama.*` metadata, tensors renamed to Hugging
-// Face's names.
+// Llama-family decoders from llama.cpp GGUF files: the config from `llama.*` or `qwen2.*` metadata, tensors renamed
+// to Hugging Face's names, as transformers' GGUF loader (modeling_gguf_pytorch_utils.py, integrations/ggml.py) does.
 
 extension LlamaConfig {
-    /// The config transformers builds from a GGUF file's `llama.*` metadata (integrations/ggml.py): tied embeddings
-    /// when the file has no `output.weight`, the vocabulary from `llama.vocab_size` or the tokenizer's token list.
+    /// The `general.architecture`s ``init(gguf:)`` reads; each is also the `model_type` it gives the config.
+    static let ggufArchitectures = ["llama", "qwen2"]
+
+    /// The config transformers builds from a GGUF file's `llama.*` or `qwen2.*` metadata (integrations/ggml.py): the
+    /// architecture is the model type, with that config class's defaults where a key is missing; tied embeddings when
+    /// the file has no `output.weight`; the vocabulary from `<arch>.vocab_size` or the tokenizer's token list.
+    /// Qwen2's head width is always `embedding_length / head_count` (transformers ignores `rope.dimension_count`
+    /// there) and it has q/k/v biases; Llama from GGUF has no biases, since no metadata turns them on.
     public init(gguf file: GGUFFile) throws {
         let path = file.url.path
         func invalid(_ reason: String) -> CheckpointError { .invalidGGUF(file: path, tensor: nil, reason: reason) }
         guard let architecture = file.metadata["general.architecture"]?.string else {
             throw invalid("general.architecture is missing")
         }
-        guard architecture == "llama" || architecture == "mistral" else {
-            throw invalid("general.architecture is \"\(architecture)\", not a Llama-family decoder (llama, mistral)")
+        guard Self.ggufArchitectures.contains(architecture) else {
+            // gguf-py has no "mistral" architecture, so transformers 5.23 refuses such files; llama.cpp's converter
+            // writes Mistral models as "llama".
+            let note = architecture == "mistral" ? ", which llama.cpp does not write (it converts Mistral as llama) and transformers cannot load" : ""
+            throw invalid("general.architecture is \"\(architecture)\"\(note); supported: \(Self.ggufArchitectures.joined(separator: ", "))")
         }
+        let qwen2 = architecture == "qwen2"
+        modelType = architecture
         func integer(_ key: String) throws -> Int? {
             guard let value = file.metadata["\(architecture).\(key)"] else { return nil }
             guard let integer = value.integer, integer >= 0 else { throw invalid("\(architecture).\(key) is \(value), expected a count") }
@@ -31,8 +42,9 @@ extension LlamaConfig {
         numAttentionHeads = try requiredInteger("attention.head_count")
         numKeyValueHeads = try integer("attention.head_count_kv") ?? numAttentionHeads
         intermediateSize = try requiredInteger("feed_forward_length")
-        maxPositionEmbeddings = try integer("context_length") ?? 2048
-        headDim = try integer("rope.dimension_count") ?? (numAttentionHeads > 0 ? hiddenSize / numAttentionHeads : 0)
+        maxPositionEmbeddings = try integer("context_length") ?? (qwen2 ? 32768 : 2048)
+        let evenSplit = numAttentionHeads > 0 ? hiddenSize / numAttentionHeads : 0
+        headDim = qwen2 ? evenSplit : try integer("rope.dimension_count") ?? evenSplit
         rmsNormEps = Float(file.metadata["\(architecture).attention.layer_norm_rms_epsilon"]?.number ?? 1e-6)
         let theta = file.metadata["\(architecture).rope.freq_base"]?.number ?? 10000
         rope = RopeParameters(theta: theta)
@@ -45,28 +57,34 @@ extension LlamaConfig {
         }
         hiddenAct = "silu"
         tieWordEmbeddings = file.info("output.weight") == nil
-        attentionBias = file.info("blk.0.attn_q.bias") != nil
-        mlpBias = file.info("blk.0.ffn_gate.bias") != nil
-        bosTokenId = file.metadata["tokenizer.ggml.bos_token_id"]?.integer
-        eosTokenIds = file.metadata["tokenizer.ggml.eos_token_id"]?.integer.map { [$0] } ?? []
+        attentionBias = qwen2
+        mlpBias = false
+        // Qwen2Config has no default bos/eos ids; LlamaConfig's are 1 and 2.
+        bosTokenId = file.metadata["tokenizer.ggml.bos_token_id"]?.integer ?? (qwen2 ? nil : 1)
+        eosTokenIds = file.metadata["tokenizer.ggml.eos_token_id"]?.integer.map { [$0] } ?? (qwen2 ? [] : [2])
     }
 }
 
 extension LlamaForCausalLM {
-    /// Loads a llama.cpp GGUF file: config from its metadata, and the query and key rows put back in Hugging Face's
-    /// order (llama.cpp's converter interleaves each head's rotary halves; this undoes it as transformers'
-    /// `LlamaTensorProcessor` does). Quantized matrices stay quantized and are read from the mapped file (the
-    /// query and key rows are reordered in a quantized copy); norms and float matrices are fp32.
+    /// Loads a llama.cpp GGUF file whose `general.architecture` is `llama` or `qwen2`: config from its metadata, and,
+    /// for llama, the query and key rows put back in Hugging Face's order (llama.cpp's converter interleaves each
+    /// head's rotary halves there; this undoes it as transformers' `LlamaTensorProcessor` does; qwen2 files keep
+    /// Hugging Face's order). Quantized matrices stay quantized and are read from the mapped file (the query and key
+    /// rows are reordered in a quantized copy); norms, biases and float matrices are fp32. As in transformers, a
+    /// llama file's bias tensors are not used, and a q/k/v bias a qwen2 file lacks is zero.
     public convenience init(gguf url: URL) throws {
         let file = try GGUFFile(url: url)
         let config = try LlamaConfig(gguf: file)
+        let permuted = config.modelType == "llama", qwen2 = config.modelType == "qwen2"
         func heads(_ ggufName: String) -> Int? {
+            guard permuted else { return nil }
             if ggufName.contains(".attn_q.") { return config.numAttentionHeads }
             if ggufName.contains(".attn_k.") { return config.numKeyValueHeads }
             return nil
         }
         try self.init(config: config, file: url.path, tensor: { name, shape in
             let ggufName = try Self.ggufName(for: name, file: url.path)
+            if qwen2, name.hasSuffix(".bias"), file.info(ggufName) == nil { return Tensor(zeros: shape) }
             let tensor = try file.tensor(ggufName, shape: shape)
             guard let heads = heads(ggufName) else { return tensor }
             return Self.unpermuteRotaryRows(tensor, heads: heads)

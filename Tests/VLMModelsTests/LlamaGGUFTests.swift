@@ -69,3 +69,76 @@ struct SmolLM2GGUFTests {
         }
     }
 }
+
+/// qwen2-tiny.gguf (oracle/llama.py): a tiny random Qwen2 written as llama.cpp writes Qwen2 (no Q/K permutation,
+/// q/k/v biases, tied embeddings, Q5_0 attention), with what transformers computes after loading the GGUF.
+@Suite struct Qwen2GGUFTests {
+    struct Expected: Decodable {
+        let input_ids: [[Int]]
+        let logits: [Float]
+        let new_tokens: [Int]
+        let max_new_tokens: Int
+    }
+
+    static let url = LlamaFixture.root.appendingPathComponent("qwen2-tiny.gguf")
+
+    static func expected() throws -> Expected {
+        try JSONDecoder().decode(Expected.self, from: Data(contentsOf: url.appendingPathExtension("json")))
+    }
+
+    @Test func configIsTransformersQwen2Config() throws {
+        let config = try LlamaConfig(gguf: GGUFFile(url: Self.url))
+        #expect(config.modelType == "qwen2" && config.attentionBias && !config.mlpBias)
+        #expect(config.hiddenSize == 64 && config.numAttentionHeads == 4 && config.numKeyValueHeads == 2 && config.headDim == 16)
+        #expect(config.tieWordEmbeddings && config.slidingWindow == nil && config.rope.theta == 1_000_000)
+        #expect(config.bosTokenId == nil && config.eosTokenIds == [2])
+    }
+
+    @Test func logitsMatchTransformersLoadingTheGGUF() throws {
+        let expected = try Self.expected()
+        let model = try LlamaForCausalLM(gguf: Self.url)
+        let logits = try model.logits(inputIds: expected.input_ids)
+        #expect(logits.shape == [1, expected.input_ids[0].count, model.config.vocabSize])
+        #expect(maxDifference(logits.scalars, expected.logits) < 1e-4)
+    }
+
+    @Test func greedyContinuationMatchesTransformers() throws {
+        let expected = try Self.expected()
+        let model = try LlamaForCausalLM(gguf: Self.url)
+        let output = try model.generate(inputIds: expected.input_ids,
+                                        options: GenerationOptions(maxNewTokens: expected.max_new_tokens, eosTokenIds: []))
+        #expect(output == [expected.new_tokens])
+    }
+
+    /// A GGUF v3 file with only string metadata and no tensors.
+    static func metadataOnlyGGUF(_ metadata: [(String, String)]) throws -> URL {
+        var bytes = Data("GGUF".utf8)
+        func append<T: FixedWidthInteger>(_ value: T) { withUnsafeBytes(of: value.littleEndian) { bytes.append(contentsOf: $0) } }
+        func append(_ string: String) { append(UInt64(string.utf8.count)); bytes.append(contentsOf: string.utf8) }
+        append(UInt32(3))
+        append(UInt64(0))
+        append(UInt64(metadata.count))
+        for (key, value) in metadata {
+            append(key)
+            append(UInt32(8))
+            append(value)
+        }
+        let url = FileManager.default.temporaryDirectory.appendingPathComponent("swiftvlm-\(UUID().uuidString).gguf")
+        try bytes.write(to: url)
+        return url
+    }
+
+    @Test(arguments: ["mistral", "gemma", "qwen2moe"])
+    func otherArchitecturesAreErrorsListingTheSupportedOnes(architecture: String) throws {
+        let url = try Self.metadataOnlyGGUF([("general.architecture", architecture)])
+        defer { try? FileManager.default.removeItem(at: url) }
+        do {
+            _ = try LlamaForCausalLM(gguf: url)
+            Issue.record("\(architecture) loaded")
+        } catch let error as CheckpointError {
+            guard case let .invalidGGUF(file, _, reason) = error else { Issue.record("\(error)"); return }
+            #expect(file == url.path)
+            #expect(reason.contains("\"\(architecture)\"") && reason.hasSuffix("supported: llama, qwen2"), "\(reason)")
+        }
+    }
+}
