@@ -7,7 +7,7 @@ public let supportedCausalLanguageModelTypes = ["gpt2", "llama", "mistral", "opt
 /// The decoder-only language model in a checkpoint directory, chosen by config.json's `model_type`: a
 /// ``LlamaForCausalLM`` for llama, mistral and qwen2, an ``OPTForCausalLM`` for opt, a ``GPT2LMHeadModel`` for gpt2.
 ///
-/// - Throws: `ModelError.invalidConfig` naming config.json and the supported types when `model_type` is another;
+/// - Throws: `ModelError.unsupportedModelType` naming config.json and the supported types when `model_type` is another;
 ///   the model's own errors for a bad config or missing weights.
 public func loadCausalLanguageModel(directory: ModelDirectory) throws -> any CausalLanguageModel {
     switch try directory.modelType {
@@ -15,9 +15,8 @@ public func loadCausalLanguageModel(directory: ModelDirectory) throws -> any Cau
     case "opt": return try OPTForCausalLM(directory: directory)
     case "gpt2": return try GPT2LMHeadModel(directory: directory)
     case let type:
-        throw ModelError.invalidConfig(
-            "model_type \"\(type)\" is not a causal language model SwiftVLM runs (supported: \(supportedCausalLanguageModelTypes.joined(separator: ", ")))",
-            file: directory.url.appendingPathComponent("config.json").path)
+        throw ModelError.unsupportedModelType(type, supported: supportedCausalLanguageModelTypes,
+                                              file: directory.url.appendingPathComponent("config.json").path)
     }
 }
 

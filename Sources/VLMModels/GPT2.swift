@@ -197,7 +197,7 @@ public final class GPT2LMHeadModel: CausalLanguageModel, @unchecked Sendable {
         let configPath = directory.url.appendingPathComponent("config.json").path
         let type = try directory.modelType
         guard type == "gpt2" else {
-            throw ModelError.invalidConfig("model_type \"\(type)\" is not a GPT-2 decoder (supported: gpt2)", file: configPath)
+            throw ModelError.unsupportedModelType(type, supported: ["gpt2"], file: configPath)
         }
         let config = try directory.decode(GPT2Config.self)
         let weights = try WeightStore(directory: directory.url)

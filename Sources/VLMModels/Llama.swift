@@ -237,9 +237,7 @@ public struct LlamaConfig: Decodable, Sendable {
             throw ModelError.invalidConfig("dynamic RoPE needs head_dim above 2, got \(headDim)", file: file)
         }
         guard Self.supportedModelTypes.contains(modelType) else {
-            throw ModelError.invalidConfig(
-                "model_type \"\(modelType)\" is not a Llama-family decoder (supported: \(Self.supportedModelTypes.joined(separator: ", ")))",
-                file: file)
+            throw ModelError.unsupportedModelType(modelType, supported: Self.supportedModelTypes, file: file)
         }
         if let slidingWindow, slidingWindow <= 0 {
             throw ModelError.invalidConfig("sliding_window is \(slidingWindow), expected a positive count", file: file)
@@ -322,9 +320,7 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
         let configPath = directory.url.appendingPathComponent("config.json").path
         let type = try directory.modelType
         guard LlamaConfig.supportedModelTypes.contains(type) else {
-            throw ModelError.invalidConfig(
-                "model_type \"\(type)\" is not a Llama-family decoder (supported: \(LlamaConfig.supportedModelTypes.joined(separator: ", ")))",
-                file: configPath)
+            throw ModelError.unsupportedModelType(type, supported: LlamaConfig.supportedModelTypes, file: configPath)
         }
         let weights = try WeightStore(directory: directory.url)
         try self.init(config: directory.decode(LlamaConfig.self), file: configPath) { try weights.tensor($0, shape: $1) }

@@ -25,7 +25,7 @@ public enum ModelRegistry {
     public static func dualEncoder(_ directory: ModelDirectory) throws -> any ImageTextDualEncoder {
         let type = try directory.modelType
         guard let build = dualEncoders[type] else {
-            throw ModelError.unsupportedModelType(type, file: directory.url.appendingPathComponent("config.json").path)
+            throw ModelError.unsupportedModelType(type, supported: supportedTypes, file: directory.url.appendingPathComponent("config.json").path)
         }
         return try build(directory)
     }

@@ -148,7 +148,7 @@ public final class OPTForCausalLM: CausalLanguageModel, @unchecked Sendable {
         let configPath = directory.url.appendingPathComponent("config.json").path
         let type = try directory.modelType
         guard type == "opt" else {
-            throw ModelError.invalidConfig("model_type \"\(type)\" is not an OPT decoder (supported: opt)", file: configPath)
+            throw ModelError.unsupportedModelType(type, supported: ["opt"], file: configPath)
         }
         let config = try directory.decode(OPTConfig.self)
         let weights = try WeightStore(directory: directory.url)

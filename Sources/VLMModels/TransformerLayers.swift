@@ -3,15 +3,15 @@ import VLMTensor
 
 /// Errors in a model's configuration that its weights cannot fix.
 public enum ModelError: Error, CustomStringConvertible {
-    case unsupportedModelType(String, file: String)
+    case unsupportedModelType(String, supported: [String], file: String)
     case unsupportedActivation(String, file: String)
     case invalidConfig(String, file: String)
     case invalidInput(String)
 
     public var description: String {
         switch self {
-        case .unsupportedModelType(let type, let file):
-            return "\(file): model_type \"\(type)\" is not supported (supported: \(ModelRegistry.supportedTypes.joined(separator: ", ")))"
+        case .unsupportedModelType(let type, let supported, let file):
+            return "\(file): model_type \"\(type)\" is not supported here (supported: \(supported.joined(separator: ", ")))"
         case .unsupportedActivation(let name, let file):
             return "\(file): hidden_act \"\(name)\" is not supported"
         case .invalidConfig(let message, let file):
