@@ -34,18 +34,3 @@ public final class DualEncoderPipeline: Sendable {
         return try model.textFeatures(inputIds: encodings.map(\.ids), attentionMask: encodings.map(\.attentionMask))
     }
 }
-
-/// Errors of the pipelines themselves (models, tokenizers and images report their own).
-public enum PipelineError: Error, CustomStringConvertible {
-    case missingFile(String, directory: String)
-    case noCandidateLabels
-    case noInputs
-
-    public var description: String {
-        switch self {
-        case .missingFile(let file, let directory): return "\(directory): no \(file) in the checkpoint directory"
-        case .noCandidateLabels: return "no candidate labels: give at least one label"
-        case .noInputs: return "nothing to process: give at least one input"
-        }
-    }
-}

@@ -12,21 +12,6 @@ public struct TextGenerationResult: Sendable, Equatable {
     public var promptTokens: [Int]
 }
 
-/// Why ``TextGenerationPipeline`` could not run.
-public enum TextGenerationError: Error, CustomStringConvertible {
-    /// A conversation was given but the pipeline has no chat template.
-    case noChatTemplate
-    /// The prompt tokenized to nothing.
-    case emptyPrompt
-
-    public var description: String {
-        switch self {
-        case .noChatTemplate: "the checkpoint has no chat template (chat_template.jinja or tokenizer_config.json), so messages cannot be rendered"
-        case .emptyPrompt: "the prompt is empty: it tokenized to no tokens"
-        }
-    }
-}
-
 /// transformers' "text-generation" pipeline for one prompt: tokenize (special tokens added where the tokenizer adds
 /// them, or a chat template rendered with the generation prompt), generate, decode.
 public final class TextGenerationPipeline: Sendable {
@@ -84,7 +69,7 @@ public final class TextGenerationPipeline: Sendable {
     }
 
     private func chatPrompt(_ messages: [JSONValue]) throws -> [Int] {
-        guard let chatTemplate else { throw TextGenerationError.noChatTemplate }
+        guard let chatTemplate else { throw PipelineError.noChatTemplate }
         let text = try chatTemplate.render(messages: messages, addGenerationPrompt: true,
                                            bosToken: tokenizer.bosTokenId.flatMap(tokenizer.token),
                                            eosToken: tokenizer.eosTokenId.flatMap(tokenizer.token))
@@ -94,7 +79,7 @@ public final class TextGenerationPipeline: Sendable {
 
     private func run(promptTokens: [Int], settings: GenerationConfig, seed: UInt64,
                      onText: ((String) throws -> Void)?) throws -> TextGenerationResult {
-        guard !promptTokens.isEmpty else { throw TextGenerationError.emptyPrompt }
+        guard !promptTokens.isEmpty else { throw PipelineError.emptyPrompt }
         var criteria: [any StoppingCriterion] = []
         if !settings.stopStrings.isEmpty {
             criteria.append(StopStringCriterion(stopStrings: settings.stopStrings, tokenBytes: tokenBytes()))

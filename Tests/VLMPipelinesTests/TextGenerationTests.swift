@@ -86,6 +86,6 @@ struct TextGenerationTests {
     @Test func messagesWithoutATemplateAreAnError() throws {
         let (pipeline, _) = try SmolLM2Pipeline.make()
         let bare = TextGenerationPipeline(model: pipeline.model, tokenizer: pipeline.tokenizer, config: pipeline.config)
-        #expect(throws: TextGenerationError.self) { try bare.generate(messages: [["role": "user", "content": "Hi"]]) }
+        #expect(throws: PipelineError.self) { try bare.generate(messages: [["role": "user", "content": "Hi"]]) }
     }
 }

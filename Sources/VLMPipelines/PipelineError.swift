@@ -1,0 +1,21 @@
+/// Errors of the pipelines themselves (models, tokenizers and images report their own).
+public enum PipelineError: Error, CustomStringConvertible {
+    case missingFile(String, directory: String)
+    case noCandidateLabels
+    case noInputs
+    /// A conversation was given but the pipeline has no chat template.
+    case noChatTemplate
+    /// The prompt tokenized to nothing.
+    case emptyPrompt
+
+    public var description: String {
+        switch self {
+        case .missingFile(let file, let directory): return "\(directory): no \(file) in the checkpoint directory"
+        case .noCandidateLabels: return "no candidate labels: give at least one label"
+        case .noInputs: return "nothing to process: give at least one input"
+        case .noChatTemplate:
+            return "the checkpoint has no chat template (chat_template.jinja or tokenizer_config.json), so messages cannot be rendered"
+        case .emptyPrompt: return "the prompt is empty: it tokenized to no tokens"
+        }
+    }
+}
