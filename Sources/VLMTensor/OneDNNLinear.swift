@@ -47,22 +47,33 @@ final class OneDNNLinear: @unchecked Sendable {
 
     private static func makePrimitive(rows: Int, inFeatures: Int, outFeatures: Int, weights: dnnl_memory_desc_t,
                                       hasBias: Bool, activation: Activation, residual: Bool) -> Primitive {
-        var source = memoryDescriptor([rows, inFeatures])
-        var weights = weights
-        var bias = memoryDescriptor([1, outFeatures])
-        var destination = memoryDescriptor([rows, outFeatures])
-        var operation = dnnl_matmul_desc_t()
-        let status = hasBias
-            ? dnnl_matmul_desc_init(&operation, &source, &weights, &bias, &destination)
-            : dnnl_matmul_desc_init(&operation, &source, &weights, nil, &destination)
-        checkDNNL(status, "Linear matmul descriptor [\(rows), \(inFeatures)] -> \(outFeatures)")
-        var attributes = PrimitiveAttributes(postOps: activation.postOps)
-        if residual { attributes.postOps.append(.add(destination)) }
-        guard let primitive = Primitive("Linear matmul", operation: operation, attributes: attributes) else {
+        guard let primitive = linearMatmulPrimitive(
+            "Linear matmul [\(rows), \(inFeatures)] -> \(outFeatures)", source: memoryDescriptor([rows, inFeatures]),
+            weights: weights, bias: hasBias ? memoryDescriptor([1, outFeatures]) : nil,
+            destination: memoryDescriptor([rows, outFeatures]), activation: activation, residual: residual) else {
             fatalError("oneDNN has no matmul for Linear [\(rows), \(inFeatures)] -> \(outFeatures) with the packed weight layout")
         }
         return primitive
     }
+}
+
+/// The matmul of a Linear layer: `source · weights (+ bias)`, then `activation` and, with `residual`, the addition
+/// of a tensor shaped like `destination`, as post-ops. Nil when oneDNN has no implementation for these layouts.
+func linearMatmulPrimitive(_ name: String, source: dnnl_memory_desc_t, weights: dnnl_memory_desc_t,
+                           bias: dnnl_memory_desc_t?, destination: dnnl_memory_desc_t, activation: Activation,
+                           residual: Bool) -> Primitive? {
+    var (source, weights, destination) = (source, weights, destination)
+    var operation = dnnl_matmul_desc_t()
+    let status: dnnl_status_t
+    if var bias {
+        status = dnnl_matmul_desc_init(&operation, &source, &weights, &bias, &destination)
+    } else {
+        status = dnnl_matmul_desc_init(&operation, &source, &weights, nil, &destination)
+    }
+    checkDNNL(status, "\(name) descriptor")
+    var attributes = PrimitiveAttributes(postOps: activation.postOps)
+    if residual { attributes.postOps.append(.add(destination)) }
+    return Primitive(name, operation: operation, attributes: attributes)
 }
 
 #endif

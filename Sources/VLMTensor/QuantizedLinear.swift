@@ -127,18 +127,10 @@ final class QuantizedLinear: @unchecked Sendable {
     /// writing columns of the `[rows, n]` output in place; bias, activation and residual are post-ops.
     private static func makePrimitive(rows: Int, k: Int, n: Int, width: Int, hasBias: Bool, activation: Activation,
                                       residual: Bool) -> Primitive {
-        var source = memoryDescriptor([rows, k])
-        var weights = memoryDescriptor([k, width], strides: [1, k])
-        var bias = memoryDescriptor([1, width])
-        var destination = memoryDescriptor([rows, width], strides: [n, 1])
-        var operation = dnnl_matmul_desc_t()
-        let status = hasBias
-            ? dnnl_matmul_desc_init(&operation, &source, &weights, &bias, &destination)
-            : dnnl_matmul_desc_init(&operation, &source, &weights, nil, &destination)
-        checkDNNL(status, "quantized Linear matmul descriptor [\(rows), \(k)] -> \(width) of \(n)")
-        var attributes = PrimitiveAttributes(postOps: activation.postOps)
-        if residual { attributes.postOps.append(.add(destination)) }
-        guard let primitive = Primitive("quantized Linear matmul", operation: operation, attributes: attributes) else {
+        guard let primitive = linearMatmulPrimitive(
+            "quantized Linear matmul [\(rows), \(k)] -> \(width) of \(n)", source: memoryDescriptor([rows, k]),
+            weights: memoryDescriptor([k, width], strides: [1, k]), bias: hasBias ? memoryDescriptor([1, width]) : nil,
+            destination: memoryDescriptor([rows, width], strides: [n, 1]), activation: activation, residual: residual) else {
             fatalError("oneDNN has no matmul for a dequantized panel [\(rows), \(k)] -> \(width)")
         }
         return primitive
