@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import VLMModels
 import VLMTokenizers
 
@@ -21,6 +22,7 @@ public final class TextGenerationPipeline: Sendable {
     public let config: GenerationConfig
     /// Renders ``generate(messages:settings:seed:)``'s conversations; nil when the checkpoint has none.
     public let chatTemplate: ChatTemplate?
+    private let stopStringBytes = Mutex<[[UInt8]]?>(nil)
 
     public init(model: any CausalLanguageModel, tokenizer: Tokenizer, config: GenerationConfig, chatTemplate: ChatTemplate? = nil) {
         self.model = model
@@ -82,7 +84,7 @@ public final class TextGenerationPipeline: Sendable {
         guard !promptTokens.isEmpty else { throw PipelineError.emptyPrompt }
         var criteria: [any StoppingCriterion] = []
         if !settings.stopStrings.isEmpty {
-            criteria.append(StopStringCriterion(stopStrings: settings.stopStrings, tokenBytes: tokenBytes()))
+            criteria.append(StopStringCriterion(stopStrings: settings.stopStrings, tokenBytes: stopStringTokenBytes()))
         }
         var detokenizer = StreamingDetokenizer(tokenizer: tokenizer)
         let output = try model.generate(inputIds: [promptTokens], config: settings, stoppingCriteria: criteria, seed: seed) { tokens in
@@ -93,40 +95,14 @@ public final class TextGenerationPipeline: Sendable {
         return TextGenerationResult(text: tokenizer.decode(ids, skipSpecialTokens: true), ids: ids, promptTokens: promptTokens)
     }
 
-    /// The bytes each token contributes to decoded text, for stop strings, found as transformers'
-    /// `StopStringCriteria.clean_tokenizer_vocab` does: byte tokens (`<0xXX>` and byte-level pieces) as their bytes,
-    /// others as the text they add after a fixed prefix (so that leading spaces survive).
-    private func tokenBytes() -> [[UInt8]] {
-        let prefix = tokenizer.encode("abcdef", addSpecialTokens: false).ids
-        let prefixText = tokenizer.decode(prefix)
-        return (0..<model.vocabularySize).map { id in
-            let token = tokenizer.token(id) ?? ""
-            if token.utf8.count == 6, token.hasPrefix("<0x"), token.hasSuffix(">"),
-               let byte = UInt8(token.dropFirst(3).dropLast(), radix: 16) {
-                return [byte]
-            }
-            let text = String(tokenizer.decode(prefix + [id]).unicodeScalars.dropFirst(prefixText.unicodeScalars.count))
-            if text.unicodeScalars.contains("\u{FFFD}"), let bytes = byteLevelBytes(token) { return bytes }
-            return Array(text.utf8)
+    /// ``Tokenizer/tokenBytes(count:)`` for the whole vocabulary: one decode per token, so built on the first call
+    /// with stop strings and kept.
+    private func stopStringTokenBytes() -> [[UInt8]] {
+        stopStringBytes.withLock { cached in
+            if let cached { return cached }
+            let bytes = tokenizer.tokenBytes(count: model.vocabularySize)
+            cached = bytes
+            return bytes
         }
     }
-}
-
-/// A byte-level BPE token's bytes through GPT-2's byte-to-character table (printable bytes stand for themselves, the
-/// others for 256 + their rank); nil if the token is not spelled that way.
-private func byteLevelBytes(_ token: String) -> [UInt8]? {
-    let printable = Array(33...126) + Array(161...172) + Array(174...255)
-    let others = (0...255).filter { !printable.contains($0) }
-    var bytes: [UInt8] = []
-    for scalar in token.unicodeScalars {
-        let value = Int(scalar.value)
-        if printable.contains(value) {
-            bytes.append(UInt8(value))
-        } else if value >= 256, value - 256 < others.count {
-            bytes.append(UInt8(others[value - 256]))
-        } else {
-            return nil
-        }
-    }
-    return bytes
 }
