@@ -73,7 +73,12 @@ extension LlamaForCausalLM {
     /// rows are reordered in a quantized copy); norms, biases and float matrices are fp32. As in transformers, a
     /// llama file's bias tensors are not used, and a q/k/v bias a qwen2 file lacks is zero.
     public convenience init(gguf url: URL) throws {
-        let file = try GGUFFile(url: url)
+        try self.init(gguf: GGUFFile(url: url))
+    }
+
+    /// ``init(gguf:)-(URL)`` from a GGUF file already opened (its tokenizer may come from the same metadata).
+    public convenience init(gguf file: GGUFFile) throws {
+        let url = file.url
         let config = try LlamaConfig(gguf: file)
         let permuted = config.modelType == "llama", qwen2 = config.modelType == "qwen2"
         func heads(_ ggufName: String) -> Int? {

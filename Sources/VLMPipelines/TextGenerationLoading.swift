@@ -14,15 +14,20 @@ extension TextGenerationPipeline {
     ///
     /// - Throws: the loaders' errors, each naming the file and what is wrong.
     public convenience init(path: URL) throws {
-        let (tokenizer, chatTemplate) = try loadTokenizer(path: path)
         var isDirectory: ObjCBool = false
-        if FileManager.default.fileExists(atPath: path.path, isDirectory: &isDirectory), isDirectory.boolValue {
+        let exists = FileManager.default.fileExists(atPath: path.path, isDirectory: &isDirectory)
+        if !exists || isDirectory.boolValue {
+            // loadTokenizer(path:) names a missing path.
+            let (tokenizer, chatTemplate) = try loadTokenizer(path: path)
             let model = try loadCausalLanguageModel(directory: ModelDirectory(url: path))
             let config = try GenerationConfig.load(directory: path)
             self.init(model: model, tokenizer: tokenizer,
                       config: Self.withPipelineDefaults(config, setKeys: Self.generationKeys(directory: path)), chatTemplate: chatTemplate)
         } else {
-            let model = try LlamaForCausalLM(gguf: path)
+            // One parse of the file serves the tokenizer and the model.
+            let file = try GGUFFile(url: path)
+            let (tokenizer, chatTemplate) = try loadTokenizer(gguf: file)
+            let model = try LlamaForCausalLM(gguf: file)
             var config = GenerationConfig()
             config.eosTokenIds = model.config.eosTokenIds
             config.bosTokenId = model.config.bosTokenId

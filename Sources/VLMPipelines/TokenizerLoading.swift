@@ -17,9 +17,14 @@ public func loadTokenizer(path: URL) throws -> (tokenizer: Tokenizer, chatTempla
     if isDirectory.boolValue {
         return (try Tokenizer(directory: path), try ChatTemplate.load(directory: path))
     }
-    let metadata = try GGUFTokenizerMetadata(try GGUFFile(url: path))
+    return try loadTokenizer(gguf: GGUFFile(url: path))
+}
+
+/// ``loadTokenizer(path:)`` from a GGUF file already opened (its model may come from the same file).
+public func loadTokenizer(gguf file: GGUFFile) throws -> (tokenizer: Tokenizer, chatTemplate: ChatTemplate?) {
+    let metadata = try GGUFTokenizerMetadata(file)
     let template = try metadata.chatTemplate.map { source throws(ChatTemplateError) in
-        try ChatTemplate(source: source, file: "\(path.path): tokenizer.chat_template")
+        try ChatTemplate(source: source, file: "\(file.url.path): tokenizer.chat_template")
     }
     return (try Tokenizer(gguf: metadata), template)
 }
