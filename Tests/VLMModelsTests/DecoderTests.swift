@@ -7,18 +7,8 @@ import VLMTensor
 /// A tiny random-init decoder checkpoint written by oracle/decoders.py, with what transformers computed on it.
 struct DecoderFixture {
     struct Expected: Decodable {
-        struct Forward: Decodable {
-            let input_ids: [[Int]]?
-            let attention_mask: [[Int]]?
-            let position_ids: [[Int]]?
-            let inputs_embeds: [Float]?
-            let logits: LlamaFixture.FlexibleLogits
-        }
-        struct Generation: Decodable {
-            let prompts: [[Int]]
-            let eos: [Int]
-            let new_tokens: [[Int]]
-        }
+        typealias Forward = LlamaFixture.Expected.Forward
+        typealias Generation = LlamaFixture.Expected.Generation
         struct Encoder: Decodable {
             let hidden_states: [Float]
             let shape: [Int]
@@ -69,13 +59,6 @@ struct DecoderFixture {
         let rowSize = encoder.shape[1] * encoder.shape[2]
         let states = Tensor(shape: [rows, encoder.shape[1], encoder.shape[2]], scalars: Array(encoder.hidden_states[..<(rows * rowSize)]))
         return try gpt2.attending(to: states, attentionMask: Array(encoder.attention_mask[..<rows]))
-    }
-
-    /// Left-padded ids and mask for `prompts`.
-    static func leftPadded(_ prompts: [[Int]]) -> (ids: [[Int]], mask: [[Int]]) {
-        let length = prompts.map(\.count).max() ?? 0
-        return (prompts.map { Array(repeating: 0, count: length - $0.count) + $0 },
-                prompts.map { Array(repeating: 0, count: length - $0.count) + Array(repeating: 1, count: $0.count) })
     }
 }
 
@@ -132,7 +115,7 @@ func unpaddedRows(_ logits: Tensor, mask: [[Int]]) -> [[Float]] {
     func greedyGenerationMatchesTransformers(_ name: String) throws {
         let fixture = try DecoderFixture(name)
         for generation in fixture.expected.generations {
-            let (ids, mask) = DecoderFixture.leftPadded(generation.prompts)
+            let (ids, mask) = leftPadded(generation.prompts)
             let output = try fixture.model(rows: ids.count).generate(
                 inputIds: ids, attentionMask: mask,
                 options: GenerationOptions(maxNewTokens: fixture.expected.max_new_tokens, eosTokenIds: generation.eos))

@@ -78,15 +78,7 @@ func maxDifference(_ actual: [Float], _ expected: [Float]) -> Float {
         let mask = try #require(batch.attention_mask)
         let logits = try fixture.model.logits(inputIds: try #require(batch.input_ids), attentionMask: mask,
                                               positionIds: batch.position_ids)
-        let (length, vocabulary) = (logits.shape[1], logits.shape[2])
-        let scalars = logits.scalars
-        for (row, expected) in batch.logits.rows.enumerated() {
-            // transformers' logits at the unpadded positions of this row, in order.
-            var kept: [Float] = []
-            for position in 0..<length where mask[row][position] != 0 {
-                let start: Int = (row * length + position) * vocabulary
-                kept += scalars[start..<(start + vocabulary)]
-            }
+        for (row, (kept, expected)) in zip(unpaddedRows(logits, mask: mask), batch.logits.rows).enumerated() {
             #expect(maxDifference(kept, expected) < Self.tolerance, "\(name) row \(row)")
         }
     }
@@ -104,9 +96,7 @@ func maxDifference(_ actual: [Float], _ expected: [Float]) -> Float {
     func greedyGenerationMatchesTransformers(_ name: String) throws {
         let fixture = try LlamaFixture(name)
         for generation in fixture.expected.generations {
-            let length = generation.prompts.map(\.count).max()!
-            let ids = generation.prompts.map { Array(repeating: 0, count: length - $0.count) + $0 }
-            let mask = generation.prompts.map { Array(repeating: 0, count: length - $0.count) + Array(repeating: 1, count: $0.count) }
+            let (ids, mask) = leftPadded(generation.prompts)
             let output = try fixture.model.generate(
                 inputIds: ids, attentionMask: mask,
                 options: GenerationOptions(maxNewTokens: fixture.expected.max_new_tokens, eosTokenIds: generation.eos))

