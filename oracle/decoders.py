@@ -25,6 +25,7 @@ keeps the longest sequence seen across calls, and each fixture must stand on its
 import json
 import os
 import shutil
+import sys
 
 import torch
 from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
@@ -33,6 +34,9 @@ from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, Lla
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "Tests", "Fixtures", "decoders")
 VOCAB = 160
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import llama  # noqa: E402  (its greedy() records continuations the same way)
+
 PAD = 0
 LLAMA_BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=64, bos_token_id=1, eos_token_id=2, pad_token_id=PAD,
@@ -66,7 +70,7 @@ CASES = {
 }
 
 PROMPTS = [[1, 17, 45, 99, 3, 150, 12], [1, 8], [1, 60, 61, 62, 5]]
-NEW_TOKENS = 16
+NEW_TOKENS = llama.NEW_TOKENS
 BEAM_TOKENS = 10
 BEAM_SETTINGS = [dict(length_penalty=1.0, early_stopping=True), dict(length_penalty=1.0, early_stopping=False),
                  dict(length_penalty=0.5, early_stopping=True), dict(length_penalty=0.5, early_stopping=False)]
@@ -105,21 +109,7 @@ def reset_dynamic_rope(model):
 
 def greedy(model, ids, mask, eos, extra):
     reset_dynamic_rope(model)
-    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False,
-                         eos_token_id=eos, pad_token_id=PAD, output_logits=True, return_dict_in_generate=True, **extra)
-    new = out.sequences[:, ids.shape[1]:].tolist()
-    margins = []
-    for step, logits in enumerate(out.logits):
-        top = logits.topk(2, dim=-1).values
-        for row in range(ids.shape[0]):
-            # Only rows still generating matter; finished rows are padded by generate.
-            if eos is None or not any(t in eos for t in new[row][:step]):
-                margins.append((top[row, 0] - top[row, 1]).item())
-    rows = []
-    for row in new:
-        cut = next((i + 1 for i, t in enumerate(row) if eos is not None and t in eos), len(row))
-        rows.append(row[:cut])
-    return rows, min(margins)
+    return llama.greedy(model, ids, mask, eos, **extra)
 
 
 def encoder_inputs(config, batch):

@@ -60,9 +60,10 @@ def generation_positions(mask):
     return positions.masked_fill(mask == 0, 0)
 
 
-def greedy(model, ids, mask, eos):
+def greedy(model, ids, mask, eos, **extra):
+    """Greedy continuations cut after their first eos, and the smallest top-1/top-2 margin of the rows still going."""
     out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False,
-                         eos_token_id=eos, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+                         eos_token_id=eos, pad_token_id=0, output_logits=True, return_dict_in_generate=True, **extra)
     new = out.sequences[:, ids.shape[1]:].tolist()
     margins = []
     for step, logits in enumerate(out.logits):
