@@ -280,9 +280,15 @@ def smollm2(path):
                              eos_token_id=[2], pad_token_id=2, output_logits=True, return_dict_in_generate=True)
         margins = [(l[0].topk(2).values[0] - l[0].topk(2).values[1]).item() for l in out.logits]
         new = out.sequences[0, ids.shape[1]:].tolist()
+        # The last generated step's logits come from one-token decoding over the KV cache, which SwiftVLM runs on
+        # other kernels than a prompt.
+        final = out.logits[-1][0]
+        final_top = final.topk(10)
         cases.append(dict(text=text, input_ids=ids[0].tolist(), top_ids=top.indices.tolist(),
                           top_logits=top.values.tolist(), logits_head=last[:64].tolist(), new_tokens=new,
-                          continuation=tokenizer.decode(new), min_margin=min(margins)))
+                          final_top_ids=final_top.indices.tolist(), final_top_logits=final_top.values.tolist(),
+                          final_logits_head=final[:64].tolist(), continuation=tokenizer.decode(new),
+                          min_margin=min(margins)))
         print(repr(text), repr(tokenizer.decode(new)), min(margins))
     import gguf, transformers
     json.dump(dict(file=file, eos=[2], max_new_tokens=MAX_NEW_TOKENS, versions=dict(

@@ -255,25 +255,35 @@ public struct LlamaConfig: Decodable, Sendable {
 
 final class LlamaDecoderLayer: @unchecked Sendable {
     let inputNorm: Tensor, postAttentionNorm: Tensor
-    let query: Linear, key: Linear, value: Linear, output: Linear
-    let gate: Linear, up: Linear, down: Linear
+    /// q_proj, k_proj, v_proj.
+    let queryKeyValue: StackedProjections
+    let output: Linear
+    /// gate_proj, up_proj.
+    let gateUp: StackedProjections
+    let down: Linear
 
     init(config c: LlamaConfig, tensor: (String, [Int]) throws -> Tensor, matrix: (String, [Int]) throws -> WeightMatrix,
          prefix: String) throws {
-        func linear(_ name: String, _ outFeatures: Int, _ inFeatures: Int, bias: Bool) throws -> Linear {
-            try Linear(weight: matrix("\(prefix).\(name).weight", [outFeatures, inFeatures]),
-                       bias: bias ? tensor("\(prefix).\(name).bias", [outFeatures]) : nil)
+        func weight(_ name: String, _ outFeatures: Int, _ inFeatures: Int) throws -> WeightMatrix {
+            try matrix("\(prefix).\(name).weight", [outFeatures, inFeatures])
+        }
+        func bias(_ name: String, _ outFeatures: Int, _ present: Bool) throws -> Tensor? {
+            present ? try tensor("\(prefix).\(name).bias", [outFeatures]) : nil
         }
         let queryWidth = c.numAttentionHeads * c.headDim, keyWidth = c.numKeyValueHeads * c.headDim
         inputNorm = try tensor("\(prefix).input_layernorm.weight", [c.hiddenSize])
         postAttentionNorm = try tensor("\(prefix).post_attention_layernorm.weight", [c.hiddenSize])
-        query = try linear("self_attn.q_proj", queryWidth, c.hiddenSize, bias: c.attentionBias)
-        key = try linear("self_attn.k_proj", keyWidth, c.hiddenSize, bias: c.attentionBias)
-        value = try linear("self_attn.v_proj", keyWidth, c.hiddenSize, bias: c.attentionBias)
-        output = try linear("self_attn.o_proj", c.hiddenSize, queryWidth, bias: c.outputProjectionBias)
-        gate = try linear("mlp.gate_proj", c.intermediateSize, c.hiddenSize, bias: c.mlpBias)
-        up = try linear("mlp.up_proj", c.intermediateSize, c.hiddenSize, bias: c.mlpBias)
-        down = try linear("mlp.down_proj", c.hiddenSize, c.intermediateSize, bias: c.mlpBias)
+        let attention = [("q_proj", queryWidth), ("k_proj", keyWidth), ("v_proj", keyWidth)]
+        queryKeyValue = try StackedProjections(
+            weights: attention.map { try weight("self_attn.\($0.0)", $0.1, c.hiddenSize) },
+            biases: attention.map { try bias("self_attn.\($0.0)", $0.1, c.attentionBias) })
+        output = try Linear(weight: weight("self_attn.o_proj", c.hiddenSize, queryWidth),
+                            bias: bias("self_attn.o_proj", c.hiddenSize, c.outputProjectionBias))
+        gateUp = try StackedProjections(
+            weights: ["gate_proj", "up_proj"].map { try weight("mlp.\($0)", c.intermediateSize, c.hiddenSize) },
+            biases: ["gate_proj", "up_proj"].map { try bias("mlp.\($0)", c.intermediateSize, c.mlpBias) })
+        down = try Linear(weight: weight("mlp.down_proj", c.hiddenSize, c.intermediateSize),
+                          bias: bias("mlp.down_proj", c.hiddenSize, c.mlpBias))
     }
 }
 
@@ -411,9 +421,10 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
                               keyPaddingMask: Tensor?, cache: KVCache?) -> Tensor {
         let heads = config.numAttentionHeads, keyHeads = config.numKeyValueHeads
         let normed = rmsNorm(hidden, weight: layer.inputNorm, eps: config.rmsNormEps)
-        let query = applyRotaryEmbedding(layer.query(normed), heads: heads, cos: rotary.cos, sin: rotary.sin)
-        let key = applyRotaryEmbedding(layer.key(normed), heads: keyHeads, cos: rotary.cos, sin: rotary.sin)
-        let value = layer.value(normed)
+        let projected = layer.queryKeyValue(normed)
+        let query = applyRotaryEmbedding(projected[0], heads: heads, cos: rotary.cos, sin: rotary.sin)
+        let key = applyRotaryEmbedding(projected[1], heads: keyHeads, cos: rotary.cos, sin: rotary.sin)
+        let value = projected[2]
         var keys = key, values = value
         if let cache {
             cache.store(layer: index, key: key, value: value)
@@ -431,7 +442,7 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
         }
         let afterAttention = layer.output(attended, residual: hidden)
         let normedAgain = rmsNorm(afterAttention, weight: layer.postAttentionNorm, eps: config.rmsNormEps)
-        let gated = multiply(layer.gate(normedAgain, activation: activation), layer.up(normedAgain))
+        let gated = layer.gateUp.gated(normedAgain, activation: activation)
         return layer.down(gated, residual: afterAttention)
     }
 

@@ -92,3 +92,33 @@ public func argmaxLastDimension(_ x: Tensor) -> [Int] {
         return best
     }
 }
+
+/// `x [..., Σ widths]` cut along the last dimension into `[..., widths[0]]`, `[..., widths[1]]`, …, copied.
+public func splitLastDimension(_ x: Tensor, widths: [Int]) -> [Tensor] {
+    let features = x.shape.last ?? 0
+    precondition(x.rank >= 1 && widths.reduce(0, +) == features, "cannot split \(x.shape) into widths \(widths)")
+    let rows = features == 0 ? 0 : x.count / features
+    var start = 0
+    return widths.map { width in
+        let part = Tensor(uninitialized: x.shape.dropLast() + [width])
+        for row in 0..<rows {
+            (part.storage.pointer + row * width).initialize(from: x.storage.pointer + row * features + start, count: width)
+        }
+        start += width
+        return part
+    }
+}
+
+/// `activation(a) · b` for `x = [..., a | b]` (two equal halves): a gated MLP's input (SwiGLU) from its stacked
+/// gate and up projections.
+public func gatedActivation(_ x: Tensor, activation: Activation) -> Tensor {
+    let features = x.shape.last ?? 0
+    precondition(x.rank >= 1 && features % 2 == 0, "gatedActivation needs an even last dimension, got \(x.shape)")
+    let half = features / 2, rows = features == 0 ? 0 : x.count / features
+    let output = Tensor(uninitialized: x.shape.dropLast() + [half])
+    for row in 0..<rows {
+        let input = x.storage.pointer + row * features, out = output.storage.pointer + row * half
+        for column in 0..<half { out[column] = activation(input[column]) * input[half + column] }
+    }
+    return output
+}

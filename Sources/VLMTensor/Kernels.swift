@@ -12,6 +12,9 @@ enum KernelPath: Sendable {
     var isa: vlm_kernel_isa { self == .vector ? VLM_ISA_AVX512 : VLM_ISA_SCALAR }
 }
 
+/// Cores to spread work over, read once: Foundation reads the cgroup files again on every call.
+let processorCount = ProcessInfo.processInfo.activeProcessorCount
+
 /// Runs `body(i)` for every `i` in `0..<count` on every core and returns when all have finished. The work goes to
 /// the OpenMP threads that oneDNN's primitives run on where that runtime is loaded (see CVLMKernels/parallel.c for
 /// why), to Dispatch's threads otherwise.

@@ -4,12 +4,15 @@ internal import Foundation
 internal import CDNNL
 #endif
 
-/// `Linear` on a ``QuantizedMatrix`` weight. Few input rows (decoding) go through CVLMKernels' fused product,
+/// `Linear` on a ``QuantizedMatrix`` weight. Few input rows (decoding) go through CVLMKernels' int8 dot products
+/// on a packed copy of the weight where the CPU has them (see vlm_kernels.h), otherwise through its fused product,
 /// which dequantizes each weight block once into registers or L1 and accumulates in fp32; more rows (a prompt)
 /// dequantize the weight to fp32 in bounded panels, each multiplied at GEMM speed, so the fp32 copy never
 /// outlives the call.
 final class QuantizedLinear: @unchecked Sendable {
     let weight: QuantizedMatrix
+    /// The weight in 16-row groups for the int8 products, made at init where the CPU and the format allow.
+    private let packed: OwnedBytes?
     private let bias: Tensor?
     private let backend: Backend
     #if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
@@ -29,12 +32,24 @@ final class QuantizedLinear: @unchecked Sendable {
         self.weight = weight
         self.bias = bias
         self.backend = backend
+        let size = vlm_quant_packed_size(weight.format.kernelFormat, weight.rows, weight.columns)
+        if vlm_quant_packed_supported() != 0 && size > 0 {
+            let buffer = OwnedBytes(count: size)
+            var matrix = weight.kernelMatrix
+            vlm_quant_pack(&matrix, buffer.pointer)
+            withExtendedLifetime(weight) {}
+            packed = buffer
+        } else {
+            packed = nil
+        }
     }
 
     /// Writes the layer's output for `rows > 0` rows of `x` to `output`.
     func apply(_ x: Tensor, rows: Int, activation: Activation, residual: Tensor?, into output: Tensor,
                path: KernelPath = .best) {
-        if rows <= Self.fusedRows {
+        if rows <= Self.fusedRows, path == .vector, let packed {
+            applyPacked(packed, x, rows: rows, activation: activation, residual: residual, into: output)
+        } else if rows <= Self.fusedRows {
             applyFused(x, rows: rows, activation: activation, residual: residual, into: output, path: path)
         } else {
             applyPanels(x, rows: rows, activation: activation, residual: residual, into: output, path: path)
@@ -45,7 +60,7 @@ final class QuantizedLinear: @unchecked Sendable {
                             path: KernelPath) {
         let (n, k) = (weight.rows, weight.columns)
         // A few chunks per core keep the cores evenly busy; multiples of 4 rows match the kernel's row groups.
-        let cores = ProcessInfo.processInfo.activeProcessorCount
+        let cores = processorCount
         let chunk = max(16, (n + 4 * cores - 1) / (4 * cores) + 3) & ~3
         let chunks = (n + chunk - 1) / chunk
         let input = UnsafeSendablePointer(pointer: x.storage.pointer)
@@ -59,6 +74,30 @@ final class QuantizedLinear: @unchecked Sendable {
             Self.finish(destination.pointer, rows: rows, columns: first..<(first + count), stride: n, bias: bias,
                         activation: activation, residual: residualPointer?.pointer)
         }
+    }
+
+    private func applyPacked(_ packed: OwnedBytes, _ x: Tensor, rows: Int, activation: Activation, residual: Tensor?,
+                             into output: Tensor) {
+        let (n, k) = (weight.rows, weight.columns)
+        let format = weight.format.kernelFormat
+        let activationBytes = vlm_quant_activation_size(k)
+        let activations = OwnedBytes(count: rows * activationBytes)
+        for row in 0..<rows {
+            vlm_quant_activation(x.storage.pointer + row * k, k, activations.pointer + row * activationBytes)
+        }
+        // A few chunks per core keep the cores evenly busy.
+        let groups = (n + 15) / 16
+        let cores = processorCount
+        let chunk = max(1, (groups + 4 * cores - 1) / (4 * cores))
+        let destination = UnsafeSendablePointer(pointer: output.storage.pointer)
+        let bias = self.bias, residualPointer = residual.map { UnsafeSendablePointer(pointer: $0.storage.pointer) }
+        parallelFor((groups + chunk - 1) / chunk) { index in
+            let first = index * chunk, count = min(chunk, groups - first)
+            vlm_quant_packed_matmul(packed.pointer, format, n, k, activations.pointer, rows, destination.pointer, n, first, count)
+            Self.finish(destination.pointer, rows: rows, columns: (16 * first)..<min(n, 16 * (first + count)), stride: n,
+                        bias: bias, activation: activation, residual: residualPointer?.pointer)
+        }
+        withExtendedLifetime((packed, activations)) {}
     }
 
     /// Adds the bias, applies the activation and adds the residual on `columns` of `rows` rows.

@@ -96,6 +96,29 @@ public final class QuantizedMatrix: @unchecked Sendable {
         owner = buffer
     }
 
+    private init(stacking parts: [QuantizedMatrix]) {
+        format = parts[0].format
+        rows = parts.reduce(0) { $0 + $1.rows }
+        columns = parts[0].columns
+        rowBytes = parts[0].rowBytes
+        let buffer = OwnedBytes(count: rows * rowBytes)
+        var offset = 0
+        for part in parts {
+            (buffer.pointer + offset).copyMemory(from: part.data, byteCount: part.rows * rowBytes)
+            offset += part.rows * rowBytes
+        }
+        data = UnsafeRawPointer(buffer.pointer)
+        owner = buffer
+    }
+
+    /// The rows of `parts` one after another, still quantized; nil unless all have this format and row length.
+    public static func stacking(_ parts: [QuantizedMatrix]) -> QuantizedMatrix? {
+        guard let first = parts.first, parts.allSatisfy({ $0.format == first.format && $0.columns == first.columns }) else {
+            return nil
+        }
+        return QuantizedMatrix(stacking: parts)
+    }
+
     /// A copy whose row `i` is this matrix's row `order[i]`, still quantized.
     public func permutingRows(_ order: [Int]) -> QuantizedMatrix { QuantizedMatrix(copying: order, of: self) }
 
@@ -141,7 +164,7 @@ public final class QuantizedMatrix: @unchecked Sendable {
 }
 
 /// A 64-byte aligned heap buffer, freed with its owner.
-private final class OwnedBytes {
+final class OwnedBytes: @unchecked Sendable {
     let pointer: UnsafeMutableRawPointer
     init(count: Int) { pointer = UnsafeMutableRawPointer.allocate(byteCount: max(count, 1), alignment: 64) }
     deinit { pointer.deallocate() }
@@ -163,6 +186,18 @@ public enum WeightMatrix: Sendable {
         case let .dense(tensor): tensor.shape
         case let .quantized(matrix): [matrix.rows, matrix.columns]
         }
+    }
+
+    /// The rows of `parts` one after another: dense if all are 2-D dense tensors, quantized if all are quantized
+    /// in one format; nil for a mixture or for differing row lengths.
+    public static func stackingRows(_ parts: [WeightMatrix]) -> WeightMatrix? {
+        let dense = parts.compactMap { if case let .dense(tensor) = $0, tensor.rank == 2 { tensor } else { nil } }
+        if dense.count == parts.count, let columns = dense.first?.shape[1], dense.allSatisfy({ $0.shape[1] == columns }) {
+            return .dense(concatenate(dense, axis: 0))
+        }
+        let quantized = parts.compactMap { if case let .quantized(matrix) = $0 { matrix } else { nil } }
+        guard quantized.count == parts.count else { return nil }
+        return QuantizedMatrix.stacking(quantized).map(WeightMatrix.quantized)
     }
 
     /// Rows `ids` of the matrix as fp32, `[ids.count, columns]` (an embedding lookup).

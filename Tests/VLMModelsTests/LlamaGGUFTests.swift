@@ -30,6 +30,9 @@ enum SmolLM2 {
             let top_logits: [Float]
             let logits_head: [Float]
             let new_tokens: [Int]
+            let final_top_ids: [Int]
+            let final_top_logits: [Float]
+            let final_logits_head: [Float]
         }
         let eos: [Int]
         let max_new_tokens: Int
@@ -53,19 +56,30 @@ struct SmolLM2GGUFTests {
         #expect(config.rmsNormEps == 1e-5 && config.eosTokenIds == [2])
     }
 
+    /// The prompt's logits come from the prompt kernels; then each new token is decoded one at a time over the KV
+    /// cache (the decoding kernels), fed the expected token, and must have predicted it: the greedy continuation,
+    /// step by step. The last step's logits are checked too.
     @Test func logitsAndGreedyContinuationsMatchTransformers() throws {
         let model = try LlamaForCausalLM(gguf: try #require(SmolLM2.url))
         let expected = try SmolLM2.expected()
         for testCase in expected.cases {
-            let logits = try model.logits(inputIds: [testCase.input_ids], lastPositionOnly: true).scalars
+            let cache = try model.makeCache(batch: 1, capacity: testCase.input_ids.count + testCase.new_tokens.count)
+            var logits = try model.logits(inputIds: [testCase.input_ids], cache: cache, lastPositionOnly: true).scalars
             let top = testCase.top_ids.map { logits[$0] }
             #expect(maxDifference(top, testCase.top_logits) < Self.tolerance, "\(testCase.text)")
             #expect(maxDifference(Array(logits[0..<testCase.logits_head.count]), testCase.logits_head) < Self.tolerance, "\(testCase.text)")
-            #expect(argmaxLastDimension(Tensor(shape: [logits.count], scalars: logits)) == [testCase.top_ids[0]])
-            let continuation = try model.generate(
-                inputIds: [testCase.input_ids],
-                options: GenerationOptions(maxNewTokens: expected.max_new_tokens, eosTokenIds: expected.eos))
-            #expect(continuation == [testCase.new_tokens], "\(testCase.text)")
+            var continuation: [Int] = []
+            for (step, token) in testCase.new_tokens.enumerated() {
+                if step > 0 { logits = try model.logits(inputIds: [[testCase.new_tokens[step - 1]]], cache: cache).scalars }
+                continuation += argmaxLastDimension(Tensor(shape: [logits.count], scalars: logits))
+                if continuation.last != token { break }
+            }
+            #expect(continuation == testCase.new_tokens, "\(testCase.text)")
+            let finalTop = testCase.final_top_ids.map { logits[$0] }
+            print("DIFF", maxDifference(top, testCase.top_logits), maxDifference(finalTop, testCase.final_top_logits), maxDifference(Array(logits[0..<64]), testCase.final_logits_head))
+            #expect(maxDifference(finalTop, testCase.final_top_logits) < Self.tolerance, "\(testCase.text)")
+            #expect(maxDifference(Array(logits[0..<testCase.final_logits_head.count]), testCase.final_logits_head) < Self.tolerance,
+                    "\(testCase.text)")
         }
     }
 }

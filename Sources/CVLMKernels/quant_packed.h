@@ -1,0 +1,27 @@
+#ifndef VLM_QUANT_PACKED_H
+#define VLM_QUANT_PACKED_H
+
+#include "kernels_internal.h"
+
+/// Where things lie in one 16-row group of a packed matrix (see vlm_quant_pack).
+typedef struct vlm_quant_packed_layout_t {
+    ptrdiff_t blocks;          // 32-element blocks per row
+    ptrdiff_t value_bytes;     // bytes of values per block: 256 (two 4-bit values a byte) or 512
+    ptrdiff_t scales_offset;   // the 16 fp16 scales of block b at scales_offset + 32·b
+    ptrdiff_t minimums_offset; // likewise the 16 fp16 minimums, for formats that have them
+    ptrdiff_t group_bytes;     // from one group to the next (a multiple of 64)
+    int nibbles;               // two values a byte
+    int has_minimum;           // w = d·q + m (Q4_1, Q5_1); otherwise w = d·(q − offset)
+    int offset;
+} vlm_quant_packed_layout_t;
+
+/// 0 and the layout for a format that packs and a valid row length, -1 otherwise.
+int vlm_quant_packed_layout(vlm_quant_format format, ptrdiff_t columns, vlm_quant_packed_layout_t *layout);
+
+#if defined(__x86_64__)
+void vlm_quant_packed_matmul_avx512(const void *packed, const vlm_quant_packed_layout_t *layout, ptrdiff_t rows,
+                                    const void *activations, ptrdiff_t activation_bytes, ptrdiff_t m, float *y,
+                                    ptrdiff_t y_stride, ptrdiff_t first_group, ptrdiff_t groups);
+#endif
+
+#endif
