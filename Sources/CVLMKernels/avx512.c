@@ -62,6 +62,16 @@ AVX512_INLINE void scores_tile(const int rows_in_block, const int vectors, const
         for (int n = 0; n < vectors; n++) _mm512_store_ps(scores + r * packed_width + n * LANES, acc[r][n]);
 }
 
+/// Rows of keys or values ahead of the one being read that are prefetched; each row is a few cache lines far
+/// from the next (the other heads lie between), which the hardware prefetchers follow poorly.
+enum { PREFETCH_ROWS = 8 };
+
+/// Prefetches `count` floats from `row` (a prefetch past the end of an array is dropped, not a fault).
+AVX512_INLINE void prefetch_row(const float *row, ptrdiff_t count) {
+    for (ptrdiff_t offset = 0; offset < count; offset += 64 / (ptrdiff_t)sizeof(float))
+        _mm_prefetch((const char *)(row + offset), _MM_HINT_T0);
+}
+
 /// out_r[c0 ..] = Σ_j p_r[j] · v_j[c0 ..] over `keys` keys, for `vectors` vectors of 16 features, the last one
 /// masked by `last`.
 AVX512_INLINE void values_tile(const int rows_in_block, const int vectors, const float *probabilities,
@@ -72,6 +82,7 @@ AVX512_INLINE void values_tile(const int rows_in_block, const int vectors, const
         for (int n = 0; n < vectors; n++) acc[r][n] = _mm512_setzero_ps();
     for (ptrdiff_t j = 0; j < keys; j++) {
         const float *row = v + j * value_stride;
+        prefetch_row(row + PREFETCH_ROWS * value_stride, vectors * LANES);
         __m512 value[MAX_VECTORS];
         for (int n = 0; n < vectors - 1; n++) value[n] = _mm512_loadu_ps(row + n * LANES);
         value[vectors - 1] = _mm512_maskz_loadu_ps(last, row + (vectors - 1) * LANES);
@@ -153,6 +164,7 @@ AVX512 static void scores_unpacked(int rows, const float *const *q, ptrdiff_t he
     const __mmask16 tail = tail_mask(head_dim - full);
     for (ptrdiff_t j = 0; j < keys; j++) {
         const float *k = key + j * key_stride;
+        prefetch_row(k + PREFETCH_ROWS * key_stride, head_dim);
         for (int r = 0; r < rows; r++) {
             __m512 acc = _mm512_setzero_ps();
             for (ptrdiff_t c = 0; c < full; c += LANES)
@@ -216,9 +228,11 @@ AVX512 int vlm_attention_avx512(const vlm_attention_problem *p) {
     float *mask_bias = p->key_mask ? (float *)(scratch + packed_bytes + score_bytes) : NULL;
     for (ptrdiff_t j = 0; mask_bias && j < tk; j++) mask_bias[j] = p->key_mask[j] != 0 ? 0.0f : -INFINITY;
     const ptrdiff_t feature_vectors = (d + LANES - 1) / LANES;
-    prefetch_head(p, 0, _MM_HINT_T0);
+    // A head read in place (decoding) can be far larger than L1 (a long KV cache); its keys and values are
+    // prefetched a few at a time as they are read instead.
+    if (packed) prefetch_head(p, 0, _MM_HINT_T0);
     for (ptrdiff_t h = 0; h < p->head_count; h++) {
-        if (h + 1 < p->head_count) prefetch_head(p, h + 1, _MM_HINT_T1);
+        if (packed && h + 1 < p->head_count) prefetch_head(p, h + 1, _MM_HINT_T1);
         if (packed) pack_keys_transposed(p->key + h * d, p->key_stride, tk, d, keys_transposed, packed_width);
         const float *v = p->value + h * d;
         // Blocks as even as possible (50 queries: 5 of 6 and 4 of 5 rather than 8 of 6 and 1 of 2): a block's

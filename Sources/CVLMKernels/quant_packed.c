@@ -1,13 +1,9 @@
-#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "quant_packed.h"
 
-// Rounding by adding and subtracting a constant must not be contracted or reassociated.
-#pragma clang fp contract(off)
-
-// The packed layout and the fixed-point activations (see vlm_kernels.h); the products are in quant_packed_avx512.c.
+// The packed layout (see vlm_kernels.h); the fixed-point activations and the products are in quant_packed_avx512.c.
 
 int vlm_quant_packed_layout(vlm_quant_format format, ptrdiff_t columns, vlm_quant_packed_layout_t *layout) {
     vlm_quant_packed_layout_t l = {0};
@@ -97,44 +93,12 @@ void vlm_quant_pack(const vlm_quant_matrix *matrix, void *packed) {
 
 ptrdiff_t vlm_quant_activation_size(ptrdiff_t columns) { return columns / 32 * (96 + 2 * (ptrdiff_t)sizeof(float)); }
 
-/// The largest |v| of the fixed point: three digits of at most 127, 64 and 64 in magnitude.
-#define FIXED_POINT_LIMIT (127 << 14)
-#define ROUNDING_MAGIC 12582912.0f
-
 void vlm_quant_activation(const float *x, ptrdiff_t columns, void *activation) {
-    const ptrdiff_t blocks = columns / 32;
-    int8_t *digits = activation;
-    float *scales = (float *)(digits + 96 * blocks), *sums = scales + blocks;
-    for (ptrdiff_t b = 0; b < blocks; b++, x += 32, digits += 96) {
-        float largest = 0, sum = 0;
-        for (int i = 0; i < 32; i++) {
-            largest = fmaxf(largest, fabsf(x[i]));
-            sum += x[i];
-        }
-        sums[b] = sum;
-        int finite = 1;
-        for (int i = 0; i < 32; i++) finite &= isfinite(x[i]) != 0;
-        if (!finite || largest == 0) {
-            scales[b] = finite ? 0 : NAN;
-            memset(digits, 0, 96);
-            continue;
-        }
-        scales[b] = largest / FIXED_POINT_LIMIT;
-        const float inverse = FIXED_POINT_LIMIT / largest;
-        for (int i = 0; i < 32; i++) {
-            // Adding and taking away 1.5·2²³ rounds to the nearest integer (|x·inverse| ≤ 2²¹ here) and, unlike
-            // nearbyintf, vectorizes.
-            const float rounded = (x[i] * inverse + ROUNDING_MAGIC) - ROUNDING_MAGIC;
-            int32_t v = (int32_t)rounded;
-            v = v > FIXED_POINT_LIMIT ? FIXED_POINT_LIMIT : (v < -FIXED_POINT_LIMIT ? -FIXED_POINT_LIMIT : v);
-            // Round-to-nearest digit splits: h·2¹⁴ leaves |r| ≤ 2¹³, then m·2⁷ leaves |l| ≤ 64.
-            const int32_t h = (v + (1 << 13)) >> 14, r = v - h * (1 << 14);
-            const int32_t m = (r + (1 << 6)) >> 7, l = r - m * (1 << 7);
-            digits[i] = (int8_t)h;
-            digits[32 + i] = (int8_t)m;
-            digits[64 + i] = (int8_t)l;
-        }
-    }
+#if defined(__x86_64__)
+    if (vlm_quant_packed_supported() && columns > 0 && columns % 32 == 0) vlm_quant_activation_avx512(x, columns, activation);
+#else
+    (void)x, (void)columns, (void)activation;
+#endif
 }
 
 void vlm_quant_packed_matmul(const void *packed, vlm_quant_format format, ptrdiff_t rows, ptrdiff_t columns,

@@ -19,6 +19,7 @@ typedef struct vlm_quant_packed_layout_t {
 int vlm_quant_packed_layout(vlm_quant_format format, ptrdiff_t columns, vlm_quant_packed_layout_t *layout);
 
 #if defined(__x86_64__)
+void vlm_quant_activation_avx512(const float *x, ptrdiff_t columns, void *activation);
 void vlm_quant_packed_matmul_avx512(const void *packed, const vlm_quant_packed_layout_t *layout, ptrdiff_t rows,
                                     const void *activations, ptrdiff_t activation_bytes, ptrdiff_t m, float *y,
                                     ptrdiff_t y_stride, ptrdiff_t first_group, ptrdiff_t groups);

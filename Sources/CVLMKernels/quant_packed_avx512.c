@@ -14,8 +14,45 @@
 /// and past the matrix's end prefetches are dropped harmlessly.
 enum { PREFETCH_DISTANCE = 8192 };
 
-#define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
-#define VNNI_INLINE static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
+#define VNNI __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,f16c,fma")))
+#define VNNI_INLINE static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,f16c,fma")))
+
+/// The largest |v| of the fixed point: three digits of at most 127, 64 and 64 in magnitude.
+enum { FIXED_POINT_LIMIT = 127 << 14 };
+
+VNNI void vlm_quant_activation_avx512(const float *x, ptrdiff_t columns, void *activation) {
+    const ptrdiff_t blocks = columns / 32;
+    int8_t *digits = activation;
+    float *scales = (float *)(digits + 96 * blocks), *sums = scales + blocks;
+    const __m512i limit = _mm512_set1_epi32(FIXED_POINT_LIMIT), negative_limit = _mm512_set1_epi32(-FIXED_POINT_LIMIT);
+    for (ptrdiff_t b = 0; b < blocks; b++, x += 32, digits += 96) {
+        const __m512 low = _mm512_loadu_ps(x), high = _mm512_loadu_ps(x + 16);
+        sums[b] = _mm512_reduce_add_ps(_mm512_add_ps(low, high));
+        // NaN and ±infinity (fpclass categories 0x01, 0x08, 0x10, 0x80).
+        const int finite = !(_mm512_fpclass_ps_mask(low, 0x99) | _mm512_fpclass_ps_mask(high, 0x99));
+        const float largest = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(low), _mm512_abs_ps(high)));
+        if (!finite || largest == 0) {
+            scales[b] = finite ? 0 : __builtin_nanf("");
+            memset(digits, 0, 96);
+            continue;
+        }
+        scales[b] = largest / FIXED_POINT_LIMIT;
+        const __m512 inverse = _mm512_set1_ps(FIXED_POINT_LIMIT / largest);
+        for (int half = 0; half < 2; half++) {
+            // Round to nearest (even on ties: the default rounding mode), then split into three rounded digits:
+            // h·2¹⁴ leaves |r| ≤ 2¹³, then m·2⁷ leaves |l| ≤ 64.
+            __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(half ? high : low, inverse));
+            v = _mm512_max_epi32(_mm512_min_epi32(v, limit), negative_limit);
+            const __m512i h = _mm512_srai_epi32(_mm512_add_epi32(v, _mm512_set1_epi32(1 << 13)), 14);
+            const __m512i r = _mm512_sub_epi32(v, _mm512_slli_epi32(h, 14));
+            const __m512i m = _mm512_srai_epi32(_mm512_add_epi32(r, _mm512_set1_epi32(1 << 6)), 7);
+            const __m512i l = _mm512_sub_epi32(r, _mm512_slli_epi32(m, 7));
+            _mm_storeu_si128((__m128i *)(digits + 16 * half), _mm512_cvtepi32_epi8(h));
+            _mm_storeu_si128((__m128i *)(digits + 32 + 16 * half), _mm512_cvtepi32_epi8(m));
+            _mm_storeu_si128((__m128i *)(digits + 64 + 16 * half), _mm512_cvtepi32_epi8(l));
+        }
+    }
+}
 
 /// A block's 16 fp16 scales (or minimums) as floats.
 VNNI_INLINE __m512 halves(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)p)); }
