@@ -119,11 +119,9 @@ AVX512 static void values_block(int rows_in_block, int vectors, const float *pro
 #undef VALUES_CASE
 }
 
-/// Turns raw dot products row[0 ..< visible] into probabilities in place: scale, add the key mask (0 or -inf per key,
-/// or NULL), subtract the max, exponentiate, normalize. A row with no visible key becomes uniform over all
-/// `key_length` keys. Returns how many leading entries the value product must read.
-AVX512 static ptrdiff_t softmax_row(float *row, ptrdiff_t visible, ptrdiff_t key_length, float scale,
-                                    const float *mask_bias) {
+/// Scales raw dot products row[0 ..< visible] in place and adds the key mask (0 or -inf per key, or NULL); returns
+/// the largest result.
+AVX512 static float scale_scores(float *row, ptrdiff_t visible, float scale, const float *mask_bias) {
     const __m512 scale_vector = _mm512_set1_ps(scale);
     __m512 max_vector = _mm512_set1_ps(-INFINITY);
     for (ptrdiff_t j = 0; j < visible; j += LANES) {
@@ -133,12 +131,11 @@ AVX512 static ptrdiff_t softmax_row(float *row, ptrdiff_t visible, ptrdiff_t key
         _mm512_mask_storeu_ps(row + j, m, s);
         max_vector = _mm512_mask_max_ps(max_vector, m, max_vector, s);
     }
-    float max = _mm512_reduce_max_ps(max_vector);
-    if (max == -INFINITY) {
-        const __m512 uniform = _mm512_set1_ps(1.0f / (float)key_length);
-        for (ptrdiff_t j = 0; j < key_length; j += LANES) _mm512_mask_storeu_ps(row + j, tail_mask(key_length - j), uniform);
-        return key_length;
-    }
+    return _mm512_reduce_max_ps(max_vector);
+}
+
+/// row[j] = e^(row[j] − max) for j < visible, in place; returns their sum.
+AVX512 static float exponentiate_scores(float *row, ptrdiff_t visible, float max) {
     const __m512 max_broadcast = _mm512_set1_ps(max);
     __m512 sum_vector = _mm512_setzero_ps();
     for (ptrdiff_t j = 0; j < visible; j += LANES) {
@@ -148,7 +145,21 @@ AVX512 static ptrdiff_t softmax_row(float *row, ptrdiff_t visible, ptrdiff_t key
         _mm512_mask_storeu_ps(row + j, m, e);
         sum_vector = _mm512_add_ps(sum_vector, e);
     }
-    const __m512 inverse = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum_vector));
+    return _mm512_reduce_add_ps(sum_vector);
+}
+
+/// Turns raw dot products row[0 ..< visible] into probabilities in place: scale, add the key mask (0 or -inf per key,
+/// or NULL), subtract the max, exponentiate, normalize. A row with no visible key becomes uniform over all
+/// `key_length` keys. Returns how many leading entries the value product must read.
+AVX512 static ptrdiff_t softmax_row(float *row, ptrdiff_t visible, ptrdiff_t key_length, float scale,
+                                    const float *mask_bias) {
+    const float max = scale_scores(row, visible, scale, mask_bias);
+    if (max == -INFINITY) {
+        const __m512 uniform = _mm512_set1_ps(1.0f / (float)key_length);
+        for (ptrdiff_t j = 0; j < key_length; j += LANES) _mm512_mask_storeu_ps(row + j, tail_mask(key_length - j), uniform);
+        return key_length;
+    }
+    const __m512 inverse = _mm512_set1_ps(1.0f / exponentiate_scores(row, visible, max));
     for (ptrdiff_t j = 0; j < visible; j += LANES) {
         __mmask16 m = tail_mask(visible - j);
         _mm512_mask_storeu_ps(row + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + j), inverse));
@@ -278,6 +289,41 @@ AVX512 int vlm_attention_avx512(const vlm_attention_problem *p) {
         }
     }
     free(scratch);
+    return 0;
+}
+
+AVX512 int vlm_attention_partial_avx512(const vlm_attention_problem *p, ptrdiff_t first_key, ptrdiff_t key_count,
+                                        float *maxima, float *sums, float *outputs) {
+    if (p->key_stride > INT32_MAX / LANES) return vlm_attention_partial_scalar(p, first_key, key_count, maxima, sums, outputs);
+    const ptrdiff_t d = p->head_dim, width = (key_count + LANES - 1) / LANES * LANES;
+    float *scores = aligned_alloc(64, (size_t)(4 * width) * sizeof(float));
+    if (!scores) return -1;
+    const float *key = p->key + first_key * p->key_stride, *value = p->value + first_key * p->value_stride;
+    const ptrdiff_t feature_vectors = (d + LANES - 1) / LANES;
+    // Four rows at a time: the in-place score loop and the value tiles take up to four.
+    for (ptrdiff_t i0 = 0; i0 < p->query_length; i0 += 4) {
+        const int rows = p->query_length - i0 < 4 ? (int)(p->query_length - i0) : 4;
+        const float *q[ROWS];
+        float *out[ROWS];
+        for (int r = 0; r < rows; r++) {
+            q[r] = p->query + (i0 + r) * p->query_stride;
+            out[r] = outputs + (i0 + r) * d;
+        }
+        scores_unpacked(rows, q, d, key, p->key_stride, key_count, scores, width);
+        for (int r = 0; r < rows; r++) {
+            maxima[i0 + r] = scale_scores(scores + r * width, key_count, p->scale, NULL);
+            sums[i0 + r] = exponentiate_scores(scores + r * width, key_count, maxima[i0 + r]);
+        }
+        for (ptrdiff_t c0 = 0; c0 < feature_vectors; c0 += MAX_VECTORS) {
+            ptrdiff_t remaining = feature_vectors - c0;
+            int vectors = (int)(remaining < MAX_VECTORS ? remaining : MAX_VECTORS);
+            __mmask16 last = tail_mask(d - (c0 + vectors - 1) * LANES);
+            float *out_chunk[ROWS];
+            for (int r = 0; r < rows; r++) out_chunk[r] = out[r] + c0 * LANES;
+            values_block(rows, vectors, scores, width, key_count, value + c0 * LANES, p->value_stride, last, out_chunk);
+        }
+    }
+    free(scores);
     return 0;
 }
 

@@ -20,6 +20,17 @@ int vlm_attention(const vlm_attention_problem *problem, vlm_kernel_isa isa) {
     return vlm_attention_scalar(problem);
 }
 
+int vlm_attention_partial(const vlm_attention_problem *problem, ptrdiff_t first_key, ptrdiff_t key_count, float *maxima,
+                          float *sums, float *outputs, vlm_kernel_isa isa) {
+    if (problem->query_length <= 0 || problem->head_dim <= 0 || key_count <= 0) return 0;
+#if defined(__x86_64__)
+    if (isa == VLM_ISA_AVX512 && vlm_best_isa() == VLM_ISA_AVX512)
+        return vlm_attention_partial_avx512(problem, first_key, key_count, maxima, sums, outputs);
+#endif
+    (void)isa;
+    return vlm_attention_partial_scalar(problem, first_key, key_count, maxima, sums, outputs);
+}
+
 void vlm_layer_norm(const float *x, float *y, ptrdiff_t rows, ptrdiff_t features, const float *weight,
                     const float *bias, float eps, vlm_kernel_isa isa) {
     if (rows <= 0 || features <= 0) return;

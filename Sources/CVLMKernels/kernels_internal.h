@@ -14,11 +14,15 @@
 #endif
 
 int vlm_attention_scalar(const vlm_attention_problem *problem);
+int vlm_attention_partial_scalar(const vlm_attention_problem *p, ptrdiff_t first_key, ptrdiff_t key_count, float *maxima,
+                                 float *sums, float *outputs);
 void vlm_layer_norm_scalar(const float *x, float *y, ptrdiff_t rows, ptrdiff_t features, const float *weight,
                            const float *bias, float eps);
 
 #if defined(__x86_64__)
 int vlm_attention_avx512(const vlm_attention_problem *problem);
+int vlm_attention_partial_avx512(const vlm_attention_problem *p, ptrdiff_t first_key, ptrdiff_t key_count, float *maxima,
+                                 float *sums, float *outputs);
 void vlm_layer_norm_avx512(const float *x, float *y, ptrdiff_t rows, ptrdiff_t features, const float *weight,
                            const float *bias, float eps);
 #endif

@@ -96,6 +96,36 @@ int vlm_attention_scalar(const vlm_attention_problem *p) {
     return 0;
 }
 
+int vlm_attention_partial_scalar(const vlm_attention_problem *p, ptrdiff_t first_key, ptrdiff_t key_count, float *maxima,
+                                 float *sums, float *outputs) {
+    float *scores = malloc((size_t)key_count * sizeof(float));
+    if (!scores) return -1;
+    const ptrdiff_t d = p->head_dim;
+    const float *key = p->key + first_key * p->key_stride, *value = p->value + first_key * p->value_stride;
+    for (ptrdiff_t i = 0; i < p->query_length; i++) {
+        const float *q = p->query + i * p->query_stride;
+        float max = -INFINITY;
+        for (ptrdiff_t j = 0; j < key_count; j++) {
+            float dot = 0;
+            for (ptrdiff_t c = 0; c < d; c++) dot = fmaf(q[c], key[j * p->key_stride + c], dot);
+            scores[j] = dot * p->scale;
+            max = scores[j] > max ? scores[j] : max;
+        }
+        double sum = 0;
+        float *restrict out = outputs + i * d;
+        memset(out, 0, (size_t)d * sizeof(float));
+        for (ptrdiff_t j = 0; j < key_count; j++) {
+            const float e = exp_nonpositive(scores[j] - max);
+            sum += e;
+            for (ptrdiff_t c = 0; c < d; c++) out[c] = fmaf(e, value[j * p->value_stride + c], out[c]);
+        }
+        maxima[i] = max;
+        sums[i] = (float)sum;
+    }
+    free(scores);
+    return 0;
+}
+
 /// Σ (x[c] - center)² over `count` floats (Σ x[c] with `square` false), in double. Eight independent partial sums
 /// let the loop vectorize without reassociating a single sum.
 static inline double sum_in_double(const float *x, ptrdiff_t count, double center, int square) {

@@ -1,4 +1,9 @@
 internal import CVLMKernels
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
 
 /// Grouped-query attention that reads each key/value head where it lies, for decoders whose query heads share
 /// key/value heads (transformers' `repeat_kv` without the copy), over the first `keyLength` positions of keys and
@@ -41,6 +46,10 @@ func groupedQueryAttention(query: Tensor, key: Tensor, value: Tensor, heads: Int
     if output.count == 0 { return output }
     let headDim = width / heads, group = heads / keyHeads
     let scale = scale ?? 1 / Float(headDim).squareRoot()
+    if queryLength == 1 && keyPaddingMask == nil {
+        return decodingAttention(query: query, key: key, value: value, heads: heads, keyHeads: keyHeads,
+                                 keyLength: keyLength, scale: scale, path: path)
+    }
     let run: @Sendable (Int) -> Void = { unit in
         let (item, head) = unit.quotientAndRemainder(dividingBy: heads)
         let keyOffset = item * capacity * keyWidth + head / group * headDim
@@ -61,3 +70,56 @@ func groupedQueryAttention(query: Tensor, key: Tensor, value: Tensor, heads: Int
     return output
 }
 
+/// Keys per part below which a decoding step's attention is not split further.
+private let minimumKeysPerPart = 64
+
+/// One decoding step (a single query position, no padding) of grouped-query attention, split into parts that each
+/// run a key/value head's group of query heads over a range of keys: every cached key and value is read once, and
+/// there are enough parts to keep the cores evenly busy. The parts' unnormalized softmax sums merge as in
+/// flash-decoding: rescaled to the largest maximum, added, divided by the total weight.
+private func decodingAttention(query: Tensor, key: Tensor, value: Tensor, heads: Int, keyHeads: Int, keyLength: Int,
+                               scale: Float, path: KernelPath) -> Tensor {
+    let (batch, width, capacity, keyWidth) = (query.shape[0], query.shape[2], key.shape[1], key.shape[2])
+    let headDim = width / heads, group = heads / keyHeads, units = batch * keyHeads
+    let parts = max(1, min(keyLength / minimumKeysPerPart, (2 * processorCount + units - 1) / units))
+    let partLength = (keyLength + parts - 1) / parts
+    let maxima = Tensor(uninitialized: [units, parts, group]), sums = Tensor(uninitialized: [units, parts, group])
+    let partials = Tensor(uninitialized: [units, parts, group, headDim])
+    let run: @Sendable (Int) -> Void = { index in
+        let (unit, part) = index.quotientAndRemainder(dividingBy: parts)
+        let (item, keyHead) = unit.quotientAndRemainder(dividingBy: keyHeads)
+        let keyOffset = item * capacity * keyWidth + keyHead * headDim
+        var problem = vlm_attention_problem(
+            query: query.storage.pointer + item * width + keyHead * group * headDim, key: key.storage.pointer + keyOffset,
+            value: value.storage.pointer + keyOffset, output: nil, query_stride: headDim, key_stride: keyWidth,
+            value_stride: keyWidth, output_stride: headDim, query_length: group, key_length: keyLength, head_dim: headDim,
+            head_count: 1, scale: scale, causal: 0, key_mask: nil)
+        let first = part * partLength, slot = unit * parts + part
+        precondition(vlm_attention_partial(&problem, first, min(partLength, keyLength - first),
+                                           maxima.storage.pointer + slot * group, sums.storage.pointer + slot * group,
+                                           partials.storage.pointer + slot * group * headDim, path.isa) == 0,
+                     "out of memory for attention scratch over \(keyLength) keys")
+    }
+    if batch * heads * keyLength * headDim < parallelWork {
+        for index in 0..<(units * parts) { run(index) }
+    } else {
+        parallelFor(units * parts, run)
+    }
+    let output = Tensor(uninitialized: query.shape)
+    for unit in 0..<units {
+        let (item, keyHead) = unit.quotientAndRemainder(dividingBy: keyHeads)
+        for row in 0..<group {
+            let slots = (0..<parts).map { (unit * parts + $0) * group + row }
+            let largest = slots.map { maxima.storage.pointer[$0] }.max()!
+            let weights = slots.map { exp(maxima.storage.pointer[$0] - largest) }
+            let total = zip(slots, weights).reduce(Float(0)) { $0 + sums.storage.pointer[$1.0] * $1.1 }
+            let out = output.storage.pointer + item * width + (keyHead * group + row) * headDim
+            for feature in 0..<headDim {
+                var sum: Float = 0
+                for (slot, weight) in zip(slots, weights) { sum += partials.storage.pointer[slot * headDim + feature] * weight }
+                out[feature] = sum / total
+            }
+        }
+    }
+    return output
+}

@@ -76,7 +76,6 @@ struct SmolLM2GGUFTests {
             }
             #expect(continuation == testCase.new_tokens, "\(testCase.text)")
             let finalTop = testCase.final_top_ids.map { logits[$0] }
-            print("DIFF", maxDifference(top, testCase.top_logits), maxDifference(finalTop, testCase.final_top_logits), maxDifference(Array(logits[0..<64]), testCase.final_logits_head))
             #expect(maxDifference(finalTop, testCase.final_top_logits) < Self.tolerance, "\(testCase.text)")
             #expect(maxDifference(Array(logits[0..<testCase.final_logits_head.count]), testCase.final_logits_head) < Self.tolerance,
                     "\(testCase.text)")

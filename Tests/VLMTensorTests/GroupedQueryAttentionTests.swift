@@ -34,6 +34,27 @@ import Testing
         let worst = zip(actual.scalars, expected.scalars).map { abs($0 - $1) }.max() ?? .infinity
         #expect(worst < 1e-6, "\(worst)")
     }
+
+    /// A decoding step without padding runs in parts split along the keys (300 keys over one key head: more than
+    /// one part on any machine; five query heads on it: more than the four rows a part computes at once); the merged
+    /// result equals the unsplit attention that a padding mask of ones selects.
+    @Test(arguments: [KernelPath.best, .scalar])
+    func decodingStepSplitAlongTheKeysMatchesTheWholeAttention(path: KernelPath) {
+        let (batch, heads, keyHeads, headDim, capacity, keyLength) = (1, 5, 1, 24, 320, 300)
+        var generator = SplitMix(seed: 5)
+        func random(_ shape: [Int], spread: Float = 1) -> Tensor {
+            Tensor(shape: shape, scalars: (0..<Tensor.elementCount(shape)).map { _ in spread * generator.nextFloat() })
+        }
+        let query = random([batch, 1, heads * headDim], spread: 3)
+        let key = random([batch, capacity, keyHeads * headDim]), value = random([batch, capacity, keyHeads * headDim])
+        let ones = Tensor(shape: [batch, keyLength], scalars: Array(repeating: 1, count: batch * keyLength))
+        let expected = groupedQueryAttention(query: query, key: key, value: value, heads: heads, keyHeads: keyHeads,
+                                             keyLength: keyLength, causal: true, keyPaddingMask: ones, scale: 0.4, path: path)
+        let actual = groupedQueryAttention(query: query, key: key, value: value, heads: heads, keyHeads: keyHeads,
+                                           keyLength: keyLength, causal: true, keyPaddingMask: nil, scale: 0.4, path: path)
+        let worst = zip(actual.scalars, expected.scalars).map { abs($0 - $1) }.max() ?? .infinity
+        #expect(worst < 1e-6, "\(worst)")
+    }
 }
 
 /// A small deterministic generator, so the test inputs are the same on every run.

@@ -48,6 +48,15 @@ typedef struct vlm_attention_problem {
 /// when all its scores carry the same large negative mask. Returns 0, or -1 when scratch memory cannot be allocated.
 int vlm_attention(const vlm_attention_problem *problem, vlm_kernel_isa isa);
 
+/// One part of attention split along the keys, for a decoding step: the `query_length` rows of `problem` (rows of
+/// one query position, e.g. the query heads that share a key/value head; `causal` and `key_mask` must be 0 and
+/// NULL) over keys `first_key ..< first_key + key_count` (at least one). Per row `i` it writes the largest scaled
+/// score `maxima[i]`, `sums[i] = Σ e^(score − maxima[i])` and `outputs[i·head_dim ...] = Σ e^(score − maxima[i])·v`;
+/// the parts of all key ranges merge into the softmax-weighted sum. Returns 0, or -1 when scratch memory cannot be
+/// allocated.
+int vlm_attention_partial(const vlm_attention_problem *problem, ptrdiff_t first_key, ptrdiff_t key_count, float *maxima,
+                          float *sums, float *outputs, vlm_kernel_isa isa);
+
 /// Layer normalization of `rows` rows of `features` floats: `(x - mean) / sqrt(var + eps) * weight + bias` with the
 /// biased variance, like `torch.nn.functional.layer_norm`. `x` and `y` are contiguous rows.
 void vlm_layer_norm(const float *x, float *y, ptrdiff_t rows, ptrdiff_t features, const float *weight,
