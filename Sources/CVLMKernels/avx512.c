@@ -327,6 +327,25 @@ AVX512 int vlm_attention_partial_avx512(const vlm_attention_problem *p, ptrdiff_
     return 0;
 }
 
+AVX512 void vlm_gated_silu_avx512(const float *x, ptrdiff_t rows, ptrdiff_t width, float *y) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (ptrdiff_t r = 0; r < rows; r++) {
+        const float *gate = x + 2 * r * width, *up = gate + width;
+        float *out = y + r * width;
+        for (ptrdiff_t c = 0; c < width; c += LANES) {
+            const __mmask16 m = tail_mask(width - c);
+            const __m512 g = _mm512_maskz_loadu_ps(m, gate + c);
+            // silu(g) = g / (1 + e^-g), from t = e^-|g| ≤ 1 so that the exponential never overflows:
+            // g / (1 + t) for g ≥ 0, g·t / (1 + t) below.
+            const __m512 t = exp_nonpositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
+            const __mmask16 negative = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
+            const __m512 numerator = _mm512_mask_mul_ps(g, negative, g, t);
+            const __m512 silu = _mm512_div_ps(numerator, _mm512_add_ps(one, t));
+            _mm512_mask_storeu_ps(out + c, m, _mm512_mul_ps(silu, _mm512_maskz_loadu_ps(m, up + c)));
+        }
+    }
+}
+
 AVX512 void vlm_layer_norm_avx512(const float *x, float *y, ptrdiff_t rows, ptrdiff_t features, const float *weight,
                                   const float *bias, float eps) {
     for (ptrdiff_t row = 0; row < rows; row++) {

@@ -31,6 +31,18 @@ int vlm_attention_partial(const vlm_attention_problem *problem, ptrdiff_t first_
     return vlm_attention_partial_scalar(problem, first_key, key_count, maxima, sums, outputs);
 }
 
+void vlm_gated_silu(const float *x, ptrdiff_t rows, ptrdiff_t width, float *y, vlm_kernel_isa isa) {
+    if (rows <= 0 || width <= 0) return;
+#if defined(__x86_64__)
+    if (isa == VLM_ISA_AVX512 && vlm_best_isa() == VLM_ISA_AVX512) {
+        vlm_gated_silu_avx512(x, rows, width, y);
+        return;
+    }
+#endif
+    (void)isa;
+    vlm_gated_silu_scalar(x, rows, width, y);
+}
+
 void vlm_layer_norm(const float *x, float *y, ptrdiff_t rows, ptrdiff_t features, const float *weight,
                     const float *bias, float eps, vlm_kernel_isa isa) {
     if (rows <= 0 || features <= 0) return;

@@ -14,6 +14,7 @@
 #endif
 
 int vlm_attention_scalar(const vlm_attention_problem *problem);
+void vlm_gated_silu_scalar(const float *x, ptrdiff_t rows, ptrdiff_t width, float *y);
 int vlm_attention_partial_scalar(const vlm_attention_problem *p, ptrdiff_t first_key, ptrdiff_t key_count, float *maxima,
                                  float *sums, float *outputs);
 void vlm_layer_norm_scalar(const float *x, float *y, ptrdiff_t rows, ptrdiff_t features, const float *weight,
@@ -21,6 +22,7 @@ void vlm_layer_norm_scalar(const float *x, float *y, ptrdiff_t rows, ptrdiff_t f
 
 #if defined(__x86_64__)
 int vlm_attention_avx512(const vlm_attention_problem *problem);
+void vlm_gated_silu_avx512(const float *x, ptrdiff_t rows, ptrdiff_t width, float *y);
 int vlm_attention_partial_avx512(const vlm_attention_problem *p, ptrdiff_t first_key, ptrdiff_t key_count, float *maxima,
                                  float *sums, float *outputs);
 void vlm_layer_norm_avx512(const float *x, float *y, ptrdiff_t rows, ptrdiff_t features, const float *weight,

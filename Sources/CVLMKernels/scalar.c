@@ -126,6 +126,16 @@ int vlm_attention_partial_scalar(const vlm_attention_problem *p, ptrdiff_t first
     return 0;
 }
 
+PORTABLE_CLONES void vlm_gated_silu_scalar(const float *x, ptrdiff_t rows, ptrdiff_t width, float *y) {
+    for (ptrdiff_t r = 0; r < rows; r++) {
+        const float *gate = x + 2 * r * width, *up = gate + width;
+        for (ptrdiff_t c = 0; c < width; c++) {
+            const float g = gate[c], t = exp_nonpositive(-fabsf(g));
+            y[r * width + c] = (g < 0 ? g * t : g) / (1.0f + t) * up[c];
+        }
+    }
+}
+
 /// Σ (x[c] - center)² over `count` floats (Σ x[c] with `square` false), in double. Eight independent partial sums
 /// let the loop vectorize without reassociating a single sum.
 static inline double sum_in_double(const float *x, ptrdiff_t count, double center, int square) {

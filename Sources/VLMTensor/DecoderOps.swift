@@ -1,3 +1,4 @@
+internal import CVLMKernels
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
@@ -112,10 +113,18 @@ public func splitLastDimension(_ x: Tensor, widths: [Int]) -> [Tensor] {
 /// `activation(a) · b` for `x = [..., a | b]` (two equal halves): a gated MLP's input (SwiGLU) from its stacked
 /// gate and up projections.
 public func gatedActivation(_ x: Tensor, activation: Activation) -> Tensor {
+    gatedActivation(x, activation: activation, path: .best)
+}
+
+func gatedActivation(_ x: Tensor, activation: Activation, path: KernelPath) -> Tensor {
     let features = x.shape.last ?? 0
     precondition(x.rank >= 1 && features % 2 == 0, "gatedActivation needs an even last dimension, got \(x.shape)")
     let half = features / 2, rows = features == 0 ? 0 : x.count / features
     let output = Tensor(uninitialized: x.shape.dropLast() + [half])
+    if activation == .silu {
+        vlm_gated_silu(x.storage.pointer, rows, half, output.storage.pointer, path.isa)
+        return output
+    }
     for row in 0..<rows {
         let input = x.storage.pointer + row * features, out = output.storage.pointer + row * half
         for column in 0..<half { out[column] = activation(input[column]) * input[half + column] }

@@ -57,6 +57,10 @@ int vlm_attention(const vlm_attention_problem *problem, vlm_kernel_isa isa);
 int vlm_attention_partial(const vlm_attention_problem *problem, ptrdiff_t first_key, ptrdiff_t key_count, float *maxima,
                           float *sums, float *outputs, vlm_kernel_isa isa);
 
+/// `y[r][c] = silu(x[r][c]) · x[r][width + c]` for `rows` rows of `2 · width` floats (a gated MLP's stacked gate and
+/// up projections), with silu(g) = g / (1 + e^-g) to a few ulp.
+void vlm_gated_silu(const float *x, ptrdiff_t rows, ptrdiff_t width, float *y, vlm_kernel_isa isa);
+
 /// Layer normalization of `rows` rows of `features` floats: `(x - mean) / sqrt(var + eps) * weight + bias` with the
 /// biased variance, like `torch.nn.functional.layer_norm`. `x` and `y` are contiguous rows.
 void vlm_layer_norm(const float *x, float *y, ptrdiff_t rows, ptrdiff_t features, const float *weight,

@@ -1,0 +1,32 @@
+import Testing
+@testable import VLMTensor
+
+@Suite struct DecoderOpsTests {
+    /// The SiLU kernels against the scalar definition x / (1 + e^-x) in Swift's fp32, from -100 to 100 (where e^-x
+    /// overflows a float) and through zero.
+    @Test(arguments: [KernelPath.best, .scalar])
+    func gatedSiluMatchesItsDefinition(path: KernelPath) {
+        let width = 37, rows = 3
+        let gates = (0..<(rows * width)).map { Float($0) / Float(rows * width - 1) * 200 - 100 }
+        let ups = (0..<(rows * width)).map { Float($0 % 11) * 0.37 - 1.5 }
+        var stacked: [Float] = []
+        for row in 0..<rows {
+            let columns = (row * width)..<((row + 1) * width)
+            stacked += gates[columns]
+            stacked += ups[columns]
+        }
+        let output = gatedActivation(Tensor(shape: [rows, 2 * width], scalars: stacked), activation: .silu, path: path)
+        #expect(output.shape == [rows, width])
+        for (index, actual) in output.scalars.enumerated() {
+            let expected = Activation.silu(gates[index]) * ups[index]
+            #expect(abs(actual - expected) <= 4 * Float.ulpOfOne * abs(expected) + 1e-30, "\(gates[index]): \(actual) vs \(expected)")
+        }
+    }
+
+    @Test func splitLastDimensionCutsEveryRow() {
+        let x = Tensor(shape: [2, 5], scalars: (0..<10).map(Float.init))
+        let parts = splitLastDimension(x, widths: [2, 3])
+        #expect(parts.map(\.shape) == [[2, 2], [2, 3]])
+        #expect(parts[0].scalars == [0, 1, 5, 6] && parts[1].scalars == [2, 3, 4, 7, 8, 9])
+    }
+}
