@@ -183,7 +183,7 @@ final class CLIPTextTransformer: Sendable {
         }
         let d = config.hiddenSize
         let tokens = embedding(tokenEmbedding, ids: flat).reshaped([batch, length, d])
-        var hidden = add(tokens, embedding(positionEmbedding, ids: Array(0..<length)))
+        let hidden = add(tokens, embedding(positionEmbedding, ids: Array(0..<length)))
         let mask = attentionMask.map { Tensor(shape: [batch, length], scalars: $0.flatMap { $0.map(Float.init) }) }
         let pooled = encode(hidden, layers: layers, pooledAt: inputIds.map(eosPosition), causal: true, keyPaddingMask: mask)
         return finalLayerNorm(pooled)
