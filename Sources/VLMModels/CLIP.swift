@@ -138,8 +138,7 @@ final class CLIPVisionTransformer: Sendable {
         let classTokens = concatenate(Array(repeating: classEmbedding, count: batch), axis: 0)
         var hidden = add(concatenate([classTokens, patches], axis: 1), positionEmbedding)
         hidden = preLayerNorm(hidden)
-        for layer in layers { hidden = layer(hidden) }
-        return postLayerNorm(gatherTokens(hidden, positions: Array(repeating: 0, count: batch)))
+        return postLayerNorm(encode(hidden, layers: layers, pooledAt: Array(repeating: 0, count: batch)))
     }
 }
 
@@ -184,11 +183,10 @@ final class CLIPTextTransformer: Sendable {
         }
         let d = config.hiddenSize
         let tokens = embedding(tokenEmbedding, ids: flat).reshaped([batch, length, d])
-        var hidden = add(tokens, embedding(positionEmbedding, ids: Array(0..<length)))
+        let hidden = add(tokens, embedding(positionEmbedding, ids: Array(0..<length)))
         let mask = attentionMask.map { Tensor(shape: [batch, length], scalars: $0.flatMap { $0.map(Float.init) }) }
-        for layer in layers { hidden = layer(hidden, causal: true, keyPaddingMask: mask) }
-        hidden = finalLayerNorm(hidden)
-        return gatherTokens(hidden, positions: inputIds.map(eosPosition))
+        let pooled = encode(hidden, layers: layers, pooledAt: inputIds.map(eosPosition), causal: true, keyPaddingMask: mask)
+        return finalLayerNorm(pooled)
     }
 
     /// Where transformers pools: the argmax id under the legacy `eos_token_id == 2` configs (the eot token had the
@@ -199,6 +197,16 @@ final class CLIPTextTransformer: Sendable {
         }
         return ids.firstIndex(of: config.eosTokenId) ?? 0
     }
+}
+
+/// The encoder's last hidden state at `positions[b]` of each item `b` of `hidden` [B, T, D]: [B, D]. The last layer
+/// computes only those rows (a pooled output reads nothing else).
+private func encode(_ hidden: Tensor, layers: [PreNormEncoderLayer], pooledAt positions: [Int], causal: Bool = false,
+                    keyPaddingMask: Tensor? = nil) -> Tensor {
+    guard let last = layers.last else { return gatherTokens(hidden, positions: positions) }
+    var hidden = hidden
+    for layer in layers.dropLast() { hidden = layer(hidden, causal: causal, keyPaddingMask: keyPaddingMask) }
+    return last(hidden, at: positions, causal: causal, keyPaddingMask: keyPaddingMask)
 }
 
 /// transformers' `CLIPModel`: both towers, their projections and the learned temperature.

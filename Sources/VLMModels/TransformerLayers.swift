@@ -82,6 +82,15 @@ struct SelfAttention {
         let context = attention(packedQKV: queryKeyValue(x), heads: heads, causal: causal, keyPaddingMask: keyPaddingMask)
         return output(context, residual: residual)
     }
+
+    /// Attention of one token per batch item, `positions[b]` of item `b`, over every token of `x` [B, T, D]: [B, D].
+    /// `residual` [B, D] is added to the output projection.
+    func callAsFunction(_ x: Tensor, at positions: [Int], causal: Bool, keyPaddingMask: Tensor?,
+                        residual: Tensor) -> Tensor {
+        let context = attention(packedQKV: queryKeyValue(x), heads: heads, queryPositions: positions, causal: causal,
+                                keyPaddingMask: keyPaddingMask)
+        return output(context, residual: residual)
+    }
 }
 
 /// The two-layer MLP of a transformer block: fc2(act(fc1(x))).
@@ -116,8 +125,18 @@ struct PreNormEncoderLayer {
                               activation: activation)
     }
 
+    /// Every token's output, [B, T, D].
     func callAsFunction(_ x: Tensor, causal: Bool = false, keyPaddingMask: Tensor? = nil) -> Tensor {
         let attended = selfAttention(layerNorm1(x), causal: causal, keyPaddingMask: keyPaddingMask, residual: x)
+        return mlp(layerNorm2(attended), residual: attended)
+    }
+
+    /// The output of one token per batch item, `positions[b]` of item `b`, [B, D]: what a model that pools those
+    /// tokens reads from its last layer. Keys and values come from every token; the other tokens' attention, output
+    /// projection and MLP are skipped.
+    func callAsFunction(_ x: Tensor, at positions: [Int], causal: Bool = false, keyPaddingMask: Tensor? = nil) -> Tensor {
+        let attended = selfAttention(layerNorm1(x), at: positions, causal: causal, keyPaddingMask: keyPaddingMask,
+                                     residual: gatherTokens(x, positions: positions))
         return mlp(layerNorm2(attended), residual: attended)
     }
 }

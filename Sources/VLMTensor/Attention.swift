@@ -31,6 +31,22 @@ public func attention(packedQKV: Tensor, heads: Int, causal: Bool = false, keyPa
     attention(packedQKV: packedQKV, heads: heads, causal: causal, keyPaddingMask: keyPaddingMask, scale: scale, path: .best)
 }
 
+/// Self-attention for one query token per batch item, over the fused output of one query-key-value projection: the
+/// rows of ``attention(packedQKV:heads:causal:keyPaddingMask:scale:)``'s output that a model reads when it pools one
+/// token (a class token, an end-of-text token), without the work for the others.
+///
+/// - Parameters:
+///   - packedQKV: `[B, T, 3·heads·headDim]`, as for the full self-attention.
+///   - queryPositions: `B` positions in `0..<T`: item `b`'s query is its token `queryPositions[b]`, which attends to
+///     every key (`causal`: keys `0...queryPositions[b]`) as it would in the full self-attention.
+///   - heads, causal, keyPaddingMask, scale: as in ``attention(packedQKV:heads:causal:keyPaddingMask:scale:)``.
+/// - Returns: `[B, heads·headDim]`: row `b` is row `queryPositions[b]` of item `b` of the full self-attention.
+public func attention(packedQKV: Tensor, heads: Int, queryPositions: [Int], causal: Bool = false,
+                      keyPaddingMask: Tensor? = nil, scale: Float? = nil) -> Tensor {
+    attention(packedQKV: packedQKV, heads: heads, queryPositions: queryPositions, causal: causal,
+              keyPaddingMask: keyPaddingMask, scale: scale, path: .best)
+}
+
 func attention(query: Tensor, key: Tensor, value: Tensor, heads: Int, causal: Bool, keyPaddingMask: Tensor?,
                scale: Float?, path: KernelPath) -> Tensor {
     precondition(query.rank == 3 && key.rank == 3 && key.shape == value.shape && query.shape[0] == key.shape[0]
@@ -57,6 +73,43 @@ func attention(packedQKV: Tensor, heads: Int, causal: Bool, keyPaddingMask: Tens
                  valueOffset: 2 * width, output: output, causal: causal, keyPaddingMask: keyPaddingMask, scale: scale,
                  path: path)
     return output
+}
+
+func attention(packedQKV: Tensor, heads: Int, queryPositions: [Int], causal: Bool, keyPaddingMask: Tensor?,
+               scale: Float?, path: KernelPath) -> Tensor {
+    precondition(packedQKV.rank == 3 && packedQKV.shape[2] % 3 == 0 && queryPositions.count == packedQKV.shape[0],
+                 "attention needs packed queries, keys and values [B, T, 3·E] and B query positions; got \(packedQKV.shape) and \(queryPositions.count)")
+    let (batch, length, width) = (packedQKV.shape[0], packedQKV.shape[1], packedQKV.shape[2] / 3)
+    if let keyPaddingMask {
+        precondition(keyPaddingMask.shape == [batch, length],
+                     "attention: keyPaddingMask \(keyPaddingMask.shape), expected [\(batch), \(length)]")
+    }
+    let queries = Tensor(uninitialized: [batch, 1, width])
+    for (item, position) in queryPositions.enumerated() {
+        precondition(position >= 0 && position < length, "attention: query position \(position) outside \(length) tokens")
+        (queries.storage.pointer + item * width)
+            .initialize(from: packedQKV.storage.pointer + (item * length + position) * 3 * width, count: width)
+    }
+    // A lone query at position p sees the keys a causal query p sees when the mask also hides the keys after p. The
+    // kernel's causal rule would give it all of them, and a shorter key range would change what a query with no
+    // visible key averages (every key, as in the full attention).
+    var mask = keyPaddingMask
+    if causal {
+        let combined = Tensor(uninitialized: [batch, length])
+        for (item, position) in queryPositions.enumerated() {
+            for token in 0..<length {
+                let padding = keyPaddingMask.map { $0.storage.pointer[item * length + token] != 0 } ?? true
+                combined.storage.pointer[item * length + token] = token <= position && padding ? 1 : 0
+            }
+        }
+        mask = combined
+    }
+    let output = Tensor(uninitialized: [batch, 1, width])
+    let layout = AttentionLayout(batch: batch, queryLength: 1, keyLength: length, width: width, heads: heads,
+                                 queryStride: width, keyStride: 3 * width, valueStride: 3 * width)
+    runAttention(layout, query: queries, queryOffset: 0, key: packedQKV, keyOffset: width, value: packedQKV,
+                 valueOffset: 2 * width, output: output, causal: false, keyPaddingMask: mask, scale: scale, path: path)
+    return output.reshaped([batch, width])
 }
 
 /// Where attention's operands lie: every token's `heads·headDim` features start `*Stride` floats after the

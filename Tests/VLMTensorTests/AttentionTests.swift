@@ -35,6 +35,26 @@ import Testing
         #expect(y.scalars == separate.scalars, "\(name) \(path): packed and separate projections differ")
     }
 
+    /// One query per item: the rows of torch's full output at those positions, for the first, the last and a middle
+    /// token (under a causal mask the first sees one key, the last all of them). The vector path sums a lone query's
+    /// dot products across 16 lanes rather than in feature order, which moves results by a few 1e-6.
+    @Test(arguments: OpFixtures.names(op: "attentionPacked"), paths)
+    func singleQueryPerItemMatchesTorch(name: String, path: KernelPath) throws {
+        let c = try #require(fixtures.cases[name])
+        let packed = c.input("qkv"), expected = c.output()
+        let (batch, length, width) = (packed.shape[0], packed.shape[1], packed.shape[2] / 3)
+        for choice in 0..<3 {
+            let positions = (0..<batch).map { item in [0, length - 1, (length + item) / 2][(choice + item) % 3] }
+            let y = attention(packedQKV: packed, heads: try #require(c.params.heads), queryPositions: positions,
+                              causal: try #require(c.params.causal as Bool?), keyPaddingMask: c.optionalInput("keyPaddingMask"),
+                              scale: nil, path: path)
+            let rows = positions.enumerated().flatMap { item, position in
+                expected.scalars[((item * length + position) * width)..<((item * length + position + 1) * width)]
+            }
+            expectClose(y, Tensor(shape: [batch, width], scalars: rows), "\(name) \(path) at \(positions)", tolerance: 1e-5)
+        }
+    }
+
     /// On a Linux machine whose CPU lists the AVX-512 features, the vector path is the one that runs.
     @Test func bestPathUsesAVX512WhereTheCPUHasIt() throws {
         guard let cpuinfo = try? String(contentsOfFile: "/proc/cpuinfo", encoding: .utf8),
