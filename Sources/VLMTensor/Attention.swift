@@ -1,5 +1,4 @@
 internal import CVLMKernels
-internal import Foundation
 
 /// Multi-head scaled-dot-product attention, `softmax(q·kᵀ·scale + mask)·v`, per head.
 ///
@@ -140,7 +139,7 @@ private func runAttention(_ layout: AttentionLayout, query: Tensor, queryOffset:
 
     // A work unit is a run of consecutive heads of one batch item: the kernel fetches the next head's data while it
     // works on the current one, so runs should be long, but there should be a few units per core to balance.
-    let groupsPerItem = min(heads, max(1, (2 * ProcessInfo.processInfo.activeProcessorCount + batch - 1) / batch))
+    let groupsPerItem = min(heads, max(1, (2 * processorCount + batch - 1) / batch))
     let units = batch * groupsPerItem
     let run: @Sendable (Int) -> Void = { unit in
         let (item, group) = unit.quotientAndRemainder(dividingBy: groupsPerItem)
