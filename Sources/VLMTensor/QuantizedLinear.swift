@@ -28,12 +28,13 @@ final class QuantizedLinear: @unchecked Sendable {
     /// Floats of dequantized weight per GEMM panel (16 MiB).
     static let panelFloats = 1 << 22
 
-    init(weight: QuantizedMatrix, bias: Tensor?, backend: Backend) {
+    /// `packing` false keeps to the fp32 decoding kernels even where the int8 ones run (tests use it to check them).
+    init(weight: QuantizedMatrix, bias: Tensor?, backend: Backend, packing: Bool = true) {
         self.weight = weight
         self.bias = bias
         self.backend = backend
         let size = vlm_quant_packed_size(weight.format.kernelFormat, weight.rows, weight.columns)
-        if vlm_quant_packed_supported() != 0 && size > 0 {
+        if packing && vlm_quant_packed_supported() != 0 && size > 0 {
             let buffer = OwnedBytes(count: size)
             var matrix = weight.kernelMatrix
             vlm_quant_pack(&matrix, buffer.pointer)

@@ -44,19 +44,24 @@ private struct MatmulCase {
     }
 }
 
-private func pathsAndBackends() -> [(KernelPath, Backend)] {
-    [KernelPath.best, .scalar].flatMap { path in Backend.allCases.map { (path, $0) } }
+/// Every kernel path and backend; on the best path also the fp32 decoding kernels that CPUs without the int8 ones
+/// (AVX-512 VNNI) run.
+private func pathsAndBackends() -> [(path: KernelPath, backend: Backend, packing: Bool)] {
+    [(KernelPath.best, true), (.best, false), (.scalar, true)].flatMap { path, packing in
+        Backend.allCases.map { (path, $0, packing) }
+    }
 }
 
 @Suite struct QuantizedLinearTests {
-    /// 1 row runs the in-register kernel (Q4/Q5/Q8), 3 and 4 the chunked one, 5 and 17 the dequantized panels.
+    /// 1, 3 and 4 rows run the int8 products on packed weights (Q4/Q5/Q8 where the CPU has them), otherwise the
+    /// in-register kernel for 1 row and the chunked one for 3 and 4; 5 and 17 the dequantized panels.
     @Test(arguments: QuantizationFormat.allCases)
     func productMatchesTheDequantizedFloat64Product(format: QuantizationFormat) throws {
         let test = try #require(MatmulCase.all.first { $0.format == format })
         let weight = test.matrix.dequantized()
         let n = test.matrix.rows
-        for (path, backend) in pathsAndBackends() {
-            let layer = QuantizedLinear(weight: test.matrix, bias: nil, backend: backend)
+        for (path, backend, packing) in pathsAndBackends() {
+            let layer = QuantizedLinear(weight: test.matrix, bias: nil, backend: backend, packing: packing)
             for rows in [1, 3, 4, 5, 17] {
                 let output = Tensor(uninitialized: [rows, n])
                 layer.apply(test.input(rows: rows), rows: rows, activation: .identity, residual: nil, into: output, path: path)
@@ -67,7 +72,7 @@ private func pathsAndBackends() -> [(KernelPath, Backend)] {
                         worst = max(worst, error / test.tolerance(row: i, column: j, weight: weight))
                     }
                 }
-                #expect(worst <= 1, "\(format) \(path) \(backend) rows \(rows): error \(worst) tolerances")
+                #expect(worst <= 1, "\(format) \(path) \(backend) packing \(packing) rows \(rows): error \(worst) tolerances")
             }
         }
     }
