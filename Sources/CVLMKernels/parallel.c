@@ -14,12 +14,16 @@
 // another threading runtime still link.
 
 typedef void (*gomp_parallel_function)(void (*function)(void *), void *data, unsigned threads, unsigned flags);
+typedef int (*omp_count_function)(void);
 
 static gomp_parallel_function gomp_parallel;
+static omp_count_function omp_max_threads;
 static pthread_once_t lookup_once = PTHREAD_ONCE_INIT;
 
 static void look_up_runtime(void) {
     gomp_parallel = (gomp_parallel_function)dlsym(RTLD_DEFAULT, "GOMP_parallel");
+    omp_max_threads = (omp_count_function)dlsym(RTLD_DEFAULT, "omp_get_max_threads");
+    if (!omp_max_threads) gomp_parallel = NULL;
 }
 
 typedef struct job {
@@ -45,5 +49,43 @@ int vlm_parallel_for(ptrdiff_t count, vlm_parallel_body body, void *context) {
     atomic_init(&work.next, 0);
     // 0 threads: the runtime's default team, the one oneDNN's primitives use.
     gomp_parallel(run_job, &work, 0, 0);
+    return 0;
+}
+
+typedef struct range_job {
+    atomic_ptrdiff_t next;
+    ptrdiff_t count, grain, divisor;
+    vlm_parallel_range_body body;
+    void *context;
+} range_job;
+
+// Guided self-scheduling: each claim takes a share of what is left, so the first ranges are long (a kernel that
+// streams its operands keeps its prefetching going) and the last are short (no thread waits long for another
+// that drew the last big piece, or that the machine slowed down).
+static void run_range_job(void *data) {
+    range_job *work = data;
+    ptrdiff_t start = atomic_load_explicit(&work->next, memory_order_relaxed);
+    for (;;) {
+        const ptrdiff_t left = work->count - start;
+        if (left <= 0) return;
+        ptrdiff_t size = (left + work->divisor - 1) / work->divisor;
+        if (size < work->grain) size = work->grain;
+        if (size > left) size = left;
+        if (atomic_compare_exchange_weak_explicit(&work->next, &start, start + size, memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+            work->body(work->context, start, start + size);
+            start = atomic_load_explicit(&work->next, memory_order_relaxed);
+        }
+    }
+}
+
+int vlm_parallel_ranges(ptrdiff_t count, ptrdiff_t grain, vlm_parallel_range_body body, void *context) {
+    pthread_once(&lookup_once, look_up_runtime);
+    if (!gomp_parallel) return -1;
+    const int threads = omp_max_threads();
+    range_job work = {.count = count, .grain = grain > 0 ? grain : 1, .divisor = 2 * (threads > 0 ? threads : 1),
+                      .body = body, .context = context};
+    atomic_init(&work.next, 0);
+    gomp_parallel(run_range_job, &work, 0, 0);
     return 0;
 }

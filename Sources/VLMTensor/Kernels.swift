@@ -29,3 +29,24 @@ func parallelFor(_ count: Int, _ body: @Sendable (Int) -> Void) {
         if !handedOver { DispatchQueue.concurrentPerform(iterations: count, execute: body) }
     }
 }
+
+/// Runs `body` on disjoint ranges covering `0..<count` on every core, ranges shrinking as the work runs out (see
+/// `vlm_parallel_ranges`); none is shorter than `grain` unless less is left. For streaming kernels whose work
+/// divides finely but that pay for each restart.
+func parallelRanges(_ count: Int, grain: Int, _ body: @Sendable (Range<Int>) -> Void) {
+    withoutActuallyEscaping(body) { body in
+        var task = body
+        let handedOver = withUnsafeMutablePointer(to: &task) { pointer in
+            vlm_parallel_ranges(count, grain, { context, start, end in
+                context!.assumingMemoryBound(to: (@Sendable (Range<Int>) -> Void).self).pointee(start..<end)
+            }, pointer) == 0
+        }
+        if !handedOver {
+            let parts = min(count, 4 * processorCount), size = (count + parts - 1) / max(parts, 1)
+            DispatchQueue.concurrentPerform(iterations: parts) { part in
+                let range = (part * size)..<min(count, (part + 1) * size)
+                if !range.isEmpty { body(range) }
+            }
+        }
+    }
+}

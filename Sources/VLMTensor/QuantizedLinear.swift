@@ -86,18 +86,14 @@ final class QuantizedLinear: @unchecked Sendable {
         for row in 0..<rows {
             vlm_quant_activation(x.storage.pointer + row * k, k, activations.pointer + row * activationBytes)
         }
-        // Two chunks per core: finer ones measured slower (each restarts the weight prefetching), one per core no
-        // faster.
         let groups = (n + 15) / 16
-        let cores = processorCount
-        let chunk = max(1, (groups + 2 * cores - 1) / (2 * cores))
         let destination = UnsafeSendablePointer(pointer: output.storage.pointer)
         let bias = self.bias, residualPointer = residual.map { UnsafeSendablePointer(pointer: $0.storage.pointer) }
-        parallelFor((groups + chunk - 1) / chunk) { index in
-            let first = index * chunk, count = min(chunk, groups - first)
-            vlm_quant_packed_matmul(packed.pointer, format, n, k, activations.pointer, rows, destination.pointer, n, first, count)
-            Self.finish(destination.pointer, rows: rows, columns: (16 * first)..<min(n, 16 * (first + count)), stride: n,
-                        bias: bias, activation: activation, residual: residualPointer?.pointer)
+        parallelRanges(groups, grain: 2) { range in
+            vlm_quant_packed_matmul(packed.pointer, format, n, k, activations.pointer, rows, destination.pointer, n,
+                                    range.lowerBound, range.count)
+            Self.finish(destination.pointer, rows: rows, columns: (16 * range.lowerBound)..<min(n, 16 * range.upperBound),
+                        stride: n, bias: bias, activation: activation, residual: residualPointer?.pointer)
         }
         withExtendedLifetime((packed, activations)) {}
     }

@@ -153,6 +153,15 @@ typedef void (*vlm_parallel_body)(void *context, ptrdiff_t index);
 /// no such runtime is loaded in the process; the caller then uses threads of its own.
 int vlm_parallel_for(ptrdiff_t count, vlm_parallel_body body, void *context);
 
+/// The work of one range `start ..< end` of vlm_parallel_ranges.
+typedef void (*vlm_parallel_range_body)(void *context, ptrdiff_t start, ptrdiff_t end);
+
+/// Calls `body(context, start, end)` on disjoint ranges that together cover `0 ..< count`, on the same threads
+/// as vlm_parallel_for: each thread repeatedly claims a share of what is left (never fewer than `grain` indices
+/// unless fewer are left), so ranges shrink as the work runs out. Returns 0 once all calls have returned, -1
+/// without calling anything when no such runtime is loaded.
+int vlm_parallel_ranges(ptrdiff_t count, ptrdiff_t grain, vlm_parallel_range_body body, void *context);
+
 #ifdef __cplusplus
 }
 #endif
