@@ -109,16 +109,20 @@ private func decodingAttention(query: Tensor, key: Tensor, value: Tensor, heads:
     for unit in 0..<units {
         let (item, keyHead) = unit.quotientAndRemainder(dividingBy: keyHeads)
         for row in 0..<group {
-            let slots = (0..<parts).map { (unit * parts + $0) * group + row }
-            let largest = slots.map { maxima.storage.pointer[$0] }.max()!
-            let weights = slots.map { exp(maxima.storage.pointer[$0] - largest) }
-            let total = zip(slots, weights).reduce(Float(0)) { $0 + sums.storage.pointer[$1.0] * $1.1 }
+            let first = unit * parts * group + row
+            var largest = -Float.infinity
+            for part in 0..<parts { largest = max(largest, maxima.storage.pointer[first + part * group]) }
+            var total: Float = 0
             let out = output.storage.pointer + item * width + (keyHead * group + row) * headDim
-            for feature in 0..<headDim {
-                var sum: Float = 0
-                for (slot, weight) in zip(slots, weights) { sum += partials.storage.pointer[slot * headDim + feature] * weight }
-                out[feature] = sum / total
+            out.initialize(repeating: 0, count: headDim)
+            for part in 0..<parts {
+                let slot = first + part * group
+                let weight = exp(maxima.storage.pointer[slot] - largest)
+                total += sums.storage.pointer[slot] * weight
+                let partial = partials.storage.pointer + slot * headDim
+                for feature in 0..<headDim { out[feature] += partial[feature] * weight }
             }
+            for feature in 0..<headDim { out[feature] /= total }
         }
     }
     return output
