@@ -28,9 +28,11 @@ public final class TensorStorage: @unchecked Sendable {
 }
 
 /// Large blocks freed recently, handed out again for the same element count. A forward pass allocates the same
-/// activation sizes layer after layer; the C allocator serves blocks this large with fresh pages from the kernel
-/// (mmap), and faulting those in and zeroing them cost about 5% of a batched CLIP forward pass.
-private let largeBlocks = BlockCache(minimumBytes: 256 << 10, capacityBytes: 256 << 20)
+/// activation sizes layer after layer, and a decoding step the same logits row. The C allocator serves the largest
+/// blocks with fresh pages from the kernel (mmap), whose faulting in and zeroing cost about 5% of a batched CLIP
+/// forward pass; and glibc's free of any block from 64 KiB up sweeps all its small-block bins first
+/// (malloc_consolidate, ~2% of a decoding step on the logits alone).
+private let largeBlocks = BlockCache(minimumBytes: 64 << 10, capacityBytes: 256 << 20)
 
 private final class BlockCache: @unchecked Sendable {
     private let minimumCount: Int

@@ -14,6 +14,13 @@ import Testing
         }
     }
 
+    /// A decoding step's logits row (SmolLM2: 49,152 floats) is in the cache's range, from 64 KiB up.
+    @Test func aFreedBlockJustOver64KiBIsReused() {
+        let count = 16_411
+        let address = Tensor(uninitialized: [count]).storage.pointer
+        #expect(Tensor(uninitialized: [count]).storage.pointer == address)
+    }
+
     @Test func aLiveBlockIsNotHandedOutTwice() {
         let count = 1_000_033
         let first = Tensor(uninitialized: [count])
