@@ -2,16 +2,20 @@
 
     /work/oracle-venv/bin/python scripts/make_clip_checkpoint.py     # once: the full-size random-weight checkpoint
     swift build -c release                                           # for the SwiftVLM row
-    /work/oracle-venv/bin/python scripts/bench_clip.py [--batch-sizes 1 32] [--runs 10] [--vlm .build/release/vlm]
-                                                       [--json results.json]
+    /work/oracle-venv/bin/python scripts/bench_clip.py [--batch-sizes 1 32] [--runs 10] [--rounds 3]
+                                                       [--vlm .build/release/vlm] [--json results.json]
 
 All engines run fp32 on 2 threads. PyTorch (`CLIPModel.get_image_features`) and ONNX Runtime see the same seeded random
 pixels [B, 3, 224, 224], and ONNX Runtime's embeddings are checked against PyTorch's. ONNX Runtime runs the vision
 tower and projection exported with torch's dynamo exporter (needs the onnxscript package), cached in the model
 directory as onnx/vision_model.onnx. SwiftVLM is timed by its own `vlm bench --json`, which draws its own inputs; if the
-binary is missing or fails, its row says so. Each timing is the median over --runs forward passes after --warmup
-untimed ones, PyTorch's and ONNX Runtime's taking turns; their fastest run is shown too. The ceiling column compares
-with the time the model's FLOPs would take at --peak-gflops.
+binary is missing or fails, its row says so. Each batch size is measured in --rounds rounds; in each, PyTorch and
+ONNX Runtime take turns for --runs forward passes (after --warmup untimed ones) and SwiftVLM then reports the median of
+as many. A shared machine's speed drifts by tens of percent within minutes, and measurements taken side by side
+drift together, so the table shows each engine's median over all its runs (PyTorch, ONNX Runtime) or rounds
+(SwiftVLM), and SwiftVLM's time relative to ONNX Runtime's as the median of the per-round ratios (each round's
+medians), with every round's ratio listed. The ceiling column compares with the time the model's FLOPs would take
+at --peak-gflops.
 """
 import argparse
 import json
@@ -83,11 +87,11 @@ def interleaved_samples_ms(engines, warmup, runs):
     return samples
 
 
-def vlm_ms_per_image(binary, model_dir, batch_size, threads, timeout_s):
+def vlm_ms_per_image(binary, model_dir, batch_size, runs, threads, timeout_s):
     """`vlm bench`'s ms per image, or the reason it is unavailable."""
     if not os.path.isfile(binary):
         return None, f"no binary at {binary}"
-    command = [binary, "bench", "--model", model_dir, "--batch-size", str(batch_size), "--json"]
+    command = [binary, "bench", "--model", model_dir, "--batch-size", str(batch_size), "--runs", str(runs), "--json"]
     try:
         # oneDNN's OpenMP runtime takes its thread count from here.
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
@@ -113,14 +117,15 @@ def main():
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--runs", type=int, default=10, help="timed forward passes per engine and batch size")
     parser.add_argument("--warmup", type=int, default=2, help="untimed forward passes before them")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of all engines per batch size")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--vlm", default=os.path.join(ROOT, ".build", "release", "vlm"), help="SwiftVLM's binary")
     parser.add_argument("--vlm-timeout", type=float, default=900, help="seconds one `vlm bench` may take")
     parser.add_argument("--peak-gflops", type=float, default=500, help="fp32 peak of the machine, for the ceiling")
     parser.add_argument("--json", help="also write the results, with every timed sample, as JSON to this file")
     args = parser.parse_args()
-    if min(args.batch_sizes) < 1 or args.runs < 1 or args.warmup < 0 or args.threads < 1:
-        parser.error("batch sizes, --runs and --threads must be positive, --warmup not negative")
+    if min(args.batch_sizes) < 1 or args.runs < 1 or args.rounds < 1 or args.warmup < 0 or args.threads < 1:
+        parser.error("batch sizes, --runs, --rounds and --threads must be positive, --warmup not negative")
 
     import onnxruntime
     from transformers import CLIPModel
@@ -154,33 +159,52 @@ def main():
             (onnx_embeddings,) = session.run(None, feed)
             checks.append({"batch_size": batch_size,
                            "max_abs_diff": float(np.max(np.abs(onnx_embeddings - reference)))})
-            samples = interleaved_samples_ms({"PyTorch": lambda: embedder(pixels),
-                                              "ONNX Runtime": lambda: session.run(None, feed)},
-                                             args.warmup, args.runs)
+        samples = {"PyTorch": [], "ONNX Runtime": []}
+        vlm_rounds, vlm_error, ratios = [], None, []
+        for _ in range(args.rounds):
+            with torch.inference_mode():
+                round_samples = interleaved_samples_ms({"PyTorch": lambda: embedder(pixels),
+                                                        "ONNX Runtime": lambda: session.run(None, feed)},
+                                                       args.warmup, args.runs)
+            for engine, engine_samples in round_samples.items():
+                samples[engine] += engine_samples
+            vlm_ms, vlm_error = vlm_ms_per_image(args.vlm, model_dir, batch_size, args.runs, args.threads,
+                                                 args.vlm_timeout)
+            if vlm_error:
+                break
+            vlm_rounds.append(vlm_ms)
+            ratios.append(vlm_ms / (statistics.median(round_samples["ONNX Runtime"]) / batch_size))
         for engine, engine_samples in samples.items():
             rows.append({"engine": engine, "batch_size": batch_size,
                          "ms_per_image": statistics.median(engine_samples) / batch_size,
                          "best_ms_per_image": min(engine_samples) / batch_size,
                          "batch_ms_samples": engine_samples})
-        vlm_ms, vlm_error = vlm_ms_per_image(args.vlm, model_dir, batch_size, args.threads, args.vlm_timeout)
-        rows.append({"engine": "SwiftVLM", "batch_size": batch_size, "ms_per_image": vlm_ms,
-                     **({"unavailable": vlm_error} if vlm_error else {})})
+        rows.append({"engine": "SwiftVLM", "batch_size": batch_size,
+                     "ms_per_image": statistics.median(vlm_rounds) if vlm_rounds else None,
+                     **({"unavailable": vlm_error} if vlm_error else
+                        {"round_ms_per_image": vlm_rounds, "ratio_to_onnx_runtime": statistics.median(ratios),
+                         "round_ratios_to_onnx_runtime": ratios})})
     load_after = os.getloadavg()[0]
 
     print(f"CLIP ViT-B/32 image embedding, fp32, {args.threads} threads; {gflop:.2f} GFLOP per image, "
-          f"ceiling {ceiling_ms:.1f} ms at {args.peak_gflops:g} GFLOP/s; median of {args.runs} runs after "
-          f"{args.warmup} warm-up; 1-minute load average {load_before:.1f} before, {load_after:.1f} after "
+          f"ceiling {ceiling_ms:.1f} ms at {args.peak_gflops:g} GFLOP/s; {args.rounds} rounds of {args.runs} runs "
+          f"after {args.warmup} warm-up; 1-minute load average {load_before:.1f} before, {load_after:.1f} after "
           f"(this run alone adds about {args.threads})\n")
     # The best run shows what an engine does when nothing else wants the cores; SwiftVLM reports only its median.
-    print("| engine | batch | ms/image | best ms/image | images/s | × ceiling |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| engine | batch | ms/image | best ms/image | images/s | × ceiling | × ONNX Runtime (per round) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | --- |")
     for row in rows:
         ms = row["ms_per_image"]
         if ms is None:
-            print(f"| {row['engine']} | {row['batch_size']} | unavailable: {row['unavailable']} | | | |")
+            print(f"| {row['engine']} | {row['batch_size']} | unavailable: {row['unavailable']} | | | | |")
             continue
         best = f"{row['best_ms_per_image']:.1f}" if "best_ms_per_image" in row else ""
-        print(f"| {row['engine']} | {row['batch_size']} | {ms:.1f} | {best} | {1e3 / ms:.1f} | {ms / ceiling_ms:.2f} |")
+        relative = ""
+        if "ratio_to_onnx_runtime" in row:
+            rounds = ", ".join(f"{ratio:.2f}" for ratio in row["round_ratios_to_onnx_runtime"])
+            relative = f"{row['ratio_to_onnx_runtime']:.2f} ({rounds})"
+        print(f"| {row['engine']} | {row['batch_size']} | {ms:.1f} | {best} | {1e3 / ms:.1f} | {ms / ceiling_ms:.2f} "
+              f"| {relative} |")
     print()
     for check in checks:
         verdict = "ok" if check["max_abs_diff"] <= ONNX_TOLERANCE else "MISMATCH"
@@ -188,7 +212,8 @@ def main():
               f"(tolerance {ONNX_TOLERANCE:g}) {verdict}")
 
     if args.json:
-        results = {"model": model_dir, "threads": args.threads, "runs": args.runs, "warmup": args.warmup,
+        results = {"model": model_dir, "threads": args.threads, "runs": args.runs, "rounds": args.rounds,
+                   "warmup": args.warmup,
                    "load_average_before": load_before, "load_average_after": load_after,
                    "gflop_per_image": gflop, "ceiling_ms_per_image": ceiling_ms, "rows": rows,
                    "onnx_vs_pytorch": checks, "torch": torch.__version__, "onnxruntime": onnxruntime.__version__}

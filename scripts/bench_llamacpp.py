@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """Prefill and decode speed of SwiftVLM's `vlm bench` beside llama.cpp on the same GGUF file, in one run.
 
-Usage:  python3 scripts/bench_llamacpp.py [--model FILE.gguf] [--threads 2] [--runs 3] [--json]
+Usage:  python3 scripts/bench_llamacpp.py [--model FILE.gguf] [--threads 2] [--runs 3] [--rounds 5] [--json]
 
 llama.cpp comes from PyPI's llama-cpp-python, built from source for this CPU (CMAKE_ARGS="-DGGML_NATIVE=ON") into
 .venv-llamacpp/ at the package root the first time (about 5 minutes or more; the venv ignores itself in git).
 Both engines get the same 256 pseudo-random prompt token ids (the LCG `vlm bench` uses), prefill them in one
 batch, then feed back the greedy token 128 times with no stop token; each reports the median of --runs runs after
-one warm-up. SwiftVLM is built with `swift build -c release` and run with OMP_NUM_THREADS set to --threads.
+one warm-up. The engines take turns for --rounds rounds (the order alternating), each round giving one ratio
+SwiftVLM / llama.cpp: a shared machine's speed drifts by tens of percent within minutes, and measurements taken
+side by side drift together. The table shows each engine's median over the rounds and the median of the
+per-round ratios. SwiftVLM is built with `swift build -c release` and run with OMP_NUM_THREADS set to --threads.
 llama.cpp runs without its extra (AMX) weight buffers, which crash where the CPU reports AMX that the VM withholds.
 """
 
@@ -93,9 +96,12 @@ def bench_llamacpp(python: Path, model: Path, threads: int, runs: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def bench_swiftvlm(model: Path, threads: int, runs: int) -> dict:
+def build_swiftvlm():
     subprocess.run(["swift", "build", "-c", "release", "--product", "vlm"], cwd=ROOT, check=True,
                    stdout=subprocess.DEVNULL)
+
+
+def bench_swiftvlm(model: Path, threads: int, runs: int) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     out = subprocess.run([ROOT / ".build/release/vlm", "bench", "--model", model, "--json", "--runs", str(runs),
                           "--prompt-tokens", str(PROMPT_TOKENS), "--new-tokens", str(NEW_TOKENS)],
@@ -109,28 +115,45 @@ def main():
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.threads < 1 or args.runs < 1 or args.rounds < 1:
+        parser.error("--threads, --runs and --rounds must be positive")
     model = args.model.resolve()
     python = ensure_llamacpp()
+    build_swiftvlm()
     started = time.time()
+    load_before = os.getloadavg()[0]
+    engines = {"swiftvlm": lambda: bench_swiftvlm(model, args.threads, args.runs),
+               "llama.cpp": lambda: bench_llamacpp(python, model, args.threads, args.runs)}
+    rounds = []
+    for index in range(args.rounds):
+        order = list(engines) if index % 2 == 0 else list(reversed(engines))
+        rounds.append({engine: engines[engine]() for engine in order})
+    keys = ("prefill_tokens_per_s", "decode_tokens_per_s")
     results = {"model": str(model), "threads": args.threads, "prompt_tokens": PROMPT_TOKENS, "new_tokens": NEW_TOKENS,
-               "load_average": os.getloadavg()[0],
-               "swiftvlm": bench_swiftvlm(model, args.threads, args.runs),
-               "llama.cpp": bench_llamacpp(python, model, args.threads, args.runs)}
-    for key in ("prefill_tokens_per_s", "decode_tokens_per_s"):
-        results[f"ratio_{key}"] = results["swiftvlm"][key] / results["llama.cpp"][key]
+               "runs": args.runs, "load_average": load_before, "rounds": rounds}
+    for engine in engines:
+        results[engine] = {key: statistics.median(r[engine][key] for r in rounds) for key in keys}
+    for key in keys:
+        ratios = [r["swiftvlm"][key] / r["llama.cpp"][key] for r in rounds]
+        results[f"ratio_{key}"] = statistics.median(ratios)
+        results[f"ratios_{key}"] = ratios
     results["seconds"] = time.time() - started
     if args.json:
         print(json.dumps(results, indent=1))
         return
-    print(f"{model.name}, {args.threads} threads, {PROMPT_TOKENS}-token prompt, {NEW_TOKENS} new tokens, "
-          f"median of {args.runs} runs (1-minute load average {results['load_average']:.1f})")
+    print(f"{model.name}, {args.threads} threads, {PROMPT_TOKENS}-token prompt, {NEW_TOKENS} new tokens; "
+          f"{args.rounds} rounds of each engine's median of {args.runs} runs (1-minute load average "
+          f"{load_before:.1f} before)")
     print(f"{'':10} {'prefill tok/s':>14} {'decode tok/s':>13}")
-    for engine in ("swiftvlm", "llama.cpp"):
+    for engine in engines:
         r = results[engine]
         print(f"{engine:10} {r['prefill_tokens_per_s']:14.1f} {r['decode_tokens_per_s']:13.1f}")
     print(f"{'ratio':10} {results['ratio_prefill_tokens_per_s']:14.2f} {results['ratio_decode_tokens_per_s']:13.2f}")
+    for key in keys:
+        print(f"per-round {key.split('_')[0]} ratios: " + " ".join(f"{x:.2f}" for x in results[f"ratios_{key}"]))
 
 
 if __name__ == "__main__":
