@@ -121,13 +121,44 @@ extension CausalLanguageModel {
         return try sample(prompt: prompt, newTokens: newTokens, config: config, criteria: stoppingCriteria, seed: seed, onStep: onStep)
     }
 
-    /// Greedy decoding, or sampling with `config.doSample` (transformers' `_sample`).
+    /// Continues one prompt of which `cache` already holds the first `cache.length` tokens (a conversation's
+    /// earlier turns): only the rest of the prompt runs before generation proceeds as in
+    /// ``generate(inputIds:attentionMask:config:stoppingCriteria:seed:onStep:)``. Greedy decoding or sampling of one
+    /// sequence; the cache needs room for the prompt and `config`'s new tokens, and ends up holding every token
+    /// that was run (the prompt and all new tokens but the last).
+    public func generate(continuing cache: KVCache, inputIds: [Int], config: GenerationConfig,
+                         stoppingCriteria: [any StoppingCriterion] = [], seed: UInt64 = 0,
+                         onStep: ((_ tokens: [Int?]) throws -> Void)? = nil) throws -> GenerationOutput {
+        try config.validate()
+        guard config.numBeams == 1, config.numReturnSequences == 1 else {
+            throw ModelError.invalidInput("continuing a KV cache generates one sequence without beams")
+        }
+        guard cache.batch == 1, cache.length < inputIds.count else {
+            throw ModelError.invalidInput(
+                "continuing a KV cache of \(cache.batch) rows holding \(cache.length) positions needs one row and a longer prompt than that (got \(inputIds.count) tokens)")
+        }
+        let newTokens = try config.newTokenLimit(promptLength: inputIds.count)
+        guard inputIds.count.addingReportingOverflow(newTokens).overflow == false,
+              inputIds.count + newTokens <= cache.capacity else {
+            throw ModelError.invalidInput(
+                "a prompt of \(inputIds.count) tokens and \(newTokens) new ones do not fit a KV cache of \(cache.capacity) positions")
+        }
+        if newTokens == 0 { return GenerationOutput(sequences: [[]], scores: []) }
+        let prompt = GenerationPrompt(embeds: try embed([Array(inputIds[cache.length...])]),
+                                      mask: [Array(repeating: 1, count: inputIds.count)], ids: [inputIds],
+                                      length: inputIds.count)
+        return try sample(prompt: prompt, newTokens: newTokens, config: config, criteria: stoppingCriteria, seed: seed,
+                          cache: cache, onStep: onStep)
+    }
+
+    /// Greedy decoding, or sampling with `config.doSample` (transformers' `_sample`). With `cache`, the prompt's
+    /// embeddings are those of its positions after the ones the cache holds.
     private func sample(prompt: GenerationPrompt, newTokens: Int, config: GenerationConfig, criteria: [any StoppingCriterion],
-                        seed: UInt64, onStep: (([Int?]) throws -> Void)?) throws -> GenerationOutput {
+                        seed: UInt64, cache: KVCache? = nil, onStep: (([Int?]) throws -> Void)?) throws -> GenerationOutput {
         let rows = prompt.mask.count
         let processors = config.logitsProcessors
         var generator = SeededGenerator(seed: seed)
-        var step = try DecodingState(model: self, prompt: prompt, rows: rows, capacity: prompt.length + newTokens)
+        var step = try DecodingState(model: self, prompt: prompt, rows: rows, capacity: prompt.length + newTokens, cache: cache)
         var histories = prompt.histories
         var generated = Array(repeating: [Int](), count: rows)
         var finished = Array(repeating: false, count: rows)
@@ -177,19 +208,21 @@ struct DecodingState<Model: CausalLanguageModel> {
     var positions: [[Int]]
     private var logits: [Float]
 
-    init(model: Model, prompt: GenerationPrompt, rows: Int, capacity: Int) throws {
+    /// Runs the prompt: all of it into a new cache of `capacity` positions, or, given `cache`, the positions after
+    /// those it holds (the prompt's embeddings are then just those).
+    init(model: Model, prompt: GenerationPrompt, rows: Int, capacity: Int, cache: KVCache? = nil) throws {
         self.model = model
         mask = prompt.mask
         // generate()'s position_ids: cumsum(mask) - 1, padding at 0.
         positions = prompt.mask.map { row in
             var count = -1
-            return row.map { flag in
+            return Array(row.map { flag in
                 if flag != 0 { count += 1 }
                 return flag != 0 ? count : 0
-            }
+            }.dropFirst(cache?.length ?? 0))
         }
-        cache = try model.makeCache(batch: rows, capacity: capacity)
-        logits = try model.logits(inputsEmbeds: prompt.embeds, attentionMask: mask, positionIds: positions, cache: cache,
+        self.cache = try cache ?? model.makeCache(batch: rows, capacity: capacity)
+        logits = try model.logits(inputsEmbeds: prompt.embeds, attentionMask: mask, positionIds: positions, cache: self.cache,
                                   lastPositionOnly: true).scalars
     }
 

@@ -94,7 +94,7 @@ public struct GenerationConfig: Sendable, Equatable {
     }
 
     /// The new-token limit for a prompt of `promptLength` (padding included), as `generate` derives it.
-    func newTokenLimit(promptLength: Int) throws -> Int {
+    public func newTokenLimit(promptLength: Int) throws -> Int {
         if let maxNewTokens { return maxNewTokens }
         guard maxLength > promptLength else {
             throw ModelError.invalidInput(

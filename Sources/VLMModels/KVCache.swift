@@ -33,6 +33,32 @@ public final class KVCache: @unchecked Sendable {
 
     func advance(by count: Int) { length += count }
 
+    /// Forgets every position from `length` on, so that the next forward pass writes there: a conversation that
+    /// goes on from an earlier point than the cache has reached.
+    public func truncate(to length: Int) throws {
+        guard length >= 0, length <= self.length else {
+            throw ModelError.invalidInput("cannot truncate a KV cache holding \(self.length) positions to \(length)")
+        }
+        self.length = length
+    }
+
+    /// Copies every stored position into `destination`, an empty cache of the same model with room for them
+    /// (growing a conversation's cache).
+    public func copyStored(into destination: KVCache) throws {
+        guard destination.batch == batch, destination.width == width, destination.keys.count == keys.count,
+              destination.capacity >= length, destination.length == 0 else {
+            throw ModelError.invalidInput(
+                "a KV cache of \(destination.batch) rows of \(destination.capacity) positions cannot take this one's \(length) stored positions")
+        }
+        for (source, target) in zip(keys + values, destination.keys + destination.values) {
+            for row in 0..<batch {
+                (target.storage.pointer + row * destination.capacity * width)
+                    .update(from: source.storage.pointer + row * capacity * width, count: length * width)
+            }
+        }
+        destination.length = length
+    }
+
     /// Makes row `i` a copy of what row `rows[i]` held, for every layer and stored position: beam search moves each
     /// beam's history to where its continuation now lives, in place.
     public func reorder(rows: [Int]) throws {

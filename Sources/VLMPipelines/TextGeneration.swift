@@ -70,7 +70,7 @@ public final class TextGenerationPipeline: Sendable {
         }
     }
 
-    private func chatPrompt(_ messages: [JSONValue]) throws -> [Int] {
+    func chatPrompt(_ messages: [JSONValue]) throws -> [Int] {
         guard let chatTemplate else { throw PipelineError.noChatTemplate }
         let text = try chatTemplate.render(messages: messages, addGenerationPrompt: true,
                                            bosToken: tokenizer.bosTokenId.flatMap(tokenizer.token),
@@ -79,17 +79,22 @@ public final class TextGenerationPipeline: Sendable {
         return tokenizer.encode(text, addSpecialTokens: false).ids
     }
 
-    private func run(promptTokens: [Int], settings: GenerationConfig, seed: UInt64,
-                     onText: ((String) throws -> Void)?) throws -> TextGenerationResult {
+    /// Generates from `promptTokens`; with `cache`, from where the cache's tokens (the prompt's first ones) end.
+    func run(promptTokens: [Int], settings: GenerationConfig, seed: UInt64, cache: KVCache? = nil,
+             onText: ((String) throws -> Void)?) throws -> TextGenerationResult {
         guard !promptTokens.isEmpty else { throw PipelineError.emptyPrompt }
         var criteria: [any StoppingCriterion] = []
         if !settings.stopStrings.isEmpty {
             criteria.append(StopStringCriterion(stopStrings: settings.stopStrings, tokenBytes: stopStringTokenBytes()))
         }
         var detokenizer = StreamingDetokenizer(tokenizer: tokenizer)
-        let output = try model.generate(inputIds: [promptTokens], config: settings, stoppingCriteria: criteria, seed: seed) { tokens in
+        let onStep: ([Int?]) throws -> Void = { tokens in
             if let onText, let token = tokens[0] { try onText(detokenizer.append(token)) }
         }
+        let output = try cache.map {
+            try model.generate(continuing: $0, inputIds: promptTokens, config: settings, stoppingCriteria: criteria,
+                               seed: seed, onStep: onStep)
+        } ?? model.generate(inputIds: [promptTokens], config: settings, stoppingCriteria: criteria, seed: seed, onStep: onStep)
         try onText?(detokenizer.finish())
         let ids = output.sequences.first ?? []
         return TextGenerationResult(text: tokenizer.decode(ids, skipSpecialTokens: true), ids: ids, promptTokens: promptTokens)

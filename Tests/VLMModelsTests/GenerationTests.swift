@@ -211,6 +211,39 @@ func expectBeamSearch(_ model: any CausalLanguageModel, prompts: [[Int]], config
         #expect(maxDifference(Array(stepped[half...]), expected) < 1e-5)
         #expect(throws: ModelError.self) { try cache.reorder(rows: [0, 2]) }
     }
+
+    /// A cache that holds another prompt's first tokens, cut back to them and continued, gives transformers'
+    /// greedy continuation of this prompt; copied into a larger cache it gives it too.
+    @Test func continuingACacheMatchesTheRecordedContinuation() throws {
+        let fixture = try LlamaFixture("gqa-untied")
+        let generation = fixture.expected.generations[1]
+        let (prompt, expected) = (generation.prompts[0], generation.new_tokens[0])
+        var config = GenerationConfig()
+        config.maxNewTokens = fixture.expected.max_new_tokens
+        config.eosTokenIds = generation.eos
+        let kept = prompt.count - 1
+        let cache = try fixture.model.makeCache(batch: 1, capacity: prompt.count + config.maxNewTokens!)
+        _ = try fixture.model.logits(inputIds: [Array(prompt[..<kept]) + [3, 4, 5]], cache: cache)
+        try cache.truncate(to: kept)
+        let continued = try fixture.model.generate(continuing: cache, inputIds: prompt, config: config)
+        #expect(continued.sequences == [expected])
+        #expect(cache.length == prompt.count + expected.count - 1)
+
+        try cache.truncate(to: kept)
+        let larger = try fixture.model.makeCache(batch: 1, capacity: 2 * cache.capacity)
+        try cache.copyStored(into: larger)
+        #expect(try fixture.model.generate(continuing: larger, inputIds: prompt, config: config).sequences == [expected])
+
+        #expect(throws: ModelError.self) { try cache.truncate(to: kept + 1) }
+        #expect(throws: ModelError.self) { try cache.copyStored(into: larger) }
+        #expect(throws: ModelError.self) { try fixture.model.generate(continuing: cache, inputIds: Array(prompt[..<kept]), config: config) }
+        var beams = config
+        beams.numBeams = 2
+        #expect(throws: ModelError.self) { try fixture.model.generate(continuing: cache, inputIds: prompt, config: beams) }
+        var long = config
+        long.maxNewTokens = cache.capacity
+        #expect(throws: ModelError.self) { try fixture.model.generate(continuing: cache, inputIds: prompt, config: long) }
+    }
 }
 
 /// Bytes of the SmolLM2 tokenizer's first `count` ids, from its tokenizer.json: added tokens as their text, the

