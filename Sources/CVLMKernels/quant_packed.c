@@ -1,6 +1,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "quant_internal.h"
 #include "quant_packed.h"
 
 // The packed layout (see vlm_kernels.h); the fixed-point activations and the products are in quant_packed_avx512.c.
@@ -13,14 +14,19 @@ int vlm_quant_packed_layout(vlm_quant_format format, ptrdiff_t columns, vlm_quan
     case VLM_QUANT_Q5_0: l.offset = 16; break;
     case VLM_QUANT_Q5_1: l.has_minimum = 1; break;
     case VLM_QUANT_Q8_0: l.offset = 128; break;
+    case VLM_QUANT_Q4_K: l.nibbles = 1, l.has_minimum = 1, l.float_scales = 1; break;
+    case VLM_QUANT_Q5_K: l.has_minimum = 1, l.float_scales = 1; break;
+    case VLM_QUANT_Q6_K: l.offset = 32, l.float_scales = 1, l.half_scales = 1; break;
     default: return -1;
     }
-    if (columns <= 0 || columns % 32 != 0) return -1;
+    const ptrdiff_t block_elements = l.float_scales ? 256 : 32;
+    if (columns <= 0 || columns % block_elements != 0) return -1;
     l.blocks = columns / 32;
     l.value_bytes = l.nibbles ? 256 : 512;
+    l.scale_bytes = l.half_scales ? 128 : l.float_scales ? 64 : 32;
     l.scales_offset = l.blocks * l.value_bytes;
-    l.minimums_offset = l.scales_offset + l.blocks * 32;
-    ptrdiff_t bytes = l.minimums_offset + (l.has_minimum ? l.blocks * 32 : 0);
+    l.minimums_offset = l.scales_offset + l.blocks * l.scale_bytes;
+    ptrdiff_t bytes = l.minimums_offset + (l.has_minimum ? l.blocks * l.scale_bytes : 0);
     l.group_bytes = (bytes + 63) / 64 * 64;
     *layout = l;
     return 0;
@@ -46,12 +52,70 @@ static uint8_t q5_value(const uint8_t *nibbles, uint32_t high, int i) {
     return (uint8_t)(low | ((high >> i) & 1) << 4);
 }
 
+/// Stores `value` as row `lane`'s entry of block `b`'s fp32 scales (`offset` = scales_offset or minimums_offset),
+/// in the first or second half-block set where there is one per half.
+static void store_float(uint8_t *group, const vlm_quant_packed_layout_t *layout, ptrdiff_t offset, ptrdiff_t b,
+                        int half, int lane, float value) {
+    memcpy(group + offset + layout->scale_bytes * b + 64 * half + 4 * lane, &value, 4);
+}
+
+/// Row `lane`'s unsigned value `value` for element `i` of block `b` (two per byte in nibble layouts: the chunk
+/// j = i % 16 / 4 holds elements 4j… in its low nibbles and 16 + 4j… in its high ones).
+static void store_value(uint8_t *group, const vlm_quant_packed_layout_t *layout, ptrdiff_t b, int lane, int i,
+                        uint8_t value) {
+    uint8_t *values = group + b * layout->value_bytes + 4 * lane;
+    if (layout->nibbles) values[64 * (i % 16 / 4) + i % 4] |= (uint8_t)(i < 16 ? value : value << 4);
+    else values[64 * (i / 4) + i % 4] = value;
+}
+
+/// One row of a K-quant matrix into lane `lane` of its group: per 32-element block the exact fp32 scales (and
+/// negated minimums) that ggml's dequantization multiplies by, and the unsigned values.
+static void pack_k_row(const vlm_quant_matrix *matrix, const vlm_quant_packed_layout_t *layout, const uint8_t *source,
+                       uint8_t *group, int lane) {
+    for (ptrdiff_t super = 0; super < matrix->columns / 256; super++) {
+        const ptrdiff_t first = 8 * super;
+        if (matrix->format == VLM_QUANT_Q6_K) {
+            const uint8_t *block = source + 210 * super, *low = block, *high = block + 128;
+            const int8_t *scales = (const int8_t *)(block + 192);
+            const float d = vlm_half_to_float((uint16_t)(block[208] | block[209] << 8));
+            for (int sub = 0; sub < 16; sub++) store_float(group, layout, layout->scales_offset, first + sub / 2, sub % 2, lane, d * (float)scales[sub]);
+            for (int e = 0; e < 256; e++) {
+                const int half = e / 128, within = e % 128;
+                const int nibble = (low[64 * half + within % 64] >> (4 * (within / 64))) & 0xF;
+                const int pair = (high[32 * half + within % 32] >> (2 * (within / 32))) & 3;
+                store_value(group, layout, first + e / 32, lane, e % 32, (uint8_t)(nibble | pair << 4));
+            }
+            continue;
+        }
+        const int five_bits = matrix->format == VLM_QUANT_Q5_K;
+        const uint8_t *block = source + (five_bits ? 176 : 144) * super;
+        const float d = vlm_half_to_float((uint16_t)(block[0] | block[1] << 8));
+        const float dmin = vlm_half_to_float((uint16_t)(block[2] | block[3] << 8));
+        const uint8_t *scales = block + 4, *high = block + 16, *q = block + (five_bits ? 48 : 16);
+        for (int sub = 0; sub < 8; sub++) {
+            uint8_t scale, minimum;
+            vlm_k_scale_min(scales, sub, &scale, &minimum);
+            store_float(group, layout, layout->scales_offset, first + sub, 0, lane, d * (float)scale);
+            store_float(group, layout, layout->minimums_offset, first + sub, 0, lane, -(dmin * (float)minimum));
+            for (int l = 0; l < 32; l++) {
+                int value = (q[32 * (sub / 2) + l] >> (4 * (sub % 2))) & 0xF;
+                if (five_bits) value |= ((high[l] >> sub) & 1) << 4;
+                store_value(group, layout, first + sub, lane, l, (uint8_t)value);
+            }
+        }
+    }
+}
+
 void vlm_quant_pack(const vlm_quant_matrix *matrix, void *packed) {
     vlm_quant_packed_layout_t layout;
     if (vlm_quant_packed_layout(matrix->format, matrix->columns, &layout) != 0) return;
     const ptrdiff_t groups = (matrix->rows + 15) / 16;
     memset(packed, 0, (size_t)(groups * layout.group_bytes));
-    for (ptrdiff_t row = 0; row < matrix->rows; row++) {
+    for (ptrdiff_t row = 0; row < matrix->rows && layout.float_scales; row++) {
+        pack_k_row(matrix, &layout, (const uint8_t *)matrix->data + row * matrix->row_bytes,
+                   (uint8_t *)packed + row / 16 * layout.group_bytes, (int)(row % 16));
+    }
+    for (ptrdiff_t row = 0; row < matrix->rows && !layout.float_scales; row++) {
         uint8_t *group = (uint8_t *)packed + row / 16 * layout.group_bytes;
         const int lane = (int)(row % 16);
         const uint8_t *source = (const uint8_t *)matrix->data + row * matrix->row_bytes;
@@ -91,7 +155,7 @@ void vlm_quant_pack(const vlm_quant_matrix *matrix, void *packed) {
     }
 }
 
-ptrdiff_t vlm_quant_activation_size(ptrdiff_t columns) { return columns / 32 * (96 + 2 * (ptrdiff_t)sizeof(float)); }
+ptrdiff_t vlm_quant_activation_size(ptrdiff_t columns) { return columns / 32 * (96 + 4 * (ptrdiff_t)sizeof(float)); }
 
 void vlm_quant_activation(const float *x, ptrdiff_t columns, void *activation) {
 #if defined(__x86_64__)

@@ -7,12 +7,15 @@
 typedef struct vlm_quant_packed_layout_t {
     ptrdiff_t blocks;          // 32-element blocks per row
     ptrdiff_t value_bytes;     // bytes of values per block: 256 (two 4-bit values a byte) or 512
-    ptrdiff_t scales_offset;   // the 16 fp16 scales of block b at scales_offset + 32·b
-    ptrdiff_t minimums_offset; // likewise the 16 fp16 minimums, for formats that have them
+    ptrdiff_t scales_offset;   // the 16 scales of block b at scales_offset + scale_bytes·b
+    ptrdiff_t minimums_offset; // likewise the 16 minimums, for formats that have them
+    ptrdiff_t scale_bytes;     // per block: 32 (fp16), 64 (fp32) or 128 (fp32, one per half block)
     ptrdiff_t group_bytes;     // from one group to the next (a multiple of 64)
     int nibbles;               // two values a byte
-    int has_minimum;           // w = d·q + m (Q4_1, Q5_1); otherwise w = d·(q − offset)
+    int has_minimum;           // w = d·q + m (Q4_1, Q5_1, Q4_K, Q5_K); otherwise w = d·(q − offset)
     int offset;
+    int float_scales;          // K-quants: a sub-block's scale d·scale is exact in fp32, not in fp16
+    int half_scales;           // Q6_K: one scale per 16 elements, the block's first half's 16 before the second's
 } vlm_quant_packed_layout_t;
 
 /// 0 and the layout for a format that packs and a valid row length, -1 otherwise.

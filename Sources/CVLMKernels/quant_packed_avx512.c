@@ -23,11 +23,13 @@ enum { FIXED_POINT_LIMIT = 127 << 14 };
 VNNI void vlm_quant_activation_avx512(const float *x, ptrdiff_t columns, void *activation) {
     const ptrdiff_t blocks = columns / 32;
     int8_t *digits = activation;
-    float *scales = (float *)(digits + 96 * blocks), *sums = scales + blocks;
+    float *scales = (float *)(digits + 96 * blocks), *sums = scales + blocks, *half_sums = sums + blocks;
     const __m512i limit = _mm512_set1_epi32(FIXED_POINT_LIMIT), negative_limit = _mm512_set1_epi32(-FIXED_POINT_LIMIT);
     for (ptrdiff_t b = 0; b < blocks; b++, x += 32, digits += 96) {
         const __m512 low = _mm512_loadu_ps(x), high = _mm512_loadu_ps(x + 16);
         sums[b] = _mm512_reduce_add_ps(_mm512_add_ps(low, high));
+        half_sums[2 * b] = _mm512_reduce_add_ps(low);
+        half_sums[2 * b + 1] = _mm512_reduce_add_ps(high);
         // NaN and ±infinity (fpclass categories 0x01, 0x08, 0x10, 0x80).
         const int finite = !(_mm512_fpclass_ps_mask(low, 0x99) | _mm512_fpclass_ps_mask(high, 0x99));
         const float largest = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(low), _mm512_abs_ps(high)));
@@ -86,11 +88,30 @@ VNNI_INLINE void group_product(const uint8_t *group, const vlm_quant_packed_layo
         } else {
             for (int j = 0; j < 8; j++) w[j] = _mm512_load_si512((const void *)(values + 64 * j));
         }
-        const __m512 d = halves(group + layout->scales_offset + 32 * b);
+        const uint8_t *block_scales = group + layout->scales_offset + layout->scale_bytes * b;
+        const __m512 d = layout->float_scales ? _mm512_load_ps((const float *)block_scales) : halves(block_scales);
         for (int i = 0; i < M; i++) {
             const int8_t *digits = activations + i * activation_bytes + 96 * b;
             const float *scales = (const float *)(activations + i * activation_bytes + 96 * blocks);
             const float scale = scales[b], sum = scales[blocks + b];
+            if (layout->half_scales) {
+                // One weight scale per 16 elements: the two halves' sums stay apart.
+                const float *half_sums = scales + 2 * blocks + 2 * b;
+                for (int half = 0; half < 2; half++) {
+                    __m512i h = _mm512_setzero_si512(), m = _mm512_setzero_si512(), l = _mm512_setzero_si512();
+                    for (int q = 4 * half; q < 4 * half + 4; q++) {
+                        h = _mm512_dpbusd_epi32(h, w[q], digit_group(digits + 4 * q));
+                        m = _mm512_dpbusd_epi32(m, w[q], digit_group(digits + 32 + 4 * q));
+                        l = _mm512_dpbusd_epi32(l, w[q], digit_group(digits + 64 + 4 * q));
+                    }
+                    const __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h), digit_h,
+                                                       _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(m, 7), l)));
+                    const __m512 centred = _mm512_fmsub_ps(dot, _mm512_set1_ps(scale),
+                                                           _mm512_set1_ps((float)layout->offset * half_sums[half]));
+                    acc[i] = _mm512_fmadd_ps(centred, _mm512_load_ps((const float *)block_scales + 16 * half), acc[i]);
+                }
+                continue;
+            }
             __m512i h = _mm512_setzero_si512(), m = _mm512_setzero_si512(), l = _mm512_setzero_si512();
             for (int q = 0; q < 8; q++) {
                 h = _mm512_dpbusd_epi32(h, w[q], digit_group(digits + 4 * q));
@@ -101,9 +122,11 @@ VNNI_INLINE void group_product(const uint8_t *group, const vlm_quant_packed_layo
             const __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h), digit_h,
                                                _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(m, 7), l)));
             if (layout->has_minimum) {
+                const uint8_t *block_minimums = group + layout->minimums_offset + layout->scale_bytes * b;
+                const __m512 minimums = layout->float_scales ? _mm512_load_ps((const float *)block_minimums)
+                                                             : halves(block_minimums);
                 acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dot, _mm512_set1_ps(scale)), d, acc[i]);
-                minimum_acc[i] = _mm512_fmadd_ps(halves(group + layout->minimums_offset + 32 * b), _mm512_set1_ps(sum),
-                                                 minimum_acc[i]);
+                minimum_acc[i] = _mm512_fmadd_ps(minimums, _mm512_set1_ps(sum), minimum_acc[i]);
             } else {
                 const __m512 centred = _mm512_fmsub_ps(dot, _mm512_set1_ps(scale), _mm512_set1_ps((float)layout->offset * sum));
                 acc[i] = _mm512_fmadd_ps(centred, d, acc[i]);

@@ -53,7 +53,7 @@ private func pathsAndBackends() -> [(path: KernelPath, backend: Backend, packing
 }
 
 @Suite struct QuantizedLinearTests {
-    /// 1, 3 and 4 rows run the int8 products on packed weights (Q4/Q5/Q8 where the CPU has them), otherwise the
+    /// 1, 3 and 4 rows run the int8 products on packed weights (every format, where the CPU has them), otherwise the
     /// in-register kernel for 1 row and the chunked one for 3 and 4; 5 and 17 the dequantized panels.
     @Test(arguments: QuantizationFormat.allCases)
     func productMatchesTheDequantizedFloat64Product(format: QuantizationFormat) throws {
