@@ -11,18 +11,18 @@ int vlm_quant_packed_layout(vlm_quant_format format, ptrdiff_t columns, vlm_quan
     switch (format) {
     case VLM_QUANT_Q4_0: l.nibbles = 1, l.offset = 8; break;
     case VLM_QUANT_Q4_1: l.nibbles = 1, l.has_minimum = 1; break;
-    case VLM_QUANT_Q5_0: l.offset = 16; break;
-    case VLM_QUANT_Q5_1: l.has_minimum = 1; break;
+    case VLM_QUANT_Q5_0: l.nibbles = 1, l.high_bits = 1, l.offset = 16; break;
+    case VLM_QUANT_Q5_1: l.nibbles = 1, l.high_bits = 1, l.has_minimum = 1; break;
     case VLM_QUANT_Q8_0: l.offset = 128; break;
     case VLM_QUANT_Q4_K: l.nibbles = 1, l.has_minimum = 1, l.float_scales = 1; break;
-    case VLM_QUANT_Q5_K: l.has_minimum = 1, l.float_scales = 1; break;
-    case VLM_QUANT_Q6_K: l.offset = 32, l.float_scales = 1, l.half_scales = 1; break;
+    case VLM_QUANT_Q5_K: l.nibbles = 1, l.high_bits = 1, l.has_minimum = 1, l.float_scales = 1; break;
+    case VLM_QUANT_Q6_K: l.nibbles = 1, l.high_bits = 2, l.offset = 32, l.float_scales = 1, l.half_scales = 1; break;
     default: return -1;
     }
     const ptrdiff_t block_elements = l.float_scales ? 256 : 32;
     if (columns <= 0 || columns % block_elements != 0) return -1;
     l.blocks = columns / 32;
-    l.value_bytes = l.nibbles ? 256 : 512;
+    l.value_bytes = l.nibbles ? 256 + 64 * l.high_bits : 512;
     l.scale_bytes = l.half_scales ? 128 : l.float_scales ? 64 : 32;
     l.scales_offset = l.blocks * l.value_bytes;
     l.minimums_offset = l.scales_offset + l.blocks * l.scale_bytes;
@@ -59,13 +59,25 @@ static void store_float(uint8_t *group, const vlm_quant_packed_layout_t *layout,
     memcpy(group + offset + layout->scale_bytes * b + 64 * half + 4 * lane, &value, 4);
 }
 
-/// Row `lane`'s unsigned value `value` for element `i` of block `b` (two per byte in nibble layouts: the chunk
-/// j = i % 16 / 4 holds elements 4j… in its low nibbles and 16 + 4j… in its high ones).
+/// Row `lane`'s unsigned value `value` for element `i` of block `b`. In nibble layouts the chunk j = i % 16 / 4
+/// holds elements 4j… in its low nibbles and 16 + 4j… in its high ones, which the kernel unpacks into the vectors
+/// w[j] and w[4 + j]; bit 4 + p of the value is bit 4·lane + i % 4 of plane p's mask for that vector.
 static void store_value(uint8_t *group, const vlm_quant_packed_layout_t *layout, ptrdiff_t b, int lane, int i,
                         uint8_t value) {
-    uint8_t *values = group + b * layout->value_bytes + 4 * lane;
-    if (layout->nibbles) values[64 * (i % 16 / 4) + i % 4] |= (uint8_t)(i < 16 ? value : value << 4);
-    else values[64 * (i / 4) + i % 4] = value;
+    uint8_t *values = group + b * layout->value_bytes;
+    if (!layout->nibbles) {
+        values[4 * lane + 64 * (i / 4) + i % 4] = value;
+        return;
+    }
+    values[4 * lane + 64 * (i % 16 / 4) + i % 4] |= (uint8_t)(i < 16 ? value & 0xF : (value & 0xF) << 4);
+    const int vector = i < 16 ? i / 4 : 4 + (i - 16) / 4;
+    for (int plane = 0; plane < layout->high_bits; plane++) {
+        if (!(value >> (4 + plane) & 1)) continue;
+        uint64_t mask;
+        memcpy(&mask, values + 256 + 64 * plane + 8 * vector, 8);
+        mask |= 1ull << (4 * lane + i % 4);
+        memcpy(values + 256 + 64 * plane + 8 * vector, &mask, 8);
+    }
 }
 
 /// One row of a K-quant matrix into lane `lane` of its group: per 32-element block the exact fp32 scales (and
@@ -141,13 +153,13 @@ void vlm_quant_pack(const vlm_quant_matrix *matrix, void *packed) {
                 memcpy(scale, block, 2);
                 if (has_minimum) memcpy(minimum, block + 2, 2);
                 memcpy(&high, block + (has_minimum ? 4 : 2), 4);
-                for (int i = 0; i < 32; i++) values[64 * (i / 4) + i % 4] = q5_value(block + (has_minimum ? 8 : 6), high, i);
+                for (int i = 0; i < 32; i++) store_value(group, &layout, b, lane, i, q5_value(block + (has_minimum ? 8 : 6), high, i));
                 break;
             }
             case VLM_QUANT_Q8_0:
                 block = source + b * 34;
                 memcpy(scale, block, 2);
-                for (int i = 0; i < 32; i++) values[64 * (i / 4) + i % 4] = (uint8_t)((int8_t)block[2 + i] + 128);
+                for (int i = 0; i < 32; i++) store_value(group, &layout, b, lane, i, (uint8_t)((int8_t)block[2 + i] + 128));
                 break;
             default: return;
             }

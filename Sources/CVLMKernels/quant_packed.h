@@ -6,12 +6,13 @@
 /// Where things lie in one 16-row group of a packed matrix (see vlm_quant_pack).
 typedef struct vlm_quant_packed_layout_t {
     ptrdiff_t blocks;          // 32-element blocks per row
-    ptrdiff_t value_bytes;     // bytes of values per block: 256 (two 4-bit values a byte) or 512
+    ptrdiff_t value_bytes;     // bytes of values per block: 256 + 64·high_bits (nibbles), or 512 (bytes)
     ptrdiff_t scales_offset;   // the 16 scales of block b at scales_offset + scale_bytes·b
     ptrdiff_t minimums_offset; // likewise the 16 minimums, for formats that have them
     ptrdiff_t scale_bytes;     // per block: 32 (fp16), 64 (fp32) or 128 (fp32, one per half block)
     ptrdiff_t group_bytes;     // from one group to the next (a multiple of 64)
-    int nibbles;               // two values a byte
+    int nibbles;               // values' low four bits two a byte, then high_bits planes of their higher bits
+    int high_bits;             // 0 (Q4), 1 (Q5) or 2 (Q6_K): 8 64-bit masks each, one bit per byte of w[q]
     int has_minimum;           // w = d·q + m (Q4_1, Q5_1, Q4_K, Q5_K); otherwise w = d·(q − offset)
     int offset;
     int float_scales;          // K-quants: a sub-block's scale d·scale is exact in fp32, not in fp16

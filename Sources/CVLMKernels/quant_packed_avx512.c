@@ -85,6 +85,14 @@ VNNI_INLINE void group_product(const uint8_t *group, const vlm_quant_packed_layo
                 w[j] = _mm512_and_si512(packed, nibble);
                 w[4 + j] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nibble);
             }
+            // Fifth (and sixth) bits: adding 16 (32) where a plane's mask bit is set.
+            for (int plane = 0; plane < layout->high_bits; plane++) {
+                const __m512i bit = _mm512_set1_epi8((char)(16 << plane));
+                for (int q = 0; q < 8; q++) {
+                    const __mmask64 set = _load_mask64((__mmask64 *)(values + 256 + 64 * plane + 8 * q));
+                    w[q] = _mm512_mask_add_epi8(w[q], set, w[q], bit);
+                }
+            }
         } else {
             for (int j = 0; j < 8; j++) w[j] = _mm512_load_si512((const void *)(values + 64 * j));
         }

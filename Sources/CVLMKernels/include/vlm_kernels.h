@@ -116,8 +116,10 @@ enum { VLM_QUANT_MAX_ROWS = 8 };
 // Decoding products on int8 dot products (AVX-512 VNNI). A matrix of a 32-element block format (Q4_0, Q4_1, Q5_0,
 // Q5_1, Q8_0) or a K-quant (Q4_K, Q5_K, Q6_K: super-blocks of 256 whose 32- or 16-element sub-blocks have their own
 // scales) is repacked once so that 16 weight rows share each vector: for every group of 16 rows and every 32-element
-// block, the rows' quantized values as unsigned bytes (two per byte for the 4-bit formats), then their scales and
-// minimums (fp16 as stored, or for K-quants the fp32 products d·scale and dmin·min that ggml dequantizes with).
+// block, the rows' quantized values as unsigned numbers (Q8_0 a byte each; the others' low four bits two per byte
+// and their fifth and sixth bits as bit planes, so a packed block is no larger than the stored one), then their
+// scales and minimums (fp16 as stored, or for K-quants the fp32 products d·scale and dmin·min that ggml dequantizes
+// with).
 // Activations are written as fixed point per 32-element block: a scale and three signed 8-bit digits of
 // v = x / scale (v = 2¹⁴·h + 2⁷·m + l, |v| ≤ 127·2¹⁴), 22 bits where fp32 has 24, so the products agree with the
 // fp32 ones to about 3e-7 of each block's largest activation, while one instruction does 64 multiply-adds.
