@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Prefill and decode speed of SwiftVLM's `vlm bench` beside llama.cpp on the same GGUF file, in one run.
 
-Usage:  python3 scripts/bench_llamacpp.py [--model FILE.gguf] [--threads 2] [--runs 3] [--rounds 5] [--json]
+Usage:  python3 scripts/bench_llamacpp.py [--model FILE.gguf] [--requantize TYPE] [--threads 2] [--runs 3]
+                                         [--rounds 5] [--json]
 
 llama.cpp comes from PyPI's llama-cpp-python, built from source for this CPU (CMAKE_ARGS="-DGGML_NATIVE=ON") into
 .venv-llamacpp/ at the package root the first time (about 5 minutes or more; the venv ignores itself in git).
@@ -12,6 +13,8 @@ SwiftVLM / llama.cpp: a shared machine's speed drifts by tens of percent within 
 side by side drift together. The table shows each engine's median over the rounds and the median of the
 per-round ratios. SwiftVLM is built with `swift build -c release` and run with OMP_NUM_THREADS set to --threads.
 llama.cpp runs without its extra (AMX) weight buffers, which crash where the CPU reports AMX that the VM withholds.
+--requantize TYPE (a llama.cpp file type such as Q4_K_M or Q5_K_M) first writes a copy of the model requantized by
+llama.cpp's own quantizer next to it (once) and benchmarks that: real K-quant files without a download.
 """
 
 import argparse
@@ -90,6 +93,25 @@ print(json.dumps({"prefill_tokens_per_s": prompt_tokens / statistics.median(t[0]
 """
 
 
+# Runs inside .venv-llamacpp: llama.cpp's quantizer, allowed to requantize an already quantized file.
+LLAMACPP_REQUANTIZE = r"""
+import ctypes, sys
+import llama_cpp.llama_cpp as low_level
+params = low_level.llama_model_quantize_default_params()
+params.ftype = getattr(low_level, "LLAMA_FTYPE_MOSTLY_" + sys.argv[3])
+params.allow_requantize = True
+sys.exit(low_level.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), ctypes.byref(params)))
+"""
+
+
+def requantized(python: Path, model: Path, file_type: str) -> Path:
+    target = model.with_name(f"{model.stem}.requantized-{file_type}.gguf")
+    if not target.exists():
+        subprocess.run([python, "-c", LLAMACPP_REQUANTIZE, model, target, file_type.upper()], check=True,
+                       capture_output=True)
+    return target
+
+
 def bench_llamacpp(python: Path, model: Path, threads: int, runs: int) -> dict:
     out = subprocess.run([python, "-c", LLAMACPP_BENCH, model, str(threads), str(runs), str(PROMPT_TOKENS),
                           str(NEW_TOKENS)], check=True, capture_output=True, text=True)
@@ -113,6 +135,7 @@ def bench_swiftvlm(model: Path, threads: int, runs: int) -> dict:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    parser.add_argument("--requantize", metavar="TYPE", help="benchmark a copy requantized to this llama.cpp type")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=5)
@@ -122,6 +145,8 @@ def main():
         parser.error("--threads, --runs and --rounds must be positive")
     model = args.model.resolve()
     python = ensure_llamacpp()
+    if args.requantize:
+        model = requantized(python, model, args.requantize)
     build_swiftvlm()
     started = time.time()
     load_before = os.getloadavg()[0]
