@@ -9,8 +9,9 @@ Writes Tests/Fixtures/gguf/:
   expected.json         metadata with gguf-py's value types; per tensor the ggml type, dims and gguf-py's
                         dequantized values as fp32 bit patterns (gguf.quants.dequantize)
   broken/*.gguf         corrupt copies of a small file, each with the error the reader must name (broken.json)
-  matmul.json           per quantized format, a 37-row matrix of random blocks (base64) and the product of 17
-                        activation rows with its gguf-py dequantization, in float64 (for the quantized Linear tests)
+  matmul.json           per quantized format and F16, BF16, a 37-row matrix of random blocks (base64) and the
+                        product of 17 activation rows with its gguf-py dequantization, in float64 (for the quantized
+                        Linear tests)
 """
 
 import base64
@@ -72,6 +73,19 @@ def write_matmul():
         cases[qtype.name] = {
             "rows": rows, "columns": columns,
             "blocks": base64.b64encode(quantized.tobytes()).decode(),
+            "x": base64.b64encode(x.tobytes()).decode(),
+            "y": (x.astype(np.float64) @ weight.T).reshape(-1).tolist(),
+        }
+    # F16 and BF16 matrices, which SwiftVLM also multiplies as stored (in blocks of 32 values).
+    for qtype in (Q.F16, Q.BF16):
+        columns = 320
+        values = rng.standard_normal((rows, columns)).astype(np.float32) * 0.1
+        stored = gguf.quants.quantize(values, qtype)
+        weight = gguf.quants.dequantize(stored, qtype).astype(np.float64)
+        x = rng.standard_normal((samples, columns)).astype(np.float32)
+        cases[qtype.name] = {
+            "rows": rows, "columns": columns,
+            "blocks": base64.b64encode(stored.tobytes()).decode(),
             "x": base64.b64encode(x.tobytes()).decode(),
             "y": (x.astype(np.float64) @ weight.T).reshape(-1).tolist(),
         }

@@ -11,6 +11,8 @@
 int vlm_quant_block_layout(int format, ptrdiff_t *block_elements, ptrdiff_t *block_bytes) {
     ptrdiff_t elements, bytes;
     switch (format) {
+    case VLM_QUANT_F16:
+    case VLM_QUANT_BF16: elements = 32, bytes = 64; break;
     case VLM_QUANT_Q4_0: elements = 32, bytes = 18; break;
     case VLM_QUANT_Q4_1: elements = 32, bytes = 20; break;
     case VLM_QUANT_Q5_0: elements = 32, bytes = 22; break;
@@ -64,6 +66,18 @@ void vlm_k_scale_min(const uint8_t *scales, int index, uint8_t *scale, uint8_t *
 }
 
 // Each dequantizer turns `count` consecutive blocks into `count · block elements` floats.
+
+static void f16_scalar(const uint8_t *block, ptrdiff_t count, float *out) {
+    for (ptrdiff_t i = 0; i < 32 * count; i++) out[i] = half_at(block + 2 * i);
+}
+
+/// bfloat16 is the top half of a float.
+static void bf16_scalar(const uint8_t *block, ptrdiff_t count, float *out) {
+    for (ptrdiff_t i = 0; i < 32 * count; i++) {
+        const uint32_t bits = (uint32_t)(block[2 * i] | block[2 * i + 1] << 8) << 16;
+        memcpy(out + i, &bits, 4);
+    }
+}
 
 static void q4_0_scalar(const uint8_t *block, ptrdiff_t count, float *out) {
     for (ptrdiff_t b = 0; b < count; b++, block += 18, out += 32) {
@@ -159,6 +173,8 @@ static void q6_k_scalar(const uint8_t *block, ptrdiff_t count, float *out) {
 
 vlm_dequantize_blocks vlm_quant_dequantizer_scalar(vlm_quant_format format) {
     switch (format) {
+    case VLM_QUANT_F16: return f16_scalar;
+    case VLM_QUANT_BF16: return bf16_scalar;
     case VLM_QUANT_Q4_0: return q4_0_scalar;
     case VLM_QUANT_Q4_1: return q4_1_scalar;
     case VLM_QUANT_Q5_0: return q5_0_scalar;

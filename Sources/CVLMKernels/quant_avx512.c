@@ -69,6 +69,16 @@ AVX512_INLINE block32 q8_0_block(const uint8_t *b) {
                      _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 18)))))};
 }
 
+AVX512_INLINE block32 f16_block(const uint8_t *b) {
+    return (block32){_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b)),
+                     _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 32)))};
+}
+
+AVX512_INLINE block32 bf16_block(const uint8_t *b) {
+    return (block32){_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)b)), 16)),
+                     _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(b + 32))), 16))};
+}
+
 #define BLOCK32_DEQUANTIZER(NAME, BYTES)                                                 \
     AVX512 static void NAME##_avx512(const uint8_t *block, ptrdiff_t count, float *out) { \
         for (ptrdiff_t b = 0; b < count; b++) {                                          \
@@ -77,6 +87,8 @@ AVX512_INLINE block32 q8_0_block(const uint8_t *b) {
             _mm512_storeu_ps(out + 32 * b + 16, v.high);                                 \
         }                                                                                \
     }
+BLOCK32_DEQUANTIZER(f16, 64)
+BLOCK32_DEQUANTIZER(bf16, 64)
 BLOCK32_DEQUANTIZER(q4_0, 18)
 BLOCK32_DEQUANTIZER(q4_1, 20)
 BLOCK32_DEQUANTIZER(q5_0, 22)
@@ -133,6 +145,8 @@ AVX512 static void q6_k_avx512(const uint8_t *block, ptrdiff_t count, float *out
 
 vlm_dequantize_blocks vlm_quant_dequantizer_avx512(vlm_quant_format format) {
     switch (format) {
+    case VLM_QUANT_F16: return f16_avx512;
+    case VLM_QUANT_BF16: return bf16_avx512;
     case VLM_QUANT_Q4_0: return q4_0_avx512;
     case VLM_QUANT_Q4_1: return q4_1_avx512;
     case VLM_QUANT_Q5_0: return q5_0_avx512;
@@ -175,6 +189,8 @@ AVX512_INLINE float sum_lanes(__m512 v) { return _mm512_reduce_add_ps(v); }
         default: NAME##_fused(rows, ROWS, blocks, x, sums); break;                                                 \
         }                                                                                                          \
     }
+FUSED_ROW_KERNEL(f16, 64)
+FUSED_ROW_KERNEL(bf16, 64)
 FUSED_ROW_KERNEL(q4_0, 18)
 
 /// Q4_1 factored as d·Σq·x + m·Σx, so a block costs one multiply, two fused multiply-adds and one scale
@@ -245,6 +261,8 @@ typedef void (*fused_rows_kernel)(const uint8_t *const *rows, int R, ptrdiff_t b
 
 static fused_rows_kernel fused_kernel(vlm_quant_format format) {
     switch (format) {
+    case VLM_QUANT_F16: return f16_fused_rows;
+    case VLM_QUANT_BF16: return bf16_fused_rows;
     case VLM_QUANT_Q4_0: return q4_0_fused_rows;
     case VLM_QUANT_Q4_1: return q4_1_fused_rows;
     case VLM_QUANT_Q5_0: return q5_0_fused_rows;

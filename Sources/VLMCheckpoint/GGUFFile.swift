@@ -68,9 +68,11 @@ public struct GGMLType: RawRepresentable, Hashable, Sendable, CustomStringConver
     public static let bf16 = GGMLType(rawValue: 30)
 
     /// The types ``GGUFFile/tensor(_:)`` dequantizes to fp32: the float types and every ``QuantizationFormat``.
-    public static let dequantizable: [GGMLType] = [.f32, .f16, .bf16] + QuantizationFormat.allCases.map(\.ggmlType)
+    public static let dequantizable: [GGMLType] = [.f32, .f16, .bf16]
+        + QuantizationFormat.allCases.filter { !$0.isHalfPrecisionFloat }.map(\.ggmlType)
 
-    /// The quantized block format of this type, or nil for float and unsupported types.
+    /// The block format ``QuantizedMatrix`` reads this type as (F16 and BF16 included), or nil for F32 and
+    /// unsupported types.
     public var quantizationFormat: QuantizationFormat? { QuantizationFormat(rawValue: rawValue) }
 
     /// ggml's name (`Q4_0`, `BF16`, …), or `type N` for a number ggml does not define.
@@ -194,14 +196,16 @@ public final class GGUFFile: @unchecked Sendable {
         return try tensor(name)
     }
 
-    /// The 2-D tensor `name` of PyTorch shape `shape` (`[rows, columns]`) as a weight matrix: quantized types stay
-    /// quantized, read in place from the mapping (which the matrix keeps alive); float types are widened to fp32.
+    /// The 2-D tensor `name` of PyTorch shape `shape` (`[rows, columns]`) as a weight matrix: quantized types, and
+    /// F16/BF16 rows of a multiple of 32, stay as stored, read in place from the mapping (which the matrix keeps
+    /// alive); other float tensors are widened to fp32.
     public func matrix(_ name: String, shape: [Int]) throws -> WeightMatrix {
         let info = try self.info(name, file: url.path)
         guard shape.count == 2, info.shape == shape else {
             throw CheckpointError.shapeMismatch(file: url.path, tensor: name, expected: shape, actual: info.shape)
         }
-        guard info.type.quantizationFormat != nil else { return .dense(try tensor(name)) }
+        guard let format = info.type.quantizationFormat,
+              !format.isHalfPrecisionFloat || shape[1] % format.blockElements == 0 else { return .dense(try tensor(name)) }
         return .quantized(try quantizedMatrix(info, rows: shape[0], columns: shape[1]))
     }
 

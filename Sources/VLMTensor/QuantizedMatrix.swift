@@ -1,11 +1,18 @@
 internal import CVLMKernels
 
 /// A ggml block format (ggml-common.h) that ``QuantizedMatrix`` reads; raw values are ggml's type numbers.
+///
+/// F16 and BF16 are here too, read in blocks of 32 values, so that a half-precision matrix is multiplied as stored
+/// (half the bytes of fp32) instead of widened; their rows must then be a multiple of 32 long.
 public enum QuantizationFormat: UInt32, Sendable, CaseIterable, CustomStringConvertible {
+    case f16 = 1, bf16 = 30
     case q4_0 = 2, q4_1 = 3, q5_0 = 6, q5_1 = 7, q8_0 = 8
     case q4_K = 12, q5_K = 13, q6_K = 14
 
-    /// Elements per block: 32, or 256 for the K-quants.
+    /// Whether the values are plain 16-bit floats rather than quantized blocks.
+    public var isHalfPrecisionFloat: Bool { self == .f16 || self == .bf16 }
+
+    /// Elements per block: 32 (F16 and BF16 as well), or 256 for the K-quants.
     public var blockElements: Int { layout.elements }
     /// Bytes per block.
     public var blockBytes: Int { layout.bytes }
@@ -13,6 +20,8 @@ public enum QuantizationFormat: UInt32, Sendable, CaseIterable, CustomStringConv
     /// ggml's name (`Q4_1`, `Q6_K`, …).
     public var description: String {
         switch self {
+        case .f16: "F16"
+        case .bf16: "BF16"
         case .q4_0: "Q4_0"
         case .q4_1: "Q4_1"
         case .q5_0: "Q5_0"

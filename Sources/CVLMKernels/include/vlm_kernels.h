@@ -74,8 +74,10 @@ int vlm_gemm(ptrdiff_t m, ptrdiff_t n, ptrdiff_t k, const float *a, ptrdiff_t ld
              int transpose_b, float *c, ptrdiff_t ldc);
 
 /// A ggml block format the quantized-matrix kernels read; the values are ggml's type numbers. Blocks run along a
-/// matrix row: a row of `columns` elements is `columns / block elements` blocks, stored one after another.
+/// matrix row: a row of `columns` elements is `columns / block elements` blocks, stored one after another. F16 and
+/// BF16 (one element per ggml block) are read in blocks of 32, so their rows must be a multiple of 32 long.
 typedef enum vlm_quant_format {
+    VLM_QUANT_F16 = 1,
     VLM_QUANT_Q4_0 = 2,
     VLM_QUANT_Q4_1 = 3,
     VLM_QUANT_Q5_0 = 6,
@@ -84,6 +86,7 @@ typedef enum vlm_quant_format {
     VLM_QUANT_Q4_K = 12,
     VLM_QUANT_Q5_K = 13,
     VLM_QUANT_Q6_K = 14,
+    VLM_QUANT_BF16 = 30,
 } vlm_quant_format;
 
 /// Elements and bytes per block of `format`; returns 0, or -1 (leaving the outputs alone) for a format the kernels
