@@ -52,10 +52,11 @@ public final class ChatSession {
             (cache, cachedTokens, reused) = (nil, [], 0)
             result = try pipeline.run(promptTokens: prompt, settings: settings, seed: seed, onText: onText)
         } else {
-            let newTokens = try settings.newTokenLimit(promptLength: prompt.count)
+            let (room, overflow) = prompt.count.addingReportingOverflow(try settings.newTokenLimit(promptLength: prompt.count))
+            guard !overflow else { throw ModelError.invalidInput("max_new_tokens \(settings.maxNewTokens ?? 0) is out of range") }
             // At least one prompt token must run to give the next token's logits.
             reused = min(zip(cachedTokens, prompt).prefix { $0 == $1 }.count, prompt.count - 1)
-            let cache = try cacheHolding(reused, room: prompt.count + newTokens)
+            let cache = try cacheHolding(reused, room: room)
             result = try pipeline.run(promptTokens: prompt, settings: settings, seed: seed, cache: cache, onText: onText)
             cachedTokens = Array((prompt + result.ids).prefix(cache.length))
         }

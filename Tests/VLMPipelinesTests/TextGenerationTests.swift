@@ -117,6 +117,14 @@ struct ChatSessionTests {
         #expect(session.messages.count == 4)
     }
 
+    @Test func anImpossibleNewTokenCountIsAnErrorNotACrash() throws {
+        let (pipeline, _) = try SmolLM2Pipeline.make()
+        let session = try ChatSession(pipeline: pipeline)
+        #expect(throws: ModelError.self) { try session.send("Hi", settings: settings(pipeline, newTokens: Int.max)) }
+        #expect(throws: ModelError.self) { try session.send("Hi", settings: settings(pipeline, newTokens: 1 << 40)) }
+        #expect(session.messages.isEmpty)
+    }
+
     @Test func aSessionNeedsAChatTemplate() throws {
         let (pipeline, _) = try SmolLM2Pipeline.make()
         let plain = TextGenerationPipeline(model: pipeline.model, tokenizer: pipeline.tokenizer, config: pipeline.config)
