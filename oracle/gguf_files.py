@@ -64,31 +64,25 @@ def random_blocks(qtype, rows, columns):
 def write_matmul():
     """Rows and columns chosen so that row groups have a remainder, and 32-element formats end on a partial chunk."""
     rows, samples = 37, 17
-    cases = {}
-    for qtype in BLOCK_BYTES:
-        columns = 512 if qtype in K_QUANTS else 320
-        quantized = random_blocks(qtype, rows, columns)
-        weight = gguf.quants.dequantize(quantized, qtype).astype(np.float64)
-        x = rng.standard_normal((samples, columns)).astype(np.float32)
-        cases[qtype.name] = {
-            "rows": rows, "columns": columns,
-            "blocks": base64.b64encode(quantized.tobytes()).decode(),
-            "x": base64.b64encode(x.tobytes()).decode(),
-            "y": (x.astype(np.float64) @ weight.T).reshape(-1).tolist(),
-        }
-    # F16 and BF16 matrices, which SwiftVLM also multiplies as stored (in blocks of 32 values).
-    for qtype in (Q.F16, Q.BF16):
-        columns = 320
-        values = rng.standard_normal((rows, columns)).astype(np.float32) * 0.1
-        stored = gguf.quants.quantize(values, qtype)
+
+    def case(qtype, stored, columns):
         weight = gguf.quants.dequantize(stored, qtype).astype(np.float64)
         x = rng.standard_normal((samples, columns)).astype(np.float32)
-        cases[qtype.name] = {
+        return {
             "rows": rows, "columns": columns,
             "blocks": base64.b64encode(stored.tobytes()).decode(),
             "x": base64.b64encode(x.tobytes()).decode(),
             "y": (x.astype(np.float64) @ weight.T).reshape(-1).tolist(),
         }
+
+    cases = {}
+    for qtype in BLOCK_BYTES:
+        columns = 512 if qtype in K_QUANTS else 320
+        cases[qtype.name] = case(qtype, random_blocks(qtype, rows, columns), columns)
+    # F16 and BF16 matrices, which SwiftVLM also multiplies as stored (in blocks of 32 values).
+    for qtype in (Q.F16, Q.BF16):
+        values = rng.standard_normal((rows, 320)).astype(np.float32) * 0.1
+        cases[qtype.name] = case(qtype, gguf.quants.quantize(values, qtype), 320)
     return cases
 
 
