@@ -119,6 +119,21 @@ AVX512 static void values_block(int rows_in_block, int vectors, const float *pro
 #undef VALUES_CASE
 }
 
+/// out[r][0 ..< d] = Σ_j probabilities[r][j] · v[j] over `keys` value rows (`value_stride` floats apart) for the
+/// `rows` probability rows (`packed_width` floats apart), a tile of feature vectors at a time.
+AVX512 static void values_rows(int rows, const float *probabilities, ptrdiff_t packed_width, ptrdiff_t keys,
+                               const float *v, ptrdiff_t value_stride, ptrdiff_t d, float *const *out) {
+    const ptrdiff_t feature_vectors = (d + LANES - 1) / LANES;
+    for (ptrdiff_t c0 = 0; c0 < feature_vectors; c0 += MAX_VECTORS) {
+        ptrdiff_t remaining = feature_vectors - c0;
+        int vectors = (int)(remaining < MAX_VECTORS ? remaining : MAX_VECTORS);
+        __mmask16 last = tail_mask(d - (c0 + vectors - 1) * LANES);
+        float *out_chunk[ROWS];
+        for (int r = 0; r < rows; r++) out_chunk[r] = out[r] + c0 * LANES;
+        values_block(rows, vectors, probabilities, packed_width, keys, v + c0 * LANES, value_stride, last, out_chunk);
+    }
+}
+
 /// Scales raw dot products row[0 ..< visible] in place and adds the key mask (0 or -inf per key, or NULL); returns
 /// the largest result.
 AVX512 static float scale_scores(float *row, ptrdiff_t visible, float scale, const float *mask_bias) {
@@ -238,7 +253,6 @@ AVX512 int vlm_attention_avx512(const vlm_attention_problem *p) {
     float *scores = (float *)(scratch + packed_bytes);
     float *mask_bias = p->key_mask ? (float *)(scratch + packed_bytes + score_bytes) : NULL;
     for (ptrdiff_t j = 0; mask_bias && j < tk; j++) mask_bias[j] = p->key_mask[j] != 0 ? 0.0f : -INFINITY;
-    const ptrdiff_t feature_vectors = (d + LANES - 1) / LANES;
     // A head read in place (decoding) can be far larger than L1 (a long KV cache); its keys and values are
     // prefetched a few at a time as they are read instead.
     if (packed) prefetch_head(p, 0, _MM_HINT_T0);
@@ -276,15 +290,7 @@ AVX512 int vlm_attention_avx512(const vlm_attention_problem *p) {
             // Rows that see fewer keys than the block reads contribute nothing for the rest.
             for (int r = 0; r < rows_in_block; r++)
                 memset(scores + r * packed_width + used[r], 0, (size_t)(block_used - used[r]) * sizeof(float));
-            for (ptrdiff_t c0 = 0; c0 < feature_vectors; c0 += MAX_VECTORS) {
-                ptrdiff_t remaining = feature_vectors - c0;
-                int vectors = (int)(remaining < MAX_VECTORS ? remaining : MAX_VECTORS);
-                __mmask16 last = tail_mask(d - (c0 + vectors - 1) * LANES);
-                float *out_chunk[ROWS];
-                for (int r = 0; r < rows_in_block; r++) out_chunk[r] = out[r] + c0 * LANES;
-                values_block(rows_in_block, vectors, scores, packed_width, block_used, v + c0 * LANES, p->value_stride,
-                             last, out_chunk);
-            }
+            values_rows(rows_in_block, scores, packed_width, block_used, v, p->value_stride, d, out);
             i0 += rows_in_block;
         }
     }
@@ -299,7 +305,6 @@ AVX512 int vlm_attention_partial_avx512(const vlm_attention_problem *p, ptrdiff_
     float *scores = aligned_alloc(64, (size_t)(4 * width) * sizeof(float));
     if (!scores) return -1;
     const float *key = p->key + first_key * p->key_stride, *value = p->value + first_key * p->value_stride;
-    const ptrdiff_t feature_vectors = (d + LANES - 1) / LANES;
     // Four rows at a time: the in-place score loop and the value tiles take up to four.
     for (ptrdiff_t i0 = 0; i0 < p->query_length; i0 += 4) {
         const int rows = p->query_length - i0 < 4 ? (int)(p->query_length - i0) : 4;
@@ -314,14 +319,7 @@ AVX512 int vlm_attention_partial_avx512(const vlm_attention_problem *p, ptrdiff_
             maxima[i0 + r] = scale_scores(scores + r * width, key_count, p->scale, NULL);
             sums[i0 + r] = exponentiate_scores(scores + r * width, key_count, maxima[i0 + r]);
         }
-        for (ptrdiff_t c0 = 0; c0 < feature_vectors; c0 += MAX_VECTORS) {
-            ptrdiff_t remaining = feature_vectors - c0;
-            int vectors = (int)(remaining < MAX_VECTORS ? remaining : MAX_VECTORS);
-            __mmask16 last = tail_mask(d - (c0 + vectors - 1) * LANES);
-            float *out_chunk[ROWS];
-            for (int r = 0; r < rows; r++) out_chunk[r] = out[r] + c0 * LANES;
-            values_block(rows, vectors, scores, width, key_count, value + c0 * LANES, p->value_stride, last, out_chunk);
-        }
+        values_rows(rows, scores, width, key_count, value, p->value_stride, d, out);
     }
     free(scores);
     return 0;
