@@ -107,8 +107,7 @@ static void q5_scalar(const uint8_t *block, ptrdiff_t count, float *out, int has
         memcpy(&high, block + high_offset, 4);
         const uint8_t *q = block + high_offset + 4;
         for (int i = 0; i < 16; i++) {
-            int low = (q[i] & 0xF) | (int)((high >> i) & 1) << 4;
-            int upper = (q[i] >> 4) | (int)((high >> (i + 16)) & 1) << 4;
+            int low = vlm_q5_value(q, high, i), upper = vlm_q5_value(q, high, i + 16);
             if (has_minimum) {
                 out[i] = d * (float)low + m;
                 out[i + 16] = d * (float)upper + m;
@@ -141,13 +140,8 @@ static void qk_scalar(const uint8_t *block, ptrdiff_t count, float *out, int fiv
             uint8_t scale, minimum;
             vlm_k_scale_min(scales, sub, &scale, &minimum);
             float factor = d * (float)scale, offset = dmin * (float)minimum;
-            const uint8_t *nibbles = q + 32 * (sub / 2);
-            int shift = 4 * (sub % 2);
-            for (int l = 0; l < 32; l++) {
-                int value = (nibbles[l] >> shift) & 0xF;
-                if (five_bits) value |= ((high[l] >> sub) & 1) << 4;
-                out[32 * sub + l] = factor * (float)value - offset;
-            }
+            for (int l = 0; l < 32; l++)
+                out[32 * sub + l] = factor * (float)vlm_qk_value(q, five_bits ? high : NULL, sub, l) - offset;
         }
     }
 }
@@ -159,15 +153,9 @@ static void q5_k_scalar(const uint8_t *block, ptrdiff_t count, float *out) { qk_
 /// with one scale per 16 elements.
 static void q6_k_scalar(const uint8_t *block, ptrdiff_t count, float *out) {
     for (ptrdiff_t b = 0; b < count; b++, block += 210, out += 256) {
-        const uint8_t *low = block, *high = block + 128;
         const int8_t *scales = (const int8_t *)(block + 192);
         float d = half_at(block + 208);
-        for (int e = 0; e < 256; e++) {
-            int half = e / 128, within = e % 128;
-            int nibble = (low[64 * half + within % 64] >> (4 * (within / 64))) & 0xF;
-            int pair = (high[32 * half + within % 32] >> (2 * (within / 32))) & 3;
-            out[e] = (d * (float)scales[e / 16]) * (float)((nibble | pair << 4) - 32);
-        }
+        for (int e = 0; e < 256; e++) out[e] = (d * (float)scales[e / 16]) * (float)(vlm_q6_k_value(block, e) - 32);
     }
 }
 

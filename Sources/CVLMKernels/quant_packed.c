@@ -46,12 +46,6 @@ ptrdiff_t vlm_quant_packed_size(vlm_quant_format format, ptrdiff_t rows, ptrdiff
     return (rows + 15) / 16 * layout.group_bytes;
 }
 
-/// Element `i` of a Q5 block as an unsigned value 0–31: its nibble and, from the 32-bit word `high`, its fifth bit.
-static uint8_t q5_value(const uint8_t *nibbles, uint32_t high, int i) {
-    uint8_t low = i < 16 ? nibbles[i] & 0xF : nibbles[i - 16] >> 4;
-    return (uint8_t)(low | ((high >> i) & 1) << 4);
-}
-
 /// Stores `value` as row `lane`'s entry of block `b`'s fp32 scales (`offset` = scales_offset or minimums_offset),
 /// in the first or second half-block set where there is one per half.
 static void store_float(uint8_t *group, const vlm_quant_packed_layout_t *layout, ptrdiff_t offset, ptrdiff_t b,
@@ -87,16 +81,13 @@ static void pack_k_row(const vlm_quant_matrix *matrix, const vlm_quant_packed_la
     for (ptrdiff_t super = 0; super < matrix->columns / 256; super++) {
         const ptrdiff_t first = 8 * super;
         if (matrix->format == VLM_QUANT_Q6_K) {
-            const uint8_t *block = source + 210 * super, *low = block, *high = block + 128;
+            const uint8_t *block = source + 210 * super;
             const int8_t *scales = (const int8_t *)(block + 192);
             const float d = vlm_half_to_float((uint16_t)(block[208] | block[209] << 8));
-            for (int sub = 0; sub < 16; sub++) store_float(group, layout, layout->scales_offset, first + sub / 2, sub % 2, lane, d * (float)scales[sub]);
-            for (int e = 0; e < 256; e++) {
-                const int half = e / 128, within = e % 128;
-                const int nibble = (low[64 * half + within % 64] >> (4 * (within / 64))) & 0xF;
-                const int pair = (high[32 * half + within % 32] >> (2 * (within / 32))) & 3;
-                store_value(group, layout, first + e / 32, lane, e % 32, (uint8_t)(nibble | pair << 4));
-            }
+            for (int sub = 0; sub < 16; sub++)
+                store_float(group, layout, layout->scales_offset, first + sub / 2, sub % 2, lane, d * (float)scales[sub]);
+            for (int e = 0; e < 256; e++)
+                store_value(group, layout, first + e / 32, lane, e % 32, (uint8_t)vlm_q6_k_value(block, e));
             continue;
         }
         const int five_bits = matrix->format == VLM_QUANT_Q5_K;
@@ -109,11 +100,8 @@ static void pack_k_row(const vlm_quant_matrix *matrix, const vlm_quant_packed_la
             vlm_k_scale_min(scales, sub, &scale, &minimum);
             store_float(group, layout, layout->scales_offset, first + sub, 0, lane, d * (float)scale);
             store_float(group, layout, layout->minimums_offset, first + sub, 0, lane, -(dmin * (float)minimum));
-            for (int l = 0; l < 32; l++) {
-                int value = (q[32 * (sub / 2) + l] >> (4 * (sub % 2))) & 0xF;
-                if (five_bits) value |= ((high[l] >> sub) & 1) << 4;
-                store_value(group, layout, first + sub, lane, l, (uint8_t)value);
-            }
+            for (int l = 0; l < 32; l++)
+                store_value(group, layout, first + sub, lane, l, (uint8_t)vlm_qk_value(q, five_bits ? high : NULL, sub, l));
         }
     }
 }
@@ -153,7 +141,7 @@ void vlm_quant_pack(const vlm_quant_matrix *matrix, void *packed) {
                 memcpy(scale, block, 2);
                 if (has_minimum) memcpy(minimum, block + 2, 2);
                 memcpy(&high, block + (has_minimum ? 4 : 2), 4);
-                for (int i = 0; i < 32; i++) store_value(group, &layout, b, lane, i, q5_value(block + (has_minimum ? 8 : 6), high, i));
+                for (int i = 0; i < 32; i++) store_value(group, &layout, b, lane, i, (uint8_t)vlm_q5_value(block + (has_minimum ? 8 : 6), high, i));
                 break;
             }
             case VLM_QUANT_Q8_0:
