@@ -3,7 +3,7 @@ transformers computes with them.
 
 Run by hand from the repository root with the oracle venv (oracle/requirements.txt):
 
-    python oracle/decoders.py    # → Tests/Fixtures/decoders/<case>/
+    python oracle/decoders.py [CASE...]    # → Tests/Fixtures/decoders/<case>/ (every case without arguments)
 
 Each case directory is a checkpoint SwiftVLM loads as is (config.json + model.safetensors, weights stored as fp16 to
 keep the fixtures small; transformers computes in fp32 from the same rounded weights) plus expected.json:
@@ -61,6 +61,10 @@ CASES = {
     # OPT-350m's shape: layer norm after each residual, no final layer norm, 32-wide word embeddings projected in
     # and out of the 64-wide decoder.
     "opt-post-proj": (OPTForCausalLM, OPTConfig, dict(OPT_BASE, do_layer_norm_before=False, word_embed_proj_dim=32)),
+    # Linear layers without biases and layer norms without weight and bias (enable_bias and
+    # layer_norm_elementwise_affine off), under an untied lm_head.
+    "opt-plain": (OPTForCausalLM, OPTConfig, dict(OPT_BASE, enable_bias=False, layer_norm_elementwise_affine=False,
+                                                   tie_word_embeddings=False)),
     # GPT-2 as OpenAI shipped it: Conv1D weights, learned positions, gelu_new, tied lm_head.
     "gpt2": (GPT2LMHeadModel, GPT2Config, dict(GPT2_BASE)),
     # VisionEncoderDecoder's decoder: cross-attention to encoder states, per-layer attention scaling, untied lm_head.
@@ -209,8 +213,13 @@ def build_case(name, model_class, config_class, settings, seed):
 
 
 def main():
+    unknown = set(sys.argv[1:]) - set(CASES)
+    if unknown:
+        raise SystemExit(f"unknown cases {sorted(unknown)}; the cases are {list(CASES)}")
     os.makedirs(FIXTURES, exist_ok=True)
     for name, (model_class, config_class, settings) in CASES.items():
+        if sys.argv[1:] and name not in sys.argv[1:]:
+            continue
         # A checkpoint whose greedy continuations pass through a near-tie is redrawn with the next seed.
         for seed in range(100, 110):
             try:

@@ -37,7 +37,7 @@ struct DecoderFixture {
         let sequences_scores: [Float]
     }
 
-    static let names = ["qwen2", "mistral-sliding", "llama-dynamic", "opt-pre", "opt-post-proj", "gpt2", "gpt2-cross"]
+    static let names = ["qwen2", "mistral-sliding", "llama-dynamic", "opt-pre", "opt-post-proj", "opt-plain", "gpt2", "gpt2-cross"]
     static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
         .appendingPathComponent("Fixtures/decoders")
 
