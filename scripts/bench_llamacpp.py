@@ -12,7 +12,8 @@ one warm-up. The engines take turns for --rounds rounds (the order alternating),
 SwiftVLM / llama.cpp: a shared machine's speed drifts by tens of percent within minutes, and measurements taken
 side by side drift together. The table shows each engine's median over the rounds and the median of the
 per-round ratios. SwiftVLM is built with `swift build -c release` and run with OMP_NUM_THREADS set to --threads.
-llama.cpp runs without its extra (AMX) weight buffers, which crash where the CPU reports AMX that the VM withholds.
+llama.cpp keeps its extra weight buffers (weights repacked for its faster CPU kernels) unless the CPU reports AMX:
+ggml then routes weights to its AMX kernels, which die with SIGILL on VMs that report AMX but withhold it.
 --requantize TYPE (a llama.cpp file type such as Q4_K_M or Q5_K_M) first writes a copy of the model requantized by
 llama.cpp's own quantizer next to it (once) and benchmarks that: real K-quant files without a download.
 """
@@ -62,14 +63,15 @@ import numpy as np
 import llama_cpp.llama_cpp as low_level
 from llama_cpp import Llama
 # ggml's extra buffer types route Q4_0/Q4_1/Q8_0 weights to its AMX kernels when CPUID reports AMX; on machines
-# (VMs) that report AMX but fault on tile instructions that dies with SIGILL, so they are turned off.
+# (VMs) that report AMX but fault on tile instructions that dies with SIGILL, so there they are turned off.
 _default_params = low_level.llama_model_default_params
 def _model_params():
     params = _default_params()
-    params.use_extra_bufts = False
+    params.use_extra_bufts = not amx_reported
     return params
 low_level.llama_model_default_params = _model_params
 model, threads, runs, prompt_tokens, new_tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+amx_reported = sys.argv[6] == "amx"
 llm = Llama(model_path=model, n_ctx=prompt_tokens + new_tokens + 8, n_batch=512, n_ubatch=512, n_threads=threads,
             n_threads_batch=threads, verbose=False)
 state, prompt = 0x5EED, []
@@ -112,9 +114,17 @@ def requantized(python: Path, model: Path, file_type: str) -> Path:
     return target
 
 
+def cpu_reports_amx() -> bool:
+    try:
+        return " amx_tile" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
 def bench_llamacpp(python: Path, model: Path, threads: int, runs: int) -> dict:
     out = subprocess.run([python, "-c", LLAMACPP_BENCH, model, str(threads), str(runs), str(PROMPT_TOKENS),
-                          str(NEW_TOKENS)], check=True, capture_output=True, text=True)
+                          str(NEW_TOKENS), "amx" if cpu_reports_amx() else "no-amx"],
+                         check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -157,7 +167,7 @@ def main():
         order = list(engines) if index % 2 == 0 else list(reversed(engines))
         rounds.append({engine: engines[engine]() for engine in order})
     keys = ("prefill_tokens_per_s", "decode_tokens_per_s")
-    results = {"model": str(model), "threads": args.threads, "prompt_tokens": PROMPT_TOKENS, "new_tokens": NEW_TOKENS,
+    results = {"model": str(model), "llamacpp_extra_buffers": not cpu_reports_amx(), "threads": args.threads, "prompt_tokens": PROMPT_TOKENS, "new_tokens": NEW_TOKENS,
                "runs": args.runs, "load_average": load_before, "rounds": rounds}
     for engine in engines:
         results[engine] = {key: statistics.median(r[engine][key] for r in rounds) for key in keys}
@@ -171,7 +181,8 @@ def main():
         return
     print(f"{model.name}, {args.threads} threads, {PROMPT_TOKENS}-token prompt, {NEW_TOKENS} new tokens; "
           f"{args.rounds} rounds of each engine's median of {args.runs} runs (1-minute load average "
-          f"{load_before:.1f} before)")
+          f"{load_before:.1f} before; llama.cpp's extra weight buffers "
+          f"{'on' if results['llamacpp_extra_buffers'] else 'off: the CPU reports AMX'})")
     print(f"{'':10} {'prefill tok/s':>14} {'decode tok/s':>13}")
     for engine in engines:
         r = results[engine]
