@@ -67,11 +67,11 @@ from llama_cpp import Llama
 _default_params = low_level.llama_model_default_params
 def _model_params():
     params = _default_params()
-    params.use_extra_bufts = not amx_reported
+    params.use_extra_bufts = extra_buffers
     return params
 low_level.llama_model_default_params = _model_params
 model, threads, runs, prompt_tokens, new_tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-amx_reported = sys.argv[6] == "amx"
+extra_buffers = sys.argv[6] == "on"
 llm = Llama(model_path=model, n_ctx=prompt_tokens + new_tokens + 8, n_batch=512, n_ubatch=512, n_threads=threads,
             n_threads_batch=threads, verbose=False)
 state, prompt = 0x5EED, []
@@ -121,9 +121,9 @@ def cpu_reports_amx() -> bool:
         return False
 
 
-def bench_llamacpp(python: Path, model: Path, threads: int, runs: int) -> dict:
+def bench_llamacpp(python: Path, model: Path, threads: int, runs: int, extra_buffers: bool) -> dict:
     out = subprocess.run([python, "-c", LLAMACPP_BENCH, model, str(threads), str(runs), str(PROMPT_TOKENS),
-                          str(NEW_TOKENS), "amx" if cpu_reports_amx() else "no-amx"],
+                          str(NEW_TOKENS), "on" if extra_buffers else "off"],
                          check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -160,14 +160,16 @@ def main():
     build_swiftvlm()
     started = time.time()
     load_before = os.getloadavg()[0]
+    extra_buffers = not cpu_reports_amx()
     engines = {"swiftvlm": lambda: bench_swiftvlm(model, args.threads, args.runs),
-               "llama.cpp": lambda: bench_llamacpp(python, model, args.threads, args.runs)}
+               "llama.cpp": lambda: bench_llamacpp(python, model, args.threads, args.runs, extra_buffers)}
     rounds = []
     for index in range(args.rounds):
         order = list(engines) if index % 2 == 0 else list(reversed(engines))
         rounds.append({engine: engines[engine]() for engine in order})
     keys = ("prefill_tokens_per_s", "decode_tokens_per_s")
-    results = {"model": str(model), "llamacpp_extra_buffers": not cpu_reports_amx(), "threads": args.threads, "prompt_tokens": PROMPT_TOKENS, "new_tokens": NEW_TOKENS,
+    results = {"model": str(model), "llamacpp_extra_buffers": extra_buffers, "threads": args.threads,
+               "prompt_tokens": PROMPT_TOKENS, "new_tokens": NEW_TOKENS,
                "runs": args.runs, "load_average": load_before, "rounds": rounds}
     for engine in engines:
         results[engine] = {key: statistics.median(r[engine][key] for r in rounds) for key in keys}
@@ -182,7 +184,7 @@ def main():
     print(f"{model.name}, {args.threads} threads, {PROMPT_TOKENS}-token prompt, {NEW_TOKENS} new tokens; "
           f"{args.rounds} rounds of each engine's median of {args.runs} runs (1-minute load average "
           f"{load_before:.1f} before; llama.cpp's extra weight buffers "
-          f"{'on' if results['llamacpp_extra_buffers'] else 'off: the CPU reports AMX'})")
+          f"{'on' if extra_buffers else 'off: the CPU reports AMX'})")
     print(f"{'':10} {'prefill tok/s':>14} {'decode tok/s':>13}")
     for engine in engines:
         r = results[engine]
