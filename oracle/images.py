@@ -3,6 +3,13 @@
 Run by hand: /work/oracle-venv/bin/python oracle/images.py
 Writes Tests/Fixtures/images/: image files, manifest.json (decode/resize expectations as SHA-256 of the RGB bytes),
 CLIP configs and pixel_values as little-endian float32 .f32 files.
+
+    /work/oracle-venv/bin/python oracle/images.py processors
+
+rewrites only the "processors" cases: checkpoint-like directories (processors/<case>/) whose image processor
+transformers' AutoImageProcessor chooses (backend="pil") from image_processor_type, its Fast/Pil suffixes, an old
+feature_extractor_type, processor_config.json's nested "image_processor" or config.json's model_type, with the
+pixel_values it makes of real photos.
 """
 import hashlib
 import io
@@ -14,7 +21,9 @@ import zlib
 
 import numpy as np
 from PIL import Image, ImageOps
-from transformers import CLIPImageProcessorPil
+import sys
+
+from transformers import AutoImageProcessor, CLIPImageProcessorPil
 from transformers.image_utils import load_image
 
 PHOTOS = "/work/data/photos"
@@ -220,10 +229,60 @@ def make_clip_cases():
     return cases
 
 
+PROCESSOR_CASES = {
+    # name: (files of the directory, photos)
+    "blip": ({"preprocessor_config.json": {
+        "image_processor_type": "BlipImageProcessor", "size": {"height": 40, "width": 48}, "do_convert_rgb": True,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
+        "processor_class": "BlipProcessor"}}, ["chelsea.png", "rocket.jpg"]),
+    # An int size: BLIP reads it as a square.
+    "blip-fast-int-size": ({"preprocessor_config.json": {"image_processor_type": "BlipImageProcessorFast", "size": 36}},
+                           ["rocket.jpg"]),
+    # No class named: config.json's model_type decides.
+    "blip2-by-model-type": ({"preprocessor_config.json": {"size": {"height": 32, "width": 30}, "resample": 2},
+                             "config.json": {"model_type": "blip-2"}}, ["chelsea.png"]),
+    "vit-pil-suffix": ({"preprocessor_config.json": {"image_processor_type": "ViTImageProcessorPil", "size": 30}},
+                       ["camera.png", "rocket.jpg"]),
+    # The nested form newer processors save, with no preprocessor_config.json.
+    "siglip-nested": ({"processor_config.json": {"processor_class": "SiglipProcessor", "image_processor": {
+        "image_processor_type": "SiglipImageProcessor", "size": {"height": 28, "width": 28}}}}, ["chelsea.png"]),
+    "clip-feature-extractor": ({"preprocessor_config.json": {
+        "feature_extractor_type": "CLIPFeatureExtractor", "size": 44, "crop_size": 40}}, ["rocket.jpg"]),
+}
+
+
+def make_processor_cases():
+    root = os.path.join(OUT, "processors")
+    shutil.rmtree(root, ignore_errors=True)
+    cases = []
+    for name, (files, photos) in PROCESSOR_CASES.items():
+        directory = os.path.join(root, name)
+        os.makedirs(directory)
+        for file, content in files.items():
+            with open(os.path.join(directory, file), "w") as f:
+                json.dump(content, f, indent=2)
+        processor = AutoImageProcessor.from_pretrained(directory, backend="pil")
+        images = [load_image(os.path.join(OUT, photo)) for photo in photos]
+        pixel_values = processor(images, return_tensors="pt").pixel_values.numpy()
+        assert pixel_values.dtype == np.float32
+        pixel_values.astype("<f4").tofile(os.path.join(directory, "pixel_values.f32"))
+        cases.append({"directory": f"processors/{name}", "class": type(processor).__name__, "images": photos,
+                      "shape": list(pixel_values.shape)})
+    return cases
+
+
 def main():
+    if sys.argv[1:] == ["processors"]:
+        with open(os.path.join(OUT, "manifest.json")) as f:
+            manifest = json.load(f)
+        manifest["processors"] = make_processor_cases()
+        with open(os.path.join(OUT, "manifest.json"), "w") as f:
+            json.dump(manifest, f, indent=1)
+        return
     shutil.rmtree(OUT, ignore_errors=True)
     os.makedirs(OUT)
-    manifest = {"decode": make_decode_fixtures(), "resize": make_resize_cases(), "clip": make_clip_cases()}
+    manifest = {"decode": make_decode_fixtures(), "resize": make_resize_cases(), "clip": make_clip_cases(),
+                "processors": make_processor_cases()}
     with open(os.path.join(OUT, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
 

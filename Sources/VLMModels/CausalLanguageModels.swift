@@ -1,25 +1,6 @@
 import VLMCheckpoint
 import VLMTensor
 
-/// The `model_type`s ``loadCausalLanguageModel(directory:)`` builds.
-public let supportedCausalLanguageModelTypes = ["gpt2", "llama", "mistral", "opt", "qwen2"]
-
-/// The decoder-only language model in a checkpoint directory, chosen by config.json's `model_type`: a
-/// ``LlamaForCausalLM`` for llama, mistral and qwen2, an ``OPTForCausalLM`` for opt, a ``GPT2LMHeadModel`` for gpt2.
-///
-/// - Throws: `ModelError.unsupportedModelType` naming config.json and the supported types when `model_type` is another;
-///   the model's own errors for a bad config or missing weights.
-public func loadCausalLanguageModel(directory: ModelDirectory) throws -> any CausalLanguageModel {
-    switch try directory.modelType {
-    case "llama", "mistral", "qwen2": return try LlamaForCausalLM(directory: directory)
-    case "opt": return try OPTForCausalLM(directory: directory)
-    case "gpt2": return try GPT2LMHeadModel(directory: directory)
-    case let type:
-        throw ModelError.unsupportedModelType(type, supported: supportedCausalLanguageModelTypes,
-                                              file: directory.url.appendingPathComponent("config.json").path)
-    }
-}
-
 // What the OPT and GPT-2 decoders share: input checks, the KV cache's bounds, learned positions.
 
 /// The length of every row of `rows`, which must be non-empty and equal.

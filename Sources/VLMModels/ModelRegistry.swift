@@ -13,19 +13,136 @@ public protocol ImageTextDualEncoder: AnyObject, Sendable {
     var embeddingSize: Int { get }
 }
 
-/// Builds models from a checkpoint directory by config.json's `model_type`.
+/// What a model can be asked to do. Each task is what one or more `vlm` commands run.
+public enum ModelTask: String, Sendable, CaseIterable {
+    /// Zero-shot image classification.
+    case classify
+    /// Image and text embeddings.
+    case embed
+    /// Text generation and chat.
+    case generate
+    /// Image captioning, with or without a prompt.
+    case caption
+    /// Visual question answering.
+    case ask
+    /// Image–text matching.
+    case match
+    /// Zero-shot segmentation.
+    case segment
+    /// Open-vocabulary detection.
+    case detect
+
+    /// The `vlm` commands that run this task.
+    public var commands: [String] {
+        self == .generate ? ["generate", "chat"] : [rawValue]
+    }
+}
+
+/// How a registered family's model is built: the kind of model decides what can drive it.
+public enum ModelBuilder: Sendable {
+    case imageTextDualEncoder(@Sendable (ModelDirectory) throws -> any ImageTextDualEncoder)
+    case causalLanguageModel(@Sendable (ModelDirectory) throws -> any CausalLanguageModel)
+}
+
+/// One model family as checkpoints name it: the config.json `model_type`s (and, where one type covers several
+/// heads, the `architectures`) it loads, the tasks it serves, and how to build it.
+public struct ModelFamily: Sendable {
+    /// The family's name in messages, e.g. "CLIP".
+    public let name: String
+    public let modelTypes: [String]
+    /// nil: any architecture of these model types; else only checkpoints whose `architectures[0]` is listed.
+    public let architectures: [String]?
+    public let tasks: [ModelTask]
+    public let builder: ModelBuilder
+
+    public init(_ name: String, modelTypes: [String], architectures: [String]? = nil, tasks: [ModelTask],
+                builder: ModelBuilder) {
+        self.name = name
+        self.modelTypes = modelTypes
+        self.architectures = architectures
+        self.tasks = tasks
+        self.builder = builder
+    }
+
+    /// The `vlm` commands this family's tasks run.
+    public var commands: [String] { tasks.flatMap(\.commands) }
+}
+
+/// The model families SwiftVLM loads, chosen from a checkpoint's config.json like transformers' `Auto*` classes.
+/// A new family is one line here (and its model file).
 public enum ModelRegistry {
-    static let dualEncoders: [String: @Sendable (ModelDirectory) throws -> any ImageTextDualEncoder] = [
-        "clip": { try CLIPModel(directory: $0) },
+    public static let families: [ModelFamily] = [
+        ModelFamily("CLIP", modelTypes: ["clip"], tasks: [.classify, .embed],
+                    builder: .imageTextDualEncoder { try CLIPModel(directory: $0) }),
+        ModelFamily("Llama", modelTypes: ["llama", "mistral", "qwen2"], tasks: [.generate],
+                    builder: .causalLanguageModel { try LlamaForCausalLM(directory: $0) }),
+        ModelFamily("OPT", modelTypes: ["opt"], tasks: [.generate],
+                    builder: .causalLanguageModel { try OPTForCausalLM(directory: $0) }),
+        ModelFamily("GPT-2", modelTypes: ["gpt2"], tasks: [.generate],
+                    builder: .causalLanguageModel { try GPT2LMHeadModel(directory: $0) }),
     ]
 
-    public static var supportedTypes: [String] { dualEncoders.keys.sorted() }
+    /// The model types of the families that serve `task`, sorted.
+    public static func modelTypes(serving task: ModelTask) -> [String] {
+        families.filter { $0.tasks.contains(task) }.flatMap(\.modelTypes).sorted()
+    }
 
-    /// The image–text dual encoder in `directory`; an unknown `model_type` is an error naming config.json.
-    public static func dualEncoder(_ directory: ModelDirectory) throws -> any ImageTextDualEncoder {
+    /// The family of a checkpoint: by config.json's `model_type`, then by `architectures[0]` where families share a
+    /// model type.
+    ///
+    /// - Throws: `ModelError.unsupportedModelType` naming config.json and every supported type; the directory's
+    ///   errors for a missing or broken config.json.
+    public static func family(of directory: ModelDirectory) throws -> ModelFamily {
         let type = try directory.modelType
-        guard let build = dualEncoders[type] else {
-            throw ModelError.unsupportedModelType(type, supported: supportedTypes, file: directory.url.appendingPathComponent("config.json").path)
+        let candidates = families.filter { $0.modelTypes.contains(type) }
+        let configFile = directory.url.appendingPathComponent("config.json").path
+        guard !candidates.isEmpty else {
+            throw ModelError.unsupportedModelType(type, supported: families.flatMap(\.modelTypes).sorted(), file: configFile)
+        }
+        if candidates.count == 1 && candidates[0].architectures == nil { return candidates[0] }
+        let architecture = (try directory.jsonObject("config.json")?["architectures"] as? [String])?.first
+        if let match = candidates.first(where: { family in
+            family.architectures.map { names in architecture.map(names.contains) ?? false } ?? true
+        }) {
+            return match
+        }
+        throw ModelError.invalidConfig(
+            "architectures \(architecture.map { "\"\($0)\"" } ?? "(none)") of model_type \"\(type)\" is not supported here (supported: \(candidates.compactMap(\.architectures).joined().joined(separator: ", ")))",
+            file: configFile)
+    }
+
+    /// The family of `directory` when it serves `task`.
+    ///
+    /// - Throws: `ModelError.unsupportedModelType` listing the model types that serve `task` when no family knows the
+    ///   checkpoint; `ModelError.wrongTask` naming the commands the family does support when it does not serve `task`.
+    public static func family(of directory: ModelDirectory, for task: ModelTask) throws -> ModelFamily {
+        let family: ModelFamily
+        do {
+            family = try self.family(of: directory)
+        } catch ModelError.unsupportedModelType(let type, _, let file) {
+            throw ModelError.unsupportedModelType(type, supported: modelTypes(serving: task), file: file)
+        }
+        guard family.tasks.contains(task) else {
+            throw ModelError.wrongTask(task, family: family.name, modelType: try directory.modelType,
+                                       supportedCommands: family.commands,
+                                       file: directory.url.appendingPathComponent("config.json").path)
+        }
+        return family
+    }
+
+    /// The image–text dual encoder in `directory`, for `task`; see ``family(of:for:)`` for the errors.
+    public static func dualEncoder(_ directory: ModelDirectory, for task: ModelTask) throws -> any ImageTextDualEncoder {
+        guard case .imageTextDualEncoder(let build) = try family(of: directory, for: task).builder else {
+            throw ModelError.invalidConfig("\(task.rawValue) needs an image–text model", file: directory.url.path)
+        }
+        return try build(directory)
+    }
+
+    /// The decoder-only language model in `directory` (a ``LlamaForCausalLM`` for llama, mistral and qwen2, an
+    /// ``OPTForCausalLM`` for opt, a ``GPT2LMHeadModel`` for gpt2); see ``family(of:for:)`` for the errors.
+    public static func causalLanguageModel(_ directory: ModelDirectory) throws -> any CausalLanguageModel {
+        guard case .causalLanguageModel(let build) = try family(of: directory, for: .generate).builder else {
+            throw ModelError.invalidConfig("generation needs a language model", file: directory.url.path)
         }
         return try build(directory)
     }

@@ -4,6 +4,8 @@ import VLMTensor
 /// Errors in a model's configuration that its weights cannot fix.
 public enum ModelError: Error, CustomStringConvertible {
     case unsupportedModelType(String, supported: [String], file: String)
+    /// A family known here asked for a task it does not serve.
+    case wrongTask(ModelTask, family: String, modelType: String, supportedCommands: [String], file: String)
     case unsupportedActivation(String, file: String)
     case invalidConfig(String, file: String)
     case invalidInput(String)
@@ -12,6 +14,8 @@ public enum ModelError: Error, CustomStringConvertible {
         switch self {
         case .unsupportedModelType(let type, let supported, let file):
             return "\(file): model_type \"\(type)\" is not supported here (supported: \(supported.joined(separator: ", ")))"
+        case .wrongTask(let task, let family, let modelType, let commands, let file):
+            return "\(file): \(family) checkpoint (model_type \"\(modelType)\") cannot run `vlm \(task.commands[0])`; it runs with \(commands.map { "vlm \($0)" }.joined(separator: ", "))"
         case .unsupportedActivation(let name, let file):
             return "\(file): hidden_act \"\(name)\" is not supported"
         case .invalidConfig(let message, let file):

@@ -10,22 +10,20 @@ import VLMTokenizers
 public final class DualEncoderPipeline: Sendable {
     public let model: any ImageTextDualEncoder
     public let tokenizer: Tokenizer
-    public let imageProcessor: CLIPImageProcessor
+    public let imageProcessor: any ImageProcessor
 
-    /// Loads config.json, the weights, the tokenizer files and preprocessor_config.json of `directory`.
-    public init(directory: URL) throws {
+    /// Loads config.json, the weights, the tokenizer files and the image processor config of `directory`, for
+    /// `task` (a checkpoint of a family that does not serve it is refused before anything else is read).
+    public init(directory: URL, task: ModelTask = .embed) throws {
         let checkpoint = try ModelDirectory(url: directory)
-        model = try ModelRegistry.dualEncoder(checkpoint)
+        model = try ModelRegistry.dualEncoder(checkpoint, for: task)
         tokenizer = try Tokenizer(directory: directory)
-        guard let processorFile = checkpoint.fileURL("preprocessor_config.json") else {
-            throw PipelineError.missingFile("preprocessor_config.json", directory: directory.path)
-        }
-        imageProcessor = try CLIPImageProcessor(contentsOf: processorFile)
+        imageProcessor = try ImageProcessorRegistry.load(directory: directory, modelType: checkpoint.modelType)
     }
 
     /// Projected image embeddings [images, D], like `get_image_features` on the processor's pixel values.
     public func imageEmbeddings(_ images: [RGBImage]) throws -> Tensor {
-        try model.imageFeatures(pixelValues: imageProcessor(images))
+        try model.imageFeatures(pixelValues: imageProcessor.preprocess(images).pixelValues)
     }
 
     /// Projected text embeddings [texts, D], like `get_text_features` on `tokenizer(texts, padding=True, truncation=True)`.

@@ -1,6 +1,5 @@
 /// Errors of the pipelines themselves (models, tokenizers and images report their own).
 public enum PipelineError: Error, CustomStringConvertible {
-    case missingFile(String, directory: String)
     case noCandidateLabels
     case noInputs
     /// A conversation was given but the pipeline has no chat template.
@@ -10,7 +9,6 @@ public enum PipelineError: Error, CustomStringConvertible {
 
     public var description: String {
         switch self {
-        case .missingFile(let file, let directory): return "\(directory): no \(file) in the checkpoint directory"
         case .noCandidateLabels: return "no candidate labels: give at least one label"
         case .noInputs: return "nothing to process: give at least one input"
         case .noChatTemplate:

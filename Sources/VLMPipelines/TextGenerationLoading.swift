@@ -17,9 +17,11 @@ extension TextGenerationPipeline {
         var isDirectory: ObjCBool = false
         let exists = FileManager.default.fileExists(atPath: path.path, isDirectory: &isDirectory)
         if !exists || isDirectory.boolValue {
-            // loadTokenizer(path:) names a missing path.
+            // ModelDirectory names a missing path; a checkpoint of another family is refused before its tokenizer is read.
+            let checkpoint = try ModelDirectory(url: path)
+            _ = try ModelRegistry.family(of: checkpoint, for: .generate)
             let (tokenizer, chatTemplate) = try loadTokenizer(path: path)
-            let model = try loadCausalLanguageModel(directory: ModelDirectory(url: path))
+            let model = try ModelRegistry.causalLanguageModel(checkpoint)
             let config = try GenerationConfig.load(directory: path)
             self.init(model: model, tokenizer: tokenizer,
                       config: Self.withPipelineDefaults(config, setKeys: Self.generationKeys(directory: path)), chatTemplate: chatTemplate)

@@ -15,7 +15,7 @@ public struct ZeroShotImageClassificationPipeline: Sendable {
     public let encoder: DualEncoderPipeline
 
     public init(directory: URL) throws {
-        encoder = try DualEncoderPipeline(directory: directory)
+        encoder = try DualEncoderPipeline(directory: directory, task: .classify)
     }
 
     public init(encoder: DualEncoderPipeline) {

@@ -4,7 +4,7 @@ import SwiftVLM
 
 struct Bench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Model speed: image embedding for image-text models (random pixels, median of several runs); prompt prefill and greedy decoding for language models (a llama.cpp .gguf file or a Llama checkpoint).")
+        abstract: "Model speed: image embedding for image-text models (random pixels, median of several runs); prompt prefill and greedy decoding for language models (a llama.cpp .gguf file or a checkpoint).")
 
     @OptionGroup var options: ModelOption
 
@@ -57,10 +57,9 @@ struct Bench: AsyncParsableCommand {
             return
         }
         let directory = try ModelDirectory(url: try await options.directory())
-        if try directory.modelType == "llama" {
-            try benchLanguageModel(LlamaForCausalLM(directory: directory))
-        } else {
-            try benchImageModel(ModelRegistry.dualEncoder(directory))
+        switch try ModelRegistry.family(of: directory).builder {
+        case .causalLanguageModel(let build): try benchLanguageModel(build(directory))
+        case .imageTextDualEncoder(let build): try benchImageModel(build(directory))
         }
     }
 

@@ -27,7 +27,7 @@ struct Embed: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let pipeline = try DualEncoderPipeline(directory: try await options.directory())
+        let pipeline = try DualEncoderPipeline(directory: try await options.directory(), task: .embed)
         var embeddings: Tensor
         if images.isEmpty {
             embeddings = try pipeline.textEmbeddings(texts)

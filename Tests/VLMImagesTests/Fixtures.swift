@@ -29,8 +29,14 @@ enum Fixtures {
         var description: String { "\(config) on \(images)" }
     }
 
+    /// A checkpoint-like directory whose image processor transformers' AutoImageProcessor chose.
+    struct ProcessorCase: Decodable, Sendable, CustomStringConvertible {
+        let directory: String, `class`: String, images: [String], shape: [Int]
+        var description: String { "\(directory) (\(`class`))" }
+    }
+
     struct Manifest: Decodable {
-        let decode: [DecodeCase], resize: [ResizeCase], clip: [CLIPCase]
+        let decode: [DecodeCase], resize: [ResizeCase], clip: [CLIPCase], processors: [ProcessorCase]
     }
 
     static let manifest: Manifest = {

@@ -47,7 +47,7 @@ struct DecoderFixture {
 
     init(_ name: String) throws {
         directory = try ModelDirectory(url: Self.root.appendingPathComponent(name))
-        model = try loadCausalLanguageModel(directory: directory)
+        model = try ModelRegistry.causalLanguageModel(directory)
         expected = try JSONDecoder().decode(Expected.self, from: Data(contentsOf: directory.url.appendingPathComponent("expected.json")))
     }
 
@@ -166,7 +166,7 @@ func unpaddedRows(_ logits: Tensor, mask: [[Int]]) -> [[Float]] {
         #expect(try DecoderFixture("mistral-sliding").model is LlamaForCausalLM)
         #expect(try DecoderFixture("opt-pre").model is OPTForCausalLM)
         #expect(try DecoderFixture("gpt2").model is GPT2LMHeadModel)
-        let llama = try loadCausalLanguageModel(directory: ModelDirectory(url: LlamaFixture.root.appendingPathComponent("gqa-untied")))
+        let llama = try ModelRegistry.causalLanguageModel(ModelDirectory(url: LlamaFixture.root.appendingPathComponent("gqa-untied")))
         #expect(llama is LlamaForCausalLM)
     }
 
@@ -175,11 +175,11 @@ func unpaddedRows(_ logits: Tensor, mask: [[Int]]) -> [[Float]] {
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }
         try Data(#"{"model_type": "bert"}"#.utf8).write(to: directory.appendingPathComponent("config.json"))
-        let error = try #require(throws: ModelError.self) { try loadCausalLanguageModel(directory: ModelDirectory(url: directory)) }
+        let error = try #require(throws: ModelError.self) { try ModelRegistry.causalLanguageModel(ModelDirectory(url: directory)) }
         #expect(error.description.contains("config.json") && error.description.contains("\"bert\"")
                 && error.description.contains("gpt2, llama, mistral, opt, qwen2"))
         try Data(#"{"n_embd": 64}"#.utf8).write(to: directory.appendingPathComponent("config.json"))
-        #expect(throws: CheckpointError.self) { try loadCausalLanguageModel(directory: ModelDirectory(url: directory)) }
+        #expect(throws: CheckpointError.self) { try ModelRegistry.causalLanguageModel(ModelDirectory(url: directory)) }
     }
 
     @Test func badInputsAreErrors() throws {

@@ -254,6 +254,18 @@ struct CLI {
         try expectOneLineError(["classify", photo, "--model", directory.path, "--labels", "a,b"], mentioning: "bert")
     }
 
+    /// The registry knows every family's tasks: a command given a checkpoint of another family names the commands
+    /// that family runs.
+    @Test func checkpointOfAnotherFamilyNamesTheCommandsItRuns() throws {
+        let opt = CLI.fixtures.appendingPathComponent("decoders/opt-pre").path
+        try expectOneLineError(["classify", photo, "--model", opt, "--labels", "a,b"],
+                               mentioning: "OPT checkpoint (model_type \"opt\") cannot run `vlm classify`; it runs with vlm generate, vlm chat")
+        try expectOneLineError(["embed", "--model", opt, "--text", "a"], mentioning: "cannot run `vlm embed`")
+        try expectOneLineError(["generate", "--model", model.path, "--prompt", "a"],
+                               mentioning: "CLIP checkpoint (model_type \"clip\") cannot run `vlm generate`; it runs with vlm classify, vlm embed")
+        try expectOneLineError(["chat", "--model", model.path], mentioning: "cannot run `vlm generate`")
+    }
+
     @Test func emptyLabelList() throws {
         try expectOneLineError(["classify", photo, "--model", model.path, "--labels", " , "], mentioning: "label")
     }

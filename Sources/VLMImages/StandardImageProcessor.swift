@@ -1,56 +1,12 @@
 import Foundation
 import VLMTensor
 
-/// The target size of the resize step, in the forms transformers' `SizeDict` takes.
-public enum ResizeTarget: Sendable, Equatable {
-    /// `{"height", "width"}`: exactly this size.
-    case exact(height: Int, width: Int)
-    /// `{"shortest_edge"}` (and an int `size` in CLIP's configs): the short side becomes this, the long side keeps
-    /// the aspect ratio, truncated.
-    case shortestEdge(Int)
-    /// `{"shortest_edge", "longest_edge"}`: as `shortestEdge`, but scaled down so the long side stays within bound.
-    case shortestEdgeBounded(shortest: Int, longest: Int)
-    /// `{"max_height", "max_width"}`: the largest aspect-preserving size within both.
-    case maxHeightWidth(maxHeight: Int, maxWidth: Int)
-
-    /// The (height, width) transformers' PIL backend resizes an image of this size to.
-    public func outputSize(height: Int, width: Int) -> (height: Int, width: Int) {
-        switch self {
-        case .exact(let h, let w):
-            return (h, w)
-        case .shortestEdge(let size):
-            // get_resize_output_image_size(default_to_square=False): int(size * long / short).
-            let (short, long) = width <= height ? (width, height) : (height, width)
-            let newLong = Int(Double(size * long) / Double(short))
-            return width <= height ? (newLong, size) : (size, newLong)
-        case .shortestEdgeBounded(var size, let maxSize):
-            // get_size_with_aspect_ratio, with Python's round-half-even.
-            let minOriginal = Double(min(height, width)), maxOriginal = Double(max(height, width))
-            var rawSize: Double?
-            if maxOriginal / minOriginal * Double(size) > Double(maxSize) {
-                let raw = Double(maxSize) * minOriginal / maxOriginal
-                rawSize = raw
-                size = Int(raw.rounded(.toNearestOrEven))
-            }
-            if (height <= width && height == size) || (width <= height && width == size) {
-                return (height, width)
-            }
-            if width < height {
-                let long = rawSize.map { Int($0 * Double(height) / Double(width)) } ?? Int(Double(size * height) / Double(width))
-                return (long, size)
-            }
-            let long = rawSize.map { Int($0 * Double(width) / Double(height)) } ?? Int(Double(size * width) / Double(height))
-            return (size, long)
-        case .maxHeightWidth(let maxHeight, let maxWidth):
-            let scale = min(Double(maxHeight) / Double(height), Double(maxWidth) / Double(width))
-            return (Int(Double(height) * scale), Int(Double(width) * scale))
-        }
-    }
-}
-
-/// preprocessor_config.json of CLIP-style processors, with `CLIPImageProcessorPil`'s defaults for absent or null
-/// keys, and both the old (int / list) and new (dict) forms of `size` and `crop_size`.
-public struct CLIPImageProcessorConfig: Decodable, Sendable, Equatable {
+/// The settings of transformers' standard PIL image pipeline (`PilBackend._preprocess`: resize, centre crop, rescale,
+/// normalise), which CLIP, BLIP, ViT and SigLIP processors share; they differ only in their class defaults.
+///
+/// Decoded from preprocessor_config.json over a class's defaults: absent or null keys keep the default, and both the
+/// old (int / list) and new (dict) forms of `size` and `crop_size` are read.
+public struct StandardImageProcessorConfig: Sendable, Equatable {
     public var doResize = true
     public var size = ResizeTarget.shortestEdge(224)
     public var resample = ResampleFilter.bicubic
@@ -61,12 +17,77 @@ public struct CLIPImageProcessorConfig: Decodable, Sendable, Equatable {
     public var doRescale = true
     public var rescaleFactor = 1.0 / 255.0
     public var doNormalize = true
-    public var imageMean: [Double] = [0.48145466, 0.4578275, 0.40821073]
-    public var imageStd: [Double] = [0.26862954, 0.26130258, 0.27577711]
+    public var imageMean: [Double] = openAICLIPMean
+    public var imageStd: [Double] = openAICLIPStd
+    /// How an int `size` reads: a square (true) or the shortest edge (false).
+    public var defaultToSquare = false
 
-    /// CLIP's defaults (openai/clip-vit-*).
-    public init() {}
+    static let openAICLIPMean = [0.48145466, 0.4578275, 0.40821073]
+    static let openAICLIPStd = [0.26862954, 0.26130258, 0.27577711]
+    static let imageNetStandard = [0.5, 0.5, 0.5]
 
+    /// `CLIPImageProcessorPil`'s defaults (openai/clip-vit-*).
+    public static let clip = StandardImageProcessorConfig()
+
+    /// `BlipImageProcessorPil`'s defaults (BLIP and BLIP-2): 384×384 bicubic, no crop, CLIP's mean and std.
+    public static let blip: StandardImageProcessorConfig = {
+        var config = StandardImageProcessorConfig()
+        config.size = .exact(height: 384, width: 384)
+        config.doCenterCrop = false
+        config.defaultToSquare = true
+        return config
+    }()
+
+    /// `ViTImageProcessorPil`'s defaults (ViT, CLIPSeg): 224×224 bilinear, mean and std 0.5.
+    public static let vit: StandardImageProcessorConfig = {
+        var config = StandardImageProcessorConfig()
+        config.size = .exact(height: 224, width: 224)
+        config.resample = .bilinear
+        config.doCenterCrop = false
+        config.imageMean = imageNetStandard
+        config.imageStd = imageNetStandard
+        config.defaultToSquare = true
+        return config
+    }()
+
+    /// `SiglipImageProcessorPil`'s defaults: 224×224 bicubic, mean and std 0.5.
+    public static let siglip: StandardImageProcessorConfig = {
+        var config = vit
+        config.resample = .bicubic
+        config.defaultToSquare = false
+        return config
+    }()
+
+    /// Reads a preprocessor config's JSON object over `defaults`.
+    ///
+    /// - Throws: `ImageProcessorError.invalidConfig` naming `file` and the key.
+    public init(json data: Data, defaults: StandardImageProcessorConfig = .clip, file: String = "preprocessor_config.json") throws {
+        let decoder = JSONDecoder()
+        decoder.userInfo[Self.defaultsKey] = defaults
+        do {
+            self = try decoder.decode(Self.self, from: data)
+        } catch let error as DecodingError {
+            throw ImageProcessorError.invalidConfig(file: file, reason: Self.describe(error))
+        }
+    }
+
+    private static let defaultsKey = CodingUserInfoKey(rawValue: "StandardImageProcessorConfig.defaults")!
+
+    private static func describe(_ error: DecodingError) -> String {
+        switch error {
+        case .dataCorrupted(let context), .typeMismatch(_, let context), .valueNotFound(_, let context),
+             .keyNotFound(_, let context):
+            let path = context.codingPath.map(\.stringValue).joined(separator: ".")
+            return path.isEmpty ? context.debugDescription : "\(path): \(context.debugDescription)"
+        @unknown default:
+            return "\(error)"
+        }
+    }
+
+    private init() {}
+}
+
+extension StandardImageProcessorConfig: Decodable {
     enum CodingKeys: String, CodingKey {
         case doResize = "do_resize", size, resample, doCenterCrop = "do_center_crop", cropSize = "crop_size"
         case doRescale = "do_rescale", rescaleFactor = "rescale_factor", doNormalize = "do_normalize"
@@ -105,7 +126,9 @@ public struct CLIPImageProcessorConfig: Decodable, Sendable, Equatable {
         var values: [Double] { switch self { case .values(let v): v } }
     }
 
+    /// Decodes over the defaults in `userInfo` (CLIP's when there are none).
     public init(from decoder: Decoder) throws {
+        self = decoder.userInfo[Self.defaultsKey] as? Self ?? .clip
         let container = try decoder.container(keyedBy: CodingKeys.self)
         func flag(_ key: CodingKeys, _ fallback: Bool) throws -> Bool {
             try container.decodeIfPresent(Bool.self, forKey: key) ?? fallback
@@ -124,7 +147,7 @@ public struct CLIPImageProcessorConfig: Decodable, Sendable, Equatable {
             guard let filter = ResampleFilter(rawValue: raw) else { throw invalid(.resample, "unknown filter \(raw)") }
             resample = filter
         }
-        let defaultToSquare = try container.decodeIfPresent(Bool.self, forKey: .defaultToSquare) ?? false
+        defaultToSquare = try flag(.defaultToSquare, defaultToSquare)
 
         switch try container.decodeIfPresent(SizeValue.self, forKey: .size) {
         case nil: break
@@ -168,27 +191,13 @@ public struct CLIPImageProcessorConfig: Decodable, Sendable, Equatable {
     }
 }
 
-/// `CLIPImageProcessorPil`: resize, centre crop, rescale, normalise, in transformers' order and arithmetic.
-public struct CLIPImageProcessor: Sendable {
-    public let config: CLIPImageProcessorConfig
+/// transformers' standard PIL pipeline (`CLIPImageProcessorPil`, `BlipImageProcessorPil`, `ViTImageProcessorPil`,
+/// `SiglipImageProcessorPil`): resize, centre crop, rescale, normalise, in transformers' order and arithmetic.
+public struct StandardImageProcessor: ImageProcessor {
+    public let config: StandardImageProcessorConfig
 
-    public init(config: CLIPImageProcessorConfig) {
+    public init(config: StandardImageProcessorConfig) {
         self.config = config
-    }
-
-    /// Reads a preprocessor_config.json.
-    public init(contentsOf url: URL) throws {
-        let data: Data
-        do {
-            data = try Data(contentsOf: url)
-        } catch {
-            throw ImageError.unreadable(file: url.path, reason: error.localizedDescription)
-        }
-        do {
-            config = try JSONDecoder().decode(CLIPImageProcessorConfig.self, from: data)
-        } catch {
-            throw ImageError.unsupported(file: url.path, reason: "bad preprocessor config: \(error)")
-        }
     }
 
     /// The (height, width) of every output image.
@@ -210,16 +219,22 @@ public struct CLIPImageProcessor: Sendable {
         return image
     }
 
-    /// pixel_values [N, 3, H, W] fp32, exactly as `CLIPImageProcessorPil(images, return_tensors="pt").pixel_values`.
+    /// pixel_values [N, 3, H, W] fp32, exactly as `processor(images, return_tensors="pt").pixel_values`.
     ///
     /// Rescaling multiplies in float64 and rounds to float32; normalisation subtracts and divides in float32, as
-    /// transformers' numpy code does. All images must come out the same size (always so with centre cropping).
-    public func callAsFunction(_ images: [RGBImage]) -> Tensor {
+    /// transformers' numpy code does.
+    /// - Throws: `ImageProcessorError.unequalSizes` when the images come out in different sizes (no centre crop),
+    ///   which one tensor cannot hold, as transformers refuses to stack them.
+    public func preprocess(_ images: [RGBImage]) throws -> ProcessedImages {
+        let sizes = images.map { ImageSize(height: $0.height, width: $0.width) }
         let prepared = images.map(resizedAndCropped)
-        guard let first = prepared.first else { return Tensor(zeros: [0, 3, config.cropHeight, config.cropWidth]) }
+        guard let first = prepared.first else {
+            return ProcessedImages(pixelValues: Tensor(zeros: [0, 3, config.cropHeight, config.cropWidth]), imageSizes: [])
+        }
         let (height, width) = (first.height, first.width)
-        precondition(prepared.allSatisfy { $0.height == height && $0.width == width },
-                     "images of different sizes cannot be batched; enable center crop")
+        guard prepared.allSatisfy({ $0.height == height && $0.width == width }) else {
+            throw ImageProcessorError.unequalSizes(prepared.map { ImageSize(height: $0.height, width: $0.width) })
+        }
         let plane = height * width
         let mean = config.imageMean.map { Float($0) }, std = config.imageStd.map { Float($0) }
         let tensor = Tensor(uninitialized: [prepared.count, 3, height, width])
@@ -238,6 +253,6 @@ public struct CLIPImageProcessor: Sendable {
                 }
             }
         }
-        return tensor
+        return ProcessedImages(pixelValues: tensor, imageSizes: sizes)
     }
 }

@@ -1,0 +1,42 @@
+import Foundation
+import Testing
+import VLMCheckpoint
+@testable import VLMModels
+
+@Suite struct ModelRegistryTests {
+    static let fixtures = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .appendingPathComponent("Fixtures")
+
+    func directory(_ path: String) throws -> ModelDirectory {
+        try ModelDirectory(url: Self.fixtures.appendingPathComponent(path))
+    }
+
+    @Test func familiesComeFromTheModelType() throws {
+        #expect(try ModelRegistry.family(of: directory("clip/tiny-quickgelu-argmax")).name == "CLIP")
+        #expect(try ModelRegistry.family(of: directory("decoders/qwen2")).name == "Llama")
+        #expect(try ModelRegistry.family(of: directory("decoders/gpt2")).tasks == [.generate])
+        #expect(try ModelRegistry.dualEncoder(directory("clip/tiny-quickgelu-argmax"), for: .classify) is CLIPModel)
+    }
+
+    @Test func everyModelTypeHasOneFamilyPerArchitecture() {
+        // Two families may share a model type only when both name the architectures they take.
+        var seen: [String: [ModelFamily]] = [:]
+        for family in ModelRegistry.families {
+            for type in family.modelTypes { seen[type, default: []].append(family) }
+        }
+        for (type, families) in seen where families.count > 1 {
+            #expect(families.allSatisfy { $0.architectures != nil }, "model_type \(type)")
+        }
+    }
+
+    @Test func aTaskTheFamilyDoesNotServeNamesItsCommands() throws {
+        let error = try #require(throws: ModelError.self) {
+            try ModelRegistry.family(of: directory("decoders/opt-pre"), for: .classify)
+        }
+        #expect(error.description.hasSuffix("it runs with vlm generate, vlm chat"))
+        let unknown = try #require(throws: ModelError.self) {
+            try ModelRegistry.family(of: directory("decoders/opt-pre"), for: .detect)
+        }
+        #expect(unknown.description.contains("cannot run `vlm detect`"))
+    }
+}
