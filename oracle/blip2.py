@@ -3,7 +3,8 @@ transformers computes with them on real photos.
 
 Run by hand from the repository root with the oracle venv (oracle/requirements.txt):
 
-    python oracle/blip2.py [CASE...]    # → Tests/Fixtures/blip2/<case>/ (every case without arguments)
+    python oracle/blip2.py [CASE...]    # → Tests/Fixtures/blip2/<case>/ (every case without arguments;
+                                        #   the cases are those of CASES and "blip-vision")
 
 Each case directory is a checkpoint SwiftVLM loads as is (config.json + model.safetensors) plus:
 
@@ -15,6 +16,9 @@ Each case directory is a checkpoint SwiftVLM loads as is (config.json + model.sa
   image tokens + bos) with the smallest top-1/top-2 logit margin seen, and beam search (num_beams=3,
   num_return_sequences=3) with `sequences` (prompt included, as generate returns them for a decoder-only language
   model) and `sequences_scores`.
+
+The "blip-vision" case is BLIP's own vision tower (`BlipVisionModel`, `blip_vision_model`, its defaults for what
+the config leaves out), saved on its own, with its last hidden state and pooled output in expected.safetensors.
 
 Random init draws every parameter (transformers' own init leaves the query tokens and the vision tower's weights at
 zero or 1e-10, which would test nothing). Weights are stored in the case's dtype; transformers computes in fp32 from
@@ -31,7 +35,8 @@ import sys
 import torch
 from PIL import Image
 from safetensors.torch import load_file, save_file
-from transformers import Blip2Config, Blip2ForConditionalGeneration, BlipImageProcessorPil
+from transformers import (Blip2Config, Blip2ForConditionalGeneration, BlipImageProcessorPil, BlipVisionConfig,
+                          BlipVisionModel)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "Tests", "Fixtures", "blip2")
@@ -186,6 +191,27 @@ def build_case(name, spec, seed):
     print(name, "seed", seed, "margins", [round(g["min_margin"], 4) for g in generations], sizes)
 
 
+BLIP_VISION = "blip-vision"
+
+
+def build_blip_vision(seed=100):
+    """BLIP's vision tower alone: layer_norm_eps left at BlipVisionConfig's 1e-5, a fully biased qkv, fp32."""
+    torch.manual_seed(seed)
+    config = BlipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                              image_size=32, patch_size=8)
+    model = BlipVisionModel(config).eval()
+    randomize(model, torch.Generator().manual_seed(seed), hub_layout=False)
+    directory = os.path.join(FIXTURES, BLIP_VISION)
+    shutil.rmtree(directory, ignore_errors=True)
+    model.save_pretrained(directory)
+    pixels = pixel_values(config.image_size)
+    with torch.no_grad():
+        out = model(pixel_values=pixels)
+    save_file({"pixel_values": pixels, "last_hidden_state": out.last_hidden_state.contiguous(),
+               "pooler_output": out.pooler_output.contiguous()}, os.path.join(directory, "expected.safetensors"))
+    print(BLIP_VISION, {f: os.path.getsize(os.path.join(directory, f)) for f in sorted(os.listdir(directory))})
+
+
 def to_hub_layout(path):
     """Rewrites each vision layer's fused `qkv.bias` as the Hub checkpoints' `q_bias` and `v_bias`."""
     weights = load_file(path)
@@ -200,10 +226,12 @@ def to_hub_layout(path):
 
 
 def main():
-    unknown = set(sys.argv[1:]) - set(CASES)
+    unknown = set(sys.argv[1:]) - set(CASES) - {BLIP_VISION}
     if unknown:
-        raise SystemExit(f"unknown cases {sorted(unknown)}; the cases are {list(CASES)}")
+        raise SystemExit(f"unknown cases {sorted(unknown)}; the cases are {list(CASES) + [BLIP_VISION]}")
     os.makedirs(FIXTURES, exist_ok=True)
+    if not sys.argv[1:] or BLIP_VISION in sys.argv[1:]:
+        build_blip_vision()
     for name, spec in CASES.items():
         if sys.argv[1:] and name not in sys.argv[1:]:
             continue

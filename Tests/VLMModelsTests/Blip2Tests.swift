@@ -141,6 +141,18 @@ struct Blip2Fixture {
         #expect(spliced.shape == [2, fixture.expected.input_ids[0].count, 32])
     }
 
+    /// BLIP's own tower (`blip_vision_model`, saved alone): the same type with BLIP's config and a fully biased qkv.
+    @Test func blipVisionModelMatchesTransformers() throws {
+        let directory = try ModelDirectory(url: Blip2Fixture.root.appendingPathComponent("blip-vision"))
+        let config = try directory.decode(BlipVisionConfig.self)
+        #expect(config.layerNormEps == 1e-5 && config.qkvBias)
+        let model = try BlipVisionModel(config, weights: Weights(WeightStore(directory: directory.url)), file: "blip-vision/config.json")
+        let expected = try SafetensorsFile(url: directory.url.appendingPathComponent("expected.safetensors"))
+        let output = try model(pixelValues: expected.tensor("pixel_values"))
+        #expect(maxAbsDifference(output.lastHiddenState, try expected.tensor("last_hidden_state")) < Self.tolerance)
+        #expect(maxAbsDifference(output.pooledOutput, try expected.tensor("pooler_output")) < Self.tolerance)
+    }
+
     @Test func configDefaultsFollowTransformers() throws {
         let config = try JSONDecoder().decode(Blip2Config.self, from: Data("{}".utf8))
         let vision = config.visionConfig
