@@ -81,6 +81,13 @@ struct SelfAttention {
         self.heads = heads
     }
 
+    /// An attention whose checkpoint stores the projections fused already (BLIP's `qkv` and `projection`).
+    init(queryKeyValue: Linear, output: Linear, heads: Int) {
+        self.queryKeyValue = queryKeyValue
+        self.output = output
+        self.heads = heads
+    }
+
     /// Attention over `x` [B, T, D]; `residual` is added to the output projection (the pre-norm block's skip).
     func callAsFunction(_ x: Tensor, causal: Bool, keyPaddingMask: Tensor?, residual: Tensor) -> Tensor {
         let context = attention(packedQKV: queryKeyValue(x), heads: heads, causal: causal, keyPaddingMask: keyPaddingMask)
@@ -122,8 +129,15 @@ struct PreNormEncoderLayer {
     let mlp: FeedForward
 
     init(_ weights: Weights, hiddenSize: Int, intermediateSize: Int, heads: Int, activation: Activation, eps: Float) throws {
+        try self.init(weights, hiddenSize: hiddenSize, intermediateSize: intermediateSize, activation: activation, eps: eps,
+                      selfAttention: SelfAttention(weights.scoped("self_attn"), hiddenSize: hiddenSize, heads: heads))
+    }
+
+    /// A block around an attention built from its own weight names (BLIP's fused `qkv`).
+    init(_ weights: Weights, hiddenSize: Int, intermediateSize: Int, activation: Activation, eps: Float,
+         selfAttention: SelfAttention) throws {
         layerNorm1 = try LayerNorm(weights.scoped("layer_norm1"), size: hiddenSize, eps: eps)
-        selfAttention = try SelfAttention(weights.scoped("self_attn"), hiddenSize: hiddenSize, heads: heads)
+        self.selfAttention = selfAttention
         layerNorm2 = try LayerNorm(weights.scoped("layer_norm2"), size: hiddenSize, eps: eps)
         mlp = try FeedForward(weights.scoped("mlp"), hiddenSize: hiddenSize, intermediateSize: intermediateSize,
                               activation: activation)

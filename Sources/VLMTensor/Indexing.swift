@@ -47,3 +47,20 @@ public func gatherTokens(_ x: Tensor, positions: [Int]) -> Tensor {
     }
     return output
 }
+
+/// `x` with rows `rows[i]` replaced by row `i` of `source`, where `x [..., D]` is read as rows of its last dimension
+/// and `source` holds `rows.count` rows of `D` values (torch's `x.masked_scatter(mask[..., None], source)` with the
+/// mask true at exactly those rows, in increasing order). A VLM puts image features where its image tokens are.
+public func replacingRows(of x: Tensor, at rows: [Int], with source: Tensor) -> Tensor {
+    let width = x.shape.last ?? 0
+    precondition(x.rank >= 1 && source.count == rows.count * width,
+                 "replacingRows: \(rows.count) rows of \(width) values from \(source.shape) into \(x.shape)")
+    let rowCount = width == 0 ? 0 : x.count / width
+    let output = Tensor(uninitialized: x.shape)
+    output.storage.pointer.initialize(from: x.storage.pointer, count: x.count)
+    for (index, row) in rows.enumerated() {
+        precondition(row >= 0 && row < rowCount, "replacingRows: row \(row) outside \(rowCount) rows")
+        (output.storage.pointer + row * width).update(from: source.storage.pointer + index * width, count: width)
+    }
+    return output
+}

@@ -70,6 +70,17 @@ import Testing
         expectClose(gatherTokens(c.input("x"), positions: try #require(c.params.positions)), c.output(), "gatherTokens", tolerance: 0)
     }
 
+    /// masked_scatter over rows: the marked rows take the source's rows in order, the others stay.
+    @Test func replacingRowsScattersInOrder() {
+        let x = Tensor(shape: [2, 3, 2], scalars: (0..<12).map(Float.init))
+        let source = Tensor(shape: [1, 3, 2], scalars: [-1, -2, -3, -4, -5, -6])
+        let y = replacingRows(of: x, at: [1, 3, 4], with: source)
+        #expect(y.shape == [2, 3, 2])
+        #expect(y.scalars == [0, 1, -1, -2, 4, 5, -3, -4, -5, -6, 10, 11])
+        #expect(x.scalars == (0..<12).map(Float.init))
+        #expect(replacingRows(of: x, at: [], with: Tensor(zeros: [0, 2])).scalars == x.scalars)
+    }
+
     @Test(arguments: Backend.allCases)
     func emptyTensorsPassThrough(backend: Backend) {
         let empty = Tensor(zeros: [0, 8])
