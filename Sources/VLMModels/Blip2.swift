@@ -178,7 +178,7 @@ final class Blip2QFormerModel: @unchecked Sendable {
 ///
 /// A prompt holds `numQueryTokens` image tokens per image (`image_token_index`), in front of the text as
 /// `Blip2Processor` lays it out; the model puts the image's projected query outputs in their place.
-public final class Blip2ForConditionalGeneration: @unchecked Sendable {
+public final class Blip2ForConditionalGeneration: ImageToTextModel, @unchecked Sendable {
     public let config: Blip2Config
     /// The image tower.
     public let visionModel: BlipVisionModel
@@ -296,6 +296,11 @@ public final class Blip2ForConditionalGeneration: @unchecked Sendable {
         return try languageModel.generate(
             inputsEmbeds: inputsEmbeds(inputIds: ids, imageEmbeddings: imageEmbeddings), promptIds: ids,
             attentionMask: attentionMask, config: generation, stoppingCriteria: stoppingCriteria, seed: seed, onStep: onStep)
+    }
+
+    public var vocabularySize: Int { languageModel.vocabularySize }
+    public func positionsLeft(promptLength: Int?) -> Int? {
+        config.textConfig.maxPositionEmbeddings - (promptLength ?? config.numQueryTokens + 1)
     }
 
     /// What generate() prompts with when given none: each image's tokens, then bos.

@@ -19,8 +19,10 @@ public enum ModelTask: String, Sendable, CaseIterable {
     case classify
     /// Image and text embeddings.
     case embed
-    /// Text generation and chat.
+    /// Text generation from a prompt.
     case generate
+    /// A multi-turn conversation (about an image, for image-to-text models).
+    case chat
     /// Image captioning, with or without a prompt.
     case caption
     /// Visual question answering.
@@ -32,16 +34,15 @@ public enum ModelTask: String, Sendable, CaseIterable {
     /// Open-vocabulary detection.
     case detect
 
-    /// The `vlm` commands that run this task.
-    public var commands: [String] {
-        self == .generate ? ["generate", "chat"] : [rawValue]
-    }
+    /// The `vlm` command that runs this task.
+    public var command: String { rawValue }
 }
 
 /// How a registered family's model is built: the kind of model decides what can drive it.
 public enum ModelBuilder: Sendable {
     case imageTextDualEncoder(@Sendable (ModelDirectory) throws -> any ImageTextDualEncoder)
     case causalLanguageModel(@Sendable (ModelDirectory) throws -> any CausalLanguageModel)
+    case imageToText(@Sendable (ModelDirectory) throws -> any ImageToTextModel)
 }
 
 /// One model family as checkpoints name it: the config.json `model_type`s (and, where one type covers several
@@ -65,7 +66,7 @@ public struct ModelFamily: Sendable {
     }
 
     /// The `vlm` commands this family's tasks run.
-    public var commands: [String] { tasks.flatMap(\.commands) }
+    public var commands: [String] { tasks.map(\.command) }
 }
 
 /// The model families SwiftVLM loads, chosen from a checkpoint's config.json like transformers' `Auto*` classes.
@@ -74,12 +75,14 @@ public enum ModelRegistry {
     public static let families: [ModelFamily] = [
         ModelFamily("CLIP", modelTypes: ["clip"], tasks: [.classify, .embed],
                     builder: .imageTextDualEncoder { try CLIPModel(directory: $0) }),
-        ModelFamily("Llama", modelTypes: ["llama", "mistral", "qwen2"], tasks: [.generate],
+        ModelFamily("Llama", modelTypes: ["llama", "mistral", "qwen2"], tasks: [.generate, .chat],
                     builder: .causalLanguageModel { try LlamaForCausalLM(directory: $0) }),
-        ModelFamily("OPT", modelTypes: ["opt"], tasks: [.generate],
+        ModelFamily("OPT", modelTypes: ["opt"], tasks: [.generate, .chat],
                     builder: .causalLanguageModel { try OPTForCausalLM(directory: $0) }),
-        ModelFamily("GPT-2", modelTypes: ["gpt2"], tasks: [.generate],
+        ModelFamily("GPT-2", modelTypes: ["gpt2"], tasks: [.generate, .chat],
                     builder: .causalLanguageModel { try GPT2LMHeadModel(directory: $0) }),
+        ModelFamily("BLIP-2", modelTypes: ["blip-2"], tasks: [.caption, .ask, .chat],
+                    builder: .imageToText { try Blip2ForConditionalGeneration(directory: $0) }),
     ]
 
     /// The model types of the families that serve `task`, sorted.
@@ -140,9 +143,18 @@ public enum ModelRegistry {
 
     /// The decoder-only language model in `directory` (a ``LlamaForCausalLM`` for llama, mistral and qwen2, an
     /// ``OPTForCausalLM`` for opt, a ``GPT2LMHeadModel`` for gpt2); see ``family(of:for:)`` for the errors.
-    public static func causalLanguageModel(_ directory: ModelDirectory) throws -> any CausalLanguageModel {
-        guard case .causalLanguageModel(let build) = try family(of: directory, for: .generate).builder else {
-            throw ModelError.invalidConfig("generation needs a language model", file: directory.url.path)
+    public static func causalLanguageModel(_ directory: ModelDirectory, for task: ModelTask = .generate) throws -> any CausalLanguageModel {
+        guard case .causalLanguageModel(let build) = try family(of: directory, for: task).builder else {
+            throw ModelError.invalidConfig("\(task.rawValue) needs a language model", file: directory.url.path)
+        }
+        return try build(directory)
+    }
+
+    /// The image-to-text model in `directory`, for `task` (caption, ask, chat); see ``family(of:for:)`` for the
+    /// errors.
+    public static func imageToTextModel(_ directory: ModelDirectory, for task: ModelTask) throws -> any ImageToTextModel {
+        guard case .imageToText(let build) = try family(of: directory, for: task).builder else {
+            throw ModelError.invalidConfig("\(task.rawValue) needs an image-to-text model", file: directory.url.path)
         }
         return try build(directory)
     }

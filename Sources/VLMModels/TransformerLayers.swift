@@ -15,7 +15,7 @@ public enum ModelError: Error, CustomStringConvertible {
         case .unsupportedModelType(let type, let supported, let file):
             return "\(file): model_type \"\(type)\" is not supported here (supported: \(supported.joined(separator: ", ")))"
         case .wrongTask(let task, let family, let modelType, let commands, let file):
-            return "\(file): \(family) checkpoint (model_type \"\(modelType)\") cannot run `vlm \(task.commands[0])`; it runs with \(commands.map { "vlm \($0)" }.joined(separator: ", "))"
+            return "\(file): \(family) checkpoint (model_type \"\(modelType)\") cannot run `vlm \(task.command)`; it runs with \(commands.map { "vlm \($0)" }.joined(separator: ", "))"
         case .unsupportedActivation(let name, let file):
             return "\(file): hidden_act \"\(name)\" is not supported"
         case .invalidConfig(let message, let file):

@@ -6,6 +6,10 @@ public enum PipelineError: Error, CustomStringConvertible {
     case noChatTemplate
     /// The prompt tokenized to nothing.
     case emptyPrompt
+    /// A prompt has more tokens than the model or the session takes.
+    case promptTooLong(tokens: Int, limit: Int)
+    /// A checkpoint's processor files do not say how to lay out a prompt.
+    case invalidProcessor(String, String)
 
     public var description: String {
         switch self {
@@ -14,6 +18,8 @@ public enum PipelineError: Error, CustomStringConvertible {
         case .noChatTemplate:
             return "the checkpoint has no chat template (chat_template.jinja or tokenizer_config.json), so messages cannot be rendered"
         case .emptyPrompt: return "the prompt is empty: it tokenized to no tokens"
+        case .promptTooLong(let tokens, let limit): return "the prompt is \(tokens) tokens long, more than the \(limit) allowed"
+        case .invalidProcessor(let directory, let reason): return "\(directory): \(reason)"
         }
     }
 }

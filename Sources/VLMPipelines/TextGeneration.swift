@@ -22,7 +22,7 @@ public final class TextGenerationPipeline: Sendable {
     public let config: GenerationConfig
     /// Renders ``generate(messages:settings:seed:)``'s conversations; nil when the checkpoint has none.
     public let chatTemplate: ChatTemplate?
-    private let stopStringBytes = Mutex<[[UInt8]]?>(nil)
+    private let stopStrings = StopStringCriteria()
 
     public init(model: any CausalLanguageModel, tokenizer: Tokenizer, config: GenerationConfig, chatTemplate: ChatTemplate? = nil) {
         self.model = model
@@ -83,10 +83,7 @@ public final class TextGenerationPipeline: Sendable {
     func run(promptTokens: [Int], settings: GenerationConfig, seed: UInt64, cache: KVCache? = nil,
              onText: ((String) throws -> Void)?) throws -> TextGenerationResult {
         guard !promptTokens.isEmpty else { throw PipelineError.emptyPrompt }
-        var criteria: [any StoppingCriterion] = []
-        if !settings.stopStrings.isEmpty {
-            criteria.append(StopStringCriterion(stopStrings: settings.stopStrings, tokenBytes: stopStringTokenBytes()))
-        }
+        let criteria = stopStrings.criteria(settings, tokenizer: tokenizer, vocabularySize: model.vocabularySize)
         var detokenizer = StreamingDetokenizer(tokenizer: tokenizer)
         let onStep: ([Int?]) throws -> Void = { tokens in
             if let onText, let token = tokens[0] { try onText(detokenizer.append(token)) }
@@ -99,15 +96,21 @@ public final class TextGenerationPipeline: Sendable {
         let ids = output.sequences.first ?? []
         return TextGenerationResult(text: tokenizer.decode(ids, skipSpecialTokens: true), ids: ids, promptTokens: promptTokens)
     }
+}
 
-    /// ``Tokenizer/tokenBytes(count:)`` for the whole vocabulary: one decode per token, so built on the first call
-    /// with stop strings and kept.
-    private func stopStringTokenBytes() -> [[UInt8]] {
-        stopStringBytes.withLock { cached in
+/// The stop-string criterion of a pipeline's settings. Matching needs every token's bytes, one decode per token, so
+/// the table is built on the first call with stop strings and kept.
+final class StopStringCriteria: Sendable {
+    private let tokenBytes = Mutex<[[UInt8]]?>(nil)
+
+    func criteria(_ settings: GenerationConfig, tokenizer: Tokenizer, vocabularySize: Int) -> [any StoppingCriterion] {
+        guard !settings.stopStrings.isEmpty else { return [] }
+        let bytes = tokenBytes.withLock { cached in
             if let cached { return cached }
-            let bytes = tokenizer.tokenBytes(count: model.vocabularySize)
+            let bytes = tokenizer.tokenBytes(count: vocabularySize)
             cached = bytes
             return bytes
         }
+        return [StopStringCriterion(stopStrings: settings.stopStrings, tokenBytes: bytes)]
     }
 }

@@ -24,7 +24,7 @@ extension TextGenerationPipeline {
             let model = try ModelRegistry.causalLanguageModel(checkpoint)
             let config = try GenerationConfig.load(directory: path)
             self.init(model: model, tokenizer: tokenizer,
-                      config: Self.withPipelineDefaults(config, setKeys: Self.generationKeys(directory: path)), chatTemplate: chatTemplate)
+                      config: Self.withPipelineDefaults(config, setKeys: generationKeys(directory: path)), chatTemplate: chatTemplate)
         } else {
             // One parse of the file serves the tokenizer and the model.
             let file = try GGUFFile(url: path)
@@ -38,15 +38,6 @@ extension TextGenerationPipeline {
         }
     }
 
-    /// The keys of the file `GenerationConfig.load(directory:)` reads.
-    private static func generationKeys(directory: URL) -> Set<String> {
-        for name in ["generation_config.json", "config.json"] {
-            guard let data = try? Data(contentsOf: directory.appendingPathComponent(name)) else { continue }
-            return Set(((try? JSONSerialization.jsonObject(with: data)) as? [String: Any])?.keys.map { $0 } ?? [])
-        }
-        return []
-    }
-
     /// transformers' `Pipeline._get_generate_kwargs`: the pipeline's defaults for what the model does not set, the
     /// sampling ones only when sampling.
     private static func withPipelineDefaults(_ config: GenerationConfig, setKeys: Set<String>) -> GenerationConfig {
@@ -56,4 +47,14 @@ extension TextGenerationPipeline {
         if config.doSample && !setKeys.contains("temperature") { config.temperature = 0.7 }
         return config
     }
+}
+
+/// The keys of the file `GenerationConfig.load(directory:)` reads: which settings the checkpoint sets itself, and so
+/// which ones a pipeline's defaults may fill in.
+func generationKeys(directory: URL) -> Set<String> {
+    for name in ["generation_config.json", "config.json"] {
+        guard let data = try? Data(contentsOf: directory.appendingPathComponent(name)) else { continue }
+        return Set(((try? JSONSerialization.jsonObject(with: data)) as? [String: Any])?.keys.map { $0 } ?? [])
+    }
+    return []
 }

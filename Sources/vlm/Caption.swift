@@ -1,0 +1,39 @@
+import ArgumentParser
+import Foundation
+import SwiftVLM
+
+struct Caption: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Describe each image (image captioning); with --prompt, continue the prompt about each image.")
+
+    @OptionGroup var options: ModelOption
+    @OptionGroup var settings: GenerationSettings
+
+    @Option(help: "Text the caption continues (prompted captioning); the output is the continuation only.")
+    var prompt: String?
+
+    @Flag(help: "Print JSON instead of one caption per line.")
+    var json = false
+
+    @Argument(help: "Image files (JPEG, PNG or WebP).")
+    var images: [String]
+
+    private struct Result: Encodable {
+        let image: String
+        let text: String
+        let ids: [Int]
+    }
+
+    func run() async throws {
+        guard !images.isEmpty else { throw PipelineError.noInputs }
+        let pipeline = try ImageToTextPipeline(directory: try await options.directory(), task: .caption)
+        let config = try settings.apply(to: pipeline.config)
+        let decoded = try images.map { try ImageDecoder.decode(contentsOf: URL(fileURLWithPath: $0)) }
+        let results = try pipeline(decoded, prompt: prompt, settings: config, seed: settings.samplerSeed)
+        if json {
+            try printJSON(zip(images, results).map { Result(image: $0, text: $1.text, ids: $1.ids) })
+            return
+        }
+        for (image, result) in zip(images, results) { print("\(image): \(result.text)") }
+    }
+}

@@ -1,0 +1,102 @@
+import Foundation
+import Testing
+import VLMImages
+import VLMModels
+import VLMPipelines
+
+/// Image to text from files, as a user meets it: checkpoint, real tokenizer and processor config as transformers
+/// saves them, real photos; against what transformers' processor, generate and decoding gave
+/// (oracle/image_to_text.py).
+@Suite struct ImageToTextTests {
+    struct Expected: Decodable {
+        struct Generated: Decodable { let ids: [Int]; let text: String }
+        struct Request: Decodable {
+            let image: String
+            let prompt: String?
+            let input_ids: [Int]?
+            let greedy: Generated
+            let beam: Generated
+        }
+        let max_new_tokens: Int
+        let requests: [Request]
+    }
+
+    static let fixtures = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .appendingPathComponent("Fixtures")
+
+    static func load(_ name: String) throws -> (ImageToTextPipeline, Expected) {
+        let directory = fixtures.appendingPathComponent("image-to-text/\(name)")
+        let expected = try JSONDecoder().decode(Expected.self, from: Data(contentsOf: directory.appendingPathComponent("expected.json")))
+        return (try ImageToTextPipeline(directory: directory), expected)
+    }
+
+    static func photo(_ name: String) throws -> RGBImage {
+        try ImageDecoder.decode(contentsOf: fixtures.appendingPathComponent("photos/\(name)"))
+    }
+
+    @Test func blip2ProcessorLaysOutPromptsLikeTransformers() throws {
+        let (pipeline, expected) = try Self.load("blip2-opt")
+        for request in expected.requests {
+            #expect(try pipeline.processor.promptIds(request.prompt) == request.input_ids, "\(request.prompt ?? "no prompt")")
+        }
+    }
+
+    @Test(arguments: ["greedy", "beam"])
+    func blip2CaptionsAndContinuationsLikeTransformers(_ mode: String) throws {
+        let (pipeline, expected) = try Self.load("blip2-opt")
+        var settings = pipeline.config
+        settings.maxNewTokens = expected.max_new_tokens
+        settings.doSample = false
+        settings.numBeams = mode == "beam" ? 3 : 1
+        for request in expected.requests {
+            let result = try pipeline([try Self.photo(request.image)], prompt: request.prompt, settings: settings)[0]
+            let reference = mode == "beam" ? request.beam : request.greedy
+            #expect(result.ids == reference.ids, "\(request.image) \(request.prompt ?? "no prompt")")
+            #expect(result.text == reference.text)
+        }
+    }
+
+    @Test func imagesOfABatchAreCaptionedAsAlone() throws {
+        let (pipeline, expected) = try Self.load("blip2-opt")
+        var settings = pipeline.config
+        settings.maxNewTokens = expected.max_new_tokens
+        let uncaptioned = expected.requests.filter { $0.prompt == nil }
+        let results = try pipeline(uncaptioned.map { try Self.photo($0.image) }, settings: settings)
+        #expect(results.map(\.ids) == uncaptioned.map(\.greedy.ids))
+    }
+
+    @Test func visualQuestionsUseBlip2sQuestionForm() throws {
+        let (pipeline, expected) = try Self.load("blip2-opt")
+        let request = try #require(expected.requests.first { $0.prompt?.hasPrefix("Question: ") == true })
+        let question = String(request.prompt!.dropFirst("Question: ".count).dropLast(" Answer:".count))
+        var settings = pipeline.config
+        settings.maxNewTokens = expected.max_new_tokens
+        let answers = try VisualQuestionAnsweringPipeline(generator: pipeline)([try Self.photo(request.image)], question: question,
+                                                                                settings: settings)
+        #expect(answers.map(\.ids) == [request.greedy.ids])
+    }
+
+    @Test func chatCarriesEarlierTurnsAndDropsTheOldest() throws {
+        let (pipeline, _) = try Self.load("blip2-opt")
+        var settings = pipeline.config
+        settings.maxNewTokens = 3
+        let session = try VisualChatSession(pipeline: pipeline, image: try Self.photo("chelsea.png"), maximumPromptTokens: 40)
+        let first = try session.ask("what is this?", settings: settings)
+        // The second prompt holds the first turn; its answer is what a single prompt with that text gives.
+        let second = try session.ask("and its colour?", settings: settings)
+        let prompt = "Question: what is this? Answer: \(first.text). Question: and its colour? Answer:"
+        #expect(try pipeline([try Self.photo("chelsea.png")], prompt: prompt, settings: settings)[0].ids == second.ids)
+        // A long third question leaves no room for the first turns: they are dropped.
+        let question = Array(repeating: "why", count: 20).joined(separator: " ")
+        let third = try session.ask(question, settings: settings)
+        #expect(try pipeline([try Self.photo("chelsea.png")], prompt: "Question: \(question) Answer:", settings: settings)[0].ids == third.ids)
+        #expect(session.turns.count == 3)
+        #expect(throws: PipelineError.self) { try session.ask(Array(repeating: "why", count: 60).joined(separator: " "), settings: settings) }
+    }
+
+    @Test func otherFamiliesAreRefusedNamingTheirCommands() throws {
+        let clip = Self.fixtures.appendingPathComponent("clip/tiny-quickgelu-argmax")
+        let error = try #require(throws: ModelError.self) { try ImageToTextPipeline(directory: clip) }
+        #expect(error.description.contains("cannot run `vlm caption`; it runs with vlm classify, vlm embed"))
+    }
+}

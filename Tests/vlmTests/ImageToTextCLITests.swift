@@ -1,0 +1,99 @@
+import Foundation
+import Testing
+
+/// `vlm caption`, `vlm ask`, `vlm chat --image` and `vlm bench` on a BLIP-2 checkpoint with a real tokenizer, against
+/// oracle/image_to_text.py.
+@Suite struct ImageToTextCLITests {
+    struct Expected: Decodable {
+        struct Generated: Decodable { let ids: [Int]; let text: String }
+        struct Request: Decodable { let image: String; let prompt: String?; let greedy: Generated }
+        let requests: [Request]
+    }
+
+    let model = CLI.fixtures.appendingPathComponent("image-to-text/blip2-opt").path
+    var expected: Expected {
+        get throws {
+            try JSONDecoder().decode(Expected.self, from: Data(contentsOf: URL(fileURLWithPath: model).appendingPathComponent("expected.json")))
+        }
+    }
+
+    func photo(_ name: String) -> String { CLI.fixtures.appendingPathComponent("photos/\(name)").path }
+
+    @Test func captionPrintsEachImagesTextAndNewIds() throws {
+        let requests = try expected.requests.filter { $0.prompt == nil }
+        let run = try CLI.run(["caption"] + requests.map { photo($0.image) } + ["--model", model, "--max-new-tokens", "12", "--json"])
+        #expect(run.status == 0, "\(run.stderr)")
+        let output = try #require(try CLI.json(run) as? [[String: Any]])
+        #expect(output.count == requests.count)
+        for (entry, request) in zip(output, requests) {
+            #expect(Set(entry.keys) == ["image", "text", "ids"])
+            #expect(entry["image"] as? String == photo(request.image))
+            #expect(entry["ids"] as? [Int] == request.greedy.ids)
+            #expect(entry["text"] as? String == request.greedy.text)
+        }
+        let plain = try CLI.run(["caption", photo(requests[0].image), "--model", model, "--max-new-tokens", "12"])
+        #expect(plain.stdout == "\(photo(requests[0].image)): \(requests[0].greedy.text)\n")
+    }
+
+    @Test func promptedCaptionIsTheContinuationOnly() throws {
+        let request = try #require(try expected.requests.first { $0.prompt == "a photo of" })
+        let run = try CLI.run(["caption", photo(request.image), "--model", model, "--prompt", "a photo of",
+                               "--max-new-tokens", "12", "--temperature", "0", "--json"])
+        let output = try #require(try CLI.json(run) as? [[String: Any]])
+        #expect(output.first?["ids"] as? [Int] == request.greedy.ids)
+        #expect(output.first?["text"] as? String == request.greedy.text)
+    }
+
+    @Test func askAnswersInBlip2sQuestionForm() throws {
+        let request = try #require(try expected.requests.first { $0.prompt?.hasPrefix("Question:") == true })
+        let run = try CLI.run(["ask", photo(request.image), "--model", model, "--question", "what is in the cup?",
+                               "--max-new-tokens", "12", "--json"])
+        #expect(run.status == 0, "\(run.stderr)")
+        let output = try #require(try CLI.json(run) as? [[String: Any]])
+        #expect(Set(output.first?.keys ?? [:].keys) == ["image", "question", "answers"])
+        #expect(output.first?["question"] as? String == "what is in the cup?")
+        let answers = try #require(output.first?["answers"] as? [[String: Any]])
+        #expect(answers.count == 1)
+        #expect(answers.first?["ids"] as? [Int] == request.greedy.ids)
+        #expect(answers.first?["answer"] as? String == request.greedy.text)
+    }
+
+    @Test func chatAboutAnImageAnswersEachLine() throws {
+        let request = try #require(try expected.requests.first { $0.prompt?.hasPrefix("Question:") == true })
+        let input = FileManager.default.temporaryDirectory.appendingPathComponent("vlm-chat-\(UUID().uuidString).txt")
+        defer { try? FileManager.default.removeItem(at: input) }
+        try Data("what is in the cup?\n".utf8).write(to: input)
+        let run = try CLI.run(["chat", "--model", model, "--image", photo(request.image), "--max-new-tokens", "12"],
+                              standardInput: input)
+        #expect(run.status == 0, "\(run.stderr)")
+        // The first question has no earlier turns: the same prompt as `vlm ask`.
+        #expect(run.stdout == request.greedy.text + "\n")
+    }
+
+    @Test func benchReportsImageFirstTokenAndDecodeTimes() throws {
+        let run = try CLI.run(["bench", "--model", model, "--runs", "1", "--json"])
+        #expect(run.status == 0, "\(run.stderr)")
+        let report = try #require(try CLI.json(run) as? [String: Any])
+        #expect(report["task"] as? String == "image-to-text")
+        for key in ["image_ms", "first_token_ms", "decode_tokens_per_s"] {
+            #expect((report[key] as? Double ?? 0) > 0, "\(key)")
+        }
+    }
+
+    @Test func badInputIsOneLine() throws {
+        let clip = CLI.fixtures.appendingPathComponent("clip/tiny-quickgelu-argmax").path
+        for (arguments, needle) in [
+            (["ask", photo("chelsea.png"), "--model", clip, "--question", "why?"], "cannot run `vlm ask`"),
+            (["caption", photo("chelsea.png"), "--model", clip], "cannot run `vlm caption`"),
+            (["caption", CLI.fixtures.path, "--model", model], CLI.fixtures.path),
+            (["chat", "--model", model], "--image"),
+            (["caption", photo("chelsea.png"), "--model", model, "--prompt", String(repeating: "long ", count: 80)], "prompt"),
+        ] {
+            let run = try CLI.run(arguments)
+            #expect(run.status != 0, "\(arguments)")
+            #expect(run.stdout.isEmpty)
+            #expect(run.stderr.split(separator: "\n").count == 1, "\(run.stderr)")
+            #expect(run.stderr.contains(needle), "\(run.stderr)")
+        }
+    }
+}
