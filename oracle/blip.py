@@ -53,11 +53,13 @@ TEXT_BASE = dict(vocab_size=VOCAB, max_position_embeddings=64, bos_token_id=DEC,
 VISION_BASE = dict(image_size=32, patch_size=8, num_hidden_layers=1, intermediate_size=64, initializer_range=0.2)
 
 CASES = {
-    # Text and vision widths differ (32 and 48): the cross-attention keys and values project 48 → 32.
+    # Text and vision widths differ (32 and 48): the cross-attention keys and values project 48 → 32. The LM head
+    # is untied (both tie_word_embeddings off; either one on ties it), so its decoder weight and bias are stored.
     "captioning": (BlipForConditionalGeneration, False,
                    dict(text_config=dict(TEXT_BASE, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, sep_token_id=103),
-                        vision_config=dict(VISION_BASE, hidden_size=48, num_attention_heads=4))),
+                                         num_attention_heads=4, sep_token_id=26, tie_word_embeddings=False),
+                        vision_config=dict(VISION_BASE, hidden_size=48, num_attention_heads=4),
+                        tie_word_embeddings=False)),
     # The answer decoder attends to the question encoder's output through keys sized for the vision width, so VQA
     # needs equal widths (768 in the real checkpoints); 6 heads of 8, fp16 weights.
     "vqa": (BlipForQuestionAnswering, True,

@@ -20,6 +20,8 @@ public struct BlipConfig: Decodable, Sendable {
     /// Width of the shared space of retrieval's `vision_proj` and `text_proj`.
     public var imageTextHiddenSize: Int
     public var labelSmoothing: Float
+    /// The text decoder's LM head reuses the word embeddings when this or `text_config.tie_word_embeddings` says so
+    /// (transformers ties at both levels).
     public var tieWordEmbeddings: Bool
 
     enum CodingKeys: String, CodingKey {
@@ -52,6 +54,11 @@ public struct BlipConfig: Decodable, Sendable {
         labelSmoothing = try c.value(.labelSmoothing, default: 0)
         tieWordEmbeddings = try c.value(.tieWordEmbeddings, default: true)
     }
+}
+
+extension BlipConfig {
+    /// Whether the text decoder's LM head is the word embedding table (see ``tieWordEmbeddings``).
+    var tiesTextDecoderEmbeddings: Bool { tieWordEmbeddings || textConfig.tieWordEmbeddings }
 }
 
 /// The config and weights of a checkpoint directory whose `model_type` is `blip`.
@@ -88,7 +95,8 @@ public final class BlipForConditionalGeneration: @unchecked Sendable {
     /// left to the vision tower.
     public init(config: BlipConfig, weights: Weights, file: String = "config.json") throws {
         self.config = config
-        textDecoder = try BlipTextLMHeadModel(config: config.textConfig, weights: weights.scoped("text_decoder"), file: file)
+        textDecoder = try BlipTextLMHeadModel(config: config.textConfig, weights: weights.scoped("text_decoder"), file: file,
+                                              tiesWordEmbeddings: config.tiesTextDecoderEmbeddings)
     }
 
     /// Loads config.json and the safetensors weights of a checkpoint directory.
@@ -153,7 +161,8 @@ public final class BlipForQuestionAnswering: @unchecked Sendable {
         }
         self.config = config
         textEncoder = try BlipTextModel(config: config.textConfig, weights: weights.scoped("text_encoder"), file: file)
-        textDecoder = try BlipTextLMHeadModel(config: config.textConfig, weights: weights.scoped("text_decoder"), file: file)
+        textDecoder = try BlipTextLMHeadModel(config: config.textConfig, weights: weights.scoped("text_decoder"), file: file,
+                                              tiesWordEmbeddings: config.tiesTextDecoderEmbeddings)
     }
 
     /// Loads config.json and the safetensors weights of a checkpoint directory.

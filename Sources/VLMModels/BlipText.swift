@@ -280,17 +280,21 @@ public final class BlipTextLMHeadModel: CausalLanguageModel, @unchecked Sendable
 
     /// Builds the model from weights named as under transformers' `BlipTextLMHeadModel` (`bert.…`, `cls.…`)
     /// relative to `weights` (`text_decoder` in BLIP checkpoints).
-    public init(config: BlipTextConfig, weights: Weights, file: String = "config.json") throws {
+    public convenience init(config: BlipTextConfig, weights: Weights, file: String = "config.json") throws {
+        try self.init(config: config, weights: weights, file: file, tiesWordEmbeddings: config.tieWordEmbeddings)
+    }
+
+    /// `tiesWordEmbeddings`: the prediction head's decoder is the word embedding table and its bias
+    /// `cls.predictions.bias`; otherwise both are stored as `cls.predictions.decoder.weight` and `.bias`.
+    init(config: BlipTextConfig, weights: Weights, file: String, tiesWordEmbeddings: Bool) throws {
         self.config = config
         bert = try BlipTextModel(config: config, weights: weights.scoped("bert"), file: file)
         let predictions = weights.scoped("cls.predictions")
         transform = try Linear(predictions.scoped("transform.dense"), inFeatures: config.hiddenSize, outFeatures: config.hiddenSize)
         transformNorm = try LayerNorm(predictions.scoped("transform.LayerNorm"), size: config.hiddenSize, eps: config.layerNormEps)
-        let weight = config.tieWordEmbeddings ? bert.wordEmbeddings
-            : try predictions("decoder.weight", shape: [config.vocabSize, config.hiddenSize])
-        // transformers ties decoder.bias to cls.predictions.bias and saves only the latter; older checkpoints hold both.
-        let biasName = predictions.contains("decoder.bias") ? "decoder.bias" : "bias"
-        decoder = try Linear(weight: weight, bias: predictions(biasName, shape: [config.vocabSize]))
+        decoder = tiesWordEmbeddings
+            ? try Linear(weight: bert.wordEmbeddings, bias: predictions("bias", shape: [config.vocabSize]))
+            : try Linear(predictions.scoped("decoder"), inFeatures: config.hiddenSize, outFeatures: config.vocabSize)
     }
 
     public var vocabularySize: Int { config.vocabSize }
