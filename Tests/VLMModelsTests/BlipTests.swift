@@ -190,6 +190,19 @@ struct BlipFixture {
         #expect(maxDifference(states.scalars, try #require(expected.itc_text_states)) < Self.tolerance)
     }
 
+    /// `BlipConfig()`'s values, as transformers 5.23 fills an empty config.json.
+    @Test func configDefaultsAreTransformers() throws {
+        let config = try JSONDecoder().decode(BlipConfig.self, from: Data("{}".utf8))
+        let text = config.textConfig
+        let sizes: [Int] = [text.vocabSize, text.hiddenSize, text.encoderHiddenSize, text.intermediateSize, text.numHiddenLayers,
+                            text.numAttentionHeads, text.maxPositionEmbeddings]
+        #expect(sizes == [30524, 768, 768, 3072, 12, 8, 512])
+        #expect(text.bosTokenId == 30522 && text.sepTokenId == 102 && text.padTokenId == 0 && text.eosTokenIds == [2])
+        #expect(text.hiddenAct == "gelu" && text.layerNormEps == 1e-12 && text.isDecoder && text.tieWordEmbeddings)
+        #expect(config.visionHiddenSize == 768 && config.projectionDim == 512 && config.imageTextHiddenSize == 256)
+        #expect(config.logitScaleInitValue == 2.6592 && config.labelSmoothing == 0 && config.tieWordEmbeddings)
+    }
+
     @Test func checkpointsOfOtherFamiliesAreRefused() throws {
         let gpt2 = try ModelDirectory(url: BlipFixture.root.deletingLastPathComponent().appendingPathComponent("decoders/gpt2"))
         #expect(throws: ModelError.self) { try BlipForConditionalGeneration(directory: gpt2) }
