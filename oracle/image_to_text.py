@@ -10,9 +10,14 @@ BPE (Tests/Fixtures/tokenizers/real/gpt2, the vocabulary OPT's tokenizer is buil
 in front of a prompt as OPT's tokenizer adds `</s>`) plus the `<image>` token Blip2Processor adds, saved with
 Blip2Processor.save_pretrained (BlipImageProcessor at the tiny image size, num_query_tokens).
 
-expected.json lists, per request (one image, an optional prompt): the processor's input_ids (image tokens expanded
-in front of the text), the new tokens of greedy decoding and of 3-beam search, and their text as the
-image-text-to-text pipeline returns it (decoded with special tokens skipped, stripped).
+"blip-captioning", "blip-vqa", "blip-retrieval": tiny random-init BLIP heads with BLIP's real tokenizer: the
+bert-base-uncased WordPiece (Tests/Fixtures/tokenizers/real/bert-uncased) with "[DEC]" as bos and "[ENC]" added, as
+the Salesforce checkpoints have it (30524 ids), saved with BlipProcessor.save_pretrained.
+
+expected.json lists, per request (one image, an optional prompt or question): the processor's input_ids (image
+tokens expanded in front of the text for BLIP-2; [CLS] … [SEP] for BLIP), the new tokens of greedy decoding and of
+3-beam search, and their text as the image-text-to-text pipeline returns it (decoded with special tokens skipped,
+stripped). For retrieval: per image and text, the ITM match probability and the ITC cosine similarity.
 """
 import json
 import os
@@ -20,13 +25,15 @@ import shutil
 
 import torch
 from PIL import Image
-from transformers import (AutoTokenizer, Blip2Config, Blip2ForConditionalGeneration, Blip2Processor,
-                          BlipImageProcessorPil)
+from transformers import (AutoTokenizer, Blip2Config, Blip2ForConditionalGeneration, Blip2Processor, BlipConfig,
+                          BlipForConditionalGeneration, BlipForImageTextRetrieval, BlipForQuestionAnswering,
+                          BlipImageProcessorPil, BlipProcessor)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "Tests", "Fixtures", "image-to-text")
 PHOTOS = os.path.join(ROOT, "Tests", "Fixtures", "photos")
 GPT2 = os.path.join(ROOT, "Tests", "Fixtures", "tokenizers", "real", "gpt2")
+BERT = os.path.join(ROOT, "Tests", "Fixtures", "tokenizers", "real", "bert-uncased")
 NEW_TOKENS = 12
 
 REQUESTS = [("chelsea.png", None), ("coffee.png", None), ("chelsea.png", "a photo of"),
@@ -52,6 +59,104 @@ def compact_json(path):
         content = json.load(file)
     with open(path, "w") as file:
         json.dump(content, file, ensure_ascii=False, separators=(",", ":"))
+
+
+def generations(model, processor, inputs, prompt_length):
+    """Greedy and 3-beam new tokens with their text, and the greedy steps' smallest top-1/top-2 margin."""
+    record = {}
+    for mode, settings in (("greedy", dict(do_sample=False)), ("beam", dict(do_sample=False, num_beams=3))):
+        with torch.no_grad():
+            out = model.generate(**inputs, max_new_tokens=NEW_TOKENS, output_logits=mode == "greedy",
+                                 return_dict_in_generate=True, **settings)
+        ids = out.sequences[0, prompt_length:].tolist()
+        record[mode] = dict(ids=ids, text=processor.decode(ids, skip_special_tokens=True).strip())
+        if mode == "greedy":
+            record[mode]["min_margin"] = min((top[:, 0] - top[:, 1]).min().item()
+                                             for top in (logits.topk(2, dim=-1).values for logits in out.logits))
+    return record
+
+
+def blip_tokenizer():
+    """bert-base-uncased as BLIP extends it: "[DEC]" (bos) and "[ENC]" appended."""
+    tokenizer = AutoTokenizer.from_pretrained(BERT, bos_token="[DEC]")
+    tokenizer.add_special_tokens({"additional_special_tokens": ["[ENC]"]})
+    return tokenizer
+
+
+BLIP_TEXT = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                 max_position_embeddings=64)
+BLIP_VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=32,
+                   patch_size=8)
+
+
+def blip(name, model_class, requests, seed):
+    directory = os.path.join(FIXTURES, name)
+    shutil.rmtree(directory, ignore_errors=True)
+    processor = BlipProcessor(image_processor=BlipImageProcessorPil(size={"height": 32, "width": 32}),
+                              tokenizer=blip_tokenizer())
+    tokenizer = processor.tokenizer
+    config = BlipConfig(text_config=dict(BLIP_TEXT, vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+                                         pad_token_id=tokenizer.pad_token_id, sep_token_id=tokenizer.sep_token_id),
+                        vision_config=BLIP_VISION, image_text_hidden_size=16)
+    torch.manual_seed(seed)
+    model = model_class(config).eval()
+    randomize(model, torch.Generator().manual_seed(seed))
+    model.to(torch.float16).save_pretrained(directory)
+    processor.save_pretrained(directory)
+    model = model_class.from_pretrained(directory, dtype=torch.float32).eval()
+    processor = BlipProcessor.from_pretrained(directory)
+    records = []
+    for photo, text in requests:
+        image = Image.open(os.path.join(PHOTOS, photo)).convert("RGB")
+        inputs = processor(images=image, text=text, return_tensors="pt")
+        record = dict(image=photo, prompt=text)
+        if text is not None:
+            record["input_ids"] = inputs.input_ids[0].tolist()
+        # Captioning hands back the decoder's prompt ([DEC] + the prompt without [CLS] and [SEP]) first; VQA the [DEC]
+        # it starts the answer from.
+        if model_class is BlipForConditionalGeneration:
+            prompt_length = 1 if text is None else inputs.input_ids.shape[1] - 1
+        else:
+            prompt_length = 1
+        record.update(generations(model, processor, inputs, prompt_length))
+        records.append(record)
+    assert min(r["greedy"]["min_margin"] for r in records) > 1e-3, f"{name}: near-tie, pick another seed"
+    write(directory, dict(max_new_tokens=NEW_TOKENS, requests=records))
+
+
+def blip_retrieval(seed=5):
+    directory = os.path.join(FIXTURES, "blip-retrieval")
+    shutil.rmtree(directory, ignore_errors=True)
+    processor = BlipProcessor(image_processor=BlipImageProcessorPil(size={"height": 32, "width": 32}),
+                              tokenizer=blip_tokenizer())
+    tokenizer = processor.tokenizer
+    config = BlipConfig(text_config=dict(BLIP_TEXT, vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+                                         pad_token_id=tokenizer.pad_token_id, sep_token_id=tokenizer.sep_token_id),
+                        vision_config=BLIP_VISION, image_text_hidden_size=16)
+    torch.manual_seed(seed)
+    model = BlipForImageTextRetrieval(config).eval()
+    randomize(model, torch.Generator().manual_seed(seed))
+    model.to(torch.float16).save_pretrained(directory)
+    processor.save_pretrained(directory)
+    model = BlipForImageTextRetrieval.from_pretrained(directory, dtype=torch.float32).eval()
+    processor = BlipProcessor.from_pretrained(directory)
+    texts = ["a cat lying on a blanket", "a cup of coffee", "two monsters sitting around a campfire"]
+    pairs = []
+    for photo in ("chelsea.png", "coffee.png"):
+        image = Image.open(os.path.join(PHOTOS, photo)).convert("RGB")
+        inputs = processor(images=[image] * len(texts), text=texts, return_tensors="pt", padding=True)
+        with torch.no_grad():
+            itm = model(**inputs, use_itm_head=True).itm_score.softmax(dim=-1)[:, 1]
+            itc = model(**inputs, use_itm_head=False).itm_score[0]
+        pairs += [dict(image=photo, text=text, itm=float(itm[i]), itc=float(itc[i])) for i, text in enumerate(texts)]
+    write(directory, dict(texts=texts, pairs=pairs))
+
+
+def write(directory, expected):
+    compact_json(os.path.join(directory, "tokenizer.json"))
+    with open(os.path.join(directory, "expected.json"), "w") as file:
+        json.dump(expected, file, indent=1)
+    print(os.path.basename(directory), {f: os.path.getsize(os.path.join(directory, f)) for f in sorted(os.listdir(directory))})
 
 
 def blip2_opt(seed=7):
@@ -108,3 +213,8 @@ def blip2_opt(seed=7):
 
 if __name__ == "__main__":
     blip2_opt()
+    blip("blip-captioning", BlipForConditionalGeneration,
+         [("chelsea.png", None), ("coffee.png", None), ("chelsea.png", "a picture of")], seed=3)
+    blip("blip-vqa", BlipForQuestionAnswering,
+         [("chelsea.png", "how many cats are there?"), ("coffee.png", "what is in the cup?")], seed=4)
+    blip_retrieval()

@@ -7,14 +7,14 @@ import VLMTensor
 // (BlipText.swift) through cross-attention. Captioning decodes from the image embeds; VQA encodes the question
 // against them and decodes the answer from the question's encoding; retrieval scores image–text pairs with a match
 // head over the image-aware text encoding (ITM) or with cosine similarity of projected [CLS] states (ITC).
-// The heads here start from the image embeds; the vision tower is loaded and run by its own type.
+// Each head holds its vision tower (`BlipVisionModel`) and also takes image embeds computed once.
 
 /// transformers' `BlipConfig`: the text model's config and the shared sizes of the heads, with their defaults.
 public struct BlipConfig: Decodable, Sendable {
     /// `text_config`, its `encoder_hidden_size` set to the vision tower's width as `BlipConfig` sets it.
     public var textConfig: BlipTextConfig
-    /// `vision_config.hidden_size`: the width of the image embeds.
-    public var visionHiddenSize: Int
+    /// `vision_config`, with `BlipVisionConfig`'s defaults.
+    public var visionConfig: BlipVisionConfig
     public var projectionDim: Int
     public var logitScaleInitValue: Float
     /// Width of the shared space of retrieval's `vision_proj` and `text_proj`.
@@ -30,13 +30,10 @@ public struct BlipConfig: Decodable, Sendable {
         case labelSmoothing = "label_smoothing", tieWordEmbeddings = "tie_word_embeddings"
     }
 
-    /// What the heads read of `vision_config`; the vision tower decodes the rest.
-    private struct VisionWidth: Decodable {
-        var hiddenSize: Int
-        enum CodingKeys: String, CodingKey { case hiddenSize = "hidden_size" }
-        init(from decoder: any Decoder) throws {
-            hiddenSize = try decoder.container(keyedBy: CodingKeys.self).value(.hiddenSize, default: 768)
-        }
+    /// `vision_config` read with BLIP's defaults whatever its `model_type`, as `BlipConfig` does.
+    private struct VisionConfig: Decodable {
+        let config: BlipVisionConfig
+        init(from decoder: any Decoder) throws { config = try BlipVisionConfig(from: decoder, family: .blip) }
     }
 
     public init(from decoder: any Decoder) throws {
@@ -45,9 +42,9 @@ public struct BlipConfig: Decodable, Sendable {
         let empty = Data("{}".utf8)
         textConfig = try c.decodeIfPresent(BlipTextConfig.self, forKey: .textConfig)
             ?? JSONDecoder().decode(BlipTextConfig.self, from: empty)
-        visionHiddenSize = try (c.decodeIfPresent(VisionWidth.self, forKey: .visionConfig)
-            ?? JSONDecoder().decode(VisionWidth.self, from: empty)).hiddenSize
-        textConfig.encoderHiddenSize = visionHiddenSize
+        visionConfig = try (c.decodeIfPresent(VisionConfig.self, forKey: .visionConfig)
+            ?? JSONDecoder().decode(VisionConfig.self, from: empty)).config
+        textConfig.encoderHiddenSize = visionConfig.hiddenSize
         projectionDim = try c.value(.projectionDim, default: 512)
         logitScaleInitValue = try c.value(.logitScaleInitValue, default: 2.6592)
         imageTextHiddenSize = try c.value(.imageTextHiddenSize, default: 256)
@@ -57,6 +54,9 @@ public struct BlipConfig: Decodable, Sendable {
 }
 
 extension BlipConfig {
+    /// The width of the image embeds.
+    public var visionHiddenSize: Int { visionConfig.hiddenSize }
+
     /// Whether the text decoder's LM head is the word embedding table (see ``tieWordEmbeddings``).
     var tiesTextDecoderEmbeddings: Bool { tieWordEmbeddings || textConfig.tieWordEmbeddings }
 }
@@ -86,15 +86,17 @@ private func decoderGeneration(_ config: GenerationConfig, text: BlipTextConfig)
 }
 
 /// transformers' `BlipForConditionalGeneration`: image captioning, unconditional or continuing a prompt.
-public final class BlipForConditionalGeneration: @unchecked Sendable {
+public final class BlipForConditionalGeneration: ImageToTextModel, @unchecked Sendable {
     public let config: BlipConfig
+    /// `vision_model`.
+    public let visionModel: BlipVisionModel
     /// `text_decoder`.
     public let textDecoder: BlipTextLMHeadModel
 
-    /// Builds the head from a checkpoint's weights by Hugging Face name (`text_decoder.…`); `vision_model.…` is
-    /// left to the vision tower.
+    /// Builds the model from a checkpoint's weights by Hugging Face name (`vision_model.…`, `text_decoder.…`).
     public init(config: BlipConfig, weights: Weights, file: String = "config.json") throws {
         self.config = config
+        visionModel = try BlipVisionModel(config.visionConfig, weights: weights.scoped("vision_model"), file: file)
         textDecoder = try BlipTextLMHeadModel(config: config.textConfig, weights: weights.scoped("text_decoder"), file: file,
                                               tiesWordEmbeddings: config.tiesTextDecoderEmbeddings)
     }
@@ -135,31 +137,55 @@ public final class BlipForConditionalGeneration: @unchecked Sendable {
     /// `config` chooses greedy decoding, sampling or beam search and the length; its eos and pad ids are replaced.
     /// - Returns: each caption's new tokens (after the prompt), ending with `[SEP]` where one ended it.
     public func generate(imageEmbeds: Tensor, inputIds: [[Int]]? = nil, attentionMask: [[Int]]? = nil,
-                         config generation: GenerationConfig = GenerationConfig()) throws -> GenerationOutput {
+                         config generation: GenerationConfig = GenerationConfig(), stoppingCriteria: [any StoppingCriterion] = [],
+                         seed: UInt64 = 0, onStep: ((_ tokens: [Int?]) throws -> Void)? = nil) throws -> GenerationOutput {
         let batch = try imageBatch(imageEmbeds, width: config.visionHiddenSize)
         let prompt = try decoderPrompt(inputIds: inputIds, attentionMask: attentionMask, batch: batch)
         return try textDecoder.attending(to: imageEmbeds).generate(
-            inputIds: prompt.ids, attentionMask: prompt.mask, config: decoderGeneration(generation, text: config.textConfig))
+            inputIds: prompt.ids, attentionMask: prompt.mask, config: decoderGeneration(generation, text: config.textConfig),
+            stoppingCriteria: stoppingCriteria, seed: seed, onStep: onStep)
+    }
+
+    /// The vision tower's last hidden state, the image embeds the decoder cross-attends to.
+    public func imageEmbeddings(pixelValues: Tensor) throws -> Tensor {
+        try visionModel(pixelValues: pixelValues).lastHiddenState
+    }
+
+    public func generate(imageEmbeddings: Tensor, inputIds: [[Int]]?, attentionMask: [[Int]]?, config: GenerationConfig,
+                         stoppingCriteria: [any StoppingCriterion], seed: UInt64,
+                         onStep: ((_ tokens: [Int?]) throws -> Void)?) throws -> GenerationOutput {
+        try generate(imageEmbeds: imageEmbeddings, inputIds: inputIds, attentionMask: attentionMask, config: config,
+                     stoppingCriteria: stoppingCriteria, seed: seed, onStep: onStep)
+    }
+
+    public var vocabularySize: Int { textDecoder.vocabularySize }
+
+    /// The decoder reads `[bos]` and the prompt without its `[CLS]` and `[SEP]`.
+    public func positionsLeft(promptLength: Int?) -> Int? {
+        config.textConfig.maxPositionEmbeddings - (promptLength.map { $0 - 1 } ?? 1)
     }
 }
 
 /// transformers' `BlipForQuestionAnswering`: the question encoded against the image, the answer decoded from the
 /// question's encoding.
-public final class BlipForQuestionAnswering: @unchecked Sendable {
+public final class BlipForQuestionAnswering: ImageToTextModel, @unchecked Sendable {
     public let config: BlipConfig
+    /// `vision_model`.
+    public let visionModel: BlipVisionModel
     /// `text_encoder`: the question, cross-attending to the image.
     public let textEncoder: BlipTextModel
     /// `text_decoder`: the answer, cross-attending to the encoded question.
     public let textDecoder: BlipTextLMHeadModel
 
-    /// Builds the head from a checkpoint's weights by Hugging Face name (`text_encoder.…`, `text_decoder.…`);
-    /// `vision_model.…` is left to the vision tower.
+    /// Builds the model from a checkpoint's weights by Hugging Face name (`vision_model.…`, `text_encoder.…`,
+    /// `text_decoder.…`).
     public init(config: BlipConfig, weights: Weights, file: String = "config.json") throws {
         guard config.textConfig.hiddenSize == config.visionHiddenSize else {
             // The answer decoder reads the question encoding through keys sized for the image embeds.
             throw ModelError.invalidConfig("VQA needs text_config.hidden_size (\(config.textConfig.hiddenSize)) equal to vision_config.hidden_size (\(config.visionHiddenSize))", file: file)
         }
         self.config = config
+        visionModel = try BlipVisionModel(config.visionConfig, weights: weights.scoped("vision_model"), file: file)
         textEncoder = try BlipTextModel(config: config.textConfig, weights: weights.scoped("text_encoder"), file: file)
         textDecoder = try BlipTextLMHeadModel(config: config.textConfig, weights: weights.scoped("text_decoder"), file: file,
                                               tiesWordEmbeddings: config.tiesTextDecoderEmbeddings)
@@ -189,29 +215,56 @@ public final class BlipForQuestionAnswering: @unchecked Sendable {
     /// its eos and pad ids are replaced.
     /// - Returns: each answer's tokens after `[bos]`, ending with `[SEP]` where one ended it.
     public func generate(imageEmbeds: Tensor, inputIds: [[Int]], attentionMask: [[Int]]? = nil,
-                         config generation: GenerationConfig = GenerationConfig()) throws -> GenerationOutput {
+                         config generation: GenerationConfig = GenerationConfig(), stoppingCriteria: [any StoppingCriterion] = [],
+                         seed: UInt64 = 0, onStep: ((_ tokens: [Int?]) throws -> Void)? = nil) throws -> GenerationOutput {
         guard let bos = config.textConfig.bosTokenId else {
             throw ModelError.invalidInput("answering needs text_config.bos_token_id")
         }
         let states = try questionStates(imageEmbeds: imageEmbeds, inputIds: inputIds, attentionMask: attentionMask)
         return try answerDecoder(questionStates: states).generate(
-            inputIds: Array(repeating: [bos], count: inputIds.count), config: decoderGeneration(generation, text: config.textConfig))
+            inputIds: Array(repeating: [bos], count: inputIds.count), config: decoderGeneration(generation, text: config.textConfig),
+            stoppingCriteria: stoppingCriteria, seed: seed, onStep: onStep)
+    }
+
+    /// The vision tower's last hidden state, the image embeds the question encoder cross-attends to.
+    public func imageEmbeddings(pixelValues: Tensor) throws -> Tensor {
+        try visionModel(pixelValues: pixelValues).lastHiddenState
+    }
+
+    /// `inputIds` are the questions, which this model cannot do without.
+    public func generate(imageEmbeddings: Tensor, inputIds: [[Int]]?, attentionMask: [[Int]]?, config: GenerationConfig,
+                         stoppingCriteria: [any StoppingCriterion], seed: UInt64,
+                         onStep: ((_ tokens: [Int?]) throws -> Void)?) throws -> GenerationOutput {
+        guard let inputIds else { throw ModelError.invalidInput("BLIP's question answering needs a question") }
+        return try generate(imageEmbeds: imageEmbeddings, inputIds: inputIds, attentionMask: attentionMask, config: config,
+                            stoppingCriteria: stoppingCriteria, seed: seed, onStep: onStep)
+    }
+
+    public var vocabularySize: Int { textDecoder.vocabularySize }
+
+    /// The question is encoded at its own positions; the answer decoder starts from `[bos]`.
+    public func positionsLeft(promptLength: Int?) -> Int? {
+        let limit = config.textConfig.maxPositionEmbeddings
+        return (promptLength ?? 0) > limit ? 0 : limit - 1
     }
 }
 
 /// transformers' `BlipForImageTextRetrieval`: image–text matching (ITM) and contrastive similarity (ITC).
-public final class BlipForImageTextRetrieval: @unchecked Sendable {
+public final class BlipForImageTextRetrieval: ImageTextMatchingModel, @unchecked Sendable {
     public let config: BlipConfig
+    /// `vision_model`.
+    public let visionModel: BlipVisionModel
     /// `text_encoder`: with cross-attention to the image for ITM, without for ITC.
     public let textEncoder: BlipTextModel
     let visionProjection: Linear
     let textProjection: Linear
     let itmHead: Linear
 
-    /// Builds the head from a checkpoint's weights by Hugging Face name (`text_encoder.…`, `vision_proj`,
-    /// `text_proj`, `itm_head`); `vision_model.…` is left to the vision tower.
+    /// Builds the model from a checkpoint's weights by Hugging Face name (`vision_model.…`, `text_encoder.…`,
+    /// `vision_proj`, `text_proj`, `itm_head`).
     public init(config: BlipConfig, weights: Weights, file: String = "config.json") throws {
         self.config = config
+        visionModel = try BlipVisionModel(config.visionConfig, weights: weights.scoped("vision_model"), file: file)
         let text = config.textConfig
         textEncoder = try BlipTextModel(config: text, weights: weights.scoped("text_encoder"), file: file)
         visionProjection = try Linear(weights.scoped("vision_proj"), inFeatures: config.visionHiddenSize,
@@ -257,5 +310,12 @@ public final class BlipForImageTextRetrieval: @unchecked Sendable {
     public func cosineSimilarities(imageEmbeds: Tensor, inputIds: [[Int]], attentionMask: [[Int]]? = nil) throws -> Tensor {
         matmul(try imageFeatures(imageEmbeds: imageEmbeds), try textFeatures(inputIds: inputIds, attentionMask: attentionMask),
                transposeB: true)
+    }
+
+    public var imageSize: Int { config.visionConfig.imageSize }
+
+    /// The vision tower's last hidden state, the image embeds both scores read.
+    public func imageEmbeddings(pixelValues: Tensor) throws -> Tensor {
+        try visionModel(pixelValues: pixelValues).lastHiddenState
     }
 }

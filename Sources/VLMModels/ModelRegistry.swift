@@ -43,6 +43,7 @@ public enum ModelBuilder: Sendable {
     case imageTextDualEncoder(@Sendable (ModelDirectory) throws -> any ImageTextDualEncoder)
     case causalLanguageModel(@Sendable (ModelDirectory) throws -> any CausalLanguageModel)
     case imageToText(@Sendable (ModelDirectory) throws -> any ImageToTextModel)
+    case imageTextMatching(@Sendable (ModelDirectory) throws -> any ImageTextMatchingModel)
 }
 
 /// One model family as checkpoints name it: the config.json `model_type`s (and, where one type covers several
@@ -83,6 +84,12 @@ public enum ModelRegistry {
                     builder: .causalLanguageModel { try GPT2LMHeadModel(directory: $0) }),
         ModelFamily("BLIP-2", modelTypes: ["blip-2"], tasks: [.caption, .ask, .chat],
                     builder: .imageToText { try Blip2ForConditionalGeneration(directory: $0) }),
+        ModelFamily("BLIP captioning", modelTypes: ["blip"], architectures: ["BlipForConditionalGeneration"],
+                    tasks: [.caption], builder: .imageToText { try BlipForConditionalGeneration(directory: $0) }),
+        ModelFamily("BLIP question answering", modelTypes: ["blip"], architectures: ["BlipForQuestionAnswering"],
+                    tasks: [.ask], builder: .imageToText { try BlipForQuestionAnswering(directory: $0) }),
+        ModelFamily("BLIP retrieval", modelTypes: ["blip"], architectures: ["BlipForImageTextRetrieval"],
+                    tasks: [.match], builder: .imageTextMatching { try BlipForImageTextRetrieval(directory: $0) }),
     ]
 
     /// The model types of the families that serve `task`, sorted.
@@ -146,6 +153,14 @@ public enum ModelRegistry {
     public static func causalLanguageModel(_ directory: ModelDirectory, for task: ModelTask = .generate) throws -> any CausalLanguageModel {
         guard case .causalLanguageModel(let build) = try family(of: directory, for: task).builder else {
             throw ModelError.invalidConfig("\(task.rawValue) needs a language model", file: directory.url.path)
+        }
+        return try build(directory)
+    }
+
+    /// The image–text matching model in `directory`; see ``family(of:for:)`` for the errors.
+    public static func imageTextMatchingModel(_ directory: ModelDirectory) throws -> any ImageTextMatchingModel {
+        guard case .imageTextMatching(let build) = try family(of: directory, for: .match).builder else {
+            throw ModelError.invalidConfig("match needs an image–text matching model", file: directory.url.path)
         }
         return try build(directory)
     }

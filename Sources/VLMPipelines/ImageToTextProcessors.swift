@@ -20,6 +20,7 @@ public protocol ImageToTextProcessor: Sendable {
 enum ImageToTextProcessors {
     static let builders: [String: @Sendable (ModelDirectory) throws -> any ImageToTextProcessor] = [
         "blip-2": { try Blip2Processor(directory: $0) },
+        "blip": { try BlipProcessor(directory: $0) },
     ]
 
     static func load(_ directory: ModelDirectory) throws -> any ImageToTextProcessor {
@@ -70,4 +71,23 @@ public struct Blip2Processor: ImageToTextProcessor {
     public func questionPrompt(_ question: String) -> String {
         "Question: \(question) Answer:"
     }
+}
+
+/// transformers' `BlipProcessor`: BLIP's image processor and its BERT tokenizer, the text framed as `[CLS] … [SEP]`
+/// (the captioning model turns that into its decoder prompt; the VQA model encodes it as the question).
+public struct BlipProcessor: ImageToTextProcessor {
+    public let imageProcessor: any ImageProcessor
+    public let tokenizer: Tokenizer
+
+    public init(directory: ModelDirectory) throws {
+        tokenizer = try Tokenizer(directory: directory.url)
+        imageProcessor = try ImageProcessorRegistry.load(directory: directory.url, modelType: directory.modelType)
+    }
+
+    public func promptIds(_ prompt: String?) throws -> [Int]? {
+        prompt.map { tokenizer.encode($0).ids }
+    }
+
+    /// BLIP's VQA model reads the question as it is.
+    public func questionPrompt(_ question: String) -> String { question }
 }

@@ -59,7 +59,12 @@ struct Bench: AsyncParsableCommand {
         let directory = try ModelDirectory(url: try await options.directory())
         switch try ModelRegistry.family(of: directory).builder {
         case .causalLanguageModel(let build): try benchLanguageModel(build(directory))
-        case .imageTextDualEncoder(let build): try benchImageModel(build(directory))
+        case .imageTextDualEncoder(let build):
+            let model = try build(directory)
+            try benchImageModel(side: model.imageSize, features: model.imageFeatures)
+        case .imageTextMatching(let build):
+            let model = try build(directory)
+            try benchImageModel(side: model.imageSize, features: model.imageEmbeddings)
         case .imageToText: try benchImageToText(ImageToTextPipeline(directory: directory.url))
         }
     }
@@ -118,17 +123,17 @@ struct Bench: AsyncParsableCommand {
         }
     }
 
-    private func benchImageModel(_ model: any ImageTextDualEncoder) throws {
+    /// The image side of a model: `features` of random pixel values `[batch, 3, side, side]`.
+    private func benchImageModel(side: Int, features: (_ pixelValues: Tensor) throws -> Tensor) throws {
         // Seeded: the system generator makes a system call per number, seconds for a batch of 32 images.
         var generator = SeededGenerator(seed: 0x5EED)
-        let side = model.imageSize
         let pixels = Tensor(shape: [batchSize, 3, side, side],
                             scalars: (0..<(batchSize * 3 * side * side)).map { _ in Float.random(in: -2...2, using: &generator) })
-        _ = try model.imageFeatures(pixelValues: pixels)
+        _ = try features(pixels)
         var times: [Double] = []
         for _ in 0..<runs {
             let start = DispatchTime.now().uptimeNanoseconds
-            _ = try model.imageFeatures(pixelValues: pixels)
+            _ = try features(pixels)
             times.append(Double(DispatchTime.now().uptimeNanoseconds - start) / 1e6)
         }
         let median = times.sorted()[times.count / 2] / Double(batchSize)

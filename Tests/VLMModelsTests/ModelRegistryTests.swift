@@ -14,8 +14,21 @@ import VLMCheckpoint
     @Test func familiesComeFromTheModelType() throws {
         #expect(try ModelRegistry.family(of: directory("clip/tiny-quickgelu-argmax")).name == "CLIP")
         #expect(try ModelRegistry.family(of: directory("decoders/qwen2")).name == "Llama")
-        #expect(try ModelRegistry.family(of: directory("decoders/gpt2")).tasks == [.generate])
+        #expect(try ModelRegistry.family(of: directory("decoders/gpt2")).tasks == [.generate, .chat])
         #expect(try ModelRegistry.dualEncoder(directory("clip/tiny-quickgelu-argmax"), for: .classify) is CLIPModel)
+    }
+
+    /// BLIP's heads share model_type "blip": `architectures[0]` decides.
+    @Test func architecturesTellFamiliesOfOneModelTypeApart() throws {
+        #expect(try ModelRegistry.family(of: directory("image-to-text/blip-captioning")).tasks == [.caption])
+        #expect(try ModelRegistry.family(of: directory("image-to-text/blip-vqa")).tasks == [.ask])
+        #expect(try ModelRegistry.family(of: directory("image-to-text/blip-retrieval")).tasks == [.match])
+        let temporary = FileManager.default.temporaryDirectory.appendingPathComponent("registry-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: temporary, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: temporary) }
+        try Data(#"{"model_type": "blip", "architectures": ["BlipModel"]}"#.utf8).write(to: temporary.appendingPathComponent("config.json"))
+        let error = try #require(throws: ModelError.self) { try ModelRegistry.family(of: ModelDirectory(url: temporary)) }
+        #expect(error.description.contains("\"BlipModel\"") && error.description.contains("BlipForQuestionAnswering"))
     }
 
     @Test func everyModelTypeHasOneFamilyPerArchitecture() {

@@ -24,26 +24,28 @@ import VLMPipelines
     static let fixtures = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
         .appendingPathComponent("Fixtures")
 
-    static func load(_ name: String) throws -> (ImageToTextPipeline, Expected) {
+    static func load(_ name: String, task: ModelTask = .caption) throws -> (ImageToTextPipeline, Expected) {
         let directory = fixtures.appendingPathComponent("image-to-text/\(name)")
         let expected = try JSONDecoder().decode(Expected.self, from: Data(contentsOf: directory.appendingPathComponent("expected.json")))
-        return (try ImageToTextPipeline(directory: directory), expected)
+        return (try ImageToTextPipeline(directory: directory, task: task), expected)
     }
 
     static func photo(_ name: String) throws -> RGBImage {
         try ImageDecoder.decode(contentsOf: fixtures.appendingPathComponent("photos/\(name)"))
     }
 
-    @Test func blip2ProcessorLaysOutPromptsLikeTransformers() throws {
-        let (pipeline, expected) = try Self.load("blip2-opt")
+    @Test(arguments: ["blip2-opt", "blip-captioning", "blip-vqa"])
+    func processorsLayOutPromptsLikeTransformers(_ name: String) throws {
+        let (pipeline, expected) = try Self.load(name, task: name == "blip-vqa" ? .ask : .caption)
         for request in expected.requests {
             #expect(try pipeline.processor.promptIds(request.prompt) == request.input_ids, "\(request.prompt ?? "no prompt")")
         }
     }
 
-    @Test(arguments: ["greedy", "beam"])
-    func blip2CaptionsAndContinuationsLikeTransformers(_ mode: String) throws {
-        let (pipeline, expected) = try Self.load("blip2-opt")
+    @Test(arguments: [("blip2-opt", "greedy"), ("blip2-opt", "beam"), ("blip-captioning", "greedy"),
+                      ("blip-captioning", "beam")])
+    func captionsAndContinuationsLikeTransformers(_ name: String, _ mode: String) throws {
+        let (pipeline, expected) = try Self.load(name)
         var settings = pipeline.config
         settings.maxNewTokens = expected.max_new_tokens
         settings.doSample = false
@@ -74,6 +76,41 @@ import VLMPipelines
         let answers = try VisualQuestionAnsweringPipeline(generator: pipeline)([try Self.photo(request.image)], question: question,
                                                                                 settings: settings)
         #expect(answers.map(\.ids) == [request.greedy.ids])
+    }
+
+    @Test(arguments: ["greedy", "beam"])
+    func blipAnswersQuestionsLikeTransformers(_ mode: String) throws {
+        let directory = Self.fixtures.appendingPathComponent("image-to-text/blip-vqa")
+        let expected = try JSONDecoder().decode(Expected.self, from: Data(contentsOf: directory.appendingPathComponent("expected.json")))
+        let pipeline = try VisualQuestionAnsweringPipeline(directory: directory)
+        var settings = pipeline.generator.config
+        settings.maxNewTokens = expected.max_new_tokens
+        settings.numBeams = mode == "beam" ? 3 : 1
+        for request in expected.requests {
+            let answer = try pipeline([try Self.photo(request.image)], question: request.prompt!, settings: settings)[0]
+            let reference = mode == "beam" ? request.beam : request.greedy
+            #expect(answer.ids == reference.ids, "\(request.prompt!)")
+            #expect(answer.text == reference.text)
+        }
+    }
+
+    @Test func blipRetrievalScoresEveryPairLikeTransformers() throws {
+        struct Retrieval: Decodable {
+            struct Pair: Decodable { let image: String; let text: String; let itm: Float; let itc: Float }
+            let texts: [String]
+            let pairs: [Pair]
+        }
+        let directory = Self.fixtures.appendingPathComponent("image-to-text/blip-retrieval")
+        let expected = try JSONDecoder().decode(Retrieval.self, from: Data(contentsOf: directory.appendingPathComponent("expected.json")))
+        let pipeline = try ImageTextMatchingPipeline(directory: directory)
+        let photos = ["chelsea.png", "coffee.png"]
+        let results = try pipeline(photos.map(Self.photo), texts: expected.texts).flatMap { $0 }
+        try #require(results.count == expected.pairs.count)
+        for (result, pair) in zip(results, expected.pairs) {
+            #expect(result.text == pair.text)
+            #expect(abs(result.itm - pair.itm) < 1e-4, "\(pair.image) \(pair.text)")
+            #expect(abs(result.itc - pair.itc) < 1e-4, "\(pair.image) \(pair.text)")
+        }
     }
 
     @Test func chatCarriesEarlierTurnsAndDropsTheOldest() throws {

@@ -70,6 +70,37 @@ import Testing
         #expect(run.stdout == request.greedy.text + "\n")
     }
 
+    @Test func blipCaptionsAnswersAndMatches() throws {
+        let captioning = CLI.fixtures.appendingPathComponent("image-to-text/blip-captioning").path
+        let run = try CLI.run(["caption", photo("chelsea.png"), "--model", captioning, "--prompt", "a picture of",
+                               "--max-new-tokens", "12", "--json"])
+        #expect(run.status == 0, "\(run.stderr)")
+        let caption = try #require(try CLI.json(run) as? [[String: Any]])
+        let expectedCaption = try JSONDecoder().decode(Expected.self, from: Data(contentsOf: URL(fileURLWithPath: captioning).appendingPathComponent("expected.json")))
+            .requests.first { $0.prompt == "a picture of" }
+        #expect(caption.first?["ids"] as? [Int] == expectedCaption?.greedy.ids)
+
+        let vqa = CLI.fixtures.appendingPathComponent("image-to-text/blip-vqa").path
+        let expectedAnswer = try JSONDecoder().decode(Expected.self, from: Data(contentsOf: URL(fileURLWithPath: vqa).appendingPathComponent("expected.json")))
+            .requests.first { $0.image == "coffee.png" }
+        let asked = try CLI.run(["ask", photo("coffee.png"), "--model", vqa, "--question", "what is in the cup?",
+                                 "--max-new-tokens", "12", "--json"])
+        let answers = try #require((try CLI.json(asked) as? [[String: Any]])?.first?["answers"] as? [[String: Any]])
+        #expect(answers.first?["answer"] as? String == expectedAnswer?.greedy.text)
+
+        let retrieval = CLI.fixtures.appendingPathComponent("image-to-text/blip-retrieval").path
+        let matched = try CLI.run(["match", photo("chelsea.png"), photo("coffee.png"), "--model", retrieval,
+                                   "--texts", "a cat lying on a blanket,a cup of coffee", "--json"])
+        #expect(matched.status == 0, "\(matched.stderr)")
+        let pairs = try #require(try CLI.json(matched) as? [[String: Any]])
+        #expect(pairs.map { $0["text"] as? String } == ["a cat lying on a blanket", "a cup of coffee", "a cat lying on a blanket", "a cup of coffee"])
+        #expect(pairs.map { $0["image"] as? String } == [photo("chelsea.png"), photo("chelsea.png"), photo("coffee.png"), photo("coffee.png")])
+        #expect(pairs.allSatisfy { Set($0.keys) == ["image", "text", "itm", "itc"] })
+        // The BLIP-2 checkpoint does not match images and texts: the one-line error names what it runs.
+        let wrong = try CLI.run(["match", photo("chelsea.png"), "--model", model, "--texts", "a"])
+        #expect(wrong.status == 1 && wrong.stderr.contains("it runs with vlm caption, vlm ask, vlm chat"))
+    }
+
     @Test func benchReportsImageFirstTokenAndDecodeTimes() throws {
         let run = try CLI.run(["bench", "--model", model, "--runs", "1", "--json"])
         #expect(run.status == 0, "\(run.stderr)")
