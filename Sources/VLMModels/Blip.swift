@@ -61,12 +61,27 @@ extension BlipConfig {
     var tiesTextDecoderEmbeddings: Bool { tieWordEmbeddings || textConfig.tieWordEmbeddings }
 }
 
-/// The config and weights of a checkpoint directory whose `model_type` is `blip`.
-private func blipCheckpoint(_ directory: ModelDirectory) throws -> (config: BlipConfig, weights: Weights, file: String) {
-    let file = directory.url.appendingPathComponent("config.json").path
-    let type = try directory.modelType
-    guard type == "blip" else { throw ModelError.unsupportedModelType(type, supported: ["blip"], file: file) }
-    return (try directory.decode(BlipConfig.self), Weights(try WeightStore(directory: directory.url)), file)
+/// What BLIP's three heads share: the config, the vision tower under `vision_model`, and loading.
+public protocol BlipHead: AnyObject {
+    var config: BlipConfig { get }
+    var visionModel: BlipVisionModel { get }
+    /// Builds the head from a checkpoint's weights by Hugging Face name; `file` is what configuration errors name.
+    init(config: BlipConfig, weights: Weights, file: String) throws
+}
+
+extension BlipHead {
+    /// Loads config.json and the safetensors weights of a checkpoint directory whose `model_type` is `blip`.
+    public init(directory: ModelDirectory) throws {
+        let file = directory.url.appendingPathComponent("config.json").path
+        let type = try directory.modelType
+        guard type == "blip" else { throw ModelError.unsupportedModelType(type, supported: ["blip"], file: file) }
+        try self.init(config: directory.decode(BlipConfig.self), weights: Weights(WeightStore(directory: directory.url)), file: file)
+    }
+
+    /// The vision tower's last hidden state `[N, patches + 1, vision]`: the image embeds the text side attends to.
+    public func imageEmbeddings(pixelValues: Tensor) throws -> Tensor {
+        try visionModel(pixelValues: pixelValues).lastHiddenState
+    }
 }
 
 /// Checks that `imageEmbeds` is `[B, P, width]` and returns `B`.
@@ -86,7 +101,7 @@ private func decoderGeneration(_ config: GenerationConfig, text: BlipTextConfig)
 }
 
 /// transformers' `BlipForConditionalGeneration`: image captioning, unconditional or continuing a prompt.
-public final class BlipForConditionalGeneration: ImageToTextModel, @unchecked Sendable {
+public final class BlipForConditionalGeneration: BlipHead, ImageToTextModel, @unchecked Sendable {
     public let config: BlipConfig
     /// `vision_model`.
     public let visionModel: BlipVisionModel
@@ -99,12 +114,6 @@ public final class BlipForConditionalGeneration: ImageToTextModel, @unchecked Se
         visionModel = try BlipVisionModel(config.visionConfig, weights: weights.scoped("vision_model"), file: file)
         textDecoder = try BlipTextLMHeadModel(config: config.textConfig, weights: weights.scoped("text_decoder"), file: file,
                                               tiesWordEmbeddings: config.tiesTextDecoderEmbeddings)
-    }
-
-    /// Loads config.json and the safetensors weights of a checkpoint directory.
-    public convenience init(directory: ModelDirectory) throws {
-        let checkpoint = try blipCheckpoint(directory)
-        try self.init(config: checkpoint.config, weights: checkpoint.weights, file: checkpoint.file)
     }
 
     /// The forward pass's logits `[B, T, vocab]` for `decoderInputIds [B][T]` over `imageEmbeds [B, P, vision]`.
@@ -146,11 +155,6 @@ public final class BlipForConditionalGeneration: ImageToTextModel, @unchecked Se
             stoppingCriteria: stoppingCriteria, seed: seed, onStep: onStep)
     }
 
-    /// The vision tower's last hidden state, the image embeds the decoder cross-attends to.
-    public func imageEmbeddings(pixelValues: Tensor) throws -> Tensor {
-        try visionModel(pixelValues: pixelValues).lastHiddenState
-    }
-
     public func generate(imageEmbeddings: Tensor, inputIds: [[Int]]?, attentionMask: [[Int]]?, config: GenerationConfig,
                          stoppingCriteria: [any StoppingCriterion], seed: UInt64,
                          onStep: ((_ tokens: [Int?]) throws -> Void)?) throws -> GenerationOutput {
@@ -168,7 +172,7 @@ public final class BlipForConditionalGeneration: ImageToTextModel, @unchecked Se
 
 /// transformers' `BlipForQuestionAnswering`: the question encoded against the image, the answer decoded from the
 /// question's encoding.
-public final class BlipForQuestionAnswering: ImageToTextModel, @unchecked Sendable {
+public final class BlipForQuestionAnswering: BlipHead, ImageToTextModel, @unchecked Sendable {
     public let config: BlipConfig
     /// `vision_model`.
     public let visionModel: BlipVisionModel
@@ -189,12 +193,6 @@ public final class BlipForQuestionAnswering: ImageToTextModel, @unchecked Sendab
         textEncoder = try BlipTextModel(config: config.textConfig, weights: weights.scoped("text_encoder"), file: file)
         textDecoder = try BlipTextLMHeadModel(config: config.textConfig, weights: weights.scoped("text_decoder"), file: file,
                                               tiesWordEmbeddings: config.tiesTextDecoderEmbeddings)
-    }
-
-    /// Loads config.json and the safetensors weights of a checkpoint directory.
-    public convenience init(directory: ModelDirectory) throws {
-        let checkpoint = try blipCheckpoint(directory)
-        try self.init(config: checkpoint.config, weights: checkpoint.weights, file: checkpoint.file)
     }
 
     /// The question encoder's last hidden state `[B, T, hidden]` for question ids `[B][T]` (right-padded) over
@@ -226,11 +224,6 @@ public final class BlipForQuestionAnswering: ImageToTextModel, @unchecked Sendab
             stoppingCriteria: stoppingCriteria, seed: seed, onStep: onStep)
     }
 
-    /// The vision tower's last hidden state, the image embeds the question encoder cross-attends to.
-    public func imageEmbeddings(pixelValues: Tensor) throws -> Tensor {
-        try visionModel(pixelValues: pixelValues).lastHiddenState
-    }
-
     /// `inputIds` are the questions, which this model cannot do without.
     public func generate(imageEmbeddings: Tensor, inputIds: [[Int]]?, attentionMask: [[Int]]?, config: GenerationConfig,
                          stoppingCriteria: [any StoppingCriterion], seed: UInt64,
@@ -250,7 +243,7 @@ public final class BlipForQuestionAnswering: ImageToTextModel, @unchecked Sendab
 }
 
 /// transformers' `BlipForImageTextRetrieval`: image–text matching (ITM) and contrastive similarity (ITC).
-public final class BlipForImageTextRetrieval: ImageTextMatchingModel, @unchecked Sendable {
+public final class BlipForImageTextRetrieval: BlipHead, ImageTextMatchingModel, @unchecked Sendable {
     public let config: BlipConfig
     /// `vision_model`.
     public let visionModel: BlipVisionModel
@@ -271,12 +264,6 @@ public final class BlipForImageTextRetrieval: ImageTextMatchingModel, @unchecked
                                       outFeatures: config.imageTextHiddenSize)
         textProjection = try Linear(weights.scoped("text_proj"), inFeatures: text.hiddenSize, outFeatures: config.imageTextHiddenSize)
         itmHead = try Linear(weights.scoped("itm_head"), inFeatures: text.hiddenSize, outFeatures: 2)
-    }
-
-    /// Loads config.json and the safetensors weights of a checkpoint directory.
-    public convenience init(directory: ModelDirectory) throws {
-        let checkpoint = try blipCheckpoint(directory)
-        try self.init(config: checkpoint.config, weights: checkpoint.weights, file: checkpoint.file)
     }
 
     /// `itm_score` with `use_itm_head=True`: [no match, match] logits `[B, 2]` for texts `[B][T]` (right-padded),
@@ -313,9 +300,4 @@ public final class BlipForImageTextRetrieval: ImageTextMatchingModel, @unchecked
     }
 
     public var imageSize: Int { config.visionConfig.imageSize }
-
-    /// The vision tower's last hidden state, the image embeds both scores read.
-    public func imageEmbeddings(pixelValues: Tensor) throws -> Tensor {
-        try visionModel(pixelValues: pixelValues).lastHiddenState
-    }
 }

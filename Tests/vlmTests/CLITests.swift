@@ -263,7 +263,7 @@ struct CLI {
         try expectOneLineError(["embed", "--model", opt, "--text", "a"], mentioning: "cannot run `vlm embed`")
         try expectOneLineError(["generate", "--model", model.path, "--prompt", "a"],
                                mentioning: "CLIP checkpoint (model_type \"clip\") cannot run `vlm generate`; it runs with vlm classify, vlm embed")
-        try expectOneLineError(["chat", "--model", model.path], mentioning: "cannot run `vlm generate`")
+        try expectOneLineError(["chat", "--model", model.path], mentioning: "cannot run `vlm chat`")
     }
 
     @Test func emptyLabelList() throws {
