@@ -28,7 +28,8 @@ Cases:
 - "t5": the original T5's shape: ReLU MLP, lm_head tied to the shared embedding with decoder outputs scaled by
   d_model**-0.5 (config.json as transformers 5.23 saves it: tie_word_embeddings and scale_decoder_outputs true), a
   decoder deeper than the encoder, heads·d_kv narrower than d_model, and 8 buckets up to distance 12 so that short
-  sequences reach the logarithmic and the clamped buckets.
+  sequences reach the logarithmic and the clamped buckets. Its continuations are generated without a cache:
+  transformers 5.23's generate sizes the decoder's cache by num_layers and fails on a deeper decoder.
 """
 import copy
 import json
