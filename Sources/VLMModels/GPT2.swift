@@ -132,32 +132,6 @@ final class GPT2Block: @unchecked Sendable {
     }
 }
 
-/// Each layer's cross-attention keys and values for one encoder output, computed once.
-struct GPT2EncoderContext: @unchecked Sendable {
-    /// Per layer, `[encoderBatch, encoderLength, hiddenSize]`.
-    let keys: [Tensor], values: [Tensor]
-    /// `[encoderBatch, encoderLength]`, nil when every position counts.
-    let mask: Tensor?
-    let batch: Int, length: Int
-
-    /// Layer `index`'s keys, values and mask for a pass of `rows` rows: the encoder rows themselves, or each one
-    /// repeated for consecutive rows when `rows` is a multiple of the encoder batch (generate's `repeat_interleave`
-    /// for beams or several return sequences).
-    func operands(layer index: Int, rows: Int) -> (keys: Tensor, values: Tensor, mask: Tensor?) {
-        let copies = rows / batch
-        if copies == 1 { return (keys[index], values[index], mask) }
-        func repeated(_ x: Tensor) -> Tensor {
-            let block = x.count / batch
-            let output = Tensor(uninitialized: [rows] + x.shape.dropFirst())
-            for row in 0..<rows {
-                (output.storage.pointer + row * block).initialize(from: x.storage.pointer + (row / copies) * block, count: block)
-            }
-            return output
-        }
-        return (repeated(keys[index]), repeated(values[index]), mask.map(repeated))
-    }
-}
-
 /// A GPT-2 causal language model (transformers' `GPT2LMHeadModel`).
 ///
 /// Inputs are batches of equal-length rows, left-padded, with transformers' `attention_mask` and `position_ids`
@@ -238,29 +212,19 @@ public final class GPT2LMHeadModel: CausalLanguageModel, @unchecked Sendable {
             throw ModelError.invalidInput("encoder hidden states must be [B, S, \(config.hiddenSize)], got \(encoderHiddenStates.shape)")
         }
         let (batch, length) = (encoderHiddenStates.shape[0], encoderHiddenStates.shape[1])
-        var mask: Tensor?
-        if let attentionMask {
-            guard attentionMask.count == batch, attentionMask.allSatisfy({ $0.count == length }) else {
-                throw ModelError.invalidInput("the encoder attention mask must be [\(batch)][\(length)]")
-            }
-            if attentionMask.contains(where: { $0.contains(0) }) {
-                mask = Tensor(shape: [batch, length], scalars: attentionMask.flatMap { $0.map { $0 != 0 ? 1 : 0 } })
-            }
-        }
-        let context = GPT2EncoderContext(keys: blocks.map { $0.crossKey!(encoderHiddenStates) },
+        let mask = try encoderKeyPaddingMask(attentionMask, batch: batch, length: length)
+        let context = CrossAttentionContext(keys: blocks.map { $0.crossKey!(encoderHiddenStates) },
                                          values: blocks.map { $0.crossValue!(encoderHiddenStates) },
                                          mask: mask, batch: batch, length: length)
         return GPT2CrossAttendingDecoder(decoder: self, context: context)
     }
 
     func logits(inputsEmbeds: Tensor, attentionMask: [[Int]]?, positionIds: [[Int]]?, cache: KVCache?,
-                lastPositionOnly: Bool, encoder: GPT2EncoderContext?) throws -> Tensor {
+                lastPositionOnly: Bool, encoder: CrossAttentionContext?) throws -> Tensor {
         let pass = try DecoderPass(inputsEmbeds: inputsEmbeds, width: config.hiddenSize, attentionMask: attentionMask,
                                    cache: cache, layers: blocks.count, cacheWidth: config.hiddenSize)
         let (batch, length) = (pass.batch, pass.length)
-        if let encoder, batch % encoder.batch != 0 {
-            throw ModelError.invalidInput("\(batch) rows do not attend to \(encoder.batch) encoder outputs (need a multiple)")
-        }
+        try encoder?.check(rows: batch)
         if length == 0 { return Tensor(zeros: [batch, 0, config.vocabSize]) }
         let positions = try pass.positions(positionIds, below: config.maxPositionEmbeddings)
         var hidden = add(inputsEmbeds, learnedPositions(positionTable, positions: positions))
@@ -276,7 +240,7 @@ public final class GPT2LMHeadModel: CausalLanguageModel, @unchecked Sendable {
     }
 
     private func block(_ block: GPT2Block, index: Int, hidden: Tensor, pass: DecoderPass, cache: KVCache?,
-                       encoder: GPT2EncoderContext?) -> Tensor {
+                       encoder: CrossAttentionContext?) -> Tensor {
         let eps = config.layerNormEpsilon, scale = config.attentionScale(layer: index)
         let normed = layerNorm(hidden, weight: block.norm1.weight, bias: block.norm1.bias, eps: eps)
         let attended = pass.selfAttention(query: block.query(normed), key: block.key(normed), value: block.value(normed),
@@ -299,9 +263,9 @@ public final class GPT2LMHeadModel: CausalLanguageModel, @unchecked Sendable {
 /// other, each pass attending to the encoder keys and values computed at binding.
 public final class GPT2CrossAttendingDecoder: CausalLanguageModel, @unchecked Sendable {
     public let decoder: GPT2LMHeadModel
-    let context: GPT2EncoderContext
+    let context: CrossAttentionContext
 
-    init(decoder: GPT2LMHeadModel, context: GPT2EncoderContext) {
+    init(decoder: GPT2LMHeadModel, context: CrossAttentionContext) {
         self.decoder = decoder
         self.context = context
     }

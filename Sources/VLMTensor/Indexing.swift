@@ -10,6 +10,21 @@ public func embedding(_ table: Tensor, ids: [Int]) -> Tensor {
     return output
 }
 
+/// Columns of an embedding table, one per id: `[dim, ids.count]`, the transpose of ``embedding(_:ids:)``'s rows.
+/// A table of per-head values looked up by position (T5's relative position buckets) becomes per-head rows.
+public func embeddingColumns(_ table: Tensor, ids: [Int]) -> Tensor {
+    precondition(table.rank == 2, "embedding table must be [vocab, dim], got \(table.shape)")
+    let (vocabulary, dim) = (table.shape[0], table.shape[1])
+    let output = Tensor(uninitialized: [dim, ids.count])
+    for (column, id) in ids.enumerated() {
+        precondition(id >= 0 && id < vocabulary, "embedding id \(id) outside vocabulary of \(vocabulary)")
+        for feature in 0..<dim {
+            output.storage.pointer[feature * ids.count + column] = table.storage.pointer[id * dim + feature]
+        }
+    }
+    return output
+}
+
 /// Joins tensors along `axis` (negative counts from the end); all other dimensions must agree.
 public func concatenate(_ tensors: [Tensor], axis: Int) -> Tensor {
     precondition(!tensors.isEmpty, "concatenate of no tensors")
