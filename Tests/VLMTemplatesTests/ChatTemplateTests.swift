@@ -1,6 +1,6 @@
 import Foundation
 import Testing
-import VLMTokenizers
+import VLMTemplates
 
 /// Tests/Fixtures/chat-templates, found from this file's path so tests run from any working directory.
 private let chatTemplateFixtures: URL = {
