@@ -205,6 +205,9 @@ extension Interpreter {
         case "title":
             return .string(PythonStrings.jinjaTitle(text(value)))
         case "map":
+            // jinja2's map, select, reject, selectattr and rejectattr begin with `if value:`, so a falsy value (none,
+            // undefined, 0, "") yields nothing where iterating it would fail.
+            guard value.isTruthy else { return .list([]) }
             let items = try iterate(value)
             if let attributeName = try string(arguments.take(-1, "attribute"), "attribute") {
                 let fallback = arguments.take(-1, "default")
@@ -235,6 +238,7 @@ extension Interpreter {
             }
             return sorted[0]
         case "reject", "select":
+            guard value.isTruthy else { return .list([]) }
             var items: [Value] = []
             var rest = arguments
             let testName = rest.positional.isEmpty ? nil : try string(rest.positional.removeFirst(), "test name")
@@ -244,6 +248,7 @@ extension Interpreter {
             }
             return .list(items)
         case "rejectattr", "selectattr":
+            guard value.isTruthy else { return .list([]) }
             var rest = arguments
             guard !rest.positional.isEmpty, let attributeName = try string(rest.positional.removeFirst(), "attribute") else {
                 throw error("\(name) requires an attribute name")
