@@ -728,7 +728,9 @@ extension Interpreter {
     // MARK: Globals
 
     /// `range`, `namespace`, `dict`, and transformers' `raise_exception` and `strftime_now`.
-    static func globals(file: String) -> [String: Value] {
+    /// - Parameter now: the time `strftime_now` formats (in the local time zone, as Python's `datetime.now()`); nil
+    ///   reads the clock at each call.
+    static func globals(file: String, now: Date?) -> [String: Value] {
         var globals: [String: Value] = [:]
         globals["range"] = .callable(Callable(name: "range") { (interpreter: inout Interpreter, arguments: CallArguments) throws(ChatTemplateError) in
             var bounds: [Int] = []
@@ -796,9 +798,9 @@ extension Interpreter {
         })
         globals["strftime_now"] = .callable(Callable(name: "strftime_now") { (interpreter: inout Interpreter, arguments: CallArguments) throws(ChatTemplateError) in
             guard case let .string(format)? = arguments.positional.first else { throw interpreter.error("strftime_now() needs a format string") }
-            var now = time(nil)
+            var seconds = now.map { time_t($0.timeIntervalSince1970.rounded(.down)) } ?? time(nil)
             var parts = tm()
-            localtime_r(&now, &parts)
+            localtime_r(&seconds, &parts)
             var buffer = [CChar](repeating: 0, count: 512)
             let length = strftime(&buffer, buffer.count, format, &parts)
             return .string(String(decoding: buffer[..<length].map { UInt8(bitPattern: $0) }, as: UTF8.self))

@@ -2,15 +2,6 @@ import Foundation
 import Testing
 import VLMTemplates
 
-/// Tests/Fixtures/chat-templates, found from this file's path so tests run from any working directory.
-private let chatTemplateFixtures: URL = {
-    var url = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
-    while !FileManager.default.fileExists(atPath: url.appendingPathComponent("Package.swift").path) {
-        url.deleteLastPathComponent()
-    }
-    return url.appendingPathComponent("Tests/Fixtures/chat-templates")
-}()
-
 private let parsedFixtures = ["models.json", "language.json"].map { name in
     let url = chatTemplateFixtures.appendingPathComponent(name)
     return (name, Result { try JSONValue(parsing: try Data(contentsOf: url), file: url.path) })
