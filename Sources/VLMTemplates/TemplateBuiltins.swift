@@ -555,7 +555,7 @@ extension Interpreter {
         }
         // The sandbox hands out an undefined value that prints as "" and fails when called.
         if Self.unsafeMethods.contains(name) {
-            return .undefined("access to attribute '\(name)' of '\(object.typeName)' object is unsafe")
+            return .undefined("access to attribute '\(name)' of '\(object.typeName)' object is unsafe.")
         }
         return nil
     }

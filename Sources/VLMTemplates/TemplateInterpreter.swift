@@ -381,7 +381,7 @@ struct Interpreter {
     mutating func attribute(_ name: String, of object: Value) throws(ChatTemplateError) -> Value {
         if case let .undefined(undefined) = object { throw error(undefined.message) }
         if name.hasPrefix("_") {
-            return .undefined("access to attribute '\(name)' of '\(object.typeName)' object is unsafe")
+            return .undefined("access to attribute '\(name)' of '\(object.typeName)' object is unsafe.")
         }
         switch object {
         case let .namespace(namespace):
