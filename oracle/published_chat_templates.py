@@ -64,14 +64,45 @@ CONVERSATIONS = {
     "text-parts": [
         {"role": "user", "content": [{"type": "text", "text": "Describe this in two parts."}]},
     ],
+    # A tool call and its result, in the form transformers documents: arguments as a dict, the result as a "tool" turn
+    # (Mistral's templates want call ids of nine alphanumerics).
+    "tool-call": [
+        {"role": "user", "content": "What's the weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "id": "call00001", "function": {"name": "get_weather", "arguments": {"location": "Paris"}}},
+        ]},
+        {"role": "tool", "tool_call_id": "call00001", "name": "get_weather", "content": "{\"temperature\": 21.5, \"sky\": \"clear\"}"},
+        {"role": "assistant", "content": "It is 21.5 °C and clear in Paris."},
+        {"role": "user", "content": "Thanks!"},
+    ],
 }
 
+# The tools passed with the conversations in TOOL_CONVERSATIONS (`tools=None` for the others).
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather at a place.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "location": {"type": "string", "description": "City, e.g. \"Paris\""},
+                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                },
+                "required": ["location"],
+            },
+        },
+    }
+]
+TOOL_CONVERSATIONS = ["system-user", "tool-call"]
 
-def render(template, messages, add_generation_prompt):
+
+def render(template, messages, tools, add_generation_prompt):
     messages = [{key: value for key, value in message.items() if value is not None} for message in messages]
     try:
         rendered, _ = chat_template_utils.render_jinja_template(
-            conversations=[messages], tools=None, documents=None, chat_template=template,
+            conversations=[messages], tools=tools, documents=None, chat_template=template,
             add_generation_prompt=add_generation_prompt, bos_token=BOS_TOKEN, eos_token=EOS_TOKEN)
         return {"expected": rendered[0]}
     except Exception as error:  # jinja2's errors, and the TypeErrors and ValueErrors of Python code it runs
@@ -86,10 +117,11 @@ def main():
         with open(path, encoding="utf-8", newline="") as file:
             template = file.read()
         cases = []
-        for name, messages in CONVERSATIONS.items():
+        runs = [(name, False) for name in CONVERSATIONS] + [(name, True) for name in TOOL_CONVERSATIONS]
+        for name, with_tools in runs:
             for add_generation_prompt in (False, True):
-                case = {"conversation": name, "add_generation_prompt": add_generation_prompt}
-                case.update(render(template, messages, add_generation_prompt))
+                case = {"conversation": name, "tools": with_tools, "add_generation_prompt": add_generation_prompt}
+                case.update(render(template, CONVERSATIONS[name], TOOLS if with_tools else None, add_generation_prompt))
                 cases.append(case)
         templates.append({"name": path.name, "cases": cases})
 
@@ -101,6 +133,7 @@ def main():
         "eos_token": EOS_TOKEN,
         "now": NOW.isoformat(),
         "conversations": CONVERSATIONS,
+        "tools": TOOLS,
         "templates": templates,
     }
     with open(OUT / "published.json", "w", encoding="utf-8") as file:

@@ -28,6 +28,16 @@ private func fixedClock(_ isoLocalTime: String) throws -> Date {
     return try #require(Calendar(identifier: .gregorian).date(from: components))
 }
 
+/// Where the interpreter still renders differently from jinja2: (template, conversation, with tools) and why.
+private let knownDivergences: [String: String] = [
+    "meetkai-functionary-medium-v3.1.jinja system-user tools": markupDivergence,
+    "meetkai-functionary-medium-v3.1.jinja tool-call tools": markupDivergence,
+    "llama-cpp-deepseek-r1.jinja system-user tools": generatorDivergence,
+    "llama-cpp-deepseek-r1.jinja tool-call tools": generatorDivergence,
+]
+private let markupDivergence = "'x'|safe is a plain string here, not jinja2's Markup, whose + HTML-escapes the other operand"
+private let generatorDivergence = "map/select/reject return lists here, not jinja2's generators, which tojson refuses"
+
 @Test("Published chat templates render byte-identically to transformers, or fail where jinja2 raises",
       arguments: try publishedTemplateNames())
 func publishedTemplate(name: String) throws {
@@ -49,36 +59,48 @@ func publishedTemplate(name: String) throws {
             Issue.record("\(name): no conversation \(conversation)")
             continue
         }
-        let label = "\(name) \(conversation) add_generation_prompt=\(addGenerationPrompt)"
+        let withTools = testCase["tools"] == .bool(true)
+        let label = "\(name) \(conversation)\(withTools ? " with tools" : "") add_generation_prompt=\(addGenerationPrompt)"
+        let extraContext = withTools ? ["tools": try #require(fixture["tools"])] : [:]
         let render = { () throws(ChatTemplateError) -> String in
             try template.render(messages: messages, addGenerationPrompt: addGenerationPrompt, bosToken: text(fixture["bos_token"]),
-                                eosToken: text(fixture["eos_token"]), extraContext: [:], now: now)
+                                eosToken: text(fixture["eos_token"]), extraContext: extraContext, now: now)
         }
-        if let raised = text(testCase["error"]) {
-            do {
-                let rendered = try render()
-                Issue.record("\(label): rendered \(rendered.debugDescription), but jinja2 raises \(raised)")
-            } catch {
-                #expect(!error.description.contains("\n"), "\(label): \(error.description.debugDescription)")
-                // "TemplateError: …" is raise_exception's; other exceptions are jinja2's or Python's while rendering.
-                let (kind, message) = try #require(raised.firstRange(of: ": ").map { (raised[..<$0.lowerBound], String(raised[$0.upperBound...])) })
-                let raisedByTemplate = kind == "TemplateError"
-                switch error {
-                case let .raised(file, swiftMessage) where raisedByTemplate, let .render(file, _, _, swiftMessage) where !raisedByTemplate:
-                    #expect(file == name)
-                    #expect(swiftMessage == message, "\(label)")
-                default:
-                    Issue.record("\(label): jinja2 raises \(raised), but the Swift error is \(error)")
-                }
-            }
+        let key = "\(name) \(conversation)\(withTools ? " tools" : "")"
+        if let reason = knownDivergences[key] {
+            withKnownIssue(Comment(rawValue: reason)) { try check(testCase, file: name, label: label, render: render) }
         } else {
-            let expected = try #require(text(testCase["expected"]))
-            do {
-                let rendered = try render()
-                #expect(Array(rendered.utf8) == Array(expected.utf8), "\(label):\n\(rendered)\n--- expected ---\n\(expected)")
-            } catch {
-                Issue.record("\(label): \(error)")
+            try check(testCase, file: name, label: label, render: render)
+        }
+    }
+}
+
+/// Compares one case with jinja2's: the same bytes, or a one-line error of the same kind and message naming `file`.
+private func check(_ testCase: JSONValue, file: String, label: String, render: () throws(ChatTemplateError) -> String) throws {
+    if let raised = text(testCase["error"]) {
+        do {
+            let rendered = try render()
+            Issue.record("\(label): rendered \(rendered.debugDescription), but jinja2 raises \(raised)")
+        } catch {
+            #expect(!error.description.contains("\n"), "\(label): \(error.description.debugDescription)")
+            // "TemplateError: …" is raise_exception's; other exceptions are jinja2's or Python's while rendering.
+            let (kind, message) = try #require(raised.firstRange(of: ": ").map { (raised[..<$0.lowerBound], String(raised[$0.upperBound...])) })
+            let raisedByTemplate = kind == "TemplateError"
+            switch error {
+            case let .raised(errorFile, swiftMessage) where raisedByTemplate, let .render(errorFile, _, _, swiftMessage) where !raisedByTemplate:
+                #expect(errorFile == file)
+                #expect(swiftMessage == message, "\(label)")
+            default:
+                Issue.record("\(label): jinja2 raises \(raised), but the Swift error is \(error)")
             }
+        }
+    } else {
+        let expected = try #require(text(testCase["expected"]))
+        do {
+            let rendered = try render()
+            #expect(Array(rendered.utf8) == Array(expected.utf8), "\(label):\n\(rendered)\n--- expected ---\n\(expected)")
+        } catch {
+            Issue.record("\(label): \(error)")
         }
     }
 }
