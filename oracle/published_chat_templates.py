@@ -3,11 +3,11 @@
 Run by hand: /work/oracle-venv/bin/python oracle/published_chat_templates.py
 
 The templates are llama.cpp's collection of published chat templates (Tests/Fixtures/chat-templates/published/*.jinja,
-see the README there). Each one renders a few plain conversations, with and without the generation prompt, through
-transformers' `render_jinja_template` — the function `apply_chat_template(..., tokenize=False)` calls, so the jinja2
-environment (`_compile_jinja_template`) and the variables (messages, tools=None, documents=None, add_generation_prompt,
-the special tokens) are exactly apply_chat_template's. Message keys whose value is None are dropped first, as
-apply_chat_template does.
+see the README there). Each one renders a few conversations (two of them also with TOOLS), with and without the
+generation prompt, through transformers' `render_jinja_template`, the function that
+`apply_chat_template(..., tokenize=False)` calls: the jinja2 environment (`_compile_jinja_template`) and the variables
+(messages, tools, documents=None, add_generation_prompt, the special tokens) are exactly apply_chat_template's. Message
+keys whose value is None are dropped first, as apply_chat_template does.
 
 `strftime_now` reads the clock (`datetime.now()` in transformers' chat_template_utils): the oracle fixes it at NOW so
 that templates printing today's date (Llama 3.x, Mistral Small 3.2, Granite, gpt-oss, …) render deterministically; the

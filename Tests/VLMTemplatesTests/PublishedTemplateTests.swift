@@ -2,8 +2,8 @@ import Foundation
 import Testing
 @testable import VLMTemplates
 
-/// oracle/published_chat_templates.py: llama.cpp's collection of published chat templates, each rendering a few plain
-/// conversations as transformers' apply_chat_template does, or the exception jinja2 raised.
+/// oracle/published_chat_templates.py: llama.cpp's collection of published chat templates, each rendering a few
+/// conversations (two also with tools) as transformers' apply_chat_template does, or the exception jinja2 raised.
 private let publishedFixture = Result {
     let url = chatTemplateFixtures.appendingPathComponent("published.json")
     return try JSONValue(parsing: try Data(contentsOf: url), file: url.path)
