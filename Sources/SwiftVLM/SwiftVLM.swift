@@ -1,6 +1,7 @@
 // One import for library users: `import SwiftVLM` brings every module's public API.
 @_exported import VLMTensor
 @_exported import VLMCheckpoint
+@_exported import VLMTemplates
 @_exported import VLMTokenizers
 @_exported import VLMImages
 @_exported import VLMModels

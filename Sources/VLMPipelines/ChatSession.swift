@@ -1,4 +1,5 @@
 import VLMModels
+import VLMTemplates
 import VLMTokenizers
 
 /// One answered turn of a ``ChatSession``.

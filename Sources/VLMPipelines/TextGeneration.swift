@@ -1,6 +1,7 @@
 import Foundation
 import Synchronization
 import VLMModels
+import VLMTemplates
 import VLMTokenizers
 
 /// What ``TextGenerationPipeline`` produced for one prompt.

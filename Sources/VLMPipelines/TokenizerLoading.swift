@@ -1,5 +1,6 @@
 import Foundation
 import VLMCheckpoint
+import VLMTemplates
 import VLMTokenizers
 
 /// A checkpoint's tokenizer and its chat template, from a checkpoint directory (tokenizer.json or the legacy vocabulary

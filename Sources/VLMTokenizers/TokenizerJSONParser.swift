@@ -1,4 +1,5 @@
 import Foundation
+import VLMTemplates
 
 /// A JSON object with its members in file order and their keys exactly as written. Tokenizer vocabularies need both:
 /// Swift's `String` equality is canonical equivalence, so "Å" (U+212B) and "Å" (U+00C5) would be one dictionary key,

@@ -2,6 +2,7 @@ import Foundation
 import Testing
 import VLMCheckpoint
 import VLMPipelines
+import VLMTemplates
 import VLMTokenizers
 
 /// Tokenizers and chat templates loaded from GGUF files against transformers'

@@ -2,6 +2,7 @@ import Foundation
 import Testing
 import VLMModels
 import VLMPipelines
+import VLMTemplates
 import VLMTokenizers
 
 /// The real SmolLM2-135M-Instruct GGUF (skipped without it, see LlamaGGUFTests) with its Hugging Face tokenizer

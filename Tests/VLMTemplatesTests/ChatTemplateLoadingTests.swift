@@ -1,6 +1,6 @@
 import Foundation
 import Testing
-import VLMTokenizers
+import VLMTemplates
 
 /// A fresh directory holding `files`, removed by the caller.
 private func directory(_ files: [String: String]) throws -> URL {

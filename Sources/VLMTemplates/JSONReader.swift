@@ -1,31 +1,36 @@
 /// Why a JSON text could not be read: what is wrong, and at which byte.
-struct JSONSyntaxError: Error, CustomStringConvertible {
-    let offset: Int
-    let reason: String
-    var description: String { "\(reason) at byte \(offset)" }
+package struct JSONSyntaxError: Error, CustomStringConvertible {
+    package let offset: Int
+    package let reason: String
+    package init(offset: Int, reason: String) {
+        self.offset = offset
+        self.reason = reason
+    }
+
+    package var description: String { "\(reason) at byte \(offset)" }
 }
 
 /// A number as written: where its digits are in the text. Readers convert it as their JSON library does.
-struct JSONNumberText {
-    let bytes: [UInt8]
+package struct JSONNumberText {
+    package let bytes: [UInt8]
     /// The whole number, sign included.
-    let range: Range<Int>
-    let negative: Bool
-    let integer: Range<Int>
+    package let range: Range<Int>
+    package let negative: Bool
+    package let integer: Range<Int>
     /// Empty without a fraction.
-    let fraction: Range<Int>
-    let negativeExponent: Bool
+    package let fraction: Range<Int>
+    package let negativeExponent: Bool
     /// nil without an exponent.
-    let exponent: Range<Int>?
+    package let exponent: Range<Int>?
 
     /// True when the number has neither fraction nor exponent.
-    var isInteger: Bool { fraction.isEmpty && exponent == nil }
-    var text: String { String(decoding: bytes[range], as: UTF8.self) }
+    package var isInteger: Bool { fraction.isEmpty && exponent == nil }
+    package var text: String { String(decoding: bytes[range], as: UTF8.self) }
 }
 
 /// What differs between the JSON libraries a `JSONReader` stands in for: the values it builds, how numbers convert,
 /// how deep containers may nest and what becomes of text that is not valid Unicode.
-protocol JSONReadingPolicy {
+package protocol JSONReadingPolicy {
     associatedtype Value
     /// Containers nested deeper than this are refused (the stack stays bounded on hostile files).
     static var maximumDepth: Int { get }
@@ -43,12 +48,12 @@ protocol JSONReadingPolicy {
 }
 
 /// One strict JSON (RFC 8259) reader over UTF-8 bytes for tokenizer files and chat-template data alike.
-struct JSONReader<Policy: JSONReadingPolicy> {
+package struct JSONReader<Policy: JSONReadingPolicy> {
     private let bytes: [UInt8]
     private var position = 0
     private var depth = 0
 
-    static func read(_ bytes: [UInt8]) throws(JSONSyntaxError) -> Policy.Value {
+    package static func read(_ bytes: [UInt8]) throws(JSONSyntaxError) -> Policy.Value {
         var reader = JSONReader(bytes: bytes)
         if Policy.skipsByteOrderMark && bytes.starts(with: [0xEF, 0xBB, 0xBF]) { reader.position = 3 }
         reader.skipWhitespace()

@@ -1,15 +1,6 @@
 import Foundation
 import Testing
-import VLMTokenizers
-
-/// Tests/Fixtures/chat-templates, found from this file's path so tests run from any working directory.
-private let chatTemplateFixtures: URL = {
-    var url = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
-    while !FileManager.default.fileExists(atPath: url.appendingPathComponent("Package.swift").path) {
-        url.deleteLastPathComponent()
-    }
-    return url.appendingPathComponent("Tests/Fixtures/chat-templates")
-}()
+import VLMTemplates
 
 private let parsedFixtures = ["models.json", "language.json"].map { name in
     let url = chatTemplateFixtures.appendingPathComponent(name)

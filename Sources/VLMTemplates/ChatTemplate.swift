@@ -40,8 +40,17 @@ public struct ChatTemplate: Sendable {
     public func render(messages: [JSONValue], addGenerationPrompt: Bool = false, bosToken: String? = nil,
                        eosToken: String? = nil, extraContext: [String: JSONValue] = [:]) throws(ChatTemplateError) -> String
     {
+        try render(messages: messages, addGenerationPrompt: addGenerationPrompt, bosToken: bosToken, eosToken: eosToken,
+                   extraContext: extraContext, now: nil)
+    }
+
+    /// `render` with `strftime_now` formatting `now` instead of the time of the call, so that templates printing
+    /// today's date render reproducibly in tests.
+    func render(messages: [JSONValue], addGenerationPrompt: Bool, bosToken: String?, eosToken: String?,
+                extraContext: [String: JSONValue], now: Date?) throws(ChatTemplateError) -> String
+    {
         let globals = Scope(parent: nil)
-        globals.variables = Interpreter.globals(file: file)
+        globals.variables = Interpreter.globals(file: file, now: now)
         let context = Scope(parent: globals)
         context.variables["messages"] = .list(messages.map { Value(Self.prepare($0)) })
         context.variables["tools"] = Value.none

@@ -205,6 +205,9 @@ extension Interpreter {
         case "title":
             return .string(PythonStrings.jinjaTitle(text(value)))
         case "map":
+            // jinja2's map, select, reject, selectattr and rejectattr begin with `if value:`, so a falsy value (none,
+            // undefined, 0, "") yields nothing where iterating it would fail.
+            guard value.isTruthy else { return .list([]) }
             let items = try iterate(value)
             if let attributeName = try string(arguments.take(-1, "attribute"), "attribute") {
                 let fallback = arguments.take(-1, "default")
@@ -235,6 +238,7 @@ extension Interpreter {
             }
             return sorted[0]
         case "reject", "select":
+            guard value.isTruthy else { return .list([]) }
             var items: [Value] = []
             var rest = arguments
             let testName = rest.positional.isEmpty ? nil : try string(rest.positional.removeFirst(), "test name")
@@ -244,6 +248,7 @@ extension Interpreter {
             }
             return .list(items)
         case "rejectattr", "selectattr":
+            guard value.isTruthy else { return .list([]) }
             var rest = arguments
             guard !rest.positional.isEmpty, let attributeName = try string(rest.positional.removeFirst(), "attribute") else {
                 throw error("\(name) requires an attribute name")
@@ -550,7 +555,7 @@ extension Interpreter {
         }
         // The sandbox hands out an undefined value that prints as "" and fails when called.
         if Self.unsafeMethods.contains(name) {
-            return .undefined("access to attribute '\(name)' of '\(object.typeName)' object is unsafe")
+            return .undefined("access to attribute '\(name)' of '\(object.typeName)' object is unsafe.")
         }
         return nil
     }
@@ -723,7 +728,9 @@ extension Interpreter {
     // MARK: Globals
 
     /// `range`, `namespace`, `dict`, and transformers' `raise_exception` and `strftime_now`.
-    static func globals(file: String) -> [String: Value] {
+    /// - Parameter now: the time `strftime_now` formats (in the local time zone, as Python's `datetime.now()`); nil
+    ///   reads the clock at each call.
+    static func globals(file: String, now: Date?) -> [String: Value] {
         var globals: [String: Value] = [:]
         globals["range"] = .callable(Callable(name: "range") { (interpreter: inout Interpreter, arguments: CallArguments) throws(ChatTemplateError) in
             var bounds: [Int] = []
@@ -791,9 +798,9 @@ extension Interpreter {
         })
         globals["strftime_now"] = .callable(Callable(name: "strftime_now") { (interpreter: inout Interpreter, arguments: CallArguments) throws(ChatTemplateError) in
             guard case let .string(format)? = arguments.positional.first else { throw interpreter.error("strftime_now() needs a format string") }
-            var now = time(nil)
+            var seconds = now.map { time_t($0.timeIntervalSince1970.rounded(.down)) } ?? time(nil)
             var parts = tm()
-            localtime_r(&now, &parts)
+            localtime_r(&seconds, &parts)
             var buffer = [CChar](repeating: 0, count: 512)
             let length = strftime(&buffer, buffer.count, format, &parts)
             return .string(String(decoding: buffer[..<length].map { UInt8(bitPattern: $0) }, as: UTF8.self))

@@ -381,7 +381,7 @@ struct Interpreter {
     mutating func attribute(_ name: String, of object: Value) throws(ChatTemplateError) -> Value {
         if case let .undefined(undefined) = object { throw error(undefined.message) }
         if name.hasPrefix("_") {
-            return .undefined("access to attribute '\(name)' of '\(object.typeName)' object is unsafe")
+            return .undefined("access to attribute '\(name)' of '\(object.typeName)' object is unsafe.")
         }
         switch object {
         case let .namespace(namespace):
@@ -538,6 +538,9 @@ struct Interpreter {
         case let ("+", .list(a), .list(b)) where a.count + b.count <= Self.maximumBuiltSize: return .list(a + b)
         case let ("+", .tuple(a), .tuple(b)) where a.count + b.count <= Self.maximumBuiltSize: return .tuple(a + b)
         case ("+", .list, .list), ("+", .tuple, .tuple): throw error("concatenated sequence too large")
+        // Python words the failure of a sequence's own `+` differently from other operand mismatches.
+        case ("+", .string, _), ("+", .list, _), ("+", .tuple, _):
+            throw error("can only concatenate \(left.typeName) (not \"\(right.typeName)\") to \(left.typeName)")
         case let ("*", .string(text), _) where right.integer != nil && !(right.number == nil):
             let times = right.integer!
             guard times > 0 else { return .string("") }
