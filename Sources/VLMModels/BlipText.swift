@@ -92,7 +92,7 @@ struct PostNormOutput {
 }
 
 /// `crossattention`: queries from the text, keys and values from the encoder states, which a binding projects
-/// once (``BlipCrossAttentionContext``).
+/// once (`CrossAttentionContext`).
 struct BlipTextCrossAttention {
     let query: Linear
     let keyValue: StackedProjections
@@ -130,22 +130,6 @@ struct BlipTextLayer {
         intermediate = try Linear(weights.scoped("intermediate.dense"), inFeatures: c.hiddenSize, outFeatures: c.intermediateSize)
         output = try PostNormOutput(weights.scoped("output"), inFeatures: c.intermediateSize, outFeatures: c.hiddenSize,
                                     eps: c.layerNormEps)
-    }
-}
-
-/// Each layer's cross-attention keys and values for one batch of encoder states, computed once.
-struct BlipCrossAttentionContext: @unchecked Sendable {
-    /// Per layer, `[batch, length, hiddenSize]`.
-    let keys: [Tensor], values: [Tensor]
-    /// `[batch, length]`, nil when every position counts.
-    let mask: Tensor?
-    let batch: Int
-
-    /// Layer `index`'s keys, values and mask for a pass of `rows` rows, a multiple of `batch`: each encoder row
-    /// serves `rows / batch` consecutive rows (generate's `repeat_interleave` for beams).
-    func operands(layer index: Int, rows: Int) -> (keys: Tensor, values: Tensor, mask: Tensor?) {
-        let copies = rows / batch
-        return (repeatRows(keys[index], copies), repeatRows(values[index], copies), mask.map { repeatRows($0, copies) })
     }
 }
 
@@ -207,9 +191,7 @@ public final class BlipTextModel: @unchecked Sendable {
             }
         }
         let encoder = try encoderHiddenStates.map { try crossAttentionContext($0, attentionMask: encoderAttentionMask) }
-        if let encoder, batch % encoder.batch != 0 {
-            throw ModelError.invalidInput("\(batch) rows do not attend to \(encoder.batch) encoder rows (need a multiple)")
-        }
+        try encoder?.check(rows: batch)
         let positions = Array(repeating: Array(0..<length), count: batch)
         let heads = config.numAttentionHeads
         return run(embedded(try tokenEmbeddings(inputIds, table: wordEmbeddings), positions: positions), encoder: encoder) { _, query, key, value in
@@ -224,7 +206,7 @@ public final class BlipTextModel: @unchecked Sendable {
 
     /// The layers over `hidden [B, T, hiddenSize]`; `selfAttention(layer, query, key, value)` is the attention of
     /// the pass (bidirectional, or causal through a KV cache), `encoder` the cross-attention operands, if any.
-    func run(_ hidden: Tensor, encoder: BlipCrossAttentionContext?,
+    func run(_ hidden: Tensor, encoder: CrossAttentionContext?,
              selfAttention: (_ layer: Int, _ query: Tensor, _ key: Tensor, _ value: Tensor) -> Tensor) -> Tensor {
         var hidden = hidden
         let rows = hidden.shape[0], heads = config.numAttentionHeads
@@ -244,7 +226,7 @@ public final class BlipTextModel: @unchecked Sendable {
     }
 
     /// Every layer's cross-attention keys and values for `states [E, S, encoderHiddenSize]` and its mask `[E][S]`.
-    func crossAttentionContext(_ states: Tensor, attentionMask: [[Int]]?) throws -> BlipCrossAttentionContext {
+    func crossAttentionContext(_ states: Tensor, attentionMask: [[Int]]?) throws -> CrossAttentionContext {
         guard config.isDecoder else {
             throw ModelError.invalidConfig("this BLIP text model has no cross-attention (text_config.is_decoder is false)", file: configFile)
         }
@@ -252,17 +234,10 @@ public final class BlipTextModel: @unchecked Sendable {
             throw ModelError.invalidInput("encoder hidden states must be [B, S, \(config.encoderHiddenSize)], got \(states.shape)")
         }
         let (batch, length) = (states.shape[0], states.shape[1])
-        var mask: Tensor?
-        if let attentionMask {
-            guard attentionMask.count == batch, attentionMask.allSatisfy({ $0.count == length }) else {
-                throw ModelError.invalidInput("the encoder attention mask must be [\(batch)][\(length)]")
-            }
-            if attentionMask.contains(where: { $0.contains(0) }) {
-                mask = Tensor(shape: [batch, length], scalars: attentionMask.flatMap { $0.map { $0 != 0 ? 1 : 0 } })
-            }
-        }
+        let mask = try encoderKeyPaddingMask(attentionMask, batch: batch, length: length)
         let projected = layers.map { $0.crossAttention!.keyValue(states) }
-        return BlipCrossAttentionContext(keys: projected.map { $0[0] }, values: projected.map { $0[1] }, mask: mask, batch: batch)
+        return CrossAttentionContext(keys: projected.map { $0[0] }, values: projected.map { $0[1] }, mask: mask, batch: batch,
+                                     length: length)
     }
 }
 
@@ -326,14 +301,12 @@ public final class BlipTextLMHeadModel: CausalLanguageModel, @unchecked Sendable
     }
 
     func logits(inputsEmbeds: Tensor, attentionMask: [[Int]]?, positionIds: [[Int]]?, cache: KVCache?,
-                lastPositionOnly: Bool, encoder: BlipCrossAttentionContext?) throws -> Tensor {
+                lastPositionOnly: Bool, encoder: CrossAttentionContext?) throws -> Tensor {
         let width = config.hiddenSize
         let pass = try DecoderPass(inputsEmbeds: inputsEmbeds, width: width, attentionMask: attentionMask, cache: cache,
                                    layers: bert.layers.count, cacheWidth: width)
         let (batch, length) = (pass.batch, pass.length)
-        if let encoder, batch % encoder.batch != 0 {
-            throw ModelError.invalidInput("\(batch) rows do not attend to \(encoder.batch) encoder rows (need a multiple)")
-        }
+        try encoder?.check(rows: batch)
         if length == 0 { return Tensor(zeros: [batch, 0, config.vocabSize]) }
         let positions = try pass.positions(positionIds, below: config.maxPositionEmbeddings)
         let heads = config.numAttentionHeads, scale = 1 / Float(width / heads).squareRoot()
@@ -353,9 +326,9 @@ public final class BlipTextLMHeadModel: CausalLanguageModel, @unchecked Sendable
 /// other.
 public final class BlipTextCrossAttendingDecoder: CausalLanguageModel, @unchecked Sendable {
     public let decoder: BlipTextLMHeadModel
-    let context: BlipCrossAttentionContext
+    let context: CrossAttentionContext
 
-    init(decoder: BlipTextLMHeadModel, context: BlipCrossAttentionContext) {
+    init(decoder: BlipTextLMHeadModel, context: CrossAttentionContext) {
         self.decoder = decoder
         self.context = context
     }
