@@ -10,6 +10,11 @@ BPE (Tests/Fixtures/tokenizers/real/gpt2, the vocabulary OPT's tokenizer is buil
 in front of a prompt as OPT's tokenizer adds `</s>`) plus the `<image>` token Blip2Processor adds, saved with
 Blip2Processor.save_pretrained (BlipImageProcessor at the tiny image size, num_query_tokens).
 
+"blip2-flan-t5": the same with a Flan-T5-style language model (gated-GELU T5, its own lm_head) and a T5-style
+SentencePiece Unigram tokenizer (Tests/Fixtures/tokenizers/t5-style, `</s>` appended) plus `<image>`. Without a prompt
+the encoder reads the image tokens alone (transformers 5.23's generate() cannot caption without a prompt there: it
+appends T5's bos token, which is None), recorded by passing those image tokens as input_ids.
+
 "blip-captioning", "blip-vqa", "blip-retrieval": tiny random-init BLIP heads with BLIP's real tokenizer: the
 bert-base-uncased WordPiece (Tests/Fixtures/tokenizers/real/bert-uncased) with "[DEC]" as bos and "[ENC]" added, as
 the Salesforce checkpoints have it (30524 ids), saved with BlipProcessor.save_pretrained.
@@ -25,7 +30,7 @@ import shutil
 
 import torch
 from PIL import Image
-from transformers import (AutoTokenizer, Blip2Config, Blip2ForConditionalGeneration, Blip2Processor, BlipConfig,
+from transformers import (AutoTokenizer, Blip2Config, PreTrainedTokenizerFast, Blip2ForConditionalGeneration, Blip2Processor, BlipConfig,
                           BlipForConditionalGeneration, BlipForImageTextRetrieval, BlipForQuestionAnswering,
                           BlipImageProcessorPil, BlipProcessor)
 
@@ -34,6 +39,7 @@ FIXTURES = os.path.join(ROOT, "Tests", "Fixtures", "image-to-text")
 PHOTOS = os.path.join(ROOT, "Tests", "Fixtures", "photos")
 GPT2 = os.path.join(ROOT, "Tests", "Fixtures", "tokenizers", "real", "gpt2")
 BERT = os.path.join(ROOT, "Tests", "Fixtures", "tokenizers", "real", "bert-uncased")
+T5_STYLE = os.path.join(ROOT, "Tests", "Fixtures", "tokenizers", "t5-style", "tokenizer.json")
 NEW_TOKENS = 12
 
 REQUESTS = [("chelsea.png", None), ("coffee.png", None), ("chelsea.png", "a photo of"),
@@ -74,6 +80,48 @@ def generations(model, processor, inputs, prompt_length):
             record[mode]["min_margin"] = min((top[:, 0] - top[:, 1]).min().item()
                                              for top in (logits.topk(2, dim=-1).values for logits in out.logits))
     return record
+
+
+def blip2_flan_t5(seed=11):
+    directory = os.path.join(FIXTURES, "blip2-flan-t5")
+    shutil.rmtree(directory, ignore_errors=True)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=T5_STYLE, eos_token="</s>", unk_token="<unk>", pad_token="<unk>")
+    processor = Blip2Processor(image_processor=BlipImageProcessorPil(size={"height": 32, "width": 32}),
+                               tokenizer=tokenizer, num_query_tokens=4)
+    image_token = processor.tokenizer.convert_tokens_to_ids("<image>")
+    config = Blip2Config(
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                           image_size=32, patch_size=8, qkv_bias=True),
+        qformer_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                            cross_attention_frequency=2),
+        text_config=dict(model_type="t5", vocab_size=len(processor.tokenizer), d_model=16, d_kv=8, d_ff=32,
+                         num_layers=2, num_decoder_layers=2, num_heads=2, feed_forward_proj="gated-gelu",
+                         tie_word_embeddings=False, decoder_start_token_id=0, pad_token_id=0,
+                         eos_token_id=processor.tokenizer.eos_token_id),
+        num_query_tokens=4, image_token_index=image_token)
+    torch.manual_seed(seed)
+    model = Blip2ForConditionalGeneration(config).eval()
+    randomize(model, torch.Generator().manual_seed(seed))
+    model.to(torch.float16).save_pretrained(directory)
+    processor.save_pretrained(directory)
+    model = Blip2ForConditionalGeneration.from_pretrained(directory, dtype=torch.float32).eval()
+    processor = Blip2Processor.from_pretrained(directory)
+    records = []
+    for photo, prompt in REQUESTS:
+        image = Image.open(os.path.join(PHOTOS, photo)).convert("RGB")
+        if prompt is None:
+            inputs = processor(images=image, return_tensors="pt")
+            inputs["input_ids"] = torch.tensor([[image_token] * config.num_query_tokens])
+        else:
+            inputs = processor(images=image, text=prompt, return_tensors="pt")
+        record = dict(image=photo, prompt=prompt)
+        if prompt is not None:
+            record["input_ids"] = inputs.input_ids[0].tolist()
+        # The decoder's sequences start with decoder_start_token_id.
+        record.update(generations(model, processor, inputs, prompt_length=1))
+        records.append(record)
+    assert min(r["greedy"]["min_margin"] for r in records) > 1e-3, "blip2-flan-t5: near-tie, pick another seed"
+    write(directory, dict(max_new_tokens=NEW_TOKENS, image_token_index=image_token, requests=records))
 
 
 def blip_tokenizer():
@@ -213,6 +261,7 @@ def blip2_opt(seed=7):
 
 if __name__ == "__main__":
     blip2_opt()
+    blip2_flan_t5()
     blip("blip-captioning", BlipForConditionalGeneration,
          [("chelsea.png", None), ("coffee.png", None), ("chelsea.png", "a picture of")], seed=3)
     blip("blip-vqa", BlipForQuestionAnswering,

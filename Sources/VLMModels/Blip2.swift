@@ -43,10 +43,8 @@ public struct Blip2QFormerConfig: Decodable, Sendable {
 public struct Blip2Config: Decodable, Sendable {
     public var visionConfig: BlipVisionConfig
     public var qformerConfig: Blip2QFormerConfig
-    /// The language model's config; only OPT language models are supported so far (see `textModelType`).
-    public var textConfig: OPTConfig
-    /// `text_config.model_type` (`opt` when absent, as transformers defaults it).
-    public var textModelType: String
+    /// The language model's config, by `text_config.model_type` (`opt` when absent, as transformers defaults it).
+    public var textConfig: Blip2TextConfig
     /// Query tokens, and so image tokens in a prompt, per image.
     public var numQueryTokens: Int
     /// The token id that marks where image features go (`image_token_index`, also read as `image_token_id`);
@@ -79,11 +77,54 @@ public struct Blip2Config: Decodable, Sendable {
             ?? JSONDecoder().decode(Blip2QFormerConfig.self, from: empty)
         // Blip2Config.__post_init__: the Q-Former cross-attends to the vision tower's output, whatever its own says.
         qformerConfig.encoderHiddenSize = visionConfig.hiddenSize
-        textConfig = try c.decodeIfPresent(OPTConfig.self, forKey: .textConfig) ?? JSONDecoder().decode(OPTConfig.self, from: empty)
-        textModelType = try c.decodeIfPresent(ModelType.self, forKey: .textConfig)?.modelType ?? "opt"
+        switch try c.decodeIfPresent(ModelType.self, forKey: .textConfig)?.modelType ?? "opt" {
+        case "opt":
+            textConfig = .opt(try c.decodeIfPresent(OPTConfig.self, forKey: .textConfig) ?? JSONDecoder().decode(OPTConfig.self, from: empty))
+        case "t5":
+            textConfig = .t5(try c.decode(T5Config.self, forKey: .textConfig))
+        case let type:
+            throw DecodingError.dataCorruptedError(forKey: .textConfig, in: c,
+                                                   debugDescription: "text_config.model_type \"\(type)\" is not supported here (supported: opt, t5)")
+        }
         numQueryTokens = try c.value(.numQueryTokens, default: 32)
         imageTokenIndex = try c.decodeIfPresent(Int.self, forKey: .imageTokenIndex)
             ?? c.decodeIfPresent(Int.self, forKey: .imageTokenId)
+    }
+}
+
+/// The config of BLIP-2's language model: a decoder-only OPT, or a T5 encoder–decoder (Flan-T5).
+public enum Blip2TextConfig: Sendable {
+    case opt(OPTConfig)
+    case t5(T5Config)
+
+    /// The width of the token embeddings, which the projected image features replace.
+    public var embeddingWidth: Int {
+        switch self {
+        case .opt(let config): config.wordEmbedProjDim
+        case .t5(let config): config.dModel
+        }
+    }
+}
+
+/// BLIP-2's language model, `language_model.*`.
+public enum Blip2LanguageModel: Sendable {
+    /// Reads the image features and the prompt as one sequence and continues it.
+    case opt(OPTForCausalLM)
+    /// Encodes the image features and the prompt; the decoder writes the text from `decoder_start_token_id`.
+    case t5(T5ForConditionalGeneration)
+
+    var vocabularySize: Int {
+        switch self {
+        case .opt(let model): model.vocabularySize
+        case .t5(let model): model.vocabularySize
+        }
+    }
+
+    func embed(_ ids: [[Int]]) throws -> Tensor {
+        switch self {
+        case .opt(let model): try model.embed(ids)
+        case .t5(let model): try model.embed(ids)
+        }
     }
 }
 
@@ -173,8 +214,8 @@ final class Blip2QFormerModel: @unchecked Sendable {
     }
 }
 
-/// transformers' `Blip2ForConditionalGeneration` with an OPT language model: image captioning and visual question
-/// answering.
+/// transformers' `Blip2ForConditionalGeneration` with an OPT or a T5 (Flan-T5) language model: image captioning and
+/// visual question answering.
 ///
 /// A prompt holds `numQueryTokens` image tokens per image (`image_token_index`), in front of the text as
 /// `Blip2Processor` lays it out; the model puts the image's projected query outputs in their place.
@@ -186,8 +227,8 @@ public final class Blip2ForConditionalGeneration: ImageToTextModel, @unchecked S
     let queryTokens: Tensor
     let qformer: Blip2QFormerModel
     let languageProjection: Linear
-    /// The decoder that reads the projected image features and generates.
-    public let languageModel: OPTForCausalLM
+    /// The language model that reads the projected image features and generates.
+    public let languageModel: Blip2LanguageModel
 
     /// Loads config.json and the safetensors weights of a checkpoint directory whose `model_type` is `blip-2`.
     public convenience init(directory: ModelDirectory) throws {
@@ -199,30 +240,33 @@ public final class Blip2ForConditionalGeneration: ImageToTextModel, @unchecked S
     }
 
     /// Builds the model from `weights` named as transformers saves `Blip2ForConditionalGeneration` (`vision_model.…`,
-    /// `query_tokens`, `qformer.…`, `language_projection.…`, `language_model.model.decoder.…`,
-    /// `language_model.lm_head.weight`); `file` is what configuration errors name.
+    /// `query_tokens`, `qformer.…`, `language_projection.…`, and the language model under `language_model.`: OPT's
+    /// `model.decoder.…` and `lm_head.weight`, or T5's `shared.weight`, `encoder.…`, `decoder.…`, `lm_head.weight`);
+    /// `file` is what configuration errors name.
     public init(config: Blip2Config, weights: Weights, file: String = "config.json") throws {
-        let text = config.textConfig
-        guard config.textModelType == "opt" else {
-            throw ModelError.unsupportedModelType(config.textModelType, supported: ["opt"], file: file)
-        }
         guard config.numQueryTokens > 0 else {
             throw ModelError.invalidConfig("num_query_tokens is \(config.numQueryTokens), expected a positive count", file: file)
         }
-        // The projected queries replace token embeddings, so they must be as wide.
-        guard text.hiddenSize == text.wordEmbedProjDim else {
-            throw ModelError.invalidConfig("text_config: hidden_size \(text.hiddenSize) (the language projection's width) differs from word_embed_proj_dim \(text.wordEmbedProjDim) (the token embeddings')", file: file)
-        }
         self.config = config
         let queryWidth = config.qformerConfig.hiddenSize
+        let width = config.textConfig.embeddingWidth
         visionModel = try BlipVisionModel(config.visionConfig, weights: weights.scoped("vision_model"), file: file)
         queryTokens = try weights("query_tokens", shape: [1, config.numQueryTokens, queryWidth])
         qformer = try Blip2QFormerModel(config.qformerConfig, weights: weights.scoped("qformer"), file: file)
-        languageProjection = try Linear(weights.scoped("language_projection"), inFeatures: queryWidth, outFeatures: text.hiddenSize)
-        let decoder = weights.scoped("language_model.model.decoder")
-        languageModel = try OPTForCausalLM(
-            config: text, file: file, tensor: { try decoder($0, shape: $1) },
-            lmHeadWeight: { try weights("language_model.lm_head.weight", shape: [text.vocabSize, text.wordEmbedProjDim]) })
+        languageProjection = try Linear(weights.scoped("language_projection"), inFeatures: queryWidth, outFeatures: width)
+        switch config.textConfig {
+        case .opt(let text):
+            // The projected queries replace token embeddings, so they must be as wide.
+            guard text.hiddenSize == text.wordEmbedProjDim else {
+                throw ModelError.invalidConfig("text_config: hidden_size \(text.hiddenSize) (the language projection's width) differs from word_embed_proj_dim \(text.wordEmbedProjDim) (the token embeddings')", file: file)
+            }
+            let decoder = weights.scoped("language_model.model.decoder")
+            languageModel = .opt(try OPTForCausalLM(
+                config: text, file: file, tensor: { try decoder($0, shape: $1) },
+                lmHeadWeight: { try weights("language_model.lm_head.weight", shape: [text.vocabSize, width]) }))
+        case .t5(let text):
+            languageModel = .t5(try T5ForConditionalGeneration(config: text, file: file, weights: weights.scoped("language_model")))
+        }
     }
 
     /// The Q-Former's last hidden state `[B, numQueryTokens, qformer hiddenSize]` for the vision tower's last hidden
@@ -250,7 +294,7 @@ public final class Blip2ForConditionalGeneration: ImageToTextModel, @unchecked S
     ///   (transformers would silently use only the first features when it holds fewer).
     public func inputsEmbeds(inputIds: [[Int]], imageEmbeddings: Tensor) throws -> Tensor {
         let imageToken = try imageTokenIndex()
-        let width = config.textConfig.wordEmbedProjDim
+        let width = config.textConfig.embeddingWidth
         guard imageEmbeddings.rank == 3, imageEmbeddings.shape[2] == width else {
             throw ModelError.invalidInput("image embeddings must be [images, tokens, \(width)], got \(imageEmbeddings.shape)")
         }
@@ -264,21 +308,26 @@ public final class Blip2ForConditionalGeneration: ImageToTextModel, @unchecked S
     }
 
     /// The forward pass's logits `[B, T, vocab]` for images `[B, 3, S, S]` and a left-padded prompt holding their
-    /// image tokens.
+    /// image tokens (an OPT language model's; T5's logits are its decoder's, see `generate`).
     public func logits(pixelValues: Tensor, inputIds: [[Int]], attentionMask: [[Int]]? = nil) throws -> Tensor {
+        guard case .opt(let model) = languageModel else {
+            throw ModelError.invalidInput("prompt logits are an OPT language model's; a T5 one decodes in generate")
+        }
         let embeds = try inputsEmbeds(inputIds: inputIds, imageEmbeddings: imageEmbeddings(pixelValues: pixelValues))
-        return try languageModel.logits(inputsEmbeds: embeds, attentionMask: attentionMask)
+        return try model.logits(inputsEmbeds: embeds, attentionMask: attentionMask)
     }
 
     /// Captions or answers for images `[B, 3, S, S]`, as transformers' `Blip2ForConditionalGeneration.generate`:
     /// greedy decoding, sampling or beam search by `config`.
     ///
     /// - Parameters:
-    ///   - inputIds: left-padded prompts (`[B][T]`) holding `numQueryTokens` image tokens each, as `Blip2Processor`
-    ///     makes them; nil captions from image tokens followed by the language model's bos token, as transformers does.
+    ///   - inputIds: prompts (`[B][T]`, left-padded for OPT) holding `numQueryTokens` image tokens each, as
+    ///     `Blip2Processor` makes them; nil captions without a prompt: OPT reads the image tokens followed by its bos
+    ///     token, as transformers does; T5's encoder reads the image tokens alone (transformers 5.23 fails there:
+    ///     it appends T5's bos token, which is null).
     ///   - attentionMask: `[B][T]`; nil attends to every token.
-    /// - Returns: the new tokens only. transformers' `sequences` are the prompt ids (the made-up one too) followed
-    ///   by these, padded.
+    /// - Returns: the new tokens only. transformers' `sequences` are, for OPT, the prompt ids (the made-up one too)
+    ///   followed by these, padded; for T5, `decoder_start_token_id` followed by these.
     public func generate(pixelValues: Tensor, inputIds: [[Int]]? = nil, attentionMask: [[Int]]? = nil,
                          config generation: GenerationConfig, stoppingCriteria: [any StoppingCriterion] = [],
                          seed: UInt64 = 0, onStep: ((_ tokens: [Int?]) throws -> Void)? = nil) throws -> GenerationOutput {
@@ -293,22 +342,43 @@ public final class Blip2ForConditionalGeneration: ImageToTextModel, @unchecked S
                          config generation: GenerationConfig, stoppingCriteria: [any StoppingCriterion] = [],
                          seed: UInt64 = 0, onStep: ((_ tokens: [Int?]) throws -> Void)? = nil) throws -> GenerationOutput {
         let ids = try inputIds ?? captionPrompt(images: imageEmbeddings.shape.first ?? 0)
-        return try languageModel.generate(
-            inputsEmbeds: inputsEmbeds(inputIds: ids, imageEmbeddings: imageEmbeddings), promptIds: ids,
-            attentionMask: attentionMask, config: generation, stoppingCriteria: stoppingCriteria, seed: seed, onStep: onStep)
+        let embeds = try inputsEmbeds(inputIds: ids, imageEmbeddings: imageEmbeddings)
+        switch languageModel {
+        case .opt(let model):
+            return try model.generate(inputsEmbeds: embeds, promptIds: ids, attentionMask: attentionMask, config: generation,
+                                      stoppingCriteria: stoppingCriteria, seed: seed, onStep: onStep)
+        case .t5(let model):
+            guard let start = model.config.decoderStartTokenId else {
+                throw ModelError.invalidInput("a T5 language model decodes from text_config.decoder_start_token_id, which is null")
+            }
+            let decoder = try model.attending(to: model.encode(inputsEmbeds: embeds, attentionMask: attentionMask),
+                                              attentionMask: attentionMask)
+            return try decoder.generate(inputIds: Array(repeating: [start], count: ids.count), config: generation,
+                                        stoppingCriteria: stoppingCriteria, seed: seed, onStep: onStep)
+        }
     }
 
     public var vocabularySize: Int { languageModel.vocabularySize }
+
+    /// OPT's learned positions hold the prompt and the new tokens; T5's relative positions are unbounded.
     public func positionsLeft(promptLength: Int?) -> Int? {
-        config.textConfig.maxPositionEmbeddings - (promptLength ?? config.numQueryTokens + 1)
+        guard case .opt(let text) = config.textConfig else { return nil }
+        return text.maxPositionEmbeddings - (promptLength ?? config.numQueryTokens + 1)
     }
 
-    /// What generate() prompts with when given none: each image's tokens, then bos.
+    /// What generate() prompts with when given none: each image's tokens, then OPT's bos; T5's encoder reads the
+    /// image tokens alone.
     private func captionPrompt(images: Int) throws -> [[Int]] {
-        guard let bos = config.textConfig.bosTokenId else {
-            throw ModelError.invalidInput("captioning without a prompt starts from text_config.bos_token_id, which is null")
+        let imageTokens = Array(repeating: try imageTokenIndex(), count: config.numQueryTokens)
+        switch config.textConfig {
+        case .opt(let text):
+            guard let bos = text.bosTokenId else {
+                throw ModelError.invalidInput("captioning without a prompt starts from text_config.bos_token_id, which is null")
+            }
+            return Array(repeating: imageTokens + [bos], count: images)
+        case .t5:
+            return Array(repeating: imageTokens, count: images)
         }
-        return Array(repeating: Array(repeating: try imageTokenIndex(), count: config.numQueryTokens) + [bos], count: images)
     }
 
     private func imageTokenIndex() throws -> Int {

@@ -35,6 +35,18 @@ import Testing
         #expect(plain.stdout == "\(photo(requests[0].image)): \(requests[0].greedy.text)\n")
     }
 
+    /// Flan-T5 BLIP-2 captions without a prompt: its encoder reads the image tokens alone.
+    @Test func flanT5CaptionsWithoutAPrompt() throws {
+        let flan = CLI.fixtures.appendingPathComponent("image-to-text/blip2-flan-t5").path
+        let requests = try JSONDecoder().decode(Expected.self, from: Data(contentsOf: URL(fileURLWithPath: flan).appendingPathComponent("expected.json")))
+            .requests.filter { $0.prompt == nil }
+        let run = try CLI.run(["caption"] + requests.map { photo($0.image) } + ["--model", flan, "--max-new-tokens", "12", "--json"])
+        #expect(run.status == 0, "\(run.stderr)")
+        let output = try #require(try CLI.json(run) as? [[String: Any]])
+        #expect(output.map { $0["ids"] as? [Int] } == requests.map(\.greedy.ids))
+        #expect(output.map { $0["text"] as? String } == requests.map(\.greedy.text))
+    }
+
     @Test func promptedCaptionIsTheContinuationOnly() throws {
         let request = try #require(try expected.requests.first { $0.prompt == "a photo of" })
         let run = try CLI.run(["caption", photo(request.image), "--model", model, "--prompt", "a photo of",
