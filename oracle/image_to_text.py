@@ -13,7 +13,9 @@ Blip2Processor.save_pretrained (BlipImageProcessor at the tiny image size, num_q
 "blip2-flan-t5": the same with a Flan-T5-style language model (gated-GELU T5, its own lm_head) and a T5-style
 SentencePiece Unigram tokenizer (Tests/Fixtures/tokenizers/t5-style, `</s>` appended) plus `<image>`. Without a prompt
 the encoder reads the image tokens alone (transformers 5.23's generate() cannot caption without a prompt there: it
-appends T5's bos token, which is None), recorded by passing those image tokens as input_ids.
+appends T5's bos token, which is None), recorded by passing those image tokens as input_ids. "blip2-t5-bf16": the
+original T5's shape instead (ReLU MLP, lm_head tied to the shared embedding with decoder outputs scaled by
+d_model^-0.5, 3 heads of 8 over a 16-wide model), weights stored as bf16.
 
 "blip-captioning", "blip-vqa", "blip-retrieval": tiny random-init BLIP heads with BLIP's real tokenizer: the
 bert-base-uncased WordPiece (Tests/Fixtures/tokenizers/real/bert-uncased) with "[DEC]" as bos and "[ENC]" added, as
@@ -82,8 +84,14 @@ def generations(model, processor, inputs, prompt_length):
     return record
 
 
-def blip2_flan_t5(seed=11):
-    directory = os.path.join(FIXTURES, "blip2-flan-t5")
+FLAN_T5 = dict(d_model=16, d_kv=8, d_ff=32, num_layers=2, num_decoder_layers=2, num_heads=2,
+               feed_forward_proj="gated-gelu", tie_word_embeddings=False)
+ORIGINAL_T5 = dict(d_model=16, d_kv=8, d_ff=40, num_layers=2, num_decoder_layers=2, num_heads=3,
+                   feed_forward_proj="relu", tie_word_embeddings=True)
+
+
+def blip2_t5(name, text, dtype, seed):
+    directory = os.path.join(FIXTURES, name)
     shutil.rmtree(directory, ignore_errors=True)
     tokenizer = PreTrainedTokenizerFast(tokenizer_file=T5_STYLE, eos_token="</s>", unk_token="<unk>", pad_token="<unk>")
     processor = Blip2Processor(image_processor=BlipImageProcessorPil(size={"height": 32, "width": 32}),
@@ -94,15 +102,13 @@ def blip2_flan_t5(seed=11):
                            image_size=32, patch_size=8, qkv_bias=True),
         qformer_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                             cross_attention_frequency=2),
-        text_config=dict(model_type="t5", vocab_size=len(processor.tokenizer), d_model=16, d_kv=8, d_ff=32,
-                         num_layers=2, num_decoder_layers=2, num_heads=2, feed_forward_proj="gated-gelu",
-                         tie_word_embeddings=False, decoder_start_token_id=0, pad_token_id=0,
-                         eos_token_id=processor.tokenizer.eos_token_id),
+        text_config=dict(text, model_type="t5", vocab_size=len(processor.tokenizer), decoder_start_token_id=0,
+                         pad_token_id=0, eos_token_id=processor.tokenizer.eos_token_id),
         num_query_tokens=4, image_token_index=image_token)
     torch.manual_seed(seed)
     model = Blip2ForConditionalGeneration(config).eval()
     randomize(model, torch.Generator().manual_seed(seed))
-    model.to(torch.float16).save_pretrained(directory)
+    model.to(dtype).save_pretrained(directory)
     processor.save_pretrained(directory)
     model = Blip2ForConditionalGeneration.from_pretrained(directory, dtype=torch.float32).eval()
     processor = Blip2Processor.from_pretrained(directory)
@@ -120,7 +126,7 @@ def blip2_flan_t5(seed=11):
         # The decoder's sequences start with decoder_start_token_id.
         record.update(generations(model, processor, inputs, prompt_length=1))
         records.append(record)
-    assert min(r["greedy"]["min_margin"] for r in records) > 1e-3, "blip2-flan-t5: near-tie, pick another seed"
+    assert min(r["greedy"]["min_margin"] for r in records) > 1e-3, f"{name}: near-tie, pick another seed"
     write(directory, dict(max_new_tokens=NEW_TOKENS, image_token_index=image_token, requests=records))
 
 
@@ -261,7 +267,8 @@ def blip2_opt(seed=7):
 
 if __name__ == "__main__":
     blip2_opt()
-    blip2_flan_t5()
+    blip2_t5("blip2-flan-t5", FLAN_T5, torch.float16, seed=11)
+    blip2_t5("blip2-t5-bf16", ORIGINAL_T5, torch.bfloat16, seed=12)
     blip("blip-captioning", BlipForConditionalGeneration,
          [("chelsea.png", None), ("coffee.png", None), ("chelsea.png", "a picture of")], seed=3)
     blip("blip-vqa", BlipForQuestionAnswering,

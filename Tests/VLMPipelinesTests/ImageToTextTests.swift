@@ -34,7 +34,7 @@ import VLMPipelines
         try ImageDecoder.decode(contentsOf: fixtures.appendingPathComponent("photos/\(name)"))
     }
 
-    @Test(arguments: ["blip2-opt", "blip2-flan-t5", "blip-captioning", "blip-vqa"])
+    @Test(arguments: ["blip2-opt", "blip2-flan-t5", "blip2-t5-bf16", "blip-captioning", "blip-vqa"])
     func processorsLayOutPromptsLikeTransformers(_ name: String) throws {
         let (pipeline, expected) = try Self.load(name, task: name == "blip-vqa" ? .ask : .caption)
         for request in expected.requests {
@@ -43,6 +43,7 @@ import VLMPipelines
     }
 
     @Test(arguments: [("blip2-opt", "greedy"), ("blip2-opt", "beam"), ("blip2-flan-t5", "greedy"), ("blip2-flan-t5", "beam"),
+                      ("blip2-t5-bf16", "greedy"), ("blip2-t5-bf16", "beam"),
                       ("blip-captioning", "greedy"), ("blip-captioning", "beam")])
     func captionsAndContinuationsLikeTransformers(_ name: String, _ mode: String) throws {
         let (pipeline, expected) = try Self.load(name)
