@@ -347,6 +347,14 @@ LANGUAGE = [
     ("string_and_list_filters", "{{ xs | string }}|{{ xs | reverse | list }}|{{ 'abc' | reverse }}|{{ xs | length }}|{{ d | count }}|{{ 'a b  c' | wordcount }}|{{ '<a href=\"x\">&</a>' | e }}|{{ '<b>' | safe }}|{{ xs | batch(2) | list }}|{{ 'abc' | center(9) }}", {}),
     ("tojson", "{{ d | tojson }}|{{ 'héllo \"q\" \\n <tag> & \\u2028' | tojson }}|{{ [1, 2.0, none, true] | tojson }}|{{ {} | tojson }}|{{ 'é' | tojson(ensure_ascii=true) }}", {}),
     ("tojson_indent", "{{ d | tojson(indent=2) }}|{{ [[], {}, [1]] | tojson(indent=4) }}|{{ d | tojson(separators=(',', ':'), sort_keys=true) }}|{{ xs | tojson(indent='\\t') }}", {}),
+    # Generators: map, select, reject, selectattr, rejectattr, items, unique and batch are lazy and one-pass.
+    ("generator_one_pass", "{% set g = xs | select('odd') %}{{ g | list }}{{ g | list }}|{% set g = xs | map('string') %}{{ g | first }}{{ g | join(',') }}|{% set g = xs | reject('odd') %}{{ 2 in g }}{{ g | list }}", {}),
+    ("generator_loop", "{% set g = xs | select %}{% for x in g %}{{ x }}{% break %}{% endfor %}{{ g | list }}|{% for x in xs | select if x > 1 %}{{ x }}{{ loop.last }}{{ loop.length }}{{ loop.revindex }}{% endfor %}", {}),
+    ("generator_observed", "{{ xs | select is iterable }} {{ xs | select is sequence }} {{ 'T' if [] | select else 'F' }} {{ (xs | map('string') | string)[:27] }} {{ (xs | selectattr('x') ~ '')[:34] }} {{ (d | items | string)[:26] }} {{ (xs | unique | string)[:32] }} {{ xs | batch(2) | list }} {{ xs | batch(0) | list }} {{ xs | batch(2, 0) | list }}", {}),
+    ("generator_lazy_errors", "{% set g = xs | map('no_such_filter') %}{% set h = 1 | items %}{% set k = xs | selectattr %}ok", {}),
+    ("generator_no_length", "{{ xs | select | length }}", {}),
+    ("generator_not_json", "{{ messages_like | map(attribute='role') | tojson }}", {}),
+    ("generator_not_reversible", "{{ xs | select | last }}", {}),
     # Methods on strings.
     ("string_methods", "[{{ s.strip() }}][{{ s.lstrip() }}][{{ s.rstrip() }}][{{ 'xxhixx'.strip('x') }}][{{ 'a,b,,c'.split(',') }}][{{ ' a  b '.split() }}][{{ 'a b c'.split(' ', 1) }}][{{ 'a b c'.rsplit(' ', 1) }}]", {}),
     ("string_methods_2", "{{ 'Hello'.startswith('He') }} {{ 'Hello'.endswith(('x', 'lo')) }} {{ 'abc'.upper() }} {{ 'ABC'.lower() }} {{ 'hello world'.title() }} {{ \"they're bill's\".title() }} {{ 'aXb'.replace('X', '-') }} {{ 'hello'.find('l') }} {{ 'hello'.rfind('l') }} {{ 'hello'.find('z') }} {{ 'banana'.count('an') }} {{ '-'.join(['a', 'b']) }} {{ 'x\\ny'.splitlines() }} {{ '{} and {name}'.format(1, name='n') }} {{ '123'.isdigit() }} {{ 'prefix_x'.removeprefix('prefix_') }} {{ 'hello'.capitalize() }}", {}),

@@ -67,6 +67,52 @@ extension Interpreter {
         return sorted.map(\.1.1)
     }
 
+    /// What `map` does to each item, from its arguments: jinja2's `prepare_map`.
+    private func mapping(_ arguments: CallArguments) throws(ChatTemplateError)
+        -> (inout Interpreter, Value) throws(ChatTemplateError) -> Value
+    {
+        var arguments = arguments
+        if let attributeName = try string(arguments.take(-1, "attribute"), "attribute") {
+            let fallback = arguments.take(-1, "default")
+            try rejectExtra(arguments, "map", positional: 0)
+            return { (interpreter: inout Interpreter, item: Value) throws(ChatTemplateError) in
+                let result = try interpreter.attributePath(attributeName, of: item)
+                return result.isUndefined ? fallback ?? result : result
+            }
+        }
+        guard let filterName = try string(arguments.positional.first, "filter name") else {
+            throw error("map requires a filter argument")
+        }
+        guard Self.filterNames.contains(filterName) else { throw error("No filter named '\(filterName)'.") }
+        arguments.positional.removeFirst()
+        return { [arguments] (interpreter: inout Interpreter, item: Value) throws(ChatTemplateError) in
+            try interpreter.applyFilter(filterName, to: item, arguments)
+        }
+    }
+
+    /// Whether `select`, `reject`, `selectattr` or `rejectattr` keeps an item, from its arguments: jinja2's
+    /// `prepare_select_or_reject`.
+    private func selection(_ filterName: String, _ arguments: CallArguments) throws(ChatTemplateError)
+        -> (inout Interpreter, Value) throws(ChatTemplateError) -> Bool
+    {
+        var rest = arguments
+        var attributeName: String?
+        if filterName.hasSuffix("attr") {
+            guard !rest.positional.isEmpty, let name = try string(rest.positional.removeFirst(), "attribute") else {
+                throw error("\(filterName) requires an attribute name")
+            }
+            attributeName = name
+        }
+        let testName = rest.positional.isEmpty ? nil : try string(rest.positional.removeFirst(), "test name")
+        let keeps = filterName.hasPrefix("select")
+        return { [rest, attributeName] (interpreter: inout Interpreter, item: Value) throws(ChatTemplateError) in
+            let subject = try attributeName.map { (path) throws(ChatTemplateError) in try interpreter.attributePath(path, of: item) } ?? item
+            let passes = try testName.map { (test) throws(ChatTemplateError) in try interpreter.applyTest(test, to: subject, rest) }
+                ?? subject.isTruthy
+            return passes == keeps
+        }
+    }
+
     // MARK: Filters
 
     mutating func applyFilter(_ name: String, to value: Value, _ arguments: CallArguments) throws(ChatTemplateError) -> Value {
@@ -125,9 +171,11 @@ extension Interpreter {
         case "e", "escape", "forceescape":
             return .string(PythonStrings.htmlEscape(text(value)))
         case "first":
-            let items = try iterate(value)
-            return items.first ?? .undefined("No first item, sequence was empty.")
+            // Python's next(iter(value)): a generator gives up only its first item.
+            var items = try cursor(over: value)
+            return try items.next(&self) ?? .undefined("No first item, sequence was empty.")
         case "last":
+            if case .generator = value { throw error("'generator' object is not reversible") }
             let items = try iterate(value)
             return items.last ?? .undefined("No last item, sequence was empty.")
         case "float":
@@ -179,11 +227,13 @@ extension Interpreter {
             }
             return .string(first ? indentation + result : result)
         case "items":
-            switch value {
-            case .undefined: return .list([])
-            case let .dict(pairs): return .list(pairs.map { .tuple([$0.0, $0.1]) })
-            default: throw error("items() expects a mapping, got '\(value.typeName)'")
-            }
+            return makeGenerator("do_items", body: { (interpreter: inout Interpreter) throws(ChatTemplateError) in
+                switch value {
+                case .undefined: return nil
+                case let .dict(pairs): return .list(pairs.map { .tuple([$0.0, $0.1]) })
+                default: throw interpreter.error("Can only get item pairs from a mapping.")
+                }
+            }, transform: { _, item in item })
         case "join":
             let separator = try string(arguments.take(0, "d"), "separator") ?? ""
             let attributeName = try string(arguments.take(1, "attribute"), "attribute")
@@ -205,28 +255,15 @@ extension Interpreter {
         case "title":
             return .string(PythonStrings.jinjaTitle(text(value)))
         case "map":
-            // jinja2's map, select, reject, selectattr and rejectattr begin with `if value:`, so a falsy value (none,
-            // undefined, 0, "") yields nothing where iterating it would fail.
-            guard value.isTruthy else { return .list([]) }
-            let items = try iterate(value)
-            if let attributeName = try string(arguments.take(-1, "attribute"), "attribute") {
-                let fallback = arguments.take(-1, "default")
-                try rejectExtra(arguments, "map", positional: 0)
-                var mapped: [Value] = []
-                for item in items {
-                    let result = try attributePath(attributeName, of: item)
-                    mapped.append(result.isUndefined ? fallback ?? result : result)
-                }
-                return .list(mapped)
-            }
-            guard let filterName = try string(arguments.positional.first, "filter name") else {
-                throw error("map requires a filter argument")
-            }
-            var rest = arguments
-            rest.positional.removeFirst()
-            var mapped: [Value] = []
-            for item in items { mapped.append(try applyFilter(filterName, to: item, rest)) }
-            return .list(mapped)
+            // jinja2's map, select, reject, selectattr and rejectattr are generators beginning with `if value:`, so
+            // a falsy value (none, undefined, 0, "") yields nothing where iterating it would fail, and their
+            // arguments are checked only once something iterates them.
+            var transform: ((inout Interpreter, Value) throws(ChatTemplateError) -> Value)?
+            return makeGenerator("sync_do_map", body: { (interpreter: inout Interpreter) throws(ChatTemplateError) in
+                guard value.isTruthy else { return nil }
+                transform = try interpreter.mapping(arguments)
+                return value
+            }, transform: { (interpreter: inout Interpreter, item: Value) throws(ChatTemplateError) in try transform!(&interpreter, item) })
         case "max", "min":
             let caseSensitive = arguments.take(0, "case_sensitive")?.isTruthy ?? false
             let attributeName = try string(arguments.take(1, "attribute"), "attribute")
@@ -237,31 +274,15 @@ extension Interpreter {
                         caseSensitive: caseSensitive)
             }
             return sorted[0]
-        case "reject", "select":
-            guard value.isTruthy else { return .list([]) }
-            var items: [Value] = []
-            var rest = arguments
-            let testName = rest.positional.isEmpty ? nil : try string(rest.positional.removeFirst(), "test name")
-            for item in try iterate(value) {
-                let passes = try testName.map { (test) throws(ChatTemplateError) in try applyTest(test, to: item, rest) } ?? item.isTruthy
-                if passes == (name == "select") { items.append(item) }
-            }
-            return .list(items)
-        case "rejectattr", "selectattr":
-            guard value.isTruthy else { return .list([]) }
-            var rest = arguments
-            guard !rest.positional.isEmpty, let attributeName = try string(rest.positional.removeFirst(), "attribute") else {
-                throw error("\(name) requires an attribute name")
-            }
-            let testName = rest.positional.isEmpty ? nil : try string(rest.positional.removeFirst(), "test name")
-            var items: [Value] = []
-            for item in try iterate(value) {
-                let attributeValue = try attributePath(attributeName, of: item)
-                let passes = try testName.map { (test) throws(ChatTemplateError) in try applyTest(test, to: attributeValue, rest) }
-                    ?? attributeValue.isTruthy
-                if passes == (name == "selectattr") { items.append(item) }
-            }
-            return .list(items)
+        case "reject", "select", "rejectattr", "selectattr":
+            var passes: ((inout Interpreter, Value) throws(ChatTemplateError) -> Bool)?
+            return makeGenerator("select_or_reject", body: { (interpreter: inout Interpreter) throws(ChatTemplateError) in
+                guard value.isTruthy else { return nil }
+                passes = try interpreter.selection(name, arguments)
+                return value
+            }, transform: { (interpreter: inout Interpreter, item: Value) throws(ChatTemplateError) in
+                try passes!(&interpreter, item) ? item : nil
+            })
         case "replace":
             guard let old = try string(arguments.take(0, "old"), "old"), let new = try string(arguments.take(1, "new"), "new") else {
                 throw error("replace() needs the old and new strings")
@@ -356,36 +377,59 @@ extension Interpreter {
             }
             return .string(kept + end)
         case "unique":
-            let caseSensitive = arguments.take(0, "case_sensitive")?.isTruthy ?? false
-            let attributeName = try string(arguments.take(1, "attribute"), "attribute")
+            var key: ((inout Interpreter, Value) throws(ChatTemplateError) -> Value)?
             var seen: [Value] = []
-            var result: [Value] = []
-            for item in try iterate(value) {
-                let key = lowered(try attributeName.map { (path) throws(ChatTemplateError) in try attributePath(path, of: item) } ?? item,
-                                  caseSensitive: caseSensitive)
-                if !seen.contains(where: { $0.pythonEquals(key) }) {
-                    seen.append(key)
-                    result.append(item)
+            return makeGenerator("sync_do_unique", body: { (interpreter: inout Interpreter) throws(ChatTemplateError) in
+                var arguments = arguments
+                let caseSensitive = arguments.take(0, "case_sensitive")?.isTruthy ?? false
+                let attributeName = try interpreter.string(arguments.take(1, "attribute"), "attribute")
+                key = { (interpreter: inout Interpreter, item: Value) throws(ChatTemplateError) in
+                    interpreter.lowered(
+                        try attributeName.map { (path) throws(ChatTemplateError) in try interpreter.attributePath(path, of: item) } ?? item,
+                        caseSensitive: caseSensitive)
                 }
-            }
-            return .list(result)
+                return value
+            }, transform: { (interpreter: inout Interpreter, item: Value) throws(ChatTemplateError) in
+                let itemKey = try key!(&interpreter, item)
+                guard !seen.contains(where: { $0.pythonEquals(itemKey) }) else { return nil }
+                seen.append(itemKey)
+                return item
+            })
         case "wordcount":
             return .int(PythonStrings.split(text(value), nil, maxSplit: -1).count)
         case "batch":
-            guard let size = try int(arguments.take(0, "linecount"), "linecount"), size > 0 else {
-                throw error("batch needs a positive size")
-            }
-            let fill = arguments.take(1, "fill_with")
-            let items = try iterate(value)
-            var batches: [Value] = []
-            var start = 0
-            while start < items.count {
-                var chunk = Array(items[start..<min(start + size, items.count)])
-                if let fill, chunk.count < size { chunk += Array(repeating: fill, count: size - chunk.count) }
-                batches.append(.list(chunk))
-                start += size
-            }
-            return .list(batches)
+            var source: ValueCursor?
+            var size = 0
+            var fill: Value?
+            var pending: [Value] = []
+            return .generator(TemplateGenerator(functionName: "do_batch") { (interpreter: inout Interpreter) throws(ChatTemplateError) in
+                if source == nil {
+                    var arguments = arguments
+                    guard let linecount = try interpreter.int(arguments.take(0, "linecount"), "linecount") else {
+                        throw interpreter.error("do_batch() missing 1 required positional argument: 'linecount'")
+                    }
+                    size = linecount
+                    fill = arguments.take(1, "fill_with")
+                    source = try interpreter.cursor(over: value)
+                }
+                // jinja2 hands out a full batch only when the item after it arrives, so a size of 0 yields [] first.
+                while let item = try source!.next(&interpreter) {
+                    try interpreter.countIteration()
+                    if pending.count == size {
+                        let full = pending
+                        pending = [item]
+                        return .list(full)
+                    }
+                    pending.append(item)
+                }
+                guard !pending.isEmpty else { return nil }
+                var last = pending
+                pending = []
+                if let fill, !fill.isNone, last.count < size {
+                    last += Array(repeating: fill, count: size - last.count)
+                }
+                return .list(last)
+            })
         default:
             throw error("no filter named '\(name)'")
         }
@@ -431,7 +475,7 @@ extension Interpreter {
             return false
         case "iterable":
             switch value {
-            case .undefined, .string, .list, .tuple, .dict, .namespace: return true
+            case .undefined, .string, .list, .tuple, .dict, .namespace, .generator: return true
             default: return false
             }
         case "sequence":

@@ -131,11 +131,15 @@ struct Interpreter {
         case let .dict(pairs): return pairs.map(\.0)
         case let .string(text): return text.unicodeScalars.map { .string(String($0)) }
         case let .namespace(namespace): return namespace.attributes.map { .string($0.0) }
+        case let .generator(generator):
+            var items: [Value] = []
+            while let item = try generator.next(&self) { items.append(item) }
+            return items
         default: throw error("'\(value.typeName)' object is not iterable")
         }
     }
 
-    private mutating func countIteration() throws(ChatTemplateError) {
+    mutating func countIteration() throws(ChatTemplateError) {
         iterations += 1
         if iterations > Self.maximumIterations {
             throw error("template runs more than \(Self.maximumIterations) loop iterations")
@@ -145,16 +149,15 @@ struct Interpreter {
     private mutating func runLoop(_ loop: Loop, over iterable: Value, depth0: Int, in scope: Scope, into output: inout String)
         throws(ChatTemplateError)
     {
-        var items = try iterate(iterable)
+        var source = try cursor(over: iterable)
         if let condition = loop.condition {
-            var kept: [Value] = []
-            for item in items {
-                try countIteration()
+            // jinja2 filters the iterable lazily too, so the condition runs only for the items the loop reaches.
+            let filtered = makeGenerator("<genexpr>", body: { _ in iterable }) { (interpreter: inout Interpreter, item: Value) throws(ChatTemplateError) in
                 let filterScope = Scope(parent: scope)
-                try assign(item, to: loop.target, in: filterScope)
-                if try evaluate(condition, in: filterScope).isTruthy { kept.append(item) }
+                try interpreter.assign(item, to: loop.target, in: filterScope)
+                return try interpreter.evaluate(condition, in: filterScope).isTruthy ? item : nil
             }
-            items = kept
+            source = try cursor(over: filtered)
         }
         var recurse: Value?
         if loop.recursive {
@@ -165,8 +168,9 @@ struct Interpreter {
                 return .string(text)
             })
         }
-        let state = LoopState(items: items, depth0: depth0, recurse: recurse)
-        for (index, item) in items.enumerated() {
+        let state = LoopState(source: source, depth0: depth0, recurse: recurse)
+        var index = 0
+        while let item = try state.item(at: index, &self) {
             try countIteration()
             state.index0 = index
             let iterationScope = Scope(parent: scope)
@@ -174,8 +178,9 @@ struct Interpreter {
             try assign(item, to: loop.target, in: iterationScope)
             iterationScope.variables["loop"] = .loop(state)
             if try render(loop.body, in: iterationScope, into: &output) == .breakLoop { break }
+            index += 1
         }
-        if items.isEmpty {
+        if state.items.isEmpty {
             _ = try render(loop.otherwise, in: scope, into: &output)
         }
     }
@@ -387,7 +392,7 @@ struct Interpreter {
         case let .namespace(namespace):
             return namespace[name] ?? .undefined("'\(object.typeName) object' has no attribute '\(name)'")
         case let .loop(state):
-            return loopAttribute(name, state)
+            return try loopAttribute(name, state)
         default:
             if let method = method(name, of: object) { return method }
             if case .dict = object, let value = object.lookup(.string(name)) { return value }
@@ -422,21 +427,20 @@ struct Interpreter {
         return .undefined("'\(object.typeName) object' has no attribute \(key.pythonRepr)")
     }
 
-    private func loopAttribute(_ name: String, _ state: LoopState) -> Value {
-        let length = state.items.count
+    private mutating func loopAttribute(_ name: String, _ state: LoopState) throws(ChatTemplateError) -> Value {
         let index0 = state.index0
         switch name {
         case "index": return .int(index0 + 1)
         case "index0": return .int(index0)
-        case "revindex": return .int(length - index0)
-        case "revindex0": return .int(length - index0 - 1)
+        case "revindex": return .int(try state.length(&self) - index0)
+        case "revindex0": return .int(try state.length(&self) - index0 - 1)
         case "first": return .bool(index0 == 0)
-        case "last": return .bool(index0 == length - 1)
-        case "length": return .int(length)
+        case "last": return .bool(try state.item(at: index0 + 1, &self) == nil)
+        case "length": return .int(try state.length(&self))
         case "depth": return .int(state.depth0 + 1)
         case "depth0": return .int(state.depth0)
         case "previtem": return index0 > 0 ? state.items[index0 - 1] : .undefined("there is no previous item")
-        case "nextitem": return index0 + 1 < length ? state.items[index0 + 1] : .undefined("there is no next item")
+        case "nextitem": return try state.item(at: index0 + 1, &self) ?? .undefined("there is no next item")
         case "cycle":
             return .callable(Callable(name: "cycle") { (interpreter: inout Interpreter, arguments: CallArguments) throws(ChatTemplateError) in
                 guard !arguments.positional.isEmpty else { throw interpreter.error("no items for cycling given") }
@@ -633,7 +637,7 @@ struct Interpreter {
         }
     }
 
-    func contains(_ container: Value, _ element: Value) throws(ChatTemplateError) -> Bool {
+    mutating func contains(_ container: Value, _ element: Value) throws(ChatTemplateError) -> Bool {
         switch container {
         case let .string(text):
             guard case let .string(needle) = element else {
@@ -643,12 +647,18 @@ struct Interpreter {
         case let .list(values), let .tuple(values): return values.contains { $0.pythonEquals(element) }
         case let .dict(pairs): return pairs.contains { $0.0.pythonEquals(element) }
         case let .namespace(namespace): return namespace.attributes.contains { Value.string($0.0).pythonEquals(element) }
+        case let .generator(generator):
+            // Python's `in` consumes a generator only up to the first match.
+            while let item = try generator.next(&self) {
+                if item.pythonEquals(element) { return true }
+            }
+            return false
         case .undefined: return false
         default: throw error("argument of type '\(container.typeName)' is not iterable")
         }
     }
 
-    func compare(_ op: String, _ left: Value, _ right: Value) throws(ChatTemplateError) -> Bool {
+    mutating func compare(_ op: String, _ left: Value, _ right: Value) throws(ChatTemplateError) -> Bool {
         switch op {
         case "==": return left.pythonEquals(right)
         case "!=": return !left.pythonEquals(right)

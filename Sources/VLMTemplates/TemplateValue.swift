@@ -23,17 +23,35 @@ final class Namespace {
     }
 }
 
-/// The `loop` variable of a `for` block.
+/// The `loop` variable of a `for` block. It pulls items from its iterable only as far as the loop and its attributes
+/// need them, as jinja2's LoopContext does, so that breaking out of a loop over a generator leaves the rest unconsumed.
 final class LoopState {
-    let items: [Value]
+    /// The items pulled so far.
+    private(set) var items: [Value] = []
+    private var source: ValueCursor
+    private var sourceExhausted = false
     var index0 = 0
     let depth0: Int
     let recurse: Value?
 
-    init(items: [Value], depth0: Int, recurse: Value?) {
-        self.items = items
+    init(source: ValueCursor, depth0: Int, recurse: Value?) {
+        self.source = source
         self.depth0 = depth0
         self.recurse = recurse
+    }
+
+    /// The item at `index`, pulling items up to it; nil past the end.
+    func item(at index: Int, _ interpreter: inout Interpreter) throws(ChatTemplateError) -> Value? {
+        while items.count <= index, !sourceExhausted {
+            if let item = try source.next(&interpreter) { items.append(item) } else { sourceExhausted = true }
+        }
+        return index < items.count ? items[index] : nil
+    }
+
+    /// The number of items, pulling all of them.
+    func length(_ interpreter: inout Interpreter) throws(ChatTemplateError) -> Int {
+        while try item(at: items.count, &interpreter) != nil {}
+        return items.count
     }
 }
 
@@ -72,6 +90,7 @@ enum Value {
     case namespace(Namespace)
     case loop(LoopState)
     case callable(Callable)
+    case generator(TemplateGenerator)
 
     static func undefined(_ message: String) -> Value { .undefined(UndefinedValue(message: message)) }
 
@@ -112,7 +131,13 @@ enum Value {
         case .namespace: "Namespace"
         case .loop: "LoopContext"
         case .callable: "function"
+        case .generator: "generator"
         }
+    }
+
+    var isNone: Bool {
+        if case .none = self { return true }
+        return false
     }
 
     var isUndefined: Bool {
@@ -130,7 +155,7 @@ enum Value {
         case let .string(value): !value.isEmpty
         case let .list(values), let .tuple(values): !values.isEmpty
         case let .dict(pairs): !pairs.isEmpty
-        case .namespace, .loop, .callable: true
+        case .namespace, .loop, .callable, .generator: true
         }
     }
 
@@ -165,6 +190,7 @@ enum Value {
             }
         case let (.namespace(a), .namespace(b)): return a === b
         case let (.loop(a), .loop(b)): return a === b
+        case let (.generator(a), .generator(b)): return a === b
         default:
             if let a = integer, let b = other.integer { return a == b }
             if let a = number, let b = other.number { return a == b }
@@ -205,6 +231,7 @@ enum Value {
             "<Namespace " + Value.dict(namespace.attributes.map { (.string($0.0), $0.1) }).pythonRepr + ">"
         case .loop: "<LoopContext>"
         case let .callable(callable): "<function \(callable.name)>"
+        case let .generator(generator): generator.pythonRepr
         }
     }
 }
