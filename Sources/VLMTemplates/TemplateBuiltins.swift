@@ -8,7 +8,7 @@ extension Interpreter {
         guard let value else { return nil }
         switch value {
         case .none: return nil
-        case let .string(text): return text
+        case let .string(text), let .markup(text): return text
         default: throw error("\(what) must be a string, not '\(value.typeName)'")
         }
     }
@@ -43,7 +43,7 @@ extension Interpreter {
     }
 
     private func lowered(_ value: Value, caseSensitive: Bool) -> Value {
-        if !caseSensitive, case let .string(text) = value { return .string(PythonStrings.lower(text)) }
+        if !caseSensitive, let text = value.stringContent { return .string(PythonStrings.lower(text)) }
         return value
     }
 
@@ -133,20 +133,20 @@ extension Interpreter {
             }
             return try attribute(attributeName, of: value)
         case "capitalize":
-            return .string(PythonStrings.capitalize(text(value)))
+            return value.sameStringKind(PythonStrings.capitalize(text(value)))
         case "center":
             let width = try int(arguments.take(0, "width"), "width") ?? 80
             let content = text(value)
             let length = content.unicodeScalars.count
-            guard width > length else { return .string(content) }
+            guard width > length else { return value.sameStringKind(content) }
             // Python's str.center puts the extra space on the right unless the padding and width are both odd.
             let padding = width - length
             let left = padding / 2 + (padding & width & 1)
-            return .string(String(repeating: " ", count: left) + content + String(repeating: " ", count: padding - left))
+            return value.sameStringKind(String(repeating: " ", count: left) + content + String(repeating: " ", count: padding - left))
         case "count", "length":
             switch value {
             case .undefined: return .int(0)
-            case let .string(content): return .int(content.unicodeScalars.count)
+            case let .string(content), let .markup(content): return .int(content.unicodeScalars.count)
             case let .list(values), let .tuple(values): return .int(values.count)
             case let .dict(pairs): return .int(pairs.count)
             case let .namespace(namespace): return .int(namespace.attributes.count)
@@ -168,8 +168,10 @@ extension Interpreter {
                 guard case let .tuple(pair) = item else { return item }
                 return lowered(by == "key" ? pair[0] : pair[1], caseSensitive: caseSensitive)
             })
-        case "e", "escape", "forceescape":
-            return .string(PythonStrings.htmlEscape(text(value)))
+        case "e", "escape":
+            return .markup(value.markupEscaped)
+        case "forceescape":
+            return .markup(PythonStrings.htmlEscape(text(value)))
         case "first":
             // Python's next(iter(value)): a generator gives up only its first item.
             var items = try cursor(over: value)
@@ -184,7 +186,7 @@ extension Interpreter {
             case let .double(number): return .double(number)
             case let .int(number): return .double(Double(number))
             case let .bool(flag): return .double(flag ? 1 : 0)
-            case let .string(content):
+            case let .string(content), let .markup(content):
                 return Double(PythonStrings.strip(content, nil, leading: true, trailing: true).replacingOccurrences(of: "_", with: "")).map { .double($0) } ?? fallback
             default: return fallback
             }
@@ -197,7 +199,7 @@ extension Interpreter {
             case let .double(number):
                 guard number.isFinite, abs(number) < 9.2e18 else { return fallback }
                 return .int(Int(number))
-            case let .string(content):
+            case let .string(content), let .markup(content):
                 let trimmed = PythonStrings.strip(content, nil, leading: true, trailing: true).replacingOccurrences(of: "_", with: "")
                 if let number = Int(trimmed, radix: base) { return .int(number) }
                 if let number = Double(trimmed), number.isFinite, abs(number) < 9.2e18 { return .int(Int(number)) }
@@ -225,7 +227,7 @@ extension Interpreter {
                     result += "\n" + rest.map { $0.isEmpty ? $0 : indentation + $0 }.joined(separator: "\n")
                 }
             }
-            return .string(first ? indentation + result : result)
+            return value.sameStringKind(first ? indentation + result : result)
         case "items":
             return makeGenerator("do_items", body: { (interpreter: inout Interpreter) throws(ChatTemplateError) in
                 switch value {
@@ -249,9 +251,9 @@ extension Interpreter {
         case "list":
             return .list(try iterate(value))
         case "lower":
-            return .string(PythonStrings.lower(text(value)))
+            return value.sameStringKind(PythonStrings.lower(text(value)))
         case "upper":
-            return .string(PythonStrings.upper(text(value)))
+            return value.sameStringKind(PythonStrings.upper(text(value)))
         case "title":
             return .string(PythonStrings.jinjaTitle(text(value)))
         case "map":
@@ -263,7 +265,9 @@ extension Interpreter {
                 guard value.isTruthy else { return nil }
                 transform = try interpreter.mapping(arguments)
                 return value
-            }, transform: { (interpreter: inout Interpreter, item: Value) throws(ChatTemplateError) in try transform!(&interpreter, item) })
+            }, transform: { (interpreter: inout Interpreter, item: Value) throws(ChatTemplateError) in
+                try transform!(&interpreter, item)
+            })
         case "max", "min":
             let caseSensitive = arguments.take(0, "case_sensitive")?.isTruthy ?? false
             let attributeName = try string(arguments.take(1, "attribute"), "attribute")
@@ -292,7 +296,9 @@ extension Interpreter {
             guard result.utf8.count <= Self.maximumBuiltSize else { throw error("replaced string too large") }
             return .string(result)
         case "reverse":
-            if case let .string(content) = value { return .string(String(String.UnicodeScalarView(content.unicodeScalars.reversed()))) }
+            if let content = value.stringContent {
+                return value.sameStringKind(String(String.UnicodeScalarView(content.unicodeScalars.reversed())))
+            }
             return .list(try iterate(value).reversed())
         case "round":
             let precision = try int(arguments.take(0, "precision"), "precision") ?? 0
@@ -312,7 +318,7 @@ extension Interpreter {
                 throw error("method must be common, ceil or floor")
             }
         case "safe":
-            return value
+            return .markup(text(value))
         case "sort":
             let reverse = arguments.take(0, "reverse")?.isTruthy ?? false
             let caseSensitive = arguments.take(1, "case_sensitive")?.isTruthy ?? false
@@ -322,7 +328,8 @@ extension Interpreter {
                         caseSensitive: caseSensitive)
             })
         case "string":
-            return .string(text(value))
+            // jinja2's soft_str: Markup stays Markup.
+            return value.sameStringKind(text(value))
         case "sum":
             let attributeName = try string(arguments.take(0, "attribute"), "attribute")
             var total = arguments.take(1, "start") ?? .int(0)
@@ -362,7 +369,7 @@ extension Interpreter {
             }
         case "trim":
             let characters = try string(arguments.take(0, "chars"), "chars")
-            return .string(PythonStrings.strip(text(value), characters, leading: true, trailing: true))
+            return value.sameStringKind(PythonStrings.strip(text(value), characters, leading: true, trailing: true))
         case "truncate":
             let length = try int(arguments.take(0, "length"), "length") ?? 255
             let killWords = arguments.take(1, "killwords")?.isTruthy ?? false
@@ -467,20 +474,18 @@ extension Interpreter {
             if case .double = value { return true }
             return false
         case "number": return value.number != nil
-        case "string":
-            if case .string = value { return true }
-            return false
+        case "string": return value.stringContent != nil
         case "mapping":
             if case .dict = value { return true }
             return false
         case "iterable":
             switch value {
-            case .undefined, .string, .list, .tuple, .dict, .namespace, .generator: return true
+            case .undefined, .string, .markup, .list, .tuple, .dict, .namespace, .generator: return true
             default: return false
             }
         case "sequence":
             switch value {
-            case .undefined, .string, .list, .tuple, .dict: return true
+            case .undefined, .string, .markup, .list, .tuple, .dict: return true
             default: return false
             }
         case "callable":
@@ -523,7 +528,9 @@ extension Interpreter {
         case "upper":
             let content = text(value)
             return PythonStrings.upper(content) == content && PythonStrings.lower(content) != content
-        case "escaped": return false
+        case "escaped":
+            if case .markup = value { return true }
+            return false
         case "filter", "test":
             guard case let .string(target) = value else { return false }
             let known = name == "filter" ? Self.filterNames : Self.testNames
@@ -564,6 +571,7 @@ extension Interpreter {
     func method(_ name: String, of object: Value) -> Value? {
         switch object {
         case let .string(content): return stringMethod(name, content)
+        case let .markup(content): return markupMethod(name, content)
         case let .dict(pairs):
             switch name {
             case "items": return bound(name) { _, _ in .list(pairs.map { .tuple([$0.0, $0.1]) }) }
@@ -604,7 +612,7 @@ extension Interpreter {
         return nil
     }
 
-    private func stringMethod(_ name: String, _ content: String) -> Value? {
+    func stringMethod(_ name: String, _ content: String) -> Value? {
         func stripper(leading: Bool, trailing: Bool) -> Value {
             bound(name) { (interpreter: inout Interpreter, arguments: inout CallArguments) throws(ChatTemplateError) in
                 let characters = try interpreter.string(arguments.take(0, "chars"), "strip argument")
@@ -687,7 +695,7 @@ extension Interpreter {
             return bound(name) { (interpreter: inout Interpreter, arguments: inout CallArguments) throws(ChatTemplateError) in
                 var pieces: [String] = []
                 for item in try interpreter.iterate(arguments.take(0, "iterable") ?? .list([])) {
-                    guard case let .string(piece) = item else {
+                    guard let piece = item.stringContent else {
                         throw interpreter.error("sequence item: expected str instance, \(item.typeName) found")
                     }
                     pieces.append(piece)

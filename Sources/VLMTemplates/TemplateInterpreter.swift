@@ -129,7 +129,8 @@ struct Interpreter {
         case .undefined: return []
         case let .list(values), let .tuple(values): return values
         case let .dict(pairs): return pairs.map(\.0)
-        case let .string(text): return text.unicodeScalars.map { .string(String($0)) }
+        // Markup does not override str's iteration, so its characters are plain strings.
+        case let .string(text), let .markup(text): return text.unicodeScalars.map { .string(String($0)) }
         case let .namespace(namespace): return namespace.attributes.map { .string($0.0) }
         case let .generator(generator):
             var items: [Value] = []
@@ -412,17 +413,17 @@ struct Interpreter {
                 if resolved >= 0, resolved < values.count { return values[resolved] }
                 return .undefined("'\(object.typeName) object' has no attribute \(index)")
             }
-        case let .string(text):
+        case let .string(text), let .markup(text):
             if let index = key.integer {
                 let scalars = Array(text.unicodeScalars)
                 let resolved = index < 0 ? index + scalars.count : index
-                if resolved >= 0, resolved < scalars.count { return .string(String(scalars[resolved])) }
-                return .undefined("'str object' has no attribute \(index)")
+                if resolved >= 0, resolved < scalars.count { return object.sameStringKind(String(scalars[resolved])) }
+                return .undefined("'\(object.typeName) object' has no attribute \(index)")
             }
         default:
             break
         }
-        if case let .string(name) = key { return try attribute(name, of: object) }
+        if let name = key.stringContent { return try attribute(name, of: object) }
         if case let .undefined(undefined) = key { throw error(undefined.message) }
         return .undefined("'\(object.typeName) object' has no attribute \(key.pythonRepr)")
     }
@@ -490,11 +491,11 @@ struct Interpreter {
             return .list(try pythonSliceIndices(count: values.count, start, stop, step).map { values[$0] })
         case let .tuple(values):
             return .tuple(try pythonSliceIndices(count: values.count, start, stop, step).map { values[$0] })
-        case let .string(text):
+        case let .string(text), let .markup(text):
             let scalars = Array(text.unicodeScalars)
             var result = String.UnicodeScalarView()
             for index in try pythonSliceIndices(count: scalars.count, start, stop, step) { result.append(scalars[index]) }
-            return .string(String(result))
+            return object.sameStringKind(String(result))
         case let .undefined(undefined):
             throw error(undefined.message)
         default:
@@ -537,6 +538,7 @@ struct Interpreter {
         if op == "~" { return .string(try concatenated(left.pythonString, right.pythonString)) }
         if case let .undefined(undefined) = left { throw error(undefined.message) }
         if case let .undefined(undefined) = right { throw error(undefined.message) }
+        if let markup = try markupOperation(op, left, right) { return markup }
         switch (op, left, right) {
         case let ("+", .string(a), .string(b)): return .string(try concatenated(a, b))
         case let ("+", .list(a), .list(b)) where a.count + b.count <= Self.maximumBuiltSize: return .list(a + b)
@@ -610,7 +612,7 @@ struct Interpreter {
         throw unsupported(op, left, right)
     }
 
-    private func concatenated(_ a: String, _ b: String) throws(ChatTemplateError) -> String {
+    func concatenated(_ a: String, _ b: String) throws(ChatTemplateError) -> String {
         guard a.utf8.count + b.utf8.count <= Self.maximumBuiltSize else { throw error("concatenated string too large") }
         return a + b
     }
@@ -622,11 +624,12 @@ struct Interpreter {
 
     /// Python's ordering for `<` and friends; nil where Python raises TypeError.
     func order(_ left: Value, _ right: Value) -> Int? {
-        switch (left, right) {
-        case let (.string(a), .string(b)):
+        if let a = left.stringContent, let b = right.stringContent {
             if a.utf8.elementsEqual(b.utf8) { return 0 }
             // UTF-8 byte order is code point order.
             return a.utf8.lexicographicallyPrecedes(b.utf8) ? -1 : 1
+        }
+        switch (left, right) {
         case let (.list(a), .list(b)), let (.tuple(a), .tuple(b)):
             for (x, y) in zip(a, b) where !x.pythonEquals(y) { return order(x, y) }
             return a.count == b.count ? 0 : (a.count < b.count ? -1 : 1)
@@ -639,8 +642,8 @@ struct Interpreter {
 
     mutating func contains(_ container: Value, _ element: Value) throws(ChatTemplateError) -> Bool {
         switch container {
-        case let .string(text):
-            guard case let .string(needle) = element else {
+        case let .string(text), let .markup(text):
+            guard let needle = element.stringContent else {
                 throw error("'in <string>' requires string as left operand, not \(element.typeName)")
             }
             return utf8Find(needle, in: text) != nil

@@ -84,6 +84,8 @@ enum Value {
     case int(Int)
     case double(Double)
     case string(String)
+    /// markupsafe's `Markup`, from `|safe` and `|escape`: a str whose operators HTML-escape their plain operands.
+    case markup(String)
     case list([Value])
     case tuple([Value])
     case dict([(Value, Value)])
@@ -125,6 +127,7 @@ enum Value {
         case .int: "int"
         case .double: "float"
         case .string: "str"
+        case .markup: "Markup"
         case .list: "list"
         case .tuple: "tuple"
         case .dict: "dict"
@@ -152,7 +155,7 @@ enum Value {
         case let .bool(value): value
         case let .int(value): value != 0
         case let .double(value): value != 0
-        case let .string(value): !value.isEmpty
+        case let .string(value), let .markup(value): !value.isEmpty
         case let .list(values), let .tuple(values): !values.isEmpty
         case let .dict(pairs): !pairs.isEmpty
         case .namespace, .loop, .callable, .generator: true
@@ -177,11 +180,19 @@ enum Value {
         }
     }
 
+    /// The text of a str, Markup or not.
+    var stringContent: String? {
+        switch self {
+        case let .string(text), let .markup(text): text
+        default: nil
+        }
+    }
+
     /// Python `==`.
     func pythonEquals(_ other: Value) -> Bool {
+        if let a = stringContent, let b = other.stringContent { return a.utf8.elementsEqual(b.utf8) }
         switch (self, other) {
         case (.undefined, .undefined), (.none, .none): return true
-        case let (.string(a), .string(b)): return a.utf8.elementsEqual(b.utf8)
         case let (.list(a), .list(b)), let (.tuple(a), .tuple(b)):
             return a.count == b.count && zip(a, b).allSatisfy { $0.pythonEquals($1) }
         case let (.dict(a), .dict(b)):
@@ -208,7 +219,7 @@ enum Value {
     var pythonString: String {
         switch self {
         case .undefined: ""
-        case let .string(value): value
+        case let .string(value), let .markup(value): value
         default: pythonRepr
         }
     }
@@ -222,6 +233,7 @@ enum Value {
         case let .int(value): String(value)
         case let .double(value): pythonFloatRepr(value)
         case let .string(value): pythonStringRepr(value)
+        case let .markup(value): "Markup(" + pythonStringRepr(value) + ")"
         case let .list(values): "[" + values.map(\.pythonRepr).joined(separator: ", ") + "]"
         case let .tuple(values):
             values.count == 1 ? "(" + values[0].pythonRepr + ",)"

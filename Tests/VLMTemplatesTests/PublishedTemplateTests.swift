@@ -28,13 +28,6 @@ private func fixedClock(_ isoLocalTime: String) throws -> Date {
     return try #require(Calendar(identifier: .gregorian).date(from: components))
 }
 
-/// Where the interpreter still renders differently from jinja2: (template, conversation, with tools) and why.
-private let knownDivergences: [String: String] = [
-    "meetkai-functionary-medium-v3.1.jinja system-user tools": markupDivergence,
-    "meetkai-functionary-medium-v3.1.jinja tool-call tools": markupDivergence,
-]
-private let markupDivergence = "'x'|safe is a plain string here, not jinja2's Markup, whose + HTML-escapes the other operand"
-
 @Test("Published chat templates render byte-identically to transformers, or fail where jinja2 raises",
       arguments: try publishedTemplateNames())
 func publishedTemplate(name: String) throws {
@@ -63,12 +56,7 @@ func publishedTemplate(name: String) throws {
             try template.render(messages: messages, addGenerationPrompt: addGenerationPrompt, bosToken: text(fixture["bos_token"]),
                                 eosToken: text(fixture["eos_token"]), extraContext: extraContext, now: now)
         }
-        let key = "\(name) \(conversation)\(withTools ? " tools" : "")"
-        if let reason = knownDivergences[key] {
-            withKnownIssue(Comment(rawValue: reason)) { try check(testCase, file: name, label: label, render: render) }
-        } else {
-            try check(testCase, file: name, label: label, render: render)
-        }
+        try check(testCase, file: name, label: label, render: render)
     }
 }
 
