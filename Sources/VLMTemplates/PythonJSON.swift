@@ -34,7 +34,7 @@ struct PythonJSONEncoder {
         case let .bool(flag): output += flag ? "true" : "false"
         case let .int(number): output += String(number)
         case let .double(number): output += floatText(number)
-        case let .string(text): appendString(text, to: &output)
+        case let .string(text), let .markup(text): appendString(text, to: &output)
         case let .list(values), let .tuple(values):
             guard !values.isEmpty else {
                 output += "[]"
@@ -80,7 +80,7 @@ struct PythonJSONEncoder {
 
     private func keyText(_ key: Value) throws(Failure) -> String {
         switch key {
-        case let .string(text): return text
+        case let .string(text), let .markup(text): return text
         case let .bool(flag): return flag ? "true" : "false"
         case .none: return "null"
         case let .int(number): return String(number)

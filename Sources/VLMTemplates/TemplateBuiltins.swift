@@ -8,7 +8,7 @@ extension Interpreter {
         guard let value else { return nil }
         switch value {
         case .none: return nil
-        case let .string(text): return text
+        case let .string(text), let .markup(text): return text
         default: throw error("\(what) must be a string, not '\(value.typeName)'")
         }
     }
@@ -43,7 +43,7 @@ extension Interpreter {
     }
 
     private func lowered(_ value: Value, caseSensitive: Bool) -> Value {
-        if !caseSensitive, case let .string(text) = value { return .string(PythonStrings.lower(text)) }
+        if !caseSensitive, let text = value.stringContent { return .string(PythonStrings.lower(text)) }
         return value
     }
 
@@ -67,6 +67,52 @@ extension Interpreter {
         return sorted.map(\.1.1)
     }
 
+    /// What `map` does to each item, from its arguments: jinja2's `prepare_map`.
+    private func mapping(_ arguments: CallArguments) throws(ChatTemplateError)
+        -> (inout Interpreter, Value) throws(ChatTemplateError) -> Value
+    {
+        var arguments = arguments
+        if let attributeName = try string(arguments.take(-1, "attribute"), "attribute") {
+            let fallback = arguments.take(-1, "default")
+            try rejectExtra(arguments, "map", positional: 0)
+            return { (interpreter: inout Interpreter, item: Value) throws(ChatTemplateError) in
+                let result = try interpreter.attributePath(attributeName, of: item)
+                return result.isUndefined ? fallback ?? result : result
+            }
+        }
+        guard let filterName = try string(arguments.positional.first, "filter name") else {
+            throw error("map requires a filter argument")
+        }
+        guard Self.filterNames.contains(filterName) else { throw error("No filter named '\(filterName)'.") }
+        arguments.positional.removeFirst()
+        return { [arguments] (interpreter: inout Interpreter, item: Value) throws(ChatTemplateError) in
+            try interpreter.applyFilter(filterName, to: item, arguments)
+        }
+    }
+
+    /// Whether `select`, `reject`, `selectattr` or `rejectattr` keeps an item, from its arguments: jinja2's
+    /// `prepare_select_or_reject`.
+    private func selection(_ filterName: String, _ arguments: CallArguments) throws(ChatTemplateError)
+        -> (inout Interpreter, Value) throws(ChatTemplateError) -> Bool
+    {
+        var rest = arguments
+        var attributeName: String?
+        if filterName.hasSuffix("attr") {
+            guard !rest.positional.isEmpty, let name = try string(rest.positional.removeFirst(), "attribute") else {
+                throw error("\(filterName) requires an attribute name")
+            }
+            attributeName = name
+        }
+        let testName = rest.positional.isEmpty ? nil : try string(rest.positional.removeFirst(), "test name")
+        let keeps = filterName.hasPrefix("select")
+        return { [rest, attributeName] (interpreter: inout Interpreter, item: Value) throws(ChatTemplateError) in
+            let subject = try attributeName.map { (path) throws(ChatTemplateError) in try interpreter.attributePath(path, of: item) } ?? item
+            let passes = try testName.map { (test) throws(ChatTemplateError) in try interpreter.applyTest(test, to: subject, rest) }
+                ?? subject.isTruthy
+            return passes == keeps
+        }
+    }
+
     // MARK: Filters
 
     mutating func applyFilter(_ name: String, to value: Value, _ arguments: CallArguments) throws(ChatTemplateError) -> Value {
@@ -87,20 +133,20 @@ extension Interpreter {
             }
             return try attribute(attributeName, of: value)
         case "capitalize":
-            return .string(PythonStrings.capitalize(text(value)))
+            return value.sameStringKind(PythonStrings.capitalize(text(value)))
         case "center":
             let width = try int(arguments.take(0, "width"), "width") ?? 80
             let content = text(value)
             let length = content.unicodeScalars.count
-            guard width > length else { return .string(content) }
+            guard width > length else { return value.sameStringKind(content) }
             // Python's str.center puts the extra space on the right unless the padding and width are both odd.
             let padding = width - length
             let left = padding / 2 + (padding & width & 1)
-            return .string(String(repeating: " ", count: left) + content + String(repeating: " ", count: padding - left))
+            return value.sameStringKind(String(repeating: " ", count: left) + content + String(repeating: " ", count: padding - left))
         case "count", "length":
             switch value {
             case .undefined: return .int(0)
-            case let .string(content): return .int(content.unicodeScalars.count)
+            case let .string(content), let .markup(content): return .int(content.unicodeScalars.count)
             case let .list(values), let .tuple(values): return .int(values.count)
             case let .dict(pairs): return .int(pairs.count)
             case let .namespace(namespace): return .int(namespace.attributes.count)
@@ -122,12 +168,16 @@ extension Interpreter {
                 guard case let .tuple(pair) = item else { return item }
                 return lowered(by == "key" ? pair[0] : pair[1], caseSensitive: caseSensitive)
             })
-        case "e", "escape", "forceescape":
-            return .string(PythonStrings.htmlEscape(text(value)))
+        case "e", "escape":
+            return .markup(value.markupEscaped)
+        case "forceescape":
+            return .markup(PythonStrings.htmlEscape(text(value)))
         case "first":
-            let items = try iterate(value)
-            return items.first ?? .undefined("No first item, sequence was empty.")
+            // Python's next(iter(value)): a generator gives up only its first item.
+            var items = try cursor(over: value)
+            return try items.next(&self) ?? .undefined("No first item, sequence was empty.")
         case "last":
+            if case .generator = value { throw error("'generator' object is not reversible") }
             let items = try iterate(value)
             return items.last ?? .undefined("No last item, sequence was empty.")
         case "float":
@@ -136,7 +186,7 @@ extension Interpreter {
             case let .double(number): return .double(number)
             case let .int(number): return .double(Double(number))
             case let .bool(flag): return .double(flag ? 1 : 0)
-            case let .string(content):
+            case let .string(content), let .markup(content):
                 return Double(PythonStrings.strip(content, nil, leading: true, trailing: true).replacingOccurrences(of: "_", with: "")).map { .double($0) } ?? fallback
             default: return fallback
             }
@@ -149,7 +199,7 @@ extension Interpreter {
             case let .double(number):
                 guard number.isFinite, abs(number) < 9.2e18 else { return fallback }
                 return .int(Int(number))
-            case let .string(content):
+            case let .string(content), let .markup(content):
                 let trimmed = PythonStrings.strip(content, nil, leading: true, trailing: true).replacingOccurrences(of: "_", with: "")
                 if let number = Int(trimmed, radix: base) { return .int(number) }
                 if let number = Double(trimmed), number.isFinite, abs(number) < 9.2e18 { return .int(Int(number)) }
@@ -177,13 +227,15 @@ extension Interpreter {
                     result += "\n" + rest.map { $0.isEmpty ? $0 : indentation + $0 }.joined(separator: "\n")
                 }
             }
-            return .string(first ? indentation + result : result)
+            return value.sameStringKind(first ? indentation + result : result)
         case "items":
-            switch value {
-            case .undefined: return .list([])
-            case let .dict(pairs): return .list(pairs.map { .tuple([$0.0, $0.1]) })
-            default: throw error("items() expects a mapping, got '\(value.typeName)'")
-            }
+            return makeGenerator("do_items", body: { (interpreter: inout Interpreter) throws(ChatTemplateError) in
+                switch value {
+                case .undefined: return nil
+                case let .dict(pairs): return .list(pairs.map { .tuple([$0.0, $0.1]) })
+                default: throw interpreter.error("Can only get item pairs from a mapping.")
+                }
+            }, transform: { _, item in item })
         case "join":
             let separator = try string(arguments.take(0, "d"), "separator") ?? ""
             let attributeName = try string(arguments.take(1, "attribute"), "attribute")
@@ -199,34 +251,23 @@ extension Interpreter {
         case "list":
             return .list(try iterate(value))
         case "lower":
-            return .string(PythonStrings.lower(text(value)))
+            return value.sameStringKind(PythonStrings.lower(text(value)))
         case "upper":
-            return .string(PythonStrings.upper(text(value)))
+            return value.sameStringKind(PythonStrings.upper(text(value)))
         case "title":
             return .string(PythonStrings.jinjaTitle(text(value)))
         case "map":
-            // jinja2's map, select, reject, selectattr and rejectattr begin with `if value:`, so a falsy value (none,
-            // undefined, 0, "") yields nothing where iterating it would fail.
-            guard value.isTruthy else { return .list([]) }
-            let items = try iterate(value)
-            if let attributeName = try string(arguments.take(-1, "attribute"), "attribute") {
-                let fallback = arguments.take(-1, "default")
-                try rejectExtra(arguments, "map", positional: 0)
-                var mapped: [Value] = []
-                for item in items {
-                    let result = try attributePath(attributeName, of: item)
-                    mapped.append(result.isUndefined ? fallback ?? result : result)
-                }
-                return .list(mapped)
-            }
-            guard let filterName = try string(arguments.positional.first, "filter name") else {
-                throw error("map requires a filter argument")
-            }
-            var rest = arguments
-            rest.positional.removeFirst()
-            var mapped: [Value] = []
-            for item in items { mapped.append(try applyFilter(filterName, to: item, rest)) }
-            return .list(mapped)
+            // jinja2's map, select, reject, selectattr and rejectattr are generators beginning with `if value:`, so
+            // a falsy value (none, undefined, 0, "") yields nothing where iterating it would fail, and their
+            // arguments are checked only once something iterates them.
+            var transform: ((inout Interpreter, Value) throws(ChatTemplateError) -> Value)?
+            return makeGenerator("sync_do_map", body: { (interpreter: inout Interpreter) throws(ChatTemplateError) in
+                guard value.isTruthy else { return nil }
+                transform = try interpreter.mapping(arguments)
+                return value
+            }, transform: { (interpreter: inout Interpreter, item: Value) throws(ChatTemplateError) in
+                try transform!(&interpreter, item)
+            })
         case "max", "min":
             let caseSensitive = arguments.take(0, "case_sensitive")?.isTruthy ?? false
             let attributeName = try string(arguments.take(1, "attribute"), "attribute")
@@ -237,31 +278,15 @@ extension Interpreter {
                         caseSensitive: caseSensitive)
             }
             return sorted[0]
-        case "reject", "select":
-            guard value.isTruthy else { return .list([]) }
-            var items: [Value] = []
-            var rest = arguments
-            let testName = rest.positional.isEmpty ? nil : try string(rest.positional.removeFirst(), "test name")
-            for item in try iterate(value) {
-                let passes = try testName.map { (test) throws(ChatTemplateError) in try applyTest(test, to: item, rest) } ?? item.isTruthy
-                if passes == (name == "select") { items.append(item) }
-            }
-            return .list(items)
-        case "rejectattr", "selectattr":
-            guard value.isTruthy else { return .list([]) }
-            var rest = arguments
-            guard !rest.positional.isEmpty, let attributeName = try string(rest.positional.removeFirst(), "attribute") else {
-                throw error("\(name) requires an attribute name")
-            }
-            let testName = rest.positional.isEmpty ? nil : try string(rest.positional.removeFirst(), "test name")
-            var items: [Value] = []
-            for item in try iterate(value) {
-                let attributeValue = try attributePath(attributeName, of: item)
-                let passes = try testName.map { (test) throws(ChatTemplateError) in try applyTest(test, to: attributeValue, rest) }
-                    ?? attributeValue.isTruthy
-                if passes == (name == "selectattr") { items.append(item) }
-            }
-            return .list(items)
+        case "reject", "select", "rejectattr", "selectattr":
+            var passes: ((inout Interpreter, Value) throws(ChatTemplateError) -> Bool)?
+            return makeGenerator("select_or_reject", body: { (interpreter: inout Interpreter) throws(ChatTemplateError) in
+                guard value.isTruthy else { return nil }
+                passes = try interpreter.selection(name, arguments)
+                return value
+            }, transform: { (interpreter: inout Interpreter, item: Value) throws(ChatTemplateError) in
+                try passes!(&interpreter, item) ? item : nil
+            })
         case "replace":
             guard let old = try string(arguments.take(0, "old"), "old"), let new = try string(arguments.take(1, "new"), "new") else {
                 throw error("replace() needs the old and new strings")
@@ -271,7 +296,9 @@ extension Interpreter {
             guard result.utf8.count <= Self.maximumBuiltSize else { throw error("replaced string too large") }
             return .string(result)
         case "reverse":
-            if case let .string(content) = value { return .string(String(String.UnicodeScalarView(content.unicodeScalars.reversed()))) }
+            if let content = value.stringContent {
+                return value.sameStringKind(String(String.UnicodeScalarView(content.unicodeScalars.reversed())))
+            }
             return .list(try iterate(value).reversed())
         case "round":
             let precision = try int(arguments.take(0, "precision"), "precision") ?? 0
@@ -291,7 +318,7 @@ extension Interpreter {
                 throw error("method must be common, ceil or floor")
             }
         case "safe":
-            return value
+            return .markup(text(value))
         case "sort":
             let reverse = arguments.take(0, "reverse")?.isTruthy ?? false
             let caseSensitive = arguments.take(1, "case_sensitive")?.isTruthy ?? false
@@ -301,7 +328,8 @@ extension Interpreter {
                         caseSensitive: caseSensitive)
             })
         case "string":
-            return .string(text(value))
+            // jinja2's soft_str: Markup stays Markup.
+            return value.sameStringKind(text(value))
         case "sum":
             let attributeName = try string(arguments.take(0, "attribute"), "attribute")
             var total = arguments.take(1, "start") ?? .int(0)
@@ -341,7 +369,7 @@ extension Interpreter {
             }
         case "trim":
             let characters = try string(arguments.take(0, "chars"), "chars")
-            return .string(PythonStrings.strip(text(value), characters, leading: true, trailing: true))
+            return value.sameStringKind(PythonStrings.strip(text(value), characters, leading: true, trailing: true))
         case "truncate":
             let length = try int(arguments.take(0, "length"), "length") ?? 255
             let killWords = arguments.take(1, "killwords")?.isTruthy ?? false
@@ -356,36 +384,59 @@ extension Interpreter {
             }
             return .string(kept + end)
         case "unique":
-            let caseSensitive = arguments.take(0, "case_sensitive")?.isTruthy ?? false
-            let attributeName = try string(arguments.take(1, "attribute"), "attribute")
+            var key: ((inout Interpreter, Value) throws(ChatTemplateError) -> Value)?
             var seen: [Value] = []
-            var result: [Value] = []
-            for item in try iterate(value) {
-                let key = lowered(try attributeName.map { (path) throws(ChatTemplateError) in try attributePath(path, of: item) } ?? item,
-                                  caseSensitive: caseSensitive)
-                if !seen.contains(where: { $0.pythonEquals(key) }) {
-                    seen.append(key)
-                    result.append(item)
+            return makeGenerator("sync_do_unique", body: { (interpreter: inout Interpreter) throws(ChatTemplateError) in
+                var arguments = arguments
+                let caseSensitive = arguments.take(0, "case_sensitive")?.isTruthy ?? false
+                let attributeName = try interpreter.string(arguments.take(1, "attribute"), "attribute")
+                key = { (interpreter: inout Interpreter, item: Value) throws(ChatTemplateError) in
+                    interpreter.lowered(
+                        try attributeName.map { (path) throws(ChatTemplateError) in try interpreter.attributePath(path, of: item) } ?? item,
+                        caseSensitive: caseSensitive)
                 }
-            }
-            return .list(result)
+                return value
+            }, transform: { (interpreter: inout Interpreter, item: Value) throws(ChatTemplateError) in
+                let itemKey = try key!(&interpreter, item)
+                guard !seen.contains(where: { $0.pythonEquals(itemKey) }) else { return nil }
+                seen.append(itemKey)
+                return item
+            })
         case "wordcount":
             return .int(PythonStrings.split(text(value), nil, maxSplit: -1).count)
         case "batch":
-            guard let size = try int(arguments.take(0, "linecount"), "linecount"), size > 0 else {
-                throw error("batch needs a positive size")
-            }
-            let fill = arguments.take(1, "fill_with")
-            let items = try iterate(value)
-            var batches: [Value] = []
-            var start = 0
-            while start < items.count {
-                var chunk = Array(items[start..<min(start + size, items.count)])
-                if let fill, chunk.count < size { chunk += Array(repeating: fill, count: size - chunk.count) }
-                batches.append(.list(chunk))
-                start += size
-            }
-            return .list(batches)
+            var source: ValueCursor?
+            var size = 0
+            var fill: Value?
+            var pending: [Value] = []
+            return .generator(TemplateGenerator(functionName: "do_batch") { (interpreter: inout Interpreter) throws(ChatTemplateError) in
+                if source == nil {
+                    var arguments = arguments
+                    guard let linecount = try interpreter.int(arguments.take(0, "linecount"), "linecount") else {
+                        throw interpreter.error("do_batch() missing 1 required positional argument: 'linecount'")
+                    }
+                    size = linecount
+                    fill = arguments.take(1, "fill_with")
+                    source = try interpreter.cursor(over: value)
+                }
+                // jinja2 hands out a full batch only when the item after it arrives, so a size of 0 yields [] first.
+                while let item = try source!.next(&interpreter) {
+                    try interpreter.countIteration()
+                    if pending.count == size {
+                        let full = pending
+                        pending = [item]
+                        return .list(full)
+                    }
+                    pending.append(item)
+                }
+                guard !pending.isEmpty else { return nil }
+                var last = pending
+                pending = []
+                if let fill, !fill.isNone, last.count < size {
+                    last += Array(repeating: fill, count: size - last.count)
+                }
+                return .list(last)
+            })
         default:
             throw error("no filter named '\(name)'")
         }
@@ -423,20 +474,18 @@ extension Interpreter {
             if case .double = value { return true }
             return false
         case "number": return value.number != nil
-        case "string":
-            if case .string = value { return true }
-            return false
+        case "string": return value.stringContent != nil
         case "mapping":
             if case .dict = value { return true }
             return false
         case "iterable":
             switch value {
-            case .undefined, .string, .list, .tuple, .dict, .namespace: return true
+            case .undefined, .string, .markup, .list, .tuple, .dict, .namespace, .generator: return true
             default: return false
             }
         case "sequence":
             switch value {
-            case .undefined, .string, .list, .tuple, .dict: return true
+            case .undefined, .string, .markup, .list, .tuple, .dict: return true
             default: return false
             }
         case "callable":
@@ -479,7 +528,9 @@ extension Interpreter {
         case "upper":
             let content = text(value)
             return PythonStrings.upper(content) == content && PythonStrings.lower(content) != content
-        case "escaped": return false
+        case "escaped":
+            if case .markup = value { return true }
+            return false
         case "filter", "test":
             guard case let .string(target) = value else { return false }
             let known = name == "filter" ? Self.filterNames : Self.testNames
@@ -520,6 +571,7 @@ extension Interpreter {
     func method(_ name: String, of object: Value) -> Value? {
         switch object {
         case let .string(content): return stringMethod(name, content)
+        case let .markup(content): return markupMethod(name, content)
         case let .dict(pairs):
             switch name {
             case "items": return bound(name) { _, _ in .list(pairs.map { .tuple([$0.0, $0.1]) }) }
@@ -560,7 +612,7 @@ extension Interpreter {
         return nil
     }
 
-    private func stringMethod(_ name: String, _ content: String) -> Value? {
+    func stringMethod(_ name: String, _ content: String) -> Value? {
         func stripper(leading: Bool, trailing: Bool) -> Value {
             bound(name) { (interpreter: inout Interpreter, arguments: inout CallArguments) throws(ChatTemplateError) in
                 let characters = try interpreter.string(arguments.take(0, "chars"), "strip argument")
@@ -643,7 +695,7 @@ extension Interpreter {
             return bound(name) { (interpreter: inout Interpreter, arguments: inout CallArguments) throws(ChatTemplateError) in
                 var pieces: [String] = []
                 for item in try interpreter.iterate(arguments.take(0, "iterable") ?? .list([])) {
-                    guard case let .string(piece) = item else {
+                    guard let piece = item.stringContent else {
                         throw interpreter.error("sequence item: expected str instance, \(item.typeName) found")
                     }
                     pieces.append(piece)

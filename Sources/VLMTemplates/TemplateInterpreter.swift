@@ -129,13 +129,18 @@ struct Interpreter {
         case .undefined: return []
         case let .list(values), let .tuple(values): return values
         case let .dict(pairs): return pairs.map(\.0)
-        case let .string(text): return text.unicodeScalars.map { .string(String($0)) }
+        // Markup does not override str's iteration, so its characters are plain strings.
+        case let .string(text), let .markup(text): return text.unicodeScalars.map { .string(String($0)) }
         case let .namespace(namespace): return namespace.attributes.map { .string($0.0) }
+        case let .generator(generator):
+            var items: [Value] = []
+            while let item = try generator.next(&self) { items.append(item) }
+            return items
         default: throw error("'\(value.typeName)' object is not iterable")
         }
     }
 
-    private mutating func countIteration() throws(ChatTemplateError) {
+    mutating func countIteration() throws(ChatTemplateError) {
         iterations += 1
         if iterations > Self.maximumIterations {
             throw error("template runs more than \(Self.maximumIterations) loop iterations")
@@ -145,16 +150,15 @@ struct Interpreter {
     private mutating func runLoop(_ loop: Loop, over iterable: Value, depth0: Int, in scope: Scope, into output: inout String)
         throws(ChatTemplateError)
     {
-        var items = try iterate(iterable)
+        var source = try cursor(over: iterable)
         if let condition = loop.condition {
-            var kept: [Value] = []
-            for item in items {
-                try countIteration()
+            // jinja2 filters the iterable lazily too, so the condition runs only for the items the loop reaches.
+            let filtered = makeGenerator("<genexpr>", body: { _ in iterable }) { (interpreter: inout Interpreter, item: Value) throws(ChatTemplateError) in
                 let filterScope = Scope(parent: scope)
-                try assign(item, to: loop.target, in: filterScope)
-                if try evaluate(condition, in: filterScope).isTruthy { kept.append(item) }
+                try interpreter.assign(item, to: loop.target, in: filterScope)
+                return try interpreter.evaluate(condition, in: filterScope).isTruthy ? item : nil
             }
-            items = kept
+            source = try cursor(over: filtered)
         }
         var recurse: Value?
         if loop.recursive {
@@ -165,8 +169,9 @@ struct Interpreter {
                 return .string(text)
             })
         }
-        let state = LoopState(items: items, depth0: depth0, recurse: recurse)
-        for (index, item) in items.enumerated() {
+        let state = LoopState(source: source, depth0: depth0, recurse: recurse)
+        var index = 0
+        while let item = try state.item(at: index, &self) {
             try countIteration()
             state.index0 = index
             let iterationScope = Scope(parent: scope)
@@ -174,8 +179,9 @@ struct Interpreter {
             try assign(item, to: loop.target, in: iterationScope)
             iterationScope.variables["loop"] = .loop(state)
             if try render(loop.body, in: iterationScope, into: &output) == .breakLoop { break }
+            index += 1
         }
-        if items.isEmpty {
+        if state.items.isEmpty {
             _ = try render(loop.otherwise, in: scope, into: &output)
         }
     }
@@ -387,7 +393,7 @@ struct Interpreter {
         case let .namespace(namespace):
             return namespace[name] ?? .undefined("'\(object.typeName) object' has no attribute '\(name)'")
         case let .loop(state):
-            return loopAttribute(name, state)
+            return try loopAttribute(name, state)
         default:
             if let method = method(name, of: object) { return method }
             if case .dict = object, let value = object.lookup(.string(name)) { return value }
@@ -407,36 +413,35 @@ struct Interpreter {
                 if resolved >= 0, resolved < values.count { return values[resolved] }
                 return .undefined("'\(object.typeName) object' has no attribute \(index)")
             }
-        case let .string(text):
+        case let .string(text), let .markup(text):
             if let index = key.integer {
                 let scalars = Array(text.unicodeScalars)
                 let resolved = index < 0 ? index + scalars.count : index
-                if resolved >= 0, resolved < scalars.count { return .string(String(scalars[resolved])) }
-                return .undefined("'str object' has no attribute \(index)")
+                if resolved >= 0, resolved < scalars.count { return object.sameStringKind(String(scalars[resolved])) }
+                return .undefined("'\(object.typeName) object' has no attribute \(index)")
             }
         default:
             break
         }
-        if case let .string(name) = key { return try attribute(name, of: object) }
+        if let name = key.stringContent { return try attribute(name, of: object) }
         if case let .undefined(undefined) = key { throw error(undefined.message) }
         return .undefined("'\(object.typeName) object' has no attribute \(key.pythonRepr)")
     }
 
-    private func loopAttribute(_ name: String, _ state: LoopState) -> Value {
-        let length = state.items.count
+    private mutating func loopAttribute(_ name: String, _ state: LoopState) throws(ChatTemplateError) -> Value {
         let index0 = state.index0
         switch name {
         case "index": return .int(index0 + 1)
         case "index0": return .int(index0)
-        case "revindex": return .int(length - index0)
-        case "revindex0": return .int(length - index0 - 1)
+        case "revindex": return .int(try state.length(&self) - index0)
+        case "revindex0": return .int(try state.length(&self) - index0 - 1)
         case "first": return .bool(index0 == 0)
-        case "last": return .bool(index0 == length - 1)
-        case "length": return .int(length)
+        case "last": return .bool(try state.item(at: index0 + 1, &self) == nil)
+        case "length": return .int(try state.length(&self))
         case "depth": return .int(state.depth0 + 1)
         case "depth0": return .int(state.depth0)
         case "previtem": return index0 > 0 ? state.items[index0 - 1] : .undefined("there is no previous item")
-        case "nextitem": return index0 + 1 < length ? state.items[index0 + 1] : .undefined("there is no next item")
+        case "nextitem": return try state.item(at: index0 + 1, &self) ?? .undefined("there is no next item")
         case "cycle":
             return .callable(Callable(name: "cycle") { (interpreter: inout Interpreter, arguments: CallArguments) throws(ChatTemplateError) in
                 guard !arguments.positional.isEmpty else { throw interpreter.error("no items for cycling given") }
@@ -486,11 +491,11 @@ struct Interpreter {
             return .list(try pythonSliceIndices(count: values.count, start, stop, step).map { values[$0] })
         case let .tuple(values):
             return .tuple(try pythonSliceIndices(count: values.count, start, stop, step).map { values[$0] })
-        case let .string(text):
+        case let .string(text), let .markup(text):
             let scalars = Array(text.unicodeScalars)
             var result = String.UnicodeScalarView()
             for index in try pythonSliceIndices(count: scalars.count, start, stop, step) { result.append(scalars[index]) }
-            return .string(String(result))
+            return object.sameStringKind(String(result))
         case let .undefined(undefined):
             throw error(undefined.message)
         default:
@@ -533,6 +538,7 @@ struct Interpreter {
         if op == "~" { return .string(try concatenated(left.pythonString, right.pythonString)) }
         if case let .undefined(undefined) = left { throw error(undefined.message) }
         if case let .undefined(undefined) = right { throw error(undefined.message) }
+        if let markup = try markupOperation(op, left, right) { return markup }
         switch (op, left, right) {
         case let ("+", .string(a), .string(b)): return .string(try concatenated(a, b))
         case let ("+", .list(a), .list(b)) where a.count + b.count <= Self.maximumBuiltSize: return .list(a + b)
@@ -606,7 +612,7 @@ struct Interpreter {
         throw unsupported(op, left, right)
     }
 
-    private func concatenated(_ a: String, _ b: String) throws(ChatTemplateError) -> String {
+    func concatenated(_ a: String, _ b: String) throws(ChatTemplateError) -> String {
         guard a.utf8.count + b.utf8.count <= Self.maximumBuiltSize else { throw error("concatenated string too large") }
         return a + b
     }
@@ -618,11 +624,12 @@ struct Interpreter {
 
     /// Python's ordering for `<` and friends; nil where Python raises TypeError.
     func order(_ left: Value, _ right: Value) -> Int? {
-        switch (left, right) {
-        case let (.string(a), .string(b)):
+        if let a = left.stringContent, let b = right.stringContent {
             if a.utf8.elementsEqual(b.utf8) { return 0 }
             // UTF-8 byte order is code point order.
             return a.utf8.lexicographicallyPrecedes(b.utf8) ? -1 : 1
+        }
+        switch (left, right) {
         case let (.list(a), .list(b)), let (.tuple(a), .tuple(b)):
             for (x, y) in zip(a, b) where !x.pythonEquals(y) { return order(x, y) }
             return a.count == b.count ? 0 : (a.count < b.count ? -1 : 1)
@@ -633,22 +640,28 @@ struct Interpreter {
         }
     }
 
-    func contains(_ container: Value, _ element: Value) throws(ChatTemplateError) -> Bool {
+    mutating func contains(_ container: Value, _ element: Value) throws(ChatTemplateError) -> Bool {
         switch container {
-        case let .string(text):
-            guard case let .string(needle) = element else {
+        case let .string(text), let .markup(text):
+            guard let needle = element.stringContent else {
                 throw error("'in <string>' requires string as left operand, not \(element.typeName)")
             }
             return utf8Find(needle, in: text) != nil
         case let .list(values), let .tuple(values): return values.contains { $0.pythonEquals(element) }
         case let .dict(pairs): return pairs.contains { $0.0.pythonEquals(element) }
         case let .namespace(namespace): return namespace.attributes.contains { Value.string($0.0).pythonEquals(element) }
+        case let .generator(generator):
+            // Python's `in` consumes a generator only up to the first match.
+            while let item = try generator.next(&self) {
+                if item.pythonEquals(element) { return true }
+            }
+            return false
         case .undefined: return false
         default: throw error("argument of type '\(container.typeName)' is not iterable")
         }
     }
 
-    func compare(_ op: String, _ left: Value, _ right: Value) throws(ChatTemplateError) -> Bool {
+    mutating func compare(_ op: String, _ left: Value, _ right: Value) throws(ChatTemplateError) -> Bool {
         switch op {
         case "==": return left.pythonEquals(right)
         case "!=": return !left.pythonEquals(right)

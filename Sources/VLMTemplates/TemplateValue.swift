@@ -23,17 +23,35 @@ final class Namespace {
     }
 }
 
-/// The `loop` variable of a `for` block.
+/// The `loop` variable of a `for` block. It pulls items from its iterable only as far as the loop and its attributes
+/// need them, as jinja2's LoopContext does, so that breaking out of a loop over a generator leaves the rest unconsumed.
 final class LoopState {
-    let items: [Value]
+    /// The items pulled so far.
+    private(set) var items: [Value] = []
+    private var source: ValueCursor
+    private var sourceExhausted = false
     var index0 = 0
     let depth0: Int
     let recurse: Value?
 
-    init(items: [Value], depth0: Int, recurse: Value?) {
-        self.items = items
+    init(source: ValueCursor, depth0: Int, recurse: Value?) {
+        self.source = source
         self.depth0 = depth0
         self.recurse = recurse
+    }
+
+    /// The item at `index`, pulling items up to it; nil past the end.
+    func item(at index: Int, _ interpreter: inout Interpreter) throws(ChatTemplateError) -> Value? {
+        while items.count <= index, !sourceExhausted {
+            if let item = try source.next(&interpreter) { items.append(item) } else { sourceExhausted = true }
+        }
+        return index < items.count ? items[index] : nil
+    }
+
+    /// The number of items, pulling all of them.
+    func length(_ interpreter: inout Interpreter) throws(ChatTemplateError) -> Int {
+        while try item(at: items.count, &interpreter) != nil {}
+        return items.count
     }
 }
 
@@ -66,12 +84,15 @@ enum Value {
     case int(Int)
     case double(Double)
     case string(String)
+    /// markupsafe's `Markup`, from `|safe` and `|escape`: a str whose operators HTML-escape their plain operands.
+    case markup(String)
     case list([Value])
     case tuple([Value])
     case dict([(Value, Value)])
     case namespace(Namespace)
     case loop(LoopState)
     case callable(Callable)
+    case generator(TemplateGenerator)
 
     static func undefined(_ message: String) -> Value { .undefined(UndefinedValue(message: message)) }
 
@@ -106,13 +127,20 @@ enum Value {
         case .int: "int"
         case .double: "float"
         case .string: "str"
+        case .markup: "Markup"
         case .list: "list"
         case .tuple: "tuple"
         case .dict: "dict"
         case .namespace: "Namespace"
         case .loop: "LoopContext"
         case .callable: "function"
+        case .generator: "generator"
         }
+    }
+
+    var isNone: Bool {
+        if case .none = self { return true }
+        return false
     }
 
     var isUndefined: Bool {
@@ -127,10 +155,10 @@ enum Value {
         case let .bool(value): value
         case let .int(value): value != 0
         case let .double(value): value != 0
-        case let .string(value): !value.isEmpty
+        case let .string(value), let .markup(value): !value.isEmpty
         case let .list(values), let .tuple(values): !values.isEmpty
         case let .dict(pairs): !pairs.isEmpty
-        case .namespace, .loop, .callable: true
+        case .namespace, .loop, .callable, .generator: true
         }
     }
 
@@ -152,11 +180,19 @@ enum Value {
         }
     }
 
+    /// The text of a str, Markup or not.
+    var stringContent: String? {
+        switch self {
+        case let .string(text), let .markup(text): text
+        default: nil
+        }
+    }
+
     /// Python `==`.
     func pythonEquals(_ other: Value) -> Bool {
+        if let a = stringContent, let b = other.stringContent { return a.utf8.elementsEqual(b.utf8) }
         switch (self, other) {
         case (.undefined, .undefined), (.none, .none): return true
-        case let (.string(a), .string(b)): return a.utf8.elementsEqual(b.utf8)
         case let (.list(a), .list(b)), let (.tuple(a), .tuple(b)):
             return a.count == b.count && zip(a, b).allSatisfy { $0.pythonEquals($1) }
         case let (.dict(a), .dict(b)):
@@ -165,6 +201,7 @@ enum Value {
             }
         case let (.namespace(a), .namespace(b)): return a === b
         case let (.loop(a), .loop(b)): return a === b
+        case let (.generator(a), .generator(b)): return a === b
         default:
             if let a = integer, let b = other.integer { return a == b }
             if let a = number, let b = other.number { return a == b }
@@ -182,7 +219,7 @@ enum Value {
     var pythonString: String {
         switch self {
         case .undefined: ""
-        case let .string(value): value
+        case let .string(value), let .markup(value): value
         default: pythonRepr
         }
     }
@@ -196,6 +233,7 @@ enum Value {
         case let .int(value): String(value)
         case let .double(value): pythonFloatRepr(value)
         case let .string(value): pythonStringRepr(value)
+        case let .markup(value): "Markup(" + pythonStringRepr(value) + ")"
         case let .list(values): "[" + values.map(\.pythonRepr).joined(separator: ", ") + "]"
         case let .tuple(values):
             values.count == 1 ? "(" + values[0].pythonRepr + ",)"
@@ -205,6 +243,7 @@ enum Value {
             "<Namespace " + Value.dict(namespace.attributes.map { (.string($0.0), $0.1) }).pythonRepr + ">"
         case .loop: "<LoopContext>"
         case let .callable(callable): "<function \(callable.name)>"
+        case let .generator(generator): generator.pythonRepr
         }
     }
 }
