@@ -143,7 +143,8 @@ BLIP_VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, nu
                    patch_size=8)
 
 
-def blip(name, model_class, requests, seed):
+def blip_checkpoint(name, model_class, seed):
+    """A tiny random-init BLIP head saved with BlipProcessor (fp16 weights), reloaded to compute in fp32."""
     directory = os.path.join(FIXTURES, name)
     shutil.rmtree(directory, ignore_errors=True)
     processor = BlipProcessor(image_processor=BlipImageProcessorPil(size={"height": 32, "width": 32}),
@@ -157,8 +158,12 @@ def blip(name, model_class, requests, seed):
     randomize(model, torch.Generator().manual_seed(seed))
     model.to(torch.float16).save_pretrained(directory)
     processor.save_pretrained(directory)
-    model = model_class.from_pretrained(directory, dtype=torch.float32).eval()
-    processor = BlipProcessor.from_pretrained(directory)
+    return (directory, model_class.from_pretrained(directory, dtype=torch.float32).eval(),
+            BlipProcessor.from_pretrained(directory))
+
+
+def blip(name, model_class, requests, seed):
+    directory, model, processor = blip_checkpoint(name, model_class, seed)
     records = []
     for photo, text in requests:
         image = Image.open(os.path.join(PHOTOS, photo)).convert("RGB")
@@ -179,21 +184,7 @@ def blip(name, model_class, requests, seed):
 
 
 def blip_retrieval(seed=5):
-    directory = os.path.join(FIXTURES, "blip-retrieval")
-    shutil.rmtree(directory, ignore_errors=True)
-    processor = BlipProcessor(image_processor=BlipImageProcessorPil(size={"height": 32, "width": 32}),
-                              tokenizer=blip_tokenizer())
-    tokenizer = processor.tokenizer
-    config = BlipConfig(text_config=dict(BLIP_TEXT, vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
-                                         pad_token_id=tokenizer.pad_token_id, sep_token_id=tokenizer.sep_token_id),
-                        vision_config=BLIP_VISION, image_text_hidden_size=16)
-    torch.manual_seed(seed)
-    model = BlipForImageTextRetrieval(config).eval()
-    randomize(model, torch.Generator().manual_seed(seed))
-    model.to(torch.float16).save_pretrained(directory)
-    processor.save_pretrained(directory)
-    model = BlipForImageTextRetrieval.from_pretrained(directory, dtype=torch.float32).eval()
-    processor = BlipProcessor.from_pretrained(directory)
+    directory, model, processor = blip_checkpoint("blip-retrieval", BlipForImageTextRetrieval, seed)
     texts = ["a cat lying on a blanket", "a cup of coffee", "two monsters sitting around a campfire"]
     pairs = []
     for photo in ("chelsea.png", "coffee.png"):
