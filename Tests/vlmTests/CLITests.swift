@@ -266,6 +266,19 @@ struct CLI {
         try expectOneLineError(["chat", "--model", model.path], mentioning: "cannot run `vlm chat`")
     }
 
+    @Test func unsupportedImageProcessorNamesTheSupportedOnes() throws {
+        let directory = try temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        for file in try FileManager.default.contentsOfDirectory(atPath: model.path) {
+            try FileManager.default.copyItem(at: model.appendingPathComponent(file), to: directory.appendingPathComponent(file))
+        }
+        let processor = directory.appendingPathComponent("preprocessor_config.json")
+        try FileManager.default.removeItem(at: processor)
+        try Data(#"{"image_processor_type": "LlavaNextImageProcessorFast"}"#.utf8).write(to: processor)
+        try expectOneLineError(["classify", photo, "--model", directory.path, "--labels", "a,b"],
+                               mentioning: "\(processor.path): image processor \"LlavaNextImageProcessorFast\" is not supported here (supported: BlipImageProcessor, CLIPImageProcessor")
+    }
+
     @Test func emptyLabelList() throws {
         try expectOneLineError(["classify", photo, "--model", model.path, "--labels", " , "], mentioning: "label")
     }
