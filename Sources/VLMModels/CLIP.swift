@@ -57,15 +57,28 @@ public struct CLIPVisionConfig: Decodable, Sendable {
         case hiddenAct = "hidden_act", layerNormEps = "layer_norm_eps"
     }
 
-    public init(from decoder: any Decoder) throws {
+    /// The defaults of the fields a containing config overrides: `CLIPVisionConfig`'s own, or those `LlavaConfig`
+    /// gives its `vision_config` (CLIP ViT-L/14 at 336 pixels).
+    struct Defaults {
+        var hiddenSize = 768, intermediateSize = 3072, numHiddenLayers = 12, numAttentionHeads = 12
+        var imageSize = 224, patchSize = 32
+
+        static let clip = Defaults()
+        static let llava = Defaults(hiddenSize: 1024, intermediateSize: 4096, numHiddenLayers: 24, numAttentionHeads: 16,
+                                    imageSize: 336, patchSize: 14)
+    }
+
+    public init(from decoder: any Decoder) throws { try self.init(from: decoder, defaults: .clip) }
+
+    init(from decoder: any Decoder, defaults: Defaults) throws {
         let c = try decoder.container(keyedBy: CodingKeys.self)
-        hiddenSize = try c.value(.hiddenSize, default: 768)
-        intermediateSize = try c.value(.intermediateSize, default: 3072)
-        numHiddenLayers = try c.value(.numHiddenLayers, default: 12)
-        numAttentionHeads = try c.value(.numAttentionHeads, default: 12)
+        hiddenSize = try c.value(.hiddenSize, default: defaults.hiddenSize)
+        intermediateSize = try c.value(.intermediateSize, default: defaults.intermediateSize)
+        numHiddenLayers = try c.value(.numHiddenLayers, default: defaults.numHiddenLayers)
+        numAttentionHeads = try c.value(.numAttentionHeads, default: defaults.numAttentionHeads)
         numChannels = try c.value(.numChannels, default: 3)
-        imageSize = try c.value(.imageSize, default: 224)
-        patchSize = try c.value(.patchSize, default: 32)
+        imageSize = try c.value(.imageSize, default: defaults.imageSize)
+        patchSize = try c.value(.patchSize, default: defaults.patchSize)
         hiddenAct = try c.value(.hiddenAct, default: "quick_gelu")
         layerNormEps = try c.value(.layerNormEps, default: 1e-5)
     }
@@ -129,6 +142,26 @@ final class CLIPVisionTransformer: Sendable {
 
     /// pixel_values [B, C, S, S] → the post-layernormed class token [B, D] (transformers' pooler_output).
     func pooledOutput(_ pixelValues: Tensor) throws -> Tensor {
+        let hidden = try embeddings(pixelValues)
+        return postLayerNorm(encode(hidden, layers: layers, pooledAt: Array(repeating: 0, count: pixelValues.shape[0])))
+    }
+
+    /// transformers' `hidden_states[i]` for each `i` of `indices` ([B, 1 + patches, D] each): 0 is the pre-layernormed
+    /// embeddings, `i` the output of encoder layer `i`, and a negative index counts from the end as Python's does (-1
+    /// is the last layer's output, without post_layernorm). Layers past the deepest one asked for are not run.
+    func hiddenStates(_ pixelValues: Tensor, at indices: [Int]) throws -> [Tensor] {
+        let count = layers.count + 1
+        let resolved = indices.map { $0 < 0 ? $0 + count : $0 }
+        guard let deepest = resolved.max(), resolved.allSatisfy({ $0 >= 0 && $0 < count }) else {
+            throw ModelError.invalidInput("vision hidden state indices \(indices) outside the \(count) the tower has (embeddings and \(layers.count) layers)")
+        }
+        var states = [try embeddings(pixelValues)]
+        for layer in layers.prefix(deepest) { states.append(layer(states[states.count - 1])) }
+        return resolved.map { states[$0] }
+    }
+
+    /// pixel_values [B, C, S, S] → patch embeddings after the class token, plus positions, pre-layernormed.
+    private func embeddings(_ pixelValues: Tensor) throws -> Tensor {
         let expected = [config.numChannels, config.imageSize, config.imageSize]
         guard pixelValues.rank == 4, Array(pixelValues.shape.dropFirst()) == expected else {
             throw ModelError.invalidInput("CLIP vision model expects pixel values [batch, \(expected.map(String.init).joined(separator: ", "))], got \(pixelValues.shape)")
@@ -136,9 +169,7 @@ final class CLIPVisionTransformer: Sendable {
         let batch = pixelValues.shape[0], d = config.hiddenSize
         let patches = patchEmbedding(pixelValues, channelsLast: true).reshaped([batch, -1, d])
         let classTokens = concatenate(Array(repeating: classEmbedding, count: batch), axis: 0)
-        var hidden = add(concatenate([classTokens, patches], axis: 1), positionEmbedding)
-        hidden = preLayerNorm(hidden)
-        return postLayerNorm(encode(hidden, layers: layers, pooledAt: Array(repeating: 0, count: batch)))
+        return preLayerNorm(add(concatenate([classTokens, patches], axis: 1), positionEmbedding))
     }
 }
 

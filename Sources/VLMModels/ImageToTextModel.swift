@@ -1,7 +1,7 @@
 import VLMTensor
 
-/// A model that writes text about images (captioning, prompted captioning, visual question answering): BLIP-2 so
-/// far. Image features are computed once per image, so a conversation about one image reuses them every turn.
+/// A model that writes text about images (captioning, prompted captioning, visual question answering, image chat): BLIP,
+/// BLIP-2 and LLaVA. Image features are computed once per image, so a conversation about one image reuses them every turn.
 public protocol ImageToTextModel: AnyObject, Sendable {
     /// Size of the language model's logits' last dimension.
     var vocabularySize: Int { get }

@@ -468,18 +468,6 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
         return output
     }
 
-    /// Positions `range` of `x [B, T, ...]` (or of a mask `[B, T]`), copied.
-    private func sequenceSlice(_ x: Tensor, _ range: Range<Int>) -> Tensor {
-        let (batch, length) = (x.shape[0], x.shape[1])
-        let inner = x.shape.dropFirst(2).reduce(1, *)
-        let output = Tensor(uninitialized: [batch, range.count] + x.shape.dropFirst(2))
-        for item in 0..<batch {
-            (output.storage.pointer + item * range.count * inner)
-                .initialize(from: x.storage.pointer + (item * length + range.lowerBound) * inner, count: range.count * inner)
-        }
-        return output
-    }
-
     static func rowLength(_ rows: [[Int]], _ what: String) throws -> Int {
         guard let length = rows.first?.count, rows.allSatisfy({ $0.count == length }) else {
             throw ModelError.invalidInput("\(what) must be a non-empty batch of rows of equal length (pad on the left)")

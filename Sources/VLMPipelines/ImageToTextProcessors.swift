@@ -21,6 +21,7 @@ enum ImageToTextProcessors {
     static let builders: [String: @Sendable (ModelDirectory) throws -> any ImageToTextProcessor] = [
         "blip-2": { try Blip2Processor(directory: $0) },
         "blip": { try BlipProcessor(directory: $0) },
+        "llava": { try LlavaProcessor(directory: $0) },
     ]
 
     static func load(_ directory: ModelDirectory) throws -> any ImageToTextProcessor {
@@ -90,4 +91,64 @@ public struct BlipProcessor: ImageToTextProcessor {
 
     /// BLIP's VQA model reads the question as it is.
     public func questionPrompt(_ question: String) -> String { question }
+}
+
+/// transformers' `LlavaProcessor`: CLIP's image processor, and each `<image>` in the text expanded into as many image
+/// tokens as the vision tower gives features per image, the text then tokenized as a whole (with the tokenizer's
+/// special tokens: Llama's adds bos).
+///
+/// LLaVA-1.5 was trained on conversations laid out as `USER: <image>\n… ASSISTANT:`; questions are asked in that
+/// layout, and no prompt asks "Describe this image." in it. A prompt without `<image>` reads the image first, as
+/// `<image>\n` + prompt (transformers would fail on it for want of image tokens).
+public struct LlavaProcessor: ImageToTextProcessor {
+    public let imageProcessor: any ImageProcessor
+    public let tokenizer: Tokenizer
+    /// The text that marks where the image goes (`image_token`, `<image>` by default).
+    public let imageToken: String
+    /// The tokenizer's id for ``imageToken``.
+    public let imageTokenId: Int
+    /// Image tokens per image: `(height / patch_size) × (width / patch_size) + num_additional_image_tokens`, less
+    /// one under the `"default"` feature selection strategy (the class token dropped).
+    public let imageTokensPerImage: Int
+
+    /// Reads the tokenizer files, the image processor config and processor_config.json's `patch_size`,
+    /// `vision_feature_select_strategy`, `num_additional_image_tokens` and `image_token` of a checkpoint directory.
+    ///
+    /// - Throws: the loaders' errors; `PipelineError.invalidProcessor` when `patch_size` is missing, the image
+    ///   processor does not crop to a fixed size (the count of image tokens would depend on each image), or the
+    ///   tokenizer has no image token.
+    public init(directory: ModelDirectory) throws {
+        tokenizer = try Tokenizer(directory: directory.url)
+        imageProcessor = try ImageProcessorRegistry.load(directory: directory.url, modelType: directory.modelType)
+        let settings = try directory.jsonObject("processor_config.json") ?? [:]
+        let path = directory.url.appendingPathComponent("processor_config.json").path
+        guard let patchSize = settings["patch_size"] as? Int, patchSize > 0 else {
+            throw PipelineError.invalidProcessor(path, "patch_size is missing or not a positive integer")
+        }
+        // transformers counts from the processed image's size; a fixed centre crop makes that the crop size.
+        guard let crop = (imageProcessor as? StandardImageProcessor)?.config, crop.doCenterCrop else {
+            throw PipelineError.invalidProcessor(path, "the image processor does not centre-crop to a fixed size, so the number of image tokens is unknown")
+        }
+        let additional = settings["num_additional_image_tokens"] as? Int ?? 0
+        let dropsClassToken = settings["vision_feature_select_strategy"] as? String == "default"
+        imageTokensPerImage = (crop.cropHeight / patchSize) * (crop.cropWidth / patchSize) + additional - (dropsClassToken ? 1 : 0)
+        imageToken = settings["image_token"] as? String ?? "<image>"
+        guard let id = tokenizer.tokenId(imageToken) else {
+            throw PipelineError.invalidProcessor(path, "the tokenizer has no \(imageToken) token")
+        }
+        imageTokenId = id
+    }
+
+    public func promptIds(_ prompt: String?) throws -> [Int]? {
+        let text = prompt ?? questionPrompt("Describe this image.")
+        let placed = text.contains(imageToken) ? text : "\(imageToken)\n" + text
+        let expanded = placed.replacingOccurrences(of: imageToken,
+                                                   with: String(repeating: imageToken, count: imageTokensPerImage))
+        return tokenizer.encode(expanded).ids
+    }
+
+    /// LLaVA-1.5's conversation layout for one user turn with the image.
+    public func questionPrompt(_ question: String) -> String {
+        "USER: \(imageToken)\n\(question) ASSISTANT:"
+    }
 }

@@ -51,6 +51,20 @@ public func concatenate(_ tensors: [Tensor], axis: Int) -> Tensor {
     return output
 }
 
+/// Positions `range` of `x [B, T, ...]` (or of a mask `[B, T]`), copied: `x[:, range]`.
+public func sequenceSlice(_ x: Tensor, _ range: Range<Int>) -> Tensor {
+    precondition(x.rank >= 2 && range.lowerBound >= 0 && range.upperBound <= x.shape[1],
+                 "sequenceSlice: positions \(range) of \(x.shape)")
+    let (batch, length) = (x.shape[0], x.shape[1])
+    let inner = x.shape.dropFirst(2).reduce(1, *)
+    let output = Tensor(uninitialized: [batch, range.count] + x.shape.dropFirst(2))
+    for item in 0..<batch {
+        (output.storage.pointer + item * range.count * inner)
+            .initialize(from: x.storage.pointer + (item * length + range.lowerBound) * inner, count: range.count * inner)
+    }
+    return output
+}
+
 /// `x[b, positions[b], :]` for each `b` of `x [B, T, D]`: `[B, D]`.
 public func gatherTokens(_ x: Tensor, positions: [Int]) -> Tensor {
     precondition(x.rank == 3 && positions.count == x.shape[0], "gatherTokens needs [B, T, D] and B positions, got \(x.shape) and \(positions.count)")

@@ -1,0 +1,217 @@
+import Foundation
+import VLMCheckpoint
+import VLMTensor
+
+// LLaVA (Liu et al. 2023) as transformers' models/llava/modeling_llava.py builds `LlavaForConditionalGeneration`: a
+// CLIP vision tower (CLIP.swift) read at an inner layer, a two-layer MLP projecting its patch features into the
+// language model's embedding space, and a Llama-family decoder (Llama.swift) that reads them where the prompt holds
+// its image tokens.
+
+/// transformers' `LlavaConfig`, with its defaults (LLaVA-1.5-7B's).
+public struct LlavaConfig: Decodable, Sendable {
+    /// The CLIP vision tower's config; what it leaves out takes LLaVA's defaults (ViT-L/14 at 336 pixels).
+    public var visionConfig: CLIPVisionConfig
+    /// The language model's config (`llama`, `mistral` or `qwen2`; Llama's defaults when absent).
+    public var textConfig: LlamaConfig
+    /// The token id that marks where image features go (`image_token_index`, also read as `image_token_id`).
+    public var imageTokenIndex: Int
+    /// The activation between the projector's two linear layers.
+    public var projectorHiddenAct: String
+    /// Which of the vision tower's hidden states the projector reads, as indices into transformers' `hidden_states`
+    /// (0 the embeddings, -1 the last layer's output); several are concatenated along the feature axis.
+    public var visionFeatureLayers: [Int]
+    /// `"default"` drops the class token from the vision features, `"full"` keeps it.
+    public var visionFeatureSelectStrategy: String
+    /// Whether the projector's linear layers have biases.
+    public var multimodalProjectorBias: Bool
+
+    enum CodingKeys: String, CodingKey {
+        case visionConfig = "vision_config", textConfig = "text_config"
+        case imageTokenIndex = "image_token_index", imageTokenId = "image_token_id"
+        case projectorHiddenAct = "projector_hidden_act", visionFeatureLayer = "vision_feature_layer"
+        case visionFeatureSelectStrategy = "vision_feature_select_strategy"
+        case multimodalProjectorBias = "multimodal_projector_bias"
+    }
+
+    /// `vision_config` read with LLaVA's defaults, as `LlavaConfig` builds it.
+    private struct VisionConfig: Decodable {
+        let config: CLIPVisionConfig
+        init(from decoder: any Decoder) throws { config = try CLIPVisionConfig(from: decoder, defaults: .llava) }
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        let empty = Data("{}".utf8)
+        // An absent sub-config means all of its defaults, as LlavaConfig(vision_config=None) does.
+        visionConfig = try (c.decodeIfPresent(VisionConfig.self, forKey: .visionConfig)
+            ?? JSONDecoder().decode(VisionConfig.self, from: empty)).config
+        textConfig = try c.decodeIfPresent(LlamaConfig.self, forKey: .textConfig)
+            ?? JSONDecoder().decode(LlamaConfig.self, from: empty)
+        guard LlamaConfig.supportedModelTypes.contains(textConfig.modelType) else {
+            throw DecodingError.dataCorruptedError(forKey: .textConfig, in: c,
+                                                   debugDescription: "text_config.model_type \"\(textConfig.modelType)\" is not supported here (supported: \(LlamaConfig.supportedModelTypes.joined(separator: ", ")))")
+        }
+        imageTokenIndex = try c.decodeIfPresent(Int.self, forKey: .imageTokenIndex)
+            ?? c.decodeIfPresent(Int.self, forKey: .imageTokenId) ?? 32000
+        projectorHiddenAct = try c.value(.projectorHiddenAct, default: "gelu")
+        if let layers = try? c.decodeIfPresent([Int].self, forKey: .visionFeatureLayer) {
+            visionFeatureLayers = layers
+        } else {
+            visionFeatureLayers = [try c.value(.visionFeatureLayer, default: -2)]
+        }
+        visionFeatureSelectStrategy = try c.value(.visionFeatureSelectStrategy, default: "default")
+        multimodalProjectorBias = try c.value(.multimodalProjectorBias, default: true)
+    }
+
+    /// Image tokens per image, and so rows of its features: one per patch, plus the class token under `"full"`.
+    public var imageTokensPerImage: Int {
+        visionConfig.patchesPerSide * visionConfig.patchesPerSide + (visionFeatureSelectStrategy == "full" ? 1 : 0)
+    }
+}
+
+/// transformers' `LlavaMultiModalProjector`: `linear_2(act(linear_1(features)))`, from the vision features
+/// (concatenated over the feature layers) to the language model's width.
+struct LlavaMultiModalProjector {
+    let linear1: Linear
+    let linear2: Linear
+    let activation: Activation
+
+    init(_ weights: Weights, config: LlavaConfig, file: String) throws {
+        let inWidth = config.visionConfig.hiddenSize * config.visionFeatureLayers.count
+        let width = config.textConfig.hiddenSize
+        linear1 = try Linear(weights.scoped("linear_1"), inFeatures: inWidth, outFeatures: width, bias: config.multimodalProjectorBias)
+        linear2 = try Linear(weights.scoped("linear_2"), inFeatures: width, outFeatures: width, bias: config.multimodalProjectorBias)
+        activation = try Activation(huggingFaceName: config.projectorHiddenAct, file: file)
+    }
+
+    func callAsFunction(_ features: Tensor) -> Tensor { linear2(linear1(features, activation: activation)) }
+}
+
+/// transformers' `LlavaForConditionalGeneration` with a Llama, Mistral or Qwen2 language model: image chat, captioning
+/// and visual question answering.
+///
+/// A prompt holds ``LlavaConfig/imageTokensPerImage`` image tokens per image where `LlavaProcessor` expands its
+/// `<image>`; the model puts the image's projected features in their place.
+public final class LlavaForConditionalGeneration: ImageToTextModel, @unchecked Sendable {
+    public let config: LlavaConfig
+    let visionTower: CLIPVisionTransformer
+    let projector: LlavaMultiModalProjector
+    /// The language model that reads the projected image features and generates.
+    public let languageModel: LlamaForCausalLM
+
+    /// Loads config.json and the safetensors weights of a checkpoint directory whose `model_type` is `llava`.
+    public convenience init(directory: ModelDirectory) throws {
+        let configPath = directory.url.appendingPathComponent("config.json").path
+        let type = try directory.modelType
+        guard type == "llava" else { throw ModelError.unsupportedModelType(type, supported: ["llava"], file: configPath) }
+        try self.init(config: directory.decode(LlavaConfig.self), weights: Weights(WeightStore(directory: directory.url)),
+                      file: configPath)
+    }
+
+    /// Builds the model from `weights` in any of the layouts transformers 5.23 loads: as it saves them
+    /// (`vision_tower.…` without CLIPVisionModel's `vision_model.`, `multi_modal_projector.…`,
+    /// `language_model.model.…`, `language_model.lm_head.weight`), as the published llava-hf checkpoints have them
+    /// (`vision_tower.vision_model.…`), or as its modules name them (`model.vision_tower.…`,
+    /// `model.multi_modal_projector.…`, `model.language_model.…`, `lm_head.weight`); `file` is what configuration
+    /// errors name.
+    public init(config: LlavaConfig, weights: Weights, file: String = "config.json") throws {
+        guard ["default", "full"].contains(config.visionFeatureSelectStrategy) else {
+            throw ModelError.invalidConfig("vision_feature_select_strategy \"\(config.visionFeatureSelectStrategy)\" is neither \"default\" nor \"full\"", file: file)
+        }
+        let hiddenStates = config.visionConfig.numHiddenLayers + 1
+        guard !config.visionFeatureLayers.isEmpty,
+              config.visionFeatureLayers.allSatisfy({ $0 >= -hiddenStates && $0 < hiddenStates }) else {
+            throw ModelError.invalidConfig("vision_feature_layer \(config.visionFeatureLayers) must index the vision tower's \(hiddenStates) hidden states", file: file)
+        }
+        self.config = config
+        func scope(_ candidates: [String], holding name: String) -> Weights {
+            let prefix = candidates.first { weights.contains("\($0).\(name)") } ?? candidates[0]
+            return weights.scoped(prefix)
+        }
+        visionTower = try CLIPVisionTransformer(
+            config.visionConfig,
+            weights: scope(["vision_tower", "vision_tower.vision_model", "model.vision_tower", "model.vision_tower.vision_model"],
+                           holding: "embeddings.class_embedding"),
+            file: file)
+        projector = try LlavaMultiModalProjector(scope(["multi_modal_projector", "model.multi_modal_projector"],
+                                                       holding: "linear_1.weight"),
+                                                 config: config, file: file)
+        // LlamaForCausalLM names its weights `model.…` and `lm_head.weight`, as a Llama checkpoint does.
+        let decoder = scope(["language_model.model", "model.language_model"], holding: "embed_tokens.weight")
+        let lmHead = weights.contains("language_model.lm_head.weight") ? "language_model.lm_head.weight" : "lm_head.weight"
+        languageModel = try LlamaForCausalLM(config: config.textConfig, file: file) { name, shape in
+            if name == "lm_head.weight" { return try weights(lmHead, shape: shape) }
+            return try decoder(String(name.dropFirst("model.".count)), shape: shape)
+        }
+    }
+
+    /// `get_image_features`: what stands in for each image's tokens, `[B, imageTokensPerImage, text hiddenSize]`, for
+    /// pixel values `[B, 3, imageSize, imageSize]`: the chosen hidden states of the vision tower (class token dropped
+    /// under `"default"`), concatenated, through the projector.
+    public func imageEmbeddings(pixelValues: Tensor) throws -> Tensor {
+        var states = try visionTower.hiddenStates(pixelValues, at: config.visionFeatureLayers)
+        if config.visionFeatureSelectStrategy == "default" {
+            states = states.map { sequenceSlice($0, 1..<$0.shape[1]) }
+        }
+        return projector(states.count == 1 ? states[0] : concatenate(states, axis: 2))
+    }
+
+    /// The token embeddings of `inputIds` (`[B][T]`, equal lengths) with the image tokens' rows replaced, in order,
+    /// by the rows of `imageEmbeddings` (`[images, tokens, text hiddenSize]`), as transformers' `masked_scatter`
+    /// does: `[B, T, text hiddenSize]`.
+    ///
+    /// - Throws: `ModelError.invalidInput` unless the prompts hold exactly one image token per image feature row, as
+    ///   transformers requires.
+    public func inputsEmbeds(inputIds: [[Int]], imageEmbeddings: Tensor) throws -> Tensor {
+        let width = config.textConfig.hiddenSize
+        guard imageEmbeddings.rank == 3, imageEmbeddings.shape[2] == width else {
+            throw ModelError.invalidInput("image embeddings must be [images, tokens, \(width)], got \(imageEmbeddings.shape)")
+        }
+        let embeds = try languageModel.embed(inputIds)
+        let imagePositions = inputIds.joined().enumerated().filter { $0.element == config.imageTokenIndex }.map(\.offset)
+        let featureRows = imageEmbeddings.shape[0] * imageEmbeddings.shape[1]
+        guard imagePositions.count == featureRows else {
+            throw ModelError.invalidInput("the prompt holds \(imagePositions.count) image tokens (id \(config.imageTokenIndex)) for \(featureRows) image feature rows (\(imageEmbeddings.shape[0]) images of \(imageEmbeddings.shape[1]))")
+        }
+        return replacingRows(of: embeds, at: imagePositions, with: imageEmbeddings)
+    }
+
+    /// The forward pass's logits `[B, T, vocab]` for images `[B, 3, S, S]` and left-padded prompts holding their
+    /// image tokens.
+    public func logits(pixelValues: Tensor, inputIds: [[Int]], attentionMask: [[Int]]? = nil) throws -> Tensor {
+        let embeds = try inputsEmbeds(inputIds: inputIds, imageEmbeddings: imageEmbeddings(pixelValues: pixelValues))
+        return try languageModel.logits(inputsEmbeds: embeds, attentionMask: attentionMask)
+    }
+
+    /// Answers or continuations for images `[B, 3, S, S]`, as transformers' `LlavaForConditionalGeneration.generate`:
+    /// greedy decoding, sampling or beam search by `config`.
+    public func generate(pixelValues: Tensor, inputIds: [[Int]]? = nil, attentionMask: [[Int]]? = nil,
+                         config generation: GenerationConfig, stoppingCriteria: [any StoppingCriterion] = [],
+                         seed: UInt64 = 0, onStep: ((_ tokens: [Int?]) throws -> Void)? = nil) throws -> GenerationOutput {
+        try generate(imageEmbeddings: imageEmbeddings(pixelValues: pixelValues), inputIds: inputIds,
+                     attentionMask: attentionMask, config: generation, stoppingCriteria: stoppingCriteria, seed: seed,
+                     onStep: onStep)
+    }
+
+    /// ``generate(pixelValues:inputIds:attentionMask:config:stoppingCriteria:seed:onStep:)`` from image embeddings
+    /// computed once by ``imageEmbeddings(pixelValues:)``.
+    ///
+    /// - Parameter inputIds: prompts (`[B][T]`, left-padded) holding each image's tokens, as `LlavaProcessor` expands
+    ///   `<image>`; nil reads each image's tokens alone (transformers' generate needs a prompt here; LLaVA was trained
+    ///   on conversations, which `LlavaProcessor` lays out).
+    /// - Returns: the new tokens only; transformers' `sequences` are the prompt ids followed by these, padded.
+    public func generate(imageEmbeddings: Tensor, inputIds: [[Int]]? = nil, attentionMask: [[Int]]? = nil,
+                         config generation: GenerationConfig, stoppingCriteria: [any StoppingCriterion] = [],
+                         seed: UInt64 = 0, onStep: ((_ tokens: [Int?]) throws -> Void)? = nil) throws -> GenerationOutput {
+        let ids = inputIds ?? Array(repeating: Array(repeating: config.imageTokenIndex, count: imageEmbeddings.shape.count == 3 ? imageEmbeddings.shape[1] : 0),
+                                    count: imageEmbeddings.shape.first ?? 0)
+        let embeds = try inputsEmbeds(inputIds: ids, imageEmbeddings: imageEmbeddings)
+        return try languageModel.generate(inputsEmbeds: embeds, promptIds: ids, attentionMask: attentionMask,
+                                          config: generation, stoppingCriteria: stoppingCriteria, seed: seed, onStep: onStep)
+    }
+
+    public var vocabularySize: Int { config.textConfig.vocabSize }
+
+    /// Rotary positions do not run out.
+    public func positionsLeft(promptLength: Int?) -> Int? { nil }
+}
