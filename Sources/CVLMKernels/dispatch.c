@@ -1,5 +1,14 @@
 #include "kernels_internal.h"
 
+int vlm_has_avx2(void) {
+#if defined(__x86_64__)
+    // Like avx512f, avx2 is reported only where the OS saves the ymm registers.
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#else
+    return 0;
+#endif
+}
+
 vlm_kernel_isa vlm_best_isa(void) {
 #if defined(__x86_64__)
     // __builtin_cpu_supports("avx512f") also checks that the OS saves the zmm registers (XCR0).
@@ -7,6 +16,7 @@ vlm_kernel_isa vlm_best_isa(void) {
         && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma")) {
         return VLM_ISA_AVX512;
     }
+    if (vlm_has_avx2()) return VLM_ISA_AVX2;
 #endif
     return VLM_ISA_SCALAR;
 }

@@ -13,6 +13,9 @@
 #define PORTABLE_CLONES
 #endif
 
+/// Whether the CPU (and OS) run AVX2 with FMA and F16C: the AVX2 kernels' target.
+int vlm_has_avx2(void);
+
 int vlm_attention_scalar(const vlm_attention_problem *problem);
 void vlm_gated_silu_scalar(const float *x, ptrdiff_t rows, ptrdiff_t width, float *y);
 int vlm_attention_partial_scalar(const vlm_attention_problem *p, ptrdiff_t first_key, ptrdiff_t key_count, float *maxima,
