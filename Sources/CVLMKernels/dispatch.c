@@ -36,6 +36,8 @@ int vlm_attention_partial(const vlm_attention_problem *problem, ptrdiff_t first_
 #if defined(__x86_64__)
     if (isa == VLM_ISA_AVX512 && vlm_best_isa() == VLM_ISA_AVX512)
         return vlm_attention_partial_avx512(problem, first_key, key_count, maxima, sums, outputs);
+    if (isa == VLM_ISA_AVX2 && vlm_has_avx2())
+        return vlm_attention_partial_avx2(problem, first_key, key_count, maxima, sums, outputs);
 #endif
     (void)isa;
     return vlm_attention_partial_scalar(problem, first_key, key_count, maxima, sums, outputs);
@@ -46,6 +48,10 @@ void vlm_gated_silu(const float *x, ptrdiff_t rows, ptrdiff_t width, float *y, v
 #if defined(__x86_64__)
     if (isa == VLM_ISA_AVX512 && vlm_best_isa() == VLM_ISA_AVX512) {
         vlm_gated_silu_avx512(x, rows, width, y);
+        return;
+    }
+    if (isa == VLM_ISA_AVX2 && vlm_has_avx2()) {
+        vlm_gated_silu_avx2(x, rows, width, y);
         return;
     }
 #endif

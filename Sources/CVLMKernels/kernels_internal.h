@@ -30,6 +30,9 @@ int vlm_attention_partial_avx512(const vlm_attention_problem *p, ptrdiff_t first
                                  float *sums, float *outputs);
 void vlm_layer_norm_avx512(const float *x, float *y, ptrdiff_t rows, ptrdiff_t features, const float *weight,
                            const float *bias, float eps);
+void vlm_gated_silu_avx2(const float *x, ptrdiff_t rows, ptrdiff_t width, float *y);
+int vlm_attention_partial_avx2(const vlm_attention_problem *p, ptrdiff_t first_key, ptrdiff_t key_count, float *maxima,
+                               float *sums, float *outputs);
 #endif
 
 /// Keys `0 ..< result` are visible to query `row` (before the padding mask).
