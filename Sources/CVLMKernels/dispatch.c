@@ -1,5 +1,14 @@
 #include "kernels_internal.h"
 
+int vlm_has_avx2(void) {
+#if defined(__x86_64__)
+    // Like avx512f, avx2 is reported only where the OS saves the ymm registers.
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#else
+    return 0;
+#endif
+}
+
 vlm_kernel_isa vlm_best_isa(void) {
 #if defined(__x86_64__)
     // __builtin_cpu_supports("avx512f") also checks that the OS saves the zmm registers (XCR0).
@@ -7,6 +16,7 @@ vlm_kernel_isa vlm_best_isa(void) {
         && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma")) {
         return VLM_ISA_AVX512;
     }
+    if (vlm_has_avx2()) return VLM_ISA_AVX2;
 #endif
     return VLM_ISA_SCALAR;
 }
@@ -26,6 +36,8 @@ int vlm_attention_partial(const vlm_attention_problem *problem, ptrdiff_t first_
 #if defined(__x86_64__)
     if (isa == VLM_ISA_AVX512 && vlm_best_isa() == VLM_ISA_AVX512)
         return vlm_attention_partial_avx512(problem, first_key, key_count, maxima, sums, outputs);
+    if (isa == VLM_ISA_AVX2 && vlm_has_avx2())
+        return vlm_attention_partial_avx2(problem, first_key, key_count, maxima, sums, outputs);
 #endif
     (void)isa;
     return vlm_attention_partial_scalar(problem, first_key, key_count, maxima, sums, outputs);
@@ -36,6 +48,10 @@ void vlm_gated_silu(const float *x, ptrdiff_t rows, ptrdiff_t width, float *y, v
 #if defined(__x86_64__)
     if (isa == VLM_ISA_AVX512 && vlm_best_isa() == VLM_ISA_AVX512) {
         vlm_gated_silu_avx512(x, rows, width, y);
+        return;
+    }
+    if (isa == VLM_ISA_AVX2 && vlm_has_avx2()) {
+        vlm_gated_silu_avx2(x, rows, width, y);
         return;
     }
 #endif

@@ -13,6 +13,9 @@
 #define PORTABLE_CLONES
 #endif
 
+/// Whether the CPU (and OS) run AVX2 with FMA and F16C: the AVX2 kernels' target.
+int vlm_has_avx2(void);
+
 int vlm_attention_scalar(const vlm_attention_problem *problem);
 void vlm_gated_silu_scalar(const float *x, ptrdiff_t rows, ptrdiff_t width, float *y);
 int vlm_attention_partial_scalar(const vlm_attention_problem *p, ptrdiff_t first_key, ptrdiff_t key_count, float *maxima,
@@ -27,6 +30,9 @@ int vlm_attention_partial_avx512(const vlm_attention_problem *p, ptrdiff_t first
                                  float *sums, float *outputs);
 void vlm_layer_norm_avx512(const float *x, float *y, ptrdiff_t rows, ptrdiff_t features, const float *weight,
                            const float *bias, float eps);
+void vlm_gated_silu_avx2(const float *x, ptrdiff_t rows, ptrdiff_t width, float *y);
+int vlm_attention_partial_avx2(const vlm_attention_problem *p, ptrdiff_t first_key, ptrdiff_t key_count, float *maxima,
+                               float *sums, float *outputs);
 #endif
 
 /// Keys `0 ..< result` are visible to query `row` (before the padding mask).

@@ -4,7 +4,8 @@
 #include "quant_internal.h"
 #include "quant_packed.h"
 
-// The packed layout (see vlm_kernels.h); the fixed-point activations and the products are in quant_packed_avx512.c.
+// The packed layout (see vlm_kernels.h); the fixed-point activations and the products are in quant_packed_avx512.c
+// (AVX-512 VNNI) and quant_packed_avx2.c (AVX2 and FMA, on CPUs without VNNI).
 
 int vlm_quant_packed_layout(vlm_quant_format format, ptrdiff_t columns, vlm_quant_packed_layout_t *layout) {
     vlm_quant_packed_layout_t l = {0};
@@ -32,13 +33,16 @@ int vlm_quant_packed_layout(vlm_quant_format format, ptrdiff_t columns, vlm_quan
     return 0;
 }
 
-int vlm_quant_packed_supported(void) {
+/// Which products run: 2 the AVX-512 VNNI ones, 1 the AVX2 ones, 0 none.
+static int packed_kernels(void) {
 #if defined(__x86_64__)
-    return vlm_best_isa() == VLM_ISA_AVX512 && __builtin_cpu_supports("avx512vnni");
-#else
-    return 0;
+    if (vlm_best_isa() == VLM_ISA_AVX512 && __builtin_cpu_supports("avx512vnni")) return 2;
+    if (vlm_has_avx2()) return 1;
 #endif
+    return 0;
 }
+
+int vlm_quant_packed_supported(void) { return packed_kernels() != 0; }
 
 ptrdiff_t vlm_quant_packed_size(vlm_quant_format format, ptrdiff_t rows, ptrdiff_t columns) {
     vlm_quant_packed_layout_t layout;
@@ -159,7 +163,12 @@ ptrdiff_t vlm_quant_activation_size(ptrdiff_t columns) { return columns / 32 * (
 
 void vlm_quant_activation(const float *x, ptrdiff_t columns, void *activation) {
 #if defined(__x86_64__)
-    if (vlm_quant_packed_supported() && columns > 0 && columns % 32 == 0) vlm_quant_activation_avx512(x, columns, activation);
+    if (columns <= 0 || columns % 32 != 0) return;
+    switch (packed_kernels()) {
+    case 2: vlm_quant_activation_avx512(x, columns, activation); break;
+    case 1: vlm_quant_activation_avx2(x, columns, activation); break;
+    default: break;
+    }
 #else
     (void)x, (void)columns, (void)activation;
 #endif
@@ -171,9 +180,17 @@ void vlm_quant_packed_matmul(const void *packed, vlm_quant_format format, ptrdif
     vlm_quant_packed_layout_t layout;
     if (m <= 0 || m > VLM_QUANT_MAX_ROWS || groups <= 0 || vlm_quant_packed_layout(format, columns, &layout) != 0) return;
 #if defined(__x86_64__)
-    if (vlm_quant_packed_supported())
+    switch (packed_kernels()) {
+    case 2:
         vlm_quant_packed_matmul_avx512(packed, &layout, rows, activations, vlm_quant_activation_size(columns), m, y,
                                        y_stride, first_group, groups);
+        break;
+    case 1:
+        vlm_quant_packed_matmul_avx2(packed, &layout, rows, activations, vlm_quant_activation_size(columns), m, y,
+                                     y_stride, first_group, groups);
+        break;
+    default: break;
+    }
 #else
     (void)packed, (void)rows, (void)activations, (void)y, (void)y_stride, (void)first_group;
 #endif

@@ -2,14 +2,18 @@ internal import CVLMKernels
 internal import Foundation
 
 /// Which implementation of the hand-written kernels in CVLMKernels runs. Everything uses `best`; tests pin
-/// `scalar` to check the portable fallback on machines that would otherwise never run it.
+/// `scalar` to check the portable fallback on machines that would otherwise never run it. `vector` is the widest
+/// vector code the CPU runs: AVX-512, or AVX2 and FMA.
 enum KernelPath: Sendable {
     case vector
     case scalar
 
-    static let best: KernelPath = vlm_best_isa() == VLM_ISA_AVX512 ? .vector : .scalar
+    /// The CPU's vector instruction set, read once.
+    static let vectorISA: vlm_kernel_isa = vlm_best_isa()
 
-    var isa: vlm_kernel_isa { self == .vector ? VLM_ISA_AVX512 : VLM_ISA_SCALAR }
+    static let best: KernelPath = vectorISA == VLM_ISA_SCALAR ? .scalar : .vector
+
+    var isa: vlm_kernel_isa { self == .vector ? Self.vectorISA : VLM_ISA_SCALAR }
 }
 
 /// Cores to spread work over, read once: Foundation reads the cgroup files again on every call.

@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 @testable import VLMTensor
+import CVLMKernels
 
 /// Attention against transformers' eager attention, through both kernel paths: `.vector` falls back to `.scalar`
 /// on CPUs without AVX-512, where both cases check the same code.
@@ -55,13 +56,16 @@ import Testing
         }
     }
 
-    /// On a Linux machine whose CPU lists the AVX-512 features, the vector path is the one that runs.
-    @Test func bestPathUsesAVX512WhereTheCPUHasIt() throws {
+    /// On a Linux machine whose CPU lists the AVX-512 features, or else AVX2's, the vector path is the one that runs,
+    /// on the widest of them.
+    @Test func bestPathUsesAVX512OrAVX2WhereTheCPUHasThem() throws {
         guard let cpuinfo = try? String(contentsOfFile: "/proc/cpuinfo", encoding: .utf8),
               let flags = cpuinfo.split(separator: "\n").first(where: { $0.hasPrefix("flags") }) else { return }
         let features = Set(flags.split(separator: " ").map(String.init))
-        let needed: Set = ["avx512f", "avx512dq", "avx512bw", "avx512vl", "fma"]
-        #expect(KernelPath.best == (needed.isSubset(of: features) ? .vector : .scalar))
+        let avx512: Set = ["avx512f", "avx512dq", "avx512bw", "avx512vl", "fma"], avx2: Set = ["avx2", "fma", "f16c"]
+        let expected = avx512.isSubset(of: features) ? VLM_ISA_AVX512 : avx2.isSubset(of: features) ? VLM_ISA_AVX2 : VLM_ISA_SCALAR
+        #expect(KernelPath.vectorISA == expected)
+        #expect(KernelPath.best == (expected == VLM_ISA_SCALAR ? .scalar : .vector))
     }
 
     /// The public entry points run the best path.

@@ -19,9 +19,12 @@ typedef enum vlm_kernel_isa {
     VLM_ISA_SCALAR = 0,
     /// AVX-512 (F, DQ, BW, VL) with FMA; falls back to VLM_ISA_SCALAR where the CPU lacks it.
     VLM_ISA_AVX512 = 1,
+    /// AVX2 with FMA and F16C, for CPUs without AVX-512; kernels without an AVX2 version run VLM_ISA_SCALAR, and
+    /// the path falls back to it where the CPU lacks AVX2.
+    VLM_ISA_AVX2 = 2,
 } vlm_kernel_isa;
 
-/// The fastest implementation this CPU supports.
+/// The fastest implementation this CPU supports: VLM_ISA_AVX512, else VLM_ISA_AVX2, else VLM_ISA_SCALAR.
 vlm_kernel_isa vlm_best_isa(void);
 
 /// One unit of multi-head attention: `softmax(q·kᵀ·scale + mask)·v` for `head_count` consecutive heads of one
@@ -116,7 +119,7 @@ void vlm_quant_matmul_rows(const vlm_quant_matrix *matrix, const float *x, ptrdi
 /// The most rows of `x` one vlm_quant_matmul_rows call takes.
 enum { VLM_QUANT_MAX_ROWS = 8 };
 
-// Decoding products on int8 dot products (AVX-512 VNNI). A matrix of a 32-element block format (Q4_0, Q4_1, Q5_0,
+// Decoding products on int8 dot products (AVX-512 VNNI, or AVX2's vpmaddubsw and vpmaddwd). A matrix of a 32-element block format (Q4_0, Q4_1, Q5_0,
 // Q5_1, Q8_0) or a K-quant (Q4_K, Q5_K, Q6_K: super-blocks of 256 whose 32- or 16-element sub-blocks have their own
 // scales) is repacked once so that 16 weight rows share each vector: for every group of 16 rows and every 32-element
 // block, the rows' quantized values as unsigned numbers (Q8_0 a byte each; the others' low four bits two per byte
