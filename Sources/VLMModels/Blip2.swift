@@ -293,18 +293,8 @@ public final class Blip2ForConditionalGeneration: ImageToTextModel, @unchecked S
     /// - Throws: `ModelError.invalidInput` unless the prompt holds exactly one image token per image embedding row
     ///   (transformers would silently use only the first features when it holds fewer).
     public func inputsEmbeds(inputIds: [[Int]], imageEmbeddings: Tensor) throws -> Tensor {
-        let imageToken = try imageTokenIndex()
-        let width = config.textConfig.embeddingWidth
-        guard imageEmbeddings.rank == 3, imageEmbeddings.shape[2] == width else {
-            throw ModelError.invalidInput("image embeddings must be [images, tokens, \(width)], got \(imageEmbeddings.shape)")
-        }
-        let embeds = try languageModel.embed(inputIds)
-        let imagePositions = inputIds.joined().enumerated().filter { $0.element == imageToken }.map(\.offset)
-        let featureRows = imageEmbeddings.shape[0] * imageEmbeddings.shape[1]
-        guard imagePositions.count == featureRows else {
-            throw ModelError.invalidInput("the prompt holds \(imagePositions.count) image tokens (id \(imageToken)) for \(featureRows) image feature rows (\(imageEmbeddings.shape[0]) images of \(imageEmbeddings.shape[1]))")
-        }
-        return replacingRows(of: embeds, at: imagePositions, with: imageEmbeddings)
+        try placingImageFeatures(imageEmbeddings, into: languageModel.embed(inputIds), inputIds: inputIds,
+                                 imageToken: imageTokenIndex(), width: config.textConfig.embeddingWidth)
     }
 
     /// The forward pass's logits `[B, T, vocab]` for images `[B, 3, S, S]` and a left-padded prompt holding their

@@ -23,3 +23,21 @@ public protocol ImageToTextModel: AnyObject, Sendable {
                   stoppingCriteria: [any StoppingCriterion], seed: UInt64,
                   onStep: ((_ tokens: [Int?]) throws -> Void)?) throws -> GenerationOutput
 }
+
+/// `embeds` (the token embeddings of `inputIds`, `[B, T, width]`) with the image tokens' rows replaced, in order, by
+/// the rows of `features` (`[images, tokens, width]`), as transformers' `masked_scatter` puts image features in place.
+///
+/// - Throws: `ModelError.invalidInput` unless the prompts hold exactly one image token per feature row (transformers
+///   silently uses only the first features when there are fewer tokens).
+func placingImageFeatures(_ features: Tensor, into embeds: Tensor, inputIds: [[Int]], imageToken: Int,
+                          width: Int) throws -> Tensor {
+    guard features.rank == 3, features.shape[2] == width else {
+        throw ModelError.invalidInput("image embeddings must be [images, tokens, \(width)], got \(features.shape)")
+    }
+    let imagePositions = inputIds.joined().enumerated().filter { $0.element == imageToken }.map(\.offset)
+    let featureRows = features.shape[0] * features.shape[1]
+    guard imagePositions.count == featureRows else {
+        throw ModelError.invalidInput("the prompt holds \(imagePositions.count) image tokens (id \(imageToken)) for \(featureRows) image feature rows (\(features.shape[0]) images of \(features.shape[1]))")
+    }
+    return replacingRows(of: embeds, at: imagePositions, with: features)
+}

@@ -163,17 +163,8 @@ public final class LlavaForConditionalGeneration: ImageToTextModel, @unchecked S
     /// - Throws: `ModelError.invalidInput` unless the prompts hold exactly one image token per image feature row, as
     ///   transformers requires.
     public func inputsEmbeds(inputIds: [[Int]], imageEmbeddings: Tensor) throws -> Tensor {
-        let width = config.textConfig.hiddenSize
-        guard imageEmbeddings.rank == 3, imageEmbeddings.shape[2] == width else {
-            throw ModelError.invalidInput("image embeddings must be [images, tokens, \(width)], got \(imageEmbeddings.shape)")
-        }
-        let embeds = try languageModel.embed(inputIds)
-        let imagePositions = inputIds.joined().enumerated().filter { $0.element == config.imageTokenIndex }.map(\.offset)
-        let featureRows = imageEmbeddings.shape[0] * imageEmbeddings.shape[1]
-        guard imagePositions.count == featureRows else {
-            throw ModelError.invalidInput("the prompt holds \(imagePositions.count) image tokens (id \(config.imageTokenIndex)) for \(featureRows) image feature rows (\(imageEmbeddings.shape[0]) images of \(imageEmbeddings.shape[1]))")
-        }
-        return replacingRows(of: embeds, at: imagePositions, with: imageEmbeddings)
+        try placingImageFeatures(imageEmbeddings, into: languageModel.embed(inputIds), inputIds: inputIds,
+                                 imageToken: config.imageTokenIndex, width: config.textConfig.hiddenSize)
     }
 
     /// The forward pass's logits `[B, T, vocab]` for images `[B, 3, S, S]` and left-padded prompts holding their
