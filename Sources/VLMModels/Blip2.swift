@@ -307,8 +307,8 @@ public final class Blip2ForConditionalGeneration: ImageToTextModel, @unchecked S
         return try model.logits(inputsEmbeds: embeds, attentionMask: attentionMask)
     }
 
-    /// Captions or answers for images `[B, 3, S, S]`, as transformers' `Blip2ForConditionalGeneration.generate`:
-    /// greedy decoding, sampling or beam search by `config`.
+    /// Captions or answers for image embeddings computed once by ``imageEmbeddings(pixelValues:)``, as transformers'
+    /// `Blip2ForConditionalGeneration.generate`: greedy decoding, sampling or beam search by `config`.
     ///
     /// - Parameters:
     ///   - inputIds: prompts (`[B][T]`, left-padded for OPT) holding `numQueryTokens` image tokens each, as
@@ -318,16 +318,6 @@ public final class Blip2ForConditionalGeneration: ImageToTextModel, @unchecked S
     ///   - attentionMask: `[B][T]`; nil attends to every token.
     /// - Returns: the new tokens only. transformers' `sequences` are, for OPT, the prompt ids (the made-up one too)
     ///   followed by these, padded; for T5, `decoder_start_token_id` followed by these.
-    public func generate(pixelValues: Tensor, inputIds: [[Int]]? = nil, attentionMask: [[Int]]? = nil,
-                         config generation: GenerationConfig, stoppingCriteria: [any StoppingCriterion] = [],
-                         seed: UInt64 = 0, onStep: ((_ tokens: [Int?]) throws -> Void)? = nil) throws -> GenerationOutput {
-        try generate(imageEmbeddings: imageEmbeddings(pixelValues: pixelValues), inputIds: inputIds,
-                     attentionMask: attentionMask, config: generation, stoppingCriteria: stoppingCriteria, seed: seed,
-                     onStep: onStep)
-    }
-
-    /// ``generate(pixelValues:inputIds:attentionMask:config:stoppingCriteria:seed:onStep:)`` from image
-    /// embeddings computed once by ``imageEmbeddings(pixelValues:)``.
     public func generate(imageEmbeddings: Tensor, inputIds: [[Int]]? = nil, attentionMask: [[Int]]? = nil,
                          config generation: GenerationConfig, stoppingCriteria: [any StoppingCriterion] = [],
                          seed: UInt64 = 0, onStep: ((_ tokens: [Int?]) throws -> Void)? = nil) throws -> GenerationOutput {

@@ -24,6 +24,18 @@ public protocol ImageToTextModel: AnyObject, Sendable {
                   onStep: ((_ tokens: [Int?]) throws -> Void)?) throws -> GenerationOutput
 }
 
+extension ImageToTextModel {
+    /// ``generate(imageEmbeddings:inputIds:attentionMask:config:stoppingCriteria:seed:onStep:)`` for pixel values
+    /// `[B, 3, H, W]`, their image embeddings computed first.
+    public func generate(pixelValues: Tensor, inputIds: [[Int]]? = nil, attentionMask: [[Int]]? = nil,
+                         config: GenerationConfig, stoppingCriteria: [any StoppingCriterion] = [], seed: UInt64 = 0,
+                         onStep: ((_ tokens: [Int?]) throws -> Void)? = nil) throws -> GenerationOutput {
+        try generate(imageEmbeddings: imageEmbeddings(pixelValues: pixelValues), inputIds: inputIds,
+                     attentionMask: attentionMask, config: config, stoppingCriteria: stoppingCriteria, seed: seed,
+                     onStep: onStep)
+    }
+}
+
 /// `embeds` (the token embeddings of `inputIds`, `[B, T, width]`) with the image tokens' rows replaced, in order, by
 /// the rows of `features` (`[images, tokens, width]`), as transformers' `masked_scatter` puts image features in place.
 ///

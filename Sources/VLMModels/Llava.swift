@@ -174,18 +174,8 @@ public final class LlavaForConditionalGeneration: ImageToTextModel, @unchecked S
         return try languageModel.logits(inputsEmbeds: embeds, attentionMask: attentionMask)
     }
 
-    /// Answers or continuations for images `[B, 3, S, S]`, as transformers' `LlavaForConditionalGeneration.generate`:
-    /// greedy decoding, sampling or beam search by `config`.
-    public func generate(pixelValues: Tensor, inputIds: [[Int]]? = nil, attentionMask: [[Int]]? = nil,
-                         config generation: GenerationConfig, stoppingCriteria: [any StoppingCriterion] = [],
-                         seed: UInt64 = 0, onStep: ((_ tokens: [Int?]) throws -> Void)? = nil) throws -> GenerationOutput {
-        try generate(imageEmbeddings: imageEmbeddings(pixelValues: pixelValues), inputIds: inputIds,
-                     attentionMask: attentionMask, config: generation, stoppingCriteria: stoppingCriteria, seed: seed,
-                     onStep: onStep)
-    }
-
-    /// ``generate(pixelValues:inputIds:attentionMask:config:stoppingCriteria:seed:onStep:)`` from image embeddings
-    /// computed once by ``imageEmbeddings(pixelValues:)``.
+    /// Answers or continuations for image embeddings computed once by ``imageEmbeddings(pixelValues:)``, as
+    /// transformers' `LlavaForConditionalGeneration.generate`: greedy decoding, sampling or beam search by `config`.
     ///
     /// - Parameter inputIds: prompts (`[B][T]`, left-padded) holding each image's tokens, as `LlavaProcessor` expands
     ///   `<image>`; nil reads each image's tokens alone (transformers' generate needs a prompt here; LLaVA was trained
