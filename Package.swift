@@ -32,7 +32,7 @@ let package = Package(
         .target(name: "VLMTemplates"),
         .target(name: "VLMTokenizers", dependencies: ["VLMTemplates"]),
         .target(name: "VLMImages", dependencies: ["VLMTensor", "CTurboJPEG", "CSPNG", "CWebP"]),
-        .target(name: "VLMModels", dependencies: ["VLMTensor", "VLMCheckpoint"]),
+        .target(name: "VLMModels", dependencies: ["VLMTensor", "VLMCheckpoint", "VLMImages"]),
         .target(name: "VLMPipelines", dependencies: ["VLMTensor", "VLMCheckpoint", "VLMTemplates", "VLMTokenizers", "VLMImages", "VLMModels"]),
         .target(name: "VLMHub"),
         .target(name: "SwiftVLM", dependencies: ["VLMTensor", "VLMCheckpoint", "VLMTemplates", "VLMTokenizers", "VLMImages", "VLMModels", "VLMPipelines", "VLMHub"]),

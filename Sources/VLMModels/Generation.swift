@@ -126,7 +126,11 @@ extension CausalLanguageModel {
     /// ``generate(inputIds:attentionMask:config:stoppingCriteria:seed:onStep:)``. Greedy decoding or sampling of one
     /// sequence; the cache needs room for the prompt and `config`'s new tokens, and ends up holding every token
     /// that was run (the prompt and all new tokens but the last).
-    public func generate(continuing cache: KVCache, inputIds: [Int], config: GenerationConfig,
+    ///
+    /// - Parameter inputsEmbeds: the embeddings of the prompt's positions after the cached ones
+    ///   (`[1, inputIds.count - cache.length, hidden]`), for prompts whose embeddings carry image features; nil embeds
+    ///   `inputIds`.
+    public func generate(continuing cache: KVCache, inputIds: [Int], inputsEmbeds: Tensor? = nil, config: GenerationConfig,
                          stoppingCriteria: [any StoppingCriterion] = [], seed: UInt64 = 0,
                          onStep: ((_ tokens: [Int?]) throws -> Void)? = nil) throws -> GenerationOutput {
         try config.validate()
@@ -143,8 +147,12 @@ extension CausalLanguageModel {
             throw ModelError.invalidInput(
                 "a prompt of \(inputIds.count) tokens and \(newTokens) new ones do not fit a KV cache of \(cache.capacity) positions")
         }
+        let uncached = inputIds.count - cache.length
+        if let inputsEmbeds, inputsEmbeds.rank != 3 || inputsEmbeds.shape[0] != 1 || inputsEmbeds.shape[1] != uncached {
+            throw ModelError.invalidInput("inputs_embeds must be [1, \(uncached), hidden] for the \(uncached) uncached prompt tokens, got \(inputsEmbeds.shape)")
+        }
         if newTokens == 0 { return GenerationOutput(sequences: [[]], scores: []) }
-        let prompt = GenerationPrompt(embeds: try embed([Array(inputIds[cache.length...])]),
+        let prompt = GenerationPrompt(embeds: try inputsEmbeds ?? embed([Array(inputIds[cache.length...])]),
                                       mask: [Array(repeating: 1, count: inputIds.count)], ids: [inputIds],
                                       length: inputIds.count)
         return try sample(prompt: prompt, newTokens: newTokens, config: config, criteria: stoppingCriteria, seed: seed,

@@ -1,5 +1,6 @@
 import Foundation
 import VLMCheckpoint
+import VLMImages
 import VLMTensor
 
 // LLaVA (Liu et al. 2023) as transformers' models/llava/modeling_llava.py builds `LlavaForConditionalGeneration`: a
@@ -92,7 +93,7 @@ struct LlavaMultiModalProjector {
 ///
 /// A prompt holds ``LlavaConfig/imageTokensPerImage`` image tokens per image where `LlavaProcessor` expands its
 /// `<image>`; the model puts the image's projected features in their place.
-public final class LlavaForConditionalGeneration: ImageToTextModel, @unchecked Sendable {
+public final class LlavaForConditionalGeneration: ImageChatModel, @unchecked Sendable {
     public let config: LlavaConfig
     let visionTower: CLIPVisionTransformer
     let projector: LlavaMultiModalProjector
@@ -192,6 +193,18 @@ public final class LlavaForConditionalGeneration: ImageToTextModel, @unchecked S
     }
 
     public var vocabularySize: Int { config.textConfig.vocabSize }
+
+    public var textDecoder: any CausalLanguageModel { languageModel }
+
+    public var imageTokenId: Int { config.imageTokenIndex }
+
+    /// ``imageEmbeddings(pixelValues:)`` image by image: every image gives ``LlavaConfig/imageTokensPerImage`` rows.
+    public func imageFeatures(_ images: ProcessedImages) throws -> [Tensor] {
+        let features = try imageEmbeddings(pixelValues: images.pixelValues)
+        let (count, rows, width) = (features.shape[0], features.shape[1], features.shape[2])
+        let flat = features.reshaped([1, count * rows, width])
+        return (0..<count).map { sequenceSlice(flat, ($0 * rows)..<(($0 + 1) * rows)).reshaped([rows, width]) }
+    }
 
     /// Rotary positions do not run out.
     public func positionsLeft(promptLength: Int?) -> Int? { nil }

@@ -84,8 +84,8 @@ public enum ModelRegistry {
                     builder: .causalLanguageModel { try GPT2LMHeadModel(directory: $0) }),
         ModelFamily("BLIP-2", modelTypes: ["blip-2"], tasks: [.caption, .ask, .chat],
                     builder: .imageToText { try Blip2ForConditionalGeneration(directory: $0) }),
-        // Chat with LLaVA goes through its chat template with image parts (the LLaVA issue), not BLIP-2's prompting.
-        ModelFamily("LLaVA", modelTypes: ["llava"], tasks: [.caption, .ask],
+        // LLaVA chats through its chat template with image parts (`vlm generate --chat`, `vlm chat`).
+        ModelFamily("LLaVA", modelTypes: ["llava"], tasks: [.caption, .ask, .generate, .chat],
                     builder: .imageToText { try LlavaForConditionalGeneration(directory: $0) }),
         ModelFamily("BLIP captioning", modelTypes: ["blip"], architectures: ["BlipForConditionalGeneration"],
                     tasks: [.caption], builder: .imageToText { try BlipForConditionalGeneration(directory: $0) }),

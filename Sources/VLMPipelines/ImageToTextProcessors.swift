@@ -16,6 +16,15 @@ public protocol ImageToTextProcessor: Sendable {
     func questionPrompt(_ question: String) -> String
 }
 
+/// The processor of a chat model that reads images (LLaVA): its chat template writes ``imageToken`` where each image
+/// goes, and the processor expands each into the image's tokens.
+public protocol ImageChatProcessor: ImageToTextProcessor {
+    /// The text that marks where an image goes (`image_token`).
+    var imageToken: String { get }
+    /// How many image tokens each processed image takes in the prompt, as transformers counts them.
+    func imageTokenCounts(_ images: ProcessedImages) -> [Int]
+}
+
 /// Builds the processor of an image-to-text checkpoint by config.json's `model_type`.
 enum ImageToTextProcessors {
     static let builders: [String: @Sendable (ModelDirectory) throws -> any ImageToTextProcessor] = [
@@ -100,7 +109,7 @@ public struct BlipProcessor: ImageToTextProcessor {
 /// LLaVA-1.5 was trained on conversations laid out as `USER: <image>\n… ASSISTANT:`; questions are asked in that
 /// layout, and no prompt asks "Describe this image." in it. A prompt without `<image>` reads the image first, as
 /// `<image>\n` + prompt (transformers would fail on it for want of image tokens).
-public struct LlavaProcessor: ImageToTextProcessor {
+public struct LlavaProcessor: ImageChatProcessor {
     public let imageProcessor: any ImageProcessor
     public let tokenizer: Tokenizer
     /// The text that marks where the image goes (`image_token`, `<image>` by default).
@@ -145,6 +154,11 @@ public struct LlavaProcessor: ImageToTextProcessor {
         let expanded = placed.replacingOccurrences(of: imageToken,
                                                    with: String(repeating: imageToken, count: imageTokensPerImage))
         return tokenizer.encode(expanded).ids
+    }
+
+    /// Every image takes ``imageTokensPerImage`` tokens.
+    public func imageTokenCounts(_ images: ProcessedImages) -> [Int] {
+        Array(repeating: imageTokensPerImage, count: images.imageSizes.count)
     }
 
     /// LLaVA-1.5's conversation layout for one user turn with the image.

@@ -10,6 +10,12 @@ public enum PipelineError: Error, CustomStringConvertible {
     case promptTooLong(tokens: Int, limit: Int)
     /// A checkpoint's processor files do not say how to lay out a prompt.
     case invalidProcessor(String, String)
+    /// A message holds an image part, and the model reads no images.
+    case imagesNotSupported(message: Int)
+    /// The rendered conversation marks a different number of images than its messages hold.
+    case imageCountMismatch(markers: Int, images: Int, marker: String)
+    /// An image part refers to an image that cannot be read (`reference` as given, shortened).
+    case unreadableImage(reference: String, reason: String)
 
     public var description: String {
         switch self {
@@ -20,6 +26,11 @@ public enum PipelineError: Error, CustomStringConvertible {
         case .emptyPrompt: return "the prompt is empty: it tokenized to no tokens"
         case .promptTooLong(let tokens, let limit): return "the prompt is \(tokens) tokens long, more than the \(limit) allowed"
         case .invalidProcessor(let directory, let reason): return "\(directory): \(reason)"
+        case .imagesNotSupported(let message):
+            return "message \(message) holds an image, and this model reads no images (it has no vision tower)"
+        case .imageCountMismatch(let markers, let images, let marker):
+            return "the chat template wrote \(markers) \(marker) markers for the \(images) images of the messages; they must match"
+        case .unreadableImage(let reference, let reason): return "\(reference): \(reason)"
         }
     }
 }

@@ -1,6 +1,7 @@
 import Foundation
 import Synchronization
 import VLMModels
+import VLMTensor
 import VLMTemplates
 import VLMTokenizers
 
@@ -72,16 +73,27 @@ public final class TextGenerationPipeline: Sendable {
     }
 
     func chatPrompt(_ messages: [JSONValue]) throws -> [Int] {
-        guard let chatTemplate else { throw PipelineError.noChatTemplate }
-        let text = try chatTemplate.render(messages: messages, addGenerationPrompt: true,
-                                           bosToken: tokenizer.bosTokenId.flatMap(tokenizer.token),
-                                           eosToken: tokenizer.eosTokenId.flatMap(tokenizer.token))
+        if let index = ChatImages.firstMessageWithImages(messages) {
+            throw PipelineError.imagesNotSupported(message: index)
+        }
         // The template writes the special tokens itself, as apply_chat_template(tokenize=True) assumes.
-        return tokenizer.encode(text, addSpecialTokens: false).ids
+        return tokenizer.encode(try renderChat(messages), addSpecialTokens: false).ids
+    }
+
+    /// `apply_chat_template(messages, add_generation_prompt=True, tokenize=False)`.
+    func renderChat(_ messages: [JSONValue]) throws -> String {
+        guard let chatTemplate else { throw PipelineError.noChatTemplate }
+        return try chatTemplate.render(messages: messages, addGenerationPrompt: true,
+                                       bosToken: tokenizer.bosTokenId.flatMap(tokenizer.token),
+                                       eosToken: tokenizer.eosTokenId.flatMap(tokenizer.token))
     }
 
     /// Generates from `promptTokens`; with `cache`, from where the cache's tokens (the prompt's first ones) end.
+    ///
+    /// - Parameter embeddings: the input embeddings of the prompt's positions from the given one on, for prompts
+    ///   whose embeddings carry image features; nil embeds the tokens.
     func run(promptTokens: [Int], settings: GenerationConfig, seed: UInt64, cache: KVCache? = nil,
+             embeddings: ((_ from: Int) throws -> Tensor)? = nil,
              onText: ((String) throws -> Void)?) throws -> TextGenerationResult {
         guard !promptTokens.isEmpty else { throw PipelineError.emptyPrompt }
         let criteria = stopStrings.criteria(settings, tokenizer: tokenizer, vocabularySize: model.vocabularySize)
@@ -90,9 +102,10 @@ public final class TextGenerationPipeline: Sendable {
             if let onText, let token = tokens[0] { try onText(detokenizer.append(token)) }
         }
         let output = try cache.map {
-            try model.generate(continuing: $0, inputIds: promptTokens, config: settings, stoppingCriteria: criteria,
-                               seed: seed, onStep: onStep)
-        } ?? model.generate(inputIds: [promptTokens], config: settings, stoppingCriteria: criteria, seed: seed, onStep: onStep)
+            try model.generate(continuing: $0, inputIds: promptTokens, inputsEmbeds: embeddings?($0.length),
+                               config: settings, stoppingCriteria: criteria, seed: seed, onStep: onStep)
+        } ?? model.generate(inputsEmbeds: embeddings?(0) ?? model.embed([promptTokens]), promptIds: [promptTokens],
+                            config: settings, stoppingCriteria: criteria, seed: seed, onStep: onStep)
         try onText?(detokenizer.finish())
         let ids = output.sequences.first ?? []
         return TextGenerationResult(text: tokenizer.decode(ids, skipSpecialTokens: true), ids: ids, promptTokens: promptTokens)

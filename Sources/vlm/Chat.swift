@@ -18,19 +18,23 @@ struct Chat: AsyncParsableCommand {
     @Option(help: "A system message opening the conversation.")
     var system: String?
 
-    @Option(help: "The image the conversation is about (image-to-text models such as BLIP-2; each line is a question).")
+    @Option(help: "An image for the first turn (models that read images: LLaVA; with BLIP-2 the image every question is about). In a LLaVA chat, a line \"/image PATH\" adds an image to the next turn.")
     var image: String?
 
     func run() async throws {
         let path = try await options.fileOrDirectory()
-        if let image {
-            try await chat(about: image, directory: path)
-            return
-        }
         let checkpoint = try? ModelDirectory(url: path)
         if let checkpoint, case .imageToText = try ModelRegistry.family(of: checkpoint, for: .chat).builder {
-            throw ChatError.needsImage(path.path)
+            let pipeline = try ImageToTextPipeline(directory: path, task: .chat)
+            if let chat = try ImageTextToTextPipeline.chatting(with: pipeline, directory: path) {
+                try chatAboutImages(chat)
+            } else {
+                guard let image else { throw ChatError.needsImage(path.path) }
+                try chat(about: image, pipeline: pipeline)
+            }
+            return
         }
+        guard image == nil else { throw ChatError.readsNoImages(path.path) }
         let pipeline = try TextGenerationPipeline(path: path)
         guard pipeline.chatTemplate != nil else { throw TokenizeError.noChatTemplate(path.path) }
         let config = try settings.apply(to: pipeline.config)
@@ -40,11 +44,29 @@ struct Chat: AsyncParsableCommand {
         }
     }
 
+    /// A chat through the model's template in which turns may hold images: --image and each "/image PATH" line add
+    /// an image to the next turn; each image's features are computed once.
+    private func chatAboutImages(_ pipeline: ImageTextToTextPipeline) throws {
+        let config = try settings.apply(to: pipeline.text.config)
+        let session = try ChatSession(pipeline: pipeline, system: system)
+        var pending = try image.map { [try ImageDecoder.decode(contentsOf: URL(fileURLWithPath: $0))] } ?? []
+        try converse(command: { line in
+            guard line.hasPrefix("/image ") else { return false }
+            let file = line.dropFirst("/image ".count).trimmingCharacters(in: .whitespaces)
+            pending.append(try ImageDecoder.decode(contentsOf: URL(fileURLWithPath: file)))
+            return true
+        }) { line, seed in
+            defer { pending = [] }
+            return try session.send(line, images: pending, settings: config, seed: seed) {
+                if !$0.isEmpty { writeToStandardOutput($0) }
+            }
+        }
+    }
+
     /// BLIP-2's chat-style prompting: each line a question about the image, asked after the earlier turns.
-    private func chat(about image: String, directory: URL) async throws {
+    private func chat(about image: String, pipeline: ImageToTextPipeline) throws {
         guard system == nil else { throw ChatError.systemAboutAnImage }
         let decoded = try ImageDecoder.decode(contentsOf: URL(fileURLWithPath: image))
-        let pipeline = try ImageToTextPipeline(directory: directory, task: .chat)
         let config = try settings.apply(to: pipeline.config)
         let session = try VisualChatSession(pipeline: pipeline, image: decoded)
         try converse { line, seed in
@@ -53,14 +75,21 @@ struct Chat: AsyncParsableCommand {
     }
 
     /// Reads lines until end of input or /exit, answering each with `reply` (which streams its text); each turn
-    /// samples with the next seed.
-    private func converse<Reply>(_ reply: (String, UInt64) throws -> Reply) throws {
+    /// samples with the next seed. Lines `command` takes are not turns; what goes wrong with one is reported and the
+    /// session goes on when a person is typing, and ends it otherwise.
+    private func converse<Reply>(command: ((String) throws -> Bool)? = nil, _ reply: (String, UInt64) throws -> Reply) throws {
         var seed = settings.samplerSeed
         let interactive = isatty(STDIN_FILENO) != 0
         while true {
             if interactive { writeToStandardOutput("> ") }
             guard let line = readLine(), line != "/exit" else { break }
             if line.trimmingCharacters(in: .whitespaces).isEmpty { continue }
+            do {
+                if try command?(line) == true { continue }
+            } catch where interactive {
+                FileHandle.standardError.write(Data("\(error)\n".utf8))
+                continue
+            }
             _ = try reply(line, seed)
             writeToStandardOutput("\n")
             seed &+= 1
@@ -71,11 +100,13 @@ struct Chat: AsyncParsableCommand {
 enum ChatError: Error, CustomStringConvertible {
     case needsImage(String)
     case systemAboutAnImage
+    case readsNoImages(String)
 
     var description: String {
         switch self {
         case .needsImage(let model): "\(model): an image-to-text model talks about an image: give it with --image FILE"
         case .systemAboutAnImage: "--system is for chat models: a conversation about an image has no system message"
+        case .readsNoImages(let model): "\(model): this model reads no images (it has no vision tower); --image is for models such as LLaVA and BLIP-2"
         }
     }
 }

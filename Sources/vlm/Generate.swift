@@ -62,14 +62,18 @@ struct Generate: AsyncParsableCommand {
     @Option(help: "The text to continue, tokenized as the model's tokenizer does by default (special tokens added).")
     var prompt: String?
 
-    @Option(help: "A JSON file holding a list of chat messages; the reply follows the model's chat template.")
+    @Option(help: "A JSON file holding a list of chat messages; the reply follows the model's chat template. Image parts ({\"type\": \"image\", \"path\"|\"url\": …}: a path relative to the current directory, a file:// or data:image/…;base64, URL) go to models that read images.")
     var chat: String?
+
+    @Option(help: "An image the prompt is about (repeatable): one user turn holding the images, then --prompt's text, through the chat template (models that read images, such as LLaVA).")
+    var image: [String] = []
 
     @Flag(help: "Print {\"text\", \"ids\", \"prompt_tokens\"} as JSON at the end instead of streaming text.")
     var json = false
 
     func validate() throws {
         guard (prompt == nil) != (chat == nil) else { throw ValidationError("give either --prompt TEXT or --chat MESSAGES.json") }
+        guard image.isEmpty || prompt != nil else { throw ValidationError("--image goes with --prompt TEXT (with --chat, put image parts in the messages)") }
     }
 
     private struct Result: Encodable {
@@ -81,7 +85,14 @@ struct Generate: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let pipeline = try TextGenerationPipeline(path: try await options.fileOrDirectory())
+        let path = try await options.fileOrDirectory()
+        if let checkpoint = try? ModelDirectory(url: path),
+           case .imageToText = try ModelRegistry.family(of: checkpoint, for: .generate).builder {
+            try answer(with: ImageTextToTextPipeline(directory: path))
+            return
+        }
+        let pipeline = try TextGenerationPipeline(path: path)
+        guard image.isEmpty else { throw ChatError.readsNoImages(path.path) }
         let config = try settings.apply(to: pipeline.config)
         let messages = try chat.map(readMessages)
         let seed = settings.samplerSeed
@@ -99,6 +110,24 @@ struct Generate: AsyncParsableCommand {
             ?? pipeline.stream(prompt: prompt ?? "", settings: config, seed: seed)
         for try await piece in pieces { writeToStandardOutput(piece) }
         writeToStandardOutput("\n")
+    }
+
+    /// The image-text-to-text pipeline's answer to --chat's messages, or to one user turn of --image and --prompt
+    /// (a prompt alone is that turn without images: chat models that read images answer conversations).
+    private func answer(with pipeline: ImageTextToTextPipeline) throws {
+        let config = try settings.apply(to: pipeline.text.config)
+        let messages: [JSONValue] = try chat.map(readMessages) ?? [[
+            "role": "user",
+            "content": .array(image.map { ["type": "image", "path": .string($0)] } + [["type": "text", "text": .string(prompt ?? "")]]),
+        ]]
+        let streams = !json && config.numBeams == 1
+        let result = try pipeline.generate(messages: messages, settings: config, seed: settings.samplerSeed,
+                                           onText: streams ? { writeToStandardOutput($0) } : nil)
+        if json {
+            try printJSON(Result(text: result.text, ids: result.ids, promptTokens: result.promptTokens.count))
+        } else {
+            writeToStandardOutput(streams ? "\n" : result.text + "\n")
+        }
     }
 }
 

@@ -1,0 +1,104 @@
+import Foundation
+import VLMCheckpoint
+import VLMImages
+import VLMModels
+import VLMTemplates
+import VLMTensor
+
+/// transformers' "image-text-to-text" pipeline for chat models that read images (LLaVA): a conversation whose messages
+/// hold image parts is rendered through the checkpoint's chat template, each image marker expanded into the image's
+/// tokens and the text tokenized as the processor does (`processor.apply_chat_template(messages,
+/// add_generation_prompt=True, tokenize=True)`), then answered by the language model with the images' features in
+/// place of their tokens.
+public final class ImageTextToTextPipeline: Sendable {
+    public let model: any ImageChatModel
+    public let processor: any ImageChatProcessor
+    /// The language model's side: tokenizer, chat template, generation settings (its `config` is the default for
+    /// calls that give none: the checkpoint's generation config, at most 256 new tokens where it sets no length).
+    public let text: TextGenerationPipeline
+
+    public init(model: any ImageChatModel, processor: any ImageChatProcessor, chatTemplate: ChatTemplate,
+                config: GenerationConfig) {
+        self.model = model
+        self.processor = processor
+        text = TextGenerationPipeline(model: model.textDecoder, tokenizer: processor.tokenizer, config: config,
+                                      chatTemplate: chatTemplate)
+    }
+
+    /// Loads the model, its processor, chat template and generation settings from a checkpoint directory, refusing a
+    /// family that does not serve `task` before reading anything else.
+    ///
+    /// - Throws: the loaders' errors; `PipelineError.noChatTemplate` when the checkpoint has no chat template;
+    ///   `ModelError.invalidConfig` for an image-to-text model that does not chat through a chat template.
+    public convenience init(directory: URL, task: ModelTask = .generate) throws {
+        let pipeline = try ImageToTextPipeline(directory: directory, task: task)
+        guard let model = pipeline.model as? any ImageChatModel, let processor = pipeline.processor as? any ImageChatProcessor else {
+            throw ModelError.invalidConfig("this image-to-text model does not chat through a chat template",
+                                           file: directory.appendingPathComponent("config.json").path)
+        }
+        try self.init(model: model, processor: processor, directory: directory, config: pipeline.config)
+    }
+
+    /// The image chat pipeline over an image-to-text pipeline's model and processor when they chat through a chat
+    /// template (LLaVA); nil for those that do not (BLIP-2, whose chat is ``VisualChatSession``'s prompting).
+    public static func chatting(with pipeline: ImageToTextPipeline, directory: URL) throws -> ImageTextToTextPipeline? {
+        guard let model = pipeline.model as? any ImageChatModel, let processor = pipeline.processor as? any ImageChatProcessor else {
+            return nil
+        }
+        return try ImageTextToTextPipeline(model: model, processor: processor, directory: directory, config: pipeline.config)
+    }
+
+    private convenience init(model: any ImageChatModel, processor: any ImageChatProcessor, directory: URL,
+                             config: GenerationConfig) throws {
+        guard let template = try ChatTemplate.load(directory: directory) else { throw PipelineError.noChatTemplate }
+        self.init(model: model, processor: processor, chatTemplate: template, config: config)
+    }
+
+    /// Answers a conversation: its images read from their parts' references (see ``ChatImages``), the prompt laid
+    /// out as ``promptIds(_:imageTokenCounts:)`` does, then greedy decoding, sampling or beam search by `settings`.
+    /// `onText` receives the reply piece by piece as it is generated (not with beam search).
+    public func generate(messages: [JSONValue], settings: GenerationConfig? = nil, seed: UInt64 = 0,
+                         onText: ((String) throws -> Void)? = nil) throws -> TextGenerationResult {
+        let images = try ChatImages.references(in: messages).map(ChatImages.load)
+        let processed = try images.isEmpty ? nil : processor.imageProcessor.preprocess(images)
+        let features = try processed.map(model.imageFeatures) ?? []
+        let prompt = try promptIds(messages, imageTokenCounts: processed.map(processor.imageTokenCounts) ?? [])
+        return try run(promptTokens: prompt, imageFeatures: features, settings: settings ?? text.config, seed: seed,
+                       onText: onText)
+    }
+
+    /// The conversation's prompt ids: the chat template rendered with the generation prompt, its i-th image marker
+    /// expanded into `imageTokenCounts[i]` image tokens, the text tokenized with the tokenizer's special tokens unless
+    /// the template already wrote the bos token (as transformers' processors do).
+    ///
+    /// - Throws: `PipelineError.imageCountMismatch` when the template wrote a different number of markers than
+    ///   there are images.
+    public func promptIds(_ messages: [JSONValue], imageTokenCounts: [Int]) throws -> [Int] {
+        let rendered = try text.renderChat(messages)
+        let pieces = rendered.components(separatedBy: processor.imageToken)
+        guard pieces.count - 1 == imageTokenCounts.count else {
+            throw PipelineError.imageCountMismatch(markers: pieces.count - 1, images: imageTokenCounts.count,
+                                                   marker: processor.imageToken)
+        }
+        var expanded = pieces[0]
+        for (count, piece) in zip(imageTokenCounts, pieces.dropFirst()) {
+            expanded += String(repeating: processor.imageToken, count: count) + piece
+        }
+        let tokenizer = processor.tokenizer
+        let writesBos = tokenizer.bosTokenId.flatMap(tokenizer.token).map(rendered.hasPrefix) ?? false
+        let ids = tokenizer.encode(expanded, addSpecialTokens: !writesBos).ids
+        guard !ids.isEmpty else { throw PipelineError.emptyPrompt }
+        return ids
+    }
+
+    /// Generates from a prompt holding the image tokens of `imageFeatures` (one tensor per image of the whole
+    /// prompt); with `cache`, from where the cache's tokens (the prompt's first ones) end.
+    func run(promptTokens: [Int], imageFeatures: [Tensor], settings: GenerationConfig, seed: UInt64,
+             cache: KVCache? = nil, onText: ((String) throws -> Void)?) throws -> TextGenerationResult {
+        try text.run(promptTokens: promptTokens, settings: settings, seed: seed, cache: cache,
+                     embeddings: { [model] start in
+                         try model.inputsEmbeds(inputIds: promptTokens, from: start, imageFeatures: imageFeatures)
+                     },
+                     onText: onText)
+    }
+}
