@@ -23,8 +23,10 @@ struct CLI {
         return bundle.deletingLastPathComponent().appendingPathComponent("vlm")
     }()
 
-    static func run(_ arguments: [String], environment: [String: String] = [:], standardInput: URL? = nil) throws -> Run {
+    static func run(_ arguments: [String], environment: [String: String] = [:], standardInput: URL? = nil,
+                    directory: URL? = nil) throws -> Run {
         let process = Process()
+        if let directory { process.currentDirectoryURL = directory }
         if let standardInput { process.standardInput = try FileHandle(forReadingFrom: standardInput) }
         process.executableURL = executable
         process.arguments = arguments
