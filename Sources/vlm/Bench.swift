@@ -20,6 +20,12 @@ struct Bench: AsyncParsableCommand {
     @Option(help: "Tokens generated one at a time after the prompt (language models).")
     var newTokens = 128
 
+    @Option(help: "A photo to talk about (image chat models such as LLaVA, with --prompt): image features, first token and --new-tokens decoding steps of the answer.")
+    var image: String?
+
+    @Option(help: "The question about --image, one user turn through the chat template.")
+    var prompt: String?
+
     @Flag(help: "Print JSON instead of a sentence.")
     var json = false
 
@@ -49,15 +55,20 @@ struct Bench: AsyncParsableCommand {
     func validate() throws {
         guard batchSize > 0, runs > 0 else { throw ValidationError("--batch-size and --runs must be positive") }
         guard promptTokens > 0, newTokens > 0 else { throw ValidationError("--prompt-tokens and --new-tokens must be positive") }
+        guard (image == nil) == (prompt == nil) else { throw ValidationError("--image and --prompt go together") }
     }
 
     func run() async throws {
+        let imageChatOnly = ValidationError("--image and --prompt are for image chat models such as LLaVA")
         if options.model.hasSuffix(".gguf") {
+            guard image == nil else { throw imageChatOnly }
             try benchLanguageModel(LlamaForCausalLM(gguf: URL(fileURLWithPath: options.model)))
             return
         }
         let directory = try ModelDirectory(url: try await options.directory())
-        switch try ModelRegistry.family(of: directory).builder {
+        let builder = try ModelRegistry.family(of: directory).builder
+        if case .imageToText = builder {} else if image != nil { throw imageChatOnly }
+        switch builder {
         case .causalLanguageModel(let build): try benchLanguageModel(build(directory))
         case .imageTextDualEncoder(let build):
             let model = try build(directory)
@@ -65,7 +76,75 @@ struct Bench: AsyncParsableCommand {
         case .imageTextMatching(let build):
             let model = try build(directory)
             try benchImageModel(side: model.imageSize, features: model.imageEmbeddings)
-        case .imageToText: try benchImageToText(ImageToTextPipeline(directory: directory.url))
+        case .imageToText:
+            let pipeline = try ImageToTextPipeline(directory: directory.url)
+            if let image, let prompt {
+                guard let chat = try ImageTextToTextPipeline.chatting(with: pipeline, directory: directory.url) else {
+                    throw imageChatOnly
+                }
+                try benchImageTextToText(chat, image: image, prompt: prompt)
+            } else {
+                try benchImageToText(pipeline)
+            }
+        }
+    }
+
+    private struct ImageTextToTextReport: Encodable {
+        let task = "image-text-to-text"
+        let promptTokens: Int
+        let imageMs: Double
+        let firstTokenMs: Double
+        let decodeTokensPerSecond: Double
+
+        enum CodingKeys: String, CodingKey {
+            case task, promptTokens = "prompt_tokens", imageMs = "image_ms", firstTokenMs = "first_token_ms"
+            case decodeTokensPerSecond = "decode_tokens_per_s"
+        }
+    }
+
+    /// One user turn holding the photo then the prompt, through the chat template (processed untimed), then per run:
+    /// the image features (vision tower and projector: `image_ms`), the language model's prefill of the whole prompt
+    /// to the first token (`first_token_ms`) and `newTokens - 1` greedy steps with no stop token. Medians of the runs,
+    /// after one warm-up run.
+    private func benchImageTextToText(_ pipeline: ImageTextToTextPipeline, image: String, prompt: String) throws {
+        let processed = try pipeline.processor.imageProcessor.preprocess([ImageDecoder.decode(contentsOf: URL(fileURLWithPath: image))])
+        let messages: [JSONValue] = [["role": "user", "content": [["type": "image"], ["type": "text", "text": .string(prompt)]]]]
+        let ids = try pipeline.promptIds(messages, imageTokenCounts: pipeline.processor.imageTokenCounts(processed))
+        var config = pipeline.text.config
+        config.doSample = false
+        config.numBeams = 1
+        config.maxNewTokens = newTokens
+        config.eosTokenIds = []
+        let model = pipeline.model
+        func timedRun() throws -> (image: Double, firstToken: Double, decode: Double) {
+            let start = DispatchTime.now().uptimeNanoseconds
+            let features = try model.imageFeatures(processed)
+            let featured = DispatchTime.now().uptimeNanoseconds
+            var steps: [UInt64] = []
+            _ = try model.textDecoder.generate(inputsEmbeds: model.inputsEmbeds(inputIds: ids, imageFeatures: features),
+                                               promptIds: [ids], config: config) { _ in steps.append(DispatchTime.now().uptimeNanoseconds) }
+            guard let first = steps.first, let last = steps.last, steps.count == newTokens else {
+                throw ValidationError("the benchmark answer stopped after \(steps.count) of \(newTokens) tokens")
+            }
+            let decode = newTokens > 1 ? Double(newTokens - 1) / (Double(last - first) / 1e9) : 0
+            return (Double(featured - start) / 1e6, Double(first - featured) / 1e6, decode)
+        }
+        _ = try timedRun()
+        var imageMs: [Double] = [], firstToken: [Double] = [], decode: [Double] = []
+        for _ in 0..<runs {
+            let times = try timedRun()
+            imageMs.append(times.image)
+            firstToken.append(times.firstToken)
+            decode.append(times.decode)
+        }
+        let report = ImageTextToTextReport(promptTokens: ids.count, imageMs: imageMs.sorted()[runs / 2],
+                                           firstTokenMs: firstToken.sorted()[runs / 2],
+                                           decodeTokensPerSecond: decode.sorted()[runs / 2])
+        if json {
+            try printJSON(report)
+        } else {
+            print(String(format: "image-text-to-text: %d-token prompt, image %.1f ms, first token %.1f ms, decode %.1f tokens/s (%d tokens), median of %d runs",
+                         report.promptTokens, report.imageMs, report.firstTokenMs, report.decodeTokensPerSecond, newTokens, runs))
         }
     }
 

@@ -78,6 +78,21 @@ import Testing
         #expect(run.stdout == expected.session.map { $0.answer + "\n" }.joined())
     }
 
+    @Test func benchTimesTheImageTheFirstTokenAndDecoding() throws {
+        let (expected, _) = try Self.expected("llava-1.5")
+        let run = try CLI.run(["bench", "--model", Self.model("llava-1.5"), "--image", "photos/chelsea.png",
+                               "--prompt", "What is in this picture?", "--new-tokens", "4", "--runs", "1", "--json"],
+                              directory: CLI.fixtures)
+        #expect(run.status == 0, "\(run.stderr)")
+        let report = try #require(try CLI.json(run) as? [String: Any])
+        #expect(Set(report.keys) == ["task", "prompt_tokens", "image_ms", "first_token_ms", "decode_tokens_per_s"])
+        #expect(report["task"] as? String == "image-text-to-text")
+        #expect(report["prompt_tokens"] as? Int == expected.conversations[0].greedy.input_ids.count)
+        for key in ["image_ms", "first_token_ms", "decode_tokens_per_s"] {
+            #expect((report[key] as? Double ?? 0) > 0, "\(key)")
+        }
+    }
+
     @Test func badImageInputEndsWithOneLine() throws {
         let model = Self.model("llava-1.5")
         let missing = try CLI.run(["generate", "--model", model, "--image", "photos/no-such.png", "--prompt", "Hi"],
