@@ -19,10 +19,13 @@ public struct ProcessedImages: Sendable {
     public var pixelValues: Tensor
     /// Each input image's (height, width), in order.
     public var imageSizes: [ImageSize]
+    /// `pixel_mask` `[N, H, W]`, 1 where a padded batch holds an image's pixels (ViLT); nil when nothing is padded.
+    public var pixelMask: Tensor?
 
-    public init(pixelValues: Tensor, imageSizes: [ImageSize]) {
+    public init(pixelValues: Tensor, imageSizes: [ImageSize], pixelMask: Tensor? = nil) {
         self.pixelValues = pixelValues
         self.imageSizes = imageSizes
+        self.pixelMask = pixelMask
     }
 }
 
@@ -68,6 +71,7 @@ public enum ImageProcessorRegistry {
         "BlipImageProcessor": { try StandardImageProcessor(config: .init(json: $0, defaults: .blip, file: $1)) },
         "ViTImageProcessor": { try StandardImageProcessor(config: .init(json: $0, defaults: .vit, file: $1)) },
         "SiglipImageProcessor": { try StandardImageProcessor(config: .init(json: $0, defaults: .siglip, file: $1)) },
+        "ViltImageProcessor": { try ViltImageProcessor(json: $0, file: $1) },
     ]
 
     /// The processor class of a model type whose processor config names none (transformers'
@@ -78,6 +82,7 @@ public enum ImageProcessorRegistry {
         "blip-2": "BlipImageProcessor",
         "clipseg": "ViTImageProcessor",
         "siglip": "SiglipImageProcessor",
+        "vilt": "ViltImageProcessor",
     ]
 
     /// The class names ``load(directory:modelType:)`` accepts (each also with its `Fast` or `Pil` suffix).

@@ -61,7 +61,7 @@ enum Orientation {
 
 extension RGBImage {
     /// The image turned upright as `ImageOps.exif_transpose` does; orientations other than 2...8 leave it as it is.
-    func transposed(exifOrientation orientation: Int) -> RGBImage {
+    public func transposed(exifOrientation orientation: Int) -> RGBImage {
         guard (2...8).contains(orientation) else { return self }
         let swapsAxes = orientation >= 5
         let outWidth = swapsAxes ? height : width

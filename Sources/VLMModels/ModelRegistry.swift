@@ -44,6 +44,7 @@ public enum ModelBuilder: Sendable {
     case causalLanguageModel(@Sendable (ModelDirectory) throws -> any CausalLanguageModel)
     case imageToText(@Sendable (ModelDirectory) throws -> any ImageToTextModel)
     case imageTextMatching(@Sendable (ModelDirectory) throws -> any ImageTextMatchingModel)
+    case visualQuestionClassifier(@Sendable (ModelDirectory) throws -> any VisualQuestionClassifier)
 }
 
 /// One model family as checkpoints name it: the config.json `model_type`s (and, where one type covers several
@@ -91,6 +92,8 @@ public enum ModelRegistry {
                     tasks: [.caption], builder: .imageToText { try BlipForConditionalGeneration(directory: $0) }),
         ModelFamily("BLIP question answering", modelTypes: ["blip"], architectures: ["BlipForQuestionAnswering"],
                     tasks: [.ask], builder: .imageToText { try BlipForQuestionAnswering(directory: $0) }),
+        ModelFamily("ViLT", modelTypes: ["vilt"], tasks: [.ask],
+                    builder: .visualQuestionClassifier { try ViltForQuestionAnswering(directory: $0) }),
         ModelFamily("BLIP retrieval", modelTypes: ["blip"], architectures: ["BlipForImageTextRetrieval"],
                     tasks: [.match], builder: .imageTextMatching { try BlipForImageTextRetrieval(directory: $0) }),
     ]

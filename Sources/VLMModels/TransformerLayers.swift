@@ -158,3 +158,22 @@ struct PreNormEncoderLayer {
         return mlp(layerNorm2(attended), residual: attended)
     }
 }
+
+extension PreNormEncoderLayer {
+    /// A block from parts whose weights carry other names (ViLT's `layernorm_before`, `attention.attention.query`, …).
+    init(layerNorm1: LayerNorm, selfAttention: SelfAttention, layerNorm2: LayerNorm, mlp: FeedForward) {
+        self.layerNorm1 = layerNorm1
+        self.selfAttention = selfAttention
+        self.layerNorm2 = layerNorm2
+        self.mlp = mlp
+    }
+}
+
+extension FeedForward {
+    /// An MLP from linear layers whose weights carry other names than `fc1`/`fc2`.
+    init(fc1: Linear, fc2: Linear, activation: Activation) {
+        self.fc1 = fc1
+        self.fc2 = fc2
+        self.activation = activation
+    }
+}

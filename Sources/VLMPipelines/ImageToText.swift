@@ -104,23 +104,3 @@ public final class ImageToTextPipeline: Sendable {
                             .trimmingCharacters(in: .whitespacesAndNewlines), ids: ids)
     }
 }
-
-/// transformers' "visual-question-answering" pipeline for the families that answer by generating: each question
-/// is put in the form the family was trained with (BLIP-2: "Question: … Answer:") and answered per image.
-public struct VisualQuestionAnsweringPipeline: Sendable {
-    public let generator: ImageToTextPipeline
-
-    public init(directory: URL) throws {
-        generator = try ImageToTextPipeline(directory: directory, task: .ask)
-    }
-
-    public init(generator: ImageToTextPipeline) {
-        self.generator = generator
-    }
-
-    /// The answer to `question` for each image.
-    public func callAsFunction(_ images: [RGBImage], question: String, settings: GenerationConfig? = nil,
-                               seed: UInt64 = 0) throws -> [ImageToTextResult] {
-        try generator(images, prompt: generator.processor.questionPrompt(question), settings: settings, seed: seed)
-    }
-}

@@ -10,6 +10,8 @@ public enum PipelineError: Error, CustomStringConvertible {
     case promptTooLong(tokens: Int, limit: Int)
     /// A checkpoint's processor files do not say how to lay out a prompt.
     case invalidProcessor(String, String)
+    /// A top-k that is not positive.
+    case invalidTopK(Int)
     /// A message holds an image part, and the model reads no images.
     case imagesNotSupported(message: Int)
     /// The rendered conversation marks a different number of images than its messages hold.
@@ -26,6 +28,7 @@ public enum PipelineError: Error, CustomStringConvertible {
         case .emptyPrompt: return "the prompt is empty: it tokenized to no tokens"
         case .promptTooLong(let tokens, let limit): return "the prompt is \(tokens) tokens long, more than the \(limit) allowed"
         case .invalidProcessor(let directory, let reason): return "\(directory): \(reason)"
+        case .invalidTopK(let k): return "--top-k must be positive, got \(k)"
         case .imagesNotSupported(let message):
             return "message \(message) holds an image, and this model reads no images (it has no vision tower)"
         case .imageCountMismatch(let markers, let images, let marker):

@@ -4,7 +4,8 @@ import SwiftVLM
 
 struct Ask: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Answer a question about each image (visual question answering).")
+        abstract: "Answer a question about each image (visual question answering).",
+        discussion: "Generating models (BLIP-2, BLIP, LLaVA) write one answer with the generation options. Classifying models (ViLT) score their answer vocabulary: --top-k is then how many answers to give, best first (5 by default), each with its sigmoid score.")
 
     @OptionGroup var options: ModelOption
     @OptionGroup var settings: GenerationSettings
@@ -20,7 +21,18 @@ struct Ask: AsyncParsableCommand {
 
     private struct Answer: Encodable {
         let answer: String
-        let ids: [Int]
+        let ids: [Int]?
+        let score: Float?
+
+        // A generated answer has ids, a classified one a score; the other key is left out.
+        func encode(to encoder: any Encoder) throws {
+            var container = encoder.container(keyedBy: CodingKeys.self)
+            try container.encode(answer, forKey: .answer)
+            try container.encodeIfPresent(ids, forKey: .ids)
+            try container.encodeIfPresent(score, forKey: .score)
+        }
+
+        enum CodingKeys: String, CodingKey { case answer, ids, score }
     }
 
     private struct Result: Encodable {
@@ -32,15 +44,20 @@ struct Ask: AsyncParsableCommand {
     func run() async throws {
         guard !images.isEmpty else { throw PipelineError.noInputs }
         let pipeline = try VisualQuestionAnsweringPipeline(directory: try await options.directory())
-        let config = try settings.apply(to: pipeline.generator.config)
+        let config = try pipeline.generationConfig.map(settings.apply)
         let decoded = try images.map { try ImageDecoder.decode(contentsOf: URL(fileURLWithPath: $0)) }
-        let results = try pipeline(decoded, question: question, settings: config, seed: settings.samplerSeed)
+        let results = try pipeline(decoded, question: question, settings: config, seed: settings.samplerSeed,
+                                 topK: settings.topK ?? 5)
         if json {
-            try printJSON(zip(images, results).map {
-                Result(image: $0, question: question, answers: [Answer(answer: $1.text, ids: $1.ids)])
+            try printJSON(zip(images, results).map { image, answers in
+                Result(image: image, question: question,
+                       answers: answers.map { Answer(answer: $0.answer, ids: $0.ids, score: $0.score) })
             })
             return
         }
-        for (image, result) in zip(images, results) { print("\(image): \(result.text)") }
+        for (image, answers) in zip(images, results) {
+            let text = answers.map { answer in answer.score.map { "\(answer.answer) (\(String(format: "%.3f", $0)))" } ?? answer.answer }
+            print("\(image): \(text.joined(separator: ", "))")
+        }
     }
 }

@@ -76,6 +76,7 @@ struct Bench: AsyncParsableCommand {
         case .imageTextMatching(let build):
             let model = try build(directory)
             try benchImageModel(side: model.imageSize, features: model.imageEmbeddings)
+        case .visualQuestionClassifier(let build): try benchQuestionClassifier(build(directory))
         case .imageToText:
             let pipeline = try ImageToTextPipeline(directory: directory.url)
             if let image, let prompt {
@@ -199,6 +200,34 @@ struct Bench: AsyncParsableCommand {
         } else {
             print(String(format: "image-to-text: image %.1f ms, first token %.1f ms, decode %.1f tokens/s (20-token caption), median of %d runs",
                          report.imageMs, report.firstTokenMs, report.decodeTokensPerSecond, runs))
+        }
+    }
+
+    private struct QuestionReport: Encodable {
+        let task = "visual-question-answering"
+        let msPerItem: Double
+
+        enum CodingKeys: String, CodingKey { case task, msPerItem = "ms_per_item" }
+    }
+
+    /// A classifying VQA model (ViLT) on random pixel values at its processor's usual size, 384×640, and a 12-token
+    /// question: the whole forward pass per image.
+    private func benchQuestionClassifier(_ model: any VisualQuestionClassifier) throws {
+        var generator = SeededGenerator(seed: 0x5EED)
+        let pixels = Tensor(shape: [1, 3, 384, 640], scalars: (0..<(3 * 384 * 640)).map { _ in Float.random(in: -1...1, using: &generator) })
+        let question = [Array(100..<112)]
+        _ = try model.logits(pixelValues: pixels, pixelMask: nil, inputIds: question, attentionMask: nil)
+        var times: [Double] = []
+        for _ in 0..<runs {
+            let start = DispatchTime.now().uptimeNanoseconds
+            _ = try model.logits(pixelValues: pixels, pixelMask: nil, inputIds: question, attentionMask: nil)
+            times.append(Double(DispatchTime.now().uptimeNanoseconds - start) / 1e6)
+        }
+        let report = QuestionReport(msPerItem: times.sorted()[runs / 2])
+        if json {
+            try printJSON(report)
+        } else {
+            print(String(format: "visual-question-answering: %.2f ms per image (384×640, 12-token question), median of %d runs", report.msPerItem, runs))
         }
     }
 

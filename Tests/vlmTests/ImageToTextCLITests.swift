@@ -139,4 +139,31 @@ import Testing
             #expect(run.stderr.contains(needle), "\(run.stderr)")
         }
     }
+
+    /// ViLT classifies: `--top-k` answers with sigmoid scores, no ids (oracle/vilt.py).
+    @Test func askWithViltGivesScoredAnswers() throws {
+        struct Vilt: Decodable {
+            struct Scored: Decodable { let answer: String; let score: Double }
+            struct Answers: Decodable { let top: [Scored] }
+            struct Question: Decodable { let question: String; let answers: [String: Answers] }
+            let questions: [Question]
+        }
+        let model = CLI.fixtures.appendingPathComponent("vilt/b16-gelu").path
+        let question = try JSONDecoder().decode(Vilt.self, from: Data(contentsOf: URL(fileURLWithPath: model).appendingPathComponent("expected.json"))).questions[0]
+        let run = try CLI.run(["ask", photo("chelsea.png"), "--model", model, "--question", question.question, "--top-k", "3", "--json"])
+        #expect(run.status == 0, "\(run.stderr)")
+        let output = try #require(try CLI.json(run) as? [[String: Any]])
+        #expect(output.first?["question"] as? String == question.question)
+        let answers = try #require(output.first?["answers"] as? [[String: Any]])
+        let reference = try #require(question.answers["chelsea.png"]).top.prefix(3)
+        #expect(answers.map { Set($0.keys) } == Array(repeating: ["answer", "score"], count: 3))
+        #expect(answers.map { $0["answer"] as? String } == reference.map(\.answer))
+        #expect(zip(answers, reference).allSatisfy { abs(($0["score"] as? Double ?? -1) - $1.score) <= 1e-5 })
+
+        let long = try CLI.run(["ask", photo("chelsea.png"), "--model", model, "--question",
+                                Array(repeating: "cat", count: 50).joined(separator: " ")])
+        #expect(long.status == 1)
+        #expect(long.stderr.split(separator: "\n").count == 1, "\(long.stderr)")
+        #expect(long.stderr.contains("40"))
+    }
 }
