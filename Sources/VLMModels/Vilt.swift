@@ -49,22 +49,15 @@ public struct ViltConfig: Decodable, Sendable {
         hiddenAct = try c.value(.hiddenAct, default: "gelu")
         layerNormEps = try c.value(.layerNormEps, default: 1e-12)
         // The position embeddings form a square grid (`view(patch_dim, patch_dim)`), so only square sizes load.
-        if let sides = try? c.decodeIfPresent([Int].self, forKey: .imageSize) {
+        func side(_ key: CodingKeys, default value: Int) throws -> Int {
+            guard let sides = try? c.decodeIfPresent([Int].self, forKey: key) else { return try c.value(key, default: value) }
             guard sides.count == 2, sides[0] == sides[1] else {
-                throw DecodingError.dataCorruptedError(forKey: .imageSize, in: c, debugDescription: "image_size \(sides) is not square")
+                throw DecodingError.dataCorruptedError(forKey: key, in: c, debugDescription: "\(key.rawValue) \(sides) is not square")
             }
-            imageSize = sides[0]
-        } else {
-            imageSize = try c.value(.imageSize, default: 384)
+            return sides[0]
         }
-        if let sides = try? c.decodeIfPresent([Int].self, forKey: .patchSize) {
-            guard sides.count == 2, sides[0] == sides[1] else {
-                throw DecodingError.dataCorruptedError(forKey: .patchSize, in: c, debugDescription: "patch_size \(sides) is not square")
-            }
-            patchSize = sides[0]
-        } else {
-            patchSize = try c.value(.patchSize, default: 32)
-        }
+        imageSize = try side(.imageSize, default: 384)
+        patchSize = try side(.patchSize, default: 32)
         numChannels = try c.value(.numChannels, default: 3)
         qkvBias = try c.value(.qkvBias, default: true)
         let names = try c.decodeIfPresent([String: String].self, forKey: .id2label) ?? [:]
