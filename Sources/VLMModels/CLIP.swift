@@ -230,16 +230,6 @@ final class CLIPTextTransformer: Sendable {
     }
 }
 
-/// The encoder's last hidden state at `positions[b]` of each item `b` of `hidden` [B, T, D]: [B, D]. The last layer
-/// computes only those rows (a pooled output reads nothing else).
-private func encode(_ hidden: Tensor, layers: [PreNormEncoderLayer], pooledAt positions: [Int], causal: Bool = false,
-                    keyPaddingMask: Tensor? = nil) -> Tensor {
-    guard let last = layers.last else { return gatherTokens(hidden, positions: positions) }
-    var hidden = hidden
-    for layer in layers.dropLast() { hidden = layer(hidden, causal: causal, keyPaddingMask: keyPaddingMask) }
-    return last(hidden, at: positions, causal: causal, keyPaddingMask: keyPaddingMask)
-}
-
 /// transformers' `CLIPModel`: both towers, their projections and the learned temperature.
 public final class CLIPModel: ImageTextDualEncoder {
     public let config: CLIPConfig
@@ -268,6 +258,7 @@ public final class CLIPModel: ImageTextDualEncoder {
 
     public var imageSize: Int { config.visionConfig.imageSize }
     public var embeddingSize: Int { config.projectionDim }
+    public var textPadding: DualEncoderTextPadding { .longest }
 
     /// `get_image_features`: projected (not normalized) image embeddings [B, projection_dim].
     public func imageFeatures(pixelValues: Tensor) throws -> Tensor {
@@ -282,5 +273,10 @@ public final class CLIPModel: ImageTextDualEncoder {
     /// `logits_per_image`: exp(logit_scale) × cosine similarity, [images, texts].
     public func logitsPerImage(imageFeatures: Tensor, textFeatures: Tensor) -> Tensor {
         scaled(matmul(l2Normalized(imageFeatures), l2Normalized(textFeatures), transposeB: true), by: Float(exp(Double(logitScale))))
+    }
+
+    /// The pipeline's scores: a softmax over each image's labels.
+    public func labelProbabilities(logitsPerImage: Tensor) -> Tensor {
+        softmax(logitsPerImage)
     }
 }

@@ -158,3 +158,13 @@ struct PreNormEncoderLayer {
         return mlp(layerNorm2(attended), residual: attended)
     }
 }
+
+/// The encoder's last hidden state at `positions[b]` of each item `b` of `hidden` [B, T, D]: [B, D]. The last layer
+/// computes only those rows (a pooled output reads nothing else).
+func encode(_ hidden: Tensor, layers: [PreNormEncoderLayer], pooledAt positions: [Int], causal: Bool = false,
+            keyPaddingMask: Tensor? = nil) -> Tensor {
+    guard let last = layers.last else { return gatherTokens(hidden, positions: positions) }
+    var hidden = hidden
+    for layer in layers.dropLast() { hidden = layer(hidden, causal: causal, keyPaddingMask: keyPaddingMask) }
+    return last(hidden, at: positions, causal: causal, keyPaddingMask: keyPaddingMask)
+}
