@@ -26,9 +26,22 @@ public final class DualEncoderPipeline: Sendable {
         try model.imageFeatures(pixelValues: imageProcessor.preprocess(images).pixelValues)
     }
 
-    /// Projected text embeddings [texts, D], like `get_text_features` on `tokenizer(texts, padding=True, truncation=True)`.
+    /// Projected text embeddings [texts, D], like `get_text_features` on the tokenizer's output padded as the model
+    /// wants (``DualEncoderTextPadding``): CLIP's `tokenizer(texts, padding=True, truncation=True)`, SigLIP's
+    /// `tokenizer(texts, padding="max_length", max_length=64)`.
+    ///
+    /// - Throws: `PipelineError.textTooLong` for a text longer than a fixed padding length.
     public func textEmbeddings(_ texts: [String]) throws -> Tensor {
-        let encodings = tokenizer.encode(texts, padding: .longest, truncation: true)
+        let encodings: [Encoding]
+        switch model.textPadding {
+        case .longest:
+            encodings = tokenizer.encode(texts, padding: .longest, truncation: true)
+        case .fixed(let length):
+            encodings = tokenizer.encode(texts, padding: .maxLength, maxLength: length)
+            if let (text, encoding) = zip(texts, encodings).first(where: { $0.1.ids.count > length }) {
+                throw PipelineError.textTooLong(text, tokens: encoding.ids.count, limit: length)
+            }
+        }
         return try model.textFeatures(inputIds: encodings.map(\.ids), attentionMask: encodings.map(\.attentionMask))
     }
 }

@@ -1,0 +1,58 @@
+import Foundation
+import Testing
+import VLMTokenizers
+
+/// SigLIP's tokenizer as tokenizer.json: oracle/siglip.py converts SiglipTokenizer (slow-only in transformers 5.23)
+/// over sentencepiece's English Unigram model and records the slow tokenizer's ids for the shared strings, and the
+/// converted tokenizer's where the two differ (texts with "</s>" or "<unk>" in them, a few combining marks).
+@Suite struct SiglipTokenizerTests {
+    struct Cases: Decodable {
+        struct Difference: Decodable { let index: Int; let converted_ids: [Int]; let reason: String }
+        let ids: [[Int]]
+        let converted_differs: [Difference]
+    }
+
+    static let siglip = fixturesDirectory.deletingLastPathComponent().appendingPathComponent("siglip")
+
+    @Test func idsAreTheSlowTokenizersWhereTokenizerJSONCanSayThem() throws {
+        let tokenizer = try Tokenizer(directory: Self.siglip.appendingPathComponent("tiny-tanh-fp16"))
+        let cases = try JSONDecoder().decode(Cases.self, from: Data(contentsOf: Self.siglip.appendingPathComponent("tokenizer-strings.json")))
+        try #require(cases.ids.count == sharedStrings.count && sharedStrings.count >= 5000)
+        let converted = Dictionary(uniqueKeysWithValues: cases.converted_differs.map { ($0.index, $0.converted_ids) })
+        // Only in-text special tokens and combining marks separate the two, and those are few.
+        #expect(cases.converted_differs.allSatisfy { ["special token text", "combining marks"].contains($0.reason) })
+        #expect(cases.converted_differs.filter { $0.reason == "combining marks" }.count <= 4)
+        var failures: [String] = []
+        for (index, text) in sharedStrings.enumerated() {
+            let ids = tokenizer.encode(text).ids
+            let want = converted[index] ?? cases.ids[index]
+            if ids != want && failures.count < 10 { failures.append("\(text.debugDescription): \(ids) != \(want)") }
+        }
+        #expect(failures.isEmpty, "\(failures.joined(separator: "\n"))")
+    }
+
+    /// The zero-shot pipeline's prompts, as transformers pads them: `padding="max_length", max_length=64`.
+    @Test(arguments: ["tiny-tanh-fp16", "tiny-gelu-bf16"])
+    func promptsArePaddedToSixtyFourLikeThePipeline(_ checkpoint: String) throws {
+        struct Expected: Decodable {
+            let labels: [String]
+            let template: String
+            let prompt_ids: [[Int]]
+            let prompt_mask: [[Int]]
+            let texts: [String]
+            let input_ids: [[Int]]
+            let attention_mask: [[Int]]
+        }
+        let directory = Self.siglip.appendingPathComponent(checkpoint)
+        let expected = try JSONDecoder().decode(Expected.self, from: Data(contentsOf: directory.appendingPathComponent("expected.json")))
+        let tokenizer = try Tokenizer(directory: directory)
+        let prompts = tokenizer.encode(expected.labels.map { expected.template.replacingOccurrences(of: "{}", with: $0) },
+                                       padding: .maxLength, maxLength: 64)
+        #expect(prompts.map(\.ids) == expected.prompt_ids)
+        #expect(prompts.map(\.attentionMask) == expected.prompt_mask)
+        // tokenizer_config.json's model_max_length is 64 too: padding="max_length" without a length.
+        let texts = tokenizer.encode(expected.texts, padding: .maxLength)
+        #expect(texts.map(\.ids) == expected.input_ids)
+        #expect(texts.map(\.attentionMask) == expected.attention_mask)
+    }
+}
