@@ -12,14 +12,17 @@ The SentencePiece model is the English Unigram model (1000 pieces, nmt_nfkc norm
 tests use; SiglipTokenizer loads it as it loads a SigLIP checkpoint's spiece.model.
 
 SiglipTokenizer is slow-only in transformers 5.23: AutoTokenizer builds the Python SentencePiece tokenizer, and
-convert_slow_tokenizer has no converter for it. SwiftVLM reads tokenizer.json, so this script writes one with the
-converter below (SpmConverter's Unigram, plus SiglipTokenizer's canonicalize_text as normalizers) and records where
-the two disagree: only texts that hold a special token's literal text ("</s>", "<unk>"), which the slow tokenizer
-encodes chunk by chunk with rules tokenizer.json cannot state, and a few combining-mark sequences, which tokenizers'
-Precompiled normalizer maps grapheme by grapheme where sentencepiece takes the longest match.
+convert_slow_tokenizer has no converter for it. The converter below states it as tokenizer.json (SpmConverter's
+Unigram, plus SiglipTokenizer's canonicalize_text as normalizers); SwiftVLM builds the same pipeline from spiece.model
+itself (VLMTokenizers' LegacyTokenizers.swift) and reads such a tokenizer.json too. This script records where the
+pipeline and the slow tokenizer disagree: only texts that hold a special token's literal text ("</s>", "<unk>"), which
+the slow tokenizer encodes chunk by chunk with rules tokenizer.json cannot state, and a few combining-mark sequences,
+which tokenizers' Precompiled normalizer maps grapheme by grapheme where sentencepiece takes the longest match.
 
 Writes Tests/Fixtures/siglip/<checkpoint>/ (a checkpoint directory SwiftVLM loads as is, plus expected.safetensors and
-expected.json) and Tests/Fixtures/siglip/tokenizer-strings.json (the slow tokenizer's ids for the shared tokenizer
+expected.json: "tiny-tanh-fp16" laid out like the published SigLIP checkpoints, spiece.model and no tokenizer.json;
+"tiny-gelu-bf16" with the converted tokenizer.json beside it and model_input_names ["input_ids"], as the published
+tokenizer_config.json files have it, so that no attention mask reaches the text tower) and Tests/Fixtures/siglip/tokenizer-strings.json (the slow tokenizer's ids for the shared tokenizer
 strings).
 """
 import argparse
@@ -35,7 +38,8 @@ from PIL import Image
 from safetensors.torch import save_file
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import Unigram
-from transformers import SiglipConfig, SiglipImageProcessorPil, SiglipModel, SiglipTokenizer, pipeline
+from transformers import (AutoTokenizer, SiglipConfig, SiglipImageProcessorPil, SiglipModel, SiglipTokenizer,
+                          pipeline)
 from transformers.convert_slow_tokenizer import SpmConverter
 from transformers.image_utils import load_image
 from transformers.utils import logging
@@ -73,7 +77,8 @@ class SiglipConverter(SpmConverter):
     splits at "▁"; build_inputs_with_special_tokens appends "</s>"."""
 
     def tokenizer(self, proto):
-        tokenizer = Tokenizer(Unigram(self.vocab(proto), unk_id=self.unk_id(proto), byte_fallback=False))
+        tokenizer = Tokenizer(Unigram(self.vocab(proto), unk_id=self.unk_id(proto),
+                                      byte_fallback=proto.trainer_spec.byte_fallback))
         # Only the tokenizer's own special tokens split the text; the model's other control pieces (<s>) do not.
         tokenizer.add_special_tokens([AddedToken(t.content, normalized=False, special=True)
                                       for _, t in sorted(self.original_tokenizer.added_tokens_decoder.items())])
@@ -87,18 +92,19 @@ class SiglipConverter(SpmConverter):
             normalizers.Replace(Regex("[!-/:-@\\[-`{-~]"), ""),
             normalizers.Replace(Regex("[" + PYTHON_WHITESPACE + "]+"), " "),
             normalizers.Strip(left=False, right=True),
-            normalizers.Precompiled(proto.normalizer_spec.precompiled_charsmap),
-            normalizers.Replace(Regex(" {2,}"), " "),
-            normalizers.Strip(left=False, right=True),
-            normalizers.Replace(Regex("^▁$"), ""),
         ]
+        if proto.normalizer_spec.precompiled_charsmap:
+            steps.append(normalizers.Precompiled(proto.normalizer_spec.precompiled_charsmap))
+        if proto.normalizer_spec.remove_extra_whitespaces:
+            steps += [normalizers.Replace(Regex(" {2,}"), " "), normalizers.Strip(left=False, right=True)]
+        steps.append(normalizers.Replace(Regex("^▁$"), ""))
         return normalizers.Sequence(steps)
 
     def pre_tokenizer(self, replacement, add_prefix_space):
         return pre_tokenizers.Metaspace(replacement=replacement, prepend_scheme="never")
 
     def decoder(self, replacement, add_prefix_space):
-        return decoders.Metaspace(replacement=replacement, prepend_scheme="never")
+        return decoders.Metaspace(replacement=replacement, prepend_scheme="always")
 
     def post_processor(self):
         eos = self.original_tokenizer.eos_token
@@ -106,14 +112,12 @@ class SiglipConverter(SpmConverter):
                                              special_tokens=[(eos, self.original_tokenizer.eos_token_id)])
 
 
-def write_tokenizer(slow, out):
-    """The slow tokenizer's tokenizer_config.json and special_tokens_map.json, and the converted tokenizer.json."""
-    with tempfile.TemporaryDirectory() as saved:
-        slow.save_pretrained(saved)
-        for name in ["tokenizer_config.json", "special_tokens_map.json"]:
-            if os.path.exists(os.path.join(saved, name)):
-                shutil.copyfile(os.path.join(saved, name), os.path.join(out, name))
-    SiglipConverter(slow).converted().save(os.path.join(out, "tokenizer.json"))
+def write_tokenizer(slow, out, converted):
+    """What save_pretrained writes for the slow tokenizer (spiece.model, tokenizer_config.json), and with
+    `converted` the tokenizer.json of the converter."""
+    slow.save_pretrained(out)
+    if converted:
+        SiglipConverter(slow).converted().save(os.path.join(out, "tokenizer.json"))
 
 
 def tokenizer_strings(slow, tokenizer_json):
@@ -134,12 +138,12 @@ def tokenizer_strings(slow, tokenizer_json):
             "converted_differs": differences}
 
 
-# Two shapes that differ in every dimension the Swift model reads from config.json. SiglipModel needs the vision
+# Two shapes that differ in every dimension the Swift model reads from config.json, and in how the tokenizer is stored. SiglipModel needs the vision
 # attention-pooling head (vision_use_head false leaves get_image_features without a pooler_output and forward fails),
 # so both have it; the text head projects to the vision width.
 CHECKPOINTS = {
     "tiny-tanh-fp16": dict(
-        dtype=torch.float16, logit_scale=2.3, logit_bias=-1.5,
+        dtype=torch.float16, logit_scale=2.3, logit_bias=-1.5, tokenizer_json=False, tokenizer={},
         text=dict(hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                   projection_size=32),
         vision=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -147,7 +151,8 @@ CHECKPOINTS = {
         processor=dict(size={"height": 32, "width": 32}),
     ),
     "tiny-gelu-bf16": dict(
-        dtype=torch.bfloat16, logit_scale=1.7, logit_bias=0.4,
+        dtype=torch.bfloat16, logit_scale=1.7, logit_bias=0.4, tokenizer_json=True,
+        tokenizer=dict(model_input_names=["input_ids"]),
         text=dict(hidden_size=48, intermediate_size=80, num_hidden_layers=3, num_attention_heads=6,
                   hidden_act="gelu", layer_norm_eps=1e-5),
         vision=dict(hidden_size=48, intermediate_size=72, num_hidden_layers=3, num_attention_heads=3,
@@ -159,12 +164,13 @@ CHECKPOINTS = {
 HIDDEN_STATE_INDICES = [0, 1, -1]
 
 
-def build(name, spec, slow, tokenizer_dir, photo_dir):
+def build(name, spec, spm, photo_dir):
     out = os.path.join(FIXTURES, "siglip", name)
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
-    for file in os.listdir(tokenizer_dir):
-        shutil.copyfile(os.path.join(tokenizer_dir, file), os.path.join(out, file))
+    write_tokenizer(SiglipTokenizer(vocab_file=spm, **spec["tokenizer"]), out, spec["tokenizer_json"])
+    slow = SiglipTokenizer.from_pretrained(out)
+    assert type(slow) is SiglipTokenizer and AutoTokenizer.from_pretrained(out).__class__ is SiglipTokenizer
     text = dict(vocab_size=len(slow), max_position_embeddings=64, pad_token_id=slow.pad_token_id,
                 eos_token_id=slow.eos_token_id, bos_token_id=None, **spec["text"])
     config = SiglipConfig(text_config=text, vision_config=spec["vision"])
@@ -186,7 +192,7 @@ def build(name, spec, slow, tokenizer_dir, photo_dir):
     images = [load_image(os.path.join(photo_dir, p)).convert("RGB") for p in PHOTOS]
     pixels = processor(images=images, return_tensors="pt").pixel_values
     text_inputs = slow(TEXTS, padding="max_length", return_tensors="pt")
-    assert text_inputs.input_ids.shape[1] == 64 and text_inputs.attention_mask[-1].all(), "the last text fills 64"
+    assert text_inputs.input_ids.shape[1] == 64 and len(slow(TEXTS[-1]).input_ids) == 64, "the last text fills 64"
     # What the zero-shot pipeline feeds the text tower.
     prompts = slow([TEMPLATE.format(l) for l in LABELS], padding="max_length", max_length=64, truncation=True,
                    return_tensors="pt")
@@ -217,11 +223,11 @@ def build(name, spec, slow, tokenizer_dir, photo_dir):
             "photos": PHOTOS,
             "texts": TEXTS,
             "input_ids": text_inputs.input_ids.tolist(),
-            "attention_mask": text_inputs.attention_mask.tolist(),
+            "attention_mask": text_inputs["attention_mask"].tolist() if "attention_mask" in text_inputs else None,
             "labels": LABELS,
             "template": TEMPLATE,
             "prompt_ids": prompts.input_ids.tolist(),
-            "prompt_mask": prompts.attention_mask.tolist(),
+            "prompt_mask": prompts["attention_mask"].tolist() if "attention_mask" in prompts else None,
             "too_long_label": TOO_LONG_LABEL,
             "too_long_tokens": too_long,
             "hidden_state_indices": HIDDEN_STATE_INDICES,
@@ -235,15 +241,15 @@ def main():
     args = parser.parse_args()
     logging.set_verbosity_error()
     warnings.filterwarnings("ignore", message="This sequence already has </s>")
-    slow = SiglipTokenizer(vocab_file=args.spm)
     os.makedirs(os.path.join(FIXTURES, "siglip"), exist_ok=True)
-    with tempfile.TemporaryDirectory() as tokenizer_dir:
-        write_tokenizer(slow, tokenizer_dir)
+    for name, spec in CHECKPOINTS.items():
+        build(name, spec, args.spm, os.path.join(FIXTURES, "photos"))
+    slow = SiglipTokenizer(vocab_file=args.spm)
+    with tempfile.TemporaryDirectory() as converted:
+        write_tokenizer(slow, converted, True)
         with open(os.path.join(FIXTURES, "siglip", "tokenizer-strings.json"), "w", encoding="utf-8") as f:
-            json.dump(tokenizer_strings(slow, os.path.join(tokenizer_dir, "tokenizer.json")), f,
+            json.dump(tokenizer_strings(slow, os.path.join(converted, "tokenizer.json")), f,
                       ensure_ascii=False, separators=(",", ":"))
-        for name, spec in CHECKPOINTS.items():
-            build(name, spec, slow, tokenizer_dir, os.path.join(FIXTURES, "photos"))
 
 
 if __name__ == "__main__":

@@ -28,7 +28,8 @@ public final class DualEncoderPipeline: Sendable {
 
     /// Projected text embeddings [texts, D], like `get_text_features` on the tokenizer's output padded as the model
     /// wants (``DualEncoderTextPadding``): CLIP's `tokenizer(texts, padding=True, truncation=True)`, SigLIP's
-    /// `tokenizer(texts, padding="max_length", max_length=64)`.
+    /// `tokenizer(texts, padding="max_length", max_length=64)`; the attention mask goes with the ids unless the
+    /// tokenizer's `model_input_names` leave it out.
     ///
     /// - Throws: `PipelineError.textTooLong` for a text longer than a fixed padding length.
     public func textEmbeddings(_ texts: [String]) throws -> Tensor {
@@ -42,6 +43,8 @@ public final class DualEncoderPipeline: Sendable {
                 throw PipelineError.textTooLong(text, tokens: encoding.ids.count, limit: length)
             }
         }
-        return try model.textFeatures(inputIds: encodings.map(\.ids), attentionMask: encodings.map(\.attentionMask))
+        // A tokenizer whose model_input_names leave out the attention mask (SigLIP's checkpoints) hands the model none.
+        let passesMask = tokenizer.modelInputNames?.contains("attention_mask") ?? true
+        return try model.textFeatures(inputIds: encodings.map(\.ids), attentionMask: passesMask ? encodings.map(\.attentionMask) : nil)
     }
 }

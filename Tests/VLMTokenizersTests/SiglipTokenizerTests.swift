@@ -2,8 +2,9 @@ import Foundation
 import Testing
 import VLMTokenizers
 
-/// SigLIP's tokenizer as tokenizer.json: oracle/siglip.py converts SiglipTokenizer (slow-only in transformers 5.23)
-/// over sentencepiece's English Unigram model and records the slow tokenizer's ids for the shared strings, and the
+/// SigLIP's tokenizer, from spiece.model ("tiny-tanh-fp16", as published checkpoints store it) and from the
+/// tokenizer.json oracle/siglip.py converts it to ("tiny-gelu-bf16"): SiglipTokenizer is slow-only in transformers
+/// 5.23; the oracle records its ids for the shared strings over sentencepiece's English Unigram model, and the
 /// converted tokenizer's where the two differ (texts with "</s>" or "<unk>" in them, a few combining marks).
 @Suite struct SiglipTokenizerTests {
     struct Cases: Decodable {
@@ -14,8 +15,9 @@ import VLMTokenizers
 
     static let siglip = fixturesDirectory.deletingLastPathComponent().appendingPathComponent("siglip")
 
-    @Test func idsAreTheSlowTokenizersWhereTokenizerJSONCanSayThem() throws {
-        let tokenizer = try Tokenizer(directory: Self.siglip.appendingPathComponent("tiny-tanh-fp16"))
+    @Test(arguments: ["tiny-tanh-fp16", "tiny-gelu-bf16"])
+    func idsAreTheSlowTokenizersWhereTokenizerJSONCanSayThem(_ checkpoint: String) throws {
+        let tokenizer = try Tokenizer(directory: Self.siglip.appendingPathComponent(checkpoint))
         let cases = try JSONDecoder().decode(Cases.self, from: Data(contentsOf: Self.siglip.appendingPathComponent("tokenizer-strings.json")))
         try #require(cases.ids.count == sharedStrings.count && sharedStrings.count >= 5000)
         let converted = Dictionary(uniqueKeysWithValues: cases.converted_differs.map { ($0.index, $0.converted_ids) })
@@ -38,10 +40,10 @@ import VLMTokenizers
             let labels: [String]
             let template: String
             let prompt_ids: [[Int]]
-            let prompt_mask: [[Int]]
+            let prompt_mask: [[Int]]?
             let texts: [String]
             let input_ids: [[Int]]
-            let attention_mask: [[Int]]
+            let attention_mask: [[Int]]?
         }
         let directory = Self.siglip.appendingPathComponent(checkpoint)
         let expected = try JSONDecoder().decode(Expected.self, from: Data(contentsOf: directory.appendingPathComponent("expected.json")))
@@ -49,10 +51,28 @@ import VLMTokenizers
         let prompts = tokenizer.encode(expected.labels.map { expected.template.replacingOccurrences(of: "{}", with: $0) },
                                        padding: .maxLength, maxLength: 64)
         #expect(prompts.map(\.ids) == expected.prompt_ids)
-        #expect(prompts.map(\.attentionMask) == expected.prompt_mask)
         // tokenizer_config.json's model_max_length is 64 too: padding="max_length" without a length.
         let texts = tokenizer.encode(expected.texts, padding: .maxLength)
         #expect(texts.map(\.ids) == expected.input_ids)
-        #expect(texts.map(\.attentionMask) == expected.attention_mask)
+        if let mask = expected.prompt_mask, let textMask = expected.attention_mask {
+            #expect(tokenizer.modelInputNames == nil)
+            #expect(prompts.map(\.attentionMask) == mask && texts.map(\.attentionMask) == textMask)
+        } else {
+            #expect(tokenizer.modelInputNames == ["input_ids"])
+        }
+    }
+
+    @Test func aBrokenSentencePieceFileIsOneLineNamingIt() throws {
+        let source = Self.siglip.appendingPathComponent("tiny-tanh-fp16")
+        let bytes = try Data(contentsOf: source.appendingPathComponent("spiece.model"))
+        let config = try String(contentsOf: source.appendingPathComponent("tokenizer_config.json"), encoding: .utf8)
+        for broken in [bytes.prefix(bytes.count / 2), Data([0x0A, 0xFF])] {
+            let directory = try temporaryDirectory(files: ["tokenizer_config.json": config])
+            defer { try? FileManager.default.removeItem(at: directory) }
+            try broken.write(to: directory.appendingPathComponent("spiece.model"))
+            let error = try #require(throws: TokenizerError.self) { try Tokenizer(directory: directory) }
+            #expect(error.description.contains(directory.appendingPathComponent("spiece.model").path))
+            #expect(!error.description.contains("\n"))
+        }
     }
 }
