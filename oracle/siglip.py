@@ -21,9 +21,10 @@ which tokenizers' Precompiled normalizer maps grapheme by grapheme where sentenc
 
 Writes Tests/Fixtures/siglip/<checkpoint>/ (a checkpoint directory SwiftVLM loads as is, plus expected.safetensors and
 expected.json: "tiny-tanh-fp16" laid out like the published SigLIP checkpoints, spiece.model and no tokenizer.json;
-"tiny-gelu-bf16" with the converted tokenizer.json beside it and model_input_names ["input_ids"], as the published
-tokenizer_config.json files have it, so that no attention mask reaches the text tower) and Tests/Fixtures/siglip/tokenizer-strings.json (the slow tokenizer's ids for the shared tokenizer
-strings).
+"tiny-gelu-bf16" with the converted tokenizer.json beside it, model_input_names ["input_ids"] as the published
+tokenizer_config.json files have it (so that no attention mask reaches the text tower) and a model_max_length of 48,
+which the processor pads to while the pipeline pads to 64) and Tests/Fixtures/siglip/tokenizer-strings.json (the
+slow tokenizer's ids for the shared tokenizer strings).
 """
 import argparse
 import json
@@ -48,8 +49,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "Tests", "Fixtures")
 PHOTOS = ["chelsea.png", "coffee.png", "rocket.jpg", "camera.png"]
 
-# Embedded with padding="max_length" (64 tokens) and no truncation, as SigLIP's processor is documented to be called:
-# every text fits, the last one exactly.
+# Embedded with padding="max_length" (model_max_length tokens) and no truncation, as SigLIP's processor is documented
+# to be called: every text fits, the last one exactly where model_max_length is 64 (it is left out where it is not).
 TEXTS = [
     "a photo of a cat",
     "A photo of a DOG!",
@@ -138,9 +139,9 @@ def tokenizer_strings(slow, tokenizer_json):
             "converted_differs": differences}
 
 
-# Two shapes that differ in every dimension the Swift model reads from config.json, and in how the tokenizer is stored. SiglipModel needs the vision
-# attention-pooling head (vision_use_head false leaves get_image_features without a pooler_output and forward fails),
-# so both have it; the text head projects to the vision width.
+# Two shapes that differ in every dimension the Swift model reads from config.json, and in how the tokenizer is
+# stored. SiglipModel needs the vision attention-pooling head (vision_use_head false leaves get_image_features without
+# a pooler_output and forward fails), so both have it; the text head projects to the vision width.
 CHECKPOINTS = {
     "tiny-tanh-fp16": dict(
         dtype=torch.float16, logit_scale=2.3, logit_bias=-1.5, tokenizer_json=False, tokenizer={},
@@ -152,7 +153,7 @@ CHECKPOINTS = {
     ),
     "tiny-gelu-bf16": dict(
         dtype=torch.bfloat16, logit_scale=1.7, logit_bias=0.4, tokenizer_json=True,
-        tokenizer=dict(model_input_names=["input_ids"]),
+        tokenizer=dict(model_input_names=["input_ids"], model_max_length=48),
         text=dict(hidden_size=48, intermediate_size=80, num_hidden_layers=3, num_attention_heads=6,
                   hidden_act="gelu", layer_norm_eps=1e-5),
         vision=dict(hidden_size=48, intermediate_size=72, num_hidden_layers=3, num_attention_heads=3,
@@ -191,8 +192,10 @@ def build(name, spec, spm, photo_dir):
     processor = SiglipImageProcessorPil.from_pretrained(out)
     images = [load_image(os.path.join(photo_dir, p)).convert("RGB") for p in PHOTOS]
     pixels = processor(images=images, return_tensors="pt").pixel_values
-    text_inputs = slow(TEXTS, padding="max_length", return_tensors="pt")
-    assert text_inputs.input_ids.shape[1] == 64 and len(slow(TEXTS[-1]).input_ids) == 64, "the last text fills 64"
+    texts = [t for t in TEXTS if len(slow(t).input_ids) <= slow.model_max_length]
+    assert texts == TEXTS or slow.model_max_length < 64
+    text_inputs = slow(texts, padding="max_length", return_tensors="pt")
+    assert text_inputs.input_ids.shape[1] == slow.model_max_length
     # What the zero-shot pipeline feeds the text tower.
     prompts = slow([TEMPLATE.format(l) for l in LABELS], padding="max_length", max_length=64, truncation=True,
                    return_tensors="pt")
@@ -221,7 +224,7 @@ def build(name, spec, spm, photo_dir):
     with open(os.path.join(out, "expected.json"), "w", encoding="utf-8") as f:
         json.dump({
             "photos": PHOTOS,
-            "texts": TEXTS,
+            "texts": texts,
             "input_ids": text_inputs.input_ids.tolist(),
             "attention_mask": text_inputs["attention_mask"].tolist() if "attention_mask" in text_inputs else None,
             "labels": LABELS,

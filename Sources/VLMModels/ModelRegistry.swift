@@ -23,10 +23,11 @@ public enum DualEncoderTextPadding: Sendable, Equatable {
     /// To the longest text of the batch, longer texts truncated to the tokenizer's `model_max_length` (CLIP:
     /// `padding=True, truncation=True`); the pooled token's position comes from the ids.
     case longest
-    /// Every text to exactly `length` tokens (SigLIP: `padding="max_length"`), since the model pools a fixed
-    /// position. A longer text is refused: SigLIP's processor passes it on (and its text tower fails) while the
-    /// zero-shot pipeline cuts it short, so either way it is not the text the caller asked about.
-    case fixed(length: Int)
+    /// Every text to the same length (SigLIP: `padding="max_length"`), since the model pools a fixed position: the
+    /// tokenizer's `model_max_length` for embeddings, as the processor pads, and `zeroShotLength` in the zero-shot
+    /// pipeline, which passes `max_length` itself. A longer text is refused: the processor passes it on (and the text
+    /// tower fails) while the pipeline cuts it short, so either way it is not the text the caller asked about.
+    case maxLength(zeroShotLength: Int)
 }
 
 /// What a model can be asked to do. Each task is what one or more `vlm` commands run.

@@ -278,9 +278,9 @@ final class SiglipTextTransformer: Sendable {
 
 /// transformers' `SiglipModel`: both towers, the learned temperature and bias of the sigmoid logits.
 public final class SiglipModel: ImageTextDualEncoder {
-    /// The length transformers' zero-shot-image-classification pipeline pads SigLIP's texts to (`max_length=64`),
-    /// and SiglipTokenizer's `model_max_length`, which its processor pads to: the length SigLIP was trained with.
-    public static let textLength = 64
+    /// The length transformers' zero-shot-image-classification pipeline pads SigLIP's prompts to (`max_length=64`,
+    /// SiglipTokenizer's default `model_max_length`, which embeddings are padded to).
+    public static let zeroShotTextLength = 64
 
     public let config: SiglipConfig
     let vision: SiglipVisionTransformer
@@ -311,7 +311,7 @@ public final class SiglipModel: ImageTextDualEncoder {
 
     public var imageSize: Int { config.visionConfig.imageSize }
     public var embeddingSize: Int { config.visionConfig.hiddenSize }
-    public var textPadding: DualEncoderTextPadding { .fixed(length: Self.textLength) }
+    public var textPadding: DualEncoderTextPadding { .maxLength(zeroShotLength: Self.zeroShotTextLength) }
 
     /// `get_image_features(...).pooler_output`: the attention-pooling head's output (not normalized) [B, hidden_size].
     public func imageFeatures(pixelValues: Tensor) throws -> Tensor {

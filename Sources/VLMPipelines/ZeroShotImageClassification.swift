@@ -32,7 +32,7 @@ public struct ZeroShotImageClassificationPipeline: Sendable {
         guard !candidateLabels.isEmpty else { throw PipelineError.noCandidateLabels }
         guard !images.isEmpty else { throw PipelineError.noInputs }
         let prompts = candidateLabels.map { hypothesisTemplate.replacingOccurrences(of: "{}", with: $0) }
-        let textFeatures = try encoder.textEmbeddings(prompts)
+        let textFeatures = try encoder.textEmbeddings(prompts, zeroShot: true)
         let imageFeatures = try encoder.imageEmbeddings(images)
         let logits = encoder.model.logitsPerImage(imageFeatures: imageFeatures, textFeatures: textFeatures)
         let probabilities = encoder.model.labelProbabilities(logitsPerImage: logits).scalars

@@ -35,7 +35,7 @@ import VLMTokenizers
 
     /// The zero-shot pipeline's prompts, as transformers pads them: `padding="max_length", max_length=64`.
     @Test(arguments: ["tiny-tanh-fp16", "tiny-gelu-bf16"])
-    func promptsArePaddedToSixtyFourLikeThePipeline(_ checkpoint: String) throws {
+    func promptsArePaddedLikeThePipelineAndTextsLikeTheProcessor(_ checkpoint: String) throws {
         struct Expected: Decodable {
             let labels: [String]
             let template: String
@@ -51,7 +51,7 @@ import VLMTokenizers
         let prompts = tokenizer.encode(expected.labels.map { expected.template.replacingOccurrences(of: "{}", with: $0) },
                                        padding: .maxLength, maxLength: 64)
         #expect(prompts.map(\.ids) == expected.prompt_ids)
-        // tokenizer_config.json's model_max_length is 64 too: padding="max_length" without a length.
+        // padding="max_length" without a length: tokenizer_config.json's model_max_length (64, or 48 for "tiny-gelu-bf16").
         let texts = tokenizer.encode(expected.texts, padding: .maxLength)
         #expect(texts.map(\.ids) == expected.input_ids)
         if let mask = expected.prompt_mask, let textMask = expected.attention_mask {
