@@ -201,14 +201,7 @@ final class SiglipVisionTransformer: Sendable {
     /// the output of encoder layer `i`, and a negative index counts from the end as Python's does (-1 is the last
     /// layer's output, without post_layernorm). Layers past the deepest one asked for are not run.
     func hiddenStates(_ pixelValues: Tensor, at indices: [Int]) throws -> [Tensor] {
-        let count = layers.count + 1
-        let resolved = indices.map { $0 < 0 ? $0 + count : $0 }
-        guard let deepest = resolved.max(), resolved.allSatisfy({ $0 >= 0 && $0 < count }) else {
-            throw ModelError.invalidInput("vision hidden state indices \(indices) outside the \(count) the tower has (embeddings and \(layers.count) layers)")
-        }
-        var states = [try embeddings(pixelValues)]
-        for layer in layers.prefix(deepest) { states.append(layer(states[states.count - 1])) }
-        return resolved.map { states[$0] }
+        try encoderHiddenStates(layers: layers, at: indices) { try embeddings(pixelValues) }
     }
 
     /// pixel_values [B, C, S, S] → patch embeddings plus positions (no class token, no pre-layernorm).
