@@ -150,14 +150,7 @@ final class CLIPVisionTransformer: Sendable {
     /// embeddings, `i` the output of encoder layer `i`, and a negative index counts from the end as Python's does (-1
     /// is the last layer's output, without post_layernorm). Layers past the deepest one asked for are not run.
     func hiddenStates(_ pixelValues: Tensor, at indices: [Int]) throws -> [Tensor] {
-        let count = layers.count + 1
-        let resolved = indices.map { $0 < 0 ? $0 + count : $0 }
-        guard let deepest = resolved.max(), resolved.allSatisfy({ $0 >= 0 && $0 < count }) else {
-            throw ModelError.invalidInput("vision hidden state indices \(indices) outside the \(count) the tower has (embeddings and \(layers.count) layers)")
-        }
-        var states = [try embeddings(pixelValues)]
-        for layer in layers.prefix(deepest) { states.append(layer(states[states.count - 1])) }
-        return resolved.map { states[$0] }
+        try encoderHiddenStates(layers: layers, at: indices) { try embeddings(pixelValues) }
     }
 
     /// pixel_values [B, C, S, S] → patch embeddings after the class token, plus positions, pre-layernormed.
@@ -230,16 +223,6 @@ final class CLIPTextTransformer: Sendable {
     }
 }
 
-/// The encoder's last hidden state at `positions[b]` of each item `b` of `hidden` [B, T, D]: [B, D]. The last layer
-/// computes only those rows (a pooled output reads nothing else).
-private func encode(_ hidden: Tensor, layers: [PreNormEncoderLayer], pooledAt positions: [Int], causal: Bool = false,
-                    keyPaddingMask: Tensor? = nil) -> Tensor {
-    guard let last = layers.last else { return gatherTokens(hidden, positions: positions) }
-    var hidden = hidden
-    for layer in layers.dropLast() { hidden = layer(hidden, causal: causal, keyPaddingMask: keyPaddingMask) }
-    return last(hidden, at: positions, causal: causal, keyPaddingMask: keyPaddingMask)
-}
-
 /// transformers' `CLIPModel`: both towers, their projections and the learned temperature.
 public final class CLIPModel: ImageTextDualEncoder {
     public let config: CLIPConfig
@@ -268,6 +251,7 @@ public final class CLIPModel: ImageTextDualEncoder {
 
     public var imageSize: Int { config.visionConfig.imageSize }
     public var embeddingSize: Int { config.projectionDim }
+    public var textPadding: DualEncoderTextPadding { .longest }
 
     /// `get_image_features`: projected (not normalized) image embeddings [B, projection_dim].
     public func imageFeatures(pixelValues: Tensor) throws -> Tensor {
@@ -282,5 +266,10 @@ public final class CLIPModel: ImageTextDualEncoder {
     /// `logits_per_image`: exp(logit_scale) × cosine similarity, [images, texts].
     public func logitsPerImage(imageFeatures: Tensor, textFeatures: Tensor) -> Tensor {
         scaled(matmul(l2Normalized(imageFeatures), l2Normalized(textFeatures), transposeB: true), by: Float(exp(Double(logitScale))))
+    }
+
+    /// The pipeline's scores: a softmax over each image's labels.
+    public func labelProbabilities(logitsPerImage: Tensor) -> Tensor {
+        softmax(logitsPerImage)
     }
 }

@@ -1,7 +1,7 @@
 import VLMCheckpoint
 import VLMTensor
 
-/// A model with an image tower and a text tower embedding into one space (CLIP; later SigLIP and friends).
+/// A model with an image tower and a text tower embedding into one space (CLIP, SigLIP).
 public protocol ImageTextDualEncoder: AnyObject, Sendable {
     /// Projected image embeddings [B, embeddingSize] for pixel values [B, C, S, S].
     func imageFeatures(pixelValues: Tensor) throws -> Tensor
@@ -9,8 +9,25 @@ public protocol ImageTextDualEncoder: AnyObject, Sendable {
     func textFeatures(inputIds: [[Int]], attentionMask: [[Int]]?) throws -> Tensor
     /// Image–text logits [images, texts], as the model's forward returns them in `logits_per_image`.
     func logitsPerImage(imageFeatures: Tensor, textFeatures: Tensor) -> Tensor
+    /// The zero-shot-image-classification pipeline's scores for `logitsPerImage` [images, labels], each image's row
+    /// over the candidate labels.
+    func labelProbabilities(logitsPerImage: Tensor) -> Tensor
+    /// How the texts of a batch are padded for the text tower.
+    var textPadding: DualEncoderTextPadding { get }
     var imageSize: Int { get }
     var embeddingSize: Int { get }
+}
+
+/// How a dual encoder's texts are tokenized into a batch, as its processor and transformers' zero-shot pipeline do.
+public enum DualEncoderTextPadding: Sendable, Equatable {
+    /// To the longest text of the batch, longer texts truncated to the tokenizer's `model_max_length` (CLIP:
+    /// `padding=True, truncation=True`); the pooled token's position comes from the ids.
+    case longest
+    /// Every text to the same length (SigLIP: `padding="max_length"`), since the model pools a fixed position: the
+    /// tokenizer's `model_max_length` for embeddings, as the processor pads, and `zeroShotLength` in the zero-shot
+    /// pipeline, which passes `max_length` itself. A longer text is refused: the processor passes it on (and the text
+    /// tower fails) while the pipeline cuts it short, so either way it is not the text the caller asked about.
+    case maxLength(zeroShotLength: Int)
 }
 
 /// What a model can be asked to do. Each task is what one or more `vlm` commands run.
@@ -77,6 +94,8 @@ public enum ModelRegistry {
     public static let families: [ModelFamily] = [
         ModelFamily("CLIP", modelTypes: ["clip"], tasks: [.classify, .embed],
                     builder: .imageTextDualEncoder { try CLIPModel(directory: $0) }),
+        ModelFamily("SigLIP", modelTypes: ["siglip"], tasks: [.classify, .embed],
+                    builder: .imageTextDualEncoder { try SiglipModel(directory: $0) }),
         ModelFamily("Llama", modelTypes: ["llama", "mistral", "qwen2"], tasks: [.generate, .chat],
                     builder: .causalLanguageModel { try LlamaForCausalLM(directory: $0) }),
         ModelFamily("OPT", modelTypes: ["opt"], tasks: [.generate, .chat],

@@ -177,3 +177,28 @@ extension FeedForward {
         self.activation = activation
     }
 }
+
+/// The encoder's last hidden state at `positions[b]` of each item `b` of `hidden` [B, T, D]: [B, D]. The last layer
+/// computes only those rows (a pooled output reads nothing else).
+func encode(_ hidden: Tensor, layers: [PreNormEncoderLayer], pooledAt positions: [Int], causal: Bool = false,
+            keyPaddingMask: Tensor? = nil) -> Tensor {
+    guard let last = layers.last else { return gatherTokens(hidden, positions: positions) }
+    var hidden = hidden
+    for layer in layers.dropLast() { hidden = layer(hidden, causal: causal, keyPaddingMask: keyPaddingMask) }
+    return last(hidden, at: positions, causal: causal, keyPaddingMask: keyPaddingMask)
+}
+
+/// A vision tower's `hidden_states[i]` for each `i` of `indices`: 0 is the `embeddings`, `i` the output of encoder
+/// layer `i`, and a negative index counts from the end as Python's does. The embeddings are computed once the
+/// indices are known to be valid, and layers past the deepest one asked for are not run.
+func encoderHiddenStates(layers: [PreNormEncoderLayer], at indices: [Int],
+                         embeddings: () throws -> Tensor) throws -> [Tensor] {
+    let count = layers.count + 1
+    let resolved = indices.map { $0 < 0 ? $0 + count : $0 }
+    guard let deepest = resolved.max(), resolved.allSatisfy({ $0 >= 0 && $0 < count }) else {
+        throw ModelError.invalidInput("vision hidden state indices \(indices) outside the \(count) the tower has (embeddings and \(layers.count) layers)")
+    }
+    var states = [try embeddings()]
+    for layer in layers.prefix(deepest) { states.append(layer(states[states.count - 1])) }
+    return resolved.map { states[$0] }
+}

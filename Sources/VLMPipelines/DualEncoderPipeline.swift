@@ -26,9 +26,32 @@ public final class DualEncoderPipeline: Sendable {
         try model.imageFeatures(pixelValues: imageProcessor.preprocess(images).pixelValues)
     }
 
-    /// Projected text embeddings [texts, D], like `get_text_features` on `tokenizer(texts, padding=True, truncation=True)`.
+    /// Projected text embeddings [texts, D], like `get_text_features` on the processor's output, padded as the model
+    /// wants (``DualEncoderTextPadding``): CLIP's `tokenizer(texts, padding=True, truncation=True)`, SigLIP's
+    /// `tokenizer(texts, padding="max_length")`; the attention mask goes with the ids unless the tokenizer's
+    /// `model_input_names` leave it out.
+    ///
+    /// - Throws: `PipelineError.textTooLong` for a text longer than the length every text is padded to.
     public func textEmbeddings(_ texts: [String]) throws -> Tensor {
-        let encodings = tokenizer.encode(texts, padding: .longest, truncation: true)
-        return try model.textFeatures(inputIds: encodings.map(\.ids), attentionMask: encodings.map(\.attentionMask))
+        try textEmbeddings(texts, zeroShot: false)
+    }
+
+    /// The text embeddings of the zero-shot pipeline's prompts when `zeroShot`, which it tokenizes with a length of
+    /// its own for models that pad to one (SigLIP: `max_length=64`, whatever model_max_length says).
+    func textEmbeddings(_ texts: [String], zeroShot: Bool) throws -> Tensor {
+        let encodings: [Encoding]
+        switch model.textPadding {
+        case .longest:
+            encodings = tokenizer.encode(texts, padding: .longest, truncation: true)
+        case .maxLength(let zeroShotLength):
+            let length = zeroShot ? zeroShotLength : tokenizer.modelMaxLength ?? zeroShotLength
+            encodings = tokenizer.encode(texts, padding: .maxLength, maxLength: length)
+            if let (text, encoding) = zip(texts, encodings).first(where: { $0.1.ids.count > length }) {
+                throw PipelineError.textTooLong(text, tokens: encoding.ids.count, limit: length)
+            }
+        }
+        // A tokenizer whose model_input_names leave out the attention mask (SigLIP's checkpoints) hands the model none.
+        let passesMask = tokenizer.modelInputNames?.contains("attention_mask") ?? true
+        return try model.textFeatures(inputIds: encodings.map(\.ids), attentionMask: passesMask ? encodings.map(\.attentionMask) : nil)
     }
 }

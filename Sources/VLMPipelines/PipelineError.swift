@@ -8,6 +8,8 @@ public enum PipelineError: Error, CustomStringConvertible {
     case emptyPrompt
     /// A prompt has more tokens than the model or the session takes.
     case promptTooLong(tokens: Int, limit: Int)
+    /// A text (a label in its template) has more tokens than a text tower of fixed length takes.
+    case textTooLong(String, tokens: Int, limit: Int)
     /// A checkpoint's processor files do not say how to lay out a prompt.
     case invalidProcessor(String, String)
     /// A top-k that is not positive.
@@ -27,6 +29,8 @@ public enum PipelineError: Error, CustomStringConvertible {
             return "the checkpoint has no chat template (chat_template.jinja or tokenizer_config.json), so messages cannot be rendered"
         case .emptyPrompt: return "the prompt is empty: it tokenized to no tokens"
         case .promptTooLong(let tokens, let limit): return "the prompt is \(tokens) tokens long, more than the \(limit) allowed"
+        case .textTooLong(let text, let tokens, let limit):
+            return "the text \(String(reflecting: text)) is \(tokens) tokens long with its end-of-text token, more than the \(limit) the text model takes"
         case .invalidProcessor(let directory, let reason): return "\(directory): \(reason)"
         case .invalidTopK(let k): return "--top-k must be positive, got \(k)"
         case .imagesNotSupported(let message):

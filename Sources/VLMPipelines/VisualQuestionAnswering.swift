@@ -66,8 +66,8 @@ public struct VisualQuestionAnsweringPipeline: Sendable {
             return try images.map { image in
                 let processed = try imageProcessor.preprocess([image])
                 let logits = try model.logits(pixelValues: processed.pixelValues, pixelMask: processed.pixelMask,
-                                              inputIds: [ids], attentionMask: nil).scalars
-                let scores = logits.map { 1 / (1 + exp(-$0)) }
+                                              inputIds: [ids], attentionMask: nil)
+                let scores = activation(logits, .sigmoid).scalars
                 return scores.indices
                     .sorted { scores[$0] != scores[$1] ? scores[$0] > scores[$1] : $0 < $1 }
                     .prefix(topK)

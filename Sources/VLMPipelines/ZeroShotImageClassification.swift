@@ -9,7 +9,8 @@ public struct LabelScore: Sendable, Codable, Equatable {
 }
 
 /// transformers' "zero-shot-image-classification" pipeline: each label is put into the hypothesis template, and the
-/// image's logits over those prompts are softmaxed.
+/// image's logits over those prompts become scores as the model's family has them (CLIP: a softmax over the labels;
+/// SigLIP: each label's sigmoid, its prompts padded to 64 tokens).
 public struct ZeroShotImageClassificationPipeline: Sendable {
     public static let defaultHypothesisTemplate = "This is a photo of {}."
     public let encoder: DualEncoderPipeline
@@ -23,14 +24,18 @@ public struct ZeroShotImageClassificationPipeline: Sendable {
     }
 
     /// Scores per image, sorted high to low (ties keep the labels' order, as Python's stable sort does).
+    ///
+    /// - Throws: `PipelineError.noCandidateLabels`, `.noInputs`, and `.textTooLong` for a prompt longer than a model
+    ///   with fixed-length texts takes (where transformers would truncate it and score another text).
     public func callAsFunction(_ images: [RGBImage], candidateLabels: [String],
                                hypothesisTemplate: String = defaultHypothesisTemplate) throws -> [[LabelScore]] {
         guard !candidateLabels.isEmpty else { throw PipelineError.noCandidateLabels }
         guard !images.isEmpty else { throw PipelineError.noInputs }
         let prompts = candidateLabels.map { hypothesisTemplate.replacingOccurrences(of: "{}", with: $0) }
-        let textFeatures = try encoder.textEmbeddings(prompts)
+        let textFeatures = try encoder.textEmbeddings(prompts, zeroShot: true)
         let imageFeatures = try encoder.imageEmbeddings(images)
-        let probabilities = softmax(encoder.model.logitsPerImage(imageFeatures: imageFeatures, textFeatures: textFeatures)).scalars
+        let logits = encoder.model.logitsPerImage(imageFeatures: imageFeatures, textFeatures: textFeatures)
+        let probabilities = encoder.model.labelProbabilities(logitsPerImage: logits).scalars
         let labels = candidateLabels.count
         return images.indices.map { image in
             let row = probabilities[(image * labels)..<((image + 1) * labels)]

@@ -2,7 +2,7 @@ import Foundation
 
 /// Pipelines rebuilt from the vocabulary files of checkpoints without tokenizer.json, as transformers 5 builds them
 /// (tokenizer_config.json's "tokenizer_class" says which): CLIPTokenizer and GPT2Tokenizer from vocab.json +
-/// merges.txt, BertTokenizer from vocab.txt.
+/// merges.txt, BertTokenizer from vocab.txt, SiglipTokenizer from spiece.model.
 extension Pipeline {
     init(legacyDirectory directory: URL, config: JSONObject?) throws {
         let tokenizerClass = try config?.optionalString("tokenizer_class")
@@ -10,6 +10,7 @@ extension Pipeline {
         case "CLIPTokenizer", "CLIPTokenizerFast": try self.init(clipDirectory: directory, config: config)
         case "GPT2Tokenizer", "GPT2TokenizerFast": try self.init(gpt2Directory: directory, config: config)
         case "BertTokenizer", "BertTokenizerFast": try self.init(bertDirectory: directory, config: config)
+        case "SiglipTokenizer": try self.init(siglipDirectory: directory, config: config)
         default:
             throw TokenizerError.noTokenizerFiles(
                 directory: directory.path,
@@ -96,6 +97,60 @@ extension Pipeline {
                    .sequence(second: true, typeId: 1), .special([sepToken], typeId: 1)])
     }
 
+    /// SiglipTokenizer, which transformers 5.23 runs only as Python over sentencepiece (no converter exists), as the
+    /// tokenizer.json that oracle/siglip.py converts it to: `tokenize` turns "▁" into spaces and prepends one "▁",
+    /// `canonicalize_text` lowercases (do_lower_case), drops ASCII punctuation, turns whitespace runs (Python's
+    /// `\s`) into one space and strips (the "▁" keeps a leading space); then SentencePiece's own rules, its extra
+    /// spaces and a lone "▁" removed; Unigram over the pieces split before each "▁"; "</s>" appended. Texts holding
+    /// "</s>" or "<unk>" as text encode as tokenizers would, not as the slow tokenizer's chunk-by-chunk rules do.
+    private init(siglipDirectory directory: URL, config: JSONObject?) throws {
+        let spm = try SentencePieceModel(url: directory.appendingPathComponent("spiece.model"))
+        guard spm.modelType == .unigram else {
+            throw TokenizerError.invalidField(file: spm.file, path: "ModelProto.trainer_spec.model_type",
+                                              reason: "SiglipTokenizer reads Unigram models, this one is \(spm.modelType)")
+        }
+        let pieces = spm.pieces.map(\.piece)
+        model = Unigram(pieces: pieces, scores: spm.pieces.map { Double($0.score) }, unknownId: spm.unknownId,
+                        byteFallback: spm.byteFallback)
+        func regex(_ source: String) throws -> RegexPattern { try RegexPattern(source, file: spm.file) }
+        var steps: [any Normalizer] = [Replace(pattern: LiteralPattern(literal: ["\u{2581}"]), content: [" "]),
+                                       Prepend(prefix: ["\u{2581}"])]
+        if try config?.bool("do_lower_case", default: true) ?? true { steps.append(Lowercase()) }
+        steps += [
+            Replace(pattern: try regex("[!-/:-@\\[-`{-~]"), content: []),
+            Replace(pattern: try regex("[" + String(String.UnicodeScalarView(pythonWhitespace)) + "]+"), content: [" "]),
+            Strip(left: false, right: true),
+        ]
+        if !spm.precompiledCharsmap.isEmpty {
+            steps.append(try PrecompiledNormalizer(charsmap: spm.precompiledCharsmap) {
+                TokenizerError.invalidField(file: spm.file, path: "ModelProto.normalizer_spec.precompiled_charsmap", reason: $0)
+            })
+        }
+        if spm.removeExtraWhitespaces {
+            steps += [Replace(pattern: try regex(" {2,}"), content: [" "]), Strip(left: false, right: true)]
+        }
+        steps.append(Replace(pattern: try regex("^\u{2581}$"), content: []))
+        normalizer = NormalizerSequence(normalizers: steps)
+        preTokenizer = Metaspace(replacement: "\u{2581}", prependScheme: .never, split: true)
+        decoder = MetaspaceDecoder(replacement: "\u{2581}", dropsFirstReplacement: true)
+        var addedTokens: [AddedToken] = []
+        func specialToken(_ key: String, default defaultValue: String) throws -> (id: Int, token: String) {
+            let content = try config?.tokenContent(key) ?? defaultValue
+            if let token = addedTokens.first(where: { $0.content.utf8.elementsEqual(content.utf8) }) { return (token.id, content) }
+            let id = pieces.firstIndex { $0.utf8.elementsEqual(content.utf8) } ?? pieces.count + addedTokens.count
+            addedTokens.append(AddedToken(id: id, content: content, normalized: false, special: true))
+            return (id, content)
+        }
+        _ = try specialToken("unk_token", default: "<unk>")
+        let eosToken = try specialToken("eos_token", default: "</s>")
+        _ = try specialToken("pad_token", default: "</s>")
+        self.addedTokens = addedTokens
+        postProcessor = Template(
+            single: [.sequence(second: false, typeId: 0), .special([eosToken], typeId: 0)],
+            pair: [.sequence(second: false, typeId: 0), .special([eosToken], typeId: 0),
+                   .sequence(second: true, typeId: 0), .special([eosToken], typeId: 0)])
+    }
+
     /// A special token the tokenizer class declares by default; tokenizer_config.json's own are added later.
     private mutating func addSpecialToken(_ content: String, vocabulary: Vocabulary) {
         guard !addedTokens.contains(where: { $0.content.utf8.elementsEqual(content.utf8) }) else { return }
@@ -103,6 +158,11 @@ extension Pipeline {
         addedTokens.append(AddedToken(id: id, content: content, normalized: false, special: true))
     }
 }
+
+/// What Python's `str.isspace()` accepts, so `\s` in its regexes, one by one as the converted tokenizer.json lists
+/// them.
+private let pythonWhitespace: [Unicode.Scalar] = ([0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x1C, 0x1D, 0x1E, 0x1F, 0x20, 0x85, 0xA0, 0x1680]
+    + Array(0x2000...0x200A) + [0x2028, 0x2029, 0x202F, 0x205F, 0x3000]).compactMap(Unicode.Scalar.init)
 
 /// vocab.json and merges.txt as tokenizers' BPE::from_file reads them: "#version" lines skipped, every other line
 /// two tokens separated by one space.

@@ -332,15 +332,21 @@ struct Unigram: TokenizationModel {
             pieces.append(piece)
             scores.append(score)
         }
+        let unknownId = object.isNull("unk_id") ? nil : try object.int("unk_id")
+        if let unknownId, !(0..<pieces.count).contains(unknownId) {
+            throw object.invalid("unk_id", "\(unknownId) is outside the \(pieces.count)-piece vocabulary")
+        }
+        self.init(pieces: pieces, scores: scores, unknownId: unknownId,
+                  byteFallback: try object.bool("byte_fallback", default: false))
+    }
+
+    /// The model of a SentencePiece file's pieces and scores; `unknownId`, when given, indexes `pieces`.
+    init(pieces: [String], scores: [Double], unknownId: Int?, byteFallback: Bool) {
         var ids: [TokenKey: Int] = [:]
         var trie = ScalarTrie()
         for (id, piece) in pieces.enumerated() {
             ids[TokenKey(piece)] = id
             trie.insert(piece.unicodeScalars, id: id)
-        }
-        let unknownId = object.isNull("unk_id") ? nil : try object.int("unk_id")
-        if let unknownId, !(0..<pieces.count).contains(unknownId) {
-            throw object.invalid("unk_id", "\(unknownId) is outside the \(pieces.count)-piece vocabulary")
         }
         self.pieces = pieces
         self.scores = scores
@@ -349,7 +355,7 @@ struct Unigram: TokenizationModel {
         self.unknownId = unknownId
         // tokenizers' kUnkPenalty.
         unknownScore = (scores.min() ?? 0) - 10
-        byteFallback = try object.bool("byte_fallback", default: false)
+        self.byteFallback = byteFallback
     }
 
     func tokenize(_ word: [Unicode.Scalar]) -> [ModelToken] {

@@ -11,18 +11,23 @@ struct PrecompiledNormalizer: Normalizer {
         guard let data = Data(base64Encoded: base64) else {
             throw object.invalid("precompiled_charsmap", "not valid base64")
         }
-        let bytes = [UInt8](data)
-        guard bytes.count >= 4 else { throw object.invalid("precompiled_charsmap", "shorter than its 4-byte header") }
+        try self.init(charsmap: [UInt8](data)) { object.invalid("precompiled_charsmap", $0) }
+    }
+
+    /// The rules of a SentencePiece file's `normalizer_spec.precompiled_charsmap`; `invalid` makes the error for a
+    /// map that is not one.
+    init(charsmap bytes: [UInt8], invalid: (String) -> TokenizerError) throws {
+        guard bytes.count >= 4 else { throw invalid("shorter than its 4-byte header") }
         let trieSize = Int(UInt32(bytes[0]) | UInt32(bytes[1]) << 8 | UInt32(bytes[2]) << 16 | UInt32(bytes[3]) << 24)
         guard trieSize % 4 == 0, trieSize <= bytes.count - 4, trieSize > 0 else {
-            throw object.invalid("precompiled_charsmap", "trie size \(trieSize) does not fit the \(bytes.count)-byte map")
+            throw invalid("trie size \(trieSize) does not fit the \(bytes.count)-byte map")
         }
         units = stride(from: 4, to: 4 + trieSize, by: 4).map {
             UInt32(bytes[$0]) | UInt32(bytes[$0 + 1]) << 8 | UInt32(bytes[$0 + 2]) << 16 | UInt32(bytes[$0 + 3]) << 24
         }
         pool = Array(bytes[(4 + trieSize)...])
         guard String(validating: pool, as: UTF8.self) != nil else {
-            throw object.invalid("precompiled_charsmap", "the replacement pool is not UTF-8")
+            throw invalid("the replacement pool is not UTF-8")
         }
     }
 

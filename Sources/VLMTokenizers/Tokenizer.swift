@@ -129,6 +129,9 @@ public final class Tokenizer: Sendable {
     public let eosTokenId: Int?
     /// The id of the padding token, if the tokenizer has one.
     public let padTokenId: Int?
+    /// tokenizer_config.json's `model_input_names`: what the tokenizer hands the model, where the config overrides its
+    /// class (SigLIP's checkpoints say `["input_ids"]`: no attention mask, as the model was trained). nil when absent.
+    public let modelInputNames: [String]?
 
     /// Loads tokenizer.json (+ tokenizer_config.json for model_max_length, special tokens, padding side...) from a
     /// checkpoint directory; without tokenizer.json, rebuilds the pipeline from the vocabulary files as transformers
@@ -193,6 +196,14 @@ public final class Tokenizer: Sendable {
         // Configurations write "no limit" as a huge float such as 1e30.
         modelMaxLength = config.flatMap { JSONObject.integer($0.values["model_max_length"]) }.flatMap { $0 > 0 && $0 < 1 << 40 ? $0 : nil }
         padOnLeft = (try config?.optionalString("padding_side")) == "left"
+        if let config, !config.isNull("model_input_names") {
+            guard let names = config.values["model_input_names"] as? [Any], let strings = names as? [String] else {
+                throw config.invalid("model_input_names", "expected an array of strings")
+            }
+            modelInputNames = strings
+        } else {
+            modelInputNames = nil
+        }
         truncateOnLeft = (try config?.optionalString("truncation_side")) == "left"
         cleanUpTokenizationSpaces = try config?.bool("clean_up_tokenization_spaces", default: false) ?? false
         let tokenizerClass = try config?.optionalString("tokenizer_class")

@@ -16,6 +16,8 @@ import VLMCheckpoint
         #expect(try ModelRegistry.family(of: directory("decoders/qwen2")).name == "Llama")
         #expect(try ModelRegistry.family(of: directory("decoders/gpt2")).tasks == [.generate, .chat])
         #expect(try ModelRegistry.dualEncoder(directory("clip/tiny-quickgelu-argmax"), for: .classify) is CLIPModel)
+        #expect(try ModelRegistry.family(of: directory("siglip/tiny-tanh-fp16")).name == "SigLIP")
+        #expect(try ModelRegistry.dualEncoder(directory("siglip/tiny-tanh-fp16"), for: .embed) is SiglipModel)
     }
 
     /// BLIP's heads share model_type "blip": `architectures[0]` decides.

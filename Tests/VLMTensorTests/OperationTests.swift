@@ -18,6 +18,15 @@ import Testing
         expectClose(y, c.output(), "\(name) \(backend)")
     }
 
+    /// torch's quick_gelu is x·sigmoid(1.702·x): the sigmoid checked against it, on each backend.
+    @Test(arguments: Backend.allCases)
+    func sigmoidMatchesTorchsQuickGelu(backend: Backend) throws {
+        let c = try #require(fixtures.cases["activation_quickGelu"])
+        let x = c.input("x")
+        let y = multiply(activation(scaled(x, by: 1.702), .sigmoid, backend: backend), x)
+        expectClose(y, c.output(), "sigmoid \(backend)")
+    }
+
     @Test func identityActivationReturnsInput() throws {
         let x = Tensor(shape: [2, 2], scalars: [1, -2, 3, -4])
         #expect(activation(x, .identity).scalars == x.scalars)
