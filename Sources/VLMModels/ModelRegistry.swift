@@ -87,6 +87,8 @@ public enum ModelRegistry {
         // Chat with LLaVA goes through its chat template with image parts (the LLaVA issue), not BLIP-2's prompting.
         ModelFamily("LLaVA", modelTypes: ["llava"], tasks: [.caption, .ask],
                     builder: .imageToText { try LlavaForConditionalGeneration(directory: $0) }),
+        ModelFamily("LLaVA-NeXT", modelTypes: ["llava_next"], tasks: [.caption, .ask],
+                    builder: .imageToText { try LlavaNextForConditionalGeneration(directory: $0) }),
         ModelFamily("BLIP captioning", modelTypes: ["blip"], architectures: ["BlipForConditionalGeneration"],
                     tasks: [.caption], builder: .imageToText { try BlipForConditionalGeneration(directory: $0) }),
         ModelFamily("BLIP question answering", modelTypes: ["blip"], architectures: ["BlipForQuestionAnswering"],
