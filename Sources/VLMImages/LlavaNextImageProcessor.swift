@@ -62,9 +62,10 @@ public struct LlavaNextImageProcessorConfig: Sendable, Equatable {
 
 /// transformers' `select_best_resolution`: the pinpoint at which the image, scaled to fit with its aspect ratio
 /// kept, keeps the most of its pixels (never counting more than it has), ties going to the one that wastes the least
-/// area; the first such in `pinpoints`' order. `pinpoints` must not be empty.
+/// area; the first such in `pinpoints`' order. `size` must be positive and `pinpoints` not empty.
 public func selectBestResolution(_ size: ImageSize, among pinpoints: [ImageSize]) -> ImageSize {
-    precondition(!pinpoints.isEmpty, "select_best_resolution among no resolutions")
+    precondition(size.height > 0 && size.width > 0 && !pinpoints.isEmpty,
+                 "select_best_resolution of \(size.width)x\(size.height) among \(pinpoints.count) resolutions")
     var best = pinpoints[0], mostEffective = 0, leastWasted = Int.max
     for pinpoint in pinpoints {
         let scale = min(Double(pinpoint.width) / Double(size.width), Double(pinpoint.height) / Double(size.height))
