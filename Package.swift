@@ -46,7 +46,7 @@ let package = Package(
         .testTarget(name: "VLMTemplatesTests", dependencies: ["VLMTemplates"]),
         .testTarget(name: "VLMTokenizersTests", dependencies: ["VLMTokenizers"]),
         .testTarget(name: "VLMImagesTests", dependencies: ["VLMImages"]),
-        .testTarget(name: "VLMModelsTests", dependencies: ["VLMModels", "VLMCheckpoint", "VLMTensor"]),
+        .testTarget(name: "VLMModelsTests", dependencies: ["VLMModels", "VLMCheckpoint", "VLMTensor", "VLMImages"]),
         .testTarget(name: "VLMPipelinesTests", dependencies: ["VLMPipelines", "VLMCheckpoint", "VLMTemplates", "VLMImages", "VLMTensor"]),
         .testTarget(name: "VLMHubTests", dependencies: ["VLMHub", "VLMCheckpoint"]),
         .testTarget(name: "vlmTests", dependencies: ["vlm", "VLMCheckpoint"]),

@@ -4,15 +4,20 @@ public extension RGBImage {
     /// black to the crop size, `ceil(difference / 2)` before it.
     func centerCropped(width cropWidth: Int, height cropHeight: Int) -> RGBImage {
         precondition(cropWidth > 0 && cropHeight > 0, "crop to \(cropWidth)x\(cropHeight)")
-        let top = offset(height, cropHeight), left = offset(width, cropWidth)
-        var out = [UInt8](repeating: 0, count: cropWidth * cropHeight * 3)
-        for y in 0..<cropHeight where (0..<height).contains(y + top) {
-            for x in 0..<cropWidth where (0..<width).contains(x + left) {
-                let from = ((y + top) * width + x + left) * 3, to = (y * cropWidth + x) * 3
-                out[to] = pixels[from]; out[to + 1] = pixels[from + 1]; out[to + 2] = pixels[from + 2]
-            }
+        return region(left: offset(width, cropWidth), top: offset(height, cropHeight), width: cropWidth, height: cropHeight)
+    }
+
+    /// The `width`×`height` rectangle whose top-left corner is at (`left`, `top`) in image coordinates, black where it
+    /// leaves the image: a crop, black padding (negative offsets, or a rectangle larger than the image), or both.
+    func region(left: Int, top: Int, width regionWidth: Int, height regionHeight: Int) -> RGBImage {
+        precondition(regionWidth >= 0 && regionHeight >= 0, "region of \(regionWidth)x\(regionHeight)")
+        var out = [UInt8](repeating: 0, count: regionWidth * regionHeight * 3)
+        let columns = max(left, 0)..<max(min(left + regionWidth, width), max(left, 0))
+        for y in 0..<regionHeight where (0..<height).contains(y + top) && !columns.isEmpty {
+            let from = ((y + top) * width + columns.lowerBound) * 3, to = (y * regionWidth + columns.lowerBound - left) * 3
+            out.replaceSubrange(to..<(to + columns.count * 3), with: pixels[from..<(from + columns.count * 3)])
         }
-        return RGBImage(width: cropWidth, height: cropHeight, pixels: out)
+        return RGBImage(width: regionWidth, height: regionHeight, pixels: out)
     }
 }
 

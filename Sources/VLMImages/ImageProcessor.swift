@@ -15,7 +15,8 @@ public struct ImageSize: Sendable, Equatable, Codable {
 /// What an image processor makes of a batch of images, as transformers' `BatchFeature`: the pixel values, and each
 /// image's size before processing (`image_sizes`, which tiling processors report and their models read).
 public struct ProcessedImages: Sendable {
-    /// `pixel_values` as the model takes them, `[N, 3, H, W]` for the fixed-size processors.
+    /// `pixel_values` as the model takes them: `[N, 3, H, W]` for the fixed-size processors, `[N, patches, 3, H, W]`
+    /// for the tiling ones.
     public var pixelValues: Tensor
     /// Each input image's (height, width), in order.
     public var imageSizes: [ImageSize]
@@ -46,6 +47,8 @@ public enum ImageProcessorError: Error, CustomStringConvertible, Equatable {
     /// The config names no class, and the model type has no default one here.
     case unnamedType(file: String, modelType: String?, supported: [String])
     case unequalSizes([ImageSize])
+    /// Images tiled into different numbers of patches, which only padding (`do_pad`) lets one tensor hold.
+    case unequalPatchCounts([Int])
 
     public var description: String {
         switch self {
@@ -59,6 +62,8 @@ public enum ImageProcessorError: Error, CustomStringConvertible, Equatable {
             "\(file): names no image_processor_type, and model type \(modelType.map { "\"\($0)\"" } ?? "(unknown)") has no default processor here (supported: \(supported.joined(separator: ", ")))"
         case .unequalSizes(let sizes):
             "images come out of the processor in different sizes (\(sizes.map { "\($0.width)x\($0.height)" }.joined(separator: ", "))) and cannot be batched"
+        case .unequalPatchCounts(let counts):
+            "images come out of the processor in different numbers of patches (\(counts.map(String.init).joined(separator: ", "))) and cannot be batched without do_pad"
         }
     }
 }
@@ -72,6 +77,7 @@ public enum ImageProcessorRegistry {
         "ViTImageProcessor": { try StandardImageProcessor(config: .init(json: $0, defaults: .vit, file: $1)) },
         "SiglipImageProcessor": { try StandardImageProcessor(config: .init(json: $0, defaults: .siglip, file: $1)) },
         "ViltImageProcessor": { try ViltImageProcessor(json: $0, file: $1) },
+        "LlavaNextImageProcessor": { try LlavaNextImageProcessor(config: .init(json: $0, file: $1)) },
     ]
 
     /// The processor class of a model type whose processor config names none (transformers'
@@ -83,6 +89,7 @@ public enum ImageProcessorRegistry {
         "clipseg": "ViTImageProcessor",
         "siglip": "SiglipImageProcessor",
         "vilt": "ViltImageProcessor",
+        "llava_next": "LlavaNextImageProcessor",
     ]
 
     /// The class names ``load(directory:modelType:)`` accepts (each also with its `Fast` or `Pil` suffix).

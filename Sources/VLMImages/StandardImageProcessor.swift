@@ -219,10 +219,28 @@ public struct StandardImageProcessor: ImageProcessor {
         return image
     }
 
-    /// pixel_values [N, 3, H, W] fp32, exactly as `processor(images, return_tensors="pt").pixel_values`.
+    /// `image` rescaled and normalised into `out` from `offset` on, channels first (`[3, H, W]`).
     ///
     /// Rescaling multiplies in float64 and rounds to float32; normalisation subtracts and divides in float32, as
     /// transformers' numpy code does.
+    func writeNormalized(_ image: RGBImage, into out: UnsafeMutableBufferPointer<Float>, at offset: Int) {
+        let plane = image.height * image.width
+        let mean = config.imageMean.map { Float($0) }, std = config.imageStd.map { Float($0) }
+        image.pixels.withUnsafeBufferPointer { pixels in
+            for c in 0..<3 {
+                let base = offset + c * plane
+                for i in 0..<plane {
+                    let byte = pixels[i * 3 + c]
+                    var value = config.doRescale ? Float(Double(byte) * config.rescaleFactor) : Float(byte)
+                    if config.doNormalize { value = (value - mean[c]) / std[c] }
+                    out[base + i] = value
+                }
+            }
+        }
+    }
+
+    /// pixel_values [N, 3, H, W] fp32, exactly as `processor(images, return_tensors="pt").pixel_values`.
+    ///
     /// - Throws: `ImageProcessorError.unequalSizes` when the images come out in different sizes (no centre crop),
     ///   which one tensor cannot hold, as transformers refuses to stack them.
     public func preprocess(_ images: [RGBImage]) throws -> ProcessedImages {
@@ -235,23 +253,9 @@ public struct StandardImageProcessor: ImageProcessor {
         guard prepared.allSatisfy({ $0.height == height && $0.width == width }) else {
             throw ImageProcessorError.unequalSizes(prepared.map { ImageSize(height: $0.height, width: $0.width) })
         }
-        let plane = height * width
-        let mean = config.imageMean.map { Float($0) }, std = config.imageStd.map { Float($0) }
         let tensor = Tensor(uninitialized: [prepared.count, 3, height, width])
         tensor.withUnsafeMutableBufferPointer { out in
-            for (n, image) in prepared.enumerated() {
-                image.pixels.withUnsafeBufferPointer { pixels in
-                    for c in 0..<3 {
-                        let base = (n * 3 + c) * plane
-                        for i in 0..<plane {
-                            let byte = pixels[i * 3 + c]
-                            var value = config.doRescale ? Float(Double(byte) * config.rescaleFactor) : Float(byte)
-                            if config.doNormalize { value = (value - mean[c]) / std[c] }
-                            out[base + i] = value
-                        }
-                    }
-                }
-            }
+            for (n, image) in prepared.enumerated() { writeNormalized(image, into: out, at: n * 3 * height * width) }
         }
         return ProcessedImages(pixelValues: tensor, imageSizes: sizes)
     }

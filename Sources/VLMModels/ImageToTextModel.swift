@@ -1,7 +1,8 @@
+import VLMImages
 import VLMTensor
 
 /// A model that writes text about images (captioning, prompted captioning, visual question answering, image chat): BLIP,
-/// BLIP-2 and LLaVA. Image features are computed once per image, so a conversation about one image reuses them every turn.
+/// BLIP-2, LLaVA and LLaVA-NeXT. Image features are computed once per image, so a conversation about one image reuses them every turn.
 public protocol ImageToTextModel: AnyObject, Sendable {
     /// Size of the language model's logits' last dimension.
     var vocabularySize: Int { get }
@@ -11,6 +12,10 @@ public protocol ImageToTextModel: AnyObject, Sendable {
 
     /// What generation conditions on, one row per image of `pixelValues` `[N, 3, H, W]`.
     func imageEmbeddings(pixelValues: Tensor) throws -> Tensor
+
+    /// What generation conditions on for images as their processor made them, one row per image: by default
+    /// ``imageEmbeddings(pixelValues:)`` of their pixel values; LLaVA-NeXT reads each image's size too.
+    func imageEmbeddings(_ images: ProcessedImages) throws -> Tensor
 
     /// The new tokens for each image of `imageEmbeddings`, continuing its prompt row as transformers' `generate`
     /// does for this model by `config` (greedy decoding, sampling or beam search).
@@ -25,6 +30,10 @@ public protocol ImageToTextModel: AnyObject, Sendable {
 }
 
 extension ImageToTextModel {
+    public func imageEmbeddings(_ images: ProcessedImages) throws -> Tensor {
+        try imageEmbeddings(pixelValues: images.pixelValues)
+    }
+
     /// ``generate(imageEmbeddings:inputIds:attentionMask:config:stoppingCriteria:seed:onStep:)`` for pixel values
     /// `[B, 3, H, W]`, their image embeddings computed first.
     public func generate(pixelValues: Tensor, inputIds: [[Int]]? = nil, attentionMask: [[Int]]? = nil,
@@ -46,10 +55,28 @@ func placingImageFeatures(_ features: Tensor, into embeds: Tensor, inputIds: [[I
     guard features.rank == 3, features.shape[2] == width else {
         throw ModelError.invalidInput("image embeddings must be [images, tokens, \(width)], got \(features.shape)")
     }
-    let imagePositions = inputIds.joined().enumerated().filter { $0.element == imageToken }.map(\.offset)
-    let featureRows = features.shape[0] * features.shape[1]
-    guard imagePositions.count == featureRows else {
-        throw ModelError.invalidInput("the prompt holds \(imagePositions.count) image tokens (id \(imageToken)) for \(featureRows) image feature rows (\(features.shape[0]) images of \(features.shape[1]))")
+    return try placingImageRows(features, described: "\(features.shape[0]) images of \(features.shape[1])", into: embeds,
+                                inputIds: inputIds, imageToken: imageToken, width: width)
+}
+
+/// ``placingImageFeatures(_:into:inputIds:imageToken:width:)`` for features kept per image (`[tokens, width]` each,
+/// as many tokens as each image has: LLaVA-NeXT's differ), their rows taken image after image.
+func placingImageFeatures(_ features: [Tensor], into embeds: Tensor, inputIds: [[Int]], imageToken: Int,
+                          width: Int) throws -> Tensor {
+    guard features.allSatisfy({ $0.rank == 2 && $0.shape[1] == width }) else {
+        throw ModelError.invalidInput("image features must be [tokens, \(width)] per image, got \(features.map(\.shape))")
     }
-    return replacingRows(of: embeds, at: imagePositions, with: features)
+    let rows = features.isEmpty ? Tensor(zeros: [0, width]) : concatenate(features, axis: 0)
+    return try placingImageRows(rows, described: "\(features.count) images of \(features.map { String($0.shape[0]) }.joined(separator: ", "))",
+                                into: embeds, inputIds: inputIds, imageToken: imageToken, width: width)
+}
+
+private func placingImageRows(_ rows: Tensor, described: String, into embeds: Tensor, inputIds: [[Int]], imageToken: Int,
+                              width: Int) throws -> Tensor {
+    let imagePositions = inputIds.joined().enumerated().filter { $0.element == imageToken }.map(\.offset)
+    let featureRows = rows.count / width
+    guard imagePositions.count == featureRows else {
+        throw ModelError.invalidInput("the prompt holds \(imagePositions.count) image tokens (id \(imageToken)) for \(featureRows) image feature rows (\(described))")
+    }
+    return replacingRows(of: embeds, at: imagePositions, with: rows)
 }

@@ -70,8 +70,8 @@ public struct LlavaConfig: Decodable, Sendable {
     }
 }
 
-/// transformers' `LlavaMultiModalProjector`: `linear_2(act(linear_1(features)))`, from the vision features
-/// (concatenated over the feature layers) to the language model's width.
+/// transformers' `LlavaMultiModalProjector` (and LLaVA-NeXT's, the same): `linear_2(act(linear_1(features)))`, from the
+/// vision features (concatenated over the feature layers) to the language model's width.
 struct LlavaMultiModalProjector {
     let linear1: Linear
     let linear2: Linear
@@ -88,6 +88,90 @@ struct LlavaMultiModalProjector {
     func callAsFunction(_ features: Tensor) -> Tensor { linear2(linear1(features, activation: activation)) }
 }
 
+/// The image side LLaVA and LLaVA-NeXT share, their `get_image_features` up to the projector: the CLIP tower's hidden
+/// states at `vision_feature_layer`, the class token dropped under `"default"`, concatenated along the feature axis,
+/// projected into the language model's width.
+struct LlavaImageEncoder {
+    let visionTower: CLIPVisionTransformer
+    let projector: LlavaMultiModalProjector
+    let featureLayers: [Int]
+    let dropsClassToken: Bool
+
+    /// Finds the tower and the projector in any of the layouts transformers 5.23 loads (see
+    /// ``LlavaForConditionalGeneration/init(config:weights:file:)``); `file` is what configuration errors name.
+    init(config: LlavaConfig, weights: Weights, file: String) throws {
+        guard ["default", "full"].contains(config.visionFeatureSelectStrategy) else {
+            throw ModelError.invalidConfig("vision_feature_select_strategy \"\(config.visionFeatureSelectStrategy)\" is neither \"default\" nor \"full\"", file: file)
+        }
+        let hiddenStates = config.visionConfig.numHiddenLayers + 1
+        guard !config.visionFeatureLayers.isEmpty,
+              config.visionFeatureLayers.allSatisfy({ $0 >= -hiddenStates && $0 < hiddenStates }) else {
+            throw ModelError.invalidConfig("vision_feature_layer \(config.visionFeatureLayers) must index the vision tower's \(hiddenStates) hidden states", file: file)
+        }
+        visionTower = try CLIPVisionTransformer(
+            config.visionConfig,
+            weights: weights.scoped(firstOf: ["vision_tower", "vision_tower.vision_model", "model.vision_tower", "model.vision_tower.vision_model"],
+                                    holding: "embeddings.class_embedding"),
+            file: file)
+        projector = try LlavaMultiModalProjector(weights.scoped(firstOf: ["multi_modal_projector", "model.multi_modal_projector"],
+                                                                holding: "linear_1.weight"),
+                                                 config: config, file: file)
+        featureLayers = config.visionFeatureLayers
+        dropsClassToken = config.visionFeatureSelectStrategy == "default"
+    }
+
+    /// `[B, features per image, text hiddenSize]` for pixel values `[B, 3, imageSize, imageSize]`.
+    func callAsFunction(_ pixelValues: Tensor) throws -> Tensor {
+        var states = try visionTower.hiddenStates(pixelValues, at: featureLayers)
+        if dropsClassToken {
+            states = states.map { sequenceSlice($0, 1..<$0.shape[1]) }
+        }
+        return projector(states.count == 1 ? states[0] : concatenate(states, axis: 2))
+    }
+}
+
+/// The Llama, Mistral or Qwen2 language model of a LLaVA or LLaVA-NeXT checkpoint, its decoder under
+/// `language_model.model.` (as 5.23 saves it and llava-hf publishes it) or `model.language_model.` (as 5.23's modules
+/// name it), its head `language_model.lm_head.weight` or `lm_head.weight` (the token embeddings when `config` ties
+/// them).
+func llavaLanguageModel(config: LlamaConfig, weights: Weights, file: String) throws -> LlamaForCausalLM {
+    // LlamaForCausalLM names its weights `model.…` and `lm_head.weight`, as a Llama checkpoint does.
+    let decoder = weights.scoped(firstOf: ["language_model.model", "model.language_model"], holding: "embed_tokens.weight")
+    let lmHead = weights.contains("language_model.lm_head.weight") ? "language_model.lm_head.weight" : "lm_head.weight"
+    return try LlamaForCausalLM(config: config, file: file) { name, shape in
+        if name == "lm_head.weight" { return try weights(lmHead, shape: shape) }
+        return try decoder(String(name.dropFirst("model.".count)), shape: shape)
+    }
+}
+
+extension Weights {
+    /// The view under the first of `candidates` that holds `name` (under the first candidate when none does, so that
+    /// the missing-tensor error names it).
+    func scoped(firstOf candidates: [String], holding name: String) -> Weights {
+        scoped(candidates.first { contains("\($0).\(name)") } ?? candidates[0])
+    }
+}
+
+/// `generate` of LLaVA and LLaVA-NeXT: each prompt's token embeddings with the image embeddings in their image
+/// tokens' places, through the language model; nil prompts read each image's tokens alone.
+func generateWithImages(_ languageModel: LlamaForCausalLM, imageToken: Int, imageEmbeddings: Tensor, inputIds: [[Int]]?,
+                        attentionMask: [[Int]]?, config generation: GenerationConfig, stoppingCriteria: [any StoppingCriterion],
+                        seed: UInt64, onStep: ((_ tokens: [Int?]) throws -> Void)?) throws -> GenerationOutput {
+    let ids = inputIds ?? Array(repeating: Array(repeating: imageToken, count: imageEmbeddings.shape.count == 3 ? imageEmbeddings.shape[1] : 0),
+                                count: imageEmbeddings.shape.first ?? 0)
+    let embeds = try placingImageFeatures(imageEmbeddings, into: languageModel.embed(ids), inputIds: ids, imageToken: imageToken,
+                                          width: languageModel.config.hiddenSize)
+    return try languageModel.generate(inputsEmbeds: embeds, promptIds: ids, attentionMask: attentionMask,
+                                      config: generation, stoppingCriteria: stoppingCriteria, seed: seed, onStep: onStep)
+}
+
+/// Per image, its rows of `embeddings` (`[images, tokens, width]`): `[tokens, width]` each.
+func splitImages(_ embeddings: Tensor) -> [Tensor] {
+    let (count, tokens, width) = (embeddings.shape[0], embeddings.shape[1], embeddings.shape[2])
+    let rows = embeddings.reshaped([1, count * tokens, width])
+    return (0..<count).map { sequenceSlice(rows, $0 * tokens..<($0 + 1) * tokens).reshaped([tokens, width]) }
+}
+
 /// transformers' `LlavaForConditionalGeneration` with a Llama, Mistral or Qwen2 language model: image chat, captioning
 /// and visual question answering.
 ///
@@ -95,8 +179,7 @@ struct LlavaMultiModalProjector {
 /// `<image>`; the model puts the image's projected features in their place.
 public final class LlavaForConditionalGeneration: ImageChatModel, @unchecked Sendable {
     public let config: LlavaConfig
-    let visionTower: CLIPVisionTransformer
-    let projector: LlavaMultiModalProjector
+    let encoder: LlavaImageEncoder
     /// The language model that reads the projected image features and generates.
     public let languageModel: LlamaForCausalLM
 
@@ -116,45 +199,21 @@ public final class LlavaForConditionalGeneration: ImageChatModel, @unchecked Sen
     /// `model.multi_modal_projector.…`, `model.language_model.…`, `lm_head.weight`); `file` is what configuration
     /// errors name.
     public init(config: LlavaConfig, weights: Weights, file: String = "config.json") throws {
-        guard ["default", "full"].contains(config.visionFeatureSelectStrategy) else {
-            throw ModelError.invalidConfig("vision_feature_select_strategy \"\(config.visionFeatureSelectStrategy)\" is neither \"default\" nor \"full\"", file: file)
-        }
-        let hiddenStates = config.visionConfig.numHiddenLayers + 1
-        guard !config.visionFeatureLayers.isEmpty,
-              config.visionFeatureLayers.allSatisfy({ $0 >= -hiddenStates && $0 < hiddenStates }) else {
-            throw ModelError.invalidConfig("vision_feature_layer \(config.visionFeatureLayers) must index the vision tower's \(hiddenStates) hidden states", file: file)
-        }
         self.config = config
-        func scope(_ candidates: [String], holding name: String) -> Weights {
-            let prefix = candidates.first { weights.contains("\($0).\(name)") } ?? candidates[0]
-            return weights.scoped(prefix)
-        }
-        visionTower = try CLIPVisionTransformer(
-            config.visionConfig,
-            weights: scope(["vision_tower", "vision_tower.vision_model", "model.vision_tower", "model.vision_tower.vision_model"],
-                           holding: "embeddings.class_embedding"),
-            file: file)
-        projector = try LlavaMultiModalProjector(scope(["multi_modal_projector", "model.multi_modal_projector"],
-                                                       holding: "linear_1.weight"),
-                                                 config: config, file: file)
-        // LlamaForCausalLM names its weights `model.…` and `lm_head.weight`, as a Llama checkpoint does.
-        let decoder = scope(["language_model.model", "model.language_model"], holding: "embed_tokens.weight")
-        let lmHead = weights.contains("language_model.lm_head.weight") ? "language_model.lm_head.weight" : "lm_head.weight"
-        languageModel = try LlamaForCausalLM(config: config.textConfig, file: file) { name, shape in
-            if name == "lm_head.weight" { return try weights(lmHead, shape: shape) }
-            return try decoder(String(name.dropFirst("model.".count)), shape: shape)
-        }
+        encoder = try LlavaImageEncoder(config: config, weights: weights, file: file)
+        languageModel = try llavaLanguageModel(config: config.textConfig, weights: weights, file: file)
     }
 
     /// `get_image_features`: what stands in for each image's tokens, `[B, imageTokensPerImage, text hiddenSize]`, for
     /// pixel values `[B, 3, imageSize, imageSize]`: the chosen hidden states of the vision tower (class token dropped
     /// under `"default"`), concatenated, through the projector.
     public func imageEmbeddings(pixelValues: Tensor) throws -> Tensor {
-        var states = try visionTower.hiddenStates(pixelValues, at: config.visionFeatureLayers)
-        if config.visionFeatureSelectStrategy == "default" {
-            states = states.map { sequenceSlice($0, 1..<$0.shape[1]) }
-        }
-        return projector(states.count == 1 ? states[0] : concatenate(states, axis: 2))
+        try encoder(pixelValues)
+    }
+
+    /// Per image, the `[imageTokensPerImage, text hiddenSize]` rows that take its image tokens' places, in order.
+    public func imageFeatures(_ images: ProcessedImages) throws -> [Tensor] {
+        splitImages(try imageEmbeddings(pixelValues: images.pixelValues))
     }
 
     /// The token embeddings of `inputIds` (`[B][T]`, equal lengths) with the image tokens' rows replaced, in order,
@@ -165,6 +224,12 @@ public final class LlavaForConditionalGeneration: ImageChatModel, @unchecked Sen
     ///   transformers requires.
     public func inputsEmbeds(inputIds: [[Int]], imageEmbeddings: Tensor) throws -> Tensor {
         try placingImageFeatures(imageEmbeddings, into: languageModel.embed(inputIds), inputIds: inputIds,
+                                 imageToken: config.imageTokenIndex, width: config.textConfig.hiddenSize)
+    }
+
+    /// ``inputsEmbeds(inputIds:imageEmbeddings:)`` for features kept per image, as ``imageFeatures(_:)`` gives them.
+    public func inputsEmbeds(inputIds: [[Int]], imageFeatures: [Tensor]) throws -> Tensor {
+        try placingImageFeatures(imageFeatures, into: languageModel.embed(inputIds), inputIds: inputIds,
                                  imageToken: config.imageTokenIndex, width: config.textConfig.hiddenSize)
     }
 
@@ -185,11 +250,9 @@ public final class LlavaForConditionalGeneration: ImageChatModel, @unchecked Sen
     public func generate(imageEmbeddings: Tensor, inputIds: [[Int]]? = nil, attentionMask: [[Int]]? = nil,
                          config generation: GenerationConfig, stoppingCriteria: [any StoppingCriterion] = [],
                          seed: UInt64 = 0, onStep: ((_ tokens: [Int?]) throws -> Void)? = nil) throws -> GenerationOutput {
-        let ids = inputIds ?? Array(repeating: Array(repeating: config.imageTokenIndex, count: imageEmbeddings.shape.count == 3 ? imageEmbeddings.shape[1] : 0),
-                                    count: imageEmbeddings.shape.first ?? 0)
-        let embeds = try inputsEmbeds(inputIds: ids, imageEmbeddings: imageEmbeddings)
-        return try languageModel.generate(inputsEmbeds: embeds, promptIds: ids, attentionMask: attentionMask,
-                                          config: generation, stoppingCriteria: stoppingCriteria, seed: seed, onStep: onStep)
+        try generateWithImages(languageModel, imageToken: config.imageTokenIndex, imageEmbeddings: imageEmbeddings,
+                               inputIds: inputIds, attentionMask: attentionMask, config: generation,
+                               stoppingCriteria: stoppingCriteria, seed: seed, onStep: onStep)
     }
 
     public var vocabularySize: Int { config.textConfig.vocabSize }
@@ -197,14 +260,6 @@ public final class LlavaForConditionalGeneration: ImageChatModel, @unchecked Sen
     public var textDecoder: any CausalLanguageModel { languageModel }
 
     public var imageTokenId: Int { config.imageTokenIndex }
-
-    /// ``imageEmbeddings(pixelValues:)`` image by image: every image gives ``LlavaConfig/imageTokensPerImage`` rows.
-    public func imageFeatures(_ images: ProcessedImages) throws -> [Tensor] {
-        let features = try imageEmbeddings(pixelValues: images.pixelValues)
-        let (count, rows, width) = (features.shape[0], features.shape[1], features.shape[2])
-        let flat = features.reshaped([1, count * rows, width])
-        return (0..<count).map { sequenceSlice(flat, ($0 * rows)..<(($0 + 1) * rows)).reshaped([rows, width]) }
-    }
 
     /// Rotary positions do not run out.
     public func positionsLeft(promptLength: Int?) -> Int? { nil }

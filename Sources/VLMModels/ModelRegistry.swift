@@ -107,6 +107,8 @@ public enum ModelRegistry {
         // LLaVA chats through its chat template with image parts (`vlm generate --chat`, `vlm chat`).
         ModelFamily("LLaVA", modelTypes: ["llava"], tasks: [.caption, .ask, .generate, .chat],
                     builder: .imageToText { try LlavaForConditionalGeneration(directory: $0) }),
+        ModelFamily("LLaVA-NeXT", modelTypes: ["llava_next"], tasks: [.caption, .ask, .generate, .chat],
+                    builder: .imageToText { try LlavaNextForConditionalGeneration(directory: $0) }),
         ModelFamily("BLIP captioning", modelTypes: ["blip"], architectures: ["BlipForConditionalGeneration"],
                     tasks: [.caption], builder: .imageToText { try BlipForConditionalGeneration(directory: $0) }),
         ModelFamily("BLIP question answering", modelTypes: ["blip"], architectures: ["BlipForQuestionAnswering"],

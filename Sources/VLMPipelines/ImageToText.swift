@@ -46,20 +46,35 @@ public final class ImageToTextPipeline: Sendable {
     public func callAsFunction(_ images: [RGBImage], prompt: String? = nil, settings: GenerationConfig? = nil,
                                seed: UInt64 = 0) throws -> [ImageToTextResult] {
         guard !images.isEmpty else { throw PipelineError.noInputs }
-        let embeddings = try imageEmbeddings(images)
-        let promptIds = try processor.promptIds(prompt)
-        if promptIds?.isEmpty == true { throw PipelineError.emptyPrompt }
-        let settings = try fitted(settings ?? config, promptLength: promptIds?.count)
-        let output = try model.generate(
-            imageEmbeddings: embeddings, inputIds: promptIds.map { Array(repeating: $0, count: images.count) },
-            attentionMask: nil, config: settings, stoppingCriteria: stopCriteria(settings), seed: seed, onStep: nil)
+        let processed = try processor.imageProcessor.preprocess(images)
+        let prompts = try processor.promptIds(prompt, for: processed)
+        if prompts?.contains(where: \.isEmpty) == true { throw PipelineError.emptyPrompt }
+        // Prompts of different lengths (LLaVA-NeXT's, whose image tokens follow each image's size) do not batch:
+        // each image goes alone, as transformers' pipeline takes them.
+        if let prompts, Set(prompts).count > 1 {
+            return try images.indices.map { index in
+                let embedding = try model.imageEmbeddings(processor.imageProcessor.preprocess([images[index]]))
+                return try generate(embedding, count: 1, prompts: [prompts[index]], settings: settings, seed: seed)[0]
+            }
+        }
+        return try generate(model.imageEmbeddings(processed), count: images.count, prompts: prompts, settings: settings,
+                            seed: seed)
+    }
+
+    /// One text for each of the `count` images of `embeddings`, continuing its row of `prompts` (nil: the model starts
+    /// on its own).
+    private func generate(_ embeddings: Tensor, count: Int, prompts: [[Int]]?, settings: GenerationConfig?,
+                          seed: UInt64) throws -> [ImageToTextResult] {
+        let settings = try fitted(settings ?? config, promptLength: prompts?.first?.count)
+        let output = try model.generate(imageEmbeddings: embeddings, inputIds: prompts, attentionMask: nil, config: settings,
+                                        stoppingCriteria: stopCriteria(settings), seed: seed, onStep: nil)
         let stride = settings.numReturnSequences
-        return images.indices.map { result(output.sequences[$0 * stride]) }
+        return (0..<count).map { result(output.sequences[$0 * stride]) }
     }
 
     /// What the model conditions on for each image, computed once (a conversation keeps them).
     public func imageEmbeddings(_ images: [RGBImage]) throws -> Tensor {
-        try model.imageEmbeddings(pixelValues: processor.imageProcessor.preprocess(images).pixelValues)
+        try model.imageEmbeddings(processor.imageProcessor.preprocess(images))
     }
 
     /// One image's text for prompt ids already laid out by the processor, streaming each piece of text to `onText`
@@ -71,7 +86,7 @@ public final class ImageToTextPipeline: Sendable {
         // The result's text is trimmed; the stream drops the leading whitespace too.
         var started = false
         func emit(_ piece: String) throws {
-            let text = started ? piece : String(piece.drop { $0.isWhitespace })
+            let text = started ? piece : String(piece.drop { $0.unicodeScalars.allSatisfy(strippedCharacters.contains) })
             started = started || !text.isEmpty
             if let onText, !text.isEmpty { try onText(text) }
         }
@@ -101,6 +116,10 @@ public final class ImageToTextPipeline: Sendable {
 
     private func result(_ ids: [Int]) -> ImageToTextResult {
         ImageToTextResult(text: processor.tokenizer.decode(ids, skipSpecialTokens: true)
-                            .trimmingCharacters(in: .whitespacesAndNewlines), ids: ids)
+                            .trimmingCharacters(in: strippedCharacters), ids: ids)
     }
 }
+
+/// What a result's text is trimmed of: Python's `str.isspace` characters, Unicode's whitespace and newlines and the
+/// ASCII separators U+001C–U+001F, as `.strip()` trims them.
+private let strippedCharacters = CharacterSet.whitespacesAndNewlines.union(CharacterSet(charactersIn: "\u{1C}"..."\u{1F}"))

@@ -12,6 +12,9 @@ public protocol ImageToTextProcessor: Sendable {
     /// The ids the model reads for one image and `prompt` (image tokens included where the family puts them); nil
     /// when there is no prompt and the model starts on its own.
     func promptIds(_ prompt: String?) throws -> [Int]?
+    /// ``promptIds(_:)`` for each of `images`: the same for every image, unless the family's image token count
+    /// depends on the image (LLaVA-NeXT's, on its size).
+    func promptIds(_ prompt: String?, for images: ProcessedImages) throws -> [[Int]]?
     /// The prompt a visual question is asked in, as the family was trained to read it.
     func questionPrompt(_ question: String) -> String
 }
@@ -25,12 +28,19 @@ public protocol ImageChatProcessor: ImageToTextProcessor {
     func imageTokenCounts(_ images: ProcessedImages) -> [Int]
 }
 
+extension ImageToTextProcessor {
+    public func promptIds(_ prompt: String?, for images: ProcessedImages) throws -> [[Int]]? {
+        try promptIds(prompt).map { Array(repeating: $0, count: images.imageSizes.count) }
+    }
+}
+
 /// Builds the processor of an image-to-text checkpoint by config.json's `model_type`.
 enum ImageToTextProcessors {
     static let builders: [String: @Sendable (ModelDirectory) throws -> any ImageToTextProcessor] = [
         "blip-2": { try Blip2Processor(directory: $0) },
         "blip": { try BlipProcessor(directory: $0) },
         "llava": { try LlavaProcessor(directory: $0) },
+        "llava_next": { try LlavaNextProcessor(directory: $0) },
     ]
 
     static func load(_ directory: ModelDirectory) throws -> any ImageToTextProcessor {
@@ -148,6 +158,11 @@ public struct LlavaProcessor: ImageChatProcessor {
         imageTokenId = id
     }
 
+    /// Image tokens per image: ``imageTokensPerImage`` for each.
+    public func imageTokenCounts(_ images: ProcessedImages) -> [Int] {
+        Array(repeating: imageTokensPerImage, count: images.imageSizes.count)
+    }
+
     public func promptIds(_ prompt: String?) throws -> [Int]? {
         let text = prompt ?? questionPrompt("Describe this image.")
         let placed = text.contains(imageToken) ? text : "\(imageToken)\n" + text
@@ -156,13 +171,121 @@ public struct LlavaProcessor: ImageChatProcessor {
         return tokenizer.encode(expanded).ids
     }
 
-    /// Every image takes ``imageTokensPerImage`` tokens.
-    public func imageTokenCounts(_ images: ProcessedImages) -> [Int] {
-        Array(repeating: imageTokensPerImage, count: images.imageSizes.count)
-    }
-
     /// LLaVA-1.5's conversation layout for one user turn with the image.
     public func questionPrompt(_ question: String) -> String {
         "USER: \(imageToken)\n\(question) ASSISTANT:"
+    }
+}
+
+/// transformers' `LlavaNextProcessor`: LLaVA-NeXT's tiling image processor, and each `<image>` in the text expanded
+/// into as many image tokens as the model makes of that image, which depends on its size (its tile grid, unpadded,
+/// with a newline per row, after its base view), the text then tokenized as a whole (with the tokenizer's special
+/// tokens).
+///
+/// Questions are asked in the layout of llava-v1.6-mistral-7b, the checkpoint transformers documents LLaVA-NeXT
+/// with (`[INST] <image>\n… [/INST]`); other checkpoints were trained on their own chat templates. A prompt without
+/// `<image>` reads the image first, as `<image>\n` + prompt.
+public struct LlavaNextProcessor: ImageChatProcessor {
+    public let imageProcessor: any ImageProcessor
+    public let tokenizer: Tokenizer
+    /// The text that marks where an image goes (`image_token`, `<image>` by default).
+    public let imageToken: String
+    /// The tokenizer's id for ``imageToken``.
+    public let imageTokenId: Int
+    /// The vision tower's patch size (`patch_size`).
+    public let patchSize: Int
+    /// `num_additional_image_tokens` (0 when absent): tokens the vision tower adds to an image's patches; llava-hf's
+    /// checkpoints give 1, CLIP's class token.
+    public let numAdditionalImageTokens: Int
+    /// Whether `vision_feature_select_strategy` is `"default"`, which drops the class token (one token fewer).
+    public let dropsClassToken: Bool
+    /// The image processor's pinpoints, which decide each image's tile grid.
+    public let imageGridPinpoints: [ImageSize]
+    /// The (height, width) of every patch the image processor puts out.
+    public let processedSize: ImageSize
+
+    /// Reads the tokenizer files, the image processor config and processor_config.json's `patch_size`,
+    /// `vision_feature_select_strategy`, `num_additional_image_tokens` and `image_token` of a checkpoint directory.
+    ///
+    /// - Throws: the loaders' errors; `PipelineError.invalidProcessor` when the image processor is not LLaVA-NeXT's,
+    ///   `patch_size` is missing, a pinpoint is smaller than a processed patch or a patch smaller than `patch_size`
+    ///   (transformers divides by zero there), or the tokenizer has no image token.
+    public init(directory: ModelDirectory) throws {
+        tokenizer = try Tokenizer(directory: directory.url)
+        imageProcessor = try ImageProcessorRegistry.load(directory: directory.url, modelType: directory.modelType)
+        let settings = try directory.jsonObject("processor_config.json") ?? [:]
+        let path = directory.url.appendingPathComponent("processor_config.json").path
+        guard let tiling = imageProcessor as? LlavaNextImageProcessor else {
+            throw PipelineError.invalidProcessor(path, "the image processor is not LLaVA-NeXT's (LlavaNextImageProcessor)")
+        }
+        guard let patchSize = settings["patch_size"] as? Int, patchSize > 0 else {
+            throw PipelineError.invalidProcessor(path, "patch_size is missing or not a positive integer")
+        }
+        let (pinpoints, processed) = (tiling.config.imageGridPinpoints, tiling.outputSize)
+        guard processed.height >= patchSize, processed.width >= patchSize,
+              pinpoints.allSatisfy({ $0.height >= processed.height && $0.width >= processed.width }) else {
+            throw PipelineError.invalidProcessor(path, "the image processor's \(processed.width)x\(processed.height) patches must hold a \(patchSize)-pixel patch_size and fit in every image_grid_pinpoint")
+        }
+        (imageGridPinpoints, processedSize) = (pinpoints, processed)
+        self.patchSize = patchSize
+        numAdditionalImageTokens = settings["num_additional_image_tokens"] as? Int ?? 0
+        dropsClassToken = settings["vision_feature_select_strategy"] as? String == "default"
+        imageToken = settings["image_token"] as? String ?? "<image>"
+        guard let id = tokenizer.tokenId(imageToken) else {
+            throw PipelineError.invalidProcessor(path, "the tokenizer has no \(imageToken) token")
+        }
+        imageTokenId = id
+    }
+
+    /// `_get_number_of_features`, less the class token under `"default"`: the base view's patches plus the tile
+    /// grid's (its size in patches scaled from the processed patch to the best pinpoint), unpadded as the model
+    /// unpads it, plus a newline per grid row.
+    public func imageTokenCount(originalSize: ImageSize) -> Int {
+        let best = selectBestResolution(originalSize, among: imageGridPinpoints)
+        let patchesHigh = processedSize.height / patchSize, patchesWide = processedSize.width / patchSize
+        let grid = LlavaNextForConditionalGeneration.unpaddedGrid(
+            height: patchesHigh * (best.height / processedSize.height), width: patchesWide * (best.width / processedSize.width),
+            originalSize: originalSize)
+        let base = patchesHigh * patchesWide + numAdditionalImageTokens
+        return grid.rows.count * (grid.columns.count + 1) + base - (dropsClassToken ? 1 : 0)
+    }
+
+    /// Image tokens per image, by each image's original size.
+    public func imageTokenCounts(_ images: ProcessedImages) -> [Int] {
+        images.imageSizes.map { imageTokenCount(originalSize: $0) }
+    }
+
+    /// The ids of `text` with its `<image>`s expanded, the first into the first image's tokens and so on, as
+    /// `processor(text=text, images=images)` makes them.
+    ///
+    /// - Throws: `ModelError.invalidInput` unless the text holds one `<image>` per image.
+    public func promptIds(_ text: String, images: ProcessedImages) throws -> [Int] {
+        let pieces = text.components(separatedBy: imageToken)
+        let counts = imageTokenCounts(images)
+        guard pieces.count - 1 == counts.count else {
+            throw ModelError.invalidInput("the text holds \(pieces.count - 1) \(imageToken) for \(counts.count) images")
+        }
+        let expanded = zip(pieces, counts).map { $0 + String(repeating: imageToken, count: $1) }.joined() + (pieces.last ?? "")
+        return tokenizer.encode(expanded).ids
+    }
+
+    /// Refused: how many tokens an image becomes depends on its size; ``promptIds(_:for:)`` takes the images.
+    public func promptIds(_ prompt: String?) throws -> [Int]? {
+        throw ModelError.invalidInput("LLaVA-NeXT expands \(imageToken) by each image's size: its prompts are made with the images")
+    }
+
+    /// One prompt per image: `prompt` (or a request to describe the image) with its `<image>`s expanded into that
+    /// image's tokens.
+    public func promptIds(_ prompt: String?, for images: ProcessedImages) throws -> [[Int]]? {
+        let text = prompt ?? questionPrompt("Describe this image.")
+        let placed = text.contains(imageToken) ? text : "\(imageToken)\n" + text
+        return imageTokenCounts(images).map { count in
+            tokenizer.encode(placed.replacingOccurrences(of: imageToken, with: String(repeating: imageToken, count: count))).ids
+        }
+    }
+
+    /// llava-v1.6-mistral-7b's layout for one user turn with the image.
+    public func questionPrompt(_ question: String) -> String {
+        "[INST] \(imageToken)\n\(question) [/INST]"
     }
 }

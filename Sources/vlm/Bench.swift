@@ -167,7 +167,7 @@ struct Bench: AsyncParsableCommand {
     private func benchImageToText(_ pipeline: ImageToTextPipeline) throws {
         var generator = SeededGenerator(seed: 0x5EED)
         let photo = RGBImage(width: 640, height: 480, pixels: (0..<(640 * 480 * 3)).map { _ in UInt8.random(in: 0...255, using: &generator) })
-        let pixels = try pipeline.processor.imageProcessor.preprocess([photo]).pixelValues
+        let processed = try pipeline.processor.imageProcessor.preprocess([photo])
         var config = pipeline.config
         config.doSample = false
         config.numBeams = 1
@@ -175,7 +175,7 @@ struct Bench: AsyncParsableCommand {
         config.eosTokenIds = []
         func timedRun() throws -> (image: Double, firstToken: Double, decode: Double) {
             let start = DispatchTime.now().uptimeNanoseconds
-            let embeddings = try pipeline.model.imageEmbeddings(pixelValues: pixels)
+            let embeddings = try pipeline.model.imageEmbeddings(processed)
             let embedded = DispatchTime.now().uptimeNanoseconds
             var steps: [UInt64] = []
             _ = try pipeline.model.generate(imageEmbeddings: embeddings, inputIds: nil, attentionMask: nil, config: config,

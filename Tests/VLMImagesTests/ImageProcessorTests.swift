@@ -55,10 +55,10 @@ import Testing
         #expect(missing.description.contains(directory.path))
 
         let file = directory.appendingPathComponent("preprocessor_config.json")
-        try Data(#"{"image_processor_type": "LlavaNextImageProcessorFast"}"#.utf8).write(to: file)
+        try Data(#"{"image_processor_type": "Idefics3ImageProcessorFast"}"#.utf8).write(to: file)
         let unknown = try #require(throws: ImageProcessorError.self) { try ImageProcessorRegistry.load(directory: directory) }
-        #expect(unknown.description.contains(file.path) && unknown.description.contains("LlavaNextImageProcessorFast")
-                && unknown.description.contains("BlipImageProcessor, CLIPImageProcessor, SiglipImageProcessor, ViTImageProcessor"))
+        #expect(unknown.description.contains(file.path) && unknown.description.contains("Idefics3ImageProcessorFast")
+                && unknown.description.contains("BlipImageProcessor, CLIPImageProcessor, LlavaNextImageProcessor, SiglipImageProcessor, ViTImageProcessor"))
         #expect(!unknown.description.contains("\n"))
 
         try Data(#"{"size": 30}"#.utf8).write(to: file)

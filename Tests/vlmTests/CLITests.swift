@@ -276,9 +276,9 @@ struct CLI {
         }
         let processor = directory.appendingPathComponent("preprocessor_config.json")
         try FileManager.default.removeItem(at: processor)
-        try Data(#"{"image_processor_type": "LlavaNextImageProcessorFast"}"#.utf8).write(to: processor)
+        try Data(#"{"image_processor_type": "Idefics3ImageProcessorFast"}"#.utf8).write(to: processor)
         try expectOneLineError(["classify", photo, "--model", directory.path, "--labels", "a,b"],
-                               mentioning: "\(processor.path): image processor \"LlavaNextImageProcessorFast\" is not supported here (supported: BlipImageProcessor, CLIPImageProcessor")
+                               mentioning: "\(processor.path): image processor \"Idefics3ImageProcessorFast\" is not supported here (supported: BlipImageProcessor, CLIPImageProcessor")
     }
 
     @Test func emptyLabelList() throws {

@@ -2,7 +2,7 @@ import Foundation
 import Testing
 
 /// `vlm caption`, `vlm ask`, `vlm chat --image` and `vlm bench` on a BLIP-2 checkpoint with a real tokenizer, against
-/// oracle/image_to_text.py.
+/// oracle/image_to_text.py; `vlm caption` on a LLaVA-NeXT checkpoint, against oracle/llava_next.py.
 @Suite struct ImageToTextCLITests {
     struct Expected: Decodable {
         struct Generated: Decodable { let ids: [Int]; let text: String }
@@ -80,6 +80,23 @@ import Testing
         #expect(run.status == 0, "\(run.stderr)")
         // The first question has no earlier turns: the same prompt as `vlm ask`.
         #expect(run.stdout == request.greedy.text + "\n")
+    }
+
+    /// LLaVA-NeXT (oracle/llava_next.py): photos of different aspect ratios, so of different image token counts,
+    /// captioned in one call.
+    @Test func llavaNextCaptionsImagesOfDifferentSizes() throws {
+        let next = CLI.fixtures.appendingPathComponent("llava-next/llama-tied-fp16")
+        struct Request: Decodable { let images: [String]; let prompt: String; let greedy: Expected.Generated }
+        struct Requests: Decodable { let requests: [Request] }
+        let requests = try JSONDecoder().decode(Requests.self, from: Data(contentsOf: next.appendingPathComponent("expected.json"))).requests
+        let images = requests.map { CLI.fixtures.appendingPathComponent($0.images[0]).path }
+        let run = try CLI.run(["caption"] + images + ["--model", next.path, "--prompt", requests[0].prompt,
+                                                    "--max-new-tokens", "10", "--json"])
+        #expect(run.status == 0, "\(run.stderr)")
+        let output = try #require(try CLI.json(run) as? [[String: Any]])
+        #expect(output.map { $0["image"] as? String } == images)
+        #expect(output.map { $0["ids"] as? [Int] } == requests.map(\.greedy.ids))
+        #expect(output.map { $0["text"] as? String } == requests.map(\.greedy.text))
     }
 
     @Test func blipCaptionsAnswersAndMatches() throws {
