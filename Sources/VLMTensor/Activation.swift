@@ -18,6 +18,8 @@ public enum Activation: Sendable, Hashable {
     case relu
     /// `x·sigmoid(x)` (transformers "silu"/"swish").
     case silu
+    /// `1 / (1 + exp(-x))` (transformers "sigmoid"; turns segmentation logits into probabilities).
+    case sigmoid
 
     /// The function on one value, in fp32 as PyTorch computes it; the portable backend's implementation.
     func callAsFunction(_ x: Float) -> Float {
@@ -28,6 +30,7 @@ public enum Activation: Sendable, Hashable {
         case .quickGelu: x / (1 + exp(-1.702 * x))
         case .relu: max(x, 0)
         case .silu: x / (1 + exp(-x))
+        case .sigmoid: 1 / (1 + exp(-x))
         }
     }
 }

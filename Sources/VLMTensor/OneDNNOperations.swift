@@ -14,6 +14,7 @@ extension Activation {
         case .quickGelu: (dnnl_eltwise_swish, 1.702, 0)
         case .relu: (dnnl_eltwise_relu, 0, 0)
         case .silu: (dnnl_eltwise_swish, 1, 0)
+        case .sigmoid: (dnnl_eltwise_logistic, 0, 0)
         }
     }
 

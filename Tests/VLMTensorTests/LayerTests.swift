@@ -58,4 +58,24 @@ import Testing
         #expect(throws: LayerError.self) { try Conv2d(weight: Tensor(zeros: [4, 3, 3, 3]), bias: Tensor(zeros: [3]), stride: 1, padding: 0) }
         #expect(throws: LayerError.self) { try Conv2d(weight: Tensor(zeros: [4, 3, 3, 3]), bias: nil, stride: 0, padding: 0) }
     }
+
+    @Test(arguments: OpFixtures.names(op: "convTranspose2d"), Backend.allCases)
+    func convTranspose2dMatchesTorch(name: String, backend: Backend) throws {
+        let c = try #require(fixtures.cases[name])
+        let layer = try ConvTranspose2d(weight: c.input("weight"), bias: c.optionalInput("bias"),
+                                        stride: try #require(c.params.stride), padding: try #require(c.params.padding),
+                                        backend: backend)
+        expectClose(layer(c.input("x")), c.output(), "\(name) \(backend)")
+        // A second batch size reuses the packed weights with a primitive of its own.
+        let x = c.input("x"), expected = c.output()
+        let first = Tensor(shape: [1] + x.shape.dropFirst(), scalars: Array(x.scalars[..<(x.count / 2)]))
+        let wanted = Tensor(shape: [1] + expected.shape.dropFirst(), scalars: Array(expected.scalars[..<(expected.count / 2)]))
+        expectClose(layer(first), wanted, "\(name) \(backend), one item")
+    }
+
+    @Test func convTranspose2dRejectsBadWeights() {
+        #expect(throws: LayerError.self) { try ConvTranspose2d(weight: Tensor(zeros: [4, 3, 3]), bias: nil, stride: 1) }
+        #expect(throws: LayerError.self) { try ConvTranspose2d(weight: Tensor(zeros: [4, 3, 3, 3]), bias: Tensor(zeros: [4]), stride: 1) }
+        #expect(throws: LayerError.self) { try ConvTranspose2d(weight: Tensor(zeros: [4, 3, 3, 3]), bias: nil, stride: 0) }
+    }
 }
