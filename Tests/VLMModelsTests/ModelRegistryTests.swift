@@ -16,6 +16,9 @@ import VLMCheckpoint
         #expect(try ModelRegistry.family(of: directory("decoders/qwen2")).name == "Llama")
         #expect(try ModelRegistry.family(of: directory("decoders/gpt2")).tasks == [.generate, .chat])
         #expect(try ModelRegistry.dualEncoder(directory("clip/tiny-quickgelu-argmax"), for: .classify) is CLIPModel)
+        #expect(try ModelRegistry.family(of: directory("clipseg/tiny-fp16")).tasks == [.segment])
+        #expect(try ModelRegistry.zeroShotSegmentationModel(directory("clipseg/tiny-refined-bf16")) is CLIPSegForImageSegmentation)
+        #expect(throws: ModelError.self) { try ModelRegistry.zeroShotSegmentationModel(directory("clip/tiny-quickgelu-argmax")) }
     }
 
     /// BLIP's heads share model_type "blip": `architectures[0]` decides.
