@@ -1,3 +1,5 @@
+import Synchronization
+import Foundation
 import Testing
 @testable import VLMTensor
 
@@ -78,4 +80,36 @@ import Testing
         #expect(throws: LayerError.self) { try ConvTranspose2d(weight: Tensor(zeros: [4, 3, 3, 3]), bias: Tensor(zeros: [4]), stride: 1) }
         #expect(throws: LayerError.self) { try ConvTranspose2d(weight: Tensor(zeros: [4, 3, 3, 3]), bias: nil, stride: 0) }
     }
+
+    /// A layer first run on one thread and then on a fresh one: oneDNN's own scratchpad belongs to the thread that
+    /// created the primitive, so the second thread must not need it (a convolution of CLIPSeg's refined decoder
+    /// crashed there before the scratchpad was ours). The portable backend gives the expected values.
+    @Test(arguments: [false, true])
+    func oneDNNLayersRunOnAnyThread(transposed: Bool) throws {
+        func values(_ count: Int, _ seed: Int) -> [Float] { (0..<count).map { Float(($0 * 7919 + seed) % 201) / 100 - 1 } }
+        let x = Tensor(shape: [4, 16, 4, 4], scalars: values(4 * 16 * 16, 3))
+        let apply: @Sendable (Tensor) -> Tensor, reference: Tensor
+        if transposed {
+            let (weight, bias) = (Tensor(shape: [16, 8, 4, 4], scalars: values(16 * 8 * 16, 5)), Tensor(shape: [8], scalars: values(8, 7)))
+            let layer = try ConvTranspose2d(weight: weight, bias: bias, stride: 4)
+            reference = try ConvTranspose2d(weight: weight, bias: bias, stride: 4, padding: 0, backend: .portable)(x)
+            apply = { layer($0) }
+        } else {
+            let (weight, bias) = (Tensor(shape: [16, 16, 3, 3], scalars: values(16 * 16 * 9, 5)), Tensor(shape: [16], scalars: values(16, 7)))
+            let layer = try Conv2d(weight: weight, bias: bias, stride: 1, padding: 1)
+            reference = try Conv2d(weight: weight, bias: bias, stride: 1, padding: 1, backend: .portable)(x)
+            apply = { layer($0) }
+        }
+        expectClose(apply(x), reference, "on the first thread")
+        let done = DispatchSemaphore(value: 0)
+        let result = Mutex<Tensor?>(nil)
+        let thread = Thread {
+            result.withLock { $0 = apply(x) }
+            done.signal()
+        }
+        thread.start()
+        done.wait()
+        expectClose(try #require(result.withLock { $0 }), reference, "on a fresh thread")
+    }
 }
+
