@@ -10,6 +10,12 @@ public enum PipelineError: Error, CustomStringConvertible {
     case promptTooLong(tokens: Int, limit: Int)
     /// A checkpoint's processor files do not say how to lay out a prompt.
     case invalidProcessor(String, String)
+    /// A label (1-based position) is empty or only spaces.
+    case emptyLabel(position: Int)
+    /// A label has more tokens than the text model takes.
+    case labelTooLong(String, tokens: Int, limit: Int)
+    /// An image has more pixels than images may have (Pillow's decompression-bomb limit).
+    case imageTooLarge(width: Int, height: Int, limit: Int)
 
     public var description: String {
         switch self {
@@ -20,6 +26,11 @@ public enum PipelineError: Error, CustomStringConvertible {
         case .emptyPrompt: return "the prompt is empty: it tokenized to no tokens"
         case .promptTooLong(let tokens, let limit): return "the prompt is \(tokens) tokens long, more than the \(limit) allowed"
         case .invalidProcessor(let directory, let reason): return "\(directory): \(reason)"
+        case .emptyLabel(let position): return "label \(position) is empty"
+        case .labelTooLong(let label, let tokens, let limit):
+            return "label \"\(label.prefix(40))\(label.count > 40 ? "…" : "")\" is \(tokens) tokens long, more than the \(limit) the text model takes"
+        case .imageTooLarge(let width, let height, let limit):
+            return "a \(width)x\(height) image has more than the \(limit) pixels an image may have"
         }
     }
 }
