@@ -115,6 +115,22 @@ import VLMCheckpoint
         #expect(FileManager.default.fileExists(atPath: out.appendingPathComponent("overlay.png").path))
     }
 
+    /// An example image as a prompt, after the text labels, named by its file; its logits are transformers'.
+    @Test func imagePromptsAreNamedByTheirFile() throws {
+        let out = try temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: out) }
+        let landscape = try #require(expected.photos["landscape"])
+        let run = try CLI.run(["segment", CLI.fixtures.appendingPathComponent(landscape.file).path, "--model", model.path,
+                               "--labels", "a cup of coffee", "--prompt-image", CLI.fixtures.appendingPathComponent("photos/camera.png").path,
+                               "--out", out.path, "--json"])
+        #expect(run.status == 0, "\(run.stderr)")
+        let results = try #require(try CLI.json(run) as? [[String: Any]])
+        #expect(results.map { $0["label"] as? String } == ["a cup of coffee", "camera"])
+        let want = try SafetensorsFile(url: model.appendingPathComponent("expected.safetensors")).tensor("prompt.logits")
+        let values = try npyValues(out.appendingPathComponent("camera.npy").path, shape: Array(want.shape.dropFirst()))
+        #expect(zip(values, want.scalars).allSatisfy { abs($0 - $1) <= 1e-4 * max(1, abs($1)) })
+    }
+
     @Test func badInputIsOneLine() throws {
         let clip = CLI.fixtures.appendingPathComponent("clip/tiny-quickgelu-argmax").path
         let out = try temporaryDirectory()
