@@ -2,7 +2,7 @@ import Foundation
 
 /// A fixed-width one-bit font of printable ASCII, drawn at any integer scale with its edges smoothed (see
 /// ``RGBImage/draw(text:at:color:font:scale:)``). ``fixed9x18Bold`` is the built-in one.
-public struct BitmapFont: Sendable {
+public struct BitmapFont: Sendable, Equatable {
     /// Pixels from one character's left edge to the next one's, at scale 1.
     public let cellWidth: Int
     /// Pixels from the top of the tallest glyph to the bottom of the deepest descender, at scale 1.

@@ -104,11 +104,6 @@ public struct DrawingStyle: Sendable, Equatable {
         self.init(lineWidth: max(2, Int((side / 250).rounded())), textScale: scale, padding: 3 * scale)
     }
 
-    public static func == (a: DrawingStyle, b: DrawingStyle) -> Bool {
-        a.lineWidth == b.lineWidth && a.textScale == b.textScale && a.padding == b.padding
-            && a.font.cellWidth == b.font.cellWidth && a.font.cellHeight == b.font.cellHeight
-    }
-
     /// The height of one line of text with its background.
     public var labelHeight: Int { font.cellHeight * textScale + 2 * padding }
 }
