@@ -22,6 +22,8 @@ public enum ImageError: Error, CustomStringConvertible {
     case corrupt(file: String, format: String, reason: String)
     case tooLarge(file: String, width: Int, height: Int)
     case unsupported(file: String, reason: String)
+    /// An image could not be encoded or written.
+    case unwritable(file: String, reason: String)
 
     public var description: String {
         switch self {
@@ -31,6 +33,7 @@ public enum ImageError: Error, CustomStringConvertible {
         case .tooLarge(let file, let width, let height):
             "\(file): \(width)x\(height) image exceeds \(ImageDecoder.maxPixels) pixels (a decompression bomb?)"
         case .unsupported(let file, let reason): "\(file): unsupported image: \(reason)"
+        case .unwritable(let file, let reason): "\(file): cannot write: \(reason)"
         }
     }
 }

@@ -96,6 +96,12 @@ public struct CLIPConfig: Decodable, Sendable {
         case textConfig = "text_config", visionConfig = "vision_config", projectionDim = "projection_dim"
     }
 
+    init(textConfig: CLIPTextConfig, visionConfig: CLIPVisionConfig, projectionDim: Int) {
+        self.textConfig = textConfig
+        self.visionConfig = visionConfig
+        self.projectionDim = projectionDim
+    }
+
     public init(from decoder: any Decoder) throws {
         let c = try decoder.container(keyedBy: CodingKeys.self)
         // An absent sub-config means all of its defaults, as CLIPConfig(text_config=None) does.
@@ -110,6 +116,9 @@ public struct CLIPConfig: Decodable, Sendable {
 /// `CLIPVisionTransformer`: patch embedding, class token, learned positions, pre-norm encoder, pooled class token.
 final class CLIPVisionTransformer: Sendable {
     let config: CLIPVisionConfig
+    /// Whether images of another size than `image_size` are taken, their position embeddings resized to the patch
+    /// grid (transformers' `interpolate_pos_encoding=True`, CLIPSeg's default); otherwise they are refused.
+    let interpolatesPositions: Bool
     let patchEmbedding: Conv2d
     let classEmbedding: Tensor
     let positionEmbedding: Tensor
@@ -117,12 +126,13 @@ final class CLIPVisionTransformer: Sendable {
     let layers: [PreNormEncoderLayer]
     let postLayerNorm: LayerNorm
 
-    init(_ config: CLIPVisionConfig, weights: Weights, file: String) throws {
+    init(_ config: CLIPVisionConfig, weights: Weights, file: String, interpolatesPositions: Bool = false) throws {
         guard config.patchSize > 0, config.imageSize % config.patchSize == 0,
               config.numAttentionHeads > 0, config.hiddenSize % config.numAttentionHeads == 0 else {
             throw ModelError.invalidConfig("vision_config: image_size \(config.imageSize) must be a multiple of patch_size \(config.patchSize), hidden_size \(config.hiddenSize) of num_attention_heads \(config.numAttentionHeads)", file: file)
         }
         self.config = config
+        self.interpolatesPositions = interpolatesPositions
         let d = config.hiddenSize
         let embeddings = weights.scoped("embeddings")
         patchEmbedding = try Conv2d(
@@ -153,16 +163,36 @@ final class CLIPVisionTransformer: Sendable {
         try encoderHiddenStates(layers: layers, at: indices) { try embeddings(pixelValues) }
     }
 
-    /// pixel_values [B, C, S, S] → patch embeddings after the class token, plus positions, pre-layernormed.
+    /// pixel_values [B, C, H, W] → patch embeddings after the class token, plus positions, pre-layernormed.
     private func embeddings(_ pixelValues: Tensor) throws -> Tensor {
-        let expected = [config.numChannels, config.imageSize, config.imageSize]
-        guard pixelValues.rank == 4, Array(pixelValues.shape.dropFirst()) == expected else {
-            throw ModelError.invalidInput("CLIP vision model expects pixel values [batch, \(expected.map(String.init).joined(separator: ", "))], got \(pixelValues.shape)")
+        let channels = config.numChannels, patch = config.patchSize
+        let fits = pixelValues.rank == 4 && pixelValues.shape[1] == channels && (interpolatesPositions
+            ? pixelValues.shape[2] >= patch && pixelValues.shape[3] >= patch
+            : pixelValues.shape[2] == config.imageSize && pixelValues.shape[3] == config.imageSize)
+        guard fits else {
+            let expected = interpolatesPositions ? "[batch, \(channels), H, W] with H and W at least \(patch)"
+                : "[batch, \(channels), \(config.imageSize), \(config.imageSize)]"
+            throw ModelError.invalidInput("CLIP vision model expects pixel values \(expected), got \(pixelValues.shape)")
         }
         let batch = pixelValues.shape[0], d = config.hiddenSize
         let patches = patchEmbedding(pixelValues, channelsLast: true).reshaped([batch, -1, d])
         let classTokens = concatenate(Array(repeating: classEmbedding, count: batch), axis: 0)
-        return preLayerNorm(add(concatenate([classTokens, patches], axis: 1), positionEmbedding))
+        let positions = positionEmbeddings(height: pixelValues.shape[2], width: pixelValues.shape[3])
+        return preLayerNorm(add(concatenate([classTokens, patches], axis: 1), positions))
+    }
+
+    /// The position embeddings of an image of `height`×`width` pixels, [1 + patches, D]: the learned ones, or, for
+    /// another patch grid (or any non-square image) when positions are interpolated, their patch grid resized to the
+    /// image's with bicubic interpolation, as transformers' `interpolate_pos_encoding` does.
+    private func positionEmbeddings(height: Int, width: Int) -> Tensor {
+        let side = config.patchesPerSide, d = config.hiddenSize
+        let (rows, columns) = (height / config.patchSize, width / config.patchSize)
+        if !interpolatesPositions || (rows * columns == side * side && height == width) { return positionEmbedding }
+        let grid = sequenceSlice(positionEmbedding.reshaped([1, 1 + side * side, d]), 1..<(1 + side * side))
+        let resized = interpolate(channelsFirst(grid).reshaped([1, d, side, side]), height: rows, width: columns, mode: .bicubic)
+        let classPosition = sequenceSlice(positionEmbedding.reshaped([1, 1 + side * side, d]), 0..<1)
+        return concatenate([classPosition, channelsFirst(resized.reshaped([1, d, rows * columns]))], axis: 1)
+            .reshaped([1 + rows * columns, d])
     }
 }
 
@@ -238,9 +268,16 @@ public final class CLIPModel: ImageTextDualEncoder {
                       file: directory.url.appendingPathComponent("config.json").path)
     }
 
-    public init(config: CLIPConfig, weights: Weights, file: String = "config.json") throws {
+    public convenience init(config: CLIPConfig, weights: Weights, file: String = "config.json") throws {
+        try self.init(config: config, weights: weights, file: file, interpolatesPositions: false)
+    }
+
+    /// - Parameter interpolatesPositions: take images of any size, as `interpolate_pos_encoding=True` does (see
+    ///   `CLIPVisionTransformer`).
+    init(config: CLIPConfig, weights: Weights, file: String, interpolatesPositions: Bool) throws {
         self.config = config
-        vision = try CLIPVisionTransformer(config.visionConfig, weights: weights.scoped("vision_model"), file: file)
+        vision = try CLIPVisionTransformer(config.visionConfig, weights: weights.scoped("vision_model"), file: file,
+                                           interpolatesPositions: interpolatesPositions)
         text = try CLIPTextTransformer(config.textConfig, weights: weights.scoped("text_model"), file: file)
         visualProjection = try Linear(weights.scoped("visual_projection"), inFeatures: config.visionConfig.hiddenSize,
                                       outFeatures: config.projectionDim, bias: false)

@@ -62,6 +62,7 @@ public enum ModelBuilder: Sendable {
     case imageToText(@Sendable (ModelDirectory) throws -> any ImageToTextModel)
     case imageTextMatching(@Sendable (ModelDirectory) throws -> any ImageTextMatchingModel)
     case visualQuestionClassifier(@Sendable (ModelDirectory) throws -> any VisualQuestionClassifier)
+    case zeroShotSegmentation(@Sendable (ModelDirectory) throws -> any ZeroShotSegmentationModel)
 }
 
 /// One model family as checkpoints name it: the config.json `model_type`s (and, where one type covers several
@@ -96,6 +97,8 @@ public enum ModelRegistry {
                     builder: .imageTextDualEncoder { try CLIPModel(directory: $0) }),
         ModelFamily("SigLIP", modelTypes: ["siglip"], tasks: [.classify, .embed],
                     builder: .imageTextDualEncoder { try SiglipModel(directory: $0) }),
+        ModelFamily("CLIPSeg", modelTypes: ["clipseg"], tasks: [.segment],
+                    builder: .zeroShotSegmentation { try CLIPSegForImageSegmentation(directory: $0) }),
         ModelFamily("Llama", modelTypes: ["llama", "mistral", "qwen2"], tasks: [.generate, .chat],
                     builder: .causalLanguageModel { try LlamaForCausalLM(directory: $0) }),
         ModelFamily("OPT", modelTypes: ["opt"], tasks: [.generate, .chat],
@@ -188,6 +191,15 @@ public enum ModelRegistry {
     public static func imageTextMatchingModel(_ directory: ModelDirectory) throws -> any ImageTextMatchingModel {
         guard case .imageTextMatching(let build) = try family(of: directory, for: .match).builder else {
             throw ModelError.invalidConfig("match needs an image–text matching model", file: directory.url.path)
+        }
+        return try build(directory)
+    }
+
+    /// The zero-shot segmentation model in `directory` (a ``CLIPSegForImageSegmentation`` for clipseg); see
+    /// ``family(of:for:)`` for the errors.
+    public static func zeroShotSegmentationModel(_ directory: ModelDirectory) throws -> any ZeroShotSegmentationModel {
+        guard case .zeroShotSegmentation(let build) = try family(of: directory, for: .segment).builder else {
+            throw ModelError.invalidConfig("segment needs a zero-shot segmentation model", file: directory.url.path)
         }
         return try build(directory)
     }

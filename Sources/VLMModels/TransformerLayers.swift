@@ -35,6 +35,7 @@ extension Activation {
         case "gelu_new", "gelu_pytorch_tanh", "gelu_fast": self = .geluTanh
         case "relu": self = .relu
         case "silu", "swish": self = .silu
+        case "sigmoid": self = .sigmoid
         default: throw ModelError.unsupportedActivation(name, file: file)
         }
     }

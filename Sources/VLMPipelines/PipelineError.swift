@@ -20,6 +20,12 @@ public enum PipelineError: Error, CustomStringConvertible {
     case imageCountMismatch(markers: Int, images: Int, marker: String)
     /// An image part refers to an image that cannot be read (`reference` as given, shortened).
     case unreadableImage(reference: String, reason: String)
+    /// A label (1-based position) is empty or only spaces.
+    case emptyLabel(position: Int)
+    /// A label has more tokens than the text model takes.
+    case labelTooLong(String, tokens: Int, limit: Int)
+    /// An image has more pixels than images may have (Pillow's decompression-bomb limit).
+    case imageTooLarge(width: Int, height: Int, limit: Int)
 
     public var description: String {
         switch self {
@@ -38,6 +44,11 @@ public enum PipelineError: Error, CustomStringConvertible {
         case .imageCountMismatch(let markers, let images, let marker):
             return "the chat template wrote \(markers) \(marker) markers for the \(images) images of the messages; they must match"
         case .unreadableImage(let reference, let reason): return "\(reference): \(reason)"
+        case .emptyLabel(let position): return "label \(position) is empty"
+        case .labelTooLong(let label, let tokens, let limit):
+            return "label \"\(label.prefix(40))\(label.count > 40 ? "…" : "")\" is \(tokens) tokens long, more than the \(limit) the text model takes"
+        case .imageTooLarge(let width, let height, let limit):
+            return "a \(width)x\(height) image has more than the \(limit) pixels an image may have"
         }
     }
 }

@@ -18,7 +18,7 @@ public enum Activation: Sendable, Hashable {
     case relu
     /// `x·sigmoid(x)` (transformers "silu"/"swish").
     case silu
-    /// `1/(1 + exp(-x))` (`torch.sigmoid`).
+    /// `1 / (1 + exp(-x))` (`torch.sigmoid`; turns segmentation logits and SigLIP scores into probabilities).
     case sigmoid
 
     /// The function on one value, in fp32 as PyTorch computes it; the portable backend's implementation.

@@ -78,6 +78,25 @@ public func multiply(_ a: Tensor, _ b: Tensor) -> Tensor {
     return output
 }
 
+/// `x · scale + shift` where `x` is `[B, T, D]` and `scale` and `shift` are `[B, D]`: each batch item's features
+/// scaled and shifted by its own vector, over all its tokens (FiLM, feature-wise linear modulation).
+public func modulated(_ x: Tensor, scale: Tensor, shift: Tensor) -> Tensor {
+    precondition(x.rank == 3 && scale.shape == [x.shape[0], x.shape[2]] && shift.shape == scale.shape,
+                 "modulated: \(x.shape) by scale \(scale.shape) and shift \(shift.shape)")
+    let (batch, length, features) = (x.shape[0], x.shape[1], x.shape[2])
+    let output = Tensor(uninitialized: x.shape)
+    for item in 0..<batch {
+        let factors = scale.storage.pointer + item * features, offsets = shift.storage.pointer + item * features
+        for token in 0..<length {
+            let row = (item * length + token) * features
+            for feature in 0..<features {
+                output.storage.pointer[row + feature] = x.storage.pointer[row + feature] * factors[feature] + offsets[feature]
+            }
+        }
+    }
+    return output
+}
+
 /// The index of the largest value of each row of `x [..., N]`; the first one on ties, as `torch.argmax`. NaN counts as
 /// largest, also as torch does.
 public func argmaxLastDimension(_ x: Tensor) -> [Int] {

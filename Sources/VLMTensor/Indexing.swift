@@ -93,3 +93,20 @@ public func replacingRows(of x: Tensor, at rows: [Int], with source: Tensor) -> 
     }
     return output
 }
+
+/// `x [N, ..., C]` with its last axis moved to the second, `[N, C, ...]` (`x.movedim(-1, 1)`, copied): a ViT's
+/// tokens `[B, H·W, C]` as the channels of an image, `[B, C, H·W]`, for convolutions to read.
+public func channelsFirst(_ x: Tensor) -> Tensor {
+    precondition(x.rank >= 2, "channelsFirst needs [N, ..., C], got \(x.shape)")
+    let (batch, channels) = (x.shape[0], x.shape[x.rank - 1])
+    let positions = x.shape.dropFirst().dropLast().reduce(1, *)
+    let output = Tensor(uninitialized: [batch, channels] + x.shape.dropFirst().dropLast())
+    for item in 0..<batch {
+        let source = x.storage.pointer + item * positions * channels
+        let destination = output.storage.pointer + item * channels * positions
+        for position in 0..<positions {
+            for channel in 0..<channels { destination[channel * positions + position] = source[position * channels + channel] }
+        }
+    }
+    return output
+}

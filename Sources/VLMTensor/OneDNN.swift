@@ -5,17 +5,21 @@ internal import Foundation
 // The oneDNN machinery the oneDNN backend (the OneDNN*.swift files) builds on: the engine, the stream, memory
 // descriptors, primitive creation and execution, and the primitive caches.
 
-/// The process-wide oneDNN CPU engine and stream.
+/// The process-wide oneDNN CPU engine and stream, and the scratchpad every primitive uses.
 ///
 /// Primitives execute one at a time under `executionLock`: each one already spreads over every core through
-/// oneDNN's OpenMP runtime, a CPU stream is not meant to be shared between threads, and the library-managed
-/// scratchpad is shared between primitives.
+/// oneDNN's OpenMP runtime, and a CPU stream is not meant to be shared between threads. One scratchpad therefore
+/// serves them all. It is ours (`dnnl_scratchpad_mode_user`), not oneDNN's: the library's own is allocated per
+/// thread when a primitive is created, so a primitive executed on another thread than the one that created it (any
+/// model called from more than one task) would find none there, or one too small.
 final class OneDNNRuntime: @unchecked Sendable {
     static let shared = OneDNNRuntime()
 
     let engine: dnnl_engine_t
     let stream: dnnl_stream_t
     private let executionLock = NSLock()
+    private var scratchpad: UnsafeMutableRawPointer?
+    private var scratchpadBytes = 0
 
     private init() {
         var engine: dnnl_engine_t?
@@ -26,10 +30,18 @@ final class OneDNNRuntime: @unchecked Sendable {
         self.stream = stream!
     }
 
-    func serialized<R>(_ body: () -> R) -> R {
+    /// Runs `body` alone, with the scratchpad grown to at least `scratchpadBytes` (nil when none is needed).
+    func serialized<R>(scratchpadBytes needed: Int, _ body: (UnsafeMutableRawPointer?) -> R) -> R {
         executionLock.lock()
         defer { executionLock.unlock() }
-        return body()
+        if needed > scratchpadBytes {
+            free(scratchpad)
+            var raw: UnsafeMutableRawPointer?
+            let status = posix_memalign(&raw, 64, needed)
+            precondition(status == 0 && raw != nil, "out of memory allocating a \(needed)-byte oneDNN scratchpad")
+            (scratchpad, scratchpadBytes) = (raw, needed)
+        }
+        return body(needed > 0 ? scratchpad : nil)
     }
 }
 
@@ -109,15 +121,16 @@ enum PostOp {
     case add(dnnl_memory_desc_t)
 }
 
-/// Primitive attributes: post-ops.
+/// Primitive attributes: post-ops, and always the user-managed scratchpad (see `OneDNNRuntime`).
 struct PrimitiveAttributes {
     var postOps: [PostOp] = []
 
     func withHandle<R>(_ body: (dnnl_primitive_attr_t?) -> R) -> R {
-        if postOps.isEmpty { return body(nil) }
         var attr: dnnl_primitive_attr_t?
         checkDNNL(dnnl_primitive_attr_create(&attr), "attribute creation")
         defer { dnnl_primitive_attr_destroy(attr) }
+        checkDNNL(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user), "scratchpad mode")
+        if postOps.isEmpty { return body(attr) }
         var ops: dnnl_post_ops_t?
         checkDNNL(dnnl_post_ops_create(&ops), "post-op creation")
         defer { dnnl_post_ops_destroy(ops) }
@@ -139,6 +152,8 @@ final class Primitive: @unchecked Sendable {
     let name: String
     private let descriptor: dnnl_primitive_desc_t
     private let handle: dnnl_primitive_t
+    /// What the primitive needs of the shared scratchpad.
+    private let scratchpad: (descriptor: dnnl_memory_desc_t, bytes: Int)
 
     /// Creates the primitive for an operation descriptor (a `dnnl_*_desc_t`), or nil when oneDNN has no
     /// implementation for it.
@@ -156,6 +171,7 @@ final class Primitive: @unchecked Sendable {
         self.name = name
         descriptor = pd!
         handle = primitive!
+        scratchpad = Primitive.scratchpad(of: pd!)
     }
 
     /// A reorder from one layout to another.
@@ -163,12 +179,23 @@ final class Primitive: @unchecked Sendable {
         let engine = OneDNNRuntime.shared.engine
         var source = source, destination = destination
         var pd: dnnl_primitive_desc_t?
-        checkDNNL(dnnl_reorder_primitive_desc_create(&pd, &source, engine, &destination, engine, nil), "reorder descriptor")
+        PrimitiveAttributes().withHandle { attr in
+            checkDNNL(dnnl_reorder_primitive_desc_create(&pd, &source, engine, &destination, engine, attr), "reorder descriptor")
+        }
         var primitive: dnnl_primitive_t?
         checkDNNL(dnnl_primitive_create(&primitive, pd), "reorder primitive")
         name = "reorder"
         descriptor = pd!
         handle = primitive!
+        scratchpad = Primitive.scratchpad(of: pd!)
+    }
+
+    private static func scratchpad(of descriptor: dnnl_primitive_desc_t) -> (descriptor: dnnl_memory_desc_t, bytes: Int) {
+        guard let md = dnnl_primitive_desc_query_md(descriptor, dnnl_query_scratchpad_md, 0) else {
+            return (dnnl_memory_desc_t(), 0)
+        }
+        var scratchpad = md.pointee
+        return (scratchpad, dnnl_memory_desc_get_size(&scratchpad))
     }
 
     deinit {
@@ -203,8 +230,16 @@ final class Primitive: @unchecked Sendable {
             execArgs.append(dnnl_exec_arg_t(arg: argument, memory: memory))
         }
         defer { for arg in execArgs { dnnl_memory_destroy(arg.memory) } }
-        runtime.serialized {
-            checkDNNL(dnnl_primitive_execute(handle, runtime.stream, Int32(execArgs.count), execArgs), "\(name) execution")
+        runtime.serialized(scratchpadBytes: scratchpad.bytes) { buffer in
+            var all = execArgs
+            if let buffer {
+                var md = scratchpad.descriptor
+                var memory: dnnl_memory_t?
+                checkDNNL(dnnl_memory_create(&memory, &md, runtime.engine, buffer), "\(name) scratchpad memory")
+                all.append(dnnl_exec_arg_t(arg: DNNL_ARG_SCRATCHPAD, memory: memory))
+            }
+            defer { if all.count > execArgs.count { dnnl_memory_destroy(all[all.count - 1].memory) } }
+            checkDNNL(dnnl_primitive_execute(handle, runtime.stream, Int32(all.count), all), "\(name) execution")
             checkDNNL(dnnl_stream_wait(runtime.stream), "\(name) stream wait")
         }
     }

@@ -77,6 +77,7 @@ struct Bench: AsyncParsableCommand {
             let model = try build(directory)
             try benchImageModel(side: model.imageSize, features: model.imageEmbeddings)
         case .visualQuestionClassifier(let build): try benchQuestionClassifier(build(directory))
+        case .zeroShotSegmentation: throw BenchError.unmeasured(family: try ModelRegistry.family(of: directory).name)
         case .imageToText:
             let pipeline = try ImageToTextPipeline(directory: directory.url)
             if let image, let prompt {
@@ -288,6 +289,16 @@ struct Bench: AsyncParsableCommand {
         } else {
             print(String(format: "text-generation: prefill %.1f tokens/s (%d-token prompt), decode %.1f tokens/s (%d tokens), median of %d runs",
                          report.prefillTokensPerSecond, promptTokens, report.decodeTokensPerSecond, newTokens, runs))
+        }
+    }
+}
+
+enum BenchError: Error, CustomStringConvertible {
+    case unmeasured(family: String)
+
+    var description: String {
+        switch self {
+        case .unmeasured(let family): "vlm bench does not measure \(family) models yet"
         }
     }
 }

@@ -2,7 +2,7 @@ import Foundation
 import Testing
 import VLMTensor
 
-/// Cases written by oracle/tensor_ops.py: inputs and PyTorch's outputs.
+/// Cases written by oracle/tensor_ops.py and oracle/segmentation_ops.py: inputs and PyTorch's outputs.
 struct OpFixtures {
     struct Entry: Decodable {
         let shape: [Int]
@@ -22,6 +22,9 @@ struct OpFixtures {
         let ids: [Int]?
         let axis: Int?
         let positions: [Int]?
+        let mode: String?
+        let height: Int?
+        let width: Int?
     }
 
     struct Case: Decodable {
@@ -30,6 +33,12 @@ struct OpFixtures {
         let params: Parameters
         let inputs: [String: Entry]
         let outputs: [String: Entry]
+
+        /// The same case with its data found `floats` further on.
+        func shifted(by floats: Int) -> Case {
+            let move = { (entries: [String: Entry]) in entries.mapValues { Entry(shape: $0.shape, offset: $0.offset + floats) } }
+            return Case(name: name, op: op, params: params, inputs: move(inputs), outputs: move(outputs))
+        }
     }
 
     private struct Manifest: Decodable {
@@ -41,22 +50,30 @@ struct OpFixtures {
     let cases: [String: Case]
     private let data: [Float]
 
+    /// Each manifest's blob is appended to `data`, its cases' offsets moved along with it.
     private init() {
         var directory = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
         while !FileManager.default.fileExists(atPath: directory.appendingPathComponent("Package.swift").path) {
             directory.deleteLastPathComponent()
         }
         let folder = directory.appendingPathComponent("Tests/Fixtures/tensor")
-        do {
-            let manifest = try JSONDecoder().decode(Manifest.self, from: Data(contentsOf: folder.appendingPathComponent("tensor_ops.json")))
-            let bytes = try Data(contentsOf: folder.appendingPathComponent("tensor_ops.bin"))
-            data = bytes.withUnsafeBytes { raw in
-                (0..<bytes.count / 4).map { Float(bitPattern: UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: $0 * 4, as: UInt32.self))) }
+        var cases: [String: Case] = [:]
+        var data: [Float] = []
+        for name in ["tensor_ops", "segmentation_ops"] {
+            do {
+                let manifest = try JSONDecoder().decode(Manifest.self, from: Data(contentsOf: folder.appendingPathComponent("\(name).json")))
+                let bytes = try Data(contentsOf: folder.appendingPathComponent("\(name).bin"))
+                let base = data.count
+                data += bytes.withUnsafeBytes { raw in
+                    (0..<bytes.count / 4).map { Float(bitPattern: UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: $0 * 4, as: UInt32.self))) }
+                }
+                for entry in manifest.cases { cases[entry.name] = entry.shifted(by: base) }
+            } catch {
+                fatalError("cannot read tensor fixtures \(name) in \(folder.path): \(error)")
             }
-            cases = Dictionary(uniqueKeysWithValues: manifest.cases.map { ($0.name, $0) })
-        } catch {
-            fatalError("cannot read tensor fixtures in \(folder.path): \(error)")
         }
+        self.cases = cases
+        self.data = data
     }
 
     static func names(op: String) -> [String] {
@@ -82,6 +99,7 @@ func activationNamed(_ name: String) -> Activation {
     case "quickGelu": .quickGelu
     case "relu": .relu
     case "silu": .silu
+    case "sigmoid": .sigmoid
     default: fatalError("unknown activation \(name) in fixtures")
     }
 }

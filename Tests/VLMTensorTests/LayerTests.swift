@@ -1,3 +1,5 @@
+import Synchronization
+import Foundation
 import Testing
 @testable import VLMTensor
 
@@ -58,4 +60,56 @@ import Testing
         #expect(throws: LayerError.self) { try Conv2d(weight: Tensor(zeros: [4, 3, 3, 3]), bias: Tensor(zeros: [3]), stride: 1, padding: 0) }
         #expect(throws: LayerError.self) { try Conv2d(weight: Tensor(zeros: [4, 3, 3, 3]), bias: nil, stride: 0, padding: 0) }
     }
+
+    @Test(arguments: OpFixtures.names(op: "convTranspose2d"), Backend.allCases)
+    func convTranspose2dMatchesTorch(name: String, backend: Backend) throws {
+        let c = try #require(fixtures.cases[name])
+        let layer = try ConvTranspose2d(weight: c.input("weight"), bias: c.optionalInput("bias"),
+                                        stride: try #require(c.params.stride), padding: try #require(c.params.padding),
+                                        backend: backend)
+        expectClose(layer(c.input("x")), c.output(), "\(name) \(backend)")
+        // A second batch size reuses the packed weights with a primitive of its own.
+        let x = c.input("x"), expected = c.output()
+        let first = Tensor(shape: [1] + x.shape.dropFirst(), scalars: Array(x.scalars[..<(x.count / 2)]))
+        let wanted = Tensor(shape: [1] + expected.shape.dropFirst(), scalars: Array(expected.scalars[..<(expected.count / 2)]))
+        expectClose(layer(first), wanted, "\(name) \(backend), one item")
+    }
+
+    @Test func convTranspose2dRejectsBadWeights() {
+        #expect(throws: LayerError.self) { try ConvTranspose2d(weight: Tensor(zeros: [4, 3, 3]), bias: nil, stride: 1) }
+        #expect(throws: LayerError.self) { try ConvTranspose2d(weight: Tensor(zeros: [4, 3, 3, 3]), bias: Tensor(zeros: [4]), stride: 1) }
+        #expect(throws: LayerError.self) { try ConvTranspose2d(weight: Tensor(zeros: [4, 3, 3, 3]), bias: nil, stride: 0) }
+    }
+
+    /// A layer first run on one thread and then on a fresh one: oneDNN's own scratchpad belongs to the thread that
+    /// created the primitive, so the second thread must not need it (a convolution of CLIPSeg's refined decoder
+    /// crashed there before the scratchpad was ours). The portable backend gives the expected values.
+    @Test(arguments: [false, true])
+    func oneDNNLayersRunOnAnyThread(transposed: Bool) throws {
+        func values(_ count: Int, _ seed: Int) -> [Float] { (0..<count).map { Float(($0 * 7919 + seed) % 201) / 100 - 1 } }
+        let x = Tensor(shape: [4, 16, 4, 4], scalars: values(4 * 16 * 16, 3))
+        let apply: @Sendable (Tensor) -> Tensor, reference: Tensor
+        if transposed {
+            let (weight, bias) = (Tensor(shape: [16, 8, 4, 4], scalars: values(16 * 8 * 16, 5)), Tensor(shape: [8], scalars: values(8, 7)))
+            let layer = try ConvTranspose2d(weight: weight, bias: bias, stride: 4)
+            reference = try ConvTranspose2d(weight: weight, bias: bias, stride: 4, padding: 0, backend: .portable)(x)
+            apply = { layer($0) }
+        } else {
+            let (weight, bias) = (Tensor(shape: [16, 16, 3, 3], scalars: values(16 * 16 * 9, 5)), Tensor(shape: [16], scalars: values(16, 7)))
+            let layer = try Conv2d(weight: weight, bias: bias, stride: 1, padding: 1)
+            reference = try Conv2d(weight: weight, bias: bias, stride: 1, padding: 1, backend: .portable)(x)
+            apply = { layer($0) }
+        }
+        expectClose(apply(x), reference, "on the first thread")
+        let done = DispatchSemaphore(value: 0)
+        let result = Mutex<Tensor?>(nil)
+        let thread = Thread {
+            result.withLock { $0 = apply(x) }
+            done.signal()
+        }
+        thread.start()
+        done.wait()
+        expectClose(try #require(result.withLock { $0 }), reference, "on a fresh thread")
+    }
 }
+

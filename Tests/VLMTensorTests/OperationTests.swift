@@ -98,4 +98,31 @@ import Testing
         #expect(layerNorm(empty, weight: Tensor(zeros: [8]), bias: Tensor(zeros: [8]), eps: 1e-5).shape == [0, 8])
         #expect(embedding(Tensor(zeros: [4, 8]), ids: []).shape == [0, 8])
     }
+
+    @Test(arguments: OpFixtures.names(op: "interpolate"))
+    func interpolateMatchesTorch(name: String) throws {
+        let c = try #require(fixtures.cases[name])
+        let mode: InterpolationMode = try #require(c.params.mode) == "bicubic" ? .bicubic : .bilinear
+        let y = interpolate(c.input("x"), height: try #require(c.params.height), width: try #require(c.params.width), mode: mode)
+        expectClose(y, c.output(), name)
+    }
+
+    /// Resizing to the same size reads every pixel back: the taps fall exactly on the source pixels.
+    @Test(arguments: [InterpolationMode.bilinear, .bicubic])
+    func interpolateToTheSameSizeIsIdentity(mode: InterpolationMode) {
+        let x = Tensor(shape: [2, 3, 5], scalars: (0..<30).map { Float($0 * $0 % 7) - 2.5 })
+        #expect(interpolate(x, height: 3, width: 5, mode: mode).scalars == x.scalars)
+    }
+
+    @Test func modulatedMatchesTorch() throws {
+        let c = try #require(fixtures.cases["modulated"])
+        expectClose(modulated(c.input("x"), scale: c.input("scale"), shift: c.input("shift")), c.output(), "modulated")
+    }
+
+    @Test func channelsFirstMatchesTorch() throws {
+        let c = try #require(fixtures.cases["channels_first"])
+        #expect(channelsFirst(c.input("x")).shape == c.output().shape)
+        #expect(channelsFirst(c.input("x")).scalars == c.output().scalars)
+    }
 }
+

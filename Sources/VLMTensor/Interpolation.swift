@@ -1,0 +1,90 @@
+/// How ``interpolate(_:height:width:mode:)`` reads between source pixels.
+public enum InterpolationMode: Sendable {
+    /// Two taps per axis (`mode="bilinear"`).
+    case bilinear
+    /// Four taps per axis, Keys' cubic convolution with a = -0.75 (`mode="bicubic"`).
+    case bicubic
+}
+
+/// `torch.nn.functional.interpolate(x, size=(height, width), mode=mode, align_corners=False)` of `x [..., H, W]`
+/// (each of the leading planes resized on its own): `[..., height, width]`.
+///
+/// As PyTorch's CPU kernels do: the source coordinate of output pixel `i` is `(i + 0.5) · in/out − 0.5` (bilinear
+/// clamps it at 0), taps outside the input repeat its edge, no antialiasing when shrinking. The two axes are applied
+/// one after the other, rows first.
+public func interpolate(_ x: Tensor, height: Int, width: Int, mode: InterpolationMode) -> Tensor {
+    precondition(x.rank >= 2 && height > 0 && width > 0, "interpolate of \(x.shape) to \(height)x\(width)")
+    let (inHeight, inWidth) = (x.shape[x.rank - 2], x.shape[x.rank - 1])
+    let output = Tensor(uninitialized: x.shape.dropLast(2) + [height, width])
+    if output.count == 0 { return output }
+    precondition(inHeight > 0 && inWidth > 0, "interpolate of the empty planes of \(x.shape)")
+    let planes = x.count / (inHeight * inWidth)
+    let rows = InterpolationTaps(input: inHeight, output: height, mode: mode)
+    let columns = InterpolationTaps(input: inWidth, output: width, mode: mode)
+    let taps = rows.count
+    // Work units of a few output rows, so that one large plane (a probability map the size of a photo) spreads
+    // over the cores as well as many small ones (a position embedding's channels) do.
+    let rowsPerUnit = 32, unitsPerPlane = (height + rowsPerUnit - 1) / rowsPerUnit
+    parallelFor(planes * unitsPerPlane) { unit in
+        let plane = unit / unitsPerPlane, firstRow = unit % unitsPerPlane * rowsPerUnit
+        let source = x.storage.pointer + plane * inHeight * inWidth
+        let destination = output.storage.pointer + plane * height * width
+        // Each output row mixes `taps` source rows, each already resized along its width.
+        var resizedRows = [Float](repeating: 0, count: taps * width)
+        for y in firstRow..<min(firstRow + rowsPerUnit, height) {
+            for tap in 0..<taps {
+                let sourceRow = source + rows.indices[y * taps + tap] * inWidth
+                for column in 0..<width {
+                    var sum: Float = 0
+                    for k in 0..<taps {
+                        sum += columns.weights[column * taps + k] * sourceRow[columns.indices[column * taps + k]]
+                    }
+                    resizedRows[tap * width + column] = sum
+                }
+            }
+            for column in 0..<width {
+                var sum: Float = 0
+                for tap in 0..<taps { sum += rows.weights[y * taps + tap] * resizedRows[tap * width + column] }
+                destination[y * width + column] = sum
+            }
+        }
+    }
+    return output
+}
+
+/// For each output index along one axis, the source indices it reads (clamped into the input) and their weights.
+private struct InterpolationTaps {
+    let count: Int
+    var indices: [Int]
+    var weights: [Float]
+
+    init(input: Int, output: Int, mode: InterpolationMode) {
+        count = mode == .bilinear ? 2 : 4
+        indices = [Int](repeating: 0, count: output * count)
+        weights = [Float](repeating: 0, count: output * count)
+        let scale = Float(input) / Float(output)
+        for i in 0..<output {
+            var real = scale * (Float(i) + 0.5) - 0.5
+            if mode == .bilinear { real = max(real, 0) }
+            let first = min(Int(real.rounded(.down)), input - 1)
+            let t = min(max(real - Float(first), 0), 1)
+            switch mode {
+            case .bilinear:
+                indices[i * 2] = first
+                indices[i * 2 + 1] = first + (first < input - 1 ? 1 : 0)
+                weights[i * 2] = 1 - t
+                weights[i * 2 + 1] = t
+            case .bicubic:
+                let a: Float = -0.75
+                // Keys' kernel at distances 1 + t, t, 1 - t and 2 - t.
+                let near = { (d: Float) in ((a + 2) * d - (a + 3)) * d * d + 1 }
+                let far = { (d: Float) in ((a * d - 5 * a) * d + 8 * a) * d - 4 * a }
+                let w = [far(t + 1), near(t), near(1 - t), far(2 - t)]
+                for k in 0..<4 {
+                    indices[i * 4 + k] = min(max(first - 1 + k, 0), input - 1)
+                    weights[i * 4 + k] = w[k]
+                }
+            }
+        }
+    }
+}
