@@ -18,8 +18,13 @@ public enum ImageDecoder {
             throw ImageError.unreadable(file: url.path, reason: "no such file")
         }
         guard !isDirectory.boolValue else { throw ImageError.unreadable(file: url.path, reason: "is a directory") }
+        let attributes = try? FileManager.default.attributesOfItem(atPath: url.path)
+        // A device or a pipe (/dev/zero, a FIFO) reports no size and may never end: only regular files are read.
+        guard attributes?[.type] as? FileAttributeType == .typeRegular else {
+            throw ImageError.unreadable(file: url.path, reason: "not a regular file")
+        }
         // No image format Pillow opens under its pixel limit needs a gigabyte of compressed bytes; refuse before reading.
-        let size = (try? FileManager.default.attributesOfItem(atPath: url.path)[.size] as? NSNumber)?.intValue ?? 0
+        let size = (attributes?[.size] as? NSNumber)?.intValue ?? 0
         guard size <= maximumFileSize else {
             throw ImageError.unreadable(file: url.path, reason: "\(size) bytes, larger than the \(maximumFileSize >> 20) MiB an image file may have")
         }

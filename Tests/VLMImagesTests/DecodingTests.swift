@@ -51,4 +51,10 @@ import Testing
         #expect(error?.description.hasPrefix("huge.png: 100000x100000") == true)
         #expect(throws: ImageError.self) { try ImageDecoder.decode(contentsOf: Fixtures.url("missing.png")) }
     }
+
+    /// /dev/zero reports no size and never ends: read, it would fill memory. Devices and pipes are refused unread.
+    @Test func refusesFilesThatAreNotRegular() throws {
+        let error = #expect(throws: ImageError.self) { try ImageDecoder.decode(contentsOf: URL(fileURLWithPath: "/dev/zero")) }
+        #expect(error?.description == "/dev/zero: cannot read: not a regular file")
+    }
 }
