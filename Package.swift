@@ -41,6 +41,9 @@ let package = Package(
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
 
+        // Runs untrusted-input readers on arbitrary bytes: under libFuzzer (scripts/fuzz), or replaying saved inputs.
+        .executableTarget(name: "vlm-fuzz", dependencies: ["SwiftVLM"], path: "Sources/VLMFuzz"),
+
         .testTarget(name: "VLMTensorTests", dependencies: ["VLMTensor"]),
         .testTarget(name: "VLMCheckpointTests", dependencies: ["VLMCheckpoint"]),
         .testTarget(name: "VLMTemplatesTests", dependencies: ["VLMTemplates"]),

@@ -1,0 +1,74 @@
+import Foundation
+import SwiftVLM
+
+/// One reader of untrusted input, run on arbitrary bytes. Every input must end in a result or a thrown error: a
+/// crash, a sanitizer report, a hang or a huge allocation is a finding.
+enum FuzzTarget: String, CaseIterable {
+    /// A .safetensors file: header, offsets, then every tensor read.
+    case safetensors
+    /// A .gguf file: header, metadata of every type, tensor directory, then every tensor dequantized and the
+    /// tokenizer and chat template its metadata describes built and run.
+    case gguf
+    /// tokenizer.json, built into a tokenizer that then encodes and decodes a few strings.
+    case tokenizer
+    /// Text (the bytes as UTF-8, invalid sequences replaced) encoded and decoded by real tokenizers of each model kind.
+    case text
+    /// A chat template (lexer, parser, interpreter) rendering a conversation with images, tools and a reasoning turn.
+    case template
+    /// config.json placed beside a real tiny checkpoint's weights, loaded as the registry loads a model.
+    case config
+    /// JPEG, PNG or WebP bytes decoded to RGB.
+    case image
+    /// A chat-messages JSON file as `vlm generate --chat` reads it, rendered through LLaVA's template, its images read.
+    case chat
+
+    /// Runs one input; returns the error it was refused with, the expected answer to bad input.
+    @discardableResult
+    func run(_ bytes: [UInt8], in workspace: FuzzWorkspace) -> (any Error)? {
+        do {
+            switch self {
+            case .safetensors:
+                let file = try SafetensorsFile(url: workspace.write(bytes, to: "model.safetensors"))
+                for name in file.tensorNames { _ = try? file.tensor(name) }
+            case .gguf:
+                let url = try workspace.write(bytes, to: "model.gguf")
+                let file = try GGUFFile(url: url)
+                for info in file.tensorInfos { _ = try? file.tensor(info.name) }
+                let loaded = try loadTokenizer(path: url)
+                FuzzWorkspace.exercise(loaded.tokenizer)
+                _ = try loaded.chatTemplate?.render(messages: FuzzWorkspace.conversation, addGenerationPrompt: true)
+            case .tokenizer:
+                try workspace.write(bytes, to: "tokenizer/tokenizer.json")
+                FuzzWorkspace.exercise(try Tokenizer(directory: workspace.url("tokenizer")))
+            case .text:
+                let text = String(decoding: bytes, as: UTF8.self)
+                for tokenizer in try workspace.realTokenizers() {
+                    let ids = tokenizer.encode(text, pair: text).ids
+                    _ = tokenizer.decode(ids)
+                    _ = tokenizer.decode(ids, skipSpecialTokens: true)
+                }
+            case .template:
+                let template = try ChatTemplate(source: String(decoding: bytes, as: UTF8.self))
+                _ = try template.render(messages: FuzzWorkspace.conversation, addGenerationPrompt: true,
+                                        bosToken: "<s>", eosToken: "</s>", extraContext: ["tools": FuzzWorkspace.tools])
+            case .config:
+                let directory = try workspace.checkpoint(config: bytes)
+                try FuzzWorkspace.build(ModelRegistry.family(of: ModelDirectory(url: directory)).builder, from: directory)
+            case .image:
+                let image = try ImageDecoder.decode(bytes, name: "input")
+                precondition(image.pixels.count == image.width * image.height * 3, "decoded buffer and size disagree")
+            case .chat:
+                guard case .array(let messages) = try JSONValue(parsing: Data(bytes), file: "messages.json") else { return nil }
+                _ = try workspace.llavaTemplate().render(messages: messages, addGenerationPrompt: true)
+                // Only images carried in the JSON itself: a fuzzer-made path could name any file on this machine.
+                for reference in ChatImages.references(in: messages)
+                where reference.key == "base64" || reference.value.hasPrefix("data:") {
+                    _ = try? ChatImages.load(reference)
+                }
+            }
+            return nil
+        } catch {
+            return error
+        }
+    }
+}

@@ -1,0 +1,100 @@
+import Foundation
+import SwiftVLM
+
+/// A scratch directory for inputs that readers take as files, and the real files (tokenizers, a tiny checkpoint, a
+/// chat template) that some targets run the input against, found under the repository's test fixtures.
+final class FuzzWorkspace {
+    let root: URL
+    let fixtures: URL
+    private var tokenizers: [Tokenizer]?
+    private var template: ChatTemplate?
+
+    /// `fixtures` is Tests/Fixtures of the repository.
+    init(fixtures: URL) throws {
+        self.fixtures = fixtures
+        // /dev/shm keeps the per-input writes off the disk where it exists.
+        let base = FileManager.default.fileExists(atPath: "/dev/shm") ? URL(fileURLWithPath: "/dev/shm") : FileManager.default.temporaryDirectory
+        root = base.appendingPathComponent("vlm-fuzz-\(getpid())")
+        try FileManager.default.createDirectory(at: root, withIntermediateDirectories: true)
+    }
+
+    deinit { try? FileManager.default.removeItem(at: root) }
+
+    func url(_ path: String) -> URL { root.appendingPathComponent(path) }
+
+    @discardableResult
+    func write(_ bytes: [UInt8], to path: String) throws -> URL {
+        let url = url(path)
+        try FileManager.default.createDirectory(at: url.deletingLastPathComponent(), withIntermediateDirectories: true)
+        try Data(bytes).write(to: url)
+        return url
+    }
+
+    /// The tokenizer of each model kind the project reads: byte-level BPE (CLIP, GPT-2's legacy files, SmolLM2),
+    /// WordPiece (BERT), Unigram with Precompiled (T5-style) and SentencePiece BPE with byte fallback (Llama-style).
+    func realTokenizers() throws -> [Tokenizer] {
+        if let tokenizers { return tokenizers }
+        let loaded = try ["tokenizers/clip", "tokenizers/real/gpt2", "tokenizers/real/smollm2", "tokenizers/real/bert-uncased",
+                          "tokenizers/t5-style", "tokenizers/llama-style"]
+            .map { try Tokenizer(directory: fixtures.appendingPathComponent($0)) }
+        tokenizers = loaded
+        return loaded
+    }
+
+    /// llava-1.5's published chat template.
+    func llavaTemplate() throws -> ChatTemplate {
+        if let template { return template }
+        let loaded = try ChatTemplate.load(directory: fixtures.appendingPathComponent("image-chat/llava-1.5"))!
+        template = loaded
+        return loaded
+    }
+
+    /// A directory holding `config` as config.json beside the weights and other files of a tiny LLaVA checkpoint,
+    /// whose config nests a vision and a text config, so that every field a loader reads is in reach.
+    func checkpoint(config: [UInt8]) throws -> URL {
+        let directory = url("checkpoint")
+        let source = fixtures.appendingPathComponent("llava/llama-default-fp16")
+        if !FileManager.default.fileExists(atPath: directory.path) {
+            try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+            for name in try FileManager.default.contentsOfDirectory(atPath: source.path) where name != "config.json" {
+                try FileManager.default.createSymbolicLink(at: directory.appendingPathComponent(name),
+                                                           withDestinationURL: source.appendingPathComponent(name))
+            }
+        }
+        try write(config, to: "checkpoint/config.json")
+        return directory
+    }
+
+    static func build(_ builder: ModelBuilder, from directory: URL) throws {
+        let checkpoint = try ModelDirectory(url: directory)
+        switch builder {
+        case .imageTextDualEncoder(let build): _ = try build(checkpoint)
+        case .causalLanguageModel(let build): _ = try build(checkpoint)
+        case .imageToText(let build): _ = try build(checkpoint)
+        case .imageTextMatching(let build): _ = try build(checkpoint)
+        case .visualQuestionClassifier(let build): _ = try build(checkpoint)
+        case .zeroShotSegmentation(let build): _ = try build(checkpoint)
+        }
+    }
+
+    static func exercise(_ tokenizer: Tokenizer) {
+        for text in ["a photo of a cat", " Hello  world!\n\t½ Việt 日本語 🤗 <s></s>", ""] {
+            let ids = tokenizer.encode(text, pair: text).ids
+            _ = tokenizer.decode(ids)
+            _ = tokenizer.decode(ids + [-1, Int(Int32.max), 0], skipSpecialTokens: true)
+        }
+    }
+
+    /// Two users, an assistant with a reasoning turn and a tool call, text and image parts.
+    static let conversation: [JSONValue] = [
+        ["role": "system", "content": "You are helpful."],
+        ["role": "user", "content": [["type": "image"], ["type": "text", "text": "What is this?"]]],
+        ["role": "assistant", "content": "A cat.", "reasoning_content": "It has whiskers.",
+         "tool_calls": [["type": "function", "function": ["name": "look", "arguments": ["x": 1]]]]],
+        ["role": "tool", "content": "{\"ok\": true}"],
+        ["role": "user", "content": "And this? <image>"],
+    ]
+
+    static let tools: JSONValue = [["type": "function", "function": ["name": "look", "description": "Looks.",
+                                                                     "parameters": ["type": "object", "properties": ["x": ["type": "integer"]]]]]]
+}
