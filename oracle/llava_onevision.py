@@ -36,7 +36,7 @@ read the whole of the last hidden state through the tied embeddings), and the gr
 top-1/top-2 margin. The SmolLM2 checkpoint also has "chat": conversations through
 `processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)` + greedy `generate`, and a session
 built turn by turn (one image, then a second, which makes transformers read both base-only, then none), as
-oracle/image_chat.py records them.
+oracle/image_chat.py records them, and "single_turns": one user turn with one or two images and no system message.
 """
 import json
 import os
@@ -129,6 +129,10 @@ CONVERSATIONS = [
     [user(text("Hello.")), assistant("Hi! Show me a picture."),
      user(image(PHOTOS[3]), image(PHOTOS[4]), text("Compare them."))],
 ]
+# One user turn holding the images then the text, without a system message: what `vlm generate --image … --prompt`
+# sends.
+SINGLE_TURNS = [[user(image(PHOTOS[1]), text("What is in this picture?"))],
+                [user(image(PHOTOS[3]), image(PHOTOS[4]), text("Compare them."))]]
 SESSION = [([PHOTOS[1]], "What is in this picture?"), ([PHOTOS[2]], "And this one?"), ([], "Which do you like more?")]
 
 
@@ -292,7 +296,9 @@ def chat_record(model, processor):
         turns.append(dict(images=images, text=question, input_ids=record["input_ids"], ids=record["ids"],
                           answer=record["text"], min_margin=record["min_margin"]))
         messages.append(assistant(record["text"]))
-    return dict(max_new_tokens=CHAT_TOKENS, system=SYSTEM, conversations=conversations, session=turns)
+    single_turns = [dict(messages=messages, greedy=answer(model, processor, messages)) for messages in SINGLE_TURNS]
+    return dict(max_new_tokens=CHAT_TOKENS, system=SYSTEM, conversations=conversations, session=turns,
+                single_turns=single_turns)
 
 
 def build(name, case):
