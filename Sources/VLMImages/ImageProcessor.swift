@@ -22,11 +22,15 @@ public struct ProcessedImages: Sendable {
     public var imageSizes: [ImageSize]
     /// `pixel_mask` `[N, H, W]`, 1 where a padded batch holds an image's pixels (ViLT); nil when nothing is padded.
     public var pixelMask: Tensor?
+    /// Per image, whether a tiling processor cut it into tiles (LLaVA-OneVision tiles an image only when it is its
+    /// conversation's only one, transformers' `batch_num_images`); nil: as the processor always does.
+    public var tiled: [Bool]?
 
-    public init(pixelValues: Tensor, imageSizes: [ImageSize], pixelMask: Tensor? = nil) {
+    public init(pixelValues: Tensor, imageSizes: [ImageSize], pixelMask: Tensor? = nil, tiled: [Bool]? = nil) {
         self.pixelValues = pixelValues
         self.imageSizes = imageSizes
         self.pixelMask = pixelMask
+        self.tiled = tiled
     }
 }
 
@@ -78,6 +82,7 @@ public enum ImageProcessorRegistry {
         "SiglipImageProcessor": { try StandardImageProcessor(config: .init(json: $0, defaults: .siglip, file: $1)) },
         "ViltImageProcessor": { try ViltImageProcessor(json: $0, file: $1) },
         "LlavaNextImageProcessor": { try LlavaNextImageProcessor(config: .init(json: $0, file: $1)) },
+        "LlavaOnevisionImageProcessor": { try LlavaOnevisionImageProcessor(json: $0, file: $1) },
     ]
 
     /// The processor class of a model type whose processor config names none (transformers'
@@ -90,6 +95,7 @@ public enum ImageProcessorRegistry {
         "siglip": "SiglipImageProcessor",
         "vilt": "ViltImageProcessor",
         "llava_next": "LlavaNextImageProcessor",
+        "llava_onevision": "LlavaOnevisionImageProcessor",
     ]
 
     /// The class names ``load(directory:modelType:)`` accepts (each also with its `Fast` or `Pil` suffix).

@@ -28,14 +28,22 @@ public struct LlavaNextImageProcessorConfig: Sendable, Equatable {
     /// - Throws: `ImageProcessorError.invalidConfig` naming `file` and the key: the standard keys' errors, pinpoints
     ///   that are not a non-empty list of positive [height, width] pairs, a `size` that gives no base image size.
     public init(json data: Data, file: String = "preprocessor_config.json") throws {
-        standard = try StandardImageProcessorConfig(json: data, defaults: .clip, file: file)
+        try self.init(json: data, defaults: .clip, pinpoints: Self.defaultPinpoints, classCropsByDefault: true, file: file)
+    }
+
+    /// Reads a preprocessor config's JSON object over a tiling class's defaults: its standard settings, its
+    /// pinpoints, and whether it gives a `crop_size` (LLaVA-NeXT's does; LLaVA-OneVision's does not, so its tiles are
+    /// `size`'s height unless the config names a crop size).
+    init(json data: Data, defaults: StandardImageProcessorConfig, pinpoints defaultPinpoints: [ImageSize],
+         classCropsByDefault: Bool, file: String) throws {
+        standard = try StandardImageProcessorConfig(json: data, defaults: defaults, file: file)
         let extra: Extra
         do {
             extra = try JSONDecoder().decode(Extra.self, from: data)
         } catch {
             throw ImageProcessorError.invalidConfig(file: file, reason: "image_grid_pinpoints must be a list of [height, width] pairs and do_pad a boolean")
         }
-        let pairs = extra.imageGridPinpoints ?? Self.defaultPinpoints.map { [$0.height, $0.width] }
+        let pairs = extra.imageGridPinpoints ?? defaultPinpoints.map { [$0.height, $0.width] }
         guard !pairs.isEmpty, pairs.allSatisfy({ $0.count == 2 && $0[0] > 0 && $0[1] > 0 }) else {
             throw ImageProcessorError.invalidConfig(file: file, reason: "image_grid_pinpoints \(pairs) must be a non-empty list of positive [height, width] pairs")
         }
@@ -47,6 +55,9 @@ public struct LlavaNextImageProcessorConfig: Sendable, Equatable {
         case .maxHeightWidth:
             throw ImageProcessorError.invalidConfig(file: file, reason: "size {max_height, max_width} gives LLaVA-NeXT no base image size")
         }
+        // transformers tiles at crop_size's height, else size's height (or shortest edge).
+        let namesCropSize = ((try? JSONSerialization.jsonObject(with: data)) as? [String: Any])?["crop_size"].map { !($0 is NSNull) }
+        tileSize = (namesCropSize ?? classCropsByDefault) ? standard.cropHeight : baseSize.height
     }
 
     private struct Extra: Decodable {
@@ -55,9 +66,9 @@ public struct LlavaNextImageProcessorConfig: Sendable, Equatable {
         enum CodingKeys: String, CodingKey { case imageGridPinpoints = "image_grid_pinpoints", doPad = "do_pad" }
     }
 
-    /// The side of the square tiles: the crop height (transformers falls back on the size only without a crop size,
-    /// which the class default always provides).
-    var tileSize: Int { standard.cropHeight }
+    /// The side of the square tiles: the crop height, else (a class without a default crop size, a config naming
+    /// none) the base size's height.
+    public private(set) var tileSize: Int
 }
 
 /// transformers' `select_best_resolution`: the pinpoint at which the image, scaled to fit with its aspect ratio
@@ -129,8 +140,11 @@ public struct LlavaNextImageProcessor: ImageProcessor {
     ///   `.unequalPatchCounts` when images have different numbers of patches without `do_pad`: one tensor cannot
     ///   hold them, and transformers refuses to stack them.
     public func preprocess(_ images: [RGBImage]) throws -> ProcessedImages {
-        let sizes = images.map { ImageSize(height: $0.height, width: $0.width) }
-        let prepared = images.map(patches)
+        try stacked(images.map(patches), sizes: images.map { ImageSize(height: $0.height, width: $0.width) })
+    }
+
+    /// Each image's patches normalised into one `[N, maxPatches, 3, H, W]` tensor, padded with all-zero patches.
+    func stacked(_ prepared: [[RGBImage]], sizes: [ImageSize]) throws -> ProcessedImages {
         guard let first = prepared.first?.first else {
             return ProcessedImages(pixelValues: Tensor(zeros: [0, 1, 3, config.standard.cropHeight, config.standard.cropWidth]),
                                    imageSizes: [])

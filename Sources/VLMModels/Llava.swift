@@ -78,21 +78,34 @@ struct LlavaMultiModalProjector {
     let activation: Activation
 
     init(_ weights: Weights, config: LlavaConfig, file: String) throws {
-        let inWidth = config.visionConfig.hiddenSize * config.visionFeatureLayers.count
-        let width = config.textConfig.hiddenSize
-        linear1 = try Linear(weights.scoped("linear_1"), inFeatures: inWidth, outFeatures: width, bias: config.multimodalProjectorBias)
-        linear2 = try Linear(weights.scoped("linear_2"), inFeatures: width, outFeatures: width, bias: config.multimodalProjectorBias)
-        activation = try Activation(huggingFaceName: config.projectorHiddenAct, file: file)
+        try self.init(weights, inWidth: config.visionConfig.hiddenSize * config.visionFeatureLayers.count,
+                      width: config.textConfig.hiddenSize, bias: config.multimodalProjectorBias,
+                      activation: config.projectorHiddenAct, file: file)
+    }
+
+    /// From `inWidth` (the vision width times the feature layers) to the language model's `width`.
+    init(_ weights: Weights, inWidth: Int, width: Int, bias: Bool, activation name: String, file: String) throws {
+        linear1 = try Linear(weights.scoped("linear_1"), inFeatures: inWidth, outFeatures: width, bias: bias)
+        linear2 = try Linear(weights.scoped("linear_2"), inFeatures: width, outFeatures: width, bias: bias)
+        activation = try Activation(huggingFaceName: name, file: file)
     }
 
     func callAsFunction(_ features: Tensor) -> Tensor { linear2(linear1(features, activation: activation)) }
 }
 
-/// The image side LLaVA and LLaVA-NeXT share, their `get_image_features` up to the projector: the CLIP tower's hidden
+/// A vision tower a LLaVA-family model reads by `hidden_states` index: CLIP's, SigLIP's (LLaVA-OneVision).
+protocol LlavaVisionTower: Sendable {
+    /// transformers' `hidden_states[i]` for each of `indices`, `[B, tokens, D]` each.
+    func hiddenStates(_ pixelValues: Tensor, at indices: [Int]) throws -> [Tensor]
+}
+
+extension CLIPVisionTransformer: LlavaVisionTower {}
+
+/// The image side LLaVA and LLaVA-NeXT share (LLaVA-OneVision too, over a SigLIP tower), their `get_image_features` up to the projector: the CLIP tower's hidden
 /// states at `vision_feature_layer`, the class token dropped under `"default"`, concatenated along the feature axis,
 /// projected into the language model's width.
 struct LlavaImageEncoder {
-    let visionTower: CLIPVisionTransformer
+    let visionTower: any LlavaVisionTower
     let projector: LlavaMultiModalProjector
     let featureLayers: [Int]
     let dropsClassToken: Bool
@@ -100,14 +113,8 @@ struct LlavaImageEncoder {
     /// Finds the tower and the projector in any of the layouts transformers 5.23 loads (see
     /// ``LlavaForConditionalGeneration/init(config:weights:file:)``); `file` is what configuration errors name.
     init(config: LlavaConfig, weights: Weights, file: String) throws {
-        guard ["default", "full"].contains(config.visionFeatureSelectStrategy) else {
-            throw ModelError.invalidConfig("vision_feature_select_strategy \"\(config.visionFeatureSelectStrategy)\" is neither \"default\" nor \"full\"", file: file)
-        }
-        let hiddenStates = config.visionConfig.numHiddenLayers + 1
-        guard !config.visionFeatureLayers.isEmpty,
-              config.visionFeatureLayers.allSatisfy({ $0 >= -hiddenStates && $0 < hiddenStates }) else {
-            throw ModelError.invalidConfig("vision_feature_layer \(config.visionFeatureLayers) must index the vision tower's \(hiddenStates) hidden states", file: file)
-        }
+        try Self.validate(strategy: config.visionFeatureSelectStrategy, layers: config.visionFeatureLayers,
+                          towerLayers: config.visionConfig.numHiddenLayers, file: file)
         visionTower = try CLIPVisionTransformer(
             config.visionConfig,
             weights: weights.scoped(firstOf: ["vision_tower", "vision_tower.vision_model", "model.vision_tower", "model.vision_tower.vision_model"],
@@ -118,6 +125,22 @@ struct LlavaImageEncoder {
                                                  config: config, file: file)
         featureLayers = config.visionFeatureLayers
         dropsClassToken = config.visionFeatureSelectStrategy == "default"
+    }
+
+    init(visionTower: any LlavaVisionTower, projector: LlavaMultiModalProjector, featureLayers: [Int], dropsClassToken: Bool) {
+        (self.visionTower, self.projector, self.featureLayers, self.dropsClassToken) = (visionTower, projector, featureLayers, dropsClassToken)
+    }
+
+    /// Refuses a feature selection strategy other than "default" and "full", and feature layers that do not index
+    /// the `towerLayers + 1` hidden states.
+    static func validate(strategy: String, layers: [Int], towerLayers: Int, file: String) throws {
+        guard ["default", "full"].contains(strategy) else {
+            throw ModelError.invalidConfig("vision_feature_select_strategy \"\(strategy)\" is neither \"default\" nor \"full\"", file: file)
+        }
+        let hiddenStates = towerLayers + 1
+        guard !layers.isEmpty, layers.allSatisfy({ $0 >= -hiddenStates && $0 < hiddenStates }) else {
+            throw ModelError.invalidConfig("vision_feature_layer \(layers) must index the vision tower's \(hiddenStates) hidden states", file: file)
+        }
     }
 
     /// `[B, features per image, text hiddenSize]` for pixel values `[B, 3, imageSize, imageSize]`.

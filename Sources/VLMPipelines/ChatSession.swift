@@ -4,6 +4,15 @@ import VLMTemplates
 import VLMTensor
 import VLMTokenizers
 
+/// An image of a ``ChatSession``'s conversation with its features as they were last computed.
+private struct ConversationImage {
+    let image: RGBImage
+    let features: Tensor
+    let tokens: Int
+    /// Unique to these features: cached tokens of earlier features of the same image never match them.
+    let key: Int
+}
+
 /// One answered turn of a ``ChatSession``.
 public struct ChatTurn: Sendable, Equatable {
     /// The reply, special tokens skipped.
@@ -20,7 +29,10 @@ public struct ChatTurn: Sendable, Equatable {
 /// chat does: each turn renders the whole conversation through the chat template, as
 /// ``TextGenerationPipeline/generate(messages:settings:seed:)`` (or, with images,
 /// ``ImageTextToTextPipeline/generate(messages:settings:seed:onText:)``) would, but runs only the tokens after the
-/// longest prefix the cache already holds. Each image's features are computed once, when its turn is sent. Replies
+/// longest prefix the cache already holds. Each image's features are computed once, when its turn is sent, except
+/// where the family reads a conversation's images differently as it grows (LLaVA-OneVision tiles an image only while
+/// it is the conversation's only one): then every image's features are computed again and the cache is run again
+/// from the first image on, as transformers' answer for the whole conversation reads them. Replies
 /// can differ from a fresh run of the whole conversation by the rounding of keys computed a token at a time rather
 /// than in one pass.
 public final class ChatSession {
@@ -29,11 +41,15 @@ public final class ChatSession {
     public let imagePipeline: ImageTextToTextPipeline?
     /// The conversation so far: the system message if any, then user and assistant turns.
     public private(set) var messages: [JSONValue]
-    /// Per image of the conversation, in order: its features and how many tokens it takes in the prompt.
-    private var images: [(features: Tensor, tokens: Int)] = []
+    /// Per image of the conversation, in order: the image, its features, how many tokens it takes in the prompt,
+    /// and the key its tokens have in ``cachedKeys`` (new whenever its features are computed).
+    private var images: [ConversationImage] = []
+    /// How the images' features were computed (the processor's ``ImageChatProcessor/imageLayout(conversationImageCount:)``).
+    private var imageLayout = 0
+    private var nextImageKey = 0
     private var cache: KVCache?
-    /// What `cache` holds, position by position: token ids, and for image tokens `-1 - image index`, so that a
-    /// prefix matches only where the same images are in the same places.
+    /// What `cache` holds, position by position: token ids, and for image tokens `-1 - ` their image's key, so that
+    /// a prefix matches only where the same features of the same images are in the same places.
     private var cachedKeys: [Int] = []
 
     /// Positions the first cache has room for at least; it at least doubles when a conversation outgrows it.
@@ -72,15 +88,27 @@ public final class ChatSession {
                      seed: UInt64 = 0, onText: ((String) throws -> Void)? = nil) throws -> ChatTurn {
         let settings = settings ?? pipeline.config
         let conversation = messages + [["role": "user", "content": try userContent(message, images: newImages.count)]]
-        var images = self.images
+        var images = self.images, layout = imageLayout, nextKey = nextImageKey
         if let imagePipeline, !newImages.isEmpty {
-            let processed = try imagePipeline.processor.imageProcessor.preprocess(newImages)
+            let processor = imagePipeline.processor
+            let total = images.count + newImages.count
+            layout = processor.imageLayout(conversationImageCount: total)
+            // Where the family reads a conversation's images differently now that it holds more (LLaVA-OneVision:
+            // whole once there are several), every image's features are computed again, as transformers would.
+            let reading = layout == imageLayout ? newImages : images.map(\.image) + newImages
+            let processed = try processor.preprocess(reading, conversationImageCount: total)
             let features = try imagePipeline.model.imageFeatures(processed)
-            images += zip(features, imagePipeline.processor.imageTokenCounts(processed)).map { ($0, $1) }
+            let computed = zip(reading, zip(features, processor.imageTokenCounts(processed))).map { image, computed in
+                defer { nextKey += 1 }
+                return ConversationImage(image: image, features: computed.0, tokens: computed.1, key: nextKey)
+            }
+            images = layout == imageLayout ? images + computed : computed
         }
         let prompt = try imagePipeline?.promptIds(conversation, imageTokenCounts: images.map(\.tokens))
             ?? pipeline.chatPrompt(conversation)
-        let keys = imagePipeline.map { Self.keys(prompt, imageToken: $0.model.imageTokenId, counts: images.map(\.tokens)) } ?? prompt
+        let keys = imagePipeline.map {
+            Self.keys(prompt, imageToken: $0.model.imageTokenId, counts: images.map(\.tokens), imageKeys: images.map(\.key))
+        } ?? prompt
         let features = images.map(\.features)
         func run(_ cache: KVCache?) throws -> TextGenerationResult {
             if let imagePipeline {
@@ -105,7 +133,7 @@ public final class ChatSession {
             result = try run(cache)
             cachedKeys = Array((keys + result.ids).prefix(cache.length))
         }
-        self.images = images
+        (self.images, imageLayout, nextImageKey) = (images, layout, nextKey)
         messages = conversation + [["role": "assistant", "content": reply(result.text)]]
         return ChatTurn(text: result.text, ids: result.ids, promptTokens: prompt, reusedTokens: reused)
     }
@@ -123,9 +151,9 @@ public final class ChatSession {
         imagePipeline == nil ? .string(text) : .array([["type": "text", "text": .string(text)]])
     }
 
-    /// `prompt` with each image token replaced by `-1 - ` the index of the image it belongs to (image `i` taking
-    /// `counts[i]` consecutive image tokens, in order).
-    private static func keys(_ prompt: [Int], imageToken: Int, counts: [Int]) -> [Int] {
+    /// `prompt` with each image token replaced by `-1 - ` the key of the image it belongs to (image `i` taking
+    /// `counts[i]` consecutive image tokens, in order, its key `imageKeys[i]`).
+    private static func keys(_ prompt: [Int], imageToken: Int, counts: [Int], imageKeys: [Int]) -> [Int] {
         var image = 0, left = counts.first ?? 0
         return prompt.map { token in
             guard token == imageToken, image < counts.count else { return token }
@@ -136,7 +164,7 @@ public final class ChatSession {
                     left = image < counts.count ? counts[image] : 0
                 }
             }
-            return -1 - image
+            return -1 - imageKeys[image]
         }
     }
 

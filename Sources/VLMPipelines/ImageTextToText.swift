@@ -60,7 +60,8 @@ public final class ImageTextToTextPipeline: Sendable {
     public func generate(messages: [JSONValue], settings: GenerationConfig? = nil, seed: UInt64 = 0,
                          onText: ((String) throws -> Void)? = nil) throws -> TextGenerationResult {
         let images = try ChatImages.references(in: messages).map(ChatImages.load)
-        let processed = try images.isEmpty ? nil : processor.imageProcessor.preprocess(images)
+        // One conversation's images, read as transformers reads them together (LLaVA-OneVision: whole when several).
+        let processed = try images.isEmpty ? nil : processor.preprocess(images, conversationImageCount: images.count)
         let features = try processed.map(model.imageFeatures) ?? []
         let prompt = try promptIds(messages, imageTokenCounts: processed.map(processor.imageTokenCounts) ?? [])
         return try run(promptTokens: prompt, imageFeatures: features, settings: settings ?? text.config, seed: seed,

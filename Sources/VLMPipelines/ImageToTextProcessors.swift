@@ -26,6 +26,22 @@ public protocol ImageChatProcessor: ImageToTextProcessor {
     var imageToken: String { get }
     /// How many image tokens each processed image takes in the prompt, as transformers counts them.
     func imageTokenCounts(_ images: ProcessedImages) -> [Int]
+    /// `images`, some or all of the images of one conversation holding `conversationImageCount` in all, processed
+    /// as transformers' processor takes a conversation's images together (`apply_chat_template` passes them as one
+    /// sample's): for most families each image as it would be alone.
+    func preprocess(_ images: [RGBImage], conversationImageCount: Int) throws -> ProcessedImages
+    /// How the images of a conversation holding `count` images are read: where this changes as a conversation
+    /// grows, every image's features and tokens are computed again (LLaVA-OneVision reads an image whole once it
+    /// has company). The same for every count for most families.
+    func imageLayout(conversationImageCount count: Int) -> Int
+}
+
+extension ImageChatProcessor {
+    public func preprocess(_ images: [RGBImage], conversationImageCount: Int) throws -> ProcessedImages {
+        try imageProcessor.preprocess(images)
+    }
+
+    public func imageLayout(conversationImageCount count: Int) -> Int { 0 }
 }
 
 extension ImageToTextProcessor {
@@ -41,6 +57,7 @@ enum ImageToTextProcessors {
         "blip": { try BlipProcessor(directory: $0) },
         "llava": { try LlavaProcessor(directory: $0) },
         "llava_next": { try LlavaNextProcessor(directory: $0) },
+        "llava_onevision": { try LlavaOnevisionProcessor(directory: $0) },
     ]
 
     static func load(_ directory: ModelDirectory) throws -> any ImageToTextProcessor {
@@ -287,5 +304,129 @@ public struct LlavaNextProcessor: ImageChatProcessor {
     /// llava-v1.6-mistral-7b's layout for one user turn with the image.
     public func questionPrompt(_ question: String) -> String {
         "[INST] \(imageToken)\n\(question) [/INST]"
+    }
+}
+
+/// transformers' `LlavaOnevisionProcessor`: LLaVA-OneVision's image processor, and each `<image>` expanded into as
+/// many image tokens as the model makes of that image: for an image tiled as its prompt's only one, its base view,
+/// then its tile grid (unpadded, shrunk under the anyres_max rule) with a newline per row; for an image read whole
+/// (one of a conversation's several), its base view and one newline.
+///
+/// Questions are asked in the layout of llava-onevision-qwen2's chat template (`<|im_start|>user <image>\n…<|im_end|>`
+/// then the assistant's turn). A prompt without `<image>` reads the image first, as `<image>\n` + prompt.
+public struct LlavaOnevisionProcessor: ImageChatProcessor {
+    public let imageProcessor: any ImageProcessor
+    public let tokenizer: Tokenizer
+    /// The text that marks where an image goes (`image_token`, `<image>` by default).
+    public let imageToken: String
+    /// The tokenizer's id for ``imageToken``.
+    public let imageTokenId: Int
+    /// `num_image_tokens`: the features of one view, `(image_size / patch_size)²`.
+    public let numImageTokens: Int
+    /// Whether `vision_feature_select_strategy` is `"default"`, which takes one token off every image's count.
+    public let dropsClassToken: Bool
+    /// N of `vision_aspect_ratio` "anyres_max_N".
+    public let maxNumPatches: Int
+    let onevision: LlavaOnevisionImageProcessor
+
+    /// Reads the tokenizer files, the image processor config and processor_config.json's `num_image_tokens`,
+    /// `vision_feature_select_strategy`, `vision_aspect_ratio` and `image_token` of a checkpoint directory.
+    ///
+    /// - Throws: the loaders' errors; `PipelineError.invalidProcessor` when the image processor is not
+    ///   LLaVA-OneVision's, `num_image_tokens` is missing, the aspect ratio is not "anyres_max_N", a pinpoint is
+    ///   smaller than a processed patch, or the tokenizer has no image token.
+    public init(directory: ModelDirectory) throws {
+        tokenizer = try Tokenizer(directory: directory.url)
+        imageProcessor = try ImageProcessorRegistry.load(directory: directory.url, modelType: directory.modelType)
+        let settings = try directory.jsonObject("processor_config.json") ?? [:]
+        let path = directory.url.appendingPathComponent("processor_config.json").path
+        guard let onevision = imageProcessor as? LlavaOnevisionImageProcessor else {
+            throw PipelineError.invalidProcessor(path, "the image processor is not LLaVA-OneVision's (LlavaOnevisionImageProcessor)")
+        }
+        self.onevision = onevision
+        guard let count = settings["num_image_tokens"] as? Int, count > 0 else {
+            throw PipelineError.invalidProcessor(path, "num_image_tokens is missing or not a positive integer")
+        }
+        numImageTokens = count
+        let aspect = settings["vision_aspect_ratio"] as? String ?? "anyres_max_9"
+        guard let maxNumPatches = LlavaOnevisionConfig.maxNumPatches(aspect) else {
+            throw PipelineError.invalidProcessor(path, "vision_aspect_ratio \"\(aspect)\" is not \"anyres_max_N\"")
+        }
+        self.maxNumPatches = maxNumPatches
+        let processed = onevision.outputSize
+        guard onevision.config.imageGridPinpoints.allSatisfy({ $0.height >= processed.height && $0.width >= processed.width }) else {
+            throw PipelineError.invalidProcessor(path, "the image processor's \(processed.width)x\(processed.height) patches must fit in every image_grid_pinpoint")
+        }
+        dropsClassToken = settings["vision_feature_select_strategy"] as? String == "default"
+        imageToken = settings["image_token"] as? String ?? "<image>"
+        guard let id = tokenizer.tokenId(imageToken) else {
+            throw PipelineError.invalidProcessor(path, "the tokenizer has no \(imageToken) token")
+        }
+        imageTokenId = id
+    }
+
+    /// `replace_image_token`'s count for an image of `originalSize`: tiled, `_get_number_of_features` (the base
+    /// view, the grid scaled from the processed patch to the best pinpoint, unpadded as the model unpads it, shrunk
+    /// under the anyres_max rule, a newline per row); read whole, the base view and its newline. Less one under
+    /// `"default"`.
+    public func imageTokenCount(originalSize: ImageSize, tiled: Bool = true) -> Int {
+        let adjustment = dropsClassToken ? -1 : 0
+        guard tiled else { return numImageTokens + 1 + adjustment }
+        let best = selectBestResolution(originalSize, among: onevision.config.imageGridPinpoints)
+        let processed = onevision.outputSize
+        let side = Int(Double(numImageTokens).squareRoot())
+        let kept = LlavaNextForConditionalGeneration.unpaddedGrid(
+            height: side * (best.height / processed.height), width: side * (best.width / processed.width),
+            originalSize: originalSize)
+        let grid = LlavaOnevisionForConditionalGeneration.anyresMaxGrid(
+            height: kept.rows.count, width: kept.columns.count, patchesPerSide: side, maxNumPatches: maxNumPatches)
+        return grid.height * (grid.width + 1) + numImageTokens + adjustment
+    }
+
+    /// Image tokens per image, by each image's original size and whether it was tiled.
+    public func imageTokenCounts(_ images: ProcessedImages) -> [Int] {
+        images.imageSizes.enumerated().map { imageTokenCount(originalSize: $1, tiled: images.tiled?[$0] ?? true) }
+    }
+
+    /// A conversation's images: tiled when it holds one, each read whole when it holds several.
+    public func preprocess(_ images: [RGBImage], conversationImageCount: Int) throws -> ProcessedImages {
+        try onevision.preprocess(images, tiled: Array(repeating: conversationImageCount == 1, count: images.count))
+    }
+
+    /// 0 while a conversation holds at most one image (tiled), 1 once it holds several (each read whole).
+    public func imageLayout(conversationImageCount count: Int) -> Int { count <= 1 ? 0 : 1 }
+
+    /// The ids of `text` with its `<image>`s expanded, the first into the first image's tokens and so on, as
+    /// `processor(text=[text], images=[images])` makes them (one sample: several images are read whole).
+    ///
+    /// - Throws: `ModelError.invalidInput` unless the text holds one `<image>` per image.
+    public func promptIds(_ text: String, images: ProcessedImages) throws -> [Int] {
+        let pieces = text.components(separatedBy: imageToken)
+        let counts = imageTokenCounts(images)
+        guard pieces.count - 1 == counts.count else {
+            throw ModelError.invalidInput("the text holds \(pieces.count - 1) \(imageToken) for \(counts.count) images")
+        }
+        let expanded = zip(pieces, counts).map { $0 + String(repeating: imageToken, count: $1) }.joined() + (pieces.last ?? "")
+        return tokenizer.encode(expanded).ids
+    }
+
+    /// Refused: how many tokens an image becomes depends on its size; ``promptIds(_:for:)`` takes the images.
+    public func promptIds(_ prompt: String?) throws -> [Int]? {
+        throw ModelError.invalidInput("LLaVA-OneVision expands \(imageToken) by each image's size: its prompts are made with the images")
+    }
+
+    /// One prompt per image (each its prompt's only one, so tiled): `prompt` (or a request to describe the image)
+    /// with its `<image>`s expanded into that image's tokens.
+    public func promptIds(_ prompt: String?, for images: ProcessedImages) throws -> [[Int]]? {
+        let text = prompt ?? questionPrompt("Describe this image.")
+        let placed = text.contains(imageToken) ? text : "\(imageToken)\n" + text
+        return imageTokenCounts(images).map { count in
+            tokenizer.encode(placed.replacingOccurrences(of: imageToken, with: String(repeating: imageToken, count: count))).ids
+        }
+    }
+
+    /// llava-onevision-qwen2's layout for one user turn with the image, the assistant's turn opened.
+    public func questionPrompt(_ question: String) -> String {
+        "<|im_start|>user \(imageToken)\n\(question)<|im_end|>\n<|im_start|>assistant\n"
     }
 }
