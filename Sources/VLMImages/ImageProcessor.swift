@@ -76,6 +76,7 @@ public enum ImageProcessorRegistry {
         "BlipImageProcessor": { try StandardImageProcessor(config: .init(json: $0, defaults: .blip, file: $1)) },
         "ViTImageProcessor": { try StandardImageProcessor(config: .init(json: $0, defaults: .vit, file: $1)) },
         "SiglipImageProcessor": { try StandardImageProcessor(config: .init(json: $0, defaults: .siglip, file: $1)) },
+        "OwlViTImageProcessor": { try StandardImageProcessor(config: .owlViT(json: $0, file: $1)) },
         "ViltImageProcessor": { try ViltImageProcessor(json: $0, file: $1) },
         "LlavaNextImageProcessor": { try LlavaNextImageProcessor(config: .init(json: $0, file: $1)) },
     ]
@@ -88,6 +89,7 @@ public enum ImageProcessorRegistry {
         "blip-2": "BlipImageProcessor",
         "clipseg": "ViTImageProcessor",
         "siglip": "SiglipImageProcessor",
+        "owlvit": "OwlViTImageProcessor",
         "vilt": "ViltImageProcessor",
         "llava_next": "LlavaNextImageProcessor",
     ]
