@@ -1,14 +1,15 @@
-"""OWL-ViT fixtures: tiny random-init OwlViTForObjectDetection checkpoints with the real CLIP tokenizer, and what
-transformers computes with them on real photos.
+"""OWL-ViT and OWLv2 fixtures: tiny random-init OwlViTForObjectDetection and Owlv2ForObjectDetection checkpoints
+with the real CLIP tokenizer, and what transformers computes with them on real photos.
 
-Run by hand from the repository root with the oracle venv (oracle/requirements.txt):
+Run by hand from the repository root with the oracle venv (oracle/requirements.txt; Owlv2ImageProcessorPil also
+needs scipy, pinned there):
 
     python oracle/owlvit.py
 
 Writes Tests/Fixtures/owlvit/<checkpoint>/: a checkpoint directory SwiftVLM loads as is (tokenizer.json is a link to
 Tests/Fixtures/tokenizers/clip/tokenizer.json; tokenizer_config.json says model_max_length 16 as the OWL-ViT
 checkpoints do), plus expected.safetensors and expected.json:
-- OwlViTProcessor(text=labels, images=photo) with the PIL image processor: token ids and attention masks (padded to
+- OwlViTProcessor / Owlv2Processor(text=labels, images=photo) with the PIL image processor: token ids and attention masks (padded to
   max_length 16), each photo's pixel values;
 - the model's logits, pred_boxes and the normalized text embeddings for each photo;
 - what the `zero-shot-object-detection` pipeline returns for each photo, at threshold LOW (so that many boxes pass)
@@ -29,7 +30,8 @@ import shutil
 
 import torch
 from safetensors.torch import save_file
-from transformers import AutoTokenizer, OwlViTConfig, OwlViTForObjectDetection, OwlViTImageProcessorPil, OwlViTProcessor, pipeline
+from transformers import (Owlv2Config, Owlv2ForObjectDetection, Owlv2ImageProcessorPil, Owlv2Processor, OwlViTConfig,
+                          OwlViTForObjectDetection, OwlViTImageProcessorPil, OwlViTProcessor, pipeline)
 from transformers.image_utils import load_image
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -71,6 +73,32 @@ CHECKPOINTS = {
         processor=dict(size=112, crop_size=96, do_center_crop=True),
         legacy_processor=True,
     ),
+    # OWLv2: the objectness head; the processor pads each photo to a square (bottom and right) and resizes it with
+    # scipy (Gaussian anti-aliasing when shrinking, linear zoom). Patch 16 on 64 pixels in fp16 (the photos shrink),
+    # patch 32 on 96 pixels in bf16 with a size given as an int; text towers of width 4 keep the vocabulary small.
+    "v2-patch16-fp16": dict(
+        generation=2, dtype=torch.float16,
+        text=dict(hidden_size=4, intermediate_size=8, num_hidden_layers=2, num_attention_heads=2),
+        vision=dict(hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=2, patch_size=16,
+                    image_size=64),
+        model=dict(projection_dim=4),
+        processor=dict(size={"height": 64, "width": 64}),
+    ),
+    "v2-patch32-bf16": dict(
+        generation=2, dtype=torch.bfloat16,
+        text=dict(hidden_size=4, intermediate_size=8, num_hidden_layers=1, num_attention_heads=1, hidden_act="gelu",
+                  layer_norm_eps=1e-6),
+        vision=dict(hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4, patch_size=32,
+                    image_size=96, hidden_act="gelu", layer_norm_eps=1e-6),
+        model=dict(projection_dim=4),
+        processor=dict(size={"height": 96, "width": 96}),
+        int_size=96,
+    ),
+}
+
+CLASSES = {
+    1: (OwlViTConfig, OwlViTForObjectDetection, OwlViTImageProcessorPil, OwlViTProcessor),
+    2: (Owlv2Config, Owlv2ForObjectDetection, Owlv2ImageProcessorPil, Owlv2Processor),
 }
 
 
@@ -83,13 +111,17 @@ def write_tokenizer(out):
         json.dump(tokenizer_config, f, indent=1, sort_keys=True)
 
 
-def write_processor(out, spec):
-    OwlViTImageProcessorPil(**spec["processor"]).save_pretrained(out)
-    if not spec.get("legacy_processor"):
-        return
+def write_processor(out, spec, image_processor_class):
+    image_processor_class(**spec["processor"]).save_pretrained(out)
     path = os.path.join(out, "preprocessor_config.json")
     with open(path) as f:
         config = json.load(f)
+    if "int_size" in spec:
+        config["size"] = spec["int_size"]
+        with open(path, "w") as f:
+            json.dump(config, f, indent=2, sort_keys=True)
+    if not spec.get("legacy_processor"):
+        return
     config.pop("image_processor_type", None)
     config["feature_extractor_type"] = "OwlViTFeatureExtractor"
     config["size"] = spec["processor"]["size"]
@@ -125,9 +157,10 @@ def build(name, spec):
     out = os.path.join(OUT, name)
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
-    config = OwlViTConfig(text_config=spec["text"], vision_config=spec["vision"], **spec["model"])
+    config_class, model_class, image_processor_class, processor_class = CLASSES[spec.get("generation", 1)]
+    config = config_class(text_config=spec["text"], vision_config=spec["vision"], **spec["model"])
     torch.manual_seed(len(name))
-    model = OwlViTForObjectDetection(config).eval()
+    model = model_class(config).eval()
     with torch.no_grad():  # init leaves biases at 0 and norm weights at 1: make every parameter a tested number
         for parameter in model.parameters():
             if torch.all(parameter == 0):
@@ -141,16 +174,20 @@ def build(name, spec):
                             (model.class_head.logit_shift, 0.3), (model.class_head.logit_scale, 0.3)]:
             layer.weight.normal_(0, gain / width ** 0.5)
         model.class_head.logit_shift.bias.fill_(-1.5)
+        if hasattr(model, "objectness_head"):
+            for layer, gain in [(model.objectness_head.dense0, 1.0), (model.objectness_head.dense1, 1.0),
+                                (model.objectness_head.dense2, 1.0)]:
+                layer.weight.normal_(0, gain / width ** 0.5)
     model.to(spec["dtype"]).save_pretrained(out)
-    write_processor(out, spec)
+    write_processor(out, spec, image_processor_class)
     write_tokenizer(out)
 
     # Reload exactly what was written, in fp32: the oracle's numbers are those of the stored weights and files.
-    model = OwlViTForObjectDetection.from_pretrained(out, dtype=torch.float32).eval()
+    model = model_class.from_pretrained(out, dtype=torch.float32).eval()
     assert model.config.text_config.hidden_size == spec["text"]["hidden_size"]
     assert model.config.vision_config.patch_size == spec["vision"]["patch_size"]
-    processor = OwlViTProcessor.from_pretrained(out)
-    assert isinstance(processor.image_processor, OwlViTImageProcessorPil), type(processor.image_processor)
+    processor = processor_class.from_pretrained(out)
+    assert isinstance(processor.image_processor, image_processor_class), type(processor.image_processor)
     detector = pipeline("zero-shot-object-detection", model=model, tokenizer=processor.tokenizer,
                         image_processor=processor.image_processor)
 
@@ -166,6 +203,8 @@ def build(name, spec):
         tensors[f"{key}.pixel_values"] = inputs.pixel_values.contiguous()
         tensors[f"{key}.logits"] = outputs.logits.contiguous()
         tensors[f"{key}.pred_boxes"] = outputs.pred_boxes.contiguous()
+        if getattr(outputs, "objectness_logits", None) is not None:
+            tensors[f"{key}.objectness_logits"] = outputs.objectness_logits.contiguous()
         low = pipeline_results(detector, photo, LOW)
         low_unrounded = unrounded_boxes(model, processor, photo, LOW)
         assert [r["box"] for r in low] == [{k: int(v) for k, v in zip(["xmin", "ymin", "xmax", "ymax"], torch.tensor(u["box"]).int().tolist())} for u in low_unrounded]

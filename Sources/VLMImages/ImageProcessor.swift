@@ -77,6 +77,7 @@ public enum ImageProcessorRegistry {
         "ViTImageProcessor": { try StandardImageProcessor(config: .init(json: $0, defaults: .vit, file: $1)) },
         "SiglipImageProcessor": { try StandardImageProcessor(config: .init(json: $0, defaults: .siglip, file: $1)) },
         "OwlViTImageProcessor": { try StandardImageProcessor(config: .owlViT(json: $0, file: $1)) },
+        "Owlv2ImageProcessor": { try Owlv2ImageProcessor(json: $0, file: $1) },
         "ViltImageProcessor": { try ViltImageProcessor(json: $0, file: $1) },
         "LlavaNextImageProcessor": { try LlavaNextImageProcessor(config: .init(json: $0, file: $1)) },
     ]
@@ -90,6 +91,7 @@ public enum ImageProcessorRegistry {
         "clipseg": "ViTImageProcessor",
         "siglip": "SiglipImageProcessor",
         "owlvit": "OwlViTImageProcessor",
+        "owlv2": "Owlv2ImageProcessor",
         "vilt": "ViltImageProcessor",
         "llava_next": "LlavaNextImageProcessor",
     ]

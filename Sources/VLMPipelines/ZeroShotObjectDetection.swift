@@ -67,6 +67,15 @@ public struct OwlViTProcessor: Sendable {
     public func pixelValues(_ images: [RGBImage]) throws -> Tensor {
         try imageProcessor.preprocess(images).pixelValues
     }
+
+    /// The width and height relative boxes are scaled by to reach an image's pixels (`_scale_boxes`): its own, or,
+    /// for OWLv2, whose processor pads images to squares, its longer side for both (even with `do_pad` off, as
+    /// `Owlv2ImageProcessorPil` does).
+    public func boxScale(for image: RGBImage) -> (width: Int, height: Int) {
+        guard imageProcessor is Owlv2ImageProcessor else { return (image.width, image.height) }
+        let side = max(image.width, image.height)
+        return (side, side)
+    }
 }
 
 /// transformers' `zero-shot-object-detection` pipeline (OWL-ViT, OWLv2): boxes in an image for free-text labels,
@@ -102,7 +111,8 @@ public final class ZeroShotObjectDetectionPipeline: Sendable {
         let text = try processor.textInputs(labels)
         let output = try model.detect(pixelValues: processor.pixelValues([image]), inputIds: text.ids,
                                       attentionMask: text.attentionMask)
-        let boxes = Self.pixelBoxes(output.predBoxes.scalars, width: image.width, height: image.height)
+        let scale = processor.boxScale(for: image)
+        let boxes = Self.pixelBoxes(output.predBoxes.scalars, width: scale.width, height: scale.height)
         let scores = activation(output.logits, .sigmoid).scalars
         let patches = boxes.count
         var found: [DetectedObject] = []
@@ -145,7 +155,8 @@ public final class ZeroShotObjectDetectionPipeline: Sendable {
         guard scores.contains(where: { $0 != 0 }) else { return [] }
         scores = scores.map { $0 < threshold ? 0 : $0 }
         let maxScore = scores.max()! + 1e-6
-        let boxes = Self.pixelBoxes(output.targetPredBoxes.scalars, width: image.width, height: image.height)
+        let scale = processor.boxScale(for: image)
+        let boxes = Self.pixelBoxes(output.targetPredBoxes.scalars, width: scale.width, height: scale.height)
         let found = scores.indices.compactMap { patch -> DetectedObject? in
             let alpha = min(max((scores[patch] - maxScore * 0.1) / (maxScore * 0.9), 0), 1)
             return alpha > 0 ? DetectedObject(label: label, score: alpha, box: Self.truncated(boxes[patch])) : nil

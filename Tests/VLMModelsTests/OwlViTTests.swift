@@ -12,7 +12,7 @@ struct OwlViTFixture {
         let attention_mask: [[Int]]
     }
 
-    static let names = ["tiny-patch16-fp16", "tiny-patch32-bf16"]
+    static let names = ["tiny-patch16-fp16", "tiny-patch32-bf16", "v2-patch16-fp16", "v2-patch32-bf16"]
     static let photos = ["landscape", "portrait", "small"]
     static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
         .appendingPathComponent("Fixtures/owlvit")
@@ -52,7 +52,14 @@ private func worstError(_ actual: Tensor, _ expected: Tensor) -> Float {
                                               attentionMask: fixture.expected.attention_mask)
         #expect(worstError(output.logits, try fixture.tensors.tensor("\(photo).logits")) < 1e-4, "\(name) \(photo)")
         #expect(worstError(output.predBoxes, try fixture.tensors.tensor("\(photo).pred_boxes")) < 1e-4, "\(name) \(photo)")
-        #expect(output.objectnessLogits == nil)
+        if name.hasPrefix("v2") {
+            #expect(fixture.model.generation == .owlv2)
+            let objectness = try #require(output.objectnessLogits)
+            #expect(worstError(objectness, try fixture.tensors.tensor("\(photo).objectness_logits")) < 1e-4)
+        } else {
+            #expect(fixture.model.generation == .owlViT)
+            #expect(output.objectnessLogits == nil)
+        }
     }
 
     @Test(arguments: OwlViTFixture.names)

@@ -6,7 +6,8 @@ import VLMPipelines
 import VLMTensor
 
 /// End to end from files (oracle/owlvit.py): photos → decoder (EXIF applied) → OWL-ViT image processor, labels → the
-/// real CLIP tokenizer padded to 16 tokens, through OWL-ViT, to the zero-shot-object-detection pipeline's results.
+/// real CLIP tokenizer padded to 16 tokens, through OWL-ViT and OWLv2 (its square padding and scipy resize, its boxes
+/// scaled by the longer side), to the zero-shot-object-detection pipeline's results.
 @Suite struct ZeroShotObjectDetectionTests {
     struct Expected: Decodable {
         struct Result: Decodable {
@@ -34,7 +35,7 @@ import VLMTensor
         let guided: Guided
     }
 
-    static let checkpoints = ["tiny-patch16-fp16", "tiny-patch32-bf16"]
+    static let checkpoints = ["tiny-patch16-fp16", "tiny-patch32-bf16", "v2-patch16-fp16", "v2-patch32-bf16"]
     static let photos = ["landscape", "portrait", "small"]
     static let fixtures = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
         .appendingPathComponent("Fixtures")
