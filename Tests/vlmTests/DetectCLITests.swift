@@ -77,6 +77,15 @@ import VLMCheckpoint
         }
     }
 
+    /// OWLv2: the photo padded to a square, its boxes scaled by the longer side.
+    @Test func owlv2GivesThePipelinesResults() throws {
+        let v2 = CLI.fixtures.appendingPathComponent("owlvit/v2-patch32-bf16")
+        let want = try JSONDecoder().decode(Expected.self, from: Data(contentsOf: v2.appendingPathComponent("expected.json")))
+        let run = try CLI.run(["detect", photoPath, "--model", v2.path, "--labels", want.labels.joined(separator: ","), "--json"])
+        #expect(run.status == 0, "\(run.stderr)")
+        try expectPipeline(try #require(try CLI.json(run) as? [[String: Any]]), try #require(want.photos["portrait"]).default)
+    }
+
     @Test func queryImageFindsBoxesNamedByItsFile() throws {
         let query = CLI.fixtures.appendingPathComponent(try #require(expected.photos["small"]).file).path
         let run = try CLI.run(["detect", CLI.fixtures.appendingPathComponent(try #require(expected.photos["landscape"]).file).path,
