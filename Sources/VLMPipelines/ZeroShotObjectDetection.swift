@@ -81,8 +81,9 @@ public struct OwlViTProcessor: Sendable {
 /// transformers' `zero-shot-object-detection` pipeline (OWL-ViT, OWLv2): boxes in an image for free-text labels,
 /// each with the sigmoid of its logit for the label, those above a threshold, best first, in the image's pixels.
 ///
-/// The pipeline runs the model once per label; here the image is read once and all labels are asked of it in one
-/// batch, which gives the same numbers (each label's logits depend only on its own text).
+/// The pipeline runs the model once per label, its text unpadded; here the image is read once and all labels, padded
+/// to 16 tokens as `OwlViTProcessor` pads them, are asked of it in one batch. That gives the same numbers: each
+/// label's logits depend only on its own text, and the causal text tower's pooled token never sees the padding.
 public final class ZeroShotObjectDetectionPipeline: Sendable {
     public let model: any ZeroShotObjectDetectionModel
     public let processor: OwlViTProcessor
