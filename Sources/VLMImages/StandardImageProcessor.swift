@@ -58,6 +58,30 @@ public struct StandardImageProcessorConfig: Sendable, Equatable {
         return config
     }()
 
+    /// `OwlViTImageProcessorPil`'s defaults: 768×768 bicubic, no crop (a 768×768 one when asked), CLIP's mean and std.
+    public static let owlViT: StandardImageProcessorConfig = {
+        var config = StandardImageProcessorConfig()
+        config.size = .exact(height: 768, width: 768)
+        config.doCenterCrop = false
+        (config.cropHeight, config.cropWidth) = (768, 768)
+        config.defaultToSquare = true
+        return config
+    }()
+
+    /// An OWL-ViT preprocessor config over ``owlViT``, where the early configs' `rescale` flag, if any, is
+    /// `do_rescale` (as `OwlViTImageProcessorPil.__init__` reads it, over `do_rescale`).
+    static func owlViT(json data: Data, file: String) throws -> StandardImageProcessorConfig {
+        var config = try StandardImageProcessorConfig(json: data, defaults: .owlViT, file: file)
+        let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any]
+        if let rescale = object?["rescale"] {
+            guard let flag = rescale as? Bool else {
+                throw ImageProcessorError.invalidConfig(file: file, reason: "rescale must be true or false")
+            }
+            config.doRescale = flag
+        }
+        return config
+    }
+
     /// Reads a preprocessor config's JSON object over `defaults`.
     ///
     /// - Throws: `ImageProcessorError.invalidConfig` naming `file` and the key.

@@ -126,7 +126,10 @@ final class CLIPVisionTransformer: Sendable {
     let layers: [PreNormEncoderLayer]
     let postLayerNorm: LayerNorm
 
-    init(_ config: CLIPVisionConfig, weights: Weights, file: String, interpolatesPositions: Bool = false) throws {
+    /// - Parameter preLayerNormName: the pre-encoder norm's weight name, `pre_layrnorm` as CLIP misspells it, or
+    ///   `pre_layernorm` (OWL-ViT).
+    init(_ config: CLIPVisionConfig, weights: Weights, file: String, interpolatesPositions: Bool = false,
+         preLayerNormName: String = "pre_layrnorm") throws {
         guard config.patchSize > 0, config.imageSize % config.patchSize == 0,
               config.numAttentionHeads > 0, config.hiddenSize % config.numAttentionHeads == 0 else {
             throw ModelError.invalidConfig("vision_config: image_size \(config.imageSize) must be a multiple of patch_size \(config.patchSize), hidden_size \(config.hiddenSize) of num_attention_heads \(config.numAttentionHeads)", file: file)
@@ -140,7 +143,7 @@ final class CLIPVisionTransformer: Sendable {
             bias: nil, stride: config.patchSize, padding: 0)
         classEmbedding = try embeddings("class_embedding", shape: [d]).reshaped([1, 1, d])
         positionEmbedding = try embeddings("position_embedding.weight", shape: [config.patchesPerSide * config.patchesPerSide + 1, d])
-        preLayerNorm = try LayerNorm(weights.scoped("pre_layrnorm"), size: d, eps: config.layerNormEps)
+        preLayerNorm = try LayerNorm(weights.scoped(preLayerNormName), size: d, eps: config.layerNormEps)
         let activation = try Activation(huggingFaceName: config.hiddenAct, file: file)
         layers = try (0..<config.numHiddenLayers).map { i in
             try PreNormEncoderLayer(weights.scoped("encoder.layers.\(i)"), hiddenSize: d,
@@ -203,12 +206,15 @@ final class CLIPTextTransformer: Sendable {
     let positionEmbedding: Tensor
     let layers: [PreNormEncoderLayer]
     let finalLayerNorm: LayerNorm
+    /// Whether the pooled token is always the one with the highest id (OWL-ViT), whatever `eos_token_id` says.
+    let poolsAtHighestId: Bool
 
-    init(_ config: CLIPTextConfig, weights: Weights, file: String) throws {
+    init(_ config: CLIPTextConfig, weights: Weights, file: String, poolsAtHighestId: Bool = false) throws {
         guard config.numAttentionHeads > 0, config.hiddenSize % config.numAttentionHeads == 0 else {
             throw ModelError.invalidConfig("text_config: hidden_size \(config.hiddenSize) is not a multiple of num_attention_heads \(config.numAttentionHeads)", file: file)
         }
         self.config = config
+        self.poolsAtHighestId = poolsAtHighestId
         let d = config.hiddenSize
         tokenEmbedding = try weights("embeddings.token_embedding.weight", shape: [config.vocabSize, d])
         positionEmbedding = try weights("embeddings.position_embedding.weight", shape: [config.maxPositionEmbeddings, d])
@@ -244,9 +250,10 @@ final class CLIPTextTransformer: Sendable {
     }
 
     /// Where transformers pools: the argmax id under the legacy `eos_token_id == 2` configs (the eot token had the
-    /// highest id), otherwise the first `eos_token_id` (position 0 when there is none, as argmax of all-false gives).
+    /// highest id) and where `poolsAtHighestId`, otherwise the first `eos_token_id` (position 0 when there is none,
+    /// as argmax of all-false gives).
     private func eosPosition(_ ids: [Int]) -> Int {
-        if config.eosTokenId == 2 {
+        if config.eosTokenId == 2 || poolsAtHighestId {
             return ids.indices.max { ids[$0] < ids[$1] || (ids[$0] == ids[$1] && $0 > $1) } ?? 0
         }
         return ids.firstIndex(of: config.eosTokenId) ?? 0

@@ -63,6 +63,7 @@ public enum ModelBuilder: Sendable {
     case imageTextMatching(@Sendable (ModelDirectory) throws -> any ImageTextMatchingModel)
     case visualQuestionClassifier(@Sendable (ModelDirectory) throws -> any VisualQuestionClassifier)
     case zeroShotSegmentation(@Sendable (ModelDirectory) throws -> any ZeroShotSegmentationModel)
+    case zeroShotObjectDetection(@Sendable (ModelDirectory) throws -> any ZeroShotObjectDetectionModel)
 }
 
 /// One model family as checkpoints name it: the config.json `model_type`s (and, where one type covers several
@@ -99,6 +100,8 @@ public enum ModelRegistry {
                     builder: .imageTextDualEncoder { try SiglipModel(directory: $0) }),
         ModelFamily("CLIPSeg", modelTypes: ["clipseg"], tasks: [.segment],
                     builder: .zeroShotSegmentation { try CLIPSegForImageSegmentation(directory: $0) }),
+        ModelFamily("OWL-ViT", modelTypes: ["owlvit", "owlv2"], tasks: [.detect],
+                    builder: .zeroShotObjectDetection { try OwlViTForObjectDetection(directory: $0) }),
         ModelFamily("Llama", modelTypes: ["llama", "mistral", "qwen2"], tasks: [.generate, .chat],
                     builder: .causalLanguageModel { try LlamaForCausalLM(directory: $0) }),
         ModelFamily("OPT", modelTypes: ["opt"], tasks: [.generate, .chat],
@@ -202,6 +205,15 @@ public enum ModelRegistry {
     public static func zeroShotSegmentationModel(_ directory: ModelDirectory) throws -> any ZeroShotSegmentationModel {
         guard case .zeroShotSegmentation(let build) = try family(of: directory, for: .segment).builder else {
             throw ModelError.invalidConfig("segment needs a zero-shot segmentation model", file: directory.url.path)
+        }
+        return try build(directory)
+    }
+
+    /// The zero-shot object detection model in `directory` (an ``OwlViTForObjectDetection`` for owlvit and owlv2);
+    /// see ``family(of:for:)`` for the errors.
+    public static func zeroShotObjectDetectionModel(_ directory: ModelDirectory) throws -> any ZeroShotObjectDetectionModel {
+        guard case .zeroShotObjectDetection(let build) = try family(of: directory, for: .detect).builder else {
+            throw ModelError.invalidConfig("detect needs a zero-shot object detection model", file: directory.url.path)
         }
         return try build(directory)
     }

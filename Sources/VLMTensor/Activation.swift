@@ -20,6 +20,8 @@ public enum Activation: Sendable, Hashable {
     case silu
     /// `1 / (1 + exp(-x))` (`torch.sigmoid`; turns segmentation logits and SigLIP scores into probabilities).
     case sigmoid
+    /// `x` for positive `x`, else `exp(x) - 1` (PyTorch `nn.ELU()`, alpha 1; OWL-ViT's logit scale).
+    case elu
 
     /// The function on one value, in fp32 as PyTorch computes it; the portable backend's implementation.
     func callAsFunction(_ x: Float) -> Float {
@@ -31,6 +33,7 @@ public enum Activation: Sendable, Hashable {
         case .relu: max(x, 0)
         case .silu: x / (1 + exp(-x))
         case .sigmoid: 1 / (1 + exp(-x))
+        case .elu: x > 0 ? x : expm1(x)
         }
     }
 }

@@ -15,6 +15,7 @@ extension Activation {
         case .relu: (dnnl_eltwise_relu, 0, 0)
         case .silu: (dnnl_eltwise_swish, 1, 0)
         case .sigmoid: (dnnl_eltwise_logistic, 0, 0)
+        case .elu: (dnnl_eltwise_elu, 1, 0)
         }
     }
 

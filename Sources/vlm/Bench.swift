@@ -77,7 +77,8 @@ struct Bench: AsyncParsableCommand {
             let model = try build(directory)
             try benchImageModel(side: model.imageSize, features: model.imageEmbeddings)
         case .visualQuestionClassifier(let build): try benchQuestionClassifier(build(directory))
-        case .zeroShotSegmentation: throw BenchError.unmeasured(family: try ModelRegistry.family(of: directory).name)
+        case .zeroShotSegmentation, .zeroShotObjectDetection:
+            throw BenchError.unmeasured(family: try ModelRegistry.family(of: directory).name)
         case .imageToText:
             let pipeline = try ImageToTextPipeline(directory: directory.url)
             if let image, let prompt {

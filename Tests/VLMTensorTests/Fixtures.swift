@@ -2,7 +2,8 @@ import Foundation
 import Testing
 import VLMTensor
 
-/// Cases written by oracle/tensor_ops.py and oracle/segmentation_ops.py: inputs and PyTorch's outputs.
+/// Cases written by oracle/tensor_ops.py, oracle/segmentation_ops.py and oracle/detection_ops.py: inputs and
+/// PyTorch's outputs.
 struct OpFixtures {
     struct Entry: Decodable {
         let shape: [Int]
@@ -59,7 +60,7 @@ struct OpFixtures {
         let folder = directory.appendingPathComponent("Tests/Fixtures/tensor")
         var cases: [String: Case] = [:]
         var data: [Float] = []
-        for name in ["tensor_ops", "segmentation_ops"] {
+        for name in ["tensor_ops", "segmentation_ops", "detection_ops"] {
             do {
                 let manifest = try JSONDecoder().decode(Manifest.self, from: Data(contentsOf: folder.appendingPathComponent("\(name).json")))
                 let bytes = try Data(contentsOf: folder.appendingPathComponent("\(name).bin"))
@@ -100,6 +101,7 @@ func activationNamed(_ name: String) -> Activation {
     case "relu": .relu
     case "silu": .silu
     case "sigmoid": .sigmoid
+    case "elu": .elu
     default: fatalError("unknown activation \(name) in fixtures")
     }
 }
