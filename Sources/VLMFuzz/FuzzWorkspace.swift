@@ -74,6 +74,7 @@ final class FuzzWorkspace {
         case .imageTextMatching(let build): _ = try build(checkpoint)
         case .visualQuestionClassifier(let build): _ = try build(checkpoint)
         case .zeroShotSegmentation(let build): _ = try build(checkpoint)
+        case .zeroShotObjectDetection(let build): _ = try build(checkpoint)
         }
     }
 
