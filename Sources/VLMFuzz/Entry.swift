@@ -25,6 +25,7 @@ public func fuzzerInitialize(_ argc: UnsafeMutablePointer<Int32>, _ argv: Unsafe
     selected = target
     do {
         workspace = try FuzzWorkspace(fixtures: fixturesDirectory())
+        try workspace!.prepare(for: target)
     } catch {
         fail("\(error)")
     }

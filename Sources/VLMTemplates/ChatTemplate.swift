@@ -59,9 +59,16 @@ public struct ChatTemplate: Sendable {
         if let bosToken { context.variables["bos_token"] = .string(bosToken) }
         if let eosToken { context.variables["eos_token"] = .string(eosToken) }
         for (name, value) in extraContext { context.variables[name] = Value(value) }
+        return try run(in: context)
+    }
+
+    /// Renders the template with the variables of `scope`, then empties what the render made that could keep itself
+    /// alive (``RenderReferences``).
+    func run(in scope: Scope) throws(ChatTemplateError) -> String {
         var interpreter = Interpreter(file: file, lexer: TemplateLexer(source: scalars, file: file))
+        defer { interpreter.references.release() }
         var output = ""
-        _ = try interpreter.render(nodes, in: context, into: &output)
+        _ = try interpreter.render(nodes, in: scope, into: &output)
         return output
     }
 

@@ -818,6 +818,7 @@ extension Interpreter {
             }
             attributes += arguments.keyword
             let namespace = Namespace(attributes: [])
+            interpreter.references.created(namespace)
             for (name, value) in attributes {
                 guard !name.hasPrefix("_") else {
                     throw interpreter.error("chat templates cannot store underscore-prefixed attributes on a namespace, but got '\(name)'")

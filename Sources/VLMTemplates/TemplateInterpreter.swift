@@ -19,6 +19,26 @@ final class Scope {
     }
 }
 
+/// The objects of one render that can come to hold themselves: scopes captured by the macros, call blocks and
+/// loops made in them (a macro is stored in the scope it captures), and namespaces (a template may store one in
+/// itself). Reference counting never frees such a cycle, so every render would leak its macros and their syntax
+/// trees; the render clears these objects when it ends instead.
+final class RenderReferences {
+    private var scopes: [Scope] = []
+    private var namespaces: [Namespace] = []
+
+    func captured(_ scope: Scope) { scopes.append(scope) }
+    func created(_ namespace: Namespace) { namespaces.append(namespace) }
+
+    /// Empties every object the render made that could be in a cycle; the render must be over.
+    func release() {
+        for scope in scopes { scope.variables.removeAll() }
+        for namespace in namespaces { namespace.attributes.removeAll() }
+        scopes.removeAll()
+        namespaces.removeAll()
+    }
+}
+
 /// Runs a parsed template. Limits bound output size, loop iterations and macro recursion, so that no template can
 /// hang the caller or allocate without bound.
 struct Interpreter {
@@ -32,6 +52,7 @@ struct Interpreter {
 
     let file: String
     let lexer: TemplateLexer
+    let references = RenderReferences()
     var offset = 0
     private var iterations = 0
     private var callDepth = 0
@@ -153,6 +174,7 @@ struct Interpreter {
         var source = try cursor(over: iterable)
         if let condition = loop.condition {
             // jinja2 filters the iterable lazily too, so the condition runs only for the items the loop reaches.
+            references.captured(scope)
             let filtered = makeGenerator("<genexpr>", body: { _ in iterable }) { (interpreter: inout Interpreter, item: Value) throws(ChatTemplateError) in
                 let filterScope = Scope(parent: scope)
                 try interpreter.assign(item, to: loop.target, in: filterScope)
@@ -162,6 +184,7 @@ struct Interpreter {
         }
         var recurse: Value?
         if loop.recursive {
+            references.captured(scope)
             recurse = .callable(Callable(name: "loop") { (interpreter: inout Interpreter, arguments: CallArguments) throws(ChatTemplateError) in
                 guard let nested = arguments.positional.first else { throw interpreter.error("loop() takes an iterable") }
                 var text = ""
@@ -210,7 +233,8 @@ struct Interpreter {
     }
 
     private func makeMacro(_ macro: Macro, definedIn scope: Scope) -> Value {
-        .callable(Callable(name: macro.name) { (interpreter: inout Interpreter, arguments: CallArguments) throws(ChatTemplateError) in
+        references.captured(scope)
+        return .callable(Callable(name: macro.name) { (interpreter: inout Interpreter, arguments: CallArguments) throws(ChatTemplateError) in
             try interpreter.callMacro(macro, definedIn: scope, arguments)
         })
     }
