@@ -2,7 +2,7 @@ import Foundation
 import VLMTensor
 
 /// A height and width in pixels.
-public struct ImageSize: Sendable, Equatable, Codable {
+public struct ImageSize: Sendable, Hashable, Codable {
     public var height: Int
     public var width: Int
 
@@ -16,17 +16,26 @@ public struct ImageSize: Sendable, Equatable, Codable {
 /// image's size before processing (`image_sizes`, which tiling processors report and their models read).
 public struct ProcessedImages: Sendable {
     /// `pixel_values` as the model takes them: `[N, 3, H, W]` for the fixed-size processors, `[N, patches, 3, H, W]`
-    /// for the tiling ones.
+    /// for the tiling ones, `[N, max_num_patches, p·p·3]` for SigLIP 2's flattened patches.
     public var pixelValues: Tensor
     /// Each input image's (height, width), in order.
     public var imageSizes: [ImageSize]
     /// `pixel_mask` `[N, H, W]`, 1 where a padded batch holds an image's pixels (ViLT); nil when nothing is padded.
     public var pixelMask: Tensor?
+    /// `pixel_attention_mask` `[N, patches]`, 1 for an image's patches and 0 for the padding after them, where
+    /// `pixelValues` holds flattened patches (SigLIP 2's NaFlex processor); nil otherwise.
+    public var pixelAttentionMask: Tensor?
+    /// `spatial_shapes`: each image's patch grid, its rows and columns as `height` and `width`, where `pixelValues`
+    /// holds flattened patches; nil otherwise.
+    public var spatialShapes: [ImageSize]?
 
-    public init(pixelValues: Tensor, imageSizes: [ImageSize], pixelMask: Tensor? = nil) {
+    public init(pixelValues: Tensor, imageSizes: [ImageSize], pixelMask: Tensor? = nil,
+                pixelAttentionMask: Tensor? = nil, spatialShapes: [ImageSize]? = nil) {
         self.pixelValues = pixelValues
         self.imageSizes = imageSizes
         self.pixelMask = pixelMask
+        self.pixelAttentionMask = pixelAttentionMask
+        self.spatialShapes = spatialShapes
     }
 }
 
@@ -78,6 +87,7 @@ public enum ImageProcessorRegistry {
         "SiglipImageProcessor": { try StandardImageProcessor(config: .init(json: $0, defaults: .siglip, file: $1)) },
         "ViltImageProcessor": { try ViltImageProcessor(json: $0, file: $1) },
         "LlavaNextImageProcessor": { try LlavaNextImageProcessor(config: .init(json: $0, file: $1)) },
+        "Siglip2ImageProcessor": { try Siglip2ImageProcessor(json: $0, file: $1) },
     ]
 
     /// The processor class of a model type whose processor config names none (transformers'
@@ -90,6 +100,7 @@ public enum ImageProcessorRegistry {
         "siglip": "SiglipImageProcessor",
         "vilt": "ViltImageProcessor",
         "llava_next": "LlavaNextImageProcessor",
+        "siglip2": "Siglip2ImageProcessor",
     ]
 
     /// The class names ``load(directory:modelType:)`` accepts (each also with its `Fast` or `Pil` suffix).

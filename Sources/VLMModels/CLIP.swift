@@ -1,5 +1,6 @@
 import Foundation
 import VLMCheckpoint
+import VLMImages
 import VLMTensor
 
 // CLIP (Radford et al. 2021) as transformers' models/clip/modeling_clip.py builds it: a ViT image tower and a causal
@@ -288,6 +289,10 @@ public final class CLIPModel: ImageTextDualEncoder {
 
     public var imageSize: Int { config.visionConfig.imageSize }
     public var embeddingSize: Int { config.projectionDim }
+
+    public func imageFeatures(_ images: ProcessedImages) throws -> Tensor {
+        try imageFeatures(pixelValues: images.pixelValues)
+    }
     public var textPadding: DualEncoderTextPadding { .longest }
 
     /// `get_image_features`: projected (not normalized) image embeddings [B, projection_dim].
