@@ -4,7 +4,7 @@ import SwiftVLM
 
 struct Bench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Model speed: image embedding for image-text models (random pixels, median of several runs); prompt prefill and greedy decoding for language models (a llama.cpp .gguf file or a checkpoint); image features, first token and decoding of a caption for image-to-text models.")
+        abstract: "Model speed: image embedding for image-text models (a photo of noise through the checkpoint's processor, or random pixels for BLIP retrieval; median of several runs); prompt prefill and greedy decoding for language models (a llama.cpp .gguf file or a checkpoint); image features, first token and decoding of a caption for image-to-text models.")
 
     @OptionGroup var options: ModelOption
 

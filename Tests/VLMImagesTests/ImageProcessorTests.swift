@@ -58,7 +58,7 @@ import Testing
         try Data(#"{"image_processor_type": "Idefics3ImageProcessorFast"}"#.utf8).write(to: file)
         let unknown = try #require(throws: ImageProcessorError.self) { try ImageProcessorRegistry.load(directory: directory) }
         #expect(unknown.description.contains(file.path) && unknown.description.contains("Idefics3ImageProcessorFast")
-                && unknown.description.contains("BlipImageProcessor, CLIPImageProcessor, LlavaNextImageProcessor, SiglipImageProcessor, ViTImageProcessor"))
+                && unknown.description.contains("BlipImageProcessor, CLIPImageProcessor, LlavaNextImageProcessor, Siglip2ImageProcessor, SiglipImageProcessor, ViTImageProcessor"))
         #expect(!unknown.description.contains("\n"))
 
         try Data(#"{"size": 30}"#.utf8).write(to: file)

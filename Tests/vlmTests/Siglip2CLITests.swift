@@ -67,6 +67,16 @@ import VLMCheckpoint
                                    mentioning: "more than the 64 the text model takes")
     }
 
+    /// Its input is a 640×480 photo of noise through the NaFlex processor, as no fixed image size exists.
+    @Test func benchReportsMillisecondsPerImage() throws {
+        let run = try CLI.run(["bench", "--model", model.path, "--batch-size", "2", "--runs", "1", "--json"])
+        #expect(run.status == 0, "\(run.stderr)")
+        let report = try #require(try CLI.json(run) as? [String: Any])
+        #expect(report["task"] as? String == "image-embedding")
+        #expect(report["batch_size"] as? Int == 2)
+        #expect((report["ms_per_item"] as? Double ?? 0) > 0)
+    }
+
     @Test func otherCommandsAreRefused() throws {
         try CLIBadInputTests().expectOneLineError(["caption", photo(0), "--model", model.path],
                                                   mentioning: "SigLIP 2 checkpoint (model_type \"siglip2\") cannot run `vlm caption`; it runs with vlm classify, vlm embed")
