@@ -145,7 +145,7 @@ public final class Tokenizer: Sendable {
         let pipeline: Pipeline
         if FileManager.default.fileExists(atPath: tokenizerURL.path) {
             // As AutoTokenizer, config.json's model type overrides a tokenizer class known to be wrong for it.
-            if try Self.modelType(directory) == "siglip2" {
+            if Self.modelType(directory) == "siglip2" {
                 pipeline = try Pipeline(siglip2TokenizerJSON: try JSONObject.read(tokenizerURL), config: config)
             } else {
                 pipeline = try Pipeline(tokenizerJSON: try JSONObject.read(tokenizerURL))
@@ -156,12 +156,12 @@ public final class Tokenizer: Sendable {
         try self.init(pipeline: pipeline, config: config)
     }
 
-    /// config.json's `model_type`, if the directory has a config.json that names one.
-    private static func modelType(_ directory: URL) throws -> String? {
+    /// config.json's `model_type`, if the directory has a readable config.json that names one (a broken one is the
+    /// model loader's to report).
+    private static func modelType(_ directory: URL) -> String? {
         let url = directory.appendingPathComponent("config.json")
         guard FileManager.default.fileExists(atPath: url.path) else { return nil }
-        let config = try JSONObject.read(url)
-        return config.values["model_type"] as? String
+        return (try? JSONObject.read(url))?.values["model_type"] as? String
     }
 
     init(pipeline: Pipeline, config: JSONObject?) throws {
