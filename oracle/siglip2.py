@@ -10,8 +10,8 @@ tokenizer_config.json naming "GemmaTokenizer". transformers 5.23 lists siglip2 a
 tokenizer class is wrong and loads Siglip2Tokenizer instead: the vocabulary and merges of tokenizer.json in its own
 pipeline (Lowercase + Replace(" ", "▁") normalizer, Split(" ") pre-tokenizer, byte-fallback BPE), whatever
 normalizer and pre-tokenizer the file states; `<eos>` appended (add_eos_token, or the file's post-processor). The
-tokenizer here is the same kind of file: a byte-fallback BPE trained by `tokenizers` on the shared tokenizer strings,
-Gemma's special tokens and byte pieces first, saved by GemmaTokenizer as the conversion script configured it
+tokenizer here is the same kind of file: a byte-fallback BPE trained here on the shared tokenizer strings, Gemma's
+special tokens and byte pieces first, saved by GemmaTokenizer as the conversion script configured it
 (add_bos_token false, add_eos_token true, right padding, model_input_names ["input_ids"]).
 
 Writes Tests/Fixtures/siglip2/<checkpoint>/ (a checkpoint directory SwiftVLM loads as is, plus expected.safetensors
@@ -20,15 +20,16 @@ align_corners=False, antialias=True) on random planes, shrinking and growing). P
 JPEG turned upright by its EXIF orientation, a 40×27 photo and a 5:1 one (from other families' fixtures), so that
 images upscale, downscale, pad and take non-square patch grids.
 """
+import collections
 import json
 import os
 import shutil
+import tempfile
 
 import torch
 import torch.nn.functional as F
 from PIL import Image
 from safetensors.torch import save_file
-from tokenizers import Tokenizer, models, normalizers, trainers
 from transformers import (AutoTokenizer, GemmaTokenizer, Siglip2Config, Siglip2ImageProcessorPil, Siglip2Model,
                           pipeline)
 from transformers.image_utils import load_image
@@ -85,17 +86,51 @@ CHECKPOINTS = {
 }
 
 
-def gemma_style_tokenizer(strings):
-    """A byte-fallback BPE over SentencePiece-style text (spaces as "▁", no pre-tokenization), Gemma's special
-    tokens first, then the 256 byte pieces, then the trained pieces."""
-    trained = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
-    trained.normalizer = normalizers.Replace(" ", "▁")
-    trained.train_from_iterator(strings, trainers.BpeTrainer(vocab_size=900, show_progress=False, limit_alphabet=150))
-    model = json.loads(trained.to_str())["model"]
+def gemma_style_tokenizer(strings, size=900, alphabet_size=150):
+    """A byte-fallback BPE over SentencePiece-style text (spaces as "▁", no pre-tokenization): Gemma's special tokens
+    first, then the 256 byte pieces, then the most frequent characters of the shared strings and merges learnt from
+    their "▁"-prefixed words, as SentencePiece learns them. Trained here rather than by `tokenizers`' BpeTrainer,
+    whose ties fall in hash order: the same tokenizer every run (a minute or so)."""
+    words = collections.Counter()
+    for text in strings:
+        for word in text.replace(" ", "▁").split("▁"):
+            if word:
+                words["▁" + word] += 1
+    frequency = collections.Counter()
+    for word, count in words.items():
+        for character in word:
+            frequency[character] += count
+    pieces = sorted(frequency, key=lambda c: (-frequency[c], c))[:alphabet_size]
+    known = set(pieces)
+    sequences = [(list(word), count) for word, count in sorted(words.items())]
+    merges = []
+    while len(pieces) < size:
+        pairs = collections.Counter()
+        for symbols, count in sequences:
+            for a, b in zip(symbols, symbols[1:]):
+                if a in known and b in known:
+                    pairs[a, b] += count
+        if not pairs:
+            break
+        (a, b), _ = min(pairs.items(), key=lambda item: (-item[1], item[0]))
+        merges.append((a, b))
+        pieces.append(a + b)
+        known.add(a + b)
+        for index, (symbols, count) in enumerate(sequences):
+            if a not in symbols:
+                continue
+            merged, i = [], 0
+            while i < len(symbols):
+                if i + 1 < len(symbols) and symbols[i] == a and symbols[i + 1] == b:
+                    merged.append(a + b)
+                    i += 2
+                else:
+                    merged.append(symbols[i])
+                    i += 1
+            sequences[index] = (merged, count)
     vocab = {}
-    for token in SPECIAL + [f"<0x{b:02X}>" for b in range(256)] + list(model["vocab"]):
+    for token in SPECIAL + [f"<0x{b:02X}>" for b in range(256)] + pieces:
         vocab.setdefault(token, len(vocab))
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
     return vocab, merges
 
 
@@ -163,6 +198,19 @@ def build(name, spec, vocab, merges, strings):
                   for p in PHOTOS]
     too_long = len(tokenizer(TEMPLATE.format(TOO_LONG_LABEL)).input_ids)
     assert too_long > 64
+    # Siglip2Tokenizer pads on the left when tokenizer_config.json names no padding_side.
+    with tempfile.TemporaryDirectory() as unsided:
+        for file in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(os.path.join(out, file), unsided)
+        path = os.path.join(unsided, "tokenizer_config.json")
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+        del config["padding_side"]
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(config, f)
+        left = AutoTokenizer.from_pretrained(unsided)
+        assert left.padding_side == "left"
+        left_padded = left(TEXTS[:3], padding="max_length", max_length=16).input_ids
 
     save_file({
         "pixel_values": processed.pixel_values.contiguous(),
@@ -186,6 +234,7 @@ def build(name, spec, vocab, merges, strings):
             "template": TEMPLATE,
             "prompt_ids": prompts.input_ids.tolist(),
             "prompt_mask": prompts["attention_mask"].tolist() if "attention_mask" in prompts else None,
+            "left_padded_ids": left_padded,
             "too_long_label": TOO_LONG_LABEL,
             "too_long_tokens": too_long,
             "zero_shot": [{"image": p, "scores": c} for p, c in zip(PHOTOS, classified)],

@@ -19,6 +19,7 @@ import VLMTensor
         let labels: [String]
         let template: String
         let prompt_ids: [[Int]]
+        let left_padded_ids: [[Int]]
         let too_long_label: String
         let too_long_tokens: Int
         let zero_shot: [Classified]
@@ -72,6 +73,25 @@ import VLMTensor
             let mismatches = zip(shared, strings).filter { tokenizer.encode($0.0).ids != $0.1 }
             #expect(mismatches.isEmpty, "\(mismatches.count) of \(strings.count) differ, first: \(mismatches.first.map { $0.0 } ?? "")")
         }
+    }
+
+    /// Siglip2Tokenizer's class pads on the left where tokenizer_config.json names no padding_side (the published
+    /// ones say "right").
+    @Test func withoutAPaddingSideTheTokenizerPadsOnTheLeft() throws {
+        let test = try Fixture("tiny-naflex-bf16")
+        let copy = FileManager.default.temporaryDirectory.appendingPathComponent("siglip2-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: copy, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: copy) }
+        for file in ["config.json", "tokenizer.json"] {
+            try FileManager.default.copyItem(at: test.directory.appendingPathComponent(file), to: copy.appendingPathComponent(file))
+        }
+        let configURL = test.directory.appendingPathComponent("tokenizer_config.json")
+        var config = try #require(try JSONSerialization.jsonObject(with: Data(contentsOf: configURL)) as? [String: Any])
+        #expect(config.removeValue(forKey: "padding_side") as? String == "right")
+        try JSONSerialization.data(withJSONObject: config).write(to: copy.appendingPathComponent("tokenizer_config.json"))
+        let tokenizer = try loadTokenizer(path: copy).tokenizer
+        let texts = Array(test.expected.texts.prefix(test.expected.left_padded_ids.count))
+        #expect(tokenizer.encode(texts, padding: .maxLength, maxLength: 16).map(\.ids) == test.expected.left_padded_ids)
     }
 
     /// Siglip2Processor's text defaults: `padding="max_length", max_length=64`, whatever model_max_length says.
