@@ -289,15 +289,16 @@ public final class CLIPModel: ImageTextDualEncoder {
 
     public var imageSize: Int { config.visionConfig.imageSize }
     public var embeddingSize: Int { config.projectionDim }
-
-    public func imageFeatures(_ images: ProcessedImages) throws -> Tensor {
-        try imageFeatures(pixelValues: images.pixelValues)
-    }
     public var textPadding: DualEncoderTextPadding { .longest }
 
     /// `get_image_features`: projected (not normalized) image embeddings [B, projection_dim].
     public func imageFeatures(pixelValues: Tensor) throws -> Tensor {
         try visualProjection(vision.pooledOutput(pixelValues))
+    }
+
+    /// ``imageFeatures(pixelValues:)`` of the image processor's pixel values.
+    public func imageFeatures(_ images: ProcessedImages) throws -> Tensor {
+        try imageFeatures(pixelValues: images.pixelValues)
     }
 
     /// `get_text_features`: projected (not normalized) text embeddings [B, projection_dim].

@@ -309,15 +309,16 @@ public final class SiglipModel: ImageTextDualEncoder {
 
     public var imageSize: Int { config.visionConfig.imageSize }
     public var embeddingSize: Int { config.visionConfig.hiddenSize }
-
-    public func imageFeatures(_ images: ProcessedImages) throws -> Tensor {
-        try imageFeatures(pixelValues: images.pixelValues)
-    }
     public var textPadding: DualEncoderTextPadding { .maxLength(zeroShotLength: Self.zeroShotTextLength) }
 
     /// `get_image_features(...).pooler_output`: the attention-pooling head's output (not normalized) [B, hidden_size].
     public func imageFeatures(pixelValues: Tensor) throws -> Tensor {
         try vision.pooledOutput(pixelValues)
+    }
+
+    /// ``imageFeatures(pixelValues:)`` of the image processor's pixel values.
+    public func imageFeatures(_ images: ProcessedImages) throws -> Tensor {
+        try imageFeatures(pixelValues: images.pixelValues)
     }
 
     /// `get_text_features(...).pooler_output`: the text head's output (not normalized) [B, projection_size].
