@@ -2,7 +2,7 @@ import Foundation
 import VLMTensor
 
 /// A height and width in pixels.
-public struct ImageSize: Sendable, Equatable, Codable {
+public struct ImageSize: Sendable, Hashable, Codable {
     public var height: Int
     public var width: Int
 
@@ -16,7 +16,7 @@ public struct ImageSize: Sendable, Equatable, Codable {
 /// image's size before processing (`image_sizes`, which tiling processors report and their models read).
 public struct ProcessedImages: Sendable {
     /// `pixel_values` as the model takes them: `[N, 3, H, W]` for the fixed-size processors, `[N, patches, 3, H, W]`
-    /// for the tiling ones.
+    /// for the tiling ones, `[N, max_num_patches, p·p·3]` for SigLIP 2's flattened patches.
     public var pixelValues: Tensor
     /// Each input image's (height, width), in order.
     public var imageSizes: [ImageSize]
@@ -25,12 +25,21 @@ public struct ProcessedImages: Sendable {
     /// Per image, whether a tiling processor cut it into tiles (LLaVA-OneVision tiles an image only when it is its
     /// conversation's only one, transformers' `batch_num_images`); nil: as the processor always does.
     public var tiled: [Bool]?
+    /// `pixel_attention_mask` `[N, patches]`, 1 for an image's patches and 0 for the padding after them, where
+    /// `pixelValues` holds flattened patches (SigLIP 2's NaFlex processor); nil otherwise.
+    public var pixelAttentionMask: Tensor?
+    /// `spatial_shapes`: each image's patch grid, its rows and columns as `height` and `width`, where `pixelValues`
+    /// holds flattened patches; nil otherwise.
+    public var spatialShapes: [ImageSize]?
 
-    public init(pixelValues: Tensor, imageSizes: [ImageSize], pixelMask: Tensor? = nil, tiled: [Bool]? = nil) {
+    public init(pixelValues: Tensor, imageSizes: [ImageSize], pixelMask: Tensor? = nil, tiled: [Bool]? = nil,
+                pixelAttentionMask: Tensor? = nil, spatialShapes: [ImageSize]? = nil) {
         self.pixelValues = pixelValues
         self.imageSizes = imageSizes
         self.pixelMask = pixelMask
         self.tiled = tiled
+        self.pixelAttentionMask = pixelAttentionMask
+        self.spatialShapes = spatialShapes
     }
 }
 
@@ -85,6 +94,7 @@ public enum ImageProcessorRegistry {
         "ViltImageProcessor": { try ViltImageProcessor(json: $0, file: $1) },
         "LlavaNextImageProcessor": { try LlavaNextImageProcessor(config: .init(json: $0, file: $1)) },
         "LlavaOnevisionImageProcessor": { try LlavaOnevisionImageProcessor(json: $0, file: $1) },
+        "Siglip2ImageProcessor": { try Siglip2ImageProcessor(json: $0, file: $1) },
     ]
 
     /// The processor class of a model type whose processor config names none (transformers'
@@ -100,6 +110,7 @@ public enum ImageProcessorRegistry {
         "vilt": "ViltImageProcessor",
         "llava_next": "LlavaNextImageProcessor",
         "llava_onevision": "LlavaOnevisionImageProcessor",
+        "siglip2": "Siglip2ImageProcessor",
     ]
 
     /// The class names ``load(directory:modelType:)`` accepts (each also with its `Fast` or `Pil` suffix).

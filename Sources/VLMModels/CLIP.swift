@@ -1,5 +1,6 @@
 import Foundation
 import VLMCheckpoint
+import VLMImages
 import VLMTensor
 
 // CLIP (Radford et al. 2021) as transformers' models/clip/modeling_clip.py builds it: a ViT image tower and a causal
@@ -300,6 +301,11 @@ public final class CLIPModel: ImageTextDualEncoder {
     /// `get_image_features`: projected (not normalized) image embeddings [B, projection_dim].
     public func imageFeatures(pixelValues: Tensor) throws -> Tensor {
         try visualProjection(vision.pooledOutput(pixelValues))
+    }
+
+    /// ``imageFeatures(pixelValues:)`` of the image processor's pixel values.
+    public func imageFeatures(_ images: ProcessedImages) throws -> Tensor {
+        try imageFeatures(pixelValues: images.pixelValues)
     }
 
     /// `get_text_features`: projected (not normalized) text embeddings [B, projection_dim].

@@ -1,10 +1,12 @@
 import VLMCheckpoint
+import VLMImages
 import VLMTensor
 
-/// A model with an image tower and a text tower embedding into one space (CLIP, SigLIP).
+/// A model with an image tower and a text tower embedding into one space (CLIP, SigLIP, SigLIP 2).
 public protocol ImageTextDualEncoder: AnyObject, Sendable {
-    /// Projected image embeddings [B, embeddingSize] for pixel values [B, C, S, S].
-    func imageFeatures(pixelValues: Tensor) throws -> Tensor
+    /// Projected image embeddings [B, embeddingSize] for its image processor's output (pixel values [B, C, S, S];
+    /// SigLIP 2: flattened patches with their mask and grids).
+    func imageFeatures(_ images: ProcessedImages) throws -> Tensor
     /// Projected text embeddings [B, embeddingSize] for padded token ids and their attention mask.
     func textFeatures(inputIds: [[Int]], attentionMask: [[Int]]?) throws -> Tensor
     /// Image–text logits [images, texts], as the model's forward returns them in `logits_per_image`.
@@ -14,7 +16,6 @@ public protocol ImageTextDualEncoder: AnyObject, Sendable {
     func labelProbabilities(logitsPerImage: Tensor) -> Tensor
     /// How the texts of a batch are padded for the text tower.
     var textPadding: DualEncoderTextPadding { get }
-    var imageSize: Int { get }
     var embeddingSize: Int { get }
 }
 
@@ -28,6 +29,9 @@ public enum DualEncoderTextPadding: Sendable, Equatable {
     /// pipeline, which passes `max_length` itself. A longer text is refused: the processor passes it on (and the text
     /// tower fails) while the pipeline cuts it short, so either way it is not the text the caller asked about.
     case maxLength(zeroShotLength: Int)
+    /// Every text to `length` tokens, embeddings and zero-shot prompts alike (SigLIP 2, whose processor passes
+    /// `max_length=64` itself); a longer text is refused, as for `maxLength`.
+    case fixed(length: Int)
 }
 
 /// What a model can be asked to do. Each task is what one or more `vlm` commands run.
@@ -98,6 +102,8 @@ public enum ModelRegistry {
                     builder: .imageTextDualEncoder { try CLIPModel(directory: $0) }),
         ModelFamily("SigLIP", modelTypes: ["siglip"], tasks: [.classify, .embed],
                     builder: .imageTextDualEncoder { try SiglipModel(directory: $0) }),
+        ModelFamily("SigLIP 2", modelTypes: ["siglip2"], tasks: [.classify, .embed],
+                    builder: .imageTextDualEncoder { try Siglip2Model(directory: $0) }),
         ModelFamily("CLIPSeg", modelTypes: ["clipseg"], tasks: [.segment],
                     builder: .zeroShotSegmentation { try CLIPSegForImageSegmentation(directory: $0) }),
         ModelFamily("OWL-ViT", modelTypes: ["owlvit", "owlv2"], tasks: [.detect],

@@ -1,5 +1,6 @@
 import Foundation
 import VLMCheckpoint
+import VLMImages
 import VLMTensor
 
 // SigLIP (Zhai et al. 2023) as transformers' models/siglip/modeling_siglip.py builds it: CLIP's two towers trained
@@ -110,8 +111,9 @@ public struct SiglipConfig: Decodable, Sendable {
     }
 }
 
-/// `SiglipMultiheadAttentionPoolingHead`: a learned probe token attends over the tower's post-layernormed patches
-/// (`nn.MultiheadAttention`, its q/k/v stacked in `in_proj_weight`), then a pre-norm MLP with its residual.
+/// `SiglipMultiheadAttentionPoolingHead` (and SigLIP 2's): a learned probe token attends over the tower's
+/// post-layernormed patches (`nn.MultiheadAttention`, its q/k/v stacked in `in_proj_weight`), then a pre-norm MLP
+/// with its residual.
 struct SiglipAttentionPoolingHead {
     /// The probe through the query projection, the same for every image, so computed once.
     let query: Tensor
@@ -122,8 +124,7 @@ struct SiglipAttentionPoolingHead {
     let mlp: FeedForward
     let heads: Int
 
-    init(_ weights: Weights, config: SiglipVisionConfig, activation: Activation) throws {
-        let d = config.hiddenSize
+    init(_ weights: Weights, hiddenSize d: Int, intermediateSize: Int, heads: Int, eps: Float, activation: Activation) throws {
         let attention = weights.scoped("attention")
         // Rows [0, d) of the stacked projections are the query's, [d, 2d) the key's, [2d, 3d) the value's.
         let weight = try attention("in_proj_weight", shape: [3 * d, d]).reshaped([1, 3 * d, d])
@@ -136,17 +137,19 @@ struct SiglipAttentionPoolingHead {
         key = try projection(1)
         value = try projection(2)
         output = try Linear(attention.scoped("out_proj"), inFeatures: d, outFeatures: d)
-        layerNorm = try LayerNorm(weights.scoped("layernorm"), size: d, eps: config.layerNormEps)
-        mlp = try FeedForward(weights.scoped("mlp"), hiddenSize: d, intermediateSize: config.intermediateSize,
+        layerNorm = try LayerNorm(weights.scoped("layernorm"), size: d, eps: eps)
+        mlp = try FeedForward(weights.scoped("mlp"), hiddenSize: d, intermediateSize: intermediateSize,
                               activation: activation)
-        heads = config.numAttentionHeads
+        self.heads = heads
     }
 
-    /// The tower's post-layernormed last hidden state [B, T, D] → the pooled output [B, D].
-    func callAsFunction(_ hidden: Tensor) -> Tensor {
+    /// The tower's post-layernormed last hidden state [B, T, D] → the pooled output [B, D]; the probe reads only the
+    /// tokens where `keyPaddingMask` [B, T] is 1 (SigLIP 2's padded patches are 0).
+    func callAsFunction(_ hidden: Tensor, keyPaddingMask: Tensor? = nil) -> Tensor {
         let batch = hidden.shape[0]
         let queries = concatenate(Array(repeating: query, count: batch), axis: 0)
-        let attended = output(attention(query: queries, key: key(hidden), value: value(hidden), heads: heads))
+        let attended = output(attention(query: queries, key: key(hidden), value: value(hidden), heads: heads,
+                                        keyPaddingMask: keyPaddingMask))
             .reshaped([batch, hidden.shape[2]])
         return mlp(layerNorm(attended), residual: attended)
     }
@@ -184,7 +187,9 @@ final class SiglipVisionTransformer: Sendable {
         }
         postLayerNorm = try LayerNorm(weights.scoped("post_layernorm"), size: d, eps: config.layerNormEps)
         head = config.visionUseHead
-            ? try SiglipAttentionPoolingHead(weights.scoped("head"), config: config, activation: activation) : nil
+            ? try SiglipAttentionPoolingHead(weights.scoped("head"), hiddenSize: d, intermediateSize: config.intermediateSize,
+                                             heads: config.numAttentionHeads, eps: config.layerNormEps, activation: activation)
+            : nil
     }
 
     /// pixel_values [B, C, S, S] → the attention-pooling head's output [B, D] (transformers' pooler_output).
@@ -311,6 +316,11 @@ public final class SiglipModel: ImageTextDualEncoder {
         try vision.pooledOutput(pixelValues)
     }
 
+    /// ``imageFeatures(pixelValues:)`` of the image processor's pixel values.
+    public func imageFeatures(_ images: ProcessedImages) throws -> Tensor {
+        try imageFeatures(pixelValues: images.pixelValues)
+    }
+
     /// `get_text_features(...).pooler_output`: the text head's output (not normalized) [B, projection_size].
     public func textFeatures(inputIds: [[Int]], attentionMask: [[Int]]?) throws -> Tensor {
         try text.pooledOutput(inputIds: inputIds, attentionMask: attentionMask)
@@ -318,13 +328,19 @@ public final class SiglipModel: ImageTextDualEncoder {
 
     /// `logits_per_image`: exp(logit_scale) × cosine similarity + logit_bias, [images, texts].
     public func logitsPerImage(imageFeatures: Tensor, textFeatures: Tensor) -> Tensor {
-        let similarity = matmul(l2Normalized(imageFeatures), l2Normalized(textFeatures), transposeB: true)
-        let bias = Tensor(shape: [textFeatures.shape[0]], scalars: Array(repeating: logitBias, count: textFeatures.shape[0]))
-        return add(scaled(similarity, by: Float(exp(Double(logitScale)))), bias)
+        sigmoidLossLogits(imageFeatures: imageFeatures, textFeatures: textFeatures, scale: logitScale, bias: logitBias)
     }
 
     /// The pipeline's scores: each pair's sigmoid, independent of the other labels.
     public func labelProbabilities(logitsPerImage: Tensor) -> Tensor {
         activation(logitsPerImage, .sigmoid)
     }
+}
+
+/// SigLIP's and SigLIP 2's `logits_per_image`: exp(`scale`) × the cosine similarity of each image–text pair + `bias`,
+/// [images, texts].
+func sigmoidLossLogits(imageFeatures: Tensor, textFeatures: Tensor, scale: Float, bias: Float) -> Tensor {
+    let similarity = matmul(l2Normalized(imageFeatures), l2Normalized(textFeatures), transposeB: true)
+    let biases = Tensor(shape: [textFeatures.shape[0]], scalars: Array(repeating: bias, count: textFeatures.shape[0]))
+    return add(scaled(similarity, by: Float(exp(Double(scale)))), biases)
 }

@@ -23,13 +23,13 @@ public final class DualEncoderPipeline: Sendable {
 
     /// Projected image embeddings [images, D], like `get_image_features` on the processor's pixel values.
     public func imageEmbeddings(_ images: [RGBImage]) throws -> Tensor {
-        try model.imageFeatures(pixelValues: imageProcessor.preprocess(images).pixelValues)
+        try model.imageFeatures(imageProcessor.preprocess(images))
     }
 
     /// Projected text embeddings [texts, D], like `get_text_features` on the processor's output, padded as the model
     /// wants (``DualEncoderTextPadding``): CLIP's `tokenizer(texts, padding=True, truncation=True)`, SigLIP's
-    /// `tokenizer(texts, padding="max_length")`; the attention mask goes with the ids unless the tokenizer's
-    /// `model_input_names` leave it out.
+    /// `tokenizer(texts, padding="max_length")`, SigLIP 2's with `max_length=64` as its processor passes; the
+    /// attention mask goes with the ids unless the tokenizer's `model_input_names` leave it out.
     ///
     /// - Throws: `PipelineError.textTooLong` for a text longer than the length every text is padded to.
     public func textEmbeddings(_ texts: [String]) throws -> Tensor {
@@ -39,16 +39,20 @@ public final class DualEncoderPipeline: Sendable {
     /// The text embeddings of the zero-shot pipeline's prompts when `zeroShot`, which it tokenizes with a length of
     /// its own for models that pad to one (SigLIP: `max_length=64`, whatever model_max_length says).
     func textEmbeddings(_ texts: [String], zeroShot: Bool) throws -> Tensor {
+        // The length every text is padded to, nil for CLIP's padding to the longest.
+        let fixedLength: Int? = switch model.textPadding {
+        case .longest: nil
+        case .maxLength(let zeroShotLength): zeroShot ? zeroShotLength : tokenizer.modelMaxLength ?? zeroShotLength
+        case .fixed(let length): length
+        }
         let encodings: [Encoding]
-        switch model.textPadding {
-        case .longest:
-            encodings = tokenizer.encode(texts, padding: .longest, truncation: true)
-        case .maxLength(let zeroShotLength):
-            let length = zeroShot ? zeroShotLength : tokenizer.modelMaxLength ?? zeroShotLength
+        if let length = fixedLength {
             encodings = tokenizer.encode(texts, padding: .maxLength, maxLength: length)
             if let (text, encoding) = zip(texts, encodings).first(where: { $0.1.ids.count > length }) {
                 throw PipelineError.textTooLong(text, tokens: encoding.ids.count, limit: length)
             }
+        } else {
+            encodings = tokenizer.encode(texts, padding: .longest, truncation: true)
         }
         // A tokenizer whose model_input_names leave out the attention mask (SigLIP's checkpoints) hands the model none.
         let passesMask = tokenizer.modelInputNames?.contains("attention_mask") ?? true

@@ -88,3 +88,77 @@ private struct InterpolationTaps {
         }
     }
 }
+
+/// `torch.nn.functional.interpolate(x, size=(height, width), mode="bilinear", align_corners=False, antialias=True)`
+/// of `x [..., H, W]`: `[..., height, width]`.
+///
+/// As PyTorch's separable CPU kernel does (the same filter as Pillow's bilinear resize): along each axis, output `i`
+/// is centred at `(i + 0.5) · in/out` and averages the inputs under a triangle as wide as one input pixel when growing
+/// and as one output pixel when shrinking, its weights normalised to sum to 1. Width first, then height; an axis
+/// whose size does not change is copied.
+public func interpolateAntialiased(_ x: Tensor, height: Int, width: Int) -> Tensor {
+    precondition(x.rank >= 2 && height > 0 && width > 0, "interpolateAntialiased of \(x.shape) to \(height)x\(width)")
+    let (inHeight, inWidth) = (x.shape[x.rank - 2], x.shape[x.rank - 1])
+    let output = Tensor(uninitialized: x.shape.dropLast(2) + [height, width])
+    if output.count == 0 { return output }
+    precondition(inHeight > 0 && inWidth > 0, "interpolateAntialiased of the empty planes of \(x.shape)")
+    let planes = x.count / (inHeight * inWidth)
+    let rows = AntialiasTaps(input: inHeight, output: height)
+    let columns = AntialiasTaps(input: inWidth, output: width)
+    parallelFor(planes) { plane in
+        let source = x.storage.pointer + plane * inHeight * inWidth
+        let destination = output.storage.pointer + plane * height * width
+        // Every input row resized along its width, then the columns along the height.
+        var resized = [Float](repeating: 0, count: inHeight * width)
+        for y in 0..<inHeight {
+            let row = source + y * inWidth
+            for column in 0..<width { resized[y * width + column] = columns.apply(column) { row[$0] } }
+        }
+        for y in 0..<height {
+            for column in 0..<width {
+                destination[y * width + column] = rows.apply(y) { resized[$0 * width + column] }
+            }
+        }
+    }
+    return output
+}
+
+/// PyTorch's `_compute_weights_aa` for the bilinear (triangle) filter along one axis, in float as it computes them
+/// for float tensors; an unchanged size reads each input as is.
+private struct AntialiasTaps {
+    /// For each output index: its first input index and weights for the inputs from there on.
+    var first: [Int] = []
+    var weights: [[Float]] = []
+
+    init(input: Int, output: Int) {
+        guard input != output else {
+            first = Array(0..<output)
+            weights = Array(repeating: [1], count: output)
+            return
+        }
+        let scale = Float(input) / Float(output)
+        let support: Float = scale >= 1 ? scale : 1
+        let inverseScale: Float = scale >= 1 ? 1 / scale : 1
+        for i in 0..<output {
+            let center = scale * (Float(i) + 0.5)
+            let low = max(Int(center - support + 0.5), 0)
+            let count = min(Int(center + support + 0.5), input) - low
+            var w = (0..<count).map { j -> Float in
+                let distance = abs((Float(j + low) - center + 0.5) * inverseScale)
+                return distance < 1 ? 1 - distance : 0
+            }
+            let total = w.reduce(0, +)
+            if total != 0 { w = w.map { $0 / total } }
+            first.append(low)
+            weights.append(w)
+        }
+    }
+
+    /// The weighted sum for output `i` of the inputs `value(index)`, added in index order.
+    @inline(__always)
+    func apply(_ i: Int, _ value: (Int) -> Float) -> Float {
+        var sum: Float = 0
+        for (k, weight) in weights[i].enumerated() { sum += weight * value(first[i] + k) }
+        return sum
+    }
+}

@@ -105,6 +105,23 @@ final class BPE: TokenizationModel {
     func tokenId(_ token: String) -> Int? { vocabulary[token] }
     func token(_ id: Int) -> String? { vocabulary.token(id) }
 
+    private init(_ other: BPE, unknownToken: String?, fuseUnknown: Bool, byteFallback: Bool, ignoreMerges: Bool) {
+        vocabulary = other.vocabulary
+        merges = other.merges
+        continuingSubwordPrefix = other.continuingSubwordPrefix
+        endOfWordSuffix = other.endOfWordSuffix
+        self.unknownToken = unknownToken
+        self.fuseUnknown = fuseUnknown
+        self.byteFallback = byteFallback
+        self.ignoreMerges = ignoreMerges
+    }
+
+    /// The same vocabulary and merges with other options, as a tokenizer class that builds its own BPE from a
+    /// file's vocabulary and merges has them.
+    func reconfigured(unknownToken: String?, fuseUnknown: Bool, byteFallback: Bool, ignoreMerges: Bool) -> BPE {
+        BPE(self, unknownToken: unknownToken, fuseUnknown: fuseUnknown, byteFallback: byteFallback, ignoreMerges: ignoreMerges)
+    }
+
     private static func pairKey(_ left: Int, _ right: Int) -> UInt64 { UInt64(UInt32(truncatingIfNeeded: left)) << 32 | UInt64(UInt32(truncatingIfNeeded: right)) }
 
     func tokenize(_ word: [Unicode.Scalar]) -> [ModelToken] {

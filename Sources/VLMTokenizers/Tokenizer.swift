@@ -136,18 +136,32 @@ public final class Tokenizer: Sendable {
     /// Loads tokenizer.json (+ tokenizer_config.json for model_max_length, special tokens, padding side...) from a
     /// checkpoint directory; without tokenizer.json, rebuilds the pipeline from the vocabulary files as transformers
     /// does for tokenizer_config.json's "tokenizer_class": vocab.json + merges.txt for CLIPTokenizer and
-    /// GPT2Tokenizer, vocab.txt for BertTokenizer.
+    /// GPT2Tokenizer, vocab.txt for BertTokenizer. A siglip2 checkpoint's tokenizer.json is read as transformers'
+    /// Siglip2Tokenizer reads it (lowercasing), as AutoTokenizer does whatever class tokenizer_config.json names.
     public convenience init(directory: URL) throws {
         let configURL = directory.appendingPathComponent("tokenizer_config.json")
         let config = FileManager.default.fileExists(atPath: configURL.path) ? try JSONObject.read(configURL) : nil
         let tokenizerURL = directory.appendingPathComponent("tokenizer.json")
         let pipeline: Pipeline
         if FileManager.default.fileExists(atPath: tokenizerURL.path) {
-            pipeline = try Pipeline(tokenizerJSON: try JSONObject.read(tokenizerURL))
+            // As AutoTokenizer, config.json's model type overrides a tokenizer class known to be wrong for it.
+            if Self.modelType(directory) == "siglip2" {
+                pipeline = try Pipeline(siglip2TokenizerJSON: try JSONObject.read(tokenizerURL), config: config)
+            } else {
+                pipeline = try Pipeline(tokenizerJSON: try JSONObject.read(tokenizerURL))
+            }
         } else {
             pipeline = try Pipeline(legacyDirectory: directory, config: config)
         }
         try self.init(pipeline: pipeline, config: config)
+    }
+
+    /// config.json's `model_type`, if the directory has a readable config.json that names one (a broken one is the
+    /// model loader's to report).
+    private static func modelType(_ directory: URL) -> String? {
+        let url = directory.appendingPathComponent("config.json")
+        guard FileManager.default.fileExists(atPath: url.path) else { return nil }
+        return (try? JSONObject.read(url))?.values["model_type"] as? String
     }
 
     init(pipeline: Pipeline, config: JSONObject?) throws {
@@ -195,7 +209,7 @@ public final class Tokenizer: Sendable {
         padTokenId = named["pad_token"].flatMap(tokenId)
         // Configurations write "no limit" as a huge float such as 1e30.
         modelMaxLength = config.flatMap { JSONObject.integer($0.values["model_max_length"]) }.flatMap { $0 > 0 && $0 < 1 << 40 ? $0 : nil }
-        padOnLeft = (try config?.optionalString("padding_side")) == "left"
+        padOnLeft = try config?.optionalString("padding_side").map { $0 == "left" } ?? pipeline.padsOnLeftByDefault
         if let config, !config.isNull("model_input_names") {
             guard let names = config.values["model_input_names"] as? [Any], let strings = names as? [String] else {
                 throw config.invalid("model_input_names", "expected an array of strings")
@@ -420,6 +434,8 @@ struct Pipeline {
     var postProcessor: (any PostProcessor)?
     var decoder: (any Decoder)?
     var addedTokens: [AddedToken]
+    /// Where the tokenizer class pads when tokenizer_config.json names no `padding_side` (Siglip2Tokenizer: left).
+    var padsOnLeftByDefault = false
 
     init(tokenizerJSON json: JSONObject) throws {
         normalizer = try json.optionalObject("normalizer").map(makeNormalizer)

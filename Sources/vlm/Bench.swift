@@ -4,7 +4,7 @@ import SwiftVLM
 
 struct Bench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Model speed: image embedding for image-text models (random pixels, median of several runs); prompt prefill and greedy decoding for language models (a llama.cpp .gguf file or a checkpoint); image features, first token and decoding of a caption for image-to-text models.")
+        abstract: "Model speed: image embedding for image-text models (a photo of noise through the checkpoint's processor, or random pixels for BLIP retrieval; median of several runs); prompt prefill and greedy decoding for language models (a llama.cpp .gguf file or a checkpoint); image features, first token and decoding of a caption for image-to-text models.")
 
     @OptionGroup var options: ModelOption
 
@@ -72,10 +72,16 @@ struct Bench: AsyncParsableCommand {
         case .causalLanguageModel(let build): try benchLanguageModel(build(directory))
         case .imageTextDualEncoder(let build):
             let model = try build(directory)
-            try benchImageModel(side: model.imageSize, features: model.imageFeatures)
+            // A photo of noise through the checkpoint's processor: SigLIP 2's input depends on the photo's shape.
+            var generator = SeededGenerator(seed: 0x5EED)
+            let photo = RGBImage(width: 640, height: 480, pixels: (0..<(640 * 480 * 3)).map { _ in UInt8.random(in: 0...255, using: &generator) })
+            let inputs = try ImageProcessorRegistry.load(directory: directory.url, modelType: directory.modelType)
+                .preprocess(Array(repeating: photo, count: batchSize))
+            try benchImageModel { try model.imageFeatures(inputs) }
         case .imageTextMatching(let build):
             let model = try build(directory)
-            try benchImageModel(side: model.imageSize, features: model.imageEmbeddings)
+            let pixels = randomPixels(side: model.imageSize)
+            try benchImageModel { try model.imageEmbeddings(pixelValues: pixels) }
         case .visualQuestionClassifier(let build): try benchQuestionClassifier(build(directory))
         case .zeroShotSegmentation, .zeroShotObjectDetection:
             throw BenchError.unmeasured(family: try ModelRegistry.family(of: directory).name)
@@ -234,16 +240,20 @@ struct Bench: AsyncParsableCommand {
     }
 
     /// The image side of a model: `features` of random pixel values `[batch, 3, side, side]`.
-    private func benchImageModel(side: Int, features: (_ pixelValues: Tensor) throws -> Tensor) throws {
+    /// A batch of pixel values [batch, 3, side, side] drawn uniformly from [-2, 2].
+    private func randomPixels(side: Int) -> Tensor {
         // Seeded: the system generator makes a system call per number, seconds for a batch of 32 images.
         var generator = SeededGenerator(seed: 0x5EED)
-        let pixels = Tensor(shape: [batchSize, 3, side, side],
-                            scalars: (0..<(batchSize * 3 * side * side)).map { _ in Float.random(in: -2...2, using: &generator) })
-        _ = try features(pixels)
+        return Tensor(shape: [batchSize, 3, side, side],
+                      scalars: (0..<(batchSize * 3 * side * side)).map { _ in Float.random(in: -2...2, using: &generator) })
+    }
+
+    private func benchImageModel(features: () throws -> Tensor) throws {
+        _ = try features()
         var times: [Double] = []
         for _ in 0..<runs {
             let start = DispatchTime.now().uptimeNanoseconds
-            _ = try features(pixels)
+            _ = try features()
             times.append(Double(DispatchTime.now().uptimeNanoseconds - start) / 1e6)
         }
         let median = times.sorted()[times.count / 2] / Double(batchSize)

@@ -11,7 +11,7 @@ struct Embed: AsyncParsableCommand {
     @Option(name: .customLong("image"), parsing: .upToNextOption, help: "Image files to embed.")
     var images: [String] = []
 
-    @Option(name: .customLong("text"), parsing: .upToNextOption, help: "Texts to embed (CLIP truncates them to its context; SigLIP takes at most 64 tokens).")
+    @Option(name: .customLong("text"), parsing: .upToNextOption, help: "Texts to embed (CLIP truncates them to its context; SigLIP and SigLIP 2 take at most 64 tokens).")
     var texts: [String] = []
 
     @Flag(help: "Scale each embedding to unit L2 norm.")

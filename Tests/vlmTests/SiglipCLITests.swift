@@ -75,8 +75,8 @@ import VLMCheckpoint
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("vlm-siglip-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }
-        try Data(#"{"model_type": "siglip2"}"#.utf8).write(to: directory.appendingPathComponent("config.json"))
+        try Data(#"{"model_type": "siglip3"}"#.utf8).write(to: directory.appendingPathComponent("config.json"))
         try bad.expectOneLineError(["classify", photo("chelsea.png"), "--model", directory.path, "--labels", "a,b"],
-                                   mentioning: "model_type \"siglip2\" is not supported here (supported: clip, siglip)")
+                                   mentioning: "model_type \"siglip3\" is not supported here (supported: clip, siglip, siglip2)")
     }
 }
