@@ -87,6 +87,7 @@ public enum ImageProcessorRegistry {
         "blip": "BlipImageProcessor",
         "blip-2": "BlipImageProcessor",
         "clipseg": "ViTImageProcessor",
+        "groupvit": "CLIPImageProcessor",
         "siglip": "SiglipImageProcessor",
         "vilt": "ViltImageProcessor",
         "llava_next": "LlavaNextImageProcessor",

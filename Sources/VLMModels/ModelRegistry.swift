@@ -99,6 +99,8 @@ public enum ModelRegistry {
                     builder: .imageTextDualEncoder { try SiglipModel(directory: $0) }),
         ModelFamily("CLIPSeg", modelTypes: ["clipseg"], tasks: [.segment],
                     builder: .zeroShotSegmentation { try CLIPSegForImageSegmentation(directory: $0) }),
+        ModelFamily("GroupViT", modelTypes: ["groupvit"], tasks: [.segment],
+                    builder: .zeroShotSegmentation { try GroupViTModel(directory: $0) }),
         ModelFamily("Llama", modelTypes: ["llama", "mistral", "qwen2"], tasks: [.generate, .chat],
                     builder: .causalLanguageModel { try LlamaForCausalLM(directory: $0) }),
         ModelFamily("OPT", modelTypes: ["opt"], tasks: [.generate, .chat],
