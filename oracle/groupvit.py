@@ -62,7 +62,7 @@ CHECKPOINTS = {
         vision=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=3, num_attention_heads=2,
                     depths=[2, 1], num_group_tokens=[8, 4], num_output_groups=[8, 2], patch_size=4, image_size=32,
                     hidden_act="gelu"),
-        model=dict(projection_dim=12, projection_intermediate_dim=24, logit_scale_init_value=3.5),
+        model=dict(projection_dim=12, projection_intermediate_dim=24, logit_scale_init_value=2.0),
         processor=dict(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}),
     ),
     # Three stages as the published checkpoints have (the last without group tokens); quick_gelu vision, erf GELU
