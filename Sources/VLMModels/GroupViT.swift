@@ -409,9 +409,8 @@ public final class GroupViTModel: ZeroShotSegmentationModel {
         let scale = Float(exp(Double(logitScale)))
         let textEmbeddings = l2Normalized(conditionalEmbeddings)
         let maps = (0..<pixelValues.shape[0]).map { item -> Tensor in
-            let itemGroups = batchItem(groups, item)
-            let groupEmbeddings = l2Normalized(visualProjection(itemGroups))
-            let texts = pixelValues.shape[0] == 1 ? textEmbeddings : sequenceSlice(textEmbeddings.reshaped([1] + textEmbeddings.shape), item..<(item + 1)).reshaped([1, -1])
+            let groupEmbeddings = l2Normalized(visualProjection(batchItem(groups, item)))
+            let texts = pixelValues.shape[0] == 1 ? textEmbeddings : batchItem(textEmbeddings, item).reshaped([1, -1])
             let groupLogits = scaled(matmul(texts, groupEmbeddings, transposeB: true), by: scale)  // [T, groups]
             let grouping = self.grouping(assignments.map { batchItem($0, item) }, height: height, width: width)
             return scaled(matmul(groupLogits, grouping), by: scale).reshaped([texts.shape[0], height, width])
