@@ -118,6 +118,17 @@ import VLMTensor
         }
     }
 
+    /// The softmax over one label is 1 wherever the model looked: the label covers exactly the crop's region.
+    @Test(arguments: checkpoints)
+    func oneLabelCoversTheCropsRegion(_ checkpoint: String) throws {
+        let fixture = try Self.fixture(checkpoint)
+        let photo = try fixture.photo("landscape")
+        let region = fixture.expected.photos["landscape"]!.region
+        let masks = try fixture.pipeline(photo, labels: [fixture.expected.labels[0]])
+        #expect(masks.count == 1)
+        #expect(masks[0].coverage == Double(region.height * region.width) / Double(photo.height * photo.width))
+    }
+
     @Test func imagePromptsAndBadLabelsAreRefused() throws {
         let fixture = try Self.fixture("tiny-fp16")
         let photo = try fixture.photo("small")
