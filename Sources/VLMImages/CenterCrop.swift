@@ -4,7 +4,7 @@ public extension RGBImage {
     /// black to the crop size, `ceil(difference / 2)` before it.
     func centerCropped(width cropWidth: Int, height cropHeight: Int) -> RGBImage {
         precondition(cropWidth > 0 && cropHeight > 0, "crop to \(cropWidth)x\(cropHeight)")
-        return region(left: offset(width, cropWidth), top: offset(height, cropHeight), width: cropWidth, height: cropHeight)
+        return region(left: centerCropOffset(width, cropWidth), top: centerCropOffset(height, cropHeight), width: cropWidth, height: cropHeight)
     }
 
     /// The `width`×`height` rectangle whose top-left corner is at (`left`, `top`) in image coordinates, black where it
@@ -24,6 +24,6 @@ public extension RGBImage {
 /// Where the crop starts in image coordinates (negative: padding first). When the image is at least as large, this
 /// is `(size - crop) // 2`; when smaller, transformers pads `ceil((crop - size) / 2)` before the image and crops
 /// from 0, so the image starts that far into the crop.
-private func offset(_ size: Int, _ crop: Int) -> Int {
+func centerCropOffset(_ size: Int, _ crop: Int) -> Int {
     size >= crop ? (size - crop) / 2 : -((crop - size + 1) / 2)
 }

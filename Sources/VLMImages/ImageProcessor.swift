@@ -104,6 +104,7 @@ public enum ImageProcessorRegistry {
         "blip": "BlipImageProcessor",
         "blip-2": "BlipImageProcessor",
         "clipseg": "ViTImageProcessor",
+        "groupvit": "CLIPImageProcessor",
         "siglip": "SiglipImageProcessor",
         "owlvit": "OwlViTImageProcessor",
         "owlv2": "Owlv2ImageProcessor",

@@ -230,6 +230,22 @@ public struct StandardImageProcessor: ImageProcessor {
         return config.doResize ? config.size.outputSize(height: height, width: width) : (height, width)
     }
 
+    /// The rectangle of an image of `height`×`width` pixels that its pixel values show, in the image's own pixels:
+    /// the whole image, or, with a centre crop, where the crop's edges fall once the resize is undone (rounded half
+    /// up; reaching outside the image where the crop pads it). A per-pixel map of the model's input belongs there.
+    public func shownRegion(height: Int, width: Int) -> (top: Int, left: Int, height: Int, width: Int) {
+        guard config.doCenterCrop else { return (0, 0, height, width) }
+        let resized = config.doResize ? config.size.outputSize(height: height, width: width) : (height: height, width: width)
+        func edges(_ size: Int, _ resizedSize: Int, _ crop: Int) -> (start: Int, count: Int) {
+            let start = centerCropOffset(resizedSize, crop)
+            let first = Int((Double(start * size) / Double(resizedSize) + 0.5).rounded(.down))
+            let last = Int((Double((start + crop) * size) / Double(resizedSize) + 0.5).rounded(.down))
+            return (first, last - first)
+        }
+        let (rows, columns) = (edges(height, resized.height, config.cropHeight), edges(width, resized.width, config.cropWidth))
+        return (rows.start, columns.start, rows.count, columns.count)
+    }
+
     /// One image through the pipeline, before normalisation: resized and cropped RGB.
     public func resizedAndCropped(_ image: RGBImage) -> RGBImage {
         var image = image

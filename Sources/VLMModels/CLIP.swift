@@ -25,13 +25,24 @@ public struct CLIPTextConfig: Decodable, Sendable {
         case layerNormEps = "layer_norm_eps", eosTokenId = "eos_token_id"
     }
 
-    public init(from decoder: any Decoder) throws {
+    /// The defaults of the fields a containing config overrides: `CLIPTextConfig`'s own, or `GroupViTTextConfig`'s
+    /// (the same text transformer, narrower).
+    struct Defaults {
+        var hiddenSize = 512, intermediateSize = 2048, numAttentionHeads = 8
+
+        static let clip = Defaults()
+        static let groupViT = Defaults(hiddenSize: 256, intermediateSize: 1024, numAttentionHeads: 4)
+    }
+
+    public init(from decoder: any Decoder) throws { try self.init(from: decoder, defaults: .clip) }
+
+    init(from decoder: any Decoder, defaults: Defaults) throws {
         let c = try decoder.container(keyedBy: CodingKeys.self)
         vocabSize = try c.value(.vocabSize, default: 49408)
-        hiddenSize = try c.value(.hiddenSize, default: 512)
-        intermediateSize = try c.value(.intermediateSize, default: 2048)
+        hiddenSize = try c.value(.hiddenSize, default: defaults.hiddenSize)
+        intermediateSize = try c.value(.intermediateSize, default: defaults.intermediateSize)
         numHiddenLayers = try c.value(.numHiddenLayers, default: 12)
-        numAttentionHeads = try c.value(.numAttentionHeads, default: 8)
+        numAttentionHeads = try c.value(.numAttentionHeads, default: defaults.numAttentionHeads)
         maxPositionEmbeddings = try c.value(.maxPositionEmbeddings, default: 77)
         hiddenAct = try c.value(.hiddenAct, default: "quick_gelu")
         layerNormEps = try c.value(.layerNormEps, default: 1e-5)

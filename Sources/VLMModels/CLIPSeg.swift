@@ -191,6 +191,8 @@ public final class CLIPSegForImageSegmentation: ZeroShotSegmentationModel {
     }
 
     public var maxTextLength: Int { config.textConfig.maxPositionEmbeddings }
+    public var probabilities: SegmentationProbabilities { .sigmoid }
+    public var textPadding: SegmentationTextPadding { .maxLength }
 
     /// `get_text_features`: projected text embeddings [texts, projection_dim].
     public func conditionalEmbeddings(inputIds: [[Int]], attentionMask: [[Int]]?) throws -> Tensor {

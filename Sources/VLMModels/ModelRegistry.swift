@@ -108,6 +108,8 @@ public enum ModelRegistry {
                     builder: .zeroShotSegmentation { try CLIPSegForImageSegmentation(directory: $0) }),
         ModelFamily("OWL-ViT", modelTypes: ["owlvit", "owlv2"], tasks: [.detect],
                     builder: .zeroShotObjectDetection { try OwlViTForObjectDetection(directory: $0) }),
+        ModelFamily("GroupViT", modelTypes: ["groupvit"], tasks: [.segment],
+                    builder: .zeroShotSegmentation { try GroupViTModel(directory: $0) }),
         ModelFamily("Llama", modelTypes: ["llama", "mistral", "qwen2"], tasks: [.generate, .chat],
                     builder: .causalLanguageModel { try LlamaForCausalLM(directory: $0) }),
         ModelFamily("OPT", modelTypes: ["opt"], tasks: [.generate, .chat],

@@ -23,10 +23,13 @@ public enum SegmentationPrompt: Sendable {
 public struct SegmentationMask: Sendable {
     /// The prompt's label.
     public let label: String
-    /// The model's raw logits, [h, w] at its own output resolution (352×352 for the CIDAS CLIPSeg checkpoints).
+    /// The model's raw logits, [h, w] at its own output resolution (352×352 for the CIDAS CLIPSeg checkpoints; the
+    /// pixel values' 224×224 for GroupViT's).
     public let logits: Tensor
-    /// `sigmoid(logits)` resized to the image, [height, width]: bilinear, as
-    /// `F.interpolate(probabilities, size=(height, width), mode="bilinear", align_corners=False)`.
+    /// The probabilities resized to the image, [height, width]: `sigmoid(logits)` (CLIPSeg) or the softmax over the
+    /// prompts of every prompt's logits (GroupViT), resized bilinearly, as
+    /// `F.interpolate(probabilities, size=(height, width), mode="bilinear", align_corners=False)`, onto the part of
+    /// the image the processor showed the model (all of it, or the centre crop's share; 0 outside it).
     public let probabilities: Tensor
     /// The fraction of the image's pixels whose probability exceeds 0.5.
     public let coverage: Double
@@ -38,20 +41,25 @@ public struct SegmentationMask: Sendable {
 }
 
 /// transformers' `CLIPSegProcessor` (the checkpoint's image processor, `ViTImageProcessor` for CLIPSeg, and its
-/// tokenizer), as `CLIPSegProcessor(text=labels, images=…, padding="max_length")` calls them.
+/// tokenizer), as `CLIPSegProcessor(text=labels, images=…, padding="max_length")` calls them; with `.longest` padding,
+/// GroupViT's `CLIPProcessor(text=labels, images=image, padding=True)`.
 public struct CLIPSegProcessor: Sendable {
     public let tokenizer: Tokenizer
     public let imageProcessor: any ImageProcessor
     /// The most tokens a text may have, the text model's positions.
     public let maxTextLength: Int
+    /// How the texts of one call are padded.
+    public let padding: Padding
 
-    public init(tokenizer: Tokenizer, imageProcessor: any ImageProcessor, maxTextLength: Int) {
+    public init(tokenizer: Tokenizer, imageProcessor: any ImageProcessor, maxTextLength: Int, padding: Padding = .maxLength) {
         self.tokenizer = tokenizer
         self.imageProcessor = imageProcessor
         self.maxTextLength = maxTextLength
+        self.padding = padding
     }
 
-    /// Token ids and attention masks of `texts`, padded to the tokenizer's `model_max_length` and not truncated.
+    /// Token ids and attention masks of `texts`, padded (to the tokenizer's `model_max_length`, or to the longest
+    /// text) and not truncated.
     ///
     /// - Throws: ``PipelineError/emptyLabel(position:)`` for a text of only spaces, ``PipelineError/labelTooLong(_:tokens:limit:)``
     ///   for one with more tokens than the text model takes.
@@ -59,7 +67,7 @@ public struct CLIPSegProcessor: Sendable {
         if let empty = texts.firstIndex(where: { $0.trimmingCharacters(in: .whitespacesAndNewlines).isEmpty }) {
             throw PipelineError.emptyLabel(position: empty + 1)
         }
-        let encodings = tokenizer.encode(texts, padding: .maxLength)
+        let encodings = tokenizer.encode(texts, padding: padding)
         for (text, encoding) in zip(texts, encodings) where encoding.attentionMask.reduce(0, +) > maxTextLength {
             throw PipelineError.labelTooLong(text, tokens: encoding.attentionMask.reduce(0, +), limit: maxTextLength)
         }
@@ -70,13 +78,25 @@ public struct CLIPSegProcessor: Sendable {
     public func pixelValues(_ images: [RGBImage]) throws -> Tensor {
         try imageProcessor.preprocess(images).pixelValues
     }
+
+    /// The rectangle of an image of `height`×`width` that its pixel values show (the centre crop's share of it, for
+    /// the standard processor that crops), in its own pixels.
+    public func shownRegion(height: Int, width: Int) -> (top: Int, left: Int, height: Int, width: Int) {
+        (imageProcessor as? StandardImageProcessor)?.shownRegion(height: height, width: width) ?? (0, 0, height, width)
+    }
 }
 
-/// Zero-shot (text prompts) and one-shot (example images) segmentation with CLIPSeg: one probability map per
-/// prompt, at the image's size, as transformers' CLIPSeg usage computes it: `CLIPSegProcessor(text=labels,
-/// images=[image] * len(labels), padding="max_length")`, the model, `torch.sigmoid(outputs.logits)`, then each map
-/// resized to the image bilinearly (`F.interpolate(…, mode="bilinear")`, what a user overlaying it on the photo
-/// expects). The image is read by the vision tower once for all prompts.
+/// Zero-shot (text prompts) and one-shot (example images) segmentation with CLIPSeg, and zero-shot segmentation with
+/// GroupViT: one probability map per prompt, at the image's size.
+///
+/// CLIPSeg, as transformers' CLIPSeg usage computes it: `CLIPSegProcessor(text=labels, images=[image] * len(labels),
+/// padding="max_length")`, the model, `torch.sigmoid(outputs.logits)`. GroupViT: `CLIPProcessor(text=labels,
+/// images=image, padding=True)` (labels as given, as in transformers' GroupViT docs), `GroupViTModel(…,
+/// output_segmentation=True).segmentation_logits`, and the softmax over the labels (a GroupViT user gives each pixel
+/// its argmax label; with one label, it has every pixel). Each map is then resized bilinearly
+/// (`F.interpolate(…, mode="bilinear")`, what a user overlaying it on the photo expects) onto the part of the photo
+/// the model saw: all of it for CLIPSeg's processor, the centre crop's square for GroupViT's (0 outside it). The image
+/// is read by the vision tower once for all prompts.
 public final class ZeroShotImageSegmentationPipeline: Sendable {
     public let model: any ZeroShotSegmentationModel
     public let processor: CLIPSegProcessor
@@ -89,7 +109,8 @@ public final class ZeroShotImageSegmentationPipeline: Sendable {
         processor = CLIPSegProcessor(
             tokenizer: try Tokenizer(directory: directory),
             imageProcessor: try ImageProcessorRegistry.load(directory: directory, modelType: checkpoint.modelType),
-            maxTextLength: model.maxTextLength)
+            maxTextLength: model.maxTextLength,
+            padding: model.textPadding == .longest ? .longest : .maxLength)
     }
 
     /// One mask per label, in order.
@@ -110,7 +131,9 @@ public final class ZeroShotImageSegmentationPipeline: Sendable {
         let embeddings = try conditionalEmbeddings(prompts)
         let logits = try model.segmentationLogits(pixelValues: processor.pixelValues([image]), conditionalEmbeddings: embeddings)
         let (rows, columns) = (logits.shape[1], logits.shape[2])
-        let maps = interpolate(activation(logits, .sigmoid), height: image.height, width: image.width, mode: .bilinear)
+        let region = processor.shownRegion(height: image.height, width: image.width)
+        let maps = pasted(interpolate(probabilities(logits), height: region.height, width: region.width, mode: .bilinear),
+                          height: image.height, width: image.width, top: region.top, left: region.left)
         let plane = image.height * image.width
         let (allLogits, allMaps) = (logits.scalars, maps.scalars)
         return prompts.enumerated().map { index, prompt in
@@ -121,6 +144,18 @@ public final class ZeroShotImageSegmentationPipeline: Sendable {
                                scalars: Array(allLogits[(index * rows * columns)..<((index + 1) * rows * columns)])),
                 probabilities: Tensor(shape: [image.height, image.width], scalars: probabilities),
                 coverage: Double(probabilities.reduce(0) { $0 + ($1 > 0.5 ? 1 : 0) }) / Double(plane))
+        }
+    }
+
+    /// Per-pixel probabilities [prompts, h, w] of logits [prompts, h, w], as the model's users compute them.
+    private func probabilities(_ logits: Tensor) -> Tensor {
+        switch model.probabilities {
+        case .sigmoid:
+            return activation(logits, .sigmoid)
+        case .softmaxOverPrompts:
+            // Prompts last for the softmax, then back: [1, prompts, h·w] ⇄ [1, h·w, prompts].
+            let shape = logits.shape
+            return channelsFirst(softmax(channelsFirst(logits.reshaped([1, shape[0], -1])))).reshaped(shape)
         }
     }
 

@@ -4,8 +4,11 @@ import SwiftVLM
 
 struct Segment: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Zero-shot segmentation (CLIPSeg): where in the image each label is, as a probability per pixel.",
+        abstract: "Zero-shot segmentation (CLIPSeg, GroupViT): where in the image each label is, as a probability per pixel.",
         discussion: """
+            CLIPSeg scores each label on its own (sigmoid); GroupViT's labels compete for each pixel (softmax over \
+            the labels: give each pixel its most likely label), over the centre crop its processor shows the model, \
+            and it takes no --prompt-image. Labels are used as given (GroupViT's docs write "a photo of a cat"). \
             With --out DIR, for each label DIR/<label>.npy (the model's logits, float32) and DIR/<label>.png (the \
             probability map resized to the image, grey levels), and DIR/overlay.png (the image with every label's \
             region tinted in its colour, and a legend). Existing files are not overwritten without --force.
