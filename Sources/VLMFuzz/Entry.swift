@@ -68,13 +68,20 @@ struct FuzzMain {
         for path in arguments.dropFirst() {
             var isDirectory: ObjCBool = false
             _ = FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory)
-            let files = isDirectory.boolValue
-                ? try FileManager.default.contentsOfDirectory(atPath: path).sorted().map { "\(path)/\($0)" }
-                : [path]
+            let files = isDirectory.boolValue ? Self.files(under: path) : [path]
             for file in files {
                 let error = target.run(try [UInt8](Data(contentsOf: URL(fileURLWithPath: file))), in: workspace)
                 print("\(file): \(error.map { "refused: \($0)" } ?? "ok")")
             }
         }
+    }
+
+    /// The regular files under `directory`, at any depth, in path order.
+    static func files(under directory: String) -> [String] {
+        let root = URL(fileURLWithPath: directory)
+        let entries = FileManager.default.enumerator(at: root, includingPropertiesForKeys: [.isRegularFileKey])?
+            .compactMap { $0 as? URL } ?? []
+        return entries.filter { (try? $0.resourceValues(forKeys: [.isRegularFileKey]).isRegularFile) == true }
+            .map(\.path).sorted()
     }
 }

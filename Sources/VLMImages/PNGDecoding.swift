@@ -6,6 +6,8 @@ import CSPNG
 enum PNGDecoding {
     /// Ancillary chunks (text, ICC, EXIF) above these sizes are errors rather than allocations.
     static let chunkLimit = 64 << 20
+    /// The largest ratio of inflated to deflated bytes zlib's format allows (258-byte matches at one bit each).
+    static let maximumDeflateRatio = 1032
 
     static func decode(_ data: [UInt8], name: String) throws -> (image: RGBImage, orientation: Int) {
         guard let context = spng_ctx_new(0) else {
@@ -26,6 +28,11 @@ enum PNGDecoding {
             try ImageDecoder.checkDimensions(width: Int(ihdr.width), height: Int(ihdr.height), name: name, format: "PNG")
             var size = 0
             try check(spng_decoded_image_size(context, Int32(SPNG_FMT_RAW.rawValue), &size))
+            // Deflate never packs more than 1032 bytes into one, so a file this short cannot hold the image its header
+            // declares: it is truncated, as Pillow would find after allocating the image. Refused before that.
+            guard size / maximumDeflateRatio <= buffer.count else {
+                throw ImageError.corrupt(file: name, format: "PNG", reason: "truncated: \(buffer.count) bytes cannot hold the \(ihdr.width)x\(ihdr.height) image the header declares")
+            }
             var out = [UInt8](repeating: 0, count: size)
             try out.withUnsafeMutableBytes {
                 try check(spng_decode_image(context, $0.baseAddress, size, Int32(SPNG_FMT_RAW.rawValue), 0))

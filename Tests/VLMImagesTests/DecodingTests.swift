@@ -49,6 +49,9 @@ import Testing
         }
         let error = #expect(throws: ImageError.self) { try ImageDecoder.decode(Self.pngHeader(width: 100_000, height: 100_000), name: "huge.png") }
         #expect(error?.description.hasPrefix("huge.png: 100000x100000") == true)
+        // Under the pixel limit, but 240 MB from a 33-byte header: refused before the image is allocated.
+        let short = #expect(throws: ImageError.self) { try ImageDecoder.decode(Self.pngHeader(width: 9_000, height: 9_000), name: "short.png") }
+        #expect(short?.description == "short.png: corrupt or truncated PNG: truncated: 33 bytes cannot hold the 9000x9000 image the header declares")
         #expect(throws: ImageError.self) { try ImageDecoder.decode(contentsOf: Fixtures.url("missing.png")) }
     }
 
