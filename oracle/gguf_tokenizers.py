@@ -8,7 +8,11 @@ Cases:
   llama-spm.gguf  written here: "llama" (SentencePiece BPE, byte fallback) from a sentencepiece BPE model trained
                   here as oracle/tokenizer_phase2.py trains llama-style's; tokens, scores and token types as llama.cpp's
                   converter writes them, no merges (transformers derives them from the scores), no add_bos_token key
-                  (llama's default: true), add_eos_token true, a user-defined <sep>, a Llama-2 chat template
+                  (llama's default: true), add_eos_token true, a user-defined <sep>, a Llama-2 chat template. The
+                  reference is Llama-2's own tokenizer.json shape, which llama.cpp follows too (the dummy prefix and
+                  every space as "\u2581" through the normalizer, no pre-tokenizer: " hi" keeps its space after the
+                  prefix, and text after a special token gets a prefix of its own), not the Metaspace transformers'
+                  GGUF loader puts there for "llama" files (it uses this shape for phi3 only)
   phi3-spm.gguf   the same vocabulary under architecture "phi3" (Prepend/Replace normalizer instead of Metaspace),
                   add_bos_token false, a padding id
   qwen2-bpe.gguf  written here: "gpt2" from the gpt2-style fixture's vocabulary and merges with pre "qwen2" (a Split
@@ -30,8 +34,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import gguf
 import sentencepiece as spm
-from tokenizer_fixtures import strings
-from tokenizer_phase2 import train_spm
+from tokenizer_fixtures import strings, train_spm
+from tokenizers import normalizers
 from transformers import AutoTokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -116,8 +120,15 @@ def record(tok, texts, seed):
     return out
 
 
-def load(path):
-    return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+def load(path, legacy_llama=False):
+    tok = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    if legacy_llama:
+        # What transformers' GGUF loader does for phi3 (phi3_tokenizer), and Llama-2's published tokenizer.json.
+        tok.backend_tokenizer.normalizer = normalizers.Sequence(
+            [normalizers.Prepend(prepend="\u2581"), normalizers.Replace(pattern=" ", content="\u2581")]
+        )
+        tok.backend_tokenizer.pre_tokenizer = None
+    return tok
 
 
 def writer(path, architecture):
@@ -207,7 +218,7 @@ def main():
              ("phi3-spm", os.path.join(OUT, "phi3-spm.gguf"), texts[:1200]),
              ("qwen2-bpe", os.path.join(OUT, "qwen2-bpe.gguf"), texts[:700])]
     for index, (name, path, case_texts) in enumerate(cases):
-        tok = load(path)
+        tok = load(path, legacy_llama=(name == "llama-spm"))
         compact(os.path.join(OUT, name + ".json"), record(tok, case_texts, 60 + index))
 
 
