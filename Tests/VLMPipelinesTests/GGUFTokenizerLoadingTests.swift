@@ -125,6 +125,10 @@ enum GGUFTokenizerFixtures {
         try GGUFTokenizerFixtures.check(GGUFTokenizerFixtures.directory.appendingPathComponent("qwen2-bpe.gguf"), "qwen2-bpe")
     }
 
+    @Test func t5UnigramMatchesTransformers() throws {
+        try GGUFTokenizerFixtures.check(GGUFTokenizerFixtures.directory.appendingPathComponent("t5-ugm.gguf"), "t5-ugm")
+    }
+
     @Test func aDirectoryStillLoadsItsTokenizerAndTemplate() throws {
         let directory = GGUFTokenizerFixtures.packageRoot.appendingPathComponent("Tests/Fixtures/tokenizers/real/smollm2")
         let (tokenizer, template) = try loadTokenizer(path: directory)
