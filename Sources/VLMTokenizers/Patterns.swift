@@ -138,14 +138,15 @@ struct AlternationPattern: Pattern {
 }
 
 /// Any other regex, run by Swift's regex engine on Unicode scalars (never on grapheme clusters, which would glue
-/// combining marks and emoji sequences together where Oniguruma sees separate characters).
+/// combining marks and emoji sequences together where Oniguruma sees separate characters), with its Unicode classes
+/// as Oniguruma's (`OnigurumaClasses`).
 struct RegexPattern: Pattern, @unchecked Sendable {
     // Regex is an immutable value, but not declared Sendable.
     let regex: Regex<AnyRegexOutput>
 
     init(_ source: String, file: String) throws {
         do {
-            regex = try Regex(source).matchingSemantics(.unicodeScalar)
+            regex = try Regex(OnigurumaClasses.rewrite(source)).matchingSemantics(.unicodeScalar)
         } catch {
             throw TokenizerError.invalidRegex(file: file, pattern: source, reason: "\(error)")
         }
