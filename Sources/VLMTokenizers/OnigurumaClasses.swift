@@ -8,6 +8,10 @@ import Synchronization
 enum OnigurumaClasses {
     private static let replacements = Mutex<[String: String]>([:])
 
+    /// Oniguruma's `\p{L}` and `\p{N}`, for the patterns that classify scalars without a regex engine.
+    static let letters = ScalarRanges(onigurumaClassRanges[#"\p{L}"#]!)
+    static let numbers = ScalarRanges(onigurumaClassRanges[#"\p{N}"#]!)
+
     /// `source` with every class whose members differ between the two engines replaced by the Oniguruma one.
     static func rewrite(_ source: String) -> String {
         guard source.contains(#"\p{"#) else { return source }
@@ -98,5 +102,26 @@ enum OnigurumaClasses {
             index = end + 1
         }
         return out
+    }
+}
+
+/// Sorted, disjoint code point ranges, searched by bisection.
+struct ScalarRanges: Sendable {
+    private let lower: [UInt32]
+    private let upper: [UInt32]
+
+    init(_ ranges: [ClosedRange<UInt32>]) {
+        lower = ranges.map(\.lowerBound)
+        upper = ranges.map(\.upperBound)
+    }
+
+    func contains(_ value: UInt32) -> Bool {
+        // The last range starting at or before value.
+        var low = 0, high = lower.count
+        while low < high {
+            let middle = (low + high) / 2
+            if lower[middle] <= value { low = middle + 1 } else { high = middle }
+        }
+        return low > 0 && value <= upper[low - 1]
     }
 }

@@ -46,11 +46,11 @@ struct AlternationPattern: Pattern {
     fileprivate static let letterKind: UInt8 = 1, numberKind: UInt8 = 2, whitespaceKind: UInt8 = 3
     private static let asciiKinds: [UInt8] = (0..<128).map { kind(Unicode.Scalar(UInt8($0))) }
 
-    /// Which of the classes a scalar is in, the general-category lookup done once per scalar (0: none, "other").
+    /// Which of the classes a scalar is in, as Oniguruma's `\p{L}` and `\p{N}` (0: none, "other").
     private static func kind(_ scalar: Unicode.Scalar) -> UInt8 {
         if scalar.isRegexWhitespace { return whitespaceKind }
-        if scalar.isLetter { return letterKind }
-        if scalar.isNumber { return numberKind }
+        if OnigurumaClasses.letters.contains(scalar.value) { return letterKind }
+        if OnigurumaClasses.numbers.contains(scalar.value) { return numberKind }
         return 0
     }
 

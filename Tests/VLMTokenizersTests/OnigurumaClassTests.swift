@@ -29,4 +29,20 @@ import Testing
         #expect(missing.isEmpty && extra.isEmpty,
                 "\(source): \(missing.count) code points only Oniguruma matches (\(hex(missing))), \(extra.count) only Swift matches (\(hex(extra)))")
     }
+
+    /// The hand-compiled GPT-2 split classifies scalars by the same tables: it splits as the regex does around every
+    /// code point whose letter or number class differs between Swift's and Oniguruma's Unicode data, and every 97th
+    /// other one (each between two letters and before a digit and a space).
+    @Test func alternationPatternClassifiesAsOniguruma() throws {
+        let source = #"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"#
+        let fast = try #require(AlternationPattern.known(source))
+        let regex = try RegexPattern(source, file: "test")
+        var text: [Unicode.Scalar] = []
+        for (index, scalar) in Self.scalars.enumerated() where scalar.value >= 0x80 && !scalar.isRegexWhitespace {
+            let differs = scalar.isLetter != OnigurumaClasses.letters.contains(scalar.value)
+                || scalar.isNumber != OnigurumaClasses.numbers.contains(scalar.value)
+            if differs || index % 97 == 0 { text += ["a", scalar, "b", "1", " "] }
+        }
+        #expect(fast.matches(in: text) == regex.matches(in: text))
+    }
 }
