@@ -32,6 +32,10 @@ enum LlamaCppVocabulary {
         "llama-spm", "mpt", "phi-3", "qwen2", "qwen35", "refact", "starcoder",
     ]
 
+    /// The vocabularies it ships without expected ids: aquila and gpt-neox (byte-level BPE without a pre-tokenizer
+    /// name, which llama.cpp splits with its default), baichuan (SentencePiece) and nomic-bert-moe (Unigram, "t5").
+    static let withoutExpectedIds = ["aquila", "baichuan", "gpt-neox", "nomic-bert-moe"]
+
     /// The cases as test-tokenizer-0.cpp's `read_tests` reads them: inputs separated by "\n__ggml_vocab_test__\n"
     /// (a trailing separator ends the list), one line of space-separated ids per input, stripped.
     static func cases(_ family: String) throws -> [(text: String, ids: [Int])] {
@@ -74,5 +78,15 @@ struct LlamaCppVocabularyTests {
         }
         print("llama.cpp vocabulary \(family): \(cases.count - failures.count)/\(cases.count) identical")
         #expect(failures.isEmpty, "\(family): \(failures.count) of \(cases.count) differ:\n\(failures.prefix(6).joined(separator: "\n"))")
+    }
+
+    /// The vocabularies without expected ids load, and encode a sentence to known tokens that decode back to it.
+    @Test(arguments: LlamaCppVocabulary.withoutExpectedIds)
+    func vocabularyWithoutExpectedIdsLoads(family: String) throws {
+        let (tokenizer, _) = try loadTokenizer(path: LlamaCppVocabulary.directory.appendingPathComponent("ggml-vocab-\(family).gguf"))
+        let text = "Hello world, this is a test."
+        let ids = tokenizer.encode(text, addSpecialTokens: false).ids
+        #expect(!ids.isEmpty && ids.allSatisfy { tokenizer.token($0) != nil })
+        #expect(tokenizer.decode(ids).trimmingCharacters(in: .whitespaces) == text)
     }
 }
