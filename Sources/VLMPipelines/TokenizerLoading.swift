@@ -24,6 +24,7 @@ public func loadTokenizer(path: URL) throws -> (tokenizer: Tokenizer, chatTempla
 /// ``loadTokenizer(path:)`` from a GGUF file already opened (its model may come from the same file).
 public func loadTokenizer(gguf file: GGUFFile) throws -> (tokenizer: Tokenizer, chatTemplate: ChatTemplate?) {
     let metadata = try GGUFTokenizerMetadata(file)
+    if let warning = metadata.preTokenizerWarning { FileHandle.standardError.write(Data((warning + "\n").utf8)) }
     let template = try metadata.chatTemplate.map { source throws(ChatTemplateError) in
         try ChatTemplate(source: source, file: "\(file.url.path): tokenizer.chat_template")
     }
@@ -79,6 +80,11 @@ extension GGUFTokenizerMetadata {
                   paddingTokenId: try integer("tokenizer.ggml.padding_token_id"),
                   addBosToken: try bool("tokenizer.ggml.add_bos_token"),
                   addEosToken: try bool("tokenizer.ggml.add_eos_token"),
+                  separatorTokenId: try integer("tokenizer.ggml.seperator_token_id"),
+                  clsTokenId: try integer("tokenizer.ggml.cls_token_id"),
+                  maskTokenId: try integer("tokenizer.ggml.mask_token_id"),
+                  lowercase: try bool("tokenizer.ggml.normalizer.lowercase"),
+                  stripAccents: try bool("tokenizer.ggml.normalizer.strip_accents"),
                   chatTemplate: try string("tokenizer.chat_template"))
     }
 }

@@ -8,7 +8,8 @@ public struct GGUFTokenizerMetadata: Sendable {
     public var file: String
     /// `general.architecture`: picks the SentencePiece variant (phi3) for a "llama" tokenizer.
     public var architecture: String?
-    /// `tokenizer.ggml.model`: "gpt2" (byte-level BPE) or "llama" (SentencePiece BPE with byte fallback).
+    /// `tokenizer.ggml.model`: "gpt2" (byte-level BPE), "llama" (SentencePiece BPE with byte fallback), "gemma4"
+    /// (SentencePiece-style BPE with merges) or "bert" (WordPiece).
     public var model: String
     /// `tokenizer.ggml.pre`: the pre-tokenizer's split regex, by llama.cpp's name for it.
     public var pre: String?
@@ -28,13 +29,22 @@ public struct GGUFTokenizerMetadata: Sendable {
     /// `tokenizer.ggml.add_bos_token` and `add_eos_token`, nil when the file does not say.
     public var addBosToken: Bool?
     public var addEosToken: Bool?
+    /// `tokenizer.ggml.seperator_token_id` (llama.cpp's spelling), `cls_token_id` and `mask_token_id`: BERT's.
+    public var separatorTokenId: Int?
+    public var clsTokenId: Int?
+    public var maskTokenId: Int?
+    /// `tokenizer.ggml.normalizer.lowercase` and `strip_accents` (BERT; llama.cpp's defaults: true, and as lowercase).
+    public var lowercase: Bool?
+    public var stripAccents: Bool?
     /// `tokenizer.chat_template`.
     public var chatTemplate: String?
 
     public init(file: String, architecture: String? = nil, model: String, pre: String? = nil, tokens: [String],
                 scores: [Double]? = nil, tokenTypes: [Int]? = nil, merges: [String]? = nil, bosTokenId: Int? = nil,
                 eosTokenId: Int? = nil, unknownTokenId: Int? = nil, paddingTokenId: Int? = nil,
-                addBosToken: Bool? = nil, addEosToken: Bool? = nil, chatTemplate: String? = nil) {
+                addBosToken: Bool? = nil, addEosToken: Bool? = nil, separatorTokenId: Int? = nil,
+                clsTokenId: Int? = nil, maskTokenId: Int? = nil, lowercase: Bool? = nil, stripAccents: Bool? = nil,
+                chatTemplate: String? = nil) {
         self.file = file
         self.architecture = architecture
         self.model = model
@@ -49,18 +59,26 @@ public struct GGUFTokenizerMetadata: Sendable {
         self.paddingTokenId = paddingTokenId
         self.addBosToken = addBosToken
         self.addEosToken = addEosToken
+        self.separatorTokenId = separatorTokenId
+        self.clsTokenId = clsTokenId
+        self.maskTokenId = maskTokenId
+        self.lowercase = lowercase
+        self.stripAccents = stripAccents
         self.chatTemplate = chatTemplate
     }
 }
 
 extension Tokenizer {
-    /// The tokenizer transformers builds for `AutoTokenizer.from_pretrained(dir, gguf_file=name)`: for "gpt2",
-    /// GPT-2's byte-level BPE (tokens outside the byte alphabet respelled as bytes, the split regex of
-    /// `tokenizer.ggml.pre` when transformers knows it); for "llama", Llama's SentencePiece BPE (Metaspace, byte
-    /// fallback; phi3's normalizer for architecture "phi3"), with merges derived from the scores when the file has
-    /// none. Control tokens become special added tokens, user-defined ones plain added tokens; the bos/eos/unk/pad
-    /// ids name the special tokens; `add_bos_token` (default true for "llama") and `add_eos_token` say what encoding
-    /// adds.
+    /// The tokenizer transformers builds for `AutoTokenizer.from_pretrained(dir, gguf_file=name)`, or the family's own
+    /// Hugging Face tokenizer where that and llama.cpp agree against transformers' GGUF loader: for "gpt2", GPT-2's
+    /// byte-level BPE (tokens outside the byte alphabet respelled as bytes) split as `tokenizer.ggml.pre` names
+    /// (``knownPreTokenizerNames``; ``preTokenizerWarning`` for others); for "llama", Llama's SentencePiece BPE (byte
+    /// fallback, the legacy dummy prefix of Llama-2's tokenizer.json and llama.cpp), with merges derived from the
+    /// scores when the file has none; for "gemma4", GemmaTokenizer's BPE over the file's merges; for "bert", BERT's
+    /// WordPiece from llama.cpp's phantom-space vocabulary (`tokenizer.ggml.normalizer.*`, [CLS] $A [SEP]); for "t5",
+    /// T5Tokenizer's Unigram. Control tokens become special added tokens, user-defined ones plain added tokens; the
+    /// bos/eos/unk/pad (and BERT's cls/sep/mask) ids name the special tokens; `add_bos_token` (default true for
+    /// "llama" and "gemma4") and `add_eos_token` say what encoding adds.
     /// - Throws: `TokenizerError` naming the file and the key when a tokenizer type is unsupported, a key is missing,
     ///   or arrays disagree.
     public convenience init(gguf metadata: GGUFTokenizerMetadata) throws {
@@ -74,6 +92,15 @@ extension Tokenizer {
 }
 
 private let controlType = 3
+/// The sentinel tokens T5Tokenizer declares (`extra_ids`).
+private let t5ExtraIds = 100
+
+/// "[PAD<digits>]", how GGUF files name T5's sentinel tokens.
+private func isPlaceholder(_ token: String) -> Bool {
+    guard let digits = token.droppingScalarPrefix("[PAD"), digits.unicodeScalars.last == "]" else { return false }
+    let number = digits.unicodeScalars.dropLast()
+    return !number.isEmpty && number.allSatisfy { $0.value >= 0x30 && $0.value <= 0x39 }
+}
 private let userDefinedType = 4
 
 extension Pipeline {
@@ -108,26 +135,53 @@ extension Pipeline {
             }
             return tokens[id]
         }
-        let named: [(String, String?)] = [
-            ("bos_token", try specialToken(metadata.bosTokenId, "bos_token_id")),
-            ("eos_token", try specialToken(metadata.eosTokenId, "eos_token_id")),
+        let isBert = metadata.model == "bert"
+        var named: [(String, String?)] = [
+            ("bos_token", try specialToken(isBert ? nil : metadata.bosTokenId, "bos_token_id")),
+            ("eos_token", try specialToken(isBert ? nil : metadata.eosTokenId, "eos_token_id")),
             ("unk_token", try specialToken(metadata.unknownTokenId, "unknown_token_id")),
             ("pad_token", try specialToken(metadata.paddingTokenId, "padding_token_id")),
         ]
+        if isBert {
+            named += [("cls_token", try specialToken(metadata.clsTokenId, "cls_token_id")),
+                      ("sep_token", try specialToken(metadata.separatorTokenId, "seperator_token_id")),
+                      ("mask_token", try specialToken(metadata.maskTokenId, "mask_token_id"))]
+        }
 
         let byteLevel: Bool
         let vocabulary: Vocabulary
         // The special tokens transformers' tokenizer class declares by default, added before the file's own.
-        let classDefaults: [String]
+        var classDefaults: [String] = []
         var pipeline: Pipeline
+        let space: Unicode.Scalar = "\u{2581}"
+        func plainVocabulary(_ tokens: [String]) -> Vocabulary {
+            var plain = Vocabulary()
+            for (id, token) in tokens.enumerated() { plain[token] = id }
+            return plain
+        }
         switch metadata.model {
         case "gpt2":
+            let split = GGUFPreTokenization(metadata.pre)
+            if split.rawUTF8 {
+                // Pre-tokenizers of SentencePiece-style BPE vocabularies (gemma4, sarvam-moe, whitespace) need a
+                // vocabulary that is not byte-level, which a "gpt2" file does not have.
+                throw TokenizerError.unsupportedComponent(file: file, path: "tokenizer.ggml.pre", type: metadata.pre ?? "")
+            }
             byteLevel = true
             vocabulary = byteLevelVocabulary(tokens)
             let model = try BPE(vocabulary: vocabulary, merges: try ggufMerges(metadata, vocabularyOrder: tokens),
-                                file: file, unknownToken: nil, continuingSubwordPrefix: "", endOfWordSuffix: "")
-            pipeline = Pipeline(model: model, normalizer: nil,
-                                preTokenizer: ByteLevelPreTokenizer(addPrefixSpace: false, useRegex: true),
+                                file: file, unknownToken: nil, continuingSubwordPrefix: "", endOfWordSuffix: "",
+                                ignoreMerges: split.ignoreMerges)
+            let preTokenizer: any PreTokenizer
+            if let regexes = split.regexes {
+                preTokenizer = PreTokenizerSequence(preTokenizers: try regexes.map { regex in
+                    Split(pattern: try AlternationPattern.known(regex) ?? RegexPattern(regex, file: file),
+                          behavior: .isolated, invert: false)
+                } + [ByteLevelPreTokenizer(addPrefixSpace: false, useRegex: false)])
+            } else {
+                preTokenizer = ByteLevelPreTokenizer(addPrefixSpace: false, useRegex: true)
+            }
+            pipeline = Pipeline(model: model, normalizer: nil, preTokenizer: preTokenizer,
                                 postProcessor: nil, decoder: ByteLevelDecoder(), addedTokens: [])
             classDefaults = ["<|endoftext|>"]
         case "llama":
@@ -135,45 +189,87 @@ extension Pipeline {
                 throw TokenizerError.unsupportedComponent(file: file, path: "general.architecture", type: architecture)
             }
             byteLevel = false
-            var plain = Vocabulary()
-            for (id, token) in tokens.enumerated() { plain[token] = id }
-            vocabulary = plain
+            vocabulary = plainVocabulary(tokens)
             let model = try BPE(vocabulary: vocabulary, merges: try ggufMerges(metadata, vocabularyOrder: tokens),
                                 file: file, unknownToken: nil, continuingSubwordPrefix: "", endOfWordSuffix: "",
                                 fuseUnknown: true, byteFallback: true)
-            let space: Unicode.Scalar = "\u{2581}"
             let decoder = DecoderSequence(decoders: [
                 ReplaceDecoder(pattern: LiteralPattern(literal: [space]), content: [" "]),
                 ByteFallbackDecoder(), FuseDecoder(), StripDecoder(content: " ", start: 1, stop: 0),
             ])
-            if metadata.architecture == "phi3" {
-                // Phi-3 prefixes the text through its normalizer, not Metaspace: "  hi" keeps both spaces.
-                pipeline = Pipeline(model: model, normalizer: NormalizerSequence(normalizers: [
-                    Prepend(prefix: [space]), Replace(pattern: LiteralPattern(literal: [" "]), content: [space]),
-                ]), preTokenizer: nil, postProcessor: nil, decoder: decoder, addedTokens: [])
-            } else {
-                pipeline = Pipeline(model: model, normalizer: nil,
-                                    preTokenizer: Metaspace(replacement: space, prependScheme: .first, split: false),
-                                    postProcessor: nil, decoder: decoder, addedTokens: [])
-            }
+            // The legacy Llama-2 tokenizer.json and llama.cpp's SentencePiece: "▁" prepended to the text through the
+            // normalizer, every space a "▁", so "  hi" keeps both spaces after the dummy prefix. transformers' GGUF
+            // loader does this for phi3 only (Metaspace for the others, which folds the prefix into a leading space).
+            pipeline = Pipeline(model: model, normalizer: NormalizerSequence(normalizers: [
+                Prepend(prefix: [space]), Replace(pattern: LiteralPattern(literal: [" "]), content: [space]),
+            ]), preTokenizer: nil, postProcessor: nil, decoder: decoder, addedTokens: [])
             classDefaults = ["<s>", "</s>", "<unk>"]
+        case "gemma4":
+            // transformers' GemmaTokenizer over the file's merges: spaces become "▁", no dummy prefix, byte fallback.
+            byteLevel = false
+            vocabulary = plainVocabulary(tokens)
+            let unknown = try specialToken(metadata.unknownTokenId, "unknown_token_id")
+            let model = try BPE(vocabulary: vocabulary, merges: try ggufMerges(metadata, vocabularyOrder: tokens),
+                                file: file, unknownToken: unknown, continuingSubwordPrefix: "", endOfWordSuffix: "",
+                                fuseUnknown: true, byteFallback: true)
+            pipeline = Pipeline(model: model,
+                                normalizer: Replace(pattern: LiteralPattern(literal: [" "]), content: [space]),
+                                preTokenizer: Split(pattern: LiteralPattern(literal: [" "]), behavior: .mergedWithPrevious,
+                                                    invert: false),
+                                postProcessor: nil,
+                                decoder: DecoderSequence(decoders: [
+                                    ReplaceDecoder(pattern: LiteralPattern(literal: [space]), content: [" "]),
+                                    ByteFallbackDecoder(), FuseDecoder(),
+                                ]), addedTokens: [])
+        case "bert":
+            // llama.cpp's converter writes WordPiece's vocabulary with a phantom space: "▁word" starts a word,
+            // "word" continues one (BERT's "##word"), "[CLS]"-style tokens stay as they are.
+            byteLevel = false
+            let wordPieceTokens = tokens.map { token -> String in
+                if let word = token.droppingScalarPrefix(String(space)) { return word }
+                if token.hasPrefix("[") && token.hasSuffix("]") { return token }
+                return "##" + token
+            }
+            vocabulary = plainVocabulary(wordPieceTokens)
+            let unknown = try specialToken(metadata.unknownTokenId, "unknown_token_id") ?? "[UNK]"
+            let lowercase = metadata.lowercase ?? true
+            pipeline = Pipeline(model: WordPiece(vocabulary: vocabulary, unknownToken: unknown, continuingSubwordPrefix: "##",
+                                                 maxInputCharactersPerWord: 100),
+                                normalizer: BertNormalizer(cleanText: true, handleChineseCharacters: true,
+                                                           stripAccents: metadata.stripAccents ?? lowercase, lowercase: lowercase),
+                                preTokenizer: bertPreTokenizer(), postProcessor: nil,
+                                decoder: WordPieceDecoder(prefix: "##", cleanup: true), addedTokens: [])
+        case "t5":
+            // transformers' T5Tokenizer over the file's pieces and scores: Unigram with unk_id 2, whitespace split
+            // and "▁" always prepended, "$A </s>"; the first 100 "[PAD<n>]" placeholders are T5's <extra_id_*>
+            // again, counted down (the precompiled charsmap is not read, as transformers does not read it).
+            guard let scores = metadata.scores else {
+                throw invalid("tokenizer.ggml.scores", "a Unigram (t5) tokenizer needs scores")
+            }
+            guard tokens.count > 2 else { throw invalid("tokenizer.ggml.tokens", "T5's unknown id 2 needs 3 tokens") }
+            byteLevel = false
+            var pieces = tokens
+            let blanks = tokens.indices.filter { isPlaceholder(tokens[$0]) }.prefix(t5ExtraIds)
+            for (offset, index) in blanks.enumerated() { pieces[index] = "<extra_id_\(t5ExtraIds - 1 - offset)>" }
+            vocabulary = plainVocabulary(pieces)
+            pipeline = Pipeline(model: Unigram(pieces: pieces, scores: scores, unknownId: 2, byteFallback: false),
+                                normalizer: nil,
+                                preTokenizer: PreTokenizerSequence(preTokenizers: [
+                                    Split(pattern: ScalarPattern { $0.isRegexWhitespace }, behavior: .removed, invert: false),
+                                    Metaspace(replacement: space, prependScheme: .always, split: true),
+                                ]), postProcessor: nil,
+                                decoder: MetaspaceDecoder(replacement: space, dropsFirstReplacement: true), addedTokens: [])
+            classDefaults = ["</s>", "<unk>", "<pad>"] + (0..<t5ExtraIds).map { "<extra_id_\($0)>" }
         default:
             throw TokenizerError.unsupportedComponent(file: file, path: "tokenizer.ggml.model", type: metadata.model)
-        }
-        if let pre = metadata.pre, let regex = ggufSplitRegexes[pre] {
-            pipeline.preTokenizer = PreTokenizerSequence(preTokenizers: [
-                Split(pattern: try AlternationPattern.known(regex) ?? RegexPattern(regex, file: file),
-                      behavior: .isolated, invert: false),
-                ByteLevelPreTokenizer(addPrefixSpace: false, useRegex: false),
-            ])
         }
 
         // tokenizers' AddedVocabulary: a token already added stays as it is; one outside the vocabulary gets the next id.
         var added: [TokenKey: Int] = [:]
         var nextId = vocabulary.count
-        func add(_ content: String, special: Bool) {
+        func add(_ content: String, id explicitId: Int? = nil, special: Bool) {
             guard added[TokenKey(content)] == nil else { return }
-            let id = vocabulary[content] ?? nextId
+            let id = explicitId ?? vocabulary[content] ?? nextId
             nextId = max(nextId, id + 1)
             added[TokenKey(content)] = id
             pipeline.addedTokens.append(AddedToken(id: id, content: content, normalized: false, special: special))
@@ -182,20 +278,44 @@ extension Pipeline {
         let types = metadata.tokenTypes ?? []
         let alphabet = Set(ByteLevelAlphabet.characters)
         // A byte-level control token spelled outside the byte alphabet is a llama.cpp mislabel; transformers skips it.
-        for (token, type) in zip(tokens, types) where type == controlType {
+        for (token, type) in zip(tokens, types) where type == controlType && !isBert {
             if !byteLevel || token.unicodeScalars.allSatisfy(alphabet.contains) { add(token, special: true) }
         }
-        for (token, type) in zip(tokens, types) where type == userDefinedType {
-            if vocabulary[token] != nil || added[TokenKey(token)] != nil { add(token, special: false) }
+        for (id, (token, type)) in zip(tokens, types).enumerated() where type == userDefinedType && !isBert {
+            if vocabulary[token] != nil || added[TokenKey(token)] != nil {
+                add(token, special: false)
+            } else if byteLevel {
+                // Spelled in plain text, like GPT-NeoX's runs of spaces: llama.cpp matches these whole in the text,
+                // as the Hugging Face tokenizer's added tokens (transformers' GGUF loader leaves them out).
+                add(token, id: id, special: false)
+            }
         }
         for case let (_, token?) in named { add(token, special: true) }
 
-        // transformers' update_post_processor: "bos $A eos" and "bos $A eos bos:1 $B:1 eos:1".
         func entry(_ token: String?) -> (id: Int, token: String)? {
             guard let token else { return nil }
             return (added[TokenKey(token)] ?? vocabulary[token]).map { ($0, token) }
         }
-        let bos = (metadata.addBosToken ?? (metadata.model == "llama")) ? entry(named[0].1) : nil
+        if isBert {
+            // BertTokenizer's "[CLS] $A [SEP]" and "[CLS] $A [SEP] $B:1 [SEP]:1".
+            let cls = entry(named[4].1), sep = entry(named[5].1)
+            let clsPiece = cls.map { [Template.Piece.special([$0], typeId: 0)] } ?? []
+            func sepPiece(_ typeId: Int) -> [Template.Piece] { sep.map { [.special([$0], typeId: typeId)] } ?? [] }
+            pipeline.postProcessor = Template(single: clsPiece + [.sequence(second: false, typeId: 0)] + sepPiece(0),
+                                              pair: clsPiece + [.sequence(second: false, typeId: 0)] + sepPiece(0)
+                                                  + [.sequence(second: true, typeId: 1)] + sepPiece(1))
+            return (pipeline, named)
+        }
+        if metadata.model == "t5" {
+            let eos = entry(named[1].1 ?? "</s>").map { [Template.Piece.special([$0], typeId: 0)] } ?? []
+            pipeline.postProcessor = Template(single: [.sequence(second: false, typeId: 0)] + eos,
+                                              pair: [.sequence(second: false, typeId: 0)] + eos
+                                                  + [.sequence(second: true, typeId: 0)] + eos)
+            return (pipeline, named)
+        }
+        // transformers' update_post_processor: "bos $A eos" and "bos $A eos bos:1 $B:1 eos:1".
+        let addsBos = metadata.addBosToken ?? (metadata.model == "llama" || metadata.model == "gemma4")
+        let bos = addsBos ? entry(named[0].1) : nil
         let eos = (metadata.addEosToken ?? false) ? entry(named[1].1) : nil
         func pieces(_ sequence: Bool, typeId: Int) -> [Template.Piece] {
             (bos.map { [Template.Piece.special([$0], typeId: typeId)] } ?? [])
@@ -280,20 +400,3 @@ private func ggufMerges(_ metadata: GGUFTokenizerMetadata, vocabularyOrder token
     }
     return candidates.map { (String(String.UnicodeScalarView($0.left)), String(String.UnicodeScalarView($0.right))) }
 }
-
-private let llama3Split = #"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"#
-private let tekkenSplit = #"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"#
-private let qwen2Split = #"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"#
-private let qwen35Split = #"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"#
-private let gpt4oSplit = #"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"#
-
-/// transformers' GGUF_PRE_TOKENIZER_SPLITS: the split regex of each `tokenizer.ggml.pre` it knows; others keep GPT-2's.
-private let ggufSplitRegexes: [String: String] = [
-    "llama3": llama3Split, "llama-v3": llama3Split, "llama-bpe": llama3Split, "falcon3": llama3Split,
-    "falcon-h1": llama3Split, "pixtral": llama3Split, "midm-2.0": llama3Split, "lfm2": llama3Split,
-    "jina-v5-nano": llama3Split, "dbrx": llama3Split, "smaug-bpe": llama3Split,
-    "tekken": tekkenSplit,
-    "qwen2": qwen2Split, "deepseek-r1-qwen": qwen2Split, "kormo": qwen2Split, "f2llmv2": qwen2Split, "megrez": qwen2Split,
-    "qwen35": qwen35Split,
-    "gpt-4o": gpt4oSplit, "llama4": gpt4oSplit, "kanana2": gpt4oSplit, "talkie": gpt4oSplit, "minimax-m2": gpt4oSplit,
-]

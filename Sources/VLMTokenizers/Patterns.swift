@@ -46,11 +46,11 @@ struct AlternationPattern: Pattern {
     fileprivate static let letterKind: UInt8 = 1, numberKind: UInt8 = 2, whitespaceKind: UInt8 = 3
     private static let asciiKinds: [UInt8] = (0..<128).map { kind(Unicode.Scalar(UInt8($0))) }
 
-    /// Which of the classes a scalar is in, the general-category lookup done once per scalar (0: none, "other").
+    /// Which of the classes a scalar is in, as Oniguruma's `\p{L}` and `\p{N}` (0: none, "other").
     private static func kind(_ scalar: Unicode.Scalar) -> UInt8 {
         if scalar.isRegexWhitespace { return whitespaceKind }
-        if scalar.isLetter { return letterKind }
-        if scalar.isNumber { return numberKind }
+        if OnigurumaClasses.letters.contains(scalar.value) { return letterKind }
+        if OnigurumaClasses.numbers.contains(scalar.value) { return numberKind }
         return 0
     }
 
@@ -138,14 +138,15 @@ struct AlternationPattern: Pattern {
 }
 
 /// Any other regex, run by Swift's regex engine on Unicode scalars (never on grapheme clusters, which would glue
-/// combining marks and emoji sequences together where Oniguruma sees separate characters).
+/// combining marks and emoji sequences together where Oniguruma sees separate characters), with its Unicode classes
+/// as Oniguruma's (`OnigurumaClasses`).
 struct RegexPattern: Pattern, @unchecked Sendable {
     // Regex is an immutable value, but not declared Sendable.
     let regex: Regex<AnyRegexOutput>
 
     init(_ source: String, file: String) throws {
         do {
-            regex = try Regex(source).matchingSemantics(.unicodeScalar)
+            regex = try Regex(OnigurumaClasses.rewrite(source)).matchingSemantics(.unicodeScalar)
         } catch {
             throw TokenizerError.invalidRegex(file: file, pattern: source, reason: "\(error)")
         }

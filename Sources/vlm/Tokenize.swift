@@ -17,6 +17,9 @@ struct Tokenize: AsyncParsableCommand {
     @Flag(help: "With --decode: leave out special tokens.")
     var skipSpecialTokens = false
 
+    @Flag(help: "Encode without the special tokens the tokenizer adds (bos, eos, [CLS]...), as add_special_tokens=False.")
+    var noSpecialTokens = false
+
     @Option(help: "A second sequence encoded with each text as a pair (text, pair).")
     var pair: String?
 
@@ -31,9 +34,11 @@ struct Tokenize: AsyncParsableCommand {
 
     func validate() throws {
         if chat != nil {
-            guard inputs.isEmpty, !decode, pair == nil else { throw ValidationError("--chat takes no other inputs") }
+            guard inputs.isEmpty, !decode, pair == nil, !noSpecialTokens else { throw ValidationError("--chat takes no other inputs") }
         } else if decode && pair != nil {
             throw ValidationError("--pair encodes; it does not go with --decode")
+        } else if decode && noSpecialTokens {
+            throw ValidationError("--no-special-tokens encodes; with --decode, --skip-special-tokens leaves them out")
         } else if inputs.isEmpty {
             throw ValidationError("give texts to tokenize, ids with --decode, or --chat MESSAGES.json")
         }
@@ -65,7 +70,7 @@ struct Tokenize: AsyncParsableCommand {
             if json { try printJSON(["text": text]) } else { print(text) }
         } else {
             let results = inputs.map { text in
-                let encoding = tokenizer.encode(text, pair: pair)
+                let encoding = tokenizer.encode(text, pair: pair, addSpecialTokens: !noSpecialTokens)
                 return Encoded(text: text, ids: encoding.ids, tokens: encoding.tokens)
             }
             if json {

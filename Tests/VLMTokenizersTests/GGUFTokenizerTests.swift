@@ -30,9 +30,33 @@ struct GGUFTokenizerTests {
     }
 
     @Test func unsupportedTokenizerModel() {
-        let message = refusal(metadata { $0.model = "bert" })
+        let message = refusal(metadata { $0.model = "rwkv" })
         #expect(message?.contains("/models/x.gguf") == true && message?.contains("tokenizer.ggml.model") == true)
-        #expect(message?.contains("bert") == true)
+        #expect(message?.contains("rwkv") == true)
+    }
+
+    /// Every name llama.cpp knows builds (its regexes compile), but for the three whose text stays raw UTF-8, which a
+    /// byte-level vocabulary cannot take; none of them warns.
+    @Test func everyPreTokenizerNameLlamaCppKnowsBuilds() {
+        let names = GGUFTokenizerMetadata.knownPreTokenizerNames
+        #expect(names.count == 91)
+        for name in names {
+            let file = metadata { $0.pre = name }
+            #expect(file.preTokenizerWarning == nil)
+            let message = refusal(file)
+            if ["gemma4", "granite-embed-multi-311m", "sarvam-moe", "whitespace"].contains(name) {
+                #expect(message?.contains("tokenizer.ggml.pre") == true, "\(name)")
+            } else {
+                #expect(message == nil, "\(name): \(message ?? "")")
+            }
+        }
+    }
+
+    @Test func anUnknownOrMissingPreTokenizerWarnsNamingTheDefault() throws {
+        let unknown = metadata { $0.pre = "no-such-family" }
+        #expect(unknown.preTokenizerWarning == "warning: /models/x.gguf: tokenizer.ggml.pre \"no-such-family\" is not a pre-tokenizer llama.cpp knows; splitting text as GPT-2 does (\"gpt-2\")")
+        #expect(metadata().preTokenizerWarning?.contains("tokenizer.ggml.pre is missing") == true)
+        #expect(try Tokenizer(gguf: unknown).encode("a b").ids == (try Tokenizer(gguf: metadata { $0.pre = "gpt-2" })).encode("a b").ids)
     }
 
     @Test func gemmaSentencePieceIsNotBuilt() {

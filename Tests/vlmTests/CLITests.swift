@@ -308,6 +308,7 @@ struct CLI {
         struct Pair: Decodable { let text: Int; let pair: Int; let ids: [Int] }
         struct Chat: Decodable { let messages: [[String: String]]; let add_generation_prompt: Bool; let text: String; let ids: [Int] }
         let ids: [[Int]]
+        let ids_without_special: [[Int]?]
         let decoded: [String]
         let decoded_skip_special: [String?]
         let pairs: [Pair]
@@ -335,10 +336,31 @@ struct CLI {
         }
     }
 
+    /// `--no-special-tokens` is `add_special_tokens=False`: this file adds bos and eos by default.
+    @Test func tokenizeWithoutSpecialTokens() throws {
+        let (expected, strings) = try ggufExpected()
+        let texts = Array(strings[20..<30])
+        let run = try CLI.run(["tokenize", "--model", ggufFixtures.appendingPathComponent("llama-spm.gguf").path, "--json",
+                               "--no-special-tokens"] + texts)
+        #expect(run.status == 0, "\(run.stderr)")
+        let results = try #require(try CLI.json(run) as? [[String: Any]])
+        #expect(results.count == texts.count)
+        for (index, result) in results.enumerated() {
+            let want = expected.ids_without_special[20 + index] ?? expected.ids[20 + index]
+            #expect(want != expected.ids[20 + index])
+            #expect(result["ids"] as? [Int] == want)
+        }
+        let refused = try CLI.run(["tokenize", "--model", ggufFixtures.appendingPathComponent("llama-spm.gguf").path,
+                                   "--decode", "--no-special-tokens", "1"])
+        #expect(refused.status != 0)
+    }
+
     @Test func tokenizeEncodesPairsAndDecodesWithAGGUFFile() throws {
         let (expected, strings) = try ggufExpected()
         let model = ggufFixtures.appendingPathComponent("llama-spm.gguf").path
-        let pair = expected.pairs[0]
+        // Arguments cannot hold NUL, and one starting with "-" would read as an option.
+        func passable(_ text: String) -> Bool { !text.unicodeScalars.contains("\0") && !text.hasPrefix("-") }
+        let pair = try #require(expected.pairs.first { passable(strings[$0.text]) && passable(strings[$0.pair]) })
         let encoded = try CLI.run(["tokenize", "--model", model, "--json", "--pair", strings[pair.pair], strings[pair.text]])
         #expect(encoded.status == 0, "\(encoded.stderr)")
         #expect((try CLI.json(encoded) as? [[String: Any]])?.first?["ids"] as? [Int] == pair.ids)
