@@ -20,9 +20,10 @@ model's pipeline does once its processor has run (processing is untimed everywhe
 - siglip (google/siglip-base-patch16-224): the photo resized to 224×224 → the image embedding (`get_image_features`).
 
 PyTorch runs a small module doing exactly that; ONNX Runtime runs the same module exported with torch's dynamo
-exporter (cached as onnx/bench-<work>.onnx in the checkpoint directory), and its outputs are checked against
-PyTorch's: max |difference| / max(1, |PyTorch's value|) must stay within 1e-4. A model that does not export says why
-in the table. SwiftVLM is timed by its own `vlm bench --json`, which draws the same shapes from its own noise.
+exporter, or where torch.export cannot capture it, the TorchScript exporter (cached as onnx/bench-<work>.onnx in the
+checkpoint directory), and its outputs are checked against PyTorch's: each output's max |difference| / max(1, its
+largest |value|) must stay within 1e-4. A model that neither exports says why below the table. SwiftVLM is timed by
+its own `vlm bench --json`, which draws the same shapes from its own noise.
 
 A shared machine's speed drifts by tens of percent within minutes, and measurements taken side by side drift
 together: in each of --rounds rounds, PyTorch and ONNX Runtime take turns for --runs timed passes (after --warmup
@@ -179,8 +180,8 @@ MODELS_BENCHED = {
 
 
 def onnx_session(directory, name, work, feed, labels, threads):
-    """ONNX Runtime's session of `work` exported once (a checkpoint newer than the export makes it stale), or the
-    reason there is none."""
+    """ONNX Runtime's session of `work` exported once (a checkpoint newer than the export makes it stale) and which
+    exporter made it, or None and the reason there is none."""
     try:
         import onnxruntime
     except ImportError:
@@ -188,17 +189,26 @@ def onnx_session(directory, name, work, feed, labels, threads):
     tag = f"{name}-k{labels}" if MODELS_BENCHED[name][3] else name
     path = os.path.join(directory, "onnx", f"bench-{tag}.onnx")
     weights = os.path.join(directory, "model.safetensors")
-    if not (os.path.isfile(path) and os.path.getmtime(path) >= os.path.getmtime(weights)):
+    if not (os.path.isfile(path) and os.path.isfile(path + ".exporter")
+            and os.path.getmtime(path) >= os.path.getmtime(weights)):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         partial = path + ".partial"
-        try:
-            with torch.inference_mode(False), torch.no_grad():
-                torch.onnx.export(work, tuple(feed.values()), partial, dynamo=True, external_data=False,
-                                  input_names=list(feed))
-        except Exception as error:  # the exporter raises many kinds; any of them means no ONNX row
-            first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            return None, f"export failed: {type(error).__name__}: {first_line[:160]}"
+        failures = []
+        # The dynamo exporter first; where torch.export cannot capture the model (ViLT sizes its position
+        # embeddings from the pixel mask's contents), the TorchScript exporter traces it for these inputs' shapes.
+        for dynamo in (True, False):
+            try:
+                with torch.no_grad():
+                    torch.onnx.export(work, tuple(feed.values()), partial, dynamo=dynamo, external_data=False,
+                                      input_names=list(feed))
+                break
+            except Exception as error:  # the exporters raise many kinds; any of them means no ONNX row
+                failures.append(f"{'dynamo' if dynamo else 'TorchScript'} exporter: {export_failure(error)}")
+        else:
+            return None, "export failed: " + "; ".join(failures)
         os.replace(partial, path)
+        with open(path + ".exporter", "w") as f:
+            f.write("dynamo" if not failures else f"TorchScript ({failures[0]})")
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
@@ -208,13 +218,23 @@ def onnx_session(directory, name, work, feed, labels, threads):
         session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     except Exception as error:
         return None, f"ONNX Runtime refused the export: {str(error).strip().splitlines()[0][:160]}"
-    return session, None
+    with open(path + ".exporter") as f:
+        return session, f.read()
+
+
+def export_failure(error):
+    """The line of an exporter's exception that says what went wrong (torch.export's summary when it has one)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if "## Exception summary" in lines and lines.index("## Exception summary") + 1 < len(lines):
+        return lines[lines.index("## Exception summary") + 1][:200]
+    return f"{type(error).__name__}: {(lines or [''])[0][:200]}"
 
 
 def scaled_difference(ours, reference):
-    """max |ours - reference| / max(1, |reference|): absolute near zero, relative for large logits."""
+    """max |ours - reference| / max(1, max |reference|): absolute for outputs within ±1 (probabilities, boxes),
+    relative to the output's largest value for logits."""
     reference = np.asarray(reference, dtype=np.float64)
-    return float(np.max(np.abs(np.asarray(ours, dtype=np.float64) - reference) / np.maximum(1, np.abs(reference))))
+    return float(np.max(np.abs(np.asarray(ours, dtype=np.float64) - reference)) / max(1, np.max(np.abs(reference))))
 
 
 def interleaved_samples_ms(engines, warmup, runs):
@@ -266,12 +286,14 @@ def bench_model(name, args):
     with torch.inference_mode():
         reference = work(**feed)
     reference = [t.numpy() for t in (reference if isinstance(reference, tuple) else (reference,))]
-    session, onnx_error = (None, "--no-onnx") if args.no_onnx else onnx_session(directory, name, work, feed,
-                                                                                 args.labels, args.threads)
+    session, onnx_note = (None, "--no-onnx") if args.no_onnx else onnx_session(directory, name, work, feed,
+                                                                                args.labels, args.threads)
+    onnx_error = None if session is not None else onnx_note
     result = {"model": name, "checkpoint": directory, "labels": labels, "pytorch_ms": [], "onnx_ms": [],
               "vlm_round_ms": [], "ratio_to_pytorch": [], "ratio_to_onnx": []}
     engines = {"PyTorch": lambda: work(**feed)}
     if session is not None:
+        result["onnx_exporter"] = onnx_note
         onnx_feed = {key: value.numpy() for key, value in feed.items()}
         outputs = session.run(None, onnx_feed)
         result["onnx_difference"] = max(scaled_difference(o, r) for o, r in zip(outputs, reference))
@@ -325,8 +347,10 @@ def print_table(results, args):
             print(f"| {name} | unavailable: {result['unavailable']} | | | | |")
             continue
         pytorch = f"{statistics.median(result['pytorch_ms']):.1f}"
+        # Why ONNX Runtime is missing is printed in full below the table.
         onnx = (f"{statistics.median(result['onnx_ms']):.1f}" if result["onnx_ms"]
-                else f"unavailable: {result.get('onnx_unavailable', 'not run')}")
+                else "does not export" if result.get("onnx_unavailable", "").startswith("export failed")
+                else "unavailable")
         vlm = (f"**{statistics.median(result['vlm_round_ms']):.1f}**" if result["vlm_round_ms"]
                else f"unavailable: {result.get('vlm_unavailable', 'not run')}")
         print(f"| {name} | {pytorch} | {onnx} | {vlm} | {ratio_cell(result['ratio_to_pytorch'])} "
@@ -366,8 +390,9 @@ def main():
     for result in results:
         if "onnx_difference" in result:
             verdict = "ok" if result["onnx_difference"] <= TOLERANCE else "MISMATCH"
-            print(f"ONNX Runtime vs PyTorch, {result['model']}: max |diff| / max(1, |value|) "
-                  f"{result['onnx_difference']:.2e} (tolerance {TOLERANCE:g}) {verdict}")
+            print(f"ONNX Runtime vs PyTorch, {result['model']}: max |diff| / max(1, max |value|) "
+                  f"{result['onnx_difference']:.2e} (tolerance {TOLERANCE:g}) {verdict}; exported by the "
+                  f"{result.get('onnx_exporter', '?')} exporter")
         elif "onnx_unavailable" in result:
             print(f"ONNX Runtime, {result['model']}: {result['onnx_unavailable']}")
     if args.json:
