@@ -99,11 +99,23 @@ def clipseg(out):
 
 
 def owlv2(out):
+    import torch
     from transformers import Owlv2Config, Owlv2ForObjectDetection
     # google/owlv2-base-patch16-ensemble: CLIP B/16 towers, the image one at 960×960 (3600 patches), 16 text positions.
     config = Owlv2Config(text_config=dict(CLIP_TEXT, max_position_embeddings=16),
                          vision_config=dict(CLIP_VISION_B16, image_size=960), projection_dim=512)
-    Owlv2ForObjectDetection(config).eval().save_pretrained(out)
+    model = Owlv2ForObjectDetection(config).eval()
+    # Init's unit-variance heads saturate every sigmoid (objectness logits in the tens of thousands, boxes whose fp32
+    # rounding alone moves them by 2e-3); drawn as oracle/owlvit.py draws them, scaled to the width, the heads give
+    # a trained model's ranges and bench_vision.py's ONNX check means something. The values do not change the time.
+    width = config.vision_config.hidden_size
+    with torch.no_grad():
+        for layer, gain in [(model.box_head.dense0, 1.0), (model.box_head.dense1, 1.0), (model.box_head.dense2, 0.5),
+                            (model.class_head.logit_shift, 0.3), (model.class_head.logit_scale, 0.3),
+                            (model.objectness_head.dense0, 1.0), (model.objectness_head.dense1, 1.0),
+                            (model.objectness_head.dense2, 1.0)]:
+            layer.weight.normal_(0, gain / width ** 0.5)
+    model.save_pretrained(out)
     # The published Owlv2ImageProcessor: pad to a grey square, resize to 960×960 bilinearly, CLIP normalisation.
     write_json(os.path.join(out, "preprocessor_config.json"), {
         "do_normalize": True, "do_pad": True, "do_rescale": True, "do_resize": True, "image_mean": CLIP_MEAN,
