@@ -30,7 +30,10 @@ together: in each of --rounds rounds, PyTorch and ONNX Runtime take turns for --
 untimed ones), then `vlm bench` reports its median of --runs. The table shows each engine's median over all its
 runs (SwiftVLM: over its rounds' medians) and SwiftVLM's time relative to PyTorch's and ONNX Runtime's as the median
 of the per-round ratios, every round's ratio listed. The CPU model and the load average are printed with it: a
-table measured on a loaded machine is a smoke check, not a result.
+table measured on a loaded machine is a smoke check, not a result. There, OpenMP's threads spin at every barrier
+while their partner waits for a core (SwiftVLM's SigLIP profile under a load average of 5: 62% of the cycles in
+libgomp); OMP_WAIT_POLICY=passive in the environment, which reaches PyTorch's and SwiftVLM's OpenMP alike (ONNX
+Runtime has a pool of its own), makes such a smoke check less lopsided. The header says which policy ran.
 """
 import argparse
 import json
@@ -383,6 +386,7 @@ def main():
     load_after = os.getloadavg()[0]
 
     print(f"CPU: {cpu_model()} ({os.cpu_count()} logical CPUs); fp32, {args.threads} threads; torch {torch.__version__}"
+          f"; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}"
           f"; {args.rounds} rounds of {args.runs} timed runs after {args.warmup} warm-up; 1-minute load average "
           f"{load_before:.1f} before, {load_after:.1f} after (this run alone adds about {args.threads})\n")
     print_table(results, args)
@@ -397,7 +401,7 @@ def main():
             print(f"ONNX Runtime, {result['model']}: {result['onnx_unavailable']}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"cpu": cpu_model(), "threads": args.threads, "runs": args.runs, "rounds": args.rounds,
+            json.dump({"cpu": cpu_model(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "threads": args.threads, "runs": args.runs, "rounds": args.rounds,
                        "warmup": args.warmup, "labels": args.labels, "load_average_before": load_before,
                        "load_average_after": load_after, "torch": torch.__version__, "results": results}, f, indent=2)
             f.write("\n")
