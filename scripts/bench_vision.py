@@ -402,7 +402,8 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"cpu": cpu_model(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-                       "threads": args.threads, "runs": args.runs, "rounds": args.rounds, "warmup": args.warmup, "labels": args.labels, "load_average_before": load_before,
+                       "threads": args.threads, "runs": args.runs, "rounds": args.rounds, "warmup": args.warmup,
+                       "labels": args.labels, "load_average_before": load_before,
                        "load_average_after": load_after, "torch": torch.__version__, "results": results}, f, indent=2)
             f.write("\n")
 
