@@ -64,6 +64,14 @@ def noise_photo():
     return Image.fromarray(pixels)
 
 
+def onnxruntime_version():
+    try:
+        import onnxruntime
+    except ImportError:
+        return None
+    return onnxruntime.__version__
+
+
 def cpu_model():
     try:
         with open("/proc/cpuinfo") as f:
@@ -386,6 +394,7 @@ def main():
     load_after = os.getloadavg()[0]
 
     print(f"CPU: {cpu_model()} ({os.cpu_count()} logical CPUs); fp32, {args.threads} threads; torch {torch.__version__}"
+          f"; onnxruntime {onnxruntime_version() or 'not installed'}"
           f"; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}"
           f"; {args.rounds} rounds of {args.runs} timed runs after {args.warmup} warm-up; 1-minute load average "
           f"{load_before:.1f} before, {load_after:.1f} after (this run alone adds about {args.threads})\n")
@@ -404,7 +413,8 @@ def main():
             json.dump({"cpu": cpu_model(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
                        "threads": args.threads, "runs": args.runs, "rounds": args.rounds, "warmup": args.warmup,
                        "labels": args.labels, "load_average_before": load_before,
-                       "load_average_after": load_after, "torch": torch.__version__, "results": results}, f, indent=2)
+                       "load_average_after": load_after, "torch": torch.__version__,
+                       "onnxruntime": onnxruntime_version(), "results": results}, f, indent=2)
             f.write("\n")
 
 
