@@ -224,9 +224,9 @@ public final class ViltForQuestionAnswering: VisualQuestionClassifier, @unchecke
         }
         let mask = Tensor(shape: [batch, length + imageTokens],
                           scalars: zip(textMask, imageMask).flatMap { ($0 + $1).map(Float.init) })
-        var hidden = concatenate([text, image], axis: 1)
-        for layer in layers { hidden = layer(hidden, keyPaddingMask: mask) }
-        let first = finalLayerNorm(gatherTokens(hidden, positions: Array(repeating: 0, count: batch)))
+        // The pooler reads only the first token, so the last layer computes only that row.
+        let first = finalLayerNorm(encode(concatenate([text, image], axis: 1), layers: layers,
+                                          pooledAt: Array(repeating: 0, count: batch), keyPaddingMask: mask))
         let pooledLinear = pooler(first)
         let pooled = Tensor(shape: pooledLinear.shape, scalars: pooledLinear.scalars.map { Foundation.tanh($0) })
         return classifier.last(activation(classifier.norm(classifier.first(pooled)), .gelu))

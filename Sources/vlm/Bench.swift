@@ -4,7 +4,7 @@ import SwiftVLM
 
 struct Bench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Model speed: image embedding for image-text models (a photo of noise through the checkpoint's processor, or random pixels for BLIP retrieval; median of several runs); prompt prefill and greedy decoding for language models (a llama.cpp .gguf file or a checkpoint); image features, first token and decoding of a caption for image-to-text models.")
+        abstract: "Model speed: image embedding for image-text models (a photo of noise through the checkpoint's processor, or random pixels for BLIP retrieval; median of several runs); prompt prefill and greedy decoding for language models (a llama.cpp .gguf file or a checkpoint); image features, first token and decoding of a caption for image-to-text models; one photo with --labels prompts for segmentation and detection models.")
 
     @OptionGroup var options: ModelOption
 
@@ -13,6 +13,9 @@ struct Bench: AsyncParsableCommand {
 
     @Option(help: "Timed runs after the warm-up; the median counts.")
     var runs = 5
+
+    @Option(help: "Text prompts asked of the one photo (segmentation and detection models).")
+    var labels = 3
 
     @Option(help: "Prompt length in tokens (language models).")
     var promptTokens = 256
@@ -53,7 +56,7 @@ struct Bench: AsyncParsableCommand {
     }
 
     func validate() throws {
-        guard batchSize > 0, runs > 0 else { throw ValidationError("--batch-size and --runs must be positive") }
+        guard batchSize > 0, runs > 0, labels > 0 else { throw ValidationError("--batch-size, --runs and --labels must be positive") }
         guard promptTokens > 0, newTokens > 0 else { throw ValidationError("--prompt-tokens and --new-tokens must be positive") }
         guard (image == nil) == (prompt == nil) else { throw ValidationError("--image and --prompt go together") }
     }
@@ -83,8 +86,8 @@ struct Bench: AsyncParsableCommand {
             let pixels = randomPixels(side: model.imageSize)
             try benchImageModel { try model.imageEmbeddings(pixelValues: pixels) }
         case .visualQuestionClassifier(let build): try benchQuestionClassifier(build(directory))
-        case .zeroShotSegmentation, .zeroShotObjectDetection:
-            throw BenchError.unmeasured(family: try ModelRegistry.family(of: directory).name)
+        case .zeroShotSegmentation: try benchSegmentation(ZeroShotImageSegmentationPipeline(directory: directory.url))
+        case .zeroShotObjectDetection: try benchDetection(ZeroShotObjectDetectionPipeline(directory: directory.url))
         case .imageToText:
             let pipeline = try ImageToTextPipeline(directory: directory.url)
             if let image, let prompt {
@@ -211,6 +214,74 @@ struct Bench: AsyncParsableCommand {
         }
     }
 
+    private struct PromptedImageReport: Encodable {
+        let task: String
+        let msPerItem: Double
+        let labels: Int
+
+        enum CodingKeys: String, CodingKey { case task, msPerItem = "ms_per_item", labels }
+    }
+
+    /// 640×480 seeded noise, the photo the prompted benchmarks look at.
+    private func noisePhoto() -> RGBImage {
+        var generator = SeededGenerator(seed: 0x5EED)
+        return RGBImage(width: 640, height: 480, pixels: (0..<(640 * 480 * 3)).map { _ in UInt8.random(in: 0...255, using: &generator) })
+    }
+
+    /// `count` distinct short labels, the same ones scripts/bench_vision.py gives PyTorch and ONNX Runtime.
+    private func benchLabels(_ count: Int) -> [String] {
+        (0..<count).map { "a photo of object number \($0 + 1)" }
+    }
+
+    /// The median of `runs` timed calls of `work`, in ms, after one untimed warm-up call.
+    private func medianMs(_ work: () throws -> Void) throws -> Double {
+        try work()
+        var times: [Double] = []
+        for _ in 0..<runs {
+            let start = DispatchTime.now().uptimeNanoseconds
+            try work()
+            times.append(Double(DispatchTime.now().uptimeNanoseconds - start) / 1e6)
+        }
+        return times.sorted()[runs / 2]
+    }
+
+    private func printPromptedReport(_ report: PromptedImageReport) throws {
+        if json {
+            try printJSON(report)
+        } else {
+            print(String(format: "%@: %.1f ms per 640×480 image with %d labels, median of %d runs", report.task, report.msPerItem, report.labels, runs))
+        }
+    }
+
+    /// The noise photo and `labels` text prompts through the processor (untimed), then per run what the pipeline
+    /// does with them: the prompts' conditional embeddings, the segmentation logits (the vision tower reads the
+    /// photo once for all prompts) and the probability maps resized to the photo.
+    private func benchSegmentation(_ pipeline: ZeroShotImageSegmentationPipeline) throws {
+        let photo = noisePhoto()
+        let text = try pipeline.processor.textInputs(benchLabels(labels))
+        let pixels = try pipeline.processor.pixelValues([photo])
+        let model = pipeline.model
+        let ms = try medianMs {
+            let embeddings = try model.conditionalEmbeddings(inputIds: text.ids, attentionMask: text.attentionMask)
+            let logits = try model.segmentationLogits(pixelValues: pixels, conditionalEmbeddings: embeddings)
+            _ = interpolate(activation(logits, .sigmoid), height: photo.height, width: photo.width, mode: .bilinear)
+        }
+        try printPromptedReport(PromptedImageReport(task: "zero-shot-image-segmentation", msPerItem: ms, labels: labels))
+    }
+
+    /// The noise photo and `labels` text queries through the processor (untimed; OWLv2's pads and resizes it to its
+    /// square), then per run the detector's logits, boxes (and objectness) and the scores' sigmoids.
+    private func benchDetection(_ pipeline: ZeroShotObjectDetectionPipeline) throws {
+        let text = try pipeline.processor.textInputs(benchLabels(labels))
+        let pixels = try pipeline.processor.pixelValues([noisePhoto()])
+        let model = pipeline.model
+        let ms = try medianMs {
+            let output = try model.detect(pixelValues: pixels, inputIds: text.ids, attentionMask: text.attentionMask)
+            _ = activation(output.logits, .sigmoid)
+        }
+        try printPromptedReport(PromptedImageReport(task: "zero-shot-object-detection", msPerItem: ms, labels: labels))
+    }
+
     private struct QuestionReport: Encodable {
         let task = "visual-question-answering"
         let msPerItem: Double
@@ -300,16 +371,6 @@ struct Bench: AsyncParsableCommand {
         } else {
             print(String(format: "text-generation: prefill %.1f tokens/s (%d-token prompt), decode %.1f tokens/s (%d tokens), median of %d runs",
                          report.prefillTokensPerSecond, promptTokens, report.decodeTokensPerSecond, newTokens, runs))
-        }
-    }
-}
-
-enum BenchError: Error, CustomStringConvertible {
-    case unmeasured(family: String)
-
-    var description: String {
-        switch self {
-        case .unmeasured(let family): "vlm bench does not measure \(family) models yet"
         }
     }
 }
