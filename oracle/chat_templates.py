@@ -1,6 +1,6 @@
 """Fixtures for the chat-template interpreter (Tests/Fixtures/chat-templates).
 
-Run by hand: /work/oracle-venv/bin/python oracle/chat_templates.py
+Run by hand: python oracle/chat_templates.py
 
 models.json: real chat templates rendered by transformers' `apply_chat_template(..., tokenize=False)` with the tiny CLIP
 tokenizer in Tests/Fixtures/clip (its special tokens become the bos/eos/unk/pad variables).

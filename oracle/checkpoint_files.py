@@ -4,7 +4,7 @@ Good files are written by the `safetensors` library itself, and every expected v
 (`.float()`), stored as fp32 bit patterns so NaN, infinities and -0 survive JSON. Broken files are built byte by byte,
 each with exactly one thing wrong, named for that thing.
 
-Run by hand: /work/oracle-venv/bin/python oracle/checkpoint_files.py
+Run by hand: python oracle/checkpoint_files.py
 """
 import json
 import os

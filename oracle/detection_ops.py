@@ -5,7 +5,7 @@ Writes Tests/Fixtures/tensor/detection_ops.json and detection_ops.bin in tensor_
 reads together with the others). A file of its own, so that these cases are regenerated without recomputing the
 others' outputs.
 
-Run: /work/oracle-venv/bin/python oracle/detection_ops.py
+Run: python oracle/detection_ops.py
 """
 import json
 import os

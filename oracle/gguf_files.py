@@ -1,6 +1,6 @@
 """GGUF reader fixtures: files written by the `gguf` package (llama.cpp's gguf-py) and broken variants of them.
 
-Run by hand:  /work/oracle-venv/bin/python oracle/gguf_files.py
+Run by hand:  python oracle/gguf_files.py
 Writes Tests/Fixtures/gguf/:
   every_type.gguf       every metadata value type (arrays of each, nested, empty string) and F32, F16, BF16,
                         Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K and Q2_K tensors (Q2_K: a type the reader

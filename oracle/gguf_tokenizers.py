@@ -24,7 +24,7 @@ Cases:
 Writes Tests/Fixtures/gguf-tokenizers/: the four written .gguf files, strings.json (the shared input strings), and
 <case>.json with: ids (with special tokens), ids_without_special (null when equal), decoded, decoded_skip_special
 (null when equal), 60 pairs, decodes of random id runs, the special tokens, and chat renderings (text and ids).
-Run: /work/oracle-venv/bin/python oracle/gguf_tokenizers.py
+Run: python oracle/gguf_tokenizers.py
 """
 import json
 import os

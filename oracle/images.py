@@ -1,10 +1,10 @@
 """Fixtures for VLMImagesTests: images in every mode/format Pillow opens, and what Pillow/transformers make of them.
 
-Run by hand: /work/oracle-venv/bin/python oracle/images.py
+Run by hand: python oracle/images.py
 Writes Tests/Fixtures/images/: image files, manifest.json (decode/resize expectations as SHA-256 of the RGB bytes),
 CLIP configs and pixel_values as little-endian float32 .f32 files.
 
-    /work/oracle-venv/bin/python oracle/images.py processors
+    python oracle/images.py processors
 
 rewrites only the "processors" cases: checkpoint-like directories (processors/<case>/) whose image processor
 transformers' AutoImageProcessor chooses (backend="pil") from image_processor_type, its Fast/Pil suffixes, an old

@@ -6,7 +6,7 @@ to a list of regexes applied one after another (`llm_tokenizer_bpe`'s constructo
 text stays raw UTF-8). This reads both from the llama.cpp that PyPI's llama-cpp-python 0.3.36 source package vendors
 and writes them as Swift tables. Run:
   pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36   # or fetch the sdist URL pip prints
-  /work/oracle-venv/bin/python oracle/llama_cpp_pre_tokenizers.py llama_cpp_python-0.3.36.tar.gz
+  python oracle/llama_cpp_pre_tokenizers.py llama_cpp_python-0.3.36.tar.gz
 """
 import re
 import sys

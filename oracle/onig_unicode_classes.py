@@ -5,7 +5,7 @@ subcategories, \\p{Han} and \\s; VLMTokenizers runs them on Swift's regex engine
 code points that tokenizers' `Split(Regex(class))` matches, over all of Unicode but the surrogates, as ranges.
 Writes Tests/Fixtures/gguf-tokenizers/onig_classes.json (what OnigurumaClassTests checks Swift against) and
 Sources/VLMTokenizers/OnigurumaClassTables.swift (the same ranges, which RegexPattern corrects Swift's classes by).
-Run: /work/oracle-venv/bin/python oracle/onig_unicode_classes.py
+Run: python oracle/onig_unicode_classes.py
 """
 import json
 import os

@@ -5,7 +5,7 @@ after changing the encoder) and checks on every run that the encoder still write
 opens each with Pillow, checks its mode and size, that its pixels are the pattern, and stores the SHA-256 of what
 Pillow decoded in written/pillow.json, which the Swift test compares with the pattern's.
 
-Run: /work/oracle-venv/bin/python oracle/png_interop.py
+Run: python oracle/png_interop.py
 """
 import hashlib
 import json

@@ -1,6 +1,6 @@
 """Fixture for the chat-template interpreter on templates nobody here wrote (Tests/Fixtures/chat-templates/published.json).
 
-Run by hand: /work/oracle-venv/bin/python oracle/published_chat_templates.py
+Run by hand: python oracle/published_chat_templates.py
 
 The templates are llama.cpp's collection of published chat templates (Tests/Fixtures/chat-templates/published/*.jinja,
 see the README there). Each one renders a few conversations (two of them also with TOOLS), with and without the

@@ -6,7 +6,7 @@ OpFixtures reads together with tensor_ops.*), and Tests/Fixtures/tensor/npy/*.np
 its own, so that these cases can be regenerated without recomputing tensor_ops.py's outputs, whose last bits depend
 on the CPU they were computed on.
 
-Run: /work/oracle-venv/bin/python oracle/segmentation_ops.py
+Run: python oracle/segmentation_ops.py
 """
 import json
 import os

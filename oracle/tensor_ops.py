@@ -5,7 +5,7 @@ its shape and offset in floats) and tensor_ops.bin (all the float32 data, little
 Attention follows transformers' eager_attention_forward: (q @ k^T) * scale + mask, softmax, @ v, with masks built as
 transformers builds them (0 where attending, torch.finfo(float32).min where not).
 
-Run: /work/oracle-venv/bin/python oracle/tensor_ops.py
+Run: python oracle/tensor_ops.py
 """
 import json
 import os

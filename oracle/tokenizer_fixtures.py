@@ -1,7 +1,7 @@
 """Fixtures for VLMTokenizers: what tokenizers 0.23 (and transformers 5.23 where a transformers class exists) make of
 the shared strings (oracle/tokenizer_strings.py) through eight pipelines.
 
-Run by hand from the package root: /work/oracle-venv/bin/python oracle/tokenizer_fixtures.py
+Run by hand from the package root: python oracle/tokenizer_fixtures.py
 Writes Tests/Fixtures/tokenizers/:
   real/strings.json     the shared input strings (also read by tokenizer_real.py and scripts/bench_tokenizers.py)
   clip/                 tokenizer.json + tokenizer_config.json of the full OpenAI CLIP vocabulary (transformers'

@@ -1,6 +1,6 @@
 """How tokenizers (serde_json without float_roundtrip) reads JSON numbers: not always the correctly rounded double.
 Writes Tests/Fixtures/tokenizers/json_numbers.json: [{"text": number as written, "read": repr of the double tokenizers
-holds after loading it as a Unigram score}]. Run: /work/oracle-venv/bin/python oracle/tokenizer_json_numbers.py
+holds after loading it as a Unigram score}]. Run: python oracle/tokenizer_json_numbers.py
 """
 import json
 import os

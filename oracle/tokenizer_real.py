@@ -18,7 +18,7 @@ Writes Tests/Fixtures/tokenizers/real/:
   <name>.json      per string: ids (with special tokens), ids without special tokens (null: the ids not in
                    transformers' special tokens mask), decoded (null: the input), decoded skipping special tokens
                    (null: same as decoded); one file per tokenizer, the vocab.txt BertTokenizer checked here to give the same as bert-uncased
-Run: /work/oracle-venv/bin/python oracle/tokenizer_real.py
+Run: python oracle/tokenizer_real.py
 """
 import json
 import os

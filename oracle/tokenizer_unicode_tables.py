@@ -12,7 +12,7 @@ tokenizers (0.23.3) which code points share a script:
   1. a code point is Any when it splits neither "a?a" nor "京?京";
   2. the other code points, in order, make one string whose splits mark where the script changes;
   3. each run is compared with one code point of every script found so far ("xy" does not split: same script).
-Run by hand from the package root: /work/oracle-venv/bin/python oracle/tokenizer_scripts.py
+Run by hand from the package root: python oracle/tokenizer_scripts.py
 Writes Sources/VLMTokenizers/UnicodeTables.swift (the script ranges, numbered scripts, 0 = Any; the removed ranges) and
 Tests/Fixtures/tokenizers/unicode_scripts.json: the splits of the shared strings and of strings made of every range's
 first and last code points.

@@ -1,8 +1,8 @@
 """CLIP ViT-B/32 image-embedding speed: transformers/PyTorch, ONNX Runtime and SwiftVLM's `vlm bench`, in one run.
 
-    /work/oracle-venv/bin/python scripts/make_clip_checkpoint.py     # once: the full-size random-weight checkpoint
+    python scripts/make_clip_checkpoint.py     # once: the full-size random-weight checkpoint
     swift build -c release                                           # for the SwiftVLM row
-    /work/oracle-venv/bin/python scripts/bench_clip.py [--batch-sizes 1 32] [--runs 10] [--rounds 3]
+    python scripts/bench_clip.py [--batch-sizes 1 32] [--runs 10] [--rounds 3]
                                                        [--vlm .build/release/vlm] [--json results.json]
 
 All engines run fp32 on 2 threads. PyTorch (`CLIPModel.get_image_features`) and ONNX Runtime see the same seeded random

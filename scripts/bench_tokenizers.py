@@ -1,7 +1,7 @@
 """Tokenizer throughput: Rust `tokenizers` (single-threaded) beside SwiftVLM's `vlm bench-tokenizer`, in one run.
 
     swift build -c release                                   # for the SwiftVLM rows
-    /work/oracle-venv/bin/python scripts/bench_tokenizers.py [--megabytes 1] [--passes 3] [--vlm .build/release/vlm]
+    python scripts/bench_tokenizers.py [--megabytes 1] [--passes 3] [--vlm .build/release/vlm]
                                                              [--json results.json]
 
 The text is ~1 MB of multilingual lines: the 5,000 strings of Tests/Fixtures/tokenizers/real/strings.json (English,

@@ -1,6 +1,6 @@
 """Zero-shot vision models' speed per image: transformers/PyTorch, ONNX Runtime and SwiftVLM's `vlm bench`, in one run.
 
-    /work/oracle-venv/bin/python scripts/make_vision_checkpoints.py   # once: the full-size random-weight checkpoints
+    python scripts/make_vision_checkpoints.py   # once: the full-size random-weight checkpoints
     swift build -c release                                            # for the SwiftVLM rows
     python scripts/bench_vision.py [--models clipseg owlv2 vilt siglip] [--labels 3] [--runs 10] [--rounds 3]
                                    [--vlm .build/release/vlm] [--json results.json]

@@ -4,7 +4,7 @@ The weights are random (seeded, so every run writes the same tensors); everythin
 the CLIPConfig architecture, its preprocessor_config.json, and the real CLIP tokenizer built from OpenAI's BPE merges
 (see oracle/clip_vocab.py). Nothing here is committed: the default output directory, models/, is git-ignored.
 
-    /work/oracle-venv/bin/python scripts/make_clip_checkpoint.py [--out DIR] [--bpe PATH] [--seed N]
+    python scripts/make_clip_checkpoint.py [--out DIR] [--bpe PATH] [--seed N]
 
 Without --bpe the merges file is taken from open-clip-torch's wheel, fetched with `pip download`. A directory that
 already holds a complete checkpoint is left alone, so the script is safe to run before every benchmark.

@@ -1,6 +1,6 @@
 """Writes full-size, randomly initialised zero-shot vision checkpoints for benchmarking (scripts/bench_vision.py).
 
-    /work/oracle-venv/bin/python scripts/make_vision_checkpoints.py [--models NAME ...] [--seed N]
+    python scripts/make_vision_checkpoints.py [--models NAME ...] [--seed N]
 
 One directory per model under models/ (git-ignored; nothing here is committed), named <published name>-random:
 
