@@ -44,6 +44,31 @@ extension ImageChatProcessor {
     public func imageLayout(conversationImageCount count: Int) -> Int { 0 }
 }
 
+extension ImageChatProcessor {
+    /// The ids of `text` with its `<image>`s expanded, the first into the first image's tokens and so on, as
+    /// `processor(text=[text], images=[images])` makes them (one sample, as a conversation's images are).
+    ///
+    /// - Throws: `ModelError.invalidInput` unless the text holds one `<image>` per image.
+    public func promptIds(_ text: String, images: ProcessedImages) throws -> [Int] {
+        let pieces = text.components(separatedBy: imageToken)
+        let counts = imageTokenCounts(images)
+        guard pieces.count - 1 == counts.count else {
+            throw ModelError.invalidInput("the text holds \(pieces.count - 1) \(imageToken) for \(counts.count) images")
+        }
+        let expanded = zip(pieces, counts).map { $0 + String(repeating: imageToken, count: $1) }.joined() + (pieces.last ?? "")
+        return tokenizer.encode(expanded).ids
+    }
+
+    /// One prompt per image, each image alone: `text` (an `<image>` put in front where it holds none) with its
+    /// `<image>`s expanded into that image's tokens.
+    func promptIdsPerImage(_ text: String, images: ProcessedImages) -> [[Int]] {
+        let placed = text.contains(imageToken) ? text : "\(imageToken)\n" + text
+        return imageTokenCounts(images).map { count in
+            tokenizer.encode(placed.replacingOccurrences(of: imageToken, with: String(repeating: imageToken, count: count))).ids
+        }
+    }
+}
+
 extension ImageToTextProcessor {
     public func promptIds(_ prompt: String?, for images: ProcessedImages) throws -> [[Int]]? {
         try promptIds(prompt).map { Array(repeating: $0, count: images.imageSizes.count) }
@@ -272,20 +297,6 @@ public struct LlavaNextProcessor: ImageChatProcessor {
         images.imageSizes.map { imageTokenCount(originalSize: $0) }
     }
 
-    /// The ids of `text` with its `<image>`s expanded, the first into the first image's tokens and so on, as
-    /// `processor(text=text, images=images)` makes them.
-    ///
-    /// - Throws: `ModelError.invalidInput` unless the text holds one `<image>` per image.
-    public func promptIds(_ text: String, images: ProcessedImages) throws -> [Int] {
-        let pieces = text.components(separatedBy: imageToken)
-        let counts = imageTokenCounts(images)
-        guard pieces.count - 1 == counts.count else {
-            throw ModelError.invalidInput("the text holds \(pieces.count - 1) \(imageToken) for \(counts.count) images")
-        }
-        let expanded = zip(pieces, counts).map { $0 + String(repeating: imageToken, count: $1) }.joined() + (pieces.last ?? "")
-        return tokenizer.encode(expanded).ids
-    }
-
     /// Refused: how many tokens an image becomes depends on its size; ``promptIds(_:for:)`` takes the images.
     public func promptIds(_ prompt: String?) throws -> [Int]? {
         throw ModelError.invalidInput("LLaVA-NeXT expands \(imageToken) by each image's size: its prompts are made with the images")
@@ -294,11 +305,7 @@ public struct LlavaNextProcessor: ImageChatProcessor {
     /// One prompt per image: `prompt` (or a request to describe the image) with its `<image>`s expanded into that
     /// image's tokens.
     public func promptIds(_ prompt: String?, for images: ProcessedImages) throws -> [[Int]]? {
-        let text = prompt ?? questionPrompt("Describe this image.")
-        let placed = text.contains(imageToken) ? text : "\(imageToken)\n" + text
-        return imageTokenCounts(images).map { count in
-            tokenizer.encode(placed.replacingOccurrences(of: imageToken, with: String(repeating: imageToken, count: count))).ids
-        }
+        promptIdsPerImage(prompt ?? questionPrompt("Describe this image."), images: images)
     }
 
     /// llava-v1.6-mistral-7b's layout for one user turn with the image.
@@ -396,20 +403,6 @@ public struct LlavaOnevisionProcessor: ImageChatProcessor {
     /// 0 while a conversation holds at most one image (tiled), 1 once it holds several (each read whole).
     public func imageLayout(conversationImageCount count: Int) -> Int { count <= 1 ? 0 : 1 }
 
-    /// The ids of `text` with its `<image>`s expanded, the first into the first image's tokens and so on, as
-    /// `processor(text=[text], images=[images])` makes them (one sample: several images are read whole).
-    ///
-    /// - Throws: `ModelError.invalidInput` unless the text holds one `<image>` per image.
-    public func promptIds(_ text: String, images: ProcessedImages) throws -> [Int] {
-        let pieces = text.components(separatedBy: imageToken)
-        let counts = imageTokenCounts(images)
-        guard pieces.count - 1 == counts.count else {
-            throw ModelError.invalidInput("the text holds \(pieces.count - 1) \(imageToken) for \(counts.count) images")
-        }
-        let expanded = zip(pieces, counts).map { $0 + String(repeating: imageToken, count: $1) }.joined() + (pieces.last ?? "")
-        return tokenizer.encode(expanded).ids
-    }
-
     /// Refused: how many tokens an image becomes depends on its size; ``promptIds(_:for:)`` takes the images.
     public func promptIds(_ prompt: String?) throws -> [Int]? {
         throw ModelError.invalidInput("LLaVA-OneVision expands \(imageToken) by each image's size: its prompts are made with the images")
@@ -418,11 +411,7 @@ public struct LlavaOnevisionProcessor: ImageChatProcessor {
     /// One prompt per image (each its prompt's only one, so tiled): `prompt` (or a request to describe the image)
     /// with its `<image>`s expanded into that image's tokens.
     public func promptIds(_ prompt: String?, for images: ProcessedImages) throws -> [[Int]]? {
-        let text = prompt ?? questionPrompt("Describe this image.")
-        let placed = text.contains(imageToken) ? text : "\(imageToken)\n" + text
-        return imageTokenCounts(images).map { count in
-            tokenizer.encode(placed.replacingOccurrences(of: imageToken, with: String(repeating: imageToken, count: count))).ids
-        }
+        promptIdsPerImage(prompt ?? questionPrompt("Describe this image."), images: images)
     }
 
     /// llava-onevision-qwen2's layout for one user turn with the image, the assistant's turn opened.
