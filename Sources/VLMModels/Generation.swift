@@ -18,6 +18,14 @@ public protocol CausalLanguageModel: AnyObject, Sendable {
     ///   - cache: extended in place by the `T` new positions.
     func logits(inputsEmbeds: Tensor, attentionMask: [[Int]]?, positionIds: [[Int]]?, cache: KVCache?,
                 lastPositionOnly: Bool) throws -> Tensor
+    /// The longest row (cached positions, padding included, plus new ones) up to which each row of a batch computes
+    /// exactly what it would alone; nil: any length. A sliding attention window counts padding, and dynamic RoPE
+    /// takes its frequencies from the batch's largest position, so past these rows depend on each other.
+    var batchInvariantLength: Int? { get }
+}
+
+extension CausalLanguageModel {
+    public var batchInvariantLength: Int? { nil }
 }
 
 extension CausalLanguageModel {

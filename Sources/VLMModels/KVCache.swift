@@ -42,21 +42,66 @@ public final class KVCache: @unchecked Sendable {
         self.length = length
     }
 
-    /// Copies every stored position into `destination`, an empty cache of the same model with room for them
-    /// (growing a conversation's cache).
-    public func copyStored(into destination: KVCache) throws {
+    /// Copies the first `count` stored positions (all of them by default) into `destination`, an empty cache of the
+    /// same model with room for them (growing a conversation's cache, reusing a prompt's prefix).
+    public func copyStored(into destination: KVCache, count: Int? = nil) throws {
+        let count = count ?? length
         guard destination.batch == batch, destination.width == width, destination.keys.count == keys.count,
-              destination.capacity >= length, destination.length == 0 else {
+              count >= 0, count <= length, destination.capacity >= count, destination.length == 0 else {
             throw ModelError.invalidInput(
-                "a KV cache of \(destination.batch) rows of \(destination.capacity) positions cannot take this one's \(length) stored positions")
+                "a KV cache of \(destination.batch) rows of \(destination.capacity) positions cannot take \(count) of this one's \(length) stored positions")
         }
         for (source, target) in zip(keys + values, destination.keys + destination.values) {
             for row in 0..<batch {
                 (target.storage.pointer + row * destination.capacity * width)
-                    .update(from: source.storage.pointer + row * capacity * width, count: length * width)
+                    .update(from: source.storage.pointer + row * capacity * width, count: count * width)
             }
         }
-        destination.length = length
+        destination.length = count
+    }
+
+    /// Bytes one position of one row takes (keys and values of every layer, float32).
+    public var bytesPerPosition: Int { 2 * keys.count * width * MemoryLayout<Float>.size }
+
+    /// Where a row of a packed cache comes from: the last `count` stored positions of `cache`'s row `row`.
+    public struct PackedRow {
+        public var cache: KVCache
+        public var row: Int
+        public var count: Int
+
+        public init(cache: KVCache, row: Int, count: Int) {
+            self.cache = cache
+            self.row = row
+            self.count = count
+        }
+    }
+
+    /// A cache of one model holding `rows.count` rows right-aligned: its length is the longest row's count, row `i`
+    /// holds its source's positions at the end and the positions before them are zeros, to be masked as padding.
+    /// Continuous batching composes a new batch from running sequences and newly prefilled ones this way.
+    public static func packing(_ rows: [PackedRow], capacity: Int) throws -> KVCache {
+        guard let first = rows.first?.cache else { throw ModelError.invalidInput("packing a KV cache needs at least one row") }
+        let length = rows.map(\.count).max() ?? 0
+        guard capacity >= length,
+              rows.allSatisfy({ $0.cache.width == first.width && $0.cache.keys.count == first.keys.count
+                  && $0.row >= 0 && $0.row < $0.cache.batch && $0.count > 0 && $0.count <= $0.cache.length }) else {
+            throw ModelError.invalidInput("cannot pack these KV cache rows into \(rows.count) rows of \(capacity) positions")
+        }
+        let packed = KVCache(batch: rows.count, capacity: capacity, layers: first.keys.count, width: first.width)
+        let width = first.width
+        for layer in 0..<first.keys.count {
+            for (index, source) in rows.enumerated() {
+                let from = (source.row * source.cache.capacity + source.cache.length - source.count) * width
+                let to = (index * capacity + length - source.count) * width
+                // Padding is masked, but a masked score times garbage (NaN) would still poison the sum: zero it.
+                (packed.keys[layer].storage.pointer + index * capacity * width).update(repeating: 0, count: (length - source.count) * width)
+                (packed.values[layer].storage.pointer + index * capacity * width).update(repeating: 0, count: (length - source.count) * width)
+                (packed.keys[layer].storage.pointer + to).update(from: source.cache.keys[layer].storage.pointer + from, count: source.count * width)
+                (packed.values[layer].storage.pointer + to).update(from: source.cache.values[layer].storage.pointer + from, count: source.count * width)
+            }
+        }
+        packed.length = length
+        return packed
     }
 
     /// Makes row `i` a copy of what row `rows[i]` held, for every layer and stored position: beam search moves each

@@ -361,6 +361,11 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
     }
 
     public var vocabularySize: Int { config.vocabSize }
+    public var batchInvariantLength: Int? {
+        let window = (0..<config.numHiddenLayers).compactMap(config.attentionWindow(layer:)).min()
+        let dynamic = config.rope.ropeType == "dynamic" ? config.maxPositionEmbeddings : nil
+        return [window, dynamic].compactMap { $0 }.min()
+    }
 
     /// Logits for input embeddings `[B, T, hiddenSize]` (a VLM's text embeddings with image features spliced in);
     /// see ``CausalLanguageModel/logits(inputsEmbeds:attentionMask:positionIds:cache:lastPositionOnly:)``.
