@@ -1,4 +1,4 @@
-// swift-tools-version: 6.0
+// swift-tools-version: 6.1
 import PackageDescription
 
 // No target carries unsafe compiler flags: SwiftPM refuses them in dependencies, and SwiftVLM must be usable as one.
@@ -7,10 +7,14 @@ let package = Package(
     platforms: [.macOS(.v14)],
     products: [
         .library(name: "SwiftVLM", targets: ["SwiftVLM"]),
+        .library(name: "SwiftVLMServer", targets: ["VLMServer"]),
         .executable(name: "vlm", targets: ["vlm"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
+        // The HTTP server of `vlm serve`; its default traits pull in swift-configuration, which nothing here needs.
+        .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.1", traits: []),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
     ],
     targets: [
         // C libraries from Debian's -dev packages.
@@ -36,8 +40,15 @@ let package = Package(
         .target(name: "VLMPipelines", dependencies: ["VLMTensor", "VLMCheckpoint", "VLMTemplates", "VLMTokenizers", "VLMImages", "VLMModels"]),
         .target(name: "VLMHub"),
         .target(name: "SwiftVLM", dependencies: ["VLMTensor", "VLMCheckpoint", "VLMTemplates", "VLMTokenizers", "VLMImages", "VLMModels", "VLMPipelines", "VLMHub"]),
+        // The OpenAI-compatible HTTP server (`vlm serve`).
+        .target(name: "VLMServer", dependencies: [
+            "SwiftVLM",
+            .product(name: "Hummingbird", package: "hummingbird"),
+            .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+        ]),
         .executableTarget(name: "vlm", dependencies: [
             "SwiftVLM",
+            "VLMServer",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
 
@@ -53,6 +64,7 @@ let package = Package(
         .testTarget(name: "VLMPipelinesTests", dependencies: ["VLMPipelines", "VLMCheckpoint", "VLMTemplates", "VLMImages", "VLMTensor"]),
         .testTarget(name: "VLMHubTests", dependencies: ["VLMHub", "VLMCheckpoint"]),
         .testTarget(name: "vlmTests", dependencies: ["vlm", "VLMCheckpoint"]),
+        .testTarget(name: "VLMServerTests", dependencies: ["VLMServer", "SwiftVLM"]),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -101,6 +101,7 @@ public final class ContinuousBatcher: @unchecked Sendable {
     private var running = 0
     private var stopped = false
     private let prefixes: PrefixStore
+    private let tally = TokenTally()
 
     /// - Parameters:
     ///   - maxBatch: the most sequences decoded together.
@@ -137,6 +138,9 @@ public final class ContinuousBatcher: @unchecked Sendable {
         return pending.count
     }
 
+    /// Tokens generated since the batcher started, for every sequence (those whose consumer left included).
+    public var generatedTokens: Int { tally.count }
+
     /// Sequences being decoded.
     public var runningCount: Int {
         condition.lock()
@@ -161,7 +165,7 @@ public final class ContinuousBatcher: @unchecked Sendable {
             throw BatchError.exceedsCacheBudget(positions: overflow ? .max : positions, budgetPositions: budgetPositions)
         }
         let (stream, continuation) = AsyncThrowingStream<BatchEvent, any Error>.makeStream()
-        let submission = Submission(request: request, newTokens: newTokens, continuation: continuation)
+        let submission = Submission(request: request, newTokens: newTokens, continuation: continuation, tally: tally)
         continuation.onTermination = { [weak submission] _ in submission?.cancel() }
         condition.lock()
         defer { condition.unlock() }
@@ -267,13 +271,16 @@ private final class Submission: @unchecked Sendable {
     let request: BatchRequest
     let newTokens: Int
     let continuation: AsyncThrowingStream<BatchEvent, any Error>.Continuation
+    let tally: TokenTally
     private let lock = NSLock()
     private var cancelled = false
 
-    init(request: BatchRequest, newTokens: Int, continuation: AsyncThrowingStream<BatchEvent, any Error>.Continuation) {
+    init(request: BatchRequest, newTokens: Int, continuation: AsyncThrowingStream<BatchEvent, any Error>.Continuation,
+         tally: TokenTally) {
         self.request = request
         self.newTokens = newTokens
         self.continuation = continuation
+        self.tally = tally
     }
 
     func cancel() {
@@ -287,6 +294,14 @@ private final class Submission: @unchecked Sendable {
         defer { lock.unlock() }
         return cancelled
     }
+}
+
+/// A count shared between the loop and readers.
+private final class TokenTally: @unchecked Sendable {
+    private let lock = NSLock()
+    private var value = 0
+    func add() { lock.withLock { value += 1 } }
+    var count: Int { lock.withLock { value } }
 }
 
 /// One sequence of the running batch: its sampling state, and where its keys and values are.
@@ -329,6 +344,7 @@ private final class Row {
         let token = request.config.doSample ? generator.sample(scores: scores) : argmax(scores)
         history.tokens.append(token)
         generated += 1
+        submission.tally.add()
         lastToken = token
         var reported = BatchToken(id: token, logprob: nil, topLogprobs: [])
         if let top = request.topLogprobs {

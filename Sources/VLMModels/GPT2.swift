@@ -181,6 +181,7 @@ public final class GPT2LMHeadModel: CausalLanguageModel, @unchecked Sendable {
     }
 
     public var vocabularySize: Int { config.vocabSize }
+    public var contextLength: Int? { config.maxPositionEmbeddings }
 
     public func embed(_ ids: [[Int]]) throws -> Tensor { try tokenEmbeddings(ids, table: tokenTable) }
 

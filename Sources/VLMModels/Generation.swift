@@ -22,10 +22,13 @@ public protocol CausalLanguageModel: AnyObject, Sendable {
     /// exactly what it would alone; nil: any length. A sliding attention window counts padding, and dynamic RoPE
     /// takes its frequencies from the batch's largest position, so past these rows depend on each other.
     var batchInvariantLength: Int? { get }
+    /// The most positions the model was made for (`max_position_embeddings`), nil where it sets none.
+    var contextLength: Int? { get }
 }
 
 extension CausalLanguageModel {
     public var batchInvariantLength: Int? { nil }
+    public var contextLength: Int? { nil }
 }
 
 extension CausalLanguageModel {

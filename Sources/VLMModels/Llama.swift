@@ -361,6 +361,8 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
     }
 
     public var vocabularySize: Int { config.vocabSize }
+    public var contextLength: Int? { config.maxPositionEmbeddings }
+
     public var batchInvariantLength: Int? {
         let window = (0..<config.numHiddenLayers).compactMap(config.attentionWindow(layer:)).min()
         let dynamic = config.rope.ropeType == "dynamic" ? config.maxPositionEmbeddings : nil

@@ -158,6 +158,7 @@ public final class OPTForCausalLM: CausalLanguageModel, @unchecked Sendable {
     }
 
     public var vocabularySize: Int { config.vocabSize }
+    public var contextLength: Int? { config.maxPositionEmbeddings }
 
     /// Rows of the token embedding table: `[B, T, wordEmbedProjDim]`.
     public func embed(_ ids: [[Int]]) throws -> Tensor { try tokenEmbeddings(ids, table: embedTokens) }

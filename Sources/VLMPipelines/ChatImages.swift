@@ -9,6 +9,12 @@ public struct ChatImageReference: Sendable, Equatable {
     /// "image", "url", "path" or "base64".
     public var key: String
     public var value: String
+
+    public init(message: Int, key: String, value: String) {
+        self.message = message
+        self.key = key
+        self.value = value
+    }
 }
 
 /// The images a conversation holds, found and read as transformers' processors do in `apply_chat_template`: every

@@ -36,6 +36,20 @@ public final class DualEncoderPipeline: Sendable {
         try textEmbeddings(texts, zeroShot: false)
     }
 
+    /// The projected embedding [1, D] of one text given as token ids (special tokens included, as the tokenizer
+    /// gives them), for models whose texts are padded to the longest of a batch (CLIP), where one text needs no
+    /// padding at all.
+    ///
+    /// - Throws: `PipelineError.tokenIdsNotAccepted` for models that pad every text to a fixed length (SigLIP),
+    ///   `PipelineError.textTooLong` past the tokenizer's `model_max_length`.
+    public func textEmbeddings(tokenIds ids: [Int]) throws -> Tensor {
+        guard model.textPadding == .longest else { throw PipelineError.tokenIdsNotAccepted }
+        if let limit = tokenizer.modelMaxLength, ids.count > limit {
+            throw PipelineError.textTooLong("<\(ids.count) token ids>", tokens: ids.count, limit: limit)
+        }
+        return try model.textFeatures(inputIds: [ids], attentionMask: [Array(repeating: 1, count: ids.count)])
+    }
+
     /// The text embeddings of the zero-shot pipeline's prompts when `zeroShot`, which it tokenizes with a length of
     /// its own for models that pad to one (SigLIP: `max_length=64`, whatever model_max_length says).
     func textEmbeddings(_ texts: [String], zeroShot: Bool) throws -> Tensor {

@@ -68,6 +68,42 @@ public final class ImageTextToTextPipeline: Sendable {
                        onText: onText)
     }
 
+    /// A conversation as a language model's prompt: its ids, and, when it holds images, the input embeddings with
+    /// the images' features in place of their tokens and the key under which its prefix may be reused (the ids with
+    /// each image's tokens standing for that image's pixels). What ``generate(messages:settings:seed:onText:)``
+    /// runs, for driving the language model through something else (a ``ContinuousBatcher``).
+    public func prompt(messages: [JSONValue]) throws -> (ids: [Int], inputsEmbeds: Tensor?, prefixKey: [Int]) {
+        let images = try ChatImages.references(in: messages).map(ChatImages.load)
+        guard !images.isEmpty else {
+            let ids = try promptIds(messages, imageTokenCounts: [])
+            return (ids, nil, ids)
+        }
+        let processed = try processor.preprocess(images, conversationImageCount: images.count)
+        let counts = processor.imageTokenCounts(processed)
+        let ids = try promptIds(messages, imageTokenCounts: counts)
+        let embeds = try model.inputsEmbeds(inputIds: ids, imageFeatures: model.imageFeatures(processed))
+        // Each image's run of image tokens becomes a value derived from its pixels (and its layout), never a token id.
+        var key = ids
+        var tags = images.map { image -> Int in
+            var hasher = Hasher()
+            hasher.combine(image.width)
+            hasher.combine(image.height)
+            image.pixels.withUnsafeBytes { hasher.combine(bytes: $0) }
+            return -1 - abs(hasher.finalize() % (1 << 40))
+        }.makeIterator()
+        var remaining = 0, tag = 0
+        var runs = counts.makeIterator()
+        for index in key.indices where key[index] == model.imageTokenId {
+            if remaining == 0 {
+                remaining = runs.next() ?? 0
+                tag = tags.next() ?? -1
+            }
+            key[index] = tag
+            remaining -= 1
+        }
+        return (ids, embeds, key)
+    }
+
     /// The conversation's prompt ids: the chat template rendered with the generation prompt, its i-th image marker
     /// expanded into `imageTokenCounts[i]` image tokens, the text tokenized with the tokenizer's special tokens unless
     /// the template already wrote the bos token (as transformers' processors do).

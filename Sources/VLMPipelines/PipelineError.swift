@@ -10,6 +10,8 @@ public enum PipelineError: Error, CustomStringConvertible {
     case promptTooLong(tokens: Int, limit: Int)
     /// A text (a label in its template) has more tokens than a text tower of fixed length takes.
     case textTooLong(String, tokens: Int, limit: Int)
+    /// Token ids given for a text tower that pads every text to a fixed length.
+    case tokenIdsNotAccepted
     /// A checkpoint's processor files do not say how to lay out a prompt.
     case invalidProcessor(String, String)
     /// A top-k that is not positive.
@@ -37,6 +39,8 @@ public enum PipelineError: Error, CustomStringConvertible {
         case .promptTooLong(let tokens, let limit): return "the prompt is \(tokens) tokens long, more than the \(limit) allowed"
         case .textTooLong(let text, let tokens, let limit):
             return "the text \(String(reflecting: text)) is \(tokens) tokens long with its end-of-text token, more than the \(limit) the text model takes"
+        case .tokenIdsNotAccepted:
+            return "this model pads every text to a fixed length: give texts, not token ids"
         case .invalidProcessor(let directory, let reason): return "\(directory): \(reason)"
         case .invalidTopK(let k): return "--top-k must be positive, got \(k)"
         case .imagesNotSupported(let message):

@@ -72,6 +72,17 @@ public final class TextGenerationPipeline: Sendable {
         }
     }
 
+    /// A conversation's prompt ids: `apply_chat_template(messages, add_generation_prompt=True, tokenize=True)`.
+    public func promptIds(messages: [JSONValue]) throws -> [Int] {
+        try chatPrompt(messages)
+    }
+
+    /// The stopping criteria `settings` ask for beyond eos tokens and lengths (its stop strings), for driving the
+    /// model through something other than this pipeline (a ``ContinuousBatcher``).
+    public func stoppingCriteria(_ settings: GenerationConfig) -> [any StoppingCriterion] {
+        stopStrings.criteria(settings, tokenizer: tokenizer, vocabularySize: model.vocabularySize)
+    }
+
     func chatPrompt(_ messages: [JSONValue]) throws -> [Int] {
         if let index = ChatImages.firstMessageWithImages(messages) {
             throw PipelineError.imagesNotSupported(message: index)

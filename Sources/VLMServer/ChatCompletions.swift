@@ -1,0 +1,246 @@
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+import Hummingbird
+import SwiftVLM
+
+extension VLMServer {
+    /// `POST /v1/chat/completions`.
+    func chatCompletion(_ body: Data) async throws -> Response {
+        let fields = try RequestFields(body)
+        let model = try model(named: try fields.requiredString("model"))
+        var requested = try SamplingFields(fields, configuration: configuration, maxTokensKeys: ["max_completion_tokens", "max_tokens"])
+        let wantsLogprobs = try fields.bool("logprobs") ?? false
+        let top = try fields.int("top_logprobs", in: 0...20)
+        if top != nil && !wantsLogprobs { throw APIError.invalid("'top_logprobs' requires 'logprobs' to be true", param: "top_logprobs") }
+        requested.logprobs = wantsLogprobs ? top ?? 0 : nil
+        let sampling = requested
+        guard case .array(let raw)? = fields["messages"], !raw.isEmpty else {
+            throw APIError.invalid("'messages' must be a non-empty array", param: "messages")
+        }
+        guard raw.count <= configuration.maxMessages else {
+            throw APIError.invalid("'messages' holds \(raw.count) messages, more than the server's limit of \(configuration.maxMessages)", param: "messages")
+        }
+
+        let pipeline: TextGenerationPipeline, batcher: ContinuousBatcher
+        let prompt: (ids: [Int], inputsEmbeds: Tensor?, prefixKey: [Int]?)
+        switch model.role {
+        case let .text(text, textBatcher):
+            let messages = try await chatMessages(raw, readsImages: false)
+            (pipeline, batcher) = (text, textBatcher)
+            let ids = try preparing { try text.promptIds(messages: messages) }
+            prompt = (ids, nil, ids)
+        case let .imageChat(imageChat, chatBatcher):
+            let messages = try await chatMessages(raw, readsImages: true)
+            (pipeline, batcher) = (imageChat.text, chatBatcher)
+            // Reading and encoding images is heavy: off the server's event loops.
+            let prepared = try await Task.detached { try preparing { try imageChat.prompt(messages: messages) } }.value
+            prompt = (prepared.ids, prepared.inputsEmbeds, prepared.prefixKey)
+        case .embeddings:
+            throw APIError.invalid("The model `\(model.id)` computes embeddings; it does not chat", param: "model")
+        }
+        let run = try GenerationRun(model: model, pipeline: pipeline, batcher: batcher, prompt: prompt, fields: sampling,
+                                    configuration: configuration)
+        let id = "chatcmpl-" + UUID().uuidString.replacingOccurrences(of: "-", with: "").lowercased()
+        let created = Int(Date().timeIntervalSince1970)
+        let stops = sampling.stop
+        let tokenTable = sampling.logprobs != nil ? TokenStrings.shared.bytes(pipeline) : []
+        let metrics = metrics
+        let start = ContinuousClock.now
+
+        @Sendable func chunk(_ choices: [JSONValue], usage: JSONValue? = nil) -> JSONValue {
+            var object: [(String, JSONValue)] = [("id", .string(id)), ("object", "chat.completion.chunk"), ("created", .int(created)),
+                                                 ("model", .string(model.id)), ("system_fingerprint", .null), ("choices", .array(choices))]
+            if sampling.includeUsage { object.append(("usage", usage ?? .null)) }
+            return .object(object)
+        }
+        @Sendable func logprobs(_ token: BatchToken) -> JSONValue {
+            var entry = logprobEntry(token.id, token.logprob ?? 0, tokenTable)
+            if case .object(var pairs) = entry {
+                pairs.append(("top_logprobs", .array(token.topLogprobs.map { logprobEntry($0.id, $0.logprob, tokenTable) })))
+                entry = .object(pairs)
+            }
+            return entry
+        }
+
+        if sampling.stream {
+            return serverSentEvents { send in
+                var texts = Array(repeating: ChoiceText(tokenizer: pipeline.tokenizer, stops: stops), count: sampling.n)
+                var completion = 0
+                var previous: ContinuousClock.Instant?
+                for choice in 0..<sampling.n {
+                    try await send(chunk([["index": .int(choice), "delta": ["role": "assistant", "content": ""],
+                                           "logprobs": .null, "finish_reason": .null]]))
+                }
+                for try await (choice, event) in run.events() {
+                    switch event {
+                    case .started: continue
+                    case .token(let token):
+                        completion += 1
+                        run.observe(metrics, start: start, previous: &previous)
+                        let piece = texts[choice].append(token.id)
+                        let logprob: JSONValue = sampling.logprobs != nil ? ["content": [logprobs(token)]] : .null
+                        if !piece.isEmpty || sampling.logprobs != nil {
+                            try await send(chunk([["index": .int(choice), "delta": ["content": .string(piece)],
+                                                   "logprobs": logprob, "finish_reason": .null]]))
+                        }
+                    case .finished(let reason):
+                        let rest = texts[choice].finish()
+                        if !rest.isEmpty {
+                            try await send(chunk([["index": .int(choice), "delta": ["content": .string(rest)],
+                                                   "logprobs": .null, "finish_reason": .null]]))
+                        }
+                        try await send(chunk([["index": .int(choice), "delta": [:], "logprobs": .null,
+                                               "finish_reason": .string(finishReason(reason, stoppedByText: texts[choice].stopped))]]))
+                    }
+                }
+                run.countTokens(metrics, completion: completion)
+                if sampling.includeUsage {
+                    try await send(chunk([], usage: usage(prompt: run.promptLength, completion: completion)))
+                }
+            }
+        }
+
+        var texts = Array(repeating: ChoiceText(tokenizer: pipeline.tokenizer, stops: stops), count: sampling.n)
+        var contents = Array(repeating: "", count: sampling.n)
+        var reasons = Array(repeating: "length", count: sampling.n)
+        var tokenLogprobs = Array(repeating: [JSONValue](), count: sampling.n)
+        var completion = 0
+        var previous: ContinuousClock.Instant?
+        for try await (choice, event) in run.events() {
+            switch event {
+            case .started: continue
+            case .token(let token):
+                completion += 1
+                run.observe(metrics, start: start, previous: &previous)
+                contents[choice] += texts[choice].append(token.id)
+                if sampling.logprobs != nil { tokenLogprobs[choice].append(logprobs(token)) }
+            case .finished(let reason):
+                contents[choice] += texts[choice].finish()
+                reasons[choice] = finishReason(reason, stoppedByText: texts[choice].stopped)
+            }
+        }
+        run.countTokens(metrics, completion: completion)
+        let choices: [JSONValue] = (0..<sampling.n).map { choice in
+            ["index": .int(choice), "message": ["role": "assistant", "content": .string(contents[choice])],
+             "logprobs": sampling.logprobs != nil ? ["content": .array(tokenLogprobs[choice])] : .null,
+             "finish_reason": .string(reasons[choice])]
+        }
+        return Self.json(["id": .string(id), "object": "chat.completion", "created": .int(created), "model": .string(model.id),
+                          "system_fingerprint": .null, "choices": .array(choices),
+                          "usage": usage(prompt: run.promptLength, completion: completion)])
+    }
+
+    /// OpenAI's messages in the form chat templates read (transformers' format): text parts kept (joined into one
+    /// string for models that read no images, whose templates expect one), `image_url` parts turned into
+    /// `{"type": "image", "url": …}` once the URL passes the server's policy.
+    func chatMessages(_ messages: [JSONValue], readsImages: Bool) async throws -> [JSONValue] {
+        var converted: [JSONValue] = []
+        for (index, message) in messages.enumerated() {
+            guard case .object(var pairs) = message, case .string? = message["role"] else {
+                throw APIError.invalid("messages[\(index)] must be an object with a string 'role'", param: "messages")
+            }
+            switch message["content"] {
+            case nil, .null?, .string?: break
+            case .array(let parts)?:
+                var newParts: [JSONValue] = []
+                for (partIndex, part) in parts.enumerated() {
+                    let place = "messages[\(index)].content[\(partIndex)]"
+                    switch part["type"] {
+                    case .string("text")?:
+                        guard case .string(let text)? = part["text"] else { throw APIError.invalid("\(place) needs a string 'text'", param: "messages") }
+                        newParts.append(["type": "text", "text": .string(text)])
+                    case .string("image_url")?:
+                        guard readsImages else {
+                            throw APIError.invalid("\(place): this model reads no images", param: "messages")
+                        }
+                        let url: String
+                        switch part["image_url"] {
+                        case .string(let text)?: url = text
+                        case .object?:
+                            guard case .string(let text)? = part["image_url"]?["url"] else {
+                                throw APIError.invalid("\(place) needs 'image_url.url'", param: "messages")
+                            }
+                            url = text
+                        default: throw APIError.invalid("\(place) needs 'image_url.url'", param: "messages")
+                        }
+                        newParts.append(try await imagePart(url, place: place))
+                    default:
+                        throw APIError.invalid("\(place): unsupported content part type (text and image_url are)", param: "messages")
+                    }
+                }
+                let replaced: JSONValue
+                if readsImages {
+                    replaced = .array(newParts)
+                } else {
+                    replaced = .string(newParts.compactMap { part -> String? in
+                        if case .string(let text)? = part["text"] { return text }
+                        return nil
+                    }.joined(separator: "\n"))
+                }
+                if let at = pairs.firstIndex(where: { $0.0 == "content" }) { pairs[at].1 = replaced }
+            default:
+                throw APIError.invalid("messages[\(index)].content must be a string or an array of content parts", param: "messages")
+            }
+            converted.append(.object(pairs))
+        }
+        return converted
+    }
+
+    /// An image part for the chat template and the pipeline, by the server's URL policy: data URLs always;
+    /// `file://` only under --allow-local-files; web URLs only with --allow-remote-images, downloaded here.
+    private func imagePart(_ url: String, place: String) async throws -> JSONValue {
+        if url.hasPrefix("data:") {
+            return ["type": "image", "url": .string(url)]
+        }
+        if url.hasPrefix("file:") {
+            guard let root = configuration.allowLocalFiles else {
+                throw APIError.invalid("\(place): file:// image URLs are refused (start the server with --allow-local-files DIR)", param: "messages")
+            }
+            guard let fileURL = URL(string: url), fileURL.isFileURL else { throw APIError.invalid("\(place): not a valid file URL", param: "messages") }
+            let resolved = fileURL.standardizedFileURL.resolvingSymlinksInPath().path
+            let allowed = root.standardizedFileURL.resolvingSymlinksInPath().path
+            guard resolved.hasPrefix(allowed.hasSuffix("/") ? allowed : allowed + "/") else {
+                throw APIError.invalid("\(place): \(fileURL.path) is outside the directory the server reads images from", param: "messages")
+            }
+            return ["type": "image", "url": .string(URL(fileURLWithPath: resolved).absoluteString)]
+        }
+        if url.hasPrefix("http://") || url.hasPrefix("https://") {
+            guard configuration.allowRemoteImages else {
+                throw APIError.invalid("\(place): remote image URLs are refused (start the server with --allow-remote-images, or send a data: URL)", param: "messages")
+            }
+            guard let remote = URL(string: url) else { throw APIError.invalid("\(place): not a valid URL", param: "messages") }
+            let data = try await download(remote, place: place)
+            return ["type": "image", "base64": .string(data.base64EncodedString())]
+        }
+        throw APIError.invalid("\(place): image URLs must be data:, file:// or http(s):// URLs", param: "messages")
+    }
+
+    private func download(_ url: URL, place: String) async throws -> Data {
+        var request = URLRequest(url: url)
+        request.timeoutInterval = 30
+        let data: Data, response: URLResponse
+        do { (data, response) = try await URLSession.shared.data(for: request) } catch {
+            throw APIError.invalid("\(place): the image could not be downloaded: \(error.localizedDescription)", param: "messages")
+        }
+        guard let status = (response as? HTTPURLResponse)?.statusCode, status == 200 else {
+            throw APIError.invalid("\(place): the image URL answered \((response as? HTTPURLResponse)?.statusCode ?? 0)", param: "messages")
+        }
+        guard data.count <= configuration.maxRemoteImageBytes else {
+            throw APIError.invalid("\(place): the image is larger than \(configuration.maxRemoteImageBytes) bytes", param: "messages")
+        }
+        return data
+    }
+}
+
+/// Runs prompt preparation, turning its errors (templates, images, tokenization) into 400s: they are the request's.
+func preparing<T>(_ work: () throws -> T) throws -> T {
+    do { return try work() } catch let error as APIError { throw error } catch {
+        throw APIError.invalid("\(error)", param: "messages")
+    }
+}
+
+func usage(prompt: Int, completion: Int) -> JSONValue {
+    ["prompt_tokens": .int(prompt), "completion_tokens": .int(completion), "total_tokens": .int(prompt + completion)]
+}

@@ -1,0 +1,179 @@
+import CoreMetrics
+import Foundation
+import Hummingbird
+import SwiftVLM
+
+extension VLMServer {
+    /// `POST /v1/completions`: continues each prompt (strings tokenized with the tokenizer's special tokens, as
+    /// transformers' text-generation pipeline does, or token arrays as given).
+    func completion(_ body: Data) async throws -> Response {
+        let fields = try RequestFields(body)
+        let model = try model(named: try fields.requiredString("model"))
+        var requested = try SamplingFields(fields, configuration: configuration, maxTokensKeys: ["max_tokens"])
+        requested.logprobs = try fields.int("logprobs", in: 0...20)
+        let sampling = requested
+        let echo = try fields.bool("echo") ?? false
+        if echo && sampling.logprobs != nil {
+            throw APIError.invalid("'echo' with 'logprobs' (the prompt's log-probabilities) is not supported", param: "echo")
+        }
+        let pipeline: TextGenerationPipeline, batcher: ContinuousBatcher
+        switch model.role {
+        case let .text(text, textBatcher): (pipeline, batcher) = (text, textBatcher)
+        case let .imageChat(chat, chatBatcher): (pipeline, batcher) = (chat.text, chatBatcher)
+        case .embeddings: throw APIError.invalid("The model `\(model.id)` computes embeddings; it does not complete text", param: "model")
+        }
+        let prompts = try completionPrompts(fields["prompt"], pipeline: pipeline)
+        guard prompts.count * sampling.n <= configuration.maxChoices * 4 else {
+            throw APIError.invalid("\(prompts.count) prompts with n=\(sampling.n) are more choices than the server answers at once", param: "prompt")
+        }
+        let runs = try prompts.map { ids in
+            try GenerationRun(model: model, pipeline: pipeline, batcher: batcher, prompt: (ids, nil, ids), fields: sampling,
+                              configuration: configuration)
+        }
+        let echoes = echo ? prompts.map { pipeline.tokenizer.decode($0, skipSpecialTokens: false) } : []
+        let id = "cmpl-" + UUID().uuidString.replacingOccurrences(of: "-", with: "").lowercased()
+        let created = Int(Date().timeIntervalSince1970)
+        let stops = sampling.stop
+        let tokenTable = sampling.logprobs != nil ? TokenStrings.shared.bytes(pipeline) : []
+        let metrics = metrics
+        let start = ContinuousClock.now
+        let promptTokens = prompts.reduce(0) { $0 + $1.count }
+        let n = sampling.n
+
+        /// OpenAI's legacy logprobs object for some tokens of one choice, offsets counted from `offset`.
+        @Sendable func logprobs(_ tokens: [BatchToken], texts: [String], offset: Int) -> JSONValue {
+            var offsets: [JSONValue] = []
+            var position = offset
+            for text in texts {
+                offsets.append(.int(position))
+                position += text.utf16.count
+            }
+            return ["tokens": .array(texts.map(JSONValue.string)),
+                    "token_logprobs": .array(tokens.map { .float($0.logprob ?? 0) }),
+                    "top_logprobs": .array(tokens.map { token in
+                        .object(token.topLogprobs.map { (String(decoding: tokenTable[safe: $0.id] ?? [], as: UTF8.self), .float($0.logprob)) })
+                    }),
+                    "text_offset": .array(offsets)]
+        }
+        @Sendable func tokenText(_ id: Int) -> String { String(decoding: tokenTable[safe: id] ?? [], as: UTF8.self) }
+
+        if sampling.stream {
+            return serverSentEvents { send in
+                var completion = 0
+                for (promptIndex, run) in runs.enumerated() {
+                    var texts = Array(repeating: ChoiceText(tokenizer: pipeline.tokenizer, stops: stops), count: n)
+                    var previous: ContinuousClock.Instant?
+                    var offsets = Array(repeating: echo ? echoes[promptIndex].utf16.count : 0, count: n)
+                    func sendChoice(_ choice: Int, text: String, logprobs: JSONValue = .null, finish: JSONValue = .null) async throws {
+                        var object: [(String, JSONValue)] = [
+                            ("id", .string(id)), ("object", "text_completion"), ("created", .int(created)), ("model", .string(model.id)),
+                            ("choices", [["text": .string(text), "index": .int(promptIndex * n + choice), "logprobs": logprobs,
+                                          "finish_reason": finish]])]
+                        if sampling.includeUsage { object.append(("usage", .null)) }
+                        try await send(.object(object))
+                    }
+                    if echo { for choice in 0..<n { try await sendChoice(choice, text: echoes[promptIndex]) } }
+                    for try await (choice, event) in run.events() {
+                        switch event {
+                        case .started: continue
+                        case .token(let token):
+                            completion += 1
+                            run.observe(metrics, start: start, previous: &previous)
+                            let piece = texts[choice].append(token.id)
+                            if sampling.logprobs != nil {
+                                let entry = logprobs([token], texts: [tokenText(token.id)], offset: offsets[choice])
+                                offsets[choice] += tokenText(token.id).utf16.count
+                                try await sendChoice(choice, text: piece, logprobs: entry)
+                            } else if !piece.isEmpty {
+                                try await sendChoice(choice, text: piece)
+                            }
+                        case .finished(let reason):
+                            try await sendChoice(choice, text: texts[choice].finish(),
+                                           finish: .string(finishReason(reason, stoppedByText: texts[choice].stopped)))
+                        }
+                    }
+                    run.countTokens(metrics, completion: 0)
+                }
+                Counter(label: "vlm_generation_tokens_total", dimensions: [("model", model.id)], factory: metrics).increment(by: completion)
+                if sampling.includeUsage {
+                    try await send(["id": .string(id), "object": "text_completion", "created": .int(created), "model": .string(model.id),
+                                    "choices": [], "usage": usage(prompt: promptTokens, completion: completion)])
+                }
+            }
+        }
+
+        var choices: [JSONValue] = []
+        var completion = 0
+        for (promptIndex, run) in runs.enumerated() {
+            var texts = Array(repeating: ChoiceText(tokenizer: pipeline.tokenizer, stops: stops), count: n)
+            var contents = Array(repeating: "", count: n)
+            var reasons = Array(repeating: "length", count: n)
+            var tokens = Array(repeating: [BatchToken](), count: n)
+            var previous: ContinuousClock.Instant?
+            for try await (choice, event) in run.events() {
+                switch event {
+                case .started: continue
+                case .token(let token):
+                    completion += 1
+                    run.observe(metrics, start: start, previous: &previous)
+                    contents[choice] += texts[choice].append(token.id)
+                    tokens[choice].append(token)
+                case .finished(let reason):
+                    contents[choice] += texts[choice].finish()
+                    reasons[choice] = finishReason(reason, stoppedByText: texts[choice].stopped)
+                }
+            }
+            run.countTokens(metrics, completion: tokens.reduce(0) { $0 + $1.count })
+            for choice in 0..<n {
+                let prefix = echo ? echoes[promptIndex] : ""
+                choices.append(["text": .string(prefix + contents[choice]), "index": .int(promptIndex * n + choice),
+                                "logprobs": sampling.logprobs != nil
+                                    ? logprobs(tokens[choice], texts: tokens[choice].map { tokenText($0.id) }, offset: 0) : .null,
+                                "finish_reason": .string(reasons[choice])])
+            }
+        }
+        return Self.json(["id": .string(id), "object": "text_completion", "created": .int(created), "model": .string(model.id),
+                          "choices": .array(choices), "usage": usage(prompt: promptTokens, completion: completion)])
+    }
+
+    /// `prompt` as token id lists: a string, a list of strings, a list of token ids, or a list of those.
+    private func completionPrompts(_ prompt: JSONValue?, pipeline: TextGenerationPipeline) throws -> [[Int]] {
+        let vocabulary = pipeline.model.vocabularySize
+        func tokens(_ items: [JSONValue]) throws -> [Int] {
+            try items.map {
+                guard case .int(let id) = $0, id >= 0, id < vocabulary else {
+                    throw APIError.invalid("'prompt' token ids must be integers in 0..<\(vocabulary)", param: "prompt")
+                }
+                return id
+            }
+        }
+        let prompts: [[Int]]
+        switch prompt {
+        case .string(let text)?: prompts = [pipeline.tokenizer.encode(text).ids]
+        case .array(let items)? where !items.isEmpty:
+            if items.allSatisfy({ if case .string = $0 { true } else { false } }) {
+                prompts = items.map { item in
+                    guard case .string(let text) = item else { return [] }
+                    return pipeline.tokenizer.encode(text).ids
+                }
+            } else if items.allSatisfy({ if case .int = $0 { true } else { false } }) {
+                prompts = [try tokens(items)]
+            } else {
+                prompts = try items.map {
+                    guard case .array(let inner) = $0 else {
+                        throw APIError.invalid("'prompt' must be a string, a list of strings, a list of token ids or a list of those", param: "prompt")
+                    }
+                    return try tokens(inner)
+                }
+            }
+        default:
+            throw APIError.invalid("'prompt' must be a string, a list of strings, a list of token ids or a list of those", param: "prompt")
+        }
+        guard prompts.allSatisfy({ !$0.isEmpty }) else { throw APIError.invalid("'prompt' must not be empty", param: "prompt") }
+        return prompts
+    }
+}
+
+extension Array {
+    subscript(safe index: Int) -> Element? { index >= 0 && index < count ? self[index] : nil }
+}

@@ -1,0 +1,254 @@
+import CoreMetrics
+import Foundation
+import Hummingbird
+import NIOCore
+import SwiftVLM
+
+/// The sampling fields chat and text completions share, read and checked.
+struct SamplingFields {
+    var maxTokens: Int?
+    var temperature: Double?
+    var topP: Double?
+    var seed: UInt64?
+    var stop: [String]
+    var n: Int
+    var stream: Bool
+    var includeUsage: Bool
+    /// Alternatives reported per token; nil: no logprobs.
+    var logprobs: Int?
+
+    init(_ fields: RequestFields, configuration: ServerConfiguration, maxTokensKeys: [String]) throws {
+        maxTokens = try maxTokensKeys.lazy.compactMap { try fields.int($0, in: 1...configuration.maxTokens) }.first
+        temperature = try fields.double("temperature", in: 0...2)
+        topP = try fields.double("top_p", in: 0...1)
+        seed = try fields.int("seed", in: Int.min...Int.max).map { UInt64(bitPattern: Int64($0)) }
+        stop = try fields.stopStrings()
+        n = try fields.int("n", in: 1...configuration.maxChoices) ?? 1
+        stream = try fields.bool("stream") ?? false
+        includeUsage = false
+        if let options = fields["stream_options"] {
+            guard case .object = options else { throw APIError.invalid("'stream_options' must be an object", param: "stream_options") }
+            guard stream else { throw APIError.invalid("'stream_options' is only allowed when 'stream' is true", param: "stream_options") }
+            if let flag = options["include_usage"] {
+                guard case .bool(let include) = flag else {
+                    throw APIError.invalid("'stream_options.include_usage' must be a boolean", param: "stream_options")
+                }
+                includeUsage = include
+            }
+        }
+    }
+
+    /// The model's generation settings with the request's applied; without max_tokens, what is left of the KV cache
+    /// budget and the server's cap.
+    func settings(base: GenerationConfig, promptLength: Int, batcher: ContinuousBatcher, configuration: ServerConfiguration) throws -> GenerationConfig {
+        var config = base
+        config.maxNewTokens = maxTokens ?? max(1, min(configuration.maxTokens, batcher.budgetPositions - promptLength))
+        config.maxLength = Int.max
+        if let temperature {
+            config.doSample = temperature > 0
+            if temperature > 0 { config.temperature = temperature }
+        }
+        if let topP { config.topP = topP }
+        config.numBeams = 1
+        config.numReturnSequences = 1
+        config.stopStrings += stop
+        do { try config.validate(file: "request") } catch { throw APIError.invalid("\(error)") }
+        return config
+    }
+}
+
+/// One choice's text as it is released to the client: the tokens' text with the request's stop strings cut off
+/// (OpenAI returns the text before a stop string), held back while its end could still begin one.
+struct ChoiceText {
+    private var detokenizer: StreamingDetokenizer
+    private let stops: [String]
+    private var held = ""
+    private(set) var stopped = false
+
+    init(tokenizer: Tokenizer, stops: [String]) {
+        detokenizer = StreamingDetokenizer(tokenizer: tokenizer)
+        self.stops = stops.filter { !$0.isEmpty }
+    }
+
+    /// The text `token` releases.
+    mutating func append(_ token: Int) -> String {
+        guard !stopped else { return "" }
+        held += detokenizer.append(token)
+        return release(final: false)
+    }
+
+    /// Whatever is still held once generation ends.
+    mutating func finish() -> String {
+        guard !stopped else { return "" }
+        held += detokenizer.finish()
+        return release(final: true)
+    }
+
+    private mutating func release(final: Bool) -> String {
+        let earliest = stops.compactMap { held.range(of: $0)?.lowerBound }.min()
+        if let earliest {
+            stopped = true
+            let text = String(held[..<earliest])
+            held = ""
+            return text
+        }
+        var keep = 0
+        if !final {
+            // The longest end of the held text that a stop string starts with.
+            for stop in stops {
+                for length in stride(from: min(stop.count - 1, held.count), to: 0, by: -1)
+                where length > keep && held.hasSuffix(stop.prefix(length)) {
+                    keep = length
+                    break
+                }
+            }
+        }
+        let text = String(held.dropLast(keep))
+        held = String(held.suffix(keep))
+        return text
+    }
+}
+
+/// A running generation of one or more choices for a request, as one stream of events tagged with the choice.
+struct GenerationRun {
+    let model: ServedModel
+    let pipeline: TextGenerationPipeline
+    let batcher: ContinuousBatcher
+    let promptLength: Int
+    let streams: [AsyncThrowingStream<BatchEvent, any Error>]
+
+    /// Submits `n` sequences (seeds seed, seed + 1, …), all at once or none.
+    init(model: ServedModel, pipeline: TextGenerationPipeline, batcher: ContinuousBatcher, prompt: (ids: [Int], inputsEmbeds: Tensor?, prefixKey: [Int]?),
+         fields: SamplingFields, configuration: ServerConfiguration) throws {
+        self.model = model
+        self.pipeline = pipeline
+        self.batcher = batcher
+        promptLength = prompt.ids.count
+        if let context = pipeline.model.contextLength {
+            let asked = prompt.ids.count + (fields.maxTokens ?? 0)
+            guard asked <= context else {
+                throw APIError.invalid(
+                    "This model's maximum context length is \(context) tokens. However, you requested \(asked) tokens (\(prompt.ids.count) in the messages, \(fields.maxTokens ?? 0) in the completion). Please reduce the length of the messages or completion.",
+                    param: "messages", code: "context_length_exceeded")
+            }
+        }
+        var settings = try fields.settings(base: pipeline.config, promptLength: prompt.ids.count, batcher: batcher,
+                                           configuration: configuration)
+        if let context = pipeline.model.contextLength, fields.maxTokens == nil {
+            settings.maxNewTokens = max(1, min(settings.maxNewTokens ?? 1, context - prompt.ids.count))
+        }
+        let criteria = pipeline.stoppingCriteria(settings)
+        let seed = fields.seed ?? UInt64.random(in: .min ... .max)
+        let deadline = ContinuousClock.now + configuration.requestTimeout
+        var streams: [AsyncThrowingStream<BatchEvent, any Error>] = []
+        do {
+            for choice in 0..<fields.n {
+                streams.append(try batcher.submit(BatchRequest(
+                    promptIds: prompt.ids, inputsEmbeds: prompt.inputsEmbeds, prefixKey: prompt.prefixKey, config: settings,
+                    stoppingCriteria: criteria, seed: seed &+ UInt64(choice), topLogprobs: fields.logprobs,
+                    deadline: deadline)))
+            }
+        } catch let error as BatchError {
+            // Streams already made end when dropped, which removes their sequences.
+            switch error {
+            case .queueFull: throw APIError.overloaded("The server is busy: \(error)")
+            case .exceedsCacheBudget: throw APIError.invalid("\(error)", param: "max_tokens", code: "context_length_exceeded")
+            case .unsupported: throw APIError.invalid("\(error)")
+            }
+        }
+        self.streams = streams
+    }
+
+    /// Every choice's events in the order they happen, `(choice, event)`; ending the consumer cancels them all.
+    func events() -> AsyncThrowingStream<(Int, BatchEvent), any Error> {
+        let streams = streams
+        return AsyncThrowingStream { continuation in
+            let task = Task {
+                do {
+                    try await withThrowingTaskGroup(of: Void.self) { group in
+                        for (index, stream) in streams.enumerated() {
+                            group.addTask { for try await event in stream { continuation.yield((index, event)) } }
+                        }
+                        try await group.waitForAll()
+                    }
+                    continuation.finish()
+                } catch {
+                    continuation.finish(throwing: error)
+                }
+            }
+            continuation.onTermination = { _ in task.cancel() }
+        }
+    }
+
+    /// Records time to first token and the time between tokens.
+    func observe(_ metrics: PrometheusMetrics, start: ContinuousClock.Instant, previous: inout ContinuousClock.Instant?) {
+        let now = ContinuousClock.now
+        if let last = previous {
+            Timer(label: "vlm_time_per_output_token_seconds", dimensions: [("model", model.id)], factory: metrics)
+                .recordNanoseconds((now - last).nanoseconds)
+        } else {
+            Timer(label: "vlm_time_to_first_token_seconds", dimensions: [("model", model.id)], factory: metrics)
+                .recordNanoseconds((now - start).nanoseconds)
+        }
+        previous = now
+    }
+
+    func countTokens(_ metrics: PrometheusMetrics, completion: Int) {
+        Counter(label: "vlm_prompt_tokens_total", dimensions: [("model", model.id)], factory: metrics).increment(by: promptLength * streams.count)
+        Counter(label: "vlm_generation_tokens_total", dimensions: [("model", model.id)], factory: metrics).increment(by: completion)
+    }
+}
+
+extension Duration {
+    var nanoseconds: Int64 {
+        let (seconds, attoseconds) = components
+        return seconds * 1_000_000_000 + attoseconds / 1_000_000_000
+    }
+}
+
+/// OpenAI's finish_reason for how a sequence ended (a timeout ends it as a length limit would).
+func finishReason(_ reason: BatchFinishReason, stoppedByText: Bool) -> String {
+    switch reason {
+    case .stop: "stop"
+    case .length, .timeout: stoppedByText ? "stop" : "length"
+    }
+}
+
+/// Server-sent events: each `data:` line a JSON object, then `data: [DONE]`.
+func serverSentEvents(_ produce: @escaping @Sendable (_ send: (JSONValue) async throws -> Void) async throws -> Void) -> Response {
+    Response(status: .ok, headers: [.contentType: "text/event-stream", .cacheControl: "no-cache"],
+             body: ResponseBody { writer in
+                 try await produce { value in
+                     var bytes = Array("data: ".utf8)
+                     JSONWriter.write(value, to: &bytes)
+                     bytes += Array("\n\n".utf8)
+                     try await writer.write(ByteBuffer(bytes: bytes))
+                 }
+                 try await writer.write(ByteBuffer(string: "data: [DONE]\n\n"))
+                 try await writer.finish(nil)
+             })
+}
+
+/// Each token's text and bytes, for logprobs (computed once per model, on first use).
+final class TokenStrings: @unchecked Sendable {
+    private let lock = NSLock()
+    private var table: [ObjectIdentifier: [[UInt8]]] = [:]
+
+    static let shared = TokenStrings()
+
+    func bytes(_ pipeline: TextGenerationPipeline) -> [[UInt8]] {
+        lock.withLock {
+            if let known = table[ObjectIdentifier(pipeline)] { return known }
+            let bytes = pipeline.tokenizer.tokenBytes(count: pipeline.model.vocabularySize)
+            table[ObjectIdentifier(pipeline)] = bytes
+            return bytes
+        }
+    }
+}
+
+/// A logprob entry as chat completions give it: `{"token", "logprob", "bytes"}`.
+func logprobEntry(_ id: Int, _ logprob: Float, _ table: [[UInt8]]) -> JSONValue {
+    let bytes = id >= 0 && id < table.count ? table[id] : []
+    return ["token": .string(String(decoding: bytes, as: UTF8.self)), "logprob": .float(logprob),
+            "bytes": .array(bytes.map { .int(Int($0)) })]
+}

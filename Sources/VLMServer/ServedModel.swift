@@ -1,0 +1,85 @@
+import Foundation
+import SwiftVLM
+
+/// One model the server answers for, loaded once; requests name it by ``id`` or any of ``aliases``.
+public final class ServedModel: Sendable {
+    /// What the model can be asked through the API.
+    public enum Role: Sendable {
+        /// A language model: chat and text completions through continuous batching.
+        case text(TextGenerationPipeline, ContinuousBatcher)
+        /// A chat model that reads images (LLaVA family): chat completions with image parts.
+        case imageChat(ImageTextToTextPipeline, ContinuousBatcher)
+        /// A dual encoder (CLIP, SigLIP): embeddings of texts and images.
+        case embeddings(DualEncoderPipeline)
+    }
+
+    /// The name `GET /v1/models` lists: the name the model was given on the command line.
+    public let id: String
+    /// Other names that address it: its directory or file name.
+    public let aliases: [String]
+    public let role: Role
+    /// Unix time it was loaded (the models list's `created`).
+    public let created: Int
+
+    public init(id: String, aliases: [String] = [], role: Role) {
+        self.id = id
+        self.aliases = aliases
+        self.role = role
+        created = Int(Date().timeIntervalSince1970)
+    }
+
+    /// Loads what `path` holds (a checkpoint directory or a GGUF file) for the role its family plays, with a
+    /// continuous batcher for language models.
+    ///
+    /// - Parameters:
+    ///   - name: how the user named it (a repo id, a path); the listed id.
+    public static func load(name: String, path: URL, configuration: ServerConfiguration) throws -> ServedModel {
+        let aliases = [path.lastPathComponent, path.deletingPathExtension().lastPathComponent].filter { $0 != name }
+        func batcher(_ model: any CausalLanguageModel) throws -> ContinuousBatcher {
+            try ContinuousBatcher(model: model, maxBatch: configuration.maxBatch, maxQueue: configuration.maxQueue,
+                                  cacheBytes: configuration.kvCacheBytes)
+        }
+        var isDirectory: ObjCBool = false
+        if FileManager.default.fileExists(atPath: path.path, isDirectory: &isDirectory), isDirectory.boolValue {
+            let checkpoint = try ModelDirectory(url: path)
+            let family = try ModelRegistry.family(of: checkpoint)
+            switch family.builder {
+            case .imageTextDualEncoder:
+                return ServedModel(id: name, aliases: aliases, role: .embeddings(try DualEncoderPipeline(directory: path, task: .embed)))
+            case .imageToText:
+                let pipeline = try ImageTextToTextPipeline(directory: path, task: .generate)
+                return ServedModel(id: name, aliases: aliases, role: .imageChat(pipeline, try batcher(pipeline.text.model)))
+            case .causalLanguageModel:
+                break
+            default:
+                throw ServerError.unservable(path.path, family: family.name)
+            }
+        }
+        let pipeline = try TextGenerationPipeline(path: path)
+        return ServedModel(id: name, aliases: aliases, role: .text(pipeline, try batcher(pipeline.model)))
+    }
+
+    func answers(to name: String) -> Bool { name == id || aliases.contains(name) }
+
+    /// Stops its batcher once running sequences end.
+    func shutdown() {
+        switch role {
+        case .text(_, let batcher), .imageChat(_, let batcher): batcher.shutdown()
+        case .embeddings: break
+        }
+    }
+}
+
+/// Why the server cannot start.
+public enum ServerError: Error, CustomStringConvertible {
+    case unservable(String, family: String)
+    case duplicateName(String)
+
+    public var description: String {
+        switch self {
+        case let .unservable(path, family):
+            "\(path): \(family) models answer no endpoint of the OpenAI API (the server serves language models, image chat models and CLIP/SigLIP embeddings)"
+        case .duplicateName(let name): "two models are named \(name); give each --model once"
+        }
+    }
+}

