@@ -16,6 +16,8 @@ struct SamplingFields {
     var includeUsage: Bool
     /// Alternatives reported per token; nil: no logprobs.
     var logprobs: Int?
+    /// vLLM's and llama.cpp's `ignore_eos`: generate max_tokens whatever the model says (benchmarks).
+    var ignoreEos: Bool
 
     init(_ fields: RequestFields, configuration: ServerConfiguration, maxTokensKeys: [String]) throws {
         maxTokens = try maxTokensKeys.lazy.compactMap { try fields.int($0, in: 1...configuration.maxTokens) }.first
@@ -25,6 +27,7 @@ struct SamplingFields {
         stop = try fields.stopStrings()
         n = try fields.int("n", in: 1...configuration.maxChoices) ?? 1
         stream = try fields.bool("stream") ?? false
+        ignoreEos = try fields.bool("ignore_eos") ?? false
         includeUsage = false
         if let options = fields["stream_options"] {
             guard case .object = options else { throw APIError.invalid("'stream_options' must be an object", param: "stream_options") }
@@ -52,6 +55,7 @@ struct SamplingFields {
         config.numBeams = 1
         config.numReturnSequences = 1
         config.stopStrings += stop
+        if ignoreEos { config.eosTokenIds = [] }
         do { try config.validate(file: "request") } catch { throw APIError.invalid("\(error)") }
         return config
     }

@@ -57,6 +57,24 @@ final class RunningServer: Sendable {
 
     var base: String { "http://127.0.0.1:\(port)" }
 
+    func send(_ method: String, _ path: String, json: String? = nil, headers: [String: String] = [:]) async throws
+        -> (status: Int, headers: [String: String], body: Data) {
+        try await HTTPTestClient(base: base).send(method, path, json: json, headers: headers)
+    }
+
+    func post(_ path: String, _ object: JSONValue, headers: [String: String] = [:]) async throws -> (status: Int, body: JSONValue) {
+        try await HTTPTestClient(base: base).post(path, object, headers: headers)
+    }
+
+    func stream(_ path: String, _ object: JSONValue) async throws -> (events: [JSONValue], done: Bool) {
+        try await HTTPTestClient(base: base).stream(path, object)
+    }
+}
+
+/// Requests over URLSession (libcurl on Linux): a real HTTP client on loopback.
+struct HTTPTestClient {
+    let base: String
+
     /// Sends a request; the status, the headers (names lowercased) and the body.
     func send(_ method: String, _ path: String, json: String? = nil, headers: [String: String] = [:]) async throws
         -> (status: Int, headers: [String: String], body: Data) {
