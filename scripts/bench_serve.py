@@ -175,10 +175,12 @@ def main():
     parser.add_argument("--requests", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--engines", default="vlm serve,llama-server", help="which servers to run, comma-separated")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     clients = [int(c) for c in args.clients.split(",")]
-    llama = args.llama_server or ensure_llama_server()
+    engines = args.engines.split(",")
+    llama = (args.llama_server or ensure_llama_server()) if "llama-server" in engines else None
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
 
     def start(name: str) -> Server:
@@ -192,9 +194,9 @@ def main():
                        "-np", str(SLOTS), "-cb", "-c", str(SLOTS * 512), "--log-disable"]
         return Server(name, [str(c) for c in command], port, env)
 
-    measured = {name: {c: [] for c in clients} for name in ("vlm serve", "llama-server")}
+    measured = {name: {c: [] for c in clients} for name in engines}
     for round_index in range(args.rounds):
-        order = ["vlm serve", "llama-server"] if round_index % 2 == 0 else ["llama-server", "vlm serve"]
+        order = engines if round_index % 2 == 0 else engines[::-1]
         for name in order:
             server = start(name)
             try:
@@ -219,10 +221,11 @@ def main():
     for name, by_clients in summary["results"].items():
         for count, row in by_clients.items():
             print(f"{name:<14}{count:>8}{row['tokens_per_second']:>10.1f}{row['ttft_p50'] * 1000:>13.0f}{row['ttft_p99'] * 1000:>13.0f}")
-    vlm, llama_results = summary["results"]["vlm serve"], summary["results"]["llama-server"]
-    for count in clients:
-        print(f"{count} clients: vlm serve / llama-server throughput {vlm[str(count)]['tokens_per_second'] / llama_results[str(count)]['tokens_per_second']:.2f}x")
-    if len(clients) > 1:
+    vlm, llama_results = summary["results"].get("vlm serve"), summary["results"].get("llama-server")
+    if vlm and llama_results:
+        for count in clients:
+            print(f"{count} clients: vlm serve / llama-server throughput {vlm[str(count)]['tokens_per_second'] / llama_results[str(count)]['tokens_per_second']:.2f}x")
+    if vlm and len(clients) > 1:
         first, last = str(clients[0]), str(clients[-1])
         print(f"vlm serve: {last} clients / {first} client throughput {vlm[last]['tokens_per_second'] / vlm[first]['tokens_per_second']:.2f}x")
 

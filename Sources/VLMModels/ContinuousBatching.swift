@@ -89,12 +89,52 @@ public enum BatchError: Error, Equatable, CustomStringConvertible {
 /// padding; each row keeps its own position ids, so a row's tokens are those it would get decoding alone. The batch
 /// cache is rebuilt only when sequences join (finished rows ride along until then, or until they are the majority).
 /// All model work runs on one thread of its own; callers only submit and read their stream.
-public final class ContinuousBatcher: @unchecked Sendable {
-    public let model: any CausalLanguageModel
-    public let maxBatch: Int
-    public let maxQueue: Int
+public final class ContinuousBatcher: Sendable {
+    private let engine: BatchEngine
+
+    public var model: any CausalLanguageModel { engine.model }
+    public var maxBatch: Int { engine.maxBatch }
+    public var maxQueue: Int { engine.maxQueue }
     /// The KV cache budget in positions (of one row), shared by the running batch and the kept prefixes.
-    public let budgetPositions: Int
+    public var budgetPositions: Int { engine.budgetPositions }
+
+    /// - Parameters:
+    ///   - maxBatch: the most sequences decoded together.
+    ///   - maxQueue: the most requests waiting to join; more are refused with ``BatchError/queueFull(limit:)``.
+    ///   - cacheBytes: the KV cache budget; a quarter of it at most keeps prompt prefixes for reuse.
+    public init(model: any CausalLanguageModel, maxBatch: Int = 8, maxQueue: Int = 64, cacheBytes: Int = 512 << 20) throws {
+        engine = try BatchEngine(model: model, maxBatch: maxBatch, maxQueue: maxQueue, cacheBytes: cacheBytes)
+    }
+
+    /// The loop's thread ends once the running sequences do.
+    deinit { engine.shutdown() }
+
+    /// Stops the loop once the running sequences end; later submissions are refused.
+    public func shutdown() { engine.shutdown() }
+
+    /// Requests waiting to join the batch.
+    public var queueLength: Int { engine.queueLength }
+
+    /// Sequences being decoded.
+    public var runningCount: Int { engine.runningCount }
+
+    /// Tokens generated since the batcher started, for every sequence (those whose consumer left included).
+    public var generatedTokens: Int { engine.generatedTokens }
+
+    /// Queues `request`; its events arrive on the stream, ending with `.finished` or an error. Cancelling the
+    /// consumer (ending the stream) removes the sequence at the next token boundary.
+    public func submit(_ request: BatchRequest) throws -> AsyncThrowingStream<BatchEvent, any Error> {
+        try engine.submit(request)
+    }
+}
+
+/// What ``ContinuousBatcher`` runs: the queue, the loop on a thread of its own (which holds the engine until it
+/// ends), the kept prefixes.
+private final class BatchEngine: @unchecked Sendable {
+    let model: any CausalLanguageModel
+    let maxBatch: Int
+    let maxQueue: Int
+    let budgetPositions: Int
 
     private let condition = NSCondition()
     private var pending: [Submission] = []
@@ -103,11 +143,7 @@ public final class ContinuousBatcher: @unchecked Sendable {
     private let prefixes: PrefixStore
     private let tally = TokenTally()
 
-    /// - Parameters:
-    ///   - maxBatch: the most sequences decoded together.
-    ///   - maxQueue: the most requests waiting to join; more are refused with ``BatchError/queueFull(limit:)``.
-    ///   - cacheBytes: the KV cache budget; a quarter of it at most keeps prompt prefixes for reuse.
-    public init(model: any CausalLanguageModel, maxBatch: Int = 8, maxQueue: Int = 64, cacheBytes: Int = 512 << 20) throws {
+    init(model: any CausalLanguageModel, maxBatch: Int = 8, maxQueue: Int = 64, cacheBytes: Int = 512 << 20) throws {
         guard maxBatch > 0, maxQueue >= 0, cacheBytes > 0 else {
             throw ModelError.invalidInput("continuous batching needs maxBatch > 0, maxQueue >= 0 and a positive cache budget")
         }
@@ -117,40 +153,34 @@ public final class ContinuousBatcher: @unchecked Sendable {
         let bytesPerPosition = try model.makeCache(batch: 1, capacity: 1).bytesPerPosition
         budgetPositions = max(cacheBytes / bytesPerPosition, 1)
         prefixes = PrefixStore(budgetPositions: budgetPositions / 4)
-        let thread = Thread { [unowned self] in loop() }
+        let thread = Thread { [self] in loop() }
         thread.name = "vlm-batcher"
         thread.stackSize = 8 << 20
         thread.start()
     }
 
-    /// Stops the loop once the running sequences end; later submissions are refused.
-    public func shutdown() {
+    func shutdown() {
         condition.lock()
         stopped = true
         condition.broadcast()
         condition.unlock()
     }
 
-    /// Requests waiting to join the batch.
-    public var queueLength: Int {
+    var queueLength: Int {
         condition.lock()
         defer { condition.unlock() }
         return pending.count
     }
 
-    /// Tokens generated since the batcher started, for every sequence (those whose consumer left included).
-    public var generatedTokens: Int { tally.count }
+    var generatedTokens: Int { tally.count }
 
-    /// Sequences being decoded.
-    public var runningCount: Int {
+    var runningCount: Int {
         condition.lock()
         defer { condition.unlock() }
         return running
     }
 
-    /// Queues `request`; its events arrive on the stream, ending with `.finished` or an error. Cancelling the
-    /// consumer (ending the stream) removes the sequence at the next token boundary.
-    public func submit(_ request: BatchRequest) throws -> AsyncThrowingStream<BatchEvent, any Error> {
+    func submit(_ request: BatchRequest) throws -> AsyncThrowingStream<BatchEvent, any Error> {
         guard request.config.numBeams == 1, request.config.numReturnSequences == 1 else {
             throw BatchError.unsupported("continuous batching generates one sequence per request, without beams")
         }
@@ -166,7 +196,9 @@ public final class ContinuousBatcher: @unchecked Sendable {
         }
         let (stream, continuation) = AsyncThrowingStream<BatchEvent, any Error>.makeStream()
         let submission = Submission(request: request, newTokens: newTokens, continuation: continuation, tally: tally)
-        continuation.onTermination = { [weak submission] _ in submission?.cancel() }
+        continuation.onTermination = { [weak submission] termination in
+            if case .cancelled = termination { submission?.cancel() }
+        }
         condition.lock()
         defer { condition.unlock() }
         guard !stopped else { throw BatchError.unsupported("the batcher has shut down") }
@@ -211,7 +243,10 @@ public final class ContinuousBatcher: @unchecked Sendable {
             do {
                 try batch.rebuild(adding: joined)
                 publishRunning(batch.liveCount)
-                if !batch.rows.isEmpty { try batch.step(model: model) }
+                if !batch.rows.isEmpty {
+                    try batch.step(model: model)
+                    keepConversations(of: batch)
+                }
             } catch {
                 for row in batch.rows where !row.done { row.submission.continuation.finish(throwing: error) }
                 batch = RunningBatch()
@@ -233,6 +268,21 @@ public final class ContinuousBatcher: @unchecked Sendable {
         if let limit = model.batchInvariantLength, width > limit { return false }
         let prefill = joining.reduce(0) { $0 + $1.request.promptIds.count }
         return rows * width + prefill + prefixes.storedPositions <= budgetPositions
+    }
+
+    /// Keeps the cache of each sequence that ended in this step (its prompt and all its tokens but the last, which
+    /// never ran) for a next turn of the conversation, whose prompt starts with them.
+    private func keepConversations(of batch: RunningBatch) {
+        for (index, row) in batch.rows.enumerated() where row.done && !row.kept {
+            row.kept = true
+            guard let key = row.submission.request.prefixKey, let cache = batch.cache, !row.submission.isCancelled,
+                  row.cachedCount <= prefixes.budgetPositions else { continue }
+            let positions = key + row.generatedIds.dropLast()
+            guard positions.count == row.cachedCount,
+                  let copy = try? KVCache.packing([KVCache.PackedRow(cache: cache, row: index, count: row.cachedCount)],
+                                                  capacity: row.cachedCount) else { continue }
+            prefixes.keep(key: positions, cache: copy)
+        }
     }
 
     /// Runs a new sequence's prompt alone (after its longest cached prefix) and chooses its first token; nil when
@@ -319,6 +369,8 @@ private final class Row {
     var generated = 0
     var lastToken = 0
     var done = false
+    /// Whether its cache was considered for keeping once it ended.
+    var kept = false
 
     init(submission: Submission, cache: KVCache) {
         self.submission = submission
@@ -370,6 +422,8 @@ private final class Row {
     }
 
     var remaining: Int { submission.newTokens - generated }
+
+    var generatedIds: ArraySlice<Int> { history.tokens.suffix(generated) }
 }
 
 /// The `count` highest log-probabilities, best first (ties by lower id).

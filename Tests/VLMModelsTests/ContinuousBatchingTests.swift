@@ -121,6 +121,14 @@ private func greedy(maxNewTokens: Int, eos: [Int] = []) -> GenerationConfig {
         #expect(b[0].cached == system.count)
         let alone = try fixture.model.generate(inputIds: [second], config: config).sequences[0]
         #expect(b[0].tokens.map(\.id) == alone)
+
+        // The next turn of the second conversation: its prompt holds the answer, all but whose last token ran.
+        let answer = b[0].tokens.map(\.id)
+        let third = second + answer + [7, 8]
+        let c = try await runConcurrently(batcher, [BatchRequest(promptIds: third, prefixKey: third, config: config)])
+        #expect(c[0].cached == second.count + answer.count - 1)
+        let thirdAlone = try fixture.model.generate(inputIds: [third], config: config).sequences[0]
+        #expect(c[0].tokens.map(\.id) == thirdAlone)
     }
 
     @Test func fullQueueAndOversizedRequestsAreRefused() async throws {
