@@ -212,9 +212,11 @@ AVX512 static void scores_unpacked(int rows, const float *const *q, ptrdiff_t he
     }
 }
 
-/// kᵀ of one head: `head_dim` rows of `packed_width` floats, key j in column j. Columns past key_length stay zero.
+/// kᵀ of one head in panels of `panel_width` keys (a multiple of 16): panel after panel, each `head_dim` rows of
+/// `panel_width` floats, key j in column j mod panel_width of panel j / panel_width. One panel as wide as all keys is
+/// the plain kᵀ. Columns past key_length in the last 16 stay zero.
 AVX512 static void pack_keys_transposed(const float *key, ptrdiff_t key_stride, ptrdiff_t key_length,
-                                        ptrdiff_t head_dim, float *packed, ptrdiff_t packed_width) {
+                                        ptrdiff_t head_dim, float *packed, ptrdiff_t panel_width) {
     // 16 keys at a time: gather one feature of 16 keys into a vector with a single strided gather.
     const __m512i offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                                _mm512_set1_epi32((int)key_stride));
@@ -223,7 +225,7 @@ AVX512 static void pack_keys_transposed(const float *key, ptrdiff_t key_stride, 
         const float *base = key + j * key_stride;
         for (ptrdiff_t c = 0; c < head_dim; c++) {
             __m512 column = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, offsets, base + c, 4);
-            _mm512_store_ps(packed + c * packed_width + j, column);
+            _mm512_store_ps(packed + j / panel_width * panel_width * head_dim + c * panel_width + j % panel_width, column);
         }
     }
 }
@@ -353,9 +355,13 @@ AVX512 int vlm_attention_tiled_avx512(const vlm_attention_problem *p, ptrdiff_t 
     if (key_tile > packed_width) key_tile = packed_width;
     query_block = query_block < ROWS ? ROWS : query_block / ROWS * ROWS;
     if (query_block > tq) query_block = tq;
+    // kᵀ in panels of the 64 keys one score tile reads, so that the tile streams through 16 KiB of consecutive
+    // memory (head_dim = 64) rather than 64 rows a whole head's keys apart.
+    enum { PANEL = MAX_VECTORS * LANES };
+    const ptrdiff_t panels = (tk + PANEL - 1) / PANEL;
     // Every part starts on a cache line: kᵀ and the scores are read and written with aligned loads and stores.
 #define LINES(floats) (((size_t)(floats) * sizeof(float) + 63) / 64 * 64)
-    const size_t keys_bytes = LINES(d * packed_width), values_bytes = LINES(tk * d);
+    const size_t keys_bytes = LINES(d * panels * PANEL), values_bytes = LINES(tk * d);
     const size_t output_bytes = LINES(query_block * d), row_state_bytes = LINES(2 * query_block);
     const size_t score_bytes = LINES(ROWS * key_tile), mask_bytes = p->key_mask ? LINES(packed_width) : 0;
 #undef LINES
@@ -371,7 +377,7 @@ AVX512 int vlm_attention_tiled_avx512(const vlm_attention_problem *p, ptrdiff_t 
     for (ptrdiff_t j = 0; mask_bias && j < tk; j++) mask_bias[j] = p->key_mask[j] != 0 ? 0.0f : -INFINITY;
     const float uniform = 1.0f / (float)tk;
     for (ptrdiff_t h = 0; h < p->head_count; h++) {
-        pack_keys_transposed(p->key + h * d, p->key_stride, tk, d, keys_transposed, packed_width);
+        pack_keys_transposed(p->key + h * d, p->key_stride, tk, d, keys_transposed, PANEL);
         pack_values(p->value + h * d, p->value_stride, tk, d, values);
         for (ptrdiff_t b0 = 0; b0 < tq; b0 += query_block) {
             const ptrdiff_t block_rows = tq - b0 < query_block ? tq - b0 : query_block;
@@ -399,7 +405,7 @@ AVX512 int vlm_attention_tiled_avx512(const vlm_attention_problem *p, ptrdiff_t 
                         for (ptrdiff_t j = 0; j < group_keys; j += MAX_VECTORS * LANES) {
                             const ptrdiff_t remaining = (group_keys - j + LANES - 1) / LANES;
                             const int vectors = (int)(remaining < MAX_VECTORS ? remaining : MAX_VECTORS);
-                            scores_block(rows, vectors, q, d, keys_transposed + j0 + j, packed_width, scores + j,
+                            scores_block(rows, vectors, q, d, keys_transposed + (j0 + j) * d, PANEL, scores + j,
                                          key_tile);
                         }
                         float rescale[ROWS];
