@@ -70,7 +70,7 @@ static void attention_tiles(ptrdiff_t head_dim, ptrdiff_t *query_block, ptrdiff_
 
 /// Whether the key tiles beat whole rows: once one head's keys and values outgrow L2, every register block of whole
 /// rows streams them from L3. Below that the online softmax's extra work costs more than it saves (one thread on a
-/// Zen 4 with 1 MiB of L2, head_dim 64: key tiles 5-10% slower at 800-1500 tokens, even at 2048, 17% faster at
+/// Zen 4 with 1 MiB of L2, head_dim 64: key tiles 3-10% slower at 800-1500 tokens, even at 2048, 17% faster at
 /// 2400, 20-25% at 3601).
 static int prefers_key_tiles(const vlm_attention_problem *p) {
     return p->query_length > 4 && 2 * p->key_length * p->head_dim * (ptrdiff_t)sizeof(float) > l2_cache_bytes();
