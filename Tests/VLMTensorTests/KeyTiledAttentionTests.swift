@@ -27,6 +27,8 @@ import CVLMKernels
         Shape(queryLength: 70, keyLength: 200, heads: 2, headDim: 40, causal: false, maskPeriod: 4, queryBlock: 32, keyTile: 128),
         // More queries than keys under a causal mask: the first ten see no key and average every value.
         Shape(queryLength: 90, keyLength: 80, heads: 1, headDim: 64, causal: true, maskPeriod: 0, queryBlock: 24, keyTile: 64),
+        // A causal continuation (queries are the last 130 of 400 positions): rows end mid-tile, at different tiles.
+        Shape(queryLength: 130, keyLength: 400, heads: 2, headDim: 64, causal: true, maskPeriod: 11, queryBlock: 36, keyTile: 64),
         // Fewer queries than one register block.
         Shape(queryLength: 3, keyLength: 500, heads: 2, headDim: 32, causal: false, maskPeriod: 6, queryBlock: 6, keyTile: 64),
         // The tile sizes this CPU's L2 gives, over more keys than one tile of them holds on any current CPU.
