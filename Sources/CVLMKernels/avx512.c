@@ -43,10 +43,11 @@ AVX512_INLINE __m512 exp_nonpositive(__m512 x) {
     return _mm512_maskz_mov_ps(representable, _mm512_scalef_ps(y, n));
 }
 
-/// scores[r][j0 + 16·n + lane] = q_r · kᵀ[:, j0 + 16·n + lane] for `rows_in_block` query rows and `vectors` vectors of
-/// 16 keys, with kᵀ packed as `head_dim` rows of `packed_width` floats.
+/// scores[r·score_stride + 16·n + lane] = q_r · kᵀ[:, 16·n + lane] for `rows_in_block` query rows and `vectors`
+/// vectors of 16 keys, with kᵀ packed as `head_dim` rows of `packed_width` floats.
 AVX512_INLINE void scores_tile(const int rows_in_block, const int vectors, const float *const *q, ptrdiff_t head_dim,
-                               const float *keys_transposed, ptrdiff_t packed_width, float *scores) {
+                               const float *keys_transposed, ptrdiff_t packed_width, float *scores,
+                               ptrdiff_t score_stride) {
     __m512 acc[ROWS][MAX_VECTORS];
     for (int r = 0; r < rows_in_block; r++)
         for (int n = 0; n < vectors; n++) acc[r][n] = _mm512_setzero_ps();
@@ -59,7 +60,7 @@ AVX512_INLINE void scores_tile(const int rows_in_block, const int vectors, const
         }
     }
     for (int r = 0; r < rows_in_block; r++)
-        for (int n = 0; n < vectors; n++) _mm512_store_ps(scores + r * packed_width + n * LANES, acc[r][n]);
+        for (int n = 0; n < vectors; n++) _mm512_store_ps(scores + r * score_stride + n * LANES, acc[r][n]);
 }
 
 /// Rows of keys or values ahead of the one being read that are prefetched; each row is a few cache lines far
@@ -73,13 +74,18 @@ AVX512_INLINE void prefetch_row(const float *row, ptrdiff_t count) {
 }
 
 /// out_r[c0 ..] = Σ_j p_r[j] · v_j[c0 ..] over `keys` keys, for `vectors` vectors of 16 features, the last one
-/// masked by `last`.
+/// masked by `last`. With `rescale`, the sum adds to out_r[c0 ..]·rescale[r] instead of replacing it.
 AVX512_INLINE void values_tile(const int rows_in_block, const int vectors, const float *probabilities,
                                ptrdiff_t packed_width, ptrdiff_t keys, const float *v, ptrdiff_t value_stride,
-                               __mmask16 last, float *const *out) {
+                               __mmask16 last, const float *rescale, float *const *out) {
     __m512 acc[ROWS][MAX_VECTORS];
-    for (int r = 0; r < rows_in_block; r++)
-        for (int n = 0; n < vectors; n++) acc[r][n] = _mm512_setzero_ps();
+    for (int r = 0; r < rows_in_block; r++) {
+        const __m512 factor = rescale ? _mm512_set1_ps(rescale[r]) : _mm512_setzero_ps();
+        for (int n = 0; n < vectors - 1; n++)
+            acc[r][n] = rescale ? _mm512_mul_ps(_mm512_loadu_ps(out[r] + n * LANES), factor) : _mm512_setzero_ps();
+        acc[r][vectors - 1] = rescale ? _mm512_mul_ps(_mm512_maskz_loadu_ps(last, out[r] + (vectors - 1) * LANES), factor)
+                                      : _mm512_setzero_ps();
+    }
     for (ptrdiff_t j = 0; j < keys; j++) {
         const float *row = v + j * value_stride;
         prefetch_row(row + PREFETCH_ROWS * value_stride, vectors * LANES);
@@ -103,26 +109,29 @@ AVX512_INLINE void values_tile(const int rows_in_block, const int vectors, const
     TILE_CASES(CASE, 4) TILE_CASES(CASE, 5) TILE_CASES(CASE, 6)
 
 AVX512 static void scores_block(int rows_in_block, int vectors, const float *const *q, ptrdiff_t head_dim,
-                                const float *keys_transposed, ptrdiff_t packed_width, float *scores) {
+                                const float *keys_transposed, ptrdiff_t packed_width, float *scores,
+                                ptrdiff_t score_stride) {
 #define SCORES_CASE(R, N) \
-    case R * 8 + N: scores_tile(R, N, q, head_dim, keys_transposed, packed_width, scores); break;
+    case R * 8 + N: scores_tile(R, N, q, head_dim, keys_transposed, packed_width, scores, score_stride); break;
     switch (rows_in_block * 8 + vectors) { ALL_TILE_CASES(SCORES_CASE) }
 #undef SCORES_CASE
 }
 
 AVX512 static void values_block(int rows_in_block, int vectors, const float *probabilities, ptrdiff_t packed_width,
                                 ptrdiff_t keys, const float *v, ptrdiff_t value_stride, __mmask16 last,
-                                float *const *out) {
+                                const float *rescale, float *const *out) {
 #define VALUES_CASE(R, N) \
-    case R * 8 + N: values_tile(R, N, probabilities, packed_width, keys, v, value_stride, last, out); break;
+    case R * 8 + N: values_tile(R, N, probabilities, packed_width, keys, v, value_stride, last, rescale, out); break;
     switch (rows_in_block * 8 + vectors) { ALL_TILE_CASES(VALUES_CASE) }
 #undef VALUES_CASE
 }
 
 /// out[r][0 ..< d] = Σ_j probabilities[r][j] · v[j] over `keys` value rows (`value_stride` floats apart) for the
-/// `rows` probability rows (`packed_width` floats apart), a tile of feature vectors at a time.
+/// `rows` probability rows (`packed_width` floats apart), a tile of feature vectors at a time. With `rescale`, the
+/// sums add to out[r]·rescale[r].
 AVX512 static void values_rows(int rows, const float *probabilities, ptrdiff_t packed_width, ptrdiff_t keys,
-                               const float *v, ptrdiff_t value_stride, ptrdiff_t d, float *const *out) {
+                               const float *v, ptrdiff_t value_stride, ptrdiff_t d, const float *rescale,
+                               float *const *out) {
     const ptrdiff_t feature_vectors = (d + LANES - 1) / LANES;
     for (ptrdiff_t c0 = 0; c0 < feature_vectors; c0 += MAX_VECTORS) {
         ptrdiff_t remaining = feature_vectors - c0;
@@ -130,7 +139,8 @@ AVX512 static void values_rows(int rows, const float *probabilities, ptrdiff_t p
         __mmask16 last = tail_mask(d - (c0 + vectors - 1) * LANES);
         float *out_chunk[ROWS];
         for (int r = 0; r < rows; r++) out_chunk[r] = out[r] + c0 * LANES;
-        values_block(rows, vectors, probabilities, packed_width, keys, v + c0 * LANES, value_stride, last, out_chunk);
+        values_block(rows, vectors, probabilities, packed_width, keys, v + c0 * LANES, value_stride, last, rescale,
+                     out_chunk);
     }
 }
 
@@ -202,9 +212,11 @@ AVX512 static void scores_unpacked(int rows, const float *const *q, ptrdiff_t he
     }
 }
 
-/// kᵀ of one head: `head_dim` rows of `packed_width` floats, key j in column j. Columns past key_length stay zero.
+/// kᵀ of one head in panels of `panel_width` keys (a multiple of 16): panel after panel, each `head_dim` rows of
+/// `panel_width` floats, key j in column j mod panel_width of panel j / panel_width. One panel as wide as all keys is
+/// the plain kᵀ. Columns past key_length in the last 16 stay zero.
 AVX512 static void pack_keys_transposed(const float *key, ptrdiff_t key_stride, ptrdiff_t key_length,
-                                        ptrdiff_t head_dim, float *packed, ptrdiff_t packed_width) {
+                                        ptrdiff_t head_dim, float *packed, ptrdiff_t panel_width) {
     // 16 keys at a time: gather one feature of 16 keys into a vector with a single strided gather.
     const __m512i offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                                _mm512_set1_epi32((int)key_stride));
@@ -213,7 +225,7 @@ AVX512 static void pack_keys_transposed(const float *key, ptrdiff_t key_stride, 
         const float *base = key + j * key_stride;
         for (ptrdiff_t c = 0; c < head_dim; c++) {
             __m512 column = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, offsets, base + c, 4);
-            _mm512_store_ps(packed + c * packed_width + j, column);
+            _mm512_store_ps(packed + j / panel_width * panel_width * head_dim + c * panel_width + j % panel_width, column);
         }
     }
 }
@@ -280,7 +292,7 @@ AVX512 int vlm_attention_avx512(const vlm_attention_problem *p) {
             for (ptrdiff_t j0 = 0; packed && j0 < block_keys; j0 += MAX_VECTORS * LANES) {
                 ptrdiff_t remaining = (block_keys - j0 + LANES - 1) / LANES;
                 int vectors = (int)(remaining < MAX_VECTORS ? remaining : MAX_VECTORS);
-                scores_block(rows_in_block, vectors, q, d, keys_transposed + j0, packed_width, scores + j0);
+                scores_block(rows_in_block, vectors, q, d, keys_transposed + j0, packed_width, scores + j0, packed_width);
             }
             ptrdiff_t used[ROWS], block_used = 0;
             for (int r = 0; r < rows_in_block; r++) {
@@ -290,8 +302,141 @@ AVX512 int vlm_attention_avx512(const vlm_attention_problem *p) {
             // Rows that see fewer keys than the block reads contribute nothing for the rest.
             for (int r = 0; r < rows_in_block; r++)
                 memset(scores + r * packed_width + used[r], 0, (size_t)(block_used - used[r]) * sizeof(float));
-            values_rows(rows_in_block, scores, packed_width, block_used, v, p->value_stride, d, out);
+            values_rows(rows_in_block, scores, packed_width, block_used, v, p->value_stride, d, NULL, out);
             i0 += rows_in_block;
+        }
+    }
+    free(scratch);
+    return 0;
+}
+
+/// Folds one key tile's scores of one query row into that row's running softmax (flash attention's online softmax):
+/// scales row[0 ..< valid] and adds the tile's key mask, raises the running `max` to the tile's, turns the scores into
+/// e^(score − max) in place (zeros up to `width`, the keys the value product reads) and adds them to `sum` after
+/// rescaling it to the new max. Returns the factor that rescales the row's output sums to the new max.
+AVX512 static float online_softmax_row(float *row, ptrdiff_t valid, ptrdiff_t width, float scale,
+                                       const float *mask_bias, float *max, float *sum) {
+    const float tile_max = scale_scores(row, valid, scale, mask_bias);
+    // NaN scores make the row NaN, as in the whole-row kernel.
+    const float new_max = tile_max > *max || tile_max != tile_max ? tile_max : *max;
+    if (new_max == -INFINITY) {
+        // No key visible so far: nothing to add, and e^(−inf − (−inf)) would be NaN.
+        memset(row, 0, (size_t)width * sizeof(float));
+        return 1.0f;
+    }
+    const float rescale = _mm512_cvtss_f32(exp_nonpositive(_mm512_set1_ps(*max - new_max)));
+    const float tile_sum = exponentiate_scores(row, valid, new_max);
+    memset(row + valid, 0, (size_t)(width - valid) * sizeof(float));
+    *sum = *sum * rescale + tile_sum;
+    *max = new_max;
+    return rescale;
+}
+
+/// v of one head as `key_length` contiguous rows of `head_dim` floats, so that a key tile's values share few pages
+/// and the prefetchers see one stream.
+AVX512 static void pack_values(const float *value, ptrdiff_t value_stride, ptrdiff_t key_length, ptrdiff_t head_dim,
+                               float *packed) {
+    for (ptrdiff_t j = 0; j < key_length; j++) {
+        const float *row = value + j * value_stride;
+        prefetch_row(row + PREFETCH_ROWS * value_stride, head_dim);
+        for (ptrdiff_t c = 0; c < head_dim; c += LANES) {
+            __mmask16 m = tail_mask(head_dim - c);
+            _mm512_mask_storeu_ps(packed + j * head_dim + c, m, _mm512_maskz_loadu_ps(m, row + c));
+        }
+    }
+}
+
+AVX512 int vlm_attention_tiled_avx512(const vlm_attention_problem *p, ptrdiff_t query_block, ptrdiff_t key_tile) {
+    if (p->key_stride > INT32_MAX / LANES) return vlm_attention_scalar(p);
+    const ptrdiff_t d = p->head_dim, tq = p->query_length, tk = p->key_length;
+    const ptrdiff_t packed_width = (tk + LANES - 1) / LANES * LANES;
+    // Whole score vectors of 64 keys, and whole register blocks of query rows.
+    key_tile = (key_tile + MAX_VECTORS * LANES - 1) / (MAX_VECTORS * LANES) * (MAX_VECTORS * LANES);
+    if (key_tile > packed_width) key_tile = packed_width;
+    query_block = query_block < ROWS ? ROWS : query_block / ROWS * ROWS;
+    if (query_block > tq) query_block = tq;
+    // kᵀ in panels of the 64 keys one score tile reads, so that the tile streams through 16 KiB of consecutive
+    // memory (head_dim = 64) rather than 64 rows a whole head's keys apart.
+    enum { PANEL = MAX_VECTORS * LANES };
+    const ptrdiff_t panels = (tk + PANEL - 1) / PANEL;
+    // Every part starts on a cache line: kᵀ and the scores are read and written with aligned loads and stores.
+#define LINES(floats) (((size_t)(floats) * sizeof(float) + 63) / 64 * 64)
+    const size_t keys_bytes = LINES(d * panels * PANEL), values_bytes = LINES(tk * d);
+    const size_t output_bytes = LINES(query_block * d), row_state_bytes = LINES(2 * query_block);
+    const size_t score_bytes = LINES(ROWS * key_tile), mask_bytes = p->key_mask ? LINES(packed_width) : 0;
+#undef LINES
+    char *scratch = aligned_alloc(64, keys_bytes + values_bytes + output_bytes + row_state_bytes + score_bytes + mask_bytes);
+    if (!scratch) return -1;
+    float *keys_transposed = (float *)scratch;
+    float *values = (float *)(scratch + keys_bytes);
+    float *sums_out = (float *)(scratch + keys_bytes + values_bytes);
+    float *maxima = (float *)(scratch + keys_bytes + values_bytes + output_bytes);
+    float *sums = maxima + query_block;
+    float *scores = (float *)(scratch + keys_bytes + values_bytes + output_bytes + row_state_bytes);
+    float *mask_bias = p->key_mask ? scores + ROWS * key_tile : NULL;
+    for (ptrdiff_t j = 0; mask_bias && j < tk; j++) mask_bias[j] = p->key_mask[j] != 0 ? 0.0f : -INFINITY;
+    const float uniform = 1.0f / (float)tk;
+    for (ptrdiff_t h = 0; h < p->head_count; h++) {
+        pack_keys_transposed(p->key + h * d, p->key_stride, tk, d, keys_transposed, PANEL);
+        pack_values(p->value + h * d, p->value_stride, tk, d, values);
+        for (ptrdiff_t b0 = 0; b0 < tq; b0 += query_block) {
+            const ptrdiff_t block_rows = tq - b0 < query_block ? tq - b0 : query_block;
+            memset(sums_out, 0, (size_t)(block_rows * d) * sizeof(float));
+            memset(sums, 0, (size_t)block_rows * sizeof(float));
+            for (ptrdiff_t i = 0; i < block_rows; i++) maxima[i] = -INFINITY;
+            const ptrdiff_t groups = (block_rows + ROWS - 1) / ROWS;
+            // Each key tile's kᵀ and v stay in L2 while every register block of query rows passes over them.
+            for (ptrdiff_t j0 = 0; j0 < tk; j0 += key_tile) {
+                const ptrdiff_t tile_keys = tk - j0 < key_tile ? tk - j0 : key_tile;
+                for (ptrdiff_t group = 0, i0 = 0; group < groups; group++) {
+                    const int rows = (int)(block_rows / groups + (group < block_rows % groups ? 1 : 0));
+                    const float *q[ROWS];
+                    float *out[ROWS];
+                    ptrdiff_t valid[ROWS];
+                    for (int r = 0; r < rows; r++) {
+                        q[r] = p->query + (b0 + i0 + r) * p->query_stride + h * d;
+                        out[r] = sums_out + (i0 + r) * d;
+                        const ptrdiff_t visible = vlm_visible_keys(p, b0 + i0 + r) - j0;
+                        valid[r] = visible < 0 ? 0 : (visible > tile_keys ? tile_keys : visible);
+                    }
+                    // Causal visibility grows with the row, so the group's last row sees the most keys.
+                    const ptrdiff_t group_keys = valid[rows - 1];
+                    if (group_keys > 0) {
+                        for (ptrdiff_t j = 0; j < group_keys; j += MAX_VECTORS * LANES) {
+                            const ptrdiff_t remaining = (group_keys - j + LANES - 1) / LANES;
+                            const int vectors = (int)(remaining < MAX_VECTORS ? remaining : MAX_VECTORS);
+                            scores_block(rows, vectors, q, d, keys_transposed + (j0 + j) * d, PANEL, scores + j,
+                                         key_tile);
+                        }
+                        float rescale[ROWS];
+                        for (int r = 0; r < rows; r++)
+                            rescale[r] = online_softmax_row(scores + r * key_tile, valid[r], group_keys, p->scale,
+                                                            mask_bias ? mask_bias + j0 : NULL, maxima + i0 + r,
+                                                            sums + i0 + r);
+                        values_rows(rows, scores, key_tile, group_keys, values + j0 * d, d, d, rescale, out);
+                    }
+                    i0 += rows;
+                }
+            }
+            for (ptrdiff_t i = 0; i < block_rows; i++) {
+                float *row = sums_out + i * d;
+                if (maxima[i] == -INFINITY) {
+                    // A row that saw no key averages every value, as the whole-row kernel does.
+                    for (ptrdiff_t j = 0; j < key_tile; j++) scores[j] = uniform;
+                    memset(row, 0, (size_t)d * sizeof(float));
+                    sums[i] = 1.0f;
+                    const float keep = 1.0f;
+                    for (ptrdiff_t j0 = 0; j0 < tk; j0 += key_tile)
+                        values_rows(1, scores, key_tile, tk - j0 < key_tile ? tk - j0 : key_tile, values + j0 * d, d, d,
+                                    &keep, &row);
+                }
+                const __m512 inverse = _mm512_set1_ps(1.0f / sums[i]);
+                float *destination = p->output + (b0 + i) * p->output_stride + h * d;
+                for (ptrdiff_t c = 0; c < d; c += LANES) {
+                    __mmask16 m = tail_mask(d - c);
+                    _mm512_mask_storeu_ps(destination + c, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + c), inverse));
+                }
+            }
         }
     }
     free(scratch);
@@ -319,7 +464,7 @@ AVX512 int vlm_attention_partial_avx512(const vlm_attention_problem *p, ptrdiff_
             maxima[i0 + r] = scale_scores(scores + r * width, key_count, p->scale, NULL);
             sums[i0 + r] = exponentiate_scores(scores + r * width, key_count, maxima[i0 + r]);
         }
-        values_rows(rows, scores, width, key_count, value, p->value_stride, d, out);
+        values_rows(rows, scores, width, key_count, value, p->value_stride, d, NULL, out);
     }
     free(scores);
     return 0;

@@ -51,6 +51,25 @@ typedef struct vlm_attention_problem {
 /// when all its scores carry the same large negative mask. Returns 0, or -1 when scratch memory cannot be allocated.
 int vlm_attention(const vlm_attention_problem *problem, vlm_kernel_isa isa);
 
+/// How an AVX-512 attention unit walks its keys; the portable path has one way.
+typedef enum vlm_attention_schedule {
+    /// Whichever of the two is faster for the problem's lengths on this CPU's caches: what vlm_attention runs.
+    VLM_ATTENTION_AUTOMATIC = 0,
+    /// Each register block of query rows takes its softmax over every key at once, from a scratch row of all its
+    /// scores. Every block reads a head's keys and values whole, from L3 once they outgrow L2.
+    VLM_ATTENTION_WHOLE_ROWS = 1,
+    /// Flash attention: blocks of query rows pass over tiles of keys small enough to stay in L2, keeping a running
+    /// max and sum per row (online softmax) and writing each output once. Agrees with VLM_ATTENTION_WHOLE_ROWS to a
+    /// few float roundings.
+    VLM_ATTENTION_KEY_TILES = 2,
+} vlm_attention_schedule;
+
+/// vlm_attention with a chosen schedule. For VLM_ATTENTION_KEY_TILES, `query_block` query rows (rounded down to the
+/// kernel's register block) pass over tiles of `key_tile` keys (rounded up to a multiple of 64); 0 picks either size
+/// from this CPU's L2 size. Returns 0, or -1 when scratch memory cannot be allocated.
+int vlm_attention_scheduled(const vlm_attention_problem *problem, vlm_attention_schedule schedule,
+                            ptrdiff_t query_block, ptrdiff_t key_tile, vlm_kernel_isa isa);
+
 /// One part of attention split along the keys, for a decoding step: the `query_length` rows of `problem` (rows of
 /// one query position, e.g. the query heads that share a key/value head; `causal` and `key_mask` must be 0 and
 /// NULL) over keys `first_key ..< first_key + key_count` (at least one). Per row `i` it writes the largest scaled
