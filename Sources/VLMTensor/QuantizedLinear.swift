@@ -25,6 +25,10 @@ final class QuantizedLinear: @unchecked Sendable {
 
     /// Input rows up to which the fused product runs; from there on dequantizing once and running a GEMM is faster.
     static let fusedRows = 4
+    /// Input rows up to which the int8 products run (a batch of decoding sequences): each thread takes its weight
+    /// groups through every 8-row chunk while they are in cache, so the weight is read once per call, far cheaper
+    /// than dequantizing it all to fp32 for a GEMM until the rows make the products compute-bound.
+    static let packedRows = 16
     /// Floats of dequantized weight per GEMM panel (16 MiB).
     static let panelFloats = 1 << 22
 
@@ -48,7 +52,7 @@ final class QuantizedLinear: @unchecked Sendable {
     /// Writes the layer's output for `rows > 0` rows of `x` to `output`.
     func apply(_ x: Tensor, rows: Int, activation: Activation, residual: Tensor?, into output: Tensor,
                path: KernelPath = .best) {
-        if rows <= Self.fusedRows, path == .vector, let packed {
+        if rows <= Self.packedRows, path == .vector, let packed {
             applyPacked(packed, x, rows: rows, activation: activation, residual: residual, into: output)
         } else if rows <= Self.fusedRows {
             applyFused(x, rows: rows, activation: activation, residual: residual, into: output, path: path)
@@ -89,9 +93,13 @@ final class QuantizedLinear: @unchecked Sendable {
         let groups = (n + 15) / 16
         let destination = UnsafeSendablePointer(pointer: output.storage.pointer)
         let bias = self.bias, residualPointer = residual.map { UnsafeSendablePointer(pointer: $0.storage.pointer) }
+        let chunk = Int(VLM_QUANT_MAX_ROWS)
         parallelRanges(groups, grain: 2) { range in
-            vlm_quant_packed_matmul(packed.pointer, format, n, k, activations.pointer, rows, destination.pointer, n,
-                                    range.lowerBound, range.count)
+            for first in stride(from: 0, to: rows, by: chunk) {
+                vlm_quant_packed_matmul(packed.pointer, format, n, k, activations.pointer + first * activationBytes,
+                                        min(chunk, rows - first), destination.pointer + first * n, n,
+                                        range.lowerBound, range.count)
+            }
             Self.finish(destination.pointer, rows: rows, columns: (16 * range.lowerBound)..<min(n, 16 * range.upperBound),
                         stride: n, bias: bias, activation: activation, residual: residualPointer?.pointer)
         }
