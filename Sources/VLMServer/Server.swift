@@ -104,6 +104,13 @@ public final class VLMServer: Sendable {
                 })])
             }
         }
+        router.get("/v1/models/**") { [self] request, context in
+            try await answer(request, endpoint: "models") { _ in
+                let name = context.parameters.getCatchAll().joined(separator: "/")
+                let model = try model(named: name.removingPercentEncoding ?? name)
+                return Self.json(["id": .string(model.id), "object": "model", "created": .int(model.created), "owned_by": "swiftvlm"])
+            }
+        }
         router.post("/v1/chat/completions") { [self] request, _ in
             try await answer(request, endpoint: "chat.completions") { try await chatCompletion($0) }
         }

@@ -44,8 +44,12 @@ import SwiftVLM
         guard case .array(let models)? = list["data"] else { Issue.record("no data"); return }
         #expect(models.compactMap { $0["id"] } == ["llava-tiny", "chatml-tiny", "clip-tiny"])
         #expect(models.allSatisfy { $0["object"] == "model" && $0["owned_by"] == "swiftvlm" })
+        let one = try await server.send("GET", "/v1/models/chatml-tiny")
+        #expect(one.status == 200)
+        #expect(try JSONValue(parsing: one.body)["id"] == "chatml-tiny")
+        #expect(try await server.send("GET", "/v1/models/none").status == 404)
         let metrics = try await server.send("GET", "/metrics")
-        #expect(String(decoding: metrics.body, as: UTF8.self).contains("vlm_requests_total{endpoint=\"models\",status=\"200\"} 1"))
+        #expect(String(decoding: metrics.body, as: UTF8.self).contains("vlm_requests_total{endpoint=\"models\",status=\"200\"} 2"))
     }
 
     /// transformers' greedy answers to conversations with images (oracle/image_chat.py), asked through the API with
