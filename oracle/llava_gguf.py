@@ -104,12 +104,9 @@ def checkpoint(directory):
     path = os.path.join(directory, "model.safetensors")
     renamed = {}
     for key, value in load_file(path).items():
-        if key.startswith("model.vision_tower."):
-            key = "vision_tower.vision_model." + key[len("model.vision_tower."):]
-        elif key.startswith("model.multi_modal_projector."):
-            key = key[len("model."):]
-        elif key.startswith("model.language_model."):
-            key = "language_model.model." + key[len("model.language_model."):]
+        # 5.23 saves `vision_tower.…` without CLIPVisionModel's `vision_model.`, which the surgery keys on.
+        if key.startswith("vision_tower."):
+            key = "vision_tower.vision_model." + key[len("vision_tower."):]
         renamed[key] = value.float()
     save_file(renamed, path, metadata={"format": "pt"})
     with open(os.path.join(directory, "config.json")) as file:
@@ -117,6 +114,22 @@ def checkpoint(directory):
     saved["dtype"] = "float32"
     with open(os.path.join(directory, "config.json"), "w") as file:
         json.dump(saved, file, indent=2)
+
+
+def check_mmproj(mmproj, safetensors):
+    """The converter fills what CLIPVisionModel does not find with fresh weights, silently: every mmproj tensor must
+    be the checkpoint's."""
+    sys.path.insert(0, os.path.join(LLAMA_CPP, "gguf-py"))
+    import gguf
+    source = load_file(safetensors)
+    stored = {t.name: np.array(t.data, dtype=np.float32) for t in gguf.GGUFReader(mmproj).tensors}
+    pairs = {"v.pre_ln.weight": "vision_tower.vision_model.pre_layrnorm.weight",
+             "v.class_embd": "vision_tower.vision_model.embeddings.class_embedding",
+             "v.blk.1.ffn_down.weight": "vision_tower.vision_model.encoder.layers.1.mlp.fc1.weight",
+             "v.blk.0.attn_q.bias": "vision_tower.vision_model.encoder.layers.0.self_attn.q_proj.bias",
+             "mm.2.weight": "multi_modal_projector.linear_2.weight"}
+    for gguf_name, hf_name in pairs.items():
+        assert np.array_equal(stored[gguf_name].reshape(-1), source[hf_name].numpy().reshape(-1)), gguf_name
 
 
 def q8_0_roundtrip(model):
@@ -182,6 +195,7 @@ def main():
         run(os.path.join(legacy, "convert_image_encoder_to_gguf.py"), "-m", vit, "--llava-projector",
             os.path.join(vit, "llava.projector"), "--output-dir", vit, "--clip-model-is-vision", "--use-f32")
         shutil.copy(os.path.join(vit, "mmproj-model-f32.gguf"), os.path.join(OUT, "mmproj-f32.gguf"))
+        check_mmproj(os.path.join(OUT, "mmproj-f32.gguf"), os.path.join(ckpt, "model.safetensors"))
         # 3. The language model.
         run(os.path.join(LLAMA_CPP, "convert_hf_to_gguf.py"), ckpt, "--outtype", "q8_0",
             "--outfile", os.path.join(OUT, "lm-q8_0.gguf"), python=sys.executable)

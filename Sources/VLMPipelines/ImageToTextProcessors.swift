@@ -200,6 +200,13 @@ public struct LlavaProcessor: ImageChatProcessor {
         imageTokenId = id
     }
 
+    /// A processor from its parts, as a GGUF pair gives them (LlavaGGUFLoading.swift).
+    public init(imageProcessor: any ImageProcessor, tokenizer: Tokenizer, imageToken: String, imageTokenId: Int,
+                imageTokensPerImage: Int) {
+        (self.imageProcessor, self.tokenizer, self.imageToken) = (imageProcessor, tokenizer, imageToken)
+        (self.imageTokenId, self.imageTokensPerImage) = (imageTokenId, imageTokensPerImage)
+    }
+
     /// Image tokens per image: ``imageTokensPerImage`` for each.
     public func imageTokenCounts(_ images: ProcessedImages) -> [Int] {
         Array(repeating: imageTokensPerImage, count: images.imageSizes.count)

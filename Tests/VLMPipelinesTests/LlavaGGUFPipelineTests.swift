@@ -1,0 +1,103 @@
+import Foundation
+import Testing
+import VLMCheckpoint
+import VLMImages
+import VLMModels
+import VLMPipelines
+import VLMTemplates
+import VLMTensor
+
+/// LLaVA-1.5 from llama.cpp's GGUF pair (oracle/llava_gguf.py: the mmproj from llava_surgery_v2.py and
+/// convert_image_encoder_to_gguf.py, the language model from convert_hf_to_gguf.py at q8_0) against what transformers
+/// computes from the safetensors checkpoint they were made from (its ffn_down rounded through q8_0, as the file holds
+/// it), on real photos.
+@Suite struct LlavaGGUFPipelineTests {
+    struct Expected: Decodable {
+        struct Request: Decodable {
+            let image: String
+            let prompt: String
+            let input_ids: [Int]
+            let last_top_ids: [Int]
+            let last_top_logits: [Float]
+            let greedy_ids: [Int]
+            let greedy_text: String
+            let pixel_values: [[[[Float]]]]?
+            let image_features: [[Float]]?
+        }
+        let max_new_tokens: Int
+        let image_token_index: Int
+        let requests: [Request]
+    }
+
+    static let fixtures = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .appendingPathComponent("Fixtures")
+    static let directory = fixtures.appendingPathComponent("llava-gguf")
+    static let languageModel = directory.appendingPathComponent("lm-q8_0.gguf")
+    static let mmproj = directory.appendingPathComponent("mmproj-f32.gguf")
+
+    static func expected() throws -> Expected {
+        try JSONDecoder().decode(Expected.self, from: Data(contentsOf: directory.appendingPathComponent("expected.json")))
+    }
+
+    static func maxDifference(_ a: [Float], _ b: [Float]) -> Float {
+        zip(a, b).map { abs($0 - $1) }.max() ?? .infinity
+    }
+
+    @Test func pairAnswersLikeTransformers() throws {
+        let expected = try Self.expected()
+        let pipeline = try ImageTextToTextPipeline(gguf: Self.languageModel, mmproj: Self.mmproj)
+        let model = try #require(pipeline.model as? LlavaForConditionalGeneration)
+        #expect(model.imageTokenId == expected.image_token_index)
+        #expect(model.config.visionFeatureLayers == [2] && model.config.visionConfig.numHiddenLayers == 2)
+        for request in expected.requests {
+            let image = try ImageDecoder.decode(contentsOf: Self.fixtures.appendingPathComponent("photos/\(request.image)"))
+            let processed = try pipeline.processor.preprocess([image], conversationImageCount: 1)
+            let ids = try pipeline.processor.promptIds(request.prompt, images: processed)
+            #expect(ids == request.input_ids, "\(request.prompt)")
+            if let pixels = request.pixel_values {
+                #expect(Self.maxDifference(processed.pixelValues.scalars, pixels.flatMap { $0.flatMap { $0.flatMap { $0 } } }) < 1e-5)
+            }
+            let embeddings = try model.imageEmbeddings(pixelValues: processed.pixelValues)
+            if let features = request.image_features {
+                #expect(embeddings.shape == [1, features.count, 4])
+                #expect(Self.maxDifference(embeddings.scalars, features.flatMap { $0 }) < 1e-5)
+            }
+            let logits = try model.logits(pixelValues: processed.pixelValues, inputIds: [ids])
+            let vocabulary = logits.shape[2], last = Array(logits.scalars.suffix(vocabulary))
+            let difference = Self.maxDifference(request.last_top_ids.map { last[$0] }, request.last_top_logits)
+            #expect(difference < 1e-4, "\(request.image): last-position logits differ by \(difference)")
+            var settings = pipeline.text.config
+            settings.maxNewTokens = expected.max_new_tokens
+            settings.doSample = false
+            let output = try model.generate(imageEmbeddings: embeddings, inputIds: [ids], config: settings)
+            #expect(output.sequences[0] == request.greedy_ids, "\(request.image)")
+        }
+    }
+
+    @Test func chatsThroughTheTemplateFromTheLanguageModel() throws {
+        let pipeline = try ImageTextToTextPipeline(gguf: Self.languageModel, mmproj: Self.mmproj)
+        var settings = pipeline.text.config
+        settings.maxNewTokens = 3
+        settings.doSample = false
+        let photo = Self.fixtures.appendingPathComponent("photos/chelsea.png").path
+        let messages: JSONValue = [["role": "user", "content": [["type": "image", "path": .string(photo)], ["type": "text", "text": "What is this?"]]]]
+        guard case .array(let list) = messages else { return }
+        let prompt = try pipeline.prompt(messages: list)
+        // The template's rendering with one image's 4 tokens (a 2×2 patch grid, class token dropped).
+        #expect(prompt.ids.filter { $0 == pipeline.model.imageTokenId }.count == 4)
+        #expect(try pipeline.generate(messages: list, settings: settings).ids.count == 3)
+    }
+
+    @Test func refusesFilesThatAreNotAPair() throws {
+        let qwen2 = Self.fixtures.appendingPathComponent("llama/qwen2-tiny.gguf")
+        #expect { try ImageTextToTextPipeline(gguf: qwen2, mmproj: Self.mmproj) } throws: { error in
+            "\(error)".contains("mmproj-f32.gguf") && "\(error)".contains("width 4 is not the hidden size 64")
+        }
+        #expect { try ImageTextToTextPipeline(gguf: Self.languageModel, mmproj: Self.languageModel) } throws: { error in
+            "\(error)".contains("not an mmproj file") && "\(error)".contains("\"llama\"")
+        }
+        #expect { try LlavaMMProjConfig(GGUFFile(url: Self.fixtures.appendingPathComponent("gguf/aligned64.gguf"))) } throws: { error in
+            "\(error)".contains("aligned64.gguf") && "\(error)".contains("not an mmproj file")
+        }
+    }
+}
