@@ -7,7 +7,8 @@ extension ImageTextToTextPipeline {
     /// LLaVA-1.5 from llama.cpp's GGUF pair, as `llama-mtmd-cli -m LM.gguf --mmproj MMPROJ.gguf` takes it: the
     /// model as ``LlavaForConditionalGeneration/init(gguf:mmproj:)`` reads it, the tokenizer and chat template from
     /// the language model's metadata, the generation settings its special token ids with the text-generation
-    /// pipeline's defaults (as a GGUF language model alone gets them).
+    /// pipeline's defaults (as a GGUF language model alone gets them). Messages reach the template with text contents,
+    /// each image part as `<image>`, as llama.cpp gives them to such templates.
     ///
     /// Images are prepared as transformers' `CLIPImageProcessor` does for LLaVA-1.5 checkpoints (bicubic resize of the
     /// shortest edge to the mmproj's image size, centre crop, its mean and std), the fidelity target; llama.cpp pads
@@ -34,6 +35,6 @@ extension ImageTextToTextPipeline {
         config.eosTokenIds = model.languageModel.config.eosTokenIds
         config.bosTokenId = model.languageModel.config.bosTokenId
         self.init(model: model, processor: processor, chatTemplate: chatTemplate,
-                  config: TextGenerationPipeline.withPipelineDefaults(config, setKeys: []))
+                  config: TextGenerationPipeline.withPipelineDefaults(config, setKeys: []), imagePartsAsText: true)
     }
 }

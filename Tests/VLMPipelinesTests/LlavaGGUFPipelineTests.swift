@@ -83,7 +83,11 @@ import VLMTensor
         let messages: JSONValue = [["role": "user", "content": [["type": "image", "path": .string(photo)], ["type": "text", "text": "What is this?"]]]]
         guard case .array(let list) = messages else { return }
         let prompt = try pipeline.prompt(messages: list)
-        // The template's rendering with one image's 4 tokens (a 2×2 patch grid, class token dropped).
+        // The language model's template (SmolLM2's ChatML) over the text llama.cpp makes of the parts, the image's
+        // marker expanded into its 4 tokens (a 2×2 patch grid, class token dropped).
+        let rendered = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\n<image>What is this?<|im_end|>\n<|im_start|>assistant\n"
+        let expanded = rendered.replacingOccurrences(of: "<image>", with: String(repeating: "<image>", count: 4))
+        #expect(prompt.ids == pipeline.processor.tokenizer.encode(expanded, addSpecialTokens: true).ids)
         #expect(prompt.ids.filter { $0 == pipeline.model.imageTokenId }.count == 4)
         #expect(try pipeline.generate(messages: list, settings: settings).ids.count == 3)
     }
