@@ -32,7 +32,8 @@ The pair, as llama.cpp's docs/multimodal/llava.md makes it:
 
 expected.json: per request (a photo, a prompt with `<image>`): transformers' `input_ids` (LlavaProcessor's, the image
 token expanded), the prompt's last-position 32 largest logits and their ids, greedy new tokens (max_new_tokens 8)
-with text and the smallest top-1/top-2 margin; for the first request also `pixel_values` and the projector's output.
+with text and the smallest top-1/top-2 margin; for the first request also `pixel_values` and the projector's output;
+`chat`: the same for one user turn (chelsea.png and a question) as llama.cpp lays it out for the template.
 transformers runs the checkpoint with ffn_down rounded through q8_0 (gguf-py's quantize and dequantize), which is
 what lm-q8_0.gguf holds, so the pair must agree to fp32 rounding.
 """
@@ -171,6 +172,24 @@ def answers(model, processor, with_inputs):
     return requests
 
 
+def chat_answer(model, processor):
+    """One user turn of an image and a question as llama.cpp hands it to the language model's own template (which
+    reads text contents only): the parts joined into one text, the image as its marker, no newline next to it
+    (common/chat.cpp's concat_content_parts); rendered by the checkpoint's template (the one the GGUF carries)."""
+    messages = [{"role": "user", "content": "<image>What is in this picture?"}]
+    text = processor.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    image = Image.open(os.path.join(PHOTOS, "chelsea.png")).convert("RGB")
+    inputs = processor(images=image, text=text, return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True)
+    ids = out.sequences[0, inputs.input_ids.shape[1]:].tolist()
+    margin = min((top[:, 0] - top[:, 1]).min().item() for top in (step.topk(2, dim=-1).values for step in out.logits))
+    return dict(image="chelsea.png", question="What is in this picture?", rendered=text,
+                input_ids=inputs.input_ids[0].tolist(), greedy_ids=ids,
+                greedy_text=processor.decode(ids, skip_special_tokens=True).strip(), min_margin=margin)
+
+
 def main():
     shutil.rmtree(OUT, ignore_errors=True)
     os.makedirs(OUT)
@@ -204,8 +223,9 @@ def main():
         processor = LlavaProcessor.from_pretrained(ckpt)
         q8_0_roundtrip(model)
         expected = dict(max_new_tokens=NEW_TOKENS, image_token_index=model.config.image_token_index,
-                        requests=answers(model, processor, True))
+                        requests=answers(model, processor, True), chat=chat_answer(model, processor))
     assert min(r["min_margin"] for r in expected["requests"]) > 1e-3, "near-tie, pick another seed"
+    assert expected["chat"]["min_margin"] > 1e-3, "near-tie in the chat answer, pick another seed"
     with open(os.path.join(OUT, "expected.json"), "w") as file:
         json.dump(expected, file, separators=(",", ":"))
     print({f: os.path.getsize(os.path.join(OUT, f)) for f in sorted(os.listdir(OUT))})

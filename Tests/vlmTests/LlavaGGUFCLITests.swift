@@ -1,0 +1,36 @@
+import Foundation
+import Testing
+
+/// `vlm generate --model LM.gguf --mmproj MMPROJ.gguf` on llama.cpp's GGUF pair of oracle/llava_gguf.py, against
+/// transformers' answer from the checkpoint the pair was made from.
+@Suite struct LlavaGGUFCLITests {
+    struct Expected: Decodable {
+        struct Chat: Decodable { let question: String; let input_ids: [Int]; let greedy_ids: [Int]; let greedy_text: String }
+        let max_new_tokens: Int
+        let chat: Chat
+    }
+
+    static let directory = CLI.fixtures.appendingPathComponent("llava-gguf")
+
+    @Test func generateWithAnImageAndAPromptReadsThePair() throws {
+        let expected = try JSONDecoder().decode(Expected.self, from: Data(contentsOf: Self.directory.appendingPathComponent("expected.json")))
+        let run = try CLI.run(["generate", "--model", Self.directory.appendingPathComponent("lm-q8_0.gguf").path,
+                               "--mmproj", Self.directory.appendingPathComponent("mmproj-f32.gguf").path,
+                               "--image", "photos/chelsea.png", "--prompt", expected.chat.question, "--temperature", "0",
+                               "--max-new-tokens", String(expected.max_new_tokens), "--json"], directory: CLI.fixtures)
+        #expect(run.status == 0, "\(run.stderr)")
+        let result = try #require(try CLI.json(run) as? [String: Any])
+        #expect(result["ids"] as? [Int] == expected.chat.greedy_ids)
+        #expect(result["prompt_tokens"] as? Int == expected.chat.input_ids.count)
+        #expect(result["text"] as? String == expected.chat.greedy_text)
+    }
+
+    @Test func aMismatchedPairIsOneLineNamingTheFile() throws {
+        let run = try CLI.run(["generate", "--model", CLI.fixtures.appendingPathComponent("llama/qwen2-tiny.gguf").path,
+                               "--mmproj", Self.directory.appendingPathComponent("mmproj-f32.gguf").path,
+                               "--image", "photos/chelsea.png", "--prompt", "Hi"], directory: CLI.fixtures)
+        #expect(run.status != 0)
+        #expect(run.stderr.contains("mmproj-f32.gguf") && run.stderr.contains("not a pair"), "\(run.stderr)")
+        #expect(run.stderr.trimmingCharacters(in: .whitespacesAndNewlines).split(separator: "\n").count == 1, "\(run.stderr)")
+    }
+}
