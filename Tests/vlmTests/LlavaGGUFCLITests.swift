@@ -25,6 +25,20 @@ import Testing
         #expect(result["text"] as? String == expected.chat.greedy_text)
     }
 
+    @Test func chatWithAnImageReadsThePair() throws {
+        let expected = try JSONDecoder().decode(Expected.self, from: Data(contentsOf: Self.directory.appendingPathComponent("expected.json")))
+        let input = FileManager.default.temporaryDirectory.appendingPathComponent("vlm-llava-gguf-\(UUID().uuidString).txt")
+        defer { try? FileManager.default.removeItem(at: input) }
+        try Data((expected.chat.question + "\n").utf8).write(to: input)
+        let run = try CLI.run(["chat", "--model", Self.directory.appendingPathComponent("lm-q8_0.gguf").path,
+                               "--mmproj", Self.directory.appendingPathComponent("mmproj-f32.gguf").path,
+                               "--image", "photos/chelsea.png", "--temperature", "0",
+                               "--max-new-tokens", String(expected.max_new_tokens)],
+                              standardInput: input, directory: CLI.fixtures)
+        #expect(run.status == 0, "\(run.stderr)")
+        #expect(run.stdout == expected.chat.greedy_text + "\n")
+    }
+
     @Test func aMismatchedPairIsOneLineNamingTheFile() throws {
         let run = try CLI.run(["generate", "--model", CLI.fixtures.appendingPathComponent("llama/qwen2-tiny.gguf").path,
                                "--mmproj", Self.directory.appendingPathComponent("mmproj-f32.gguf").path,
