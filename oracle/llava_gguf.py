@@ -33,7 +33,8 @@ The pair, as llama.cpp's docs/multimodal/llava.md makes it:
 expected.json: per request (a photo, a prompt with `<image>`): transformers' `input_ids` (LlavaProcessor's, the image
 token expanded), the prompt's last-position 32 largest logits and their ids, greedy new tokens (max_new_tokens 8)
 with text and the smallest top-1/top-2 margin; for the first request also `pixel_values` and the projector's output;
-`chat`: the same for one user turn (chelsea.png and a question) as llama.cpp lays it out for the template.
+mmproj-no-image-size.gguf: the mmproj less `clip.vision.image_size` (gguf-py's gguf_new_metadata.py), which must be
+refused naming the key. `chat`: the same for one user turn (chelsea.png and a question) as llama.cpp lays it out for the template.
 transformers runs the checkpoint with ffn_down rounded through q8_0 (gguf-py's quantize and dequantize), which is
 what lm-q8_0.gguf holds, so the pair must agree to fp32 rounding.
 """
@@ -215,6 +216,10 @@ def main():
             os.path.join(vit, "llava.projector"), "--output-dir", vit, "--clip-model-is-vision", "--use-f32")
         shutil.copy(os.path.join(vit, "mmproj-model-f32.gguf"), os.path.join(OUT, "mmproj-f32.gguf"))
         check_mmproj(os.path.join(OUT, "mmproj-f32.gguf"), os.path.join(ckpt, "model.safetensors"))
+        # An mmproj without its image size, by gguf-py's own metadata editor, for the missing-metadata error.
+        run(os.path.join(LLAMA_CPP, "gguf-py", "gguf", "scripts", "gguf_new_metadata.py"), "--force", "--remove-metadata",
+            "clip.vision.image_size", os.path.join(OUT, "mmproj-f32.gguf"),
+            os.path.join(OUT, "mmproj-no-image-size.gguf"), python=sys.executable)
         # 3. The language model.
         run(os.path.join(LLAMA_CPP, "convert_hf_to_gguf.py"), ckpt, "--outtype", "q8_0",
             "--outfile", os.path.join(OUT, "lm-q8_0.gguf"), python=sys.executable)

@@ -107,6 +107,9 @@ import VLMTensor
         #expect { try ImageTextToTextPipeline(gguf: Self.languageModel, mmproj: Self.languageModel) } throws: { error in
             "\(error)".contains("not an mmproj file") && "\(error)".contains("\"llama\"")
         }
+        #expect { try ImageTextToTextPipeline(gguf: Self.languageModel, mmproj: Self.directory.appendingPathComponent("mmproj-no-image-size.gguf")) } throws: { error in
+            "\(error)".contains("mmproj-no-image-size.gguf") && "\(error)".contains("clip.vision.image_size is missing")
+        }
         #expect { try LlavaMMProjConfig(GGUFFile(url: Self.fixtures.appendingPathComponent("gguf/aligned64.gguf"))) } throws: { error in
             "\(error)".contains("aligned64.gguf") && "\(error)".contains("not an mmproj file")
         }
