@@ -6,8 +6,10 @@ import Testing
 @Suite struct LlavaGGUFCLITests {
     struct Expected: Decodable {
         struct Chat: Decodable { let question: String; let input_ids: [Int]; let greedy_ids: [Int]; let greedy_text: String }
+        struct Request: Decodable { let image: String; let prompt: String; let greedy_ids: [Int]; let greedy_text: String }
         let max_new_tokens: Int
         let chat: Chat
+        let requests: [Request]
     }
 
     static let directory = CLI.fixtures.appendingPathComponent("llava-gguf")
@@ -37,6 +39,29 @@ import Testing
                               standardInput: input, directory: CLI.fixtures)
         #expect(run.status == 0, "\(run.stderr)")
         #expect(run.stdout == expected.chat.greedy_text + "\n")
+    }
+
+    /// `vlm caption --prompt` continues transformers' raw prompts; `vlm ask` lays the question out in LLaVA-1.5's
+    /// USER/ASSISTANT form, the first request's prompt.
+    @Test func captionAndAskReadThePair() throws {
+        let expected = try JSONDecoder().decode(Expected.self, from: Data(contentsOf: Self.directory.appendingPathComponent("expected.json")))
+        let pair = ["--model", Self.directory.appendingPathComponent("lm-q8_0.gguf").path,
+                    "--mmproj", Self.directory.appendingPathComponent("mmproj-f32.gguf").path,
+                    "--temperature", "0", "--max-new-tokens", String(expected.max_new_tokens), "--json"]
+        for request in expected.requests {
+            let run = try CLI.run(["caption", "photos/\(request.image)", "--prompt", request.prompt] + pair, directory: CLI.fixtures)
+            #expect(run.status == 0, "\(run.stderr)")
+            let result = try #require(try CLI.json(run) as? [[String: Any]])
+            #expect(result.first?["ids"] as? [Int] == request.greedy_ids, "\(request.image)")
+        }
+        let first = expected.requests[0]
+        let question = "What is in this picture?"
+        #expect(first.prompt == "USER: <image>\n\(question) ASSISTANT:")
+        let run = try CLI.run(["ask", "photos/\(first.image)", "--question", question] + pair, directory: CLI.fixtures)
+        #expect(run.status == 0, "\(run.stderr)")
+        let result = try #require(try CLI.json(run) as? [[String: Any]])
+        let answers = try #require(result.first?["answers"] as? [[String: Any]])
+        #expect(answers.first?["ids"] as? [Int] == first.greedy_ids)
     }
 
     @Test func aMismatchedPairIsOneLineNamingTheFile() throws {
