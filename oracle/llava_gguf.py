@@ -33,6 +33,12 @@ The pair, as llama.cpp's docs/multimodal/llava.md makes it:
 expected.json: per request (a photo, a prompt with `<image>`): transformers' `input_ids` (LlavaProcessor's, the image
 token expanded), the prompt's last-position 32 largest logits and their ids, greedy new tokens (max_new_tokens 8)
 with text and the smallest top-1/top-2 margin; for the first request also `pixel_values` and the projector's output;
+mmproj-next-f32.gguf: LLaVA-NeXT by llama.cpp's LLaVA-1.6 recipe (the vision config given image_grid_pinpoints,
+image_aspect_ratio "anyres" and mm_patch_merge_type "spatial_unpad" as cmp-nct's config_vit.json gives them) from a
+LlavaNextForConditionalGeneration over the same tower, projector and language model (so lm-q8_0.gguf serves it) with
+a learned image_newline, 28-pixel tiles over 1×2, 2×1, 2×2, 3×1 and 1×3 pinpoints; `next`: its answers as above
+(with `image_sizes`, the features of the first request per LlavaNextForConditionalGeneration's get_image_features),
+`next_chat`: the chat turn.
 mmproj-no-image-size.gguf: the mmproj less `clip.vision.image_size` (gguf-py's gguf_new_metadata.py), which must be
 refused naming the key. `chat`: the same for one user turn (chelsea.png and a question) as llama.cpp lays it out for the template.
 transformers runs the checkpoint with ffn_down rounded through q8_0 (gguf-py's quantize and dequantize), which is
@@ -50,7 +56,8 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file, save_file
 from transformers import (AutoTokenizer, CLIPImageProcessorPil, LlavaConfig, LlavaForConditionalGeneration,
-                          LlavaProcessor)
+                          LlavaNextConfig, LlavaNextForConditionalGeneration, LlavaNextImageProcessorPil,
+                          LlavaNextProcessor, LlavaProcessor)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "Tests", "Fixtures", "llava-gguf")
@@ -191,6 +198,91 @@ def chat_answer(model, processor):
                 greedy_text=processor.decode(ids, skip_special_tokens=True).strip(), min_margin=margin)
 
 
+NEXT_SEED = 4
+NEXT_PINPOINTS = [[28, 56], [56, 28], [56, 56], [84, 28], [28, 84]]
+NEXT_REQUESTS = [("chelsea.png", "USER: <image>\nWhat is in this picture? ASSISTANT:"),
+                 ("coffee.png", "<image>\nA photo of")]
+
+
+def next_checkpoint(llava_directory, directory):
+    """LLaVA-NeXT over the same tower, projector and language model (so that lm-q8_0.gguf serves it too), with a
+    learned image_newline and tiles of the tower's 28 pixels, in the published llava-hf layout."""
+    llava = LlavaForConditionalGeneration.from_pretrained(llava_directory, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(llava_directory)
+    config = LlavaNextConfig(vision_config=llava.config.vision_config.to_dict(),
+                             text_config=llava.config.text_config.to_dict(),
+                             image_token_index=llava.config.image_token_index, projector_hidden_act="gelu",
+                             vision_feature_layer=-2, vision_feature_select_strategy="default",
+                             image_grid_pinpoints=NEXT_PINPOINTS, tie_word_embeddings=True)
+    model = LlavaNextForConditionalGeneration(config).eval()
+    missing = model.load_state_dict(llava.state_dict(), strict=False)
+    assert missing.missing_keys == ["model.image_newline"] and not missing.unexpected_keys, missing
+    generator = torch.Generator().manual_seed(NEXT_SEED)
+    with torch.no_grad():
+        model.model.image_newline.copy_((0.5 * torch.randn(model.model.image_newline.shape, generator=generator)).half().float())
+    model.save_pretrained(directory)
+    image_processor = LlavaNextImageProcessorPil(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28},
+                                                 image_grid_pinpoints=NEXT_PINPOINTS)
+    LlavaNextProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=14,
+                       vision_feature_select_strategy="default", num_additional_image_tokens=1).save_pretrained(directory)
+    path = os.path.join(directory, "model.safetensors")
+    renamed = {("vision_tower.vision_model." + k[len("vision_tower."):] if k.startswith("vision_tower.") else k): v
+               for k, v in load_file(path).items()}
+    save_file(renamed, path, metadata={"format": "pt"})
+
+
+def next_mmproj(directory, out):
+    """The LLaVA-1.6 recipe of docs/multimodal/llava.md: surgery, then the tower as a CLIPVisionModel directory whose
+    config carries the anyres settings (as cmp-nct's config_vit.json does), then the image encoder converter."""
+    legacy = os.path.join(LLAMA_CPP, "tools", "mtmd", "legacy-models")
+    run(os.path.join(legacy, "llava_surgery_v2.py"), "-C", "-m", directory)
+    vit = os.path.join(directory, "vit")
+    os.makedirs(vit)
+    shutil.copy(os.path.join(directory, "llava.clip"), os.path.join(vit, "pytorch_model.bin"))
+    shutil.copy(os.path.join(directory, "llava.projector"), os.path.join(vit, "llava.projector"))
+    with open(os.path.join(directory, "config.json")) as file:
+        config = json.load(file)
+    vision = dict(config["vision_config"], architectures=["CLIPVisionModel"],
+                  vision_feature_layer=config["vision_feature_layer"], image_grid_pinpoints=NEXT_PINPOINTS,
+                  image_aspect_ratio="anyres", mm_patch_merge_type="spatial_unpad")
+    with open(os.path.join(vit, "config.json"), "w") as file:
+        json.dump(vision, file, indent=2)
+    run(os.path.join(legacy, "convert_image_encoder_to_gguf.py"), "-m", vit, "--llava-projector",
+        os.path.join(vit, "llava.projector"), "--output-dir", vit, "--clip-model-is-vision", "--use-f32")
+    shutil.copy(os.path.join(vit, "mmproj-model-f32.gguf"), out)
+    check_mmproj(out, os.path.join(directory, "model.safetensors"))
+    sys.path.insert(0, os.path.join(LLAMA_CPP, "gguf-py"))
+    import gguf
+    stored = {t.name: np.array(t.data, dtype=np.float32) for t in gguf.GGUFReader(out).tensors}
+    assert np.array_equal(stored["model.image_newline"], load_file(os.path.join(directory, "model.safetensors"))["image_newline"].numpy())
+
+
+def next_answers(model, processor):
+    requests = []
+    for index, (photo, prompt) in enumerate(NEXT_REQUESTS):
+        image = Image.open(os.path.join(PHOTOS, photo)).convert("RGB")
+        inputs = processor(images=image, text=prompt, return_tensors="pt")
+        with torch.no_grad():
+            logits = model(**inputs).logits[0, -1]
+            out = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, output_logits=True,
+                                 return_dict_in_generate=True)
+        ids = out.sequences[0, inputs.input_ids.shape[1]:].tolist()
+        margin = min((top[:, 0] - top[:, 1]).min().item()
+                     for top in (step.topk(2, dim=-1).values for step in out.logits))
+        record = dict(image=photo, prompt=prompt, input_ids=inputs.input_ids[0].tolist(),
+                      image_sizes=inputs.image_sizes[0].tolist(),
+                      last_top_ids=logits.topk(32).indices.tolist(), last_top_logits=logits.topk(32).values.tolist(),
+                      greedy_ids=ids, greedy_text=processor.decode(ids, skip_special_tokens=True).strip(),
+                      min_margin=margin)
+        if index == 0:
+            with torch.no_grad():
+                features = model.model.get_image_features(pixel_values=inputs.pixel_values,
+                                                          image_sizes=inputs.image_sizes).pooler_output[0]
+            record.update(image_features=features.tolist())
+        requests.append(record)
+    return requests
+
+
 def main():
     shutil.rmtree(OUT, ignore_errors=True)
     os.makedirs(OUT)
@@ -229,6 +321,16 @@ def main():
         q8_0_roundtrip(model)
         expected = dict(max_new_tokens=NEW_TOKENS, image_token_index=model.config.image_token_index,
                         requests=answers(model, processor, True), chat=chat_answer(model, processor))
+
+        next_directory = os.path.join(tmp, "llava-next-tiny")
+        next_checkpoint(ckpt, next_directory)
+        next_mmproj(next_directory, os.path.join(OUT, "mmproj-next-f32.gguf"))
+        next_model = LlavaNextForConditionalGeneration.from_pretrained(next_directory, dtype=torch.float32).eval()
+        q8_0_roundtrip(next_model)
+        next_processor = LlavaNextProcessor.from_pretrained(next_directory)
+        expected["next"] = next_answers(next_model, next_processor)
+        expected["next_chat"] = chat_answer(next_model, next_processor)
+    assert min(r["min_margin"] for r in expected["next"] + [expected["next_chat"]]) > 1e-3, "near-tie in LLaVA-NeXT's answers, pick another seed"
     assert min(r["min_margin"] for r in expected["requests"]) > 1e-3, "near-tie, pick another seed"
     assert expected["chat"]["min_margin"] > 1e-3, "near-tie in the chat answer, pick another seed"
     with open(os.path.join(OUT, "expected.json"), "w") as file:

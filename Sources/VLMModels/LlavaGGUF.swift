@@ -1,5 +1,6 @@
 import Foundation
 import VLMCheckpoint
+import VLMImages
 import VLMTensor
 
 // LLaVA-1.5 from llama.cpp's pair of GGUF files, as `llama-mtmd-cli -m LM.gguf --mmproj MMPROJ.gguf` runs it: the
@@ -23,6 +24,9 @@ public struct LlavaMMProjConfig: Sendable {
     public var projectorWidth: Int
     /// Whether the projector's linear layers have biases.
     public var projectorBias: Bool
+    /// LLaVA-NeXT's tile resolutions (`clip.vision.image_grid_pinpoints`, (height, width) pairs as the source
+    /// config's `image_grid_pinpoints`); nil for LLaVA-1.5.
+    public var imageGridPinpoints: [ImageSize]?
 
     /// Reads the `clip.*` metadata of `file`.
     ///
@@ -42,9 +46,6 @@ public struct LlavaMMProjConfig: Sendable {
         let projectorType = metadata["clip.projector_type"]?.string ?? "mlp"
         guard projectorType == "mlp" else {
             throw invalid("clip.projector_type is \"\(projectorType)\"; supported: mlp (LLaVA-1.5)")
-        }
-        guard metadata["clip.vision.image_grid_pinpoints"] == nil else {
-            throw invalid("clip.vision.image_grid_pinpoints: LLaVA-NeXT (anyres) mmproj files are not supported yet")
         }
         guard file.info("mm.3.weight") == nil else {
             throw invalid("mm.3.weight: the normed (Yi-style) LLaVA projector is not supported")
@@ -88,6 +89,18 @@ public struct LlavaMMProjConfig: Sendable {
         }
         projectorWidth = second.shape[0]
         projectorBias = file.info("mm.0.bias") != nil
+        if let pinpoints = metadata["clip.vision.image_grid_pinpoints"] {
+            let values = pinpoints.array?.compactMap(\.integer) ?? []
+            guard !values.isEmpty, values.count == pinpoints.array?.count, values.count % 2 == 0, values.allSatisfy({ $0 > 0 }) else {
+                throw invalid("clip.vision.image_grid_pinpoints is \(pinpoints), expected positive height, width pairs")
+            }
+            let mergeType = metadata["clip.vision.mm_patch_merge_type"]?.string ?? "flat"
+            guard mergeType == "spatial_unpad" else {
+                throw invalid("clip.vision.mm_patch_merge_type is \"\(mergeType)\"; LLaVA-NeXT (anyres) is supported with spatial_unpad")
+            }
+            guard file.info("model.image_newline") != nil else { throw invalid("model.image_newline (LLaVA-NeXT's row separator) is missing") }
+            imageGridPinpoints = stride(from: 0, to: values.count, by: 2).map { ImageSize(height: values[$0], width: values[$0 + 1]) }
+        }
     }
 
     /// Hugging Face name (as `LlavaForConditionalGeneration`'s published layout has it) → the mmproj's tensor, for the
@@ -105,6 +118,7 @@ public struct LlavaMMProjConfig: Sendable {
             "vision_tower.post_layernorm.weight": .value(Tensor(shape: [d], scalars: Array(repeating: 1, count: d))),
             "vision_tower.post_layernorm.bias": .value(Tensor(zeros: [d])),
         ]
+        if imageGridPinpoints != nil { names["image_newline"] = .tensor("model.image_newline") }
         for (hf, gguf) in [("linear_1", "mm.0"), ("linear_2", "mm.2")] {
             for kind in ["weight", "bias"] { names["multi_modal_projector.\(hf).\(kind)"] = .tensor("\(gguf).\(kind)") }
         }
@@ -122,6 +136,32 @@ public struct LlavaMMProjConfig: Sendable {
     }
 }
 
+/// The parts a GGUF pair gives both LLaVA classes: the LLaVA config, the image encoder, the language model, and the
+/// mmproj's weights under Hugging Face names.
+private func llavaParts(languageModel: GGUFFile, mmproj: GGUFFile, projection: LlavaMMProjConfig) throws
+    -> (config: LlavaConfig, encoder: LlavaImageEncoder, decoder: LlamaForCausalLM, weights: Weights) {
+    let decoder = try LlamaForCausalLM(gguf: languageModel)
+    guard projection.projectorWidth == decoder.config.hiddenSize else {
+        throw CheckpointError.invalidGGUF(file: mmproj.url.path, tensor: "mm.2.weight",
+                                          reason: "the projector's width \(projection.projectorWidth) is not the hidden size \(decoder.config.hiddenSize) of \(languageModel.url.lastPathComponent): not a pair")
+    }
+    guard let imageToken = languageModel.metadata["tokenizer.ggml.tokens"]?.array?.firstIndex(of: .string("<image>")) else {
+        throw CheckpointError.invalidGGUF(file: languageModel.url.path, tensor: nil,
+                                          reason: "tokenizer.ggml.tokens has no <image> token to stand for the image's features")
+    }
+    var config = try JSONDecoder().decode(LlavaConfig.self, from: Data("{}".utf8))
+    config.visionConfig = projection.visionConfig
+    config.textConfig = decoder.config
+    config.imageTokenIndex = imageToken
+    config.projectorHiddenAct = "gelu"
+    config.visionFeatureLayers = projection.featureLayers
+    config.visionFeatureSelectStrategy = "default"
+    config.multimodalProjectorBias = projection.projectorBias
+    let weights = Weights(WeightStore(gguf: mmproj, tensors: projection.tensorNames(mmproj)))
+    let encoder = try LlavaImageEncoder(config: config, weights: weights, file: mmproj.url.path)
+    return (config, encoder, decoder, weights)
+}
+
 extension LlavaForConditionalGeneration {
     /// LLaVA-1.5 from llama.cpp's GGUF pair: the language model from `languageModel` (``LlamaForCausalLM/init(gguf:)-(GGUFFile)``,
     /// quantized matrices kept as stored), the CLIP tower and projector from `mmproj` (see ``LlavaMMProjConfig``),
@@ -131,28 +171,41 @@ extension LlavaForConditionalGeneration {
     /// llava-hf's vocabularies have it.
     ///
     /// - Throws: `CheckpointError.invalidGGUF` naming the file for a non-mmproj file, missing metadata, a pair whose
-    ///   projector width is not the language model's hidden size, or a vocabulary without `<image>`.
+    ///   projector width is not the language model's hidden size, a vocabulary without `<image>`, or a LLaVA-NeXT
+    ///   mmproj (load that as ``LlavaNextForConditionalGeneration``).
     public convenience init(gguf languageModel: GGUFFile, mmproj: GGUFFile) throws {
         let projection = try LlavaMMProjConfig(mmproj)
-        let decoder = try LlamaForCausalLM(gguf: languageModel)
-        guard projection.projectorWidth == decoder.config.hiddenSize else {
-            throw CheckpointError.invalidGGUF(file: mmproj.url.path, tensor: "mm.2.weight",
-                                              reason: "the projector's width \(projection.projectorWidth) is not the hidden size \(decoder.config.hiddenSize) of \(languageModel.url.lastPathComponent): not a pair")
+        guard projection.imageGridPinpoints == nil else {
+            throw CheckpointError.invalidGGUF(file: mmproj.url.path, tensor: nil,
+                                              reason: "clip.vision.image_grid_pinpoints: a LLaVA-NeXT (anyres) mmproj, not LLaVA-1.5's")
         }
-        guard let imageToken = languageModel.metadata["tokenizer.ggml.tokens"]?.array?.firstIndex(of: .string("<image>")) else {
-            throw CheckpointError.invalidGGUF(file: languageModel.url.path, tensor: nil,
-                                              reason: "tokenizer.ggml.tokens has no <image> token to stand for the image's features")
+        let parts = try llavaParts(languageModel: languageModel, mmproj: mmproj, projection: projection)
+        self.init(config: parts.config, encoder: parts.encoder, languageModel: parts.decoder)
+    }
+}
+
+extension LlavaNextForConditionalGeneration {
+    /// LLaVA-NeXT (1.6) from llama.cpp's GGUF pair: as ``LlavaForConditionalGeneration/init(gguf:mmproj:)``, with the
+    /// mmproj's `clip.vision.image_grid_pinpoints` as `image_grid_pinpoints` and its `model.image_newline`.
+    ///
+    /// - Throws: as LLaVA-1.5's loader, and `CheckpointError.invalidGGUF` for an mmproj without pinpoints.
+    public convenience init(gguf languageModel: GGUFFile, mmproj: GGUFFile) throws {
+        let projection = try LlavaMMProjConfig(mmproj)
+        guard let pinpoints = projection.imageGridPinpoints else {
+            throw CheckpointError.invalidGGUF(file: mmproj.url.path, tensor: nil,
+                                              reason: "clip.vision.image_grid_pinpoints is missing: a LLaVA-1.5 mmproj, not LLaVA-NeXT's")
         }
-        var config = try JSONDecoder().decode(LlavaConfig.self, from: Data("{}".utf8))
-        config.visionConfig = projection.visionConfig
-        config.textConfig = decoder.config
-        config.imageTokenIndex = imageToken
-        config.projectorHiddenAct = "gelu"
-        config.visionFeatureLayers = projection.featureLayers
-        config.visionFeatureSelectStrategy = "default"
-        config.multimodalProjectorBias = projection.projectorBias
-        let weights = Weights(WeightStore(gguf: mmproj, tensors: projection.tensorNames(mmproj)))
-        let encoder = try LlavaImageEncoder(config: config, weights: weights, file: mmproj.url.path)
-        self.init(config: config, encoder: encoder, languageModel: decoder)
+        let parts = try llavaParts(languageModel: languageModel, mmproj: mmproj, projection: projection)
+        let tile = projection.visionConfig.imageSize
+        guard pinpoints.allSatisfy({ $0.height % tile == 0 && $0.width % tile == 0 }) else {
+            throw CheckpointError.invalidGGUF(file: mmproj.url.path, tensor: nil,
+                                              reason: "clip.vision.image_grid_pinpoints must be multiples of clip.vision.image_size \(tile)")
+        }
+        var config = try JSONDecoder().decode(LlavaNextConfig.self, from: Data("{}".utf8))
+        config.llava = parts.config
+        config.imageGridPinpoints = pinpoints
+        config.tieWordEmbeddings = parts.decoder.config.tieWordEmbeddings
+        let newline = try parts.weights("image_newline", shape: [parts.decoder.config.hiddenSize])
+        self.init(config: config, encoder: parts.encoder, imageNewline: newline, languageModel: parts.decoder)
     }
 }

@@ -286,6 +286,15 @@ public struct LlavaNextProcessor: ImageChatProcessor {
         imageTokenId = id
     }
 
+    /// A processor from its parts, as a GGUF pair gives them (LlavaGGUFLoading.swift); `"default"` strategy, one
+    /// additional token (the class token, dropped), as llama.cpp's LLaVA projector reads the tower.
+    public init(imageProcessor: LlavaNextImageProcessor, tokenizer: Tokenizer, imageToken: String, imageTokenId: Int,
+                patchSize: Int) {
+        (self.imageProcessor, self.tokenizer, self.imageToken, self.imageTokenId) = (imageProcessor, tokenizer, imageToken, imageTokenId)
+        (self.patchSize, numAdditionalImageTokens, dropsClassToken) = (patchSize, 1, true)
+        (imageGridPinpoints, processedSize) = (imageProcessor.config.imageGridPinpoints, imageProcessor.outputSize)
+    }
+
     /// `_get_number_of_features`, less the class token under `"default"`: the base view's patches plus the tile
     /// grid's (its size in patches scaled from the processed patch to the best pinpoint), unpadded as the model
     /// unpads it, plus a newline per grid row.

@@ -56,4 +56,16 @@ import VLMTensor
         #expect(config.projectorWidth == mmproj.info("mm.2.weight")?.shape[0])
         #expect(config.imageMean.count == 3 && config.imageStd.count == 3 && config.projectorBias)
     }
+
+    @Test func eachClassRefusesTheOtherKindOfMmproj() throws {
+        let (languageModel, mmproj) = try Self.pair()
+        let next = try GGUFFile(url: Self.directory.appendingPathComponent("mmproj-next-f32.gguf"))
+        #expect(try LlavaMMProjConfig(next).imageGridPinpoints?.count == 5)
+        #expect { try LlavaForConditionalGeneration(gguf: languageModel, mmproj: next) } throws: { error in
+            "\(error)".contains("mmproj-next-f32.gguf") && "\(error)".contains("LLaVA-NeXT (anyres) mmproj")
+        }
+        #expect { try LlavaNextForConditionalGeneration(gguf: languageModel, mmproj: mmproj) } throws: { error in
+            "\(error)".contains("mmproj-f32.gguf") && "\(error)".contains("image_grid_pinpoints is missing")
+        }
+    }
 }

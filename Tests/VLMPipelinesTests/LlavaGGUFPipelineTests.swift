@@ -31,10 +31,21 @@ import VLMTensor
             let greedy_ids: [Int]
             let greedy_text: String
         }
+        struct NextRequest: Decodable {
+            let image: String
+            let prompt: String
+            let input_ids: [Int]
+            let image_sizes: [Int]
+            let last_top_ids: [Int]
+            let last_top_logits: [Float]
+            let greedy_ids: [Int]
+            let image_features: [[Float]]?
+        }
         let max_new_tokens: Int
         let image_token_index: Int
         let requests: [Request]
         let chat: Chat
+        let next: [NextRequest]
     }
 
     static let fixtures = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
@@ -78,6 +89,35 @@ import VLMTensor
             settings.maxNewTokens = expected.max_new_tokens
             settings.doSample = false
             let output = try model.generate(imageEmbeddings: embeddings, inputIds: [ids], config: settings)
+            #expect(output.sequences[0] == request.greedy_ids, "\(request.image)")
+        }
+    }
+
+    /// LLaVA-NeXT from an mmproj made by llama.cpp's LLaVA-1.6 recipe (pinpoints and image_newline in it) beside the
+    /// same language model file: tiles, unpadding and newlines as transformers' LlavaNextForConditionalGeneration.
+    @Test func nextPairAnswersLikeTransformers() throws {
+        let expected = try Self.expected()
+        let pipeline = try ImageTextToTextPipeline(gguf: Self.languageModel, mmproj: Self.directory.appendingPathComponent("mmproj-next-f32.gguf"))
+        let model = try #require(pipeline.model as? LlavaNextForConditionalGeneration)
+        for request in expected.next {
+            let image = try ImageDecoder.decode(contentsOf: Self.fixtures.appendingPathComponent("photos/\(request.image)"))
+            let processed = try pipeline.processor.preprocess([image], conversationImageCount: 1)
+            #expect(processed.imageSizes.map { [$0.height, $0.width] } == [request.image_sizes])
+            let ids = try pipeline.processor.promptIds(request.prompt, images: processed)
+            #expect(ids == request.input_ids, "\(request.image)")
+            let features = try model.imageFeatures(processed)
+            if let reference = request.image_features {
+                #expect(features[0].shape == [reference.count, 4])
+                #expect(Self.maxDifference(features[0].scalars, reference.flatMap { $0 }) < 1e-5)
+            }
+            let logits = try model.logits(images: processed, inputIds: [ids])
+            let last = Array(logits.scalars.suffix(logits.shape[2]))
+            let difference = Self.maxDifference(request.last_top_ids.map { last[$0] }, request.last_top_logits)
+            #expect(difference < 1e-4, "\(request.image): last-position logits differ by \(difference)")
+            var settings = pipeline.text.config
+            settings.maxNewTokens = expected.max_new_tokens
+            settings.doSample = false
+            let output = try model.generate(imageEmbeddings: model.imageEmbeddings(processed), inputIds: [ids], config: settings)
             #expect(output.sequences[0] == request.greedy_ids, "\(request.image)")
         }
     }

@@ -9,6 +9,7 @@ import Testing
         struct Request: Decodable { let image: String; let prompt: String; let greedy_ids: [Int]; let greedy_text: String }
         let max_new_tokens: Int
         let chat: Chat
+        let next_chat: Chat
         let requests: [Request]
     }
 
@@ -62,6 +63,18 @@ import Testing
         let result = try #require(try CLI.json(run) as? [[String: Any]])
         let answers = try #require(result.first?["answers"] as? [[String: Any]])
         #expect(answers.first?["ids"] as? [Int] == first.greedy_ids)
+    }
+
+    @Test func generateReadsALlavaNextMmproj() throws {
+        let expected = try JSONDecoder().decode(Expected.self, from: Data(contentsOf: Self.directory.appendingPathComponent("expected.json")))
+        let run = try CLI.run(["generate", "--model", Self.directory.appendingPathComponent("lm-q8_0.gguf").path,
+                               "--mmproj", Self.directory.appendingPathComponent("mmproj-next-f32.gguf").path,
+                               "--image", "photos/chelsea.png", "--prompt", expected.next_chat.question, "--temperature", "0",
+                               "--max-new-tokens", String(expected.max_new_tokens), "--json"], directory: CLI.fixtures)
+        #expect(run.status == 0, "\(run.stderr)")
+        let result = try #require(try CLI.json(run) as? [String: Any])
+        #expect(result["ids"] as? [Int] == expected.next_chat.greedy_ids)
+        #expect(result["prompt_tokens"] as? Int == expected.next_chat.input_ids.count)
     }
 
     @Test func aMismatchedPairIsOneLineNamingTheFile() throws {
