@@ -3,13 +3,13 @@ import VLMCheckpoint
 import VLMImages
 import VLMTensor
 
-// LLaVA-1.5 from llama.cpp's pair of GGUF files, as `llama-mtmd-cli -m LM.gguf --mmproj MMPROJ.gguf` runs it: the
+// LLaVA-1.5 and LLaVA-NeXT from llama.cpp's pair of GGUF files, as `llama-mtmd-cli -m LM.gguf --mmproj MMPROJ.gguf` runs it: the
 // CLIP tower and the projector from the mmproj (`general.architecture` "clip", its `clip.*` metadata and `v.*`/`mm.*`
 // tensors, as tools/mtmd/legacy-models/convert_image_encoder_to_gguf.py writes them), the language model from the
-// other file as LlamaGGUF.swift reads it. Both are read into the LLaVA classes of Llava.swift under Hugging Face's
-// names; nothing here computes anything of its own.
+// other file as LlamaGGUF.swift reads it. Both are read into the classes of Llava.swift and LlavaNext.swift under
+// Hugging Face's names; nothing here computes anything of its own.
 
-/// What a llama.cpp mmproj file says about LLaVA-1.5's image side: the CLIP tower's shape, which of its hidden states
+/// What a llama.cpp mmproj file says about LLaVA-1.5's or LLaVA-NeXT's image side: the CLIP tower's shape, which of its hidden states
 /// the projector reads, the image normalization, and the projector's widths.
 public struct LlavaMMProjConfig: Sendable {
     /// The tower as transformers would configure it, with only the layers the file holds (the converter drops those
@@ -31,8 +31,9 @@ public struct LlavaMMProjConfig: Sendable {
     /// Reads the `clip.*` metadata of `file`.
     ///
     /// - Throws: `CheckpointError.invalidGGUF` naming the file when it is not a LLaVA mmproj (another architecture, no
-    ///   LLaVA projector, a projector type other than "mlp"), when a required key is missing, or for a LLaVA-NeXT
-    ///   (`image_grid_pinpoints`) or Yi-style (normed) projector, which are not supported here.
+    ///   LLaVA projector, a projector type other than "mlp"), when a required key is missing or malformed, for
+    ///   LLaVA-NeXT pinpoints without `spatial_unpad` merging or `model.image_newline`, or for the Yi-style (normed)
+    ///   projector, which is not supported here.
     public init(_ file: GGUFFile) throws {
         let path = file.url.path
         func invalid(_ reason: String) -> CheckpointError { .invalidGGUF(file: path, tensor: nil, reason: reason) }
