@@ -11,7 +11,8 @@ public final class WeightStore: @unchecked Sendable {
     private let source: String
     // name → the file holding it. Immutable after init.
     private let files: [String: SafetensorsFile]
-    /// Hugging Face name → where a store made by ``init(gguf:tensors:)`` reads it.
+    /// The file a store made by ``init(gguf:tensors:)`` reads, and where it reads each Hugging Face name.
+    private let ggufFile: GGUFFile?
     private let ggufTensors: [String: GGUFSource]
 
     /// A tensor of a GGUF file under its own name, or a value the file leaves out.
@@ -31,10 +32,11 @@ public final class WeightStore: @unchecked Sendable {
         files = [:]
         ggufFile = file
         ggufTensors = tensors
-        names = tensors.keys.sorted()
+        names = tensors.filter { _, source in
+            if case let .tensor(stored) = source { return file.info(stored) != nil }
+            return true
+        }.keys.sorted()
     }
-
-    private let ggufFile: GGUFFile?
 
     /// Opens the checkpoint in `directory`: `model.safetensors` if present, else the shards that
     /// `model.safetensors.index.json` names. Every header is validated, and every tensor the index lists must be in
@@ -63,7 +65,14 @@ public final class WeightStore: @unchecked Sendable {
         ggufTensors = [:]
     }
 
-    public func contains(_ name: String) -> Bool { files[name] != nil || ggufTensors[name] != nil }
+    public func contains(_ name: String) -> Bool {
+        switch ggufTensors[name] {
+        case .value: true
+        // A name mapped to a tensor the file lacks is not there (reading it throws naming the file's tensor).
+        case let .tensor(stored): ggufFile?.info(stored) != nil
+        case nil: files[name] != nil
+        }
+    }
 
     /// The dtype, shape and location of `name`, or nil when the checkpoint has no such tensor.
     public func info(_ name: String) -> TensorInfo? { files[name]?.info(name) }
