@@ -39,6 +39,9 @@ LlavaNextForConditionalGeneration over the same tower, projector and language mo
 a learned image_newline, 28-pixel tiles over 1×2, 2×1, 2×2, 3×1 and 1×3 pinpoints; `next`: its answers as above
 (with `image_sizes`, the features of the first request per LlavaNextForConditionalGeneration's get_image_features),
 `next_chat`: the chat turn.
+mmproj-no-feature-layer-f32.gguf: the same tower and projector converted from a vision config without
+vision_feature_layer (the converter drops the last layer and writes no clip.vision.feature_layer), for the same
+features.
 mmproj-no-image-size.gguf: the mmproj less `clip.vision.image_size` (gguf-py's gguf_new_metadata.py), which must be
 refused naming the key. `chat`: the same for one user turn (chelsea.png and a question) as llama.cpp lays it out for the template.
 transformers runs the checkpoint with ffn_down rounded through q8_0 (gguf-py's quantize and dequantize), which is
@@ -308,6 +311,17 @@ def main():
             os.path.join(vit, "llava.projector"), "--output-dir", vit, "--clip-model-is-vision", "--use-f32")
         shutil.copy(os.path.join(vit, "mmproj-model-f32.gguf"), os.path.join(OUT, "mmproj-f32.gguf"))
         check_mmproj(os.path.join(OUT, "mmproj-f32.gguf"), os.path.join(ckpt, "model.safetensors"))
+        # The same tower converted from a vision config without vision_feature_layer: the converter then drops the
+        # last layer and writes no clip.vision.feature_layer.
+        plain = os.path.join(tmp, "vit-plain")
+        os.makedirs(plain)
+        for name in ("pytorch_model.bin", "llava.projector"):
+            shutil.copy(os.path.join(vit, name), os.path.join(plain, name))
+        with open(os.path.join(plain, "config.json"), "w") as file:
+            json.dump({k: v for k, v in vision.items() if k != "vision_feature_layer"}, file, indent=2)
+        run(os.path.join(legacy, "convert_image_encoder_to_gguf.py"), "-m", plain, "--llava-projector",
+            os.path.join(plain, "llava.projector"), "--output-dir", plain, "--clip-model-is-vision", "--use-f32")
+        shutil.copy(os.path.join(plain, "mmproj-model-f32.gguf"), os.path.join(OUT, "mmproj-no-feature-layer-f32.gguf"))
         # An mmproj without its image size, by gguf-py's own metadata editor, for the missing-metadata error.
         run(os.path.join(LLAMA_CPP, "gguf-py", "gguf", "scripts", "gguf_new_metadata.py"), "--force", "--remove-metadata",
             "clip.vision.image_size", os.path.join(OUT, "mmproj-f32.gguf"),

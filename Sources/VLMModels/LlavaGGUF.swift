@@ -15,8 +15,10 @@ public struct LlavaMMProjConfig: Sendable {
     /// The tower as transformers would configure it, with only the layers the file holds (the converter drops those
     /// past the deepest feature layer).
     public var visionConfig: CLIPVisionConfig
-    /// `hidden_states` indices the projector reads (`clip.vision.feature_layer`; without it, the last layer the file
-    /// holds, as llama.cpp reads such files).
+    /// `hidden_states` indices the projector reads (`clip.vision.feature_layer`). Without it, the last layer the file
+    /// holds: the converter has dropped the source tower's last layer, so this is LLaVA's `vision_feature_layer` -2.
+    /// (llama.cpp's graph, tools/mtmd/models/llava.cpp, stops one layer earlier there, at `block_count - 1`; this
+    /// follows the source model.)
     public var featureLayers: [Int]
     public var imageMean: [Double]
     public var imageStd: [Double]

@@ -68,4 +68,20 @@ import VLMTensor
             "\(error)".contains("mmproj-f32.gguf") && "\(error)".contains("image_grid_pinpoints is missing")
         }
     }
+
+    /// Without `clip.vision.feature_layer` the converter has dropped the tower's last layer, so the last layer the
+    /// file holds is `hidden_states[-2]` of the source model, which its `vision_feature_layer` -2 reads.
+    @Test func anMmprojWithoutFeatureLayersReadsItsLastLayer() throws {
+        let expected = try JSONDecoder().decode(Expected.self, from: Data(contentsOf: Self.directory.appendingPathComponent("expected.json")))
+        let (languageModel, _) = try Self.pair()
+        let mmproj = try GGUFFile(url: Self.directory.appendingPathComponent("mmproj-no-feature-layer-f32.gguf"))
+        #expect(mmproj.metadata["clip.vision.feature_layer"] == nil)
+        let model = try LlavaForConditionalGeneration(gguf: languageModel, mmproj: mmproj)
+        let request = expected.requests[0]
+        let pixels = try #require(request.pixel_values), features = try #require(request.image_features)
+        let pixelValues = Tensor(shape: [1, 3, pixels[0][0].count, pixels[0][0][0].count],
+                                 scalars: pixels.flatMap { $0.flatMap { $0.flatMap { $0 } } })
+        let embeddings = try model.imageEmbeddings(pixelValues: pixelValues)
+        #expect(zip(embeddings.scalars, features.flatMap { $0 }).allSatisfy { abs($0 - $1) < 1e-5 })
+    }
 }
