@@ -3,14 +3,14 @@ import VLMCheckpoint
 import VLMImages
 import VLMTensor
 
-// LLaVA-1.5 and LLaVA-NeXT from llama.cpp's pair of GGUF files, as `llama-mtmd-cli -m LM.gguf --mmproj MMPROJ.gguf` runs it: the
-// CLIP tower and the projector from the mmproj (`general.architecture` "clip", its `clip.*` metadata and `v.*`/`mm.*`
-// tensors, as tools/mtmd/legacy-models/convert_image_encoder_to_gguf.py writes them), the language model from the
-// other file as LlamaGGUF.swift reads it. Both are read into the classes of Llava.swift and LlavaNext.swift under
+// LLaVA-1.5 and LLaVA-NeXT from llama.cpp's pair of GGUF files, as `llama-mtmd-cli -m LM.gguf --mmproj MMPROJ.gguf`
+// runs them: the CLIP tower and the projector from the mmproj (`general.architecture` "clip", its `clip.*` metadata and
+// `v.*`/`mm.*` tensors, as tools/mtmd/legacy-models/convert_image_encoder_to_gguf.py writes them), the language model
+// from the other file as LlamaGGUF.swift reads it. Both are read into the classes of Llava.swift and LlavaNext.swift under
 // Hugging Face's names; nothing here computes anything of its own.
 
-/// What a llama.cpp mmproj file says about LLaVA-1.5's or LLaVA-NeXT's image side: the CLIP tower's shape, which of its hidden states
-/// the projector reads, the image normalization, and the projector's widths.
+/// What a llama.cpp mmproj file says about LLaVA-1.5's or LLaVA-NeXT's image side: the CLIP tower's shape, which of
+/// its hidden states the projector reads, the image normalization, the projector's widths and NeXT's tile grids.
 public struct LlavaMMProjConfig: Sendable {
     /// The tower as transformers would configure it, with only the layers the file holds (the converter drops those
     /// past the deepest feature layer).
@@ -48,7 +48,7 @@ public struct LlavaMMProjConfig: Sendable {
         }
         let projectorType = metadata["clip.projector_type"]?.string ?? "mlp"
         guard projectorType == "mlp" else {
-            throw invalid("clip.projector_type is \"\(projectorType)\"; supported: mlp (LLaVA-1.5)")
+            throw invalid("clip.projector_type is \"\(projectorType)\"; supported: mlp (LLaVA-1.5, LLaVA-NeXT)")
         }
         guard file.info("mm.3.weight") == nil else {
             throw invalid("mm.3.weight: the normed (Yi-style) LLaVA projector is not supported")
@@ -58,8 +58,9 @@ public struct LlavaMMProjConfig: Sendable {
             guard let integer = value.integer, integer > 0 else { throw invalid("clip.vision.\(key) is \(value), expected a positive count") }
             return integer
         }
-        func numbers(_ key: String) throws -> [Double] {
-            guard let value = metadata["clip.vision.\(key)"] else { return key == "image_mean" ? [0.48145466, 0.4578275, 0.40821073] : [0.26862954, 0.26130258, 0.27577711] }
+        // Without them, OpenAI CLIP's mean and std, the converter's defaults.
+        func numbers(_ key: String, default values: [Double]) throws -> [Double] {
+            guard let value = metadata["clip.vision.\(key)"] else { return values }
             guard let numbers = value.array?.compactMap(\.number), numbers.count == 3 else {
                 throw invalid("clip.vision.\(key) is \(value), expected 3 numbers")
             }
@@ -84,8 +85,8 @@ public struct LlavaMMProjConfig: Sendable {
         } else {
             featureLayers = [vision.numHiddenLayers]
         }
-        imageMean = try numbers("image_mean")
-        imageStd = try numbers("image_std")
+        imageMean = try numbers("image_mean", default: [0.48145466, 0.4578275, 0.40821073])
+        imageStd = try numbers("image_std", default: [0.26862954, 0.26130258, 0.27577711])
         guard let first = file.info("mm.0.weight"), let second = file.info("mm.2.weight"), first.shape.count == 2,
               second.shape.count == 2 else {
             throw invalid("mm.0.weight and mm.2.weight (the LLaVA projector's two linear layers) are missing or not matrices")
