@@ -1,5 +1,6 @@
-"""LLaVA-1.5 as llama.cpp's GGUF pair (`--model LM.gguf --mmproj MMPROJ.gguf`), made by llama.cpp's own converters
-from a tiny random-init llava-hf-style checkpoint, with what transformers computes from that checkpoint.
+"""LLaVA-1.5 and LLaVA-NeXT as llama.cpp's GGUF pairs (`--model LM.gguf --mmproj MMPROJ.gguf`), made by llama.cpp's
+own converters from tiny random-init llava-hf-style checkpoints, with what transformers computes from those
+checkpoints.
 
 Run by hand from the repository root with the oracle venv (oracle/requirements.txt) and llama.cpp's source tree (the
 llama-cpp-python sdist on PyPI vendors it as vendor/llama.cpp):
@@ -9,43 +10,47 @@ llama-cpp-python sdist on PyPI vendors it as vendor/llama.cpp):
 
 llama.cpp's scripts run under LLAMA_CPP_PYTHON, a venv with what llama.cpp pins for them
 (tools/mtmd/requirements.txt: transformers==4.57.6, whose CLIPVisionModel still has the `vision_model` attribute
-convert_image_encoder_to_gguf.py truncates; 5.23's has not), except convert_hf_to_gguf.py, which runs under this
-process's python (4.57.6 cannot read the tokenizer_config.json 5.23 saves, whose class is TokenizersBackend), each with llama.cpp's gguf-py on PYTHONPATH. The expected
-values come from transformers 5.23 in this process.
+convert_image_encoder_to_gguf.py truncates; 5.23's has not), except convert_hf_to_gguf.py and gguf_new_metadata.py,
+which run under this process's python (4.57.6 cannot read the tokenizer_config.json 5.23 saves, whose class is
+TokenizersBackend); all with llama.cpp's gguf-py on PYTHONPATH. The expected values come from transformers 5.23 in
+this process.
 
-The checkpoint: LlavaForConditionalGeneration with a 3-layer CLIP tower (28-pixel images, 14-pixel patches),
-vision_feature_layer -2, "default" strategy, a GELU projector with biases, a 2-layer Llama language model of width 4
-(intermediate 32, so that llama.cpp's q8_0 applies to ffn_down; narrower rows stay f16 as its converter falls back) and
-the real SmolLM2 byte-level BPE plus `<image>`; weights drawn in fp16 and kept as fp32 values that fp16 holds exactly,
-so that the f16 files round nothing. Saved in the published llava-hf layout (`vision_tower.vision_model.…`,
-`multi_modal_projector.…`, `language_model.model.…`), which llava_surgery_v2.py looks for.
+The LLaVA-1.5 checkpoint: LlavaForConditionalGeneration with a 3-layer CLIP tower (28-pixel images, 14-pixel
+patches), vision_feature_layer -2, "default" strategy, a GELU projector with biases, a 2-layer Llama language model of
+width 4 (intermediate 32, so that llama.cpp's q8_0 applies to ffn_down; narrower rows stay f16 as its converter falls
+back) and the real SmolLM2 byte-level BPE plus `<image>`; weights drawn in fp16 and kept as fp32 values that fp16
+holds exactly, so that the f16 tensors round nothing. Saved in the published llava-hf layout
+(`vision_tower.vision_model.…`, `multi_modal_projector.…`), which llava_surgery_v2.py keys on: with 5.23's own
+layout (`vision_tower.…`) the converter silently builds the tower from fresh weights, so check_mmproj compares the
+mmproj's tensors with the checkpoint's.
 
-The pair, as llama.cpp's docs/multimodal/llava.md makes it:
-  1. tools/mtmd/legacy-models/llava_surgery_v2.py -C -m CKPT → CKPT/llava.clip (the tower), CKPT/llava.projector;
-  2. a CLIPVisionModel directory (llava.clip as pytorch_model.bin, the vision config) and
-     convert_image_encoder_to_gguf.py -m VIT --llava-projector … --clip-model-is-vision [--use-f32]
-     → mmproj-f32.gguf (tower f32 but its patch conv f16, projector f16, as the script always writes those);
-  3. convert_hf_to_gguf.py CKPT --outtype q8_0 → lm-q8_0.gguf (LlavaForConditionalGeneration converts as llama: the
-     vision tensors skipped, text_config read). Only ffn_down (rows of 32) is q8_0 there; the other matrices, rows of
-     4, fall back to f16 as the converter does, and norms are f32, so one file covers f16 and q8_0. An f16 file would
-     add another 2.1 MB, nearly all of it SmolLM2's vocabulary and merges in the metadata.
+Files, as llama.cpp's docs/multimodal/llava.md makes them:
+- mmproj-f32.gguf: tools/mtmd/legacy-models/llava_surgery_v2.py -C (→ llava.clip, llava.projector), then a
+  CLIPVisionModel directory (llava.clip as pytorch_model.bin, the vision config with vision_feature_layer) and
+  convert_image_encoder_to_gguf.py --clip-model-is-vision --use-f32 (tower f32 but its patch conv f16, projector f16,
+  as the script always writes those).
+- lm-q8_0.gguf: convert_hf_to_gguf.py CKPT --outtype q8_0 (LlavaForConditionalGeneration converts as llama: vision
+  tensors skipped, text_config read). Only ffn_down (rows of 32) is q8_0; the other matrices, rows of 4, fall back to
+  f16, norms are f32, so one file covers f16 and q8_0. An f16 file would add another 2.1 MB, nearly all of it
+  SmolLM2's vocabulary and merges in the metadata.
+- mmproj-next-f32.gguf: LLaVA-NeXT by the LLaVA-1.6 recipe (the vision config given image_grid_pinpoints,
+  image_aspect_ratio "anyres" and mm_patch_merge_type "spatial_unpad", as cmp-nct's config_vit.json gives them) from a
+  LlavaNextForConditionalGeneration over the same tower, projector and language model (so lm-q8_0.gguf serves it too)
+  with a learned image_newline, 28-pixel tiles over 1×2, 2×1, 2×2, 3×1 and 1×3 pinpoints.
+- mmproj-no-feature-layer-f32.gguf: the LLaVA-1.5 tower and projector converted from a vision config without
+  vision_feature_layer (the converter drops the last layer and writes no clip.vision.feature_layer): same features.
+- mmproj-no-image-size.gguf: mmproj-f32.gguf less `clip.vision.image_size` (gguf-py's gguf_new_metadata.py), to be
+  refused naming the key.
 
-expected.json: per request (a photo, a prompt with `<image>`): transformers' `input_ids` (LlavaProcessor's, the image
-token expanded), the prompt's last-position 32 largest logits and their ids, greedy new tokens (max_new_tokens 8)
-with text and the smallest top-1/top-2 margin; for the first request also `pixel_values` and the projector's output;
-mmproj-next-f32.gguf: LLaVA-NeXT by llama.cpp's LLaVA-1.6 recipe (the vision config given image_grid_pinpoints,
-image_aspect_ratio "anyres" and mm_patch_merge_type "spatial_unpad" as cmp-nct's config_vit.json gives them) from a
-LlavaNextForConditionalGeneration over the same tower, projector and language model (so lm-q8_0.gguf serves it) with
-a learned image_newline, 28-pixel tiles over 1×2, 2×1, 2×2, 3×1 and 1×3 pinpoints; `next`: its answers as above
-(with `image_sizes`, the features of the first request per LlavaNextForConditionalGeneration's get_image_features),
-`next_chat`: the chat turn.
-mmproj-no-feature-layer-f32.gguf: the same tower and projector converted from a vision config without
-vision_feature_layer (the converter drops the last layer and writes no clip.vision.feature_layer), for the same
-features.
-mmproj-no-image-size.gguf: the mmproj less `clip.vision.image_size` (gguf-py's gguf_new_metadata.py), which must be
-refused naming the key. `chat`: the same for one user turn (chelsea.png and a question) as llama.cpp lays it out for the template.
-transformers runs the checkpoint with ffn_down rounded through q8_0 (gguf-py's quantize and dequantize), which is
-what lm-q8_0.gguf holds, so the pair must agree to fp32 rounding.
+expected.json (transformers runs each checkpoint with ffn_down rounded through q8_0 by gguf-py's quantize and
+dequantize, which is what lm-q8_0.gguf holds, so the pair must agree to fp32 rounding):
+- `requests`: per request (a photo, a prompt with `<image>`): LlavaProcessor's `input_ids`, the prompt's
+  last-position 32 largest logits and their ids, greedy new tokens (max_new_tokens 8) with text and the smallest
+  top-1/top-2 margin; for the first request also `pixel_values` and the projector's output.
+- `chat`: one user turn (chelsea.png and a question) as llama.cpp lays it out for the language model's own template
+  (its parts joined into one text, the image's marker first), rendered, tokenized and answered by transformers.
+- `next`, `next_chat`: the same for LLaVA-NeXT (with `image_sizes`; the first request's features as
+  get_image_features gives them).
 """
 import json
 import os
