@@ -11,9 +11,32 @@ public final class WeightStore: @unchecked Sendable {
     private let source: String
     // name → the file holding it. Immutable after init.
     private let files: [String: SafetensorsFile]
+    /// The file a store made by ``init(gguf:tensors:)`` reads, and where it reads each Hugging Face name.
+    private let ggufFile: GGUFFile?
+    private let ggufTensors: [String: GGUFSource]
+
+    /// A tensor of a GGUF file under its own name, or a value the file leaves out.
+    public enum GGUFSource: Sendable {
+        case tensor(String)
+        case value(Tensor)
+    }
 
     /// Sorted tensor names.
     public let names: [String]
+
+    /// The tensors of a GGUF file under Hugging Face names (`tensors` maps each to the file's tensor, or to a value the
+    /// file leaves out), so that a model built from a checkpoint's names reads them; fp32, dequantized on reading.
+    /// Missing tensors are reported against the GGUF file.
+    public init(gguf file: GGUFFile, tensors: [String: GGUFSource]) {
+        source = file.url.path
+        files = [:]
+        ggufFile = file
+        ggufTensors = tensors
+        names = tensors.filter { _, source in
+            if case let .tensor(stored) = source { return file.info(stored) != nil }
+            return true
+        }.keys.sorted()
+    }
 
     /// Opens the checkpoint in `directory`: `model.safetensors` if present, else the shards that
     /// `model.safetensors.index.json` names. Every header is validated, and every tensor the index lists must be in
@@ -38,9 +61,18 @@ public final class WeightStore: @unchecked Sendable {
             throw CheckpointError.noWeights(directory: directory.path)
         }
         names = files.keys.sorted()
+        ggufFile = nil
+        ggufTensors = [:]
     }
 
-    public func contains(_ name: String) -> Bool { files[name] != nil }
+    public func contains(_ name: String) -> Bool {
+        switch ggufTensors[name] {
+        case .value: true
+        // A name mapped to a tensor the file lacks is not there (reading it throws naming the file's tensor).
+        case let .tensor(stored): ggufFile?.info(stored) != nil
+        case nil: files[name] != nil
+        }
+    }
 
     /// The dtype, shape and location of `name`, or nil when the checkpoint has no such tensor.
     public func info(_ name: String) -> TensorInfo? { files[name]?.info(name) }
@@ -48,6 +80,16 @@ public final class WeightStore: @unchecked Sendable {
     /// `name` as fp32; throws naming the file and tensor if it is missing, or if its shape differs from `shape`.
     /// The shape is checked before any data is read.
     public func tensor(_ name: String, shape: [Int]) throws -> Tensor {
+        if let gguf = ggufTensors[name], let ggufFile {
+            switch gguf {
+            case let .tensor(stored): return try ggufFile.tensor(stored, shape: shape)
+            case let .value(value):
+                guard value.shape == shape else {
+                    throw CheckpointError.shapeMismatch(file: source, tensor: name, expected: shape, actual: value.shape)
+                }
+                return value
+            }
+        }
         let file = try file(holding: name)
         if let actual = file.info(name)?.shape, actual != shape {
             throw CheckpointError.shapeMismatch(file: file.url.path, tensor: name, expected: shape, actual: actual)
@@ -57,7 +99,13 @@ public final class WeightStore: @unchecked Sendable {
 
     /// `name` as fp32, whatever its shape; throws naming the file and tensor if it is missing.
     public func tensor(_ name: String) throws -> Tensor {
-        try file(holding: name).tensor(name)
+        if let gguf = ggufTensors[name], let ggufFile {
+            switch gguf {
+            case let .tensor(stored): return try ggufFile.tensor(stored)
+            case let .value(value): return value
+            }
+        }
+        return try file(holding: name).tensor(name)
     }
 
     private func file(holding name: String) throws -> SafetensorsFile {

@@ -227,6 +227,11 @@ public final class LlavaForConditionalGeneration: ImageChatModel, @unchecked Sen
         languageModel = try llavaLanguageModel(config: config.textConfig, weights: weights, file: file)
     }
 
+    /// The model over parts already built (from a GGUF pair, LlavaGGUF.swift).
+    init(config: LlavaConfig, encoder: LlavaImageEncoder, languageModel: LlamaForCausalLM) {
+        (self.config, self.encoder, self.languageModel) = (config, encoder, languageModel)
+    }
+
     /// `get_image_features`: what stands in for each image's tokens, `[B, imageTokensPerImage, text hiddenSize]`, for
     /// pixel values `[B, 3, imageSize, imageSize]`: the chosen hidden states of the vision tower (class token dropped
     /// under `"default"`), concatenated, through the projector.

@@ -88,6 +88,11 @@ public final class LlavaNextForConditionalGeneration: ImageChatModel, @unchecked
         languageModel = try llavaLanguageModel(config: textConfig, weights: weights, file: file)
     }
 
+    /// The model over parts already built (from a GGUF pair, LlavaGGUF.swift).
+    init(config: LlavaNextConfig, encoder: LlavaImageEncoder, imageNewline: Tensor, languageModel: LlamaForCausalLM) {
+        (self.config, self.encoder, self.imageNewline, self.languageModel) = (config, encoder, imageNewline, languageModel)
+    }
+
     /// `get_anyres_image_grid_shape`: the (rows, columns) of tiles an image of `size` is cut into.
     public func tileGrid(_ size: ImageSize) -> (rows: Int, columns: Int) {
         let best = selectBestResolution(size, among: config.imageGridPinpoints)

@@ -17,10 +17,16 @@ public final class ImageTextToTextPipeline: Sendable {
     /// calls that give none: the checkpoint's generation config, at most 256 new tokens where it sets no length).
     public let text: TextGenerationPipeline
 
+    /// Whether messages reach the chat template with text contents, each image part written as the image token, as
+    /// llama.cpp gives them to a language model's own template (which reads string contents only): text parts joined
+    /// by newlines, none next to an image.
+    let imagePartsAsText: Bool
+
     public init(model: any ImageChatModel, processor: any ImageChatProcessor, chatTemplate: ChatTemplate,
-                config: GenerationConfig) {
+                config: GenerationConfig, imagePartsAsText: Bool = false) {
         self.model = model
         self.processor = processor
+        self.imagePartsAsText = imagePartsAsText
         text = TextGenerationPipeline(model: model.textDecoder, tokenizer: processor.tokenizer, config: config,
                                       chatTemplate: chatTemplate)
     }
@@ -111,7 +117,7 @@ public final class ImageTextToTextPipeline: Sendable {
     /// - Throws: `PipelineError.imageCountMismatch` when the template wrote a different number of markers than
     ///   there are images.
     public func promptIds(_ messages: [JSONValue], imageTokenCounts: [Int]) throws -> [Int] {
-        let rendered = try text.renderChat(messages)
+        let rendered = try text.renderChat(imagePartsAsText ? messages.map(contentAsText) : messages)
         let pieces = rendered.components(separatedBy: processor.imageToken)
         guard pieces.count - 1 == imageTokenCounts.count else {
             throw PipelineError.imageCountMismatch(markers: pieces.count - 1, images: imageTokenCounts.count,
@@ -126,6 +132,23 @@ public final class ImageTextToTextPipeline: Sendable {
         let ids = tokenizer.encode(expanded, addSpecialTokens: !writesBos).ids
         guard !ids.isEmpty else { throw PipelineError.emptyPrompt }
         return ids
+    }
+
+    /// `message` with its list of parts as one text, as llama.cpp's chat code joins them (`concat_content_parts`).
+    private func contentAsText(_ message: JSONValue) -> JSONValue {
+        guard case let .object(fields) = message, case let .array(parts)? = message["content"] else { return message }
+        var text = "", lastWasImage = false
+        for part in parts {
+            if part["type"] == .string("image") {
+                text += processor.imageToken
+                lastWasImage = true
+            } else if part["type"] == .string("text"), case let .string(piece)? = part["text"] {
+                if !lastWasImage && !text.isEmpty { text += "\n" }
+                text += piece
+                lastWasImage = false
+            }
+        }
+        return .object(fields.map { $0.0 == "content" ? ($0.0, .string(text)) : $0 })
     }
 
     /// Generates from a prompt holding the image tokens of `imageFeatures` (one tensor per image of the whole

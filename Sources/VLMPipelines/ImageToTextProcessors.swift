@@ -200,6 +200,13 @@ public struct LlavaProcessor: ImageChatProcessor {
         imageTokenId = id
     }
 
+    /// A processor from its parts, as a GGUF pair gives them (LlavaGGUFLoading.swift).
+    public init(imageProcessor: any ImageProcessor, tokenizer: Tokenizer, imageToken: String, imageTokenId: Int,
+                imageTokensPerImage: Int) {
+        (self.imageProcessor, self.tokenizer, self.imageToken) = (imageProcessor, tokenizer, imageToken)
+        (self.imageTokenId, self.imageTokensPerImage) = (imageTokenId, imageTokensPerImage)
+    }
+
     /// Image tokens per image: ``imageTokensPerImage`` for each.
     public func imageTokenCounts(_ images: ProcessedImages) -> [Int] {
         Array(repeating: imageTokensPerImage, count: images.imageSizes.count)
@@ -277,6 +284,15 @@ public struct LlavaNextProcessor: ImageChatProcessor {
             throw PipelineError.invalidProcessor(path, "the tokenizer has no \(imageToken) token")
         }
         imageTokenId = id
+    }
+
+    /// A processor from its parts, as a GGUF pair gives them (LlavaGGUFLoading.swift); `"default"` strategy, one
+    /// additional token (the class token, dropped), as llama.cpp's LLaVA projector reads the tower.
+    public init(imageProcessor: LlavaNextImageProcessor, tokenizer: Tokenizer, imageToken: String, imageTokenId: Int,
+                patchSize: Int) {
+        (self.imageProcessor, self.tokenizer, self.imageToken, self.imageTokenId) = (imageProcessor, tokenizer, imageToken, imageTokenId)
+        (self.patchSize, numAdditionalImageTokens, dropsClassToken) = (patchSize, 1, true)
+        (imageGridPinpoints, processedSize) = (imageProcessor.config.imageGridPinpoints, imageProcessor.outputSize)
     }
 
     /// `_get_number_of_features`, less the class token under `"default"`: the base view's patches plus the tile

@@ -40,7 +40,7 @@ extension TextGenerationPipeline {
 
     /// transformers' `Pipeline._get_generate_kwargs`: the pipeline's defaults for what the model does not set, the
     /// sampling ones only when sampling.
-    private static func withPipelineDefaults(_ config: GenerationConfig, setKeys: Set<String>) -> GenerationConfig {
+    static func withPipelineDefaults(_ config: GenerationConfig, setKeys: Set<String>) -> GenerationConfig {
         var config = config
         if !setKeys.contains("max_new_tokens") && !setKeys.contains("max_length") { config.maxNewTokens = 256 }
         if !setKeys.contains("do_sample") { config.doSample = true }

@@ -13,6 +13,9 @@ struct Ask: AsyncParsableCommand {
     @Option(help: "The question, asked of every image.")
     var question: String
 
+    @Option(help: "llama.cpp's image encoder file for a GGUF --model (LLaVA-1.5 or LLaVA-NeXT: the CLIP tower and projector, as llama-mtmd-cli's --mmproj).")
+    var mmproj: String?
+
     @Flag(help: "Print JSON instead of one answer per line.")
     var json = false
 
@@ -43,7 +46,11 @@ struct Ask: AsyncParsableCommand {
 
     func run() async throws {
         guard !images.isEmpty else { throw PipelineError.noInputs }
-        let pipeline = try VisualQuestionAnsweringPipeline(directory: try await options.directory())
+        let pipeline = if let mmproj {
+            VisualQuestionAnsweringPipeline(generator: try ggufPairPipeline(model: try await options.fileOrDirectory(), mmproj: mmproj))
+        } else {
+            try VisualQuestionAnsweringPipeline(directory: try await options.directory())
+        }
         let config = try pipeline.generationConfig.map(settings.apply)
         let decoded = try images.map { try ImageDecoder.decode(contentsOf: URL(fileURLWithPath: $0)) }
         let results = try pipeline(decoded, question: question, settings: config, seed: settings.samplerSeed,

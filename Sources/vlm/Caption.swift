@@ -12,6 +12,9 @@ struct Caption: AsyncParsableCommand {
     @Option(help: "Text the caption continues (prompted captioning); the output is the continuation only.")
     var prompt: String?
 
+    @Option(help: "llama.cpp's image encoder file for a GGUF --model (LLaVA-1.5 or LLaVA-NeXT: the CLIP tower and projector, as llama-mtmd-cli's --mmproj).")
+    var mmproj: String?
+
     @Flag(help: "Print JSON instead of one caption per line.")
     var json = false
 
@@ -26,7 +29,11 @@ struct Caption: AsyncParsableCommand {
 
     func run() async throws {
         guard !images.isEmpty else { throw PipelineError.noInputs }
-        let pipeline = try ImageToTextPipeline(directory: try await options.directory(), task: .caption)
+        let pipeline = if let mmproj {
+            try ggufPairPipeline(model: try await options.fileOrDirectory(), mmproj: mmproj)
+        } else {
+            try ImageToTextPipeline(directory: try await options.directory(), task: .caption)
+        }
         let config = try settings.apply(to: pipeline.config)
         let decoded = try images.map { try ImageDecoder.decode(contentsOf: URL(fileURLWithPath: $0)) }
         let results = try pipeline(decoded, prompt: prompt, settings: config, seed: settings.samplerSeed)
@@ -36,4 +43,10 @@ struct Caption: AsyncParsableCommand {
         }
         for (image, result) in zip(images, results) { print("\(image): \(result.text)") }
     }
+}
+
+/// The image-to-text pipeline over LLaVA-1.5 or LLaVA-NeXT from llama.cpp's GGUF pair (`--model LM.gguf --mmproj MMPROJ.gguf`).
+func ggufPairPipeline(model: URL, mmproj: String) throws -> ImageToTextPipeline {
+    let chat = try ImageTextToTextPipeline(gguf: model, mmproj: URL(fileURLWithPath: mmproj))
+    return ImageToTextPipeline(model: chat.model, processor: chat.processor, config: chat.text.config)
 }

@@ -21,8 +21,15 @@ struct Chat: AsyncParsableCommand {
     @Option(help: "An image for the first turn (models that read images: LLaVA; with BLIP-2 the image every question is about). In a LLaVA chat, a line \"/image PATH\" adds an image to the next turn.")
     var image: String?
 
+    @Option(help: "llama.cpp's image encoder file for a GGUF --model (LLaVA-1.5 or LLaVA-NeXT: the CLIP tower and projector, as llama-mtmd-cli's --mmproj).")
+    var mmproj: String?
+
     func run() async throws {
         let path = try await options.fileOrDirectory()
+        if let mmproj {
+            try chatAboutImages(ImageTextToTextPipeline(gguf: path, mmproj: URL(fileURLWithPath: mmproj)))
+            return
+        }
         let checkpoint = try? ModelDirectory(url: path)
         if let checkpoint, case .imageToText = try ModelRegistry.family(of: checkpoint, for: .chat).builder {
             let pipeline = try ImageToTextPipeline(directory: path, task: .chat)

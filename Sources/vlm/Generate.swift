@@ -68,6 +68,9 @@ struct Generate: AsyncParsableCommand {
     @Option(help: "An image the prompt is about (repeatable): one user turn holding the images, then --prompt's text, through the chat template (models that read images, such as LLaVA).")
     var image: [String] = []
 
+    @Option(help: "llama.cpp's image encoder file for a GGUF --model (LLaVA-1.5 or LLaVA-NeXT: the CLIP tower and projector, as llama-mtmd-cli's --mmproj).")
+    var mmproj: String?
+
     @Flag(help: "Print {\"text\", \"ids\", \"prompt_tokens\"} as JSON at the end instead of streaming text.")
     var json = false
 
@@ -86,6 +89,10 @@ struct Generate: AsyncParsableCommand {
 
     func run() async throws {
         let path = try await options.fileOrDirectory()
+        if let mmproj {
+            try answer(with: ImageTextToTextPipeline(gguf: path, mmproj: URL(fileURLWithPath: mmproj)))
+            return
+        }
         if let checkpoint = try? ModelDirectory(url: path),
            case .imageToText = try ModelRegistry.family(of: checkpoint, for: .generate).builder {
             try answer(with: ImageTextToTextPipeline(directory: path))
