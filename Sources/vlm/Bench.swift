@@ -29,6 +29,9 @@ struct Bench: AsyncParsableCommand {
     @Option(help: "The question about --image, one user turn through the chat template.")
     var prompt: String?
 
+    @Option(help: "llama.cpp's image encoder file for a GGUF --model (LLaVA-1.5 or LLaVA-NeXT), with --image and --prompt.")
+    var mmproj: String?
+
     @Flag(help: "Print JSON instead of a sentence.")
     var json = false
 
@@ -59,11 +62,18 @@ struct Bench: AsyncParsableCommand {
         guard batchSize > 0, runs > 0, labels > 0 else { throw ValidationError("--batch-size, --runs and --labels must be positive") }
         guard promptTokens > 0, newTokens > 0 else { throw ValidationError("--prompt-tokens and --new-tokens must be positive") }
         guard (image == nil) == (prompt == nil) else { throw ValidationError("--image and --prompt go together") }
+        guard mmproj == nil || image != nil else { throw ValidationError("--mmproj goes with --image and --prompt") }
     }
 
     func run() async throws {
         let imageChatOnly = ValidationError("--image and --prompt are for image chat models such as LLaVA")
+        guard mmproj == nil || options.model.hasSuffix(".gguf") else { throw ValidationError("--mmproj goes with a GGUF --model") }
         if options.model.hasSuffix(".gguf") {
+            if let mmproj, let image, let prompt {
+                let pair = try ImageTextToTextPipeline(gguf: URL(fileURLWithPath: options.model), mmproj: URL(fileURLWithPath: mmproj))
+                try benchImageTextToText(pair, image: image, prompt: prompt)
+                return
+            }
             guard image == nil else { throw imageChatOnly }
             try benchLanguageModel(LlamaForCausalLM(gguf: URL(fileURLWithPath: options.model)))
             return

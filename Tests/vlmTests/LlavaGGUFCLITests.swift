@@ -77,6 +77,24 @@ import Testing
         #expect(result["prompt_tokens"] as? Int == expected.next_chat.input_ids.count)
     }
 
+    /// `vlm bench` on the pair: the image chat report, with the prompt laid out as generate lays it out.
+    @Test func benchReadsThePair() throws {
+        let expected = try JSONDecoder().decode(Expected.self, from: Data(contentsOf: Self.directory.appendingPathComponent("expected.json")))
+        let run = try CLI.run(["bench", "--model", Self.directory.appendingPathComponent("lm-q8_0.gguf").path,
+                               "--mmproj", Self.directory.appendingPathComponent("mmproj-f32.gguf").path,
+                               "--image", "photos/chelsea.png", "--prompt", expected.chat.question, "--new-tokens", "4",
+                               "--runs", "1", "--json"], directory: CLI.fixtures)
+        #expect(run.status == 0, "\(run.stderr)")
+        let report = try #require(try CLI.json(run) as? [String: Any])
+        #expect(report["task"] as? String == "image-text-to-text")
+        #expect(report["prompt_tokens"] as? Int == expected.chat.input_ids.count)
+        #expect((report["first_token_ms"] as? Double ?? 0) > 0)
+        let directory = try CLI.run(["bench", "--model", CLI.fixtures.appendingPathComponent("image-chat/chatml").path,
+                                     "--mmproj", Self.directory.appendingPathComponent("mmproj-f32.gguf").path,
+                                     "--image", "photos/chelsea.png", "--prompt", "Hi"], directory: CLI.fixtures)
+        #expect(directory.status != 0 && directory.stderr.contains("--mmproj goes with a GGUF --model"), "\(directory.stderr)")
+    }
+
     @Test func aMismatchedPairIsOneLineNamingTheFile() throws {
         let run = try CLI.run(["generate", "--model", CLI.fixtures.appendingPathComponent("llama/qwen2-tiny.gguf").path,
                                "--mmproj", Self.directory.appendingPathComponent("mmproj-f32.gguf").path,
