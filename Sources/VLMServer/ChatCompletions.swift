@@ -67,7 +67,7 @@ extension VLMServer {
         if sampling.stream {
             return serverSentEvents { send in
                 var texts = Array(repeating: ChoiceText(tokenizer: pipeline.tokenizer, stops: stops), count: sampling.n)
-                var completion = 0
+                var completion = 0, cached = 0
                 var previous: ContinuousClock.Instant?
                 for choice in 0..<sampling.n {
                     try await send(chunk([["index": .int(choice), "delta": ["role": "assistant", "content": ""],
@@ -75,7 +75,7 @@ extension VLMServer {
                 }
                 for try await (choice, event) in run.events() {
                     switch event {
-                    case .started: continue
+                    case .started(let count): cached = max(cached, count)
                     case .token(let token):
                         completion += 1
                         run.observe(metrics, start: start, previous: &previous)
@@ -97,7 +97,7 @@ extension VLMServer {
                 }
                 run.countTokens(metrics, completion: completion)
                 if sampling.includeUsage {
-                    try await send(chunk([], usage: usage(prompt: run.promptLength, completion: completion)))
+                    try await send(chunk([], usage: usage(prompt: run.promptLength, completion: completion, cached: cached)))
                 }
             }
         }
@@ -106,11 +106,11 @@ extension VLMServer {
         var contents = Array(repeating: "", count: sampling.n)
         var reasons = Array(repeating: "length", count: sampling.n)
         var tokenLogprobs = Array(repeating: [JSONValue](), count: sampling.n)
-        var completion = 0
+        var completion = 0, cached = 0
         var previous: ContinuousClock.Instant?
         for try await (choice, event) in run.events() {
             switch event {
-            case .started: continue
+            case .started(let count): cached = max(cached, count)
             case .token(let token):
                 completion += 1
                 run.observe(metrics, start: start, previous: &previous)
@@ -129,7 +129,7 @@ extension VLMServer {
         }
         return Self.json(["id": .string(id), "object": "chat.completion", "created": .int(created), "model": .string(model.id),
                           "system_fingerprint": .null, "choices": .array(choices),
-                          "usage": usage(prompt: run.promptLength, completion: completion)])
+                          "usage": usage(prompt: run.promptLength, completion: completion, cached: cached)])
     }
 
     /// OpenAI's messages in the form chat templates read (transformers' format): text parts kept (joined into one
@@ -241,6 +241,8 @@ func preparing<T>(_ work: () throws -> T) throws -> T {
     }
 }
 
-func usage(prompt: Int, completion: Int) -> JSONValue {
-    ["prompt_tokens": .int(prompt), "completion_tokens": .int(completion), "total_tokens": .int(prompt + completion)]
+/// OpenAI's usage object; `cached` prompt tokens came from a kept prefix (`prompt_tokens_details.cached_tokens`).
+func usage(prompt: Int, completion: Int, cached: Int = 0) -> JSONValue {
+    ["prompt_tokens": .int(prompt), "completion_tokens": .int(completion), "total_tokens": .int(prompt + completion),
+     "prompt_tokens_details": ["cached_tokens": .int(cached)]]
 }

