@@ -122,13 +122,21 @@ struct RequestFields {
     func stopStrings() throws -> [String] {
         switch self["stop"] {
         case nil: return []
-        case .string(let text)?: return [text]
+        case .string(let text)?: return try checked([text])
         case .array(let items)? where items.count <= 4:
-            return try items.map {
+            return try checked(items.map {
                 guard case .string(let text) = $0 else { throw APIError.invalid("'stop' must be a string or a list of strings", param: "stop") }
                 return text
-            }
+            })
         default: throw APIError.invalid("'stop' must be a string or a list of at most 4 strings", param: "stop")
+        }
+
+        /// Every token is matched against every stop string: each is held to a length no real stop sequence needs.
+        func checked(_ stops: [String]) throws -> [String] {
+            guard stops.allSatisfy({ $0.utf8.count <= 1024 }) else {
+                throw APIError.invalid("a 'stop' string is longer than 1024 bytes", param: "stop")
+            }
+            return stops
         }
     }
 }

@@ -23,7 +23,7 @@ extension VLMServer {
         case .embeddings: throw APIError.invalid("The model `\(model.id)` computes embeddings; it does not complete text", param: "model")
         }
         let prompts = try completionPrompts(fields["prompt"], pipeline: pipeline)
-        guard prompts.count * sampling.n <= configuration.maxChoices * 4 else {
+        guard prompts.count * sampling.n <= configuration.maxChoices else {
             throw APIError.invalid("\(prompts.count) prompts with n=\(sampling.n) are more choices than the server answers at once", param: "prompt")
         }
         let runs = try prompts.map { ids in
@@ -155,6 +155,10 @@ extension VLMServer {
         switch prompt {
         case .string(let text)?: prompts = [pipeline.tokenizer.encode(text).ids]
         case .array(let items)? where !items.isEmpty:
+            // Several prompts are answered at once: no more than the choices the server gives one request.
+            if !items.allSatisfy({ if case .int = $0 { true } else { false } }), items.count > configuration.maxChoices {
+                throw APIError.invalid("'prompt' holds \(items.count) prompts, more than the server's limit of \(configuration.maxChoices)", param: "prompt")
+            }
             if items.allSatisfy({ if case .string = $0 { true } else { false } }) {
                 prompts = items.map { item in
                     guard case .string(let text) = item else { return [] }

@@ -19,9 +19,9 @@ extension VLMServer {
             throw APIError.invalid("This model's embeddings have \(pipeline.model.embeddingSize) dimensions and cannot be shortened", param: "dimensions")
         }
         let inputs = try embeddingInputs(fields["input"])
-        let result = try await Task.detached { () throws -> (rows: [[Float]], tokens: Int) in
+        let result = try await heavyWork.run { () throws -> EmbeddingResult in
             try preparing(param: "input") { try Self.embed(inputs, pipeline: pipeline) }
-        }.value
+        }
         let data: [JSONValue] = result.rows.enumerated().map { index, row in
             let embedding: JSONValue = format == "float"
                 ? .array(row.map(JSONValue.float))
@@ -32,7 +32,12 @@ extension VLMServer {
                           "usage": ["prompt_tokens": .int(result.tokens), "total_tokens": .int(result.tokens)]])
     }
 
-    private enum EmbeddingInput {
+    private struct EmbeddingResult: Sendable {
+        var rows: [[Float]]
+        var tokens: Int
+    }
+
+    private enum EmbeddingInput: Sendable {
         case text(String)
         case tokens([Int])
         case image(String)
@@ -62,7 +67,7 @@ extension VLMServer {
     }
 
     /// Each input's embedding, in order, computed in one batch per kind, and the number of text tokens.
-    private static func embed(_ inputs: [EmbeddingInput], pipeline: DualEncoderPipeline) throws -> (rows: [[Float]], tokens: Int) {
+    private static func embed(_ inputs: [EmbeddingInput], pipeline: DualEncoderPipeline) throws -> EmbeddingResult {
         var rows = Array(repeating: [Float](), count: inputs.count)
         let width = pipeline.model.embeddingSize
         func place(_ indices: [Int], _ embeddings: Tensor) {
@@ -92,7 +97,7 @@ extension VLMServer {
             place([index], try pipeline.textEmbeddings(tokenIds: ids))
             tokens += ids.count
         }
-        return (rows, tokens)
+        return EmbeddingResult(rows: rows, tokens: tokens)
     }
 }
 

@@ -45,6 +45,8 @@ public final class VLMServer: Sendable {
     public let configuration: ServerConfiguration
     let metrics = PrometheusMetrics()
     let logger: Logger
+    /// Image reading and embedding, one piece per core at a time.
+    let heavyWork = WorkLimiter(limit: ProcessInfo.processInfo.activeProcessorCount)
     private let running = Mutex<ServiceGroup?>(nil)
 
     public init(models: [ServedModel], configuration: ServerConfiguration, logger: Logger = Logger(label: "vlm.serve")) throws {

@@ -1,0 +1,25 @@
+import Foundation
+
+/// At most `limit` pieces of heavy work at a time (reading and encoding images, embedding batches), the others
+/// waiting their turn in order: concurrent requests with images would otherwise each hold a photo's pixels and
+/// features in memory at once and fight over the cores.
+actor WorkLimiter {
+    private let limit: Int
+    private var running = 0
+    private var waiting: [CheckedContinuation<Void, Never>] = []
+
+    init(limit: Int) { self.limit = max(1, limit) }
+
+    /// Runs `work` off the caller's executor once a slot is free.
+    func run<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
+        if running >= limit {
+            await withCheckedContinuation { waiting.append($0) }
+        } else {
+            running += 1
+        }
+        defer {
+            if waiting.isEmpty { running -= 1 } else { waiting.removeFirst().resume() }
+        }
+        return try await Task.detached(operation: work).value
+    }
+}
