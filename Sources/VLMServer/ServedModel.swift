@@ -33,11 +33,16 @@ public final class ServedModel: Sendable {
     ///
     /// - Parameters:
     ///   - name: how the user named it (a repo id, a path); the listed id.
-    public static func load(name: String, path: URL, configuration: ServerConfiguration) throws -> ServedModel {
+    ///   - mmproj: llama.cpp's image encoder file for a GGUF language model (LLaVA-1.5/NeXT as its GGUF pair).
+    public static func load(name: String, path: URL, mmproj: URL? = nil, configuration: ServerConfiguration) throws -> ServedModel {
         let aliases = [path.lastPathComponent, path.deletingPathExtension().lastPathComponent].filter { $0 != name }
         func batcher(_ model: any CausalLanguageModel) throws -> ContinuousBatcher {
             try ContinuousBatcher(model: model, maxBatch: configuration.maxBatch, maxQueue: configuration.maxQueue,
                                   cacheBytes: configuration.kvCacheBytes)
+        }
+        if let mmproj {
+            let pipeline = try ImageTextToTextPipeline(gguf: path, mmproj: mmproj)
+            return ServedModel(id: name, aliases: aliases, role: .imageChat(pipeline, try batcher(pipeline.text.model)))
         }
         var isDirectory: ObjCBool = false
         if FileManager.default.fileExists(atPath: path.path, isDirectory: &isDirectory), isDirectory.boolValue {

@@ -13,6 +13,9 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .customLong("model"), help: "A model to serve (repeatable): a checkpoint directory, a GGUF file or a Hugging Face repo id; requests name it by this, or by its directory or file name.")
     var models: [String] = []
 
+    @Option(help: "llama.cpp's image encoder file for the one GGUF --model (LLaVA-1.5 or LLaVA-NeXT as llama.cpp's GGUF pair, as llama-server's --mmproj).")
+    var mmproj: String?
+
     @Option(help: "Address to listen on.")
     var host = "127.0.0.1"
 
@@ -54,6 +57,9 @@ struct Serve: AsyncParsableCommand {
 
     func validate() throws {
         guard !models.isEmpty else { throw ValidationError("give at least one --model") }
+        guard mmproj == nil || (models.count == 1 && models[0].hasSuffix(".gguf")) else {
+            throw ValidationError("--mmproj goes with one GGUF --model (its language model)")
+        }
         guard (0...65535).contains(port) else { throw ValidationError("--port must be in 0...65535") }
         for (name, value) in [("--kv-cache-mb", kvCacheMb), ("--max-batch", maxBatch), ("--max-tokens", maxTokens),
                               ("--max-choices", maxChoices), ("--max-body-mb", maxBodyMb), ("--timeout", timeout)] where value <= 0 {
@@ -86,7 +92,8 @@ struct Serve: AsyncParsableCommand {
         var served: [ServedModel] = []
         for name in models {
             let path = try await modelPath(name)
-            served.append(try ServedModel.load(name: name, path: path, configuration: configuration))
+            served.append(try ServedModel.load(name: name, path: path, mmproj: mmproj.map { URL(fileURLWithPath: $0) },
+                                               configuration: configuration))
         }
         let server = try VLMServer(models: served, configuration: configuration)
         let names = served.map(\.id).joined(separator: ", ")
