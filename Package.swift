@@ -53,7 +53,7 @@ let package = Package(
         ]),
 
         // Runs untrusted-input readers on arbitrary bytes: under libFuzzer (scripts/fuzz), or replaying saved inputs.
-        .executableTarget(name: "vlm-fuzz", dependencies: ["SwiftVLM"], path: "Sources/VLMFuzz"),
+        .executableTarget(name: "vlm-fuzz", dependencies: ["SwiftVLM", "VLMServer"], path: "Sources/VLMFuzz"),
 
         .testTarget(name: "VLMTensorTests", dependencies: ["VLMTensor"]),
         .testTarget(name: "VLMCheckpointTests", dependencies: ["VLMCheckpoint"]),

@@ -1,5 +1,6 @@
 import Foundation
 import SwiftVLM
+import VLMServer
 
 /// One reader of untrusted input, run on arbitrary bytes. Every input must end in a result or a thrown error: a
 /// crash, a sanitizer report, a hang or a huge allocation is a finding.
@@ -21,6 +22,9 @@ enum FuzzTarget: String, CaseIterable {
     case image
     /// A chat-messages JSON file as `vlm generate --chat` reads it, rendered through LLaVA's template, its images read.
     case chat
+    /// A request body for `vlm serve` (the first byte picks chat completions, completions or embeddings), answered
+    /// by a server over tiny fixture models (generation capped at 4 tokens), streamed answers drained.
+    case serve
 
     /// Runs one input; returns the error it was refused with, the expected answer to bad input.
     @discardableResult
@@ -65,6 +69,10 @@ enum FuzzTarget: String, CaseIterable {
                 where reference.key == "base64" || reference.value.hasPrefix("data:") {
                     _ = try? ChatImages.load(reference)
                 }
+            case .serve:
+                guard let first = bytes.first else { return nil }
+                let endpoint = Endpoint.allCases[Int(first) % Endpoint.allCases.count]
+                if case .failure(let error) = try workspace.serve(endpoint, body: Data(bytes.dropFirst())) { return error }
             }
             return nil
         } catch {

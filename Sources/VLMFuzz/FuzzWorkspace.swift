@@ -1,5 +1,6 @@
 import Foundation
 import SwiftVLM
+import VLMServer
 
 /// A scratch directory for inputs that readers take as files, and the real files (tokenizers, a tiny checkpoint, a
 /// chat template) that some targets run the input against, found under the repository's test fixtures.
@@ -8,6 +9,7 @@ final class FuzzWorkspace {
     let fixtures: URL
     private var tokenizers: [Tokenizer]?
     private var template: ChatTemplate?
+    private var server: VLMServer?
 
     /// `fixtures` is Tests/Fixtures of the repository.
     init(fixtures: URL) throws {
@@ -26,11 +28,46 @@ final class FuzzWorkspace {
         case .text: _ = try realTokenizers()
         case .chat: _ = try llavaTemplate()
         case .config: _ = try checkpoint(config: Array("{}".utf8))
+        case .serve: _ = try serveModels()
         default: break
         }
     }
 
     func url(_ path: String) -> URL { root.appendingPathComponent(path) }
+
+    /// A server over the tiny LLaVA chat model and the tiny CLIP (as the server tests load them), generation held to
+    /// 4 tokens and 2 choices so that an input runs in milliseconds; image URLs other than data: ones are refused.
+    func serveModels() throws -> VLMServer {
+        if let server { return server }
+        var configuration = ServerConfiguration()
+        configuration.maxTokens = 4
+        configuration.maxChoices = 2
+        configuration.maxBatch = 2
+        configuration.kvCacheBytes = 64 << 20
+        let made = try VLMServer(models: [
+            ServedModel.load(name: "llava-tiny", path: fixtures.appendingPathComponent("image-chat/llava-1.5"), configuration: configuration),
+            ServedModel.load(name: "clip-tiny", path: fixtures.appendingPathComponent("clip/tiny-quickgelu-argmax"), configuration: configuration),
+        ], configuration: configuration)
+        server = made
+        return made
+    }
+
+    /// The server's answer to one body; a stream of events is drained.
+    func serve(_ endpoint: Endpoint, body: Data) throws -> APIResponse {
+        let server = try serveModels()
+        let done = DispatchSemaphore(value: 0)
+        let answer = AnswerBox()
+        Task.detached {
+            let response = await server.respond(to: endpoint, body: body)
+            if case .events(let produce) = response {
+                try? await produce { _ in }
+            }
+            answer.value = response
+            done.signal()
+        }
+        done.wait()
+        return answer.value ?? .failure(APIError(status: 500, message: "no answer", type: "server_error"))
+    }
 
     @discardableResult
     func write(_ bytes: [UInt8], to path: String) throws -> URL {
@@ -108,4 +145,9 @@ final class FuzzWorkspace {
 
     static let tools: JSONValue = [["type": "function", "function": ["name": "look", "description": "Looks.",
                                                                      "parameters": ["type": "object", "properties": ["x": ["type": "integer"]]]]]]
+}
+
+/// Carries an answer out of the task that produced it.
+private final class AnswerBox: @unchecked Sendable {
+    var value: APIResponse?
 }

@@ -7,7 +7,7 @@ import SwiftVLM
 
 extension VLMServer {
     /// `POST /v1/chat/completions`.
-    func chatCompletion(_ body: Data) async throws -> Response {
+    func chatCompletion(_ body: Data) async throws -> APIResponse {
         let fields = try RequestFields(body)
         let model = try model(named: try fields.requiredString("model"))
         var requested = try SamplingFields(fields, configuration: configuration, maxTokensKeys: ["max_completion_tokens", "max_tokens"])
@@ -65,7 +65,7 @@ extension VLMServer {
         }
 
         if sampling.stream {
-            return serverSentEvents { send in
+            return .events { send in
                 var texts = Array(repeating: ChoiceText(tokenizer: pipeline.tokenizer, stops: stops), count: sampling.n)
                 var completion = 0, cached = 0
                 var previous: ContinuousClock.Instant?
@@ -127,7 +127,7 @@ extension VLMServer {
              "logprobs": sampling.logprobs != nil ? ["content": .array(tokenLogprobs[choice])] : .null,
              "finish_reason": .string(reasons[choice])]
         }
-        return Self.json(["id": .string(id), "object": "chat.completion", "created": .int(created), "model": .string(model.id),
+        return .json(["id": .string(id), "object": "chat.completion", "created": .int(created), "model": .string(model.id),
                           "system_fingerprint": .null, "choices": .array(choices),
                           "usage": usage(prompt: run.promptLength, completion: completion, cached: cached)])
     }

@@ -6,7 +6,7 @@ import SwiftVLM
 extension VLMServer {
     /// `POST /v1/completions`: continues each prompt (strings tokenized with the tokenizer's special tokens, as
     /// transformers' text-generation pipeline does, or token arrays as given).
-    func completion(_ body: Data) async throws -> Response {
+    func completion(_ body: Data) async throws -> APIResponse {
         let fields = try RequestFields(body)
         let model = try model(named: try fields.requiredString("model"))
         var requested = try SamplingFields(fields, configuration: configuration, maxTokensKeys: ["max_tokens"])
@@ -58,7 +58,7 @@ extension VLMServer {
         @Sendable func tokenText(_ id: Int) -> String { String(decoding: tokenTable[safe: id] ?? [], as: UTF8.self) }
 
         if sampling.stream {
-            return serverSentEvents { send in
+            return .events { send in
                 var completion = 0, cached = 0
                 for (promptIndex, run) in runs.enumerated() {
                     var texts = Array(repeating: ChoiceText(tokenizer: pipeline.tokenizer, stops: stops), count: n)
@@ -136,7 +136,7 @@ extension VLMServer {
                                 "finish_reason": .string(reasons[choice])])
             }
         }
-        return Self.json(["id": .string(id), "object": "text_completion", "created": .int(created), "model": .string(model.id),
+        return .json(["id": .string(id), "object": "text_completion", "created": .int(created), "model": .string(model.id),
                           "choices": .array(choices), "usage": usage(prompt: promptTokens, completion: completion, cached: cached)])
     }
 

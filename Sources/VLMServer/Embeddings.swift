@@ -5,7 +5,7 @@ import SwiftVLM
 extension VLMServer {
     /// `POST /v1/embeddings` for CLIP-style models: the projected embeddings `vlm embed` prints (not normalized), of
     /// texts, token arrays and, beyond OpenAI, images given as `data:image/…;base64,` URLs.
-    func embeddings(_ body: Data) async throws -> Response {
+    func embeddings(_ body: Data) async throws -> APIResponse {
         let fields = try RequestFields(body)
         let model = try model(named: try fields.requiredString("model"))
         guard case .embeddings(let pipeline) = model.role else {
@@ -28,7 +28,7 @@ extension VLMServer {
                 : .string(row.withUnsafeBytes { Data($0) }.base64EncodedString())
             return ["object": "embedding", "embedding": embedding, "index": .int(index)]
         }
-        return Self.json(["object": "list", "data": .array(data), "model": .string(model.id),
+        return .json(["object": "list", "data": .array(data), "model": .string(model.id),
                           "usage": ["prompt_tokens": .int(result.tokens), "total_tokens": .int(result.tokens)]])
     }
 

@@ -219,7 +219,7 @@ func finishReason(_ reason: BatchFinishReason, stoppedByText: Bool) -> String {
 }
 
 /// Server-sent events: each `data:` line a JSON object, then `data: [DONE]`.
-func serverSentEvents(_ produce: @escaping @Sendable (_ send: (JSONValue) async throws -> Void) async throws -> Void) -> Response {
+func serverSentEvents(_ produce: @escaping APIResponse.Producer) -> Response {
     Response(status: .ok, headers: [.contentType: "text/event-stream", .cacheControl: "no-cache"],
              body: ResponseBody { writer in
                  try await produce { value in

@@ -101,7 +101,7 @@ public final class VLMServer: Sendable {
         }
         router.get("/v1/models") { [self] request, _ in
             try await answer(request, endpoint: "models") { _ in
-                Self.json(["object": "list", "data": .array(models.map { model in
+                .json(["object": "list", "data": .array(models.map { model in
                     ["id": .string(model.id), "object": "model", "created": .int(model.created), "owned_by": "swiftvlm"]
                 })])
             }
@@ -110,29 +110,51 @@ public final class VLMServer: Sendable {
             try await answer(request, endpoint: "models") { _ in
                 let name = context.parameters.getCatchAll().joined(separator: "/")
                 let model = try model(named: name.removingPercentEncoding ?? name)
-                return Self.json(["id": .string(model.id), "object": "model", "created": .int(model.created), "owned_by": "swiftvlm"])
+                return .json(["id": .string(model.id), "object": "model", "created": .int(model.created), "owned_by": "swiftvlm"])
             }
         }
-        router.post("/v1/chat/completions") { [self] request, _ in
-            try await answer(request, endpoint: "chat.completions") { try await chatCompletion($0) }
-        }
-        router.post("/v1/completions") { [self] request, _ in
-            try await answer(request, endpoint: "completions") { try await completion($0) }
-        }
-        router.post("/v1/embeddings") { [self] request, _ in
-            try await answer(request, endpoint: "embeddings") { try await embeddings($0) }
+        for endpoint in Endpoint.allCases {
+            router.post(RouterPath(stringLiteral: "/v1/" + endpoint.path)) { [self] request, _ in
+                try await answer(request, endpoint: endpoint.rawValue) { try await handle(endpoint, body: $0) }
+            }
         }
         return router
     }
 
+    /// Answers one request body for `endpoint` as the HTTP server does once the API key has passed, without HTTP:
+    /// what embeds the server in a process of its own needs, and what the fuzzer drives. Every error becomes an
+    /// OpenAI error object.
+    public func respond(to endpoint: Endpoint, body: Data) async -> APIResponse {
+        do {
+            return try await handle(endpoint, body: body)
+        } catch let error as APIError {
+            return .failure(error)
+        } catch {
+            logger.error("\(endpoint.rawValue): \(error)")
+            return .failure(.internalError("\(error)"))
+        }
+    }
+
+    func handle(_ endpoint: Endpoint, body: Data) async throws -> APIResponse {
+        switch endpoint {
+        case .chatCompletions: try await chatCompletion(body)
+        case .completions: try await completion(body)
+        case .embeddings: try await embeddings(body)
+        }
+    }
+
     /// Checks the key, reads the body within the limit, runs `handle`, and turns every error into an OpenAI error
     /// object, counting the request by endpoint and status.
-    private func answer(_ request: Request, endpoint: String, _ handle: (Data) async throws -> Response) async throws -> Response {
+    private func answer(_ request: Request, endpoint: String, _ handle: (Data) async throws -> APIResponse) async throws -> Response {
         var response: Response
         do {
             try authorize(request)
             let body = try await readBody(request)
-            response = try await handle(body)
+            switch try await handle(body) {
+            case .json(let value): response = Self.json(value)
+            case .events(let produce): response = serverSentEvents(produce)
+            case .failure(let error): response = Self.errorResponse(error)
+            }
         } catch let error as APIError {
             response = Self.errorResponse(error)
         } catch {
