@@ -18,6 +18,7 @@ let package = Package(
         .systemLibrary(name: "CTurboJPEG", path: "Sources/CTurboJPEG"),
         .systemLibrary(name: "CSPNG", path: "Sources/CSPNG"),
         .systemLibrary(name: "CWebP", path: "Sources/CWebP"),
+        .systemLibrary(name: "CZlib", path: "Sources/CZlib"),
 
         // Hand-written AVX-512 kernels (attention, layer norm) with portable fallbacks, and the GEMM of builds
         // without oneDNN (Accelerate on Apple platforms).
@@ -31,7 +32,7 @@ let package = Package(
         // The Jinja chat-template interpreter and the strict JSON reader it shares with the tokenizers.
         .target(name: "VLMTemplates"),
         .target(name: "VLMTokenizers", dependencies: ["VLMTemplates"]),
-        .target(name: "VLMImages", dependencies: ["VLMTensor", "CTurboJPEG", "CSPNG", "CWebP"]),
+        .target(name: "VLMImages", dependencies: ["VLMTensor", "CTurboJPEG", "CSPNG", "CWebP", "CZlib"]),
         .target(name: "VLMModels", dependencies: ["VLMTensor", "VLMCheckpoint", "VLMImages"]),
         .target(name: "VLMPipelines", dependencies: ["VLMTensor", "VLMCheckpoint", "VLMTemplates", "VLMTokenizers", "VLMImages", "VLMModels"]),
         .target(name: "VLMHub"),

@@ -46,10 +46,30 @@ public enum ImageDecoder {
             decoded = try PNGDecoding.decode(data, name: name)
         } else if data.count >= 12, data.starts(with: Array("RIFF".utf8)), Array(data[8..<12]) == Array("WEBP".utf8) {
             decoded = try WebPDecoding.decode(data, name: name)
+        } else if let format = otherFormat(data) {
+            throw ImageError.unsupported(file: name, reason: "\(format) images are not read (JPEG, PNG and WebP are)")
         } else {
             throw ImageError.unknownFormat(file: name)
         }
         return decoded.image.transposed(exifOrientation: decoded.orientation)
+    }
+
+    /// Formats Pillow also opens, named from their magic bytes so that a refusal says what the file is.
+    static func otherFormat(_ data: [UInt8]) -> String? {
+        func has(_ prefix: String, at offset: Int = 0) -> Bool {
+            data.count >= offset + prefix.utf8.count && data[offset..<(offset + prefix.utf8.count)].elementsEqual(prefix.utf8)
+        }
+        if has("GIF87a") || has("GIF89a") { return "GIF" }
+        if has("BM") { return "BMP" }
+        if has("II*\0") || has("MM\0*") || has("II+\0") || has("MM\0+") { return "TIFF" }
+        if has("ftypavif", at: 4) || has("ftypavis", at: 4) { return "AVIF" }
+        if has("ftyphei", at: 4) || has("ftypmif1", at: 4) { return "HEIF" }
+        if has("\0\0\0\u{0C}jP  ") || data.starts(with: [0xFF, 0x4F, 0xFF, 0x51]) { return "JPEG 2000" }
+        if data.starts(with: [0, 0, 1, 0]) { return "ICO" }
+        if has("8BPS") { return "PSD" }
+        if has("qoif") { return "QOI" }
+        if data.count >= 2, data[0] == UInt8(ascii: "P"), (UInt8(ascii: "1")...UInt8(ascii: "7")).contains(data[1]) { return "PNM" }
+        return nil
     }
 
     /// Refuses empty images and decompression bombs from their header dimensions.

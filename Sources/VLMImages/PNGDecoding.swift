@@ -22,6 +22,7 @@ enum PNGDecoding {
 
         try check(spng_set_chunk_limits(context, chunkLimit, chunkLimit))
         var ihdr = spng_ihdr()
+        var chunks: PNGChunks?
         let decoded: [UInt8] = try data.withUnsafeBufferPointer { buffer in
             try check(spng_set_png_buffer(context, buffer.baseAddress, buffer.count))
             try check(spng_get_ihdr(context, &ihdr))
@@ -32,6 +33,12 @@ enum PNGDecoding {
             // declares: it is truncated, as Pillow would find after allocating the image. Refused before that.
             guard size / maximumDeflateRatio <= buffer.count else {
                 throw ImageError.corrupt(file: name, format: "PNG", reason: "truncated: \(buffer.count) bytes cannot hold the \(ihdr.width)x\(ihdr.height) image the header declares")
+            }
+            // The header's size is judged first, so that a decompression bomb is called one whatever follows it.
+            do throws(PNGChunks.Refusal) {
+                chunks = try PNGChunks(data)
+            } catch {
+                throw ImageError.corrupt(file: name, format: "PNG", reason: error.reason)
             }
             var out = [UInt8](repeating: 0, count: size)
             try out.withUnsafeMutableBytes {
@@ -108,30 +115,6 @@ enum PNGDecoding {
         default:
             throw ImageError.corrupt(file: name, format: "PNG", reason: "colour type \(ihdr.color_type)")
         }
-        return (RGBImage(width: width, height: height, pixels: rgb), orientation(context))
-    }
-
-    /// From the eXIf chunk, else from the XMP iTXt chunk, as Pillow's `getexif` looks.
-    private static func orientation(_ context: OpaquePointer) -> Int {
-        var exif = spng_exif()
-        if spng_get_exif(context, &exif) == 0, let bytes = exif.data, exif.length > 0 {
-            let buffer = UnsafeRawBufferPointer(start: bytes, count: exif.length)
-            if let orientation = Orientation.fromEXIF(ArraySlice(buffer.bindMemory(to: UInt8.self))) {
-                return orientation
-            }
-        }
-        var count: UInt32 = 0
-        guard spng_get_text(context, nil, &count) == 0, count > 0 else { return 1 }
-        var texts = [spng_text](repeating: spng_text(), count: Int(count))
-        guard spng_get_text(context, &texts, &count) == 0 else { return 1 }
-        for text in texts {
-            let keyword = withUnsafeBytes(of: text.keyword) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
-            guard keyword == "XML:com.adobe.xmp", let body = text.text else { continue }
-            let buffer = UnsafeRawBufferPointer(start: body, count: text.length)
-            if let orientation = Orientation.fromXMP(ArraySlice(buffer.bindMemory(to: UInt8.self))) {
-                return orientation
-            }
-        }
-        return 1
+        return (RGBImage(width: width, height: height, pixels: rgb), chunks?.orientation ?? 1)
     }
 }
