@@ -16,7 +16,7 @@ enum JPEGDecoding {
             tjDecompressHeader3(handle, $0.baseAddress, UInt(data.count), &width, &height, &subsampling, &colorspace)
         }
         // libjpeg only warns about stray bytes before a marker; Pillow reads on, and so does this.
-        guard header == 0 || tjGetErrorCode(handle) == TJERR_WARNING.rawValue else { throw failure() }
+        guard header == 0 || isWarning(handle) else { throw failure() }
         let orientation: Int
         do throws(Orientation.UnreadableEXIF) {
             orientation = try Self.orientation(in: data)
@@ -40,13 +40,8 @@ enum JPEGDecoding {
                               format.rawValue, 0)
             }
         }
-        if status != 0 {
-            // Pillow shrugs off libjpeg's warnings (stray bytes, odd markers) but refuses data that ends early.
-            let message = String(cString: tjGetErrorStr2(handle))
-            if tjGetErrorCode(handle) != TJERR_WARNING.rawValue || message.contains("Premature end") {
-                throw failure()
-            }
-        }
+        // Pillow shrugs off libjpeg's warnings (stray bytes, odd markers) but refuses data that ends early.
+        if status != 0 && !isWarning(handle) { throw failure() }
 
         let rgb: [UInt8]
         switch channels {
@@ -55,6 +50,16 @@ enum JPEGDecoding {
         default: rgb = decoded
         }
         return (RGBImage(width: Int(width), height: Int(height), pixels: rgb), orientation)
+    }
+
+    /// libjpeg's warnings (its JWRN_ messages) other than "Premature end of JPEG file". libturbojpeg's error code cannot
+    /// tell: once a warning was seen it reports TJERR_WARNING even for a fatal error after it. Its message is that of
+    /// the last event, and a fatal error ends decoding, so a warning's message means no fatal error followed.
+    static func isWarning(_ handle: tjhandle) -> Bool {
+        let message = String(cString: tjGetErrorStr2(handle))
+        return ["Corrupt JPEG data", "Unknown Adobe color transform", "Inconsistent progression sequence",
+                "Warning: unknown JFIF revision", "Invalid SOS parameters for sequential JPEG",
+                "Application transferred too many scanlines"].contains { message.hasPrefix($0) }
     }
 
     /// JpegImagePlugin's walk over the markers before the scan: junk bytes between markers are skipped, a marker it
