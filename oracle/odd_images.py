@@ -1,5 +1,5 @@
-"""Fixtures for OddImageTests: small odd and hostile files of each class Pillow and SwiftVLM once disagreed on, made
-with Pillow or by editing its bytes, and what transformers' `load_image` makes of each.
+"""Fixtures for OddImageTests: small odd and hostile files of each class Pillow and SwiftVLM once disagreed on, and GIF
+and BMP files, made with Pillow or by editing its bytes, and what transformers' `load_image` makes of each.
 
 Run by hand: python oracle/odd_images.py
 Writes Tests/Fixtures/odd-images/: the files, and manifest.json with, for each file, either the width, height and
@@ -121,6 +121,32 @@ def main():
     at = files["bad-exif-jfif-dpi.jpg"].index(b"\xff\xdb")
     files["bad-exif-jfif-dpi.jpg"] = files["bad-exif-jfif-dpi.jpg"][:at] + app1 + files["bad-exif-jfif-dpi.jpg"][at:]
     files["exif-prefix-twice.jpg"] = encoded(big, "JPEG", quality=85, exif=b"Exif\0\0" + exif(6))
+
+    # GIF, first frame: an animation, a frame smaller than the screen with a transparent index, interlacing, a local
+    # palette, a file cut short.
+    small = big.quantize(colors=64)
+    files["animated.gif"] = encoded(small, "GIF", save_all=True, duration=100,
+                                    append_images=[big.transpose(Image.Transpose.ROTATE_180).quantize(colors=64)])
+    framed = encoded(small.crop((10, 8, 40, 30)), "GIF", transparency=2)
+    screen = bytearray(framed)
+    screen[6:10] = struct.pack("<HH", 64, 48)  # a larger logical screen...
+    at = screen.index(b"\x2c", 13 + 3 * 64)
+    screen[at + 1 : at + 5] = struct.pack("<HH", 20, 12)  # ...with the frame at (20, 12)
+    files["frame-in-screen.gif"] = bytes(screen)
+    files["interlaced.gif"] = encoded(small, "GIF", interlace=True)
+    files["truncated.gif"] = files["interlaced.gif"][: len(files["interlaced.gif"]) // 2]
+
+    # BMP and DIB, as Pillow writes them (1-bit, 8-bit palette, 24- and 32-bit), an RLE8 file by hand, a file cut short.
+    files["rgb24.bmp"] = encoded(big, "BMP")
+    files["rgba32.bmp"] = encoded(big.convert("RGBA"), "BMP")
+    files["palette8.bmp"] = encoded(small, "BMP")
+    files["mono.bmp"] = encoded(big.convert("1"), "BMP")
+    files["rgb24.dib"] = encoded(big, "DIB")
+    files["truncated.bmp"] = files["rgb24.bmp"][:-100]
+    rle = b"".join(bytes([3, i, 0, 2, 2, 1, 0, 4, 5, 6, 7, 8, 0, 0]) for i in range(4)) + b"\0\1"  # runs, delta, literal
+    header = struct.pack("<IiiHHIIiiII", 40, 12, 4, 1, 8, 1, len(rle), 0, 0, 16, 0)
+    colours = b"".join(bytes([i * 16, 255 - i * 16, i * 8, 0]) for i in range(16))
+    files["rle8.bmp"] = (b"BM" + struct.pack("<IHHI", 14 + 40 + 64 + len(rle), 0, 0, 14 + 40 + 64) + header + colours + rle)
 
     manifest = []
     for name in sorted(files):

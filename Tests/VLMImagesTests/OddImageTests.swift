@@ -3,8 +3,8 @@ import Testing
 @testable import VLMImages
 
 /// Small odd and hostile files of each class Pillow and SwiftVLM once disagreed on (PNG transparency, EXIF in PNG,
-/// animated WebP, JPEG junk and broken segments, PNGs Pillow refuses), with transformers' `load_image` verdict on each
-/// from oracle/odd_images.py: the RGB pixels, or a refusal.
+/// animated WebP, JPEG junk and broken segments, PNGs Pillow refuses), and GIF, BMP and DIB files, with transformers'
+/// `load_image` verdict on each from oracle/odd_images.py: the RGB pixels, or a refusal.
 enum OddImages {
     static let directory = Fixtures.directory.deletingLastPathComponent().appendingPathComponent("odd-images")
 
@@ -45,9 +45,11 @@ enum OddImages {
         let decoded = Set(OddImages.cases.filter { $0.sha256 != nil }.map(\.file))
         let refused = Set(OddImages.cases.filter { $0.refused != nil }.map(\.file))
         #expect(decoded.isSuperset(of: ["palette-alpha.png", "rgb-trns.png", "exif8-after-idat.png", "exif3-imagemagick.png",
-                                        "animated.webp", "junk-before-marker.jpg", "ff00-before-marker.jpg", "bad-exif.jpg"]))
+                                        "animated.webp", "junk-before-marker.jpg", "ff00-before-marker.jpg", "bad-exif.jpg",
+                                        "animated.gif", "frame-in-screen.gif", "interlaced.gif", "rle8.bmp", "rgb24.dib"]))
         #expect(refused.isSuperset(of: ["truncated-text-after-idat.png", "ztxt-method1.png", "ztxt-too-large.png",
-                                        "apng-first-sequence-5.png", "exif-garbage.png", "bad-exif-jfif-dpi.jpg"]))
+                                        "apng-first-sequence-5.png", "exif-garbage.png", "bad-exif-jfif-dpi.jpg",
+                                        "truncated.gif", "truncated.bmp"]))
     }
 
     /// Formats Pillow reads and SwiftVLM does not are refused with a line naming the format.
