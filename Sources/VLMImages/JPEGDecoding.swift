@@ -17,9 +17,9 @@ enum JPEGDecoding {
         }
         // libjpeg only warns about stray bytes before a marker; Pillow reads on, and so does this.
         guard header == 0 || isWarning(handle) else { throw failure() }
-        let orientation: Int
+        let orientation: Int, scan: Int?
         do throws(Orientation.UnreadableEXIF) {
-            orientation = try Self.orientation(in: data)
+            (orientation, scan) = try Self.markers(in: data)
         } catch {
             throw ImageError.corrupt(file: name, format: "JPEG", reason: error.reason)
         }
@@ -42,6 +42,11 @@ enum JPEGDecoding {
         }
         // Pillow shrugs off libjpeg's warnings (stray bytes, odd markers) but refuses data that ends early.
         if status != 0 && !isWarning(handle) { throw failure() }
+        // libjpeg reads to the end-of-image marker; Pillow refuses a file that ends before it. libturbojpeg keeps only
+        // its first warning's message, so an earlier warning would hide "Premature end of JPEG file": look for EOI.
+        guard let scan, data[scan...].indices.contains(where: { $0 + 1 < data.count && data[$0] == 0xFF && data[$0 + 1] == 0xD9 }) else {
+            throw ImageError.corrupt(file: name, format: "JPEG", reason: "Premature end of JPEG file")
+        }
 
         let rgb: [UInt8]
         switch channels {
@@ -64,12 +69,14 @@ enum JPEGDecoding {
 
     /// JpegImagePlugin's walk over the markers before the scan: junk bytes between markers are skipped, a marker it
     /// does not know or a segment running past the end makes Pillow refuse the file. The orientation comes from the
-    /// first EXIF APP1 segment (later ones are appended to it), else from the last XMP one.
-    static func orientation(in data: [UInt8]) throws(Orientation.UnreadableEXIF) -> Int {
+    /// first EXIF APP1 segment (later ones are appended to it), else from the last XMP one. Also where the first scan's
+    /// data starts, nil without one.
+    static func markers(in data: [UInt8]) throws(Orientation.UnreadableEXIF) -> (orientation: Int, scan: Int?) {
         var exif: ArraySlice<UInt8>?
         var xmp: ArraySlice<UInt8>?
         let xmpPrefix = Array("http://ns.adobe.com/xap/1.0/\0".utf8)
         var jfifDPI = false
+        var scan: Int?
         var at = 3  // after FF D8 FF, whose last byte starts the first marker
         var pending = true  // an FF read and not yet paired with the byte after it
         markers: while true {
@@ -119,17 +126,20 @@ enum JPEGDecoding {
                     throw .init(reason: "truncated Adobe segment")
                 default: break
                 }
-                if marker == 0xDA { break markers }
+                if marker == 0xDA {
+                    scan = at
+                    break markers
+                }
             default:
                 throw .init(reason: "no marker found (FF\(String(marker, radix: 16, uppercase: true)))")
             }
         }
         do throws(Orientation.UnreadableEXIF) {
-            return try exif.flatMap(Orientation.fromEXIF) ?? xmp.flatMap(Orientation.fromXMP) ?? 1
+            return (try exif.flatMap(Orientation.fromEXIF) ?? xmp.flatMap(Orientation.fromXMP) ?? 1, scan)
         } catch where !jfifDPI {
             // Without a JFIF resolution, Pillow's _open reads the EXIF for one and swallows its failure; getexif then
             // returns the empty EXIF it kept, with no XMP fallback.
-            return 1
+            return (1, scan)
         }
     }
 }
