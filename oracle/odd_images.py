@@ -98,6 +98,19 @@ def main():
     first_fctl = [i for i, (kind, _) in enumerate(apng) if kind == b"fcTL"][0]
     files["apng-no-first-fctl.png"] = assemble([(k, d) for i, (k, d) in enumerate(apng) if i != first_fctl])
 
+    # PNG image data as Pillow reads it: IDAT checksums unchecked, unknown critical chunks skipped, a duplicate PLTE
+    # (the last wins), zlib's own checksum checked.
+    idat = [i for i, (kind, _) in enumerate(plain) if kind == b"IDAT"][0]
+    bad_crc = assemble(plain)
+    at = bad_crc.index(b"IDAT") + 4 + len(plain[idat][1])
+    files["idat-bad-crc.png"] = bad_crc[:at] + bytes(b ^ 0xFF for b in bad_crc[at : at + 4]) + bad_crc[at + 4 :]
+    files["unknown-critical-chunk.png"] = assemble(plain[:idat] + [(b"ZZZZ", b"critical?")] + plain[idat:])
+    broken_adler = plain[idat][1][:-1] + bytes([plain[idat][1][-1] ^ 1])
+    files["idat-bad-adler32.png"] = assemble(plain[:idat] + [(b"IDAT", broken_adler)] + plain[idat + 1 :])
+    pal = chunks(encoded(palette, "PNG"))
+    plte = [i for i, (kind, _) in enumerate(pal) if kind == b"PLTE"][0]
+    files["two-palettes.png"] = assemble(pal[: plte + 1] + [(b"PLTE", pal[plte][1][::-1])] + pal[plte + 1 :])
+
     # WebP: the first frame of an animation (frames of their own sizes on a larger canvas).
     big = photo.crop((150, 50, 214, 98))  # 64x48
     files["animated.webp"] = encoded(big, "WEBP", save_all=True, quality=80,
@@ -120,6 +133,7 @@ def main():
     files["bad-exif-jfif-dpi.jpg"] = encoded(big, "JPEG", quality=85, dpi=(300, 300))
     at = files["bad-exif-jfif-dpi.jpg"].index(b"\xff\xdb")
     files["bad-exif-jfif-dpi.jpg"] = files["bad-exif-jfif-dpi.jpg"][:at] + app1 + files["bad-exif-jfif-dpi.jpg"][at:]
+    files["junk-then-truncated.jpg"] = files["junk-before-marker.jpg"][:-40]  # libjpeg's first warning hides the end
     files["exif-prefix-twice.jpg"] = encoded(big, "JPEG", quality=85, exif=b"Exif\0\0" + exif(6))
 
     # GIF, first frame: an animation, a frame smaller than the screen with a transparent index, interlacing, a local

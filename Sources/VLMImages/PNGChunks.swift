@@ -12,6 +12,13 @@ struct PNGChunks {
     static let maxTextMemory = 64 * maxTextChunk
 
     private(set) var orientation = 1
+    /// The image as Pillow decodes it, as a plain PNG for libspng: IHDR, the last PLTE before the image data, the
+    /// image data Pillow reads (consecutive IDAT/fdAT chunks, their checksums unchecked, a last one cut short by the end
+    /// of the file taken as far as it goes) in one IDAT chunk, IEND. Ancillary chunks, unknown critical ones and
+    /// checksums, which libspng would refuse and Pillow ignores, are left behind.
+    private(set) var plain: [UInt8] = []
+    private var header: ArraySlice<UInt8> = []
+    private var palette: ArraySlice<UInt8>?
 
     private let data: [UInt8]
     private var mode = ""
@@ -39,10 +46,15 @@ struct PNGChunks {
             let length = Int(be32(at)), kind = Array(data[(at + 4)..<(at + 8)])
             guard kind.allSatisfy(Self.isWordCharacter) else { throw Refusal("broken chunk name") }
             let body = at + 8
-            if kind == Array("IDAT".utf8) { at = body; break }
+            if kind == Array("IDAT".utf8) {
+                plain = imageData(from: at)
+                at = body
+                break
+            }
             if kind == Array("IEND".utf8) { throw Refusal("no image data before IEND") }
             if kind == Array("fdAT".utf8) {
                 try fdAT(body, length)
+                plain = imageData(from: at)
                 at = body
                 break
             }
@@ -81,11 +93,46 @@ struct PNGChunks {
             }
             at = body + length
         }
+        plain = rebuilt(imageData: plain)
         do throws(Orientation.UnreadableEXIF) {
             orientation = try exifOrientation() ?? xmpOrientation() ?? 1
         } catch {
             throw Refusal(error.reason)
         }
+    }
+
+    /// The data of the image data chunks from the one at `at` on, as PngImageFile.load_read gathers it.
+    private func imageData(from start: Int) -> [UInt8] {
+        var stream: [UInt8] = []
+        var at = start
+        while at + 8 <= data.count {
+            let length = Int(be32(at)), kind = Array(data[(at + 4)..<(at + 8)])
+            let skip = kind == Array("fdAT".utf8) ? 4 : 0
+            guard kind == Array("IDAT".utf8) || kind == Array("DDAT".utf8) || skip == 4, length >= skip else { break }
+            let begin = at + 8 + skip, end = at + 8 + length
+            stream += data[min(begin, data.count)..<min(end, data.count)]
+            at = end + 4
+        }
+        return stream
+    }
+
+    /// The plain PNG libspng decodes (see `plain`), made once the walk is done.
+    private func rebuilt(imageData: [UInt8]) -> [UInt8] {
+        func chunk(_ kind: String, _ body: some Collection<UInt8>) -> [UInt8] {
+            let bytes = Array(kind.utf8) + body
+            let crc = UInt32(truncatingIfNeeded: bytes.withUnsafeBufferPointer { CZlib.crc32(0, $0.baseAddress, UInt32($0.count)) })
+            return Self.be32Bytes(UInt32(body.count)) + bytes + Self.be32Bytes(crc)
+        }
+        var png: [UInt8] = [0x89, 0x50, 0x4E, 0x47, 0x0D, 0x0A, 0x1A, 0x0A] + chunk("IHDR", header)
+        // Pillow reads as many whole colours as the chunk holds, 256 at most.
+        if header.count == 13, header[header.startIndex + 9] == 3, let palette {
+            png += chunk("PLTE", palette.prefix(min(palette.count / 3, 256) * 3))
+        }
+        return png + chunk("IDAT", imageData) + chunk("IEND", [UInt8]())
+    }
+
+    private static func be32Bytes(_ v: UInt32) -> [UInt8] {
+        [UInt8(v >> 24), UInt8(v >> 16 & 0xFF), UInt8(v >> 8 & 0xFF), UInt8(v & 0xFF)]
     }
 
     /// Why Pillow refuses the file.
@@ -125,9 +172,12 @@ struct PNGChunks {
         switch String(decoding: kind, as: UTF8.self) {
         case "IHDR":
             guard s.count >= 13 else { throw Refusal("truncated IHDR chunk") }
+            header = s.prefix(13)
             (width, height) = (u32(0), u32(4))
             if let mode = Self.modes[[s[8], s[9]]] { self.mode = mode }
             guard s[11] == 0 else { throw Refusal("unknown filter category") }
+        case "PLTE":
+            palette = s[...]
         case "tRNS":
             if ["1", "L", "I;16"].contains(mode) && s.count < 2 || mode == "RGB" && s.count < 6 {
                 throw Refusal("truncated tRNS chunk")

@@ -46,10 +46,11 @@ enum OddImages {
         let refused = Set(OddImages.cases.filter { $0.refused != nil }.map(\.file))
         #expect(decoded.isSuperset(of: ["palette-alpha.png", "rgb-trns.png", "exif8-after-idat.png", "exif3-imagemagick.png",
                                         "animated.webp", "junk-before-marker.jpg", "ff00-before-marker.jpg", "bad-exif.jpg",
-                                        "animated.gif", "frame-in-screen.gif", "interlaced.gif", "rle8.bmp", "rgb24.dib"]))
+                                        "animated.gif", "frame-in-screen.gif", "interlaced.gif", "rle8.bmp", "rgb24.dib",
+                                        "idat-bad-crc.png", "unknown-critical-chunk.png", "two-palettes.png"]))
         #expect(refused.isSuperset(of: ["truncated-text-after-idat.png", "ztxt-method1.png", "ztxt-too-large.png",
                                         "apng-first-sequence-5.png", "exif-garbage.png", "bad-exif-jfif-dpi.jpg",
-                                        "truncated.gif", "truncated.bmp"]))
+                                        "truncated.gif", "truncated.bmp", "idat-bad-adler32.png", "junk-then-truncated.jpg"]))
     }
 
     /// Formats Pillow reads and SwiftVLM does not are refused with a line naming the format.
