@@ -1,5 +1,5 @@
-"""Fixtures for OddImageTests: small odd and hostile files of each class Pillow and SwiftVLM once disagreed on, and GIF
-and BMP files, made with Pillow or by editing its bytes, and what transformers' `load_image` makes of each.
+"""Fixtures for OddImageTests: small odd and hostile files of each class Pillow and SwiftVLM once disagreed on, and GIF,
+BMP and TIFF files, made with Pillow or by editing its bytes, and what transformers' `load_image` makes of each.
 
 Run by hand: python oracle/odd_images.py
 Writes Tests/Fixtures/odd-images/: the files, and manifest.json with, for each file, either the width, height and
@@ -161,6 +161,18 @@ def main():
     header = struct.pack("<IiiHHIIiiII", 40, 12, 4, 1, 8, 1, len(rle), 0, 0, 16, 0)
     colours = b"".join(bytes([i * 16, 255 - i * 16, i * 8, 0]) for i in range(16))
     files["rle8.bmp"] = (b"BM" + struct.pack("<IHHI", 14 + 40 + 64 + len(rle), 0, 0, 14 + 40 + 64) + header + colours + rle)
+
+    # TIFF, first page, the kinds read: RGB (LZW, Deflate, uncompressed), grey, bilevel (CCITT G4), palette, RGBA,
+    # an Orientation tag, two pages.
+    files["rgb-lzw.tif"] = encoded(big, "TIFF", compression="tiff_lzw")
+    files["rgb-raw.tif"] = encoded(big, "TIFF")
+    files["rgba-deflate.tif"] = encoded(big.convert("RGBA"), "TIFF", compression="tiff_adobe_deflate")
+    files["grey-packbits.tif"] = encoded(big.convert("L"), "TIFF", compression="packbits")
+    files["mono-g4.tif"] = encoded(big.convert("1"), "TIFF", compression="group4")
+    files["palette.tif"] = encoded(small, "TIFF")
+    files["orientation6.tif"] = encoded(big, "TIFF", exif=exif(6))
+    files["two-pages.tif"] = encoded(big, "TIFF", save_all=True, append_images=[small])
+    files["truncated.tif"] = files["rgb-raw.tif"][: len(files["rgb-raw.tif"]) // 2]
 
     manifest = []
     for name in sorted(files):

@@ -3,8 +3,8 @@ import Testing
 @testable import VLMImages
 
 /// Small odd and hostile files of each class Pillow and SwiftVLM once disagreed on (PNG transparency, EXIF in PNG,
-/// animated WebP, JPEG junk and broken segments, PNGs Pillow refuses), and GIF, BMP and DIB files, with transformers'
-/// `load_image` verdict on each from oracle/odd_images.py: the RGB pixels, or a refusal.
+/// animated WebP, JPEG junk and broken segments, PNGs Pillow refuses), and GIF, BMP, DIB and TIFF files, with
+/// transformers' `load_image` verdict on each from oracle/odd_images.py: the RGB pixels, or a refusal.
 enum OddImages {
     static let directory = Fixtures.directory.deletingLastPathComponent().appendingPathComponent("odd-images")
 
@@ -47,21 +47,36 @@ enum OddImages {
         #expect(decoded.isSuperset(of: ["palette-alpha.png", "rgb-trns.png", "exif8-after-idat.png", "exif3-imagemagick.png",
                                         "animated.webp", "junk-before-marker.jpg", "ff00-before-marker.jpg", "bad-exif.jpg",
                                         "animated.gif", "frame-in-screen.gif", "interlaced.gif", "rle8.bmp", "rgb24.dib",
-                                        "idat-bad-crc.png", "unknown-critical-chunk.png", "two-palettes.png"]))
+                                        "idat-bad-crc.png", "unknown-critical-chunk.png", "two-palettes.png",
+                                        "rgb-lzw.tif", "mono-g4.tif", "palette.tif", "orientation6.tif", "two-pages.tif"]))
         #expect(refused.isSuperset(of: ["truncated-text-after-idat.png", "ztxt-method1.png", "ztxt-too-large.png",
                                         "apng-first-sequence-5.png", "exif-garbage.png", "bad-exif-jfif-dpi.jpg",
-                                        "truncated.gif", "truncated.bmp", "idat-bad-adler32.png", "junk-then-truncated.jpg"]))
+                                        "truncated.gif", "truncated.bmp", "idat-bad-adler32.png", "junk-then-truncated.jpg", "truncated.tif"]))
+    }
+
+    /// TIFF kinds not read (here 16-bit grey) are refused with a line naming the kind.
+    @Test func namesTIFFKindsItDoesNotRead() throws {
+        // Little-endian, one 1x1 strip of 16-bit BlackIsZero grey.
+        func entry(_ tag: UInt16, _ type: UInt16, _ value: UInt32) -> [UInt8] {
+            withUnsafeBytes(of: tag.littleEndian, Array.init) + withUnsafeBytes(of: type.littleEndian, Array.init)
+                + withUnsafeBytes(of: UInt32(1).littleEndian, Array.init) + withUnsafeBytes(of: value.littleEndian, Array.init)
+        }
+        let entries = [entry(256, 4, 1), entry(257, 4, 1), entry(258, 3, 16), entry(259, 3, 1), entry(262, 3, 1),
+                       entry(273, 4, 8 + 2 + 8 * 12 + 4), entry(277, 3, 1), entry(279, 4, 2)]
+        let tiff: [UInt8] = [0x49, 0x49, 0x2A, 0, 8, 0, 0, 0, UInt8(entries.count), 0] + entries.flatMap { $0 } + [0, 0, 0, 0, 0x34, 0x12]
+        let error = #expect(throws: ImageError.self) { try ImageDecoder.decode(tiff, name: "x.tif") }
+        #expect(error?.description == "x.tif: unsupported image: TIFF of photometric interpretation 1, 1×16-bit samples, extra samples [] is not read")
     }
 
     /// Formats Pillow reads and SwiftVLM does not are refused with a line naming the format.
     @Test func namesFormatsItDoesNotRead() {
         let cases: [(String, [UInt8])] = [
-            ("TIFF", [0x49, 0x49, 0x2A, 0x00, 8, 0, 0, 0]),
+            ("JPEG 2000", [0xFF, 0x4F, 0xFF, 0x51, 0, 0]),
             ("QOI", Array("qoif".utf8) + [UInt8](repeating: 0, count: 10)),
         ]
         for (format, bytes) in cases {
             let error = #expect(throws: ImageError.self) { try ImageDecoder.decode(bytes, name: "x") }
-            #expect(error?.description == "x: unsupported image: \(format) images are not read (JPEG, PNG, WebP, GIF and BMP are)")
+            #expect(error?.description == "x: unsupported image: \(format) images are not read (JPEG, PNG, WebP, GIF, BMP and TIFF are)")
         }
     }
 }
