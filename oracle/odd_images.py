@@ -172,6 +172,9 @@ def main():
     files["palette.tif"] = encoded(small, "TIFF")
     files["orientation6.tif"] = encoded(big, "TIFF", exif=exif(6))
     files["two-pages.tif"] = encoded(big, "TIFF", save_all=True, append_images=[small])
+    grey16 = (np.asarray(big.convert("L"), dtype=np.uint16) * 3).astype(np.uint16)  # spans values past 255
+    files["grey16.tif"] = encoded(Image.fromarray(grey16), "TIFF")
+    files["grey16-lzw.tif"] = encoded(Image.fromarray(grey16), "TIFF", compression="tiff_lzw")
     files["truncated.tif"] = files["rgb-raw.tif"][: len(files["rgb-raw.tif"]) // 2]
 
     manifest = []

@@ -2,9 +2,10 @@ import CTIFF
 import Foundation
 
 /// TIFF through libtiff, first page, for the kinds whose samples Pillow's TiffImagePlugin unpacks as they are:
-/// 8-bit grey (black or white is zero), bilevel, 8-bit palette, 8-bit RGB with or without unassociated alpha or an
-/// unused fourth sample, interleaved, fill order 1, unsigned. Other kinds (16-bit and float samples, CMYK, CIELab,
-/// YCbCr, planar, premultiplied alpha) are refused with a line naming them. Orientation comes from the first page's
+/// 2-, 4- and 8-bit grey (black or white is zero), 16-bit grey (black is zero), bilevel, 8-bit palette, 8-bit RGB with
+/// or without unassociated alpha or an unused fourth sample, interleaved, fill order 1, unsigned. Other kinds (16-bit
+/// colour, float and signed samples, CMYK, CIELab, YCbCr, planar, premultiplied alpha) are refused with a line
+/// naming them. Orientation comes from the first page's
 /// Orientation tag, else its XMP, as Pillow's `getexif` finds them.
 enum TIFFDecoding {
     struct Refusal: Error {
@@ -84,6 +85,8 @@ enum TIFFDecoding {
         switch (photometric, bits, samples, extras) {
         case (0, 1, 1, []), (1, 1, 1, []): kind = "1"
         case (0, 8, 1, []), (1, 8, 1, []): kind = "L"
+        case (0, 2, 1, []), (1, 2, 1, []), (0, 4, 1, []), (1, 4, 1, []): kind = "L;\(bits)"
+        case (1, 16, 1, []): kind = "I;16"
         case (3, 8, 1, []): kind = "P"
         case (2, 8, 3, []): kind = "RGB"
         case (2, 8, 4, []), (2, 8, 4, [2]): kind = "RGBA"
@@ -102,15 +105,19 @@ enum TIFFDecoding {
 
         let rowBytes = (width * bits * samples + 7) / 8
         var rows = [UInt8](repeating: 0, count: rowBytes * height)
-        if field(TIFFTAG_COMPRESSION, UInt16(1)) == COMPRESSION_NONE {
+        // Uncompressed 16-bit samples stay in the file's byte order; libtiff hands decoded ones over in this machine's.
+        let uncompressed = field(TIFFTAG_COMPRESSION, UInt16(1)) == COMPRESSION_NONE
+        let bigEndian = uncompressed && TIFFIsBigEndian(tiff) != 0
+        if uncompressed {
             try readUncompressed(tiff, data, into: &rows, width: width, height: height, bitsPerPixel: bits * samples)
         } else if TIFFIsTiled(tiff) != 0 {
             let tileWidth = Int(field(TIFFTAG_TILEWIDTH, UInt32(0))), tileHeight = Int(field(TIFFTAG_TILELENGTH, UInt32(0)))
             // Tiles come in multiples of 16 pixels; larger ones than the image would be allocations, not pictures.
-            guard tileWidth > 0, tileHeight > 0, bits == 8, tileWidth <= width + 16, tileHeight <= height + 16 else {
+            guard tileWidth > 0, tileHeight > 0, bits % 8 == 0, tileWidth <= width + 16, tileHeight <= height + 16 else {
                 throw Refusal("tiles of \(tileWidth)x\(tileHeight)")
             }
-            let tileRow = tileWidth * samples
+            let pixelBytes = samples * bits / 8
+            let tileRow = tileWidth * pixelBytes
             guard Int(TIFFTileSize64(tiff)) == tileRow * tileHeight else { throw Refusal("tile size") }
             var tile = [UInt8](repeating: 0, count: tileRow * tileHeight)
             for y0 in stride(from: 0, to: height, by: tileHeight) {
@@ -118,8 +125,8 @@ enum TIFFDecoding {
                     let read = tile.withUnsafeMutableBytes { TIFFReadTile(tiff, $0.baseAddress, UInt32(x0), UInt32(y0), 0, 0) }
                     guard read >= 0 else { throw Refusal("tile at \(x0),\(y0) does not decode") }
                     for y in y0..<min(y0 + tileHeight, height) {
-                        let columns = (min(x0 + tileWidth, width) - x0) * samples
-                        let from = (y - y0) * tileRow, to = y * rowBytes + x0 * samples
+                        let columns = (min(x0 + tileWidth, width) - x0) * pixelBytes
+                        let from = (y - y0) * tileRow, to = y * rowBytes + x0 * pixelBytes
                         rows.replaceSubrange(to..<(to + columns), with: tile[from..<(from + columns)])
                     }
                 }
@@ -162,6 +169,19 @@ enum TIFFDecoding {
                     (rgb[out], rgb[out + 1], rgb[out + 2]) = (v, v, v)
                 case "L":
                     let v = inverted ? 255 - rows[line + x] : rows[line + x]
+                    (rgb[out], rgb[out + 1], rgb[out + 2]) = (v, v, v)
+                case "L;2", "L;4":
+                    // Pillow's L;2 and L;4 unpackers scale by 0x55 and 0x11 (inverted: from 0xFF down).
+                    let perByte = 8 / bits
+                    let sample = Int(rows[line + x / perByte]) >> (8 - bits * (x % perByte + 1)) & ((1 << bits) - 1)
+                    let scaled = UInt8(sample * (bits == 2 ? 0x55 : 0x11))
+                    let v = inverted ? 255 - scaled : scaled
+                    (rgb[out], rgb[out + 1], rgb[out + 2]) = (v, v, v)
+                case "I;16":
+                    // I;16 → RGB clips at 255.
+                    let (a, b) = (Int(rows[line + x * 2]), Int(rows[line + x * 2 + 1]))
+                    let value = bigEndian ? a << 8 | b : b << 8 | a
+                    let v = UInt8(min(value, 255))
                     (rgb[out], rgb[out + 1], rgb[out + 2]) = (v, v, v)
                 case "P":
                     let i = Int(rows[line + x]) * 3
