@@ -22,6 +22,8 @@ let package = Package(
         .systemLibrary(name: "CTurboJPEG", path: "Sources/CTurboJPEG"),
         .systemLibrary(name: "CSPNG", path: "Sources/CSPNG"),
         .systemLibrary(name: "CWebP", path: "Sources/CWebP"),
+        .systemLibrary(name: "CZlib", path: "Sources/CZlib"),
+        .systemLibrary(name: "CTIFF", path: "Sources/CTIFF"),
 
         // Hand-written AVX-512 kernels (attention, layer norm) with portable fallbacks, and the GEMM of builds
         // without oneDNN (Accelerate on Apple platforms).
@@ -35,7 +37,7 @@ let package = Package(
         // The Jinja chat-template interpreter and the strict JSON reader it shares with the tokenizers.
         .target(name: "VLMTemplates"),
         .target(name: "VLMTokenizers", dependencies: ["VLMTemplates"]),
-        .target(name: "VLMImages", dependencies: ["VLMTensor", "CTurboJPEG", "CSPNG", "CWebP"]),
+        .target(name: "VLMImages", dependencies: ["VLMTensor", "CTurboJPEG", "CSPNG", "CWebP", "CZlib", "CTIFF"]),
         .target(name: "VLMModels", dependencies: ["VLMTensor", "VLMCheckpoint", "VLMImages"]),
         .target(name: "VLMPipelines", dependencies: ["VLMTensor", "VLMCheckpoint", "VLMTemplates", "VLMTokenizers", "VLMImages", "VLMModels"]),
         .target(name: "VLMHub"),

@@ -18,7 +18,7 @@ enum FuzzTarget: String, CaseIterable {
     case template
     /// config.json placed beside a real tiny checkpoint's weights, loaded as the registry loads a model.
     case config
-    /// JPEG, PNG or WebP bytes decoded to RGB.
+    /// JPEG, PNG, WebP, GIF, BMP or TIFF bytes decoded to RGB.
     case image
     /// A chat-messages JSON file as `vlm generate --chat` reads it, rendered through LLaVA's template, its images read.
     case chat

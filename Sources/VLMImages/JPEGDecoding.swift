@@ -15,7 +15,14 @@ enum JPEGDecoding {
         let header = data.withUnsafeBufferPointer {
             tjDecompressHeader3(handle, $0.baseAddress, UInt(data.count), &width, &height, &subsampling, &colorspace)
         }
-        guard header == 0 else { throw failure() }
+        // libjpeg only warns about stray bytes before a marker; Pillow reads on, and so does this.
+        guard header == 0 || isWarning(handle) else { throw failure() }
+        let orientation: Int, scan: Int?
+        do throws(Orientation.UnreadableEXIF) {
+            (orientation, scan) = try Self.markers(in: data)
+        } catch {
+            throw ImageError.corrupt(file: name, format: "JPEG", reason: error.reason)
+        }
         try ImageDecoder.checkDimensions(width: Int(width), height: Int(height), name: name, format: "JPEG")
 
         // Pillow opens 1-component JPEGs as L, 4-component ones as CMYK (Adobe-inverted), the rest as RGB.
@@ -33,12 +40,12 @@ enum JPEGDecoding {
                               format.rawValue, 0)
             }
         }
-        if status != 0 {
-            // Pillow shrugs off libjpeg's warnings (stray bytes, odd markers) but refuses data that ends early.
-            let message = String(cString: tjGetErrorStr2(handle))
-            if tjGetErrorCode(handle) != TJERR_WARNING.rawValue || message.contains("Premature end") {
-                throw failure()
-            }
+        // Pillow shrugs off libjpeg's warnings (stray bytes, odd markers) but refuses data that ends early.
+        if status != 0 && !isWarning(handle) { throw failure() }
+        // libjpeg reads to the end-of-image marker; Pillow refuses a file that ends before it. libturbojpeg keeps only
+        // its first warning's message, so an earlier warning would hide "Premature end of JPEG file": look for EOI.
+        guard let scan, data[scan...].indices.contains(where: { $0 + 1 < data.count && data[$0] == 0xFF && data[$0 + 1] == 0xD9 }) else {
+            throw ImageError.corrupt(file: name, format: "JPEG", reason: "Premature end of JPEG file")
         }
 
         let rgb: [UInt8]
@@ -47,32 +54,92 @@ enum JPEGDecoding {
         case 4: rgb = PixelConversion.invertedCMYKToRGB(decoded)
         default: rgb = decoded
         }
-        return (RGBImage(width: Int(width), height: Int(height), pixels: rgb), orientation(in: data))
+        return (RGBImage(width: Int(width), height: Int(height), pixels: rgb), orientation)
     }
 
-    /// The orientation from the first EXIF APP1 segment, else from XMP, walking the markers before the scan.
-    static func orientation(in data: [UInt8]) -> Int {
+    /// libjpeg's warnings (its JWRN_ messages) other than "Premature end of JPEG file". libturbojpeg's error code cannot
+    /// tell: once a warning was seen it reports TJERR_WARNING even for a fatal error after it. Its message is that of
+    /// the last event, and a fatal error ends decoding, so a warning's message means no fatal error followed.
+    static func isWarning(_ handle: tjhandle) -> Bool {
+        let message = String(cString: tjGetErrorStr2(handle))
+        return ["Corrupt JPEG data", "Unknown Adobe color transform", "Inconsistent progression sequence",
+                "Warning: unknown JFIF revision", "Invalid SOS parameters for sequential JPEG",
+                "Application transferred too many scanlines"].contains { message.hasPrefix($0) }
+    }
+
+    /// JpegImagePlugin's walk over the markers before the scan: junk bytes between markers are skipped, a marker it
+    /// does not know or a segment running past the end makes Pillow refuse the file. The orientation comes from the
+    /// first EXIF APP1 segment (later ones are appended to it), else from the last XMP one. Also where the first scan's
+    /// data starts, nil without one.
+    static func markers(in data: [UInt8]) throws(Orientation.UnreadableEXIF) -> (orientation: Int, scan: Int?) {
         var exif: ArraySlice<UInt8>?
         var xmp: ArraySlice<UInt8>?
         let xmpPrefix = Array("http://ns.adobe.com/xap/1.0/\0".utf8)
-        var at = 2
-        while at + 4 <= data.count, data[at] == 0xFF {
-            let marker = data[at + 1]
-            if marker == 0xFF { at += 1; continue }
-            if marker == 0xDA || marker == 0xD9 { break }
-            if (0xD0...0xD7).contains(marker) || marker == 0x01 { at += 2; continue }
-            let length = Int(data[at + 2]) << 8 | Int(data[at + 3])
-            guard length >= 2, at + 2 + length <= data.count else { break }
-            let segment = data[(at + 4)..<(at + 2 + length)]
-            if marker == 0xE1 {
-                if segment.starts(with: Array("Exif\0\0".utf8)) {
-                    if exif == nil { exif = segment }
-                } else if segment.starts(with: xmpPrefix) {
-                    xmp = segment.dropFirst(xmpPrefix.count)
-                }
+        var jfifDPI = false
+        var scan: Int?
+        var at = 3  // after FF D8 FF, whose last byte starts the first marker
+        var pending = true  // an FF read and not yet paired with the byte after it
+        markers: while true {
+            if !pending {
+                guard at < data.count else { break markers }
+                if data[at] != 0xFF { at += 1; continue }  // junk
+                at += 1
             }
-            at += 2 + length
+            pending = false
+            guard at < data.count else { break markers }
+            let marker = data[at]
+            at += 1
+            switch marker {
+            case 0x00: continue  // FF00: escaped data
+            case 0xFF: pending = true  // fill byte: this FF starts the marker
+            case 0xC8, 0xD0...0xD9, 0xF0...0xFD: continue  // no segment
+            case 0xC0...0xCF, 0xDA...0xEF, 0xFE:
+                guard at + 2 <= data.count else { throw .init(reason: "segment length past the end") }
+                let length = (Int(data[at]) << 8 | Int(data[at + 1])) - 2
+                at += 2
+                let end = at + max(length, 0)
+                guard end <= data.count else { throw .init(reason: "marker segment runs past the end of the file") }
+                let segment = data[at..<end]
+                at = end
+                switch marker {
+                case 0xC0...0xC3, 0xC5...0xC7, 0xC9...0xCB, 0xCD...0xCF, 0xDE:
+                    guard segment.count >= 6 else { throw .init(reason: "truncated frame header") }
+                    guard segment[segment.startIndex] == 8 else { throw .init(reason: "\(segment[segment.startIndex])-bit samples") }
+                    guard [1, 3, 4].contains(segment[segment.startIndex + 5]) else {
+                        throw .init(reason: "\(segment[segment.startIndex + 5]) components")
+                    }
+                case 0xDB:
+                    var table = segment
+                    while let first = table.first {
+                        let size = first >> 4 == 0 ? 65 : 129
+                        guard table.count >= size else { throw .init(reason: "bad quantization table marker") }
+                        table = table.dropFirst(size)
+                    }
+                case 0xE1 where segment.starts(with: Array("Exif\0\0".utf8)):
+                    exif = exif.map { $0 + segment.dropFirst(6) } ?? segment
+                case 0xE1 where segment.starts(with: xmpPrefix):
+                    xmp = segment.dropFirst(xmpPrefix.count)
+                case 0xE0 where segment.starts(with: Array("JFIF".utf8)):
+                    guard segment.count >= 7 else { throw .init(reason: "truncated JFIF segment") }
+                    if segment.count >= 12, [1, 2].contains(segment[segment.startIndex + 7]) { jfifDPI = true }
+                case 0xEE where segment.starts(with: Array("Adobe".utf8)) && segment.count < 7:
+                    throw .init(reason: "truncated Adobe segment")
+                default: break
+                }
+                if marker == 0xDA {
+                    scan = at
+                    break markers
+                }
+            default:
+                throw .init(reason: "no marker found (FF\(String(marker, radix: 16, uppercase: true)))")
+            }
         }
-        return exif.flatMap(Orientation.fromEXIF) ?? xmp.flatMap(Orientation.fromXMP) ?? 1
+        do throws(Orientation.UnreadableEXIF) {
+            return (try exif.flatMap(Orientation.fromEXIF) ?? xmp.flatMap(Orientation.fromXMP) ?? 1, scan)
+        } catch where !jfifDPI {
+            // Without a JFIF resolution, Pillow's _open reads the EXIF for one and swallows its failure; getexif then
+            // returns the empty EXIF it kept, with no XMP fallback.
+            return (1, scan)
+        }
     }
 }

@@ -1,32 +1,70 @@
 /// EXIF orientation, found the way Pillow's `Image.getexif()` finds it.
 enum Orientation {
-    /// The Orientation tag (0x0112) of IFD0 in a TIFF-structured EXIF block (with or without the "Exif\0\0" prefix
-    /// JPEG puts in front); nil when absent or unreadable, as Pillow then leaves the image as it is.
-    static func fromEXIF(_ bytes: ArraySlice<UInt8>) -> Int? {
+    /// EXIF that Pillow's `Exif.load` raises on, so that `load_image` fails: not TIFF-structured, or BigTIFF (whose
+    /// 16-byte header Pillow reads 8 bytes of).
+    struct UnreadableEXIF: Error {
+        let reason: String
+    }
+
+    /// The Orientation tag (0x0112) of IFD0 in a TIFF-structured EXIF block (after up to two "Exif\0\0" prefixes, as
+    /// Pillow strips them). nil when the block is empty or has no usable tag, as Pillow then consults XMP; 0 when the
+    /// tag is there but holds no single number, as Pillow then leaves the image as it is and does not look further.
+    static func fromEXIF(_ bytes: ArraySlice<UInt8>) throws(UnreadableEXIF) -> Int? {
         var exif = Array(bytes)
-        if exif.starts(with: Array("Exif\0\0".utf8)) { exif.removeFirst(6) }
-        guard exif.count >= 8 else { return nil }
+        let prefix = Array("Exif\0\0".utf8)
+        for _ in 0..<2 where exif.starts(with: prefix) { exif.removeFirst(prefix.count) }
+        guard !exif.isEmpty else { return nil }
+        let header = Array(exif.prefix(4))
         let littleEndian: Bool
-        if exif[0] == 0x49, exif[1] == 0x49 { littleEndian = true } else if exif[0] == 0x4D, exif[1] == 0x4D {
-            littleEndian = false
-        } else { return nil }
-        func u16(_ at: Int) -> Int? {
-            guard at >= 0, at + 2 <= exif.count else { return nil }
-            return littleEndian ? Int(exif[at]) | Int(exif[at + 1]) << 8 : Int(exif[at]) << 8 | Int(exif[at + 1])
+        switch header {
+        case [0x49, 0x49, 0x2A, 0x00], [0x49, 0x49, 0x00, 0x2A]: littleEndian = true
+        case [0x4D, 0x4D, 0x00, 0x2A], [0x4D, 0x4D, 0x2A, 0x00]: littleEndian = false
+        case [0x49, 0x49, 0x2B, 0x00], [0x4D, 0x4D, 0x00, 0x2B]: throw UnreadableEXIF(reason: "BigTIFF EXIF")
+        default: throw UnreadableEXIF(reason: "EXIF is not TIFF-structured")
         }
-        func u32(_ at: Int) -> Int? {
-            guard let low = u16(littleEndian ? at : at + 2), let high = u16(littleEndian ? at + 2 : at) else { return nil }
-            return high << 16 | low
+        guard exif.count >= 8 else { throw UnreadableEXIF(reason: "EXIF header shorter than 8 bytes") }
+        func unsigned(_ at: Int, _ size: Int) -> UInt64? {
+            guard at >= 0, at + size <= exif.count else { return nil }
+            var value: UInt64 = 0
+            for i in 0..<size { value = value << 8 | UInt64(exif[littleEndian ? at + size - 1 - i : at + i]) }
+            return value
         }
-        guard let ifd = u32(4), let count = u16(ifd) else { return nil }
-        for entry in 0..<count {
+        guard let ifd = unsigned(4, 4).map(Int.init), let count = unsigned(ifd, 2) else { return nil }
+        // ImageFileDirectory_v2.load: the first entry of a tag with data wins; a read past the end stops the walk.
+        for entry in 0..<Int(count) {
             let at = ifd + 2 + entry * 12
-            guard let tag = u16(at), let type = u16(at + 2) else { return nil }
+            guard let tag = unsigned(at, 2), let type = unsigned(at + 2, 2), let n = unsigned(at + 4, 4) else { return nil }
             guard tag == 0x0112 else { continue }
+            let unit: Int
             switch type {
-            case 3: return u16(at + 8)
-            case 4: return u32(at + 8)
-            default: return nil
+            case 1, 2, 6, 7: unit = 1
+            case 3, 8: unit = 2
+            case 4, 9, 11, 13: unit = 4
+            case 5, 10, 12: unit = 8
+            default: continue  // a type Pillow does not load
+            }
+            if n == 0 { continue }
+            guard n == 1 else { return 0 }  // a tuple: no transposition
+            let place = unit > 4 ? unsigned(at + 8, 4).map(Int.init) ?? -1 : at + 8
+            guard let raw = unsigned(place, unit) else { continue }  // data past the end: Pillow skips the tag
+            switch type {
+            case 1, 3, 4, 13: return Int(raw)
+            case 6: return Int(Int8(truncatingIfNeeded: raw))
+            case 8: return Int(Int16(truncatingIfNeeded: raw))
+            case 9: return Int(Int32(truncatingIfNeeded: raw))
+            case 5, 10:
+                // IFDRational compares equal to the integer it reduces to.
+                guard let top = unsigned(place, 4), let bottom = unsigned(place + 4, 4) else { continue }
+                let numerator = type == 10 ? Int(Int32(truncatingIfNeeded: top)) : Int(top)
+                let denominator = type == 10 ? Int(Int32(truncatingIfNeeded: bottom)) : Int(bottom)
+                return denominator != 0 && numerator % denominator == 0 ? numerator / denominator : 0
+            case 11:
+                let value = Float(bitPattern: UInt32(raw))
+                return value.rounded() == value && abs(value) < 16 ? Int(value) : 0
+            case 12:
+                let value = Double(bitPattern: raw)
+                return value.rounded() == value && abs(value) < 16 ? Int(value) : 0
+            default: return 0  // text or bytes
             }
         }
         return nil

@@ -10,29 +10,48 @@ enum PNGDecoding {
     static let maximumDeflateRatio = 1032
 
     static func decode(_ data: [UInt8], name: String) throws -> (image: RGBImage, orientation: Int) {
-        guard let context = spng_ctx_new(0) else {
-            throw ImageError.unsupported(file: name, reason: "libspng failed to start")
-        }
-        defer { spng_ctx_free(context) }
         func check(_ status: Int32) throws {
             if status != 0 {
                 throw ImageError.corrupt(file: name, format: "PNG", reason: String(cString: spng_strerror(status)))
             }
         }
 
-        try check(spng_set_chunk_limits(context, chunkLimit, chunkLimit))
+        // The header, read by libspng from the file, is judged before anything else.
+        guard let header = spng_ctx_new(0) else {
+            throw ImageError.unsupported(file: name, reason: "libspng failed to start")
+        }
+        defer { spng_ctx_free(header) }
+        try check(spng_set_chunk_limits(header, chunkLimit, chunkLimit))
         var ihdr = spng_ihdr()
-        let decoded: [UInt8] = try data.withUnsafeBufferPointer { buffer in
-            try check(spng_set_png_buffer(context, buffer.baseAddress, buffer.count))
-            try check(spng_get_ihdr(context, &ihdr))
+        let chunks: PNGChunks = try data.withUnsafeBufferPointer { buffer in
+            try check(spng_set_png_buffer(header, buffer.baseAddress, buffer.count))
+            try check(spng_get_ihdr(header, &ihdr))
             try ImageDecoder.checkDimensions(width: Int(ihdr.width), height: Int(ihdr.height), name: name, format: "PNG")
             var size = 0
-            try check(spng_decoded_image_size(context, Int32(SPNG_FMT_RAW.rawValue), &size))
+            try check(spng_decoded_image_size(header, Int32(SPNG_FMT_RAW.rawValue), &size))
             // Deflate never packs more than 1032 bytes into one, so a file this short cannot hold the image its header
             // declares: it is truncated, as Pillow would find after allocating the image. Refused before that.
             guard size / maximumDeflateRatio <= buffer.count else {
                 throw ImageError.corrupt(file: name, format: "PNG", reason: "truncated: \(buffer.count) bytes cannot hold the \(ihdr.width)x\(ihdr.height) image the header declares")
             }
+            // The header's size is judged first, so that a decompression bomb is called one whatever follows it.
+            do throws(PNGChunks.Refusal) {
+                return try PNGChunks(data)
+            } catch {
+                throw ImageError.corrupt(file: name, format: "PNG", reason: error.reason)
+            }
+        }
+        let plain = chunks.plain
+
+        // The pixels, from the plain PNG of what Pillow reads (zlib's own checksum is checked, as Pillow's inflate does).
+        guard let context = spng_ctx_new(0) else {
+            throw ImageError.unsupported(file: name, reason: "libspng failed to start")
+        }
+        defer { spng_ctx_free(context) }
+        var size = 0
+        let decoded: [UInt8] = try plain.withUnsafeBufferPointer { buffer in
+            try check(spng_set_png_buffer(context, buffer.baseAddress, buffer.count))
+            try check(spng_decoded_image_size(context, Int32(SPNG_FMT_RAW.rawValue), &size))
             var out = [UInt8](repeating: 0, count: size)
             try out.withUnsafeMutableBytes {
                 try check(spng_decode_image(context, $0.baseAddress, size, Int32(SPNG_FMT_RAW.rawValue), 0))
@@ -108,30 +127,6 @@ enum PNGDecoding {
         default:
             throw ImageError.corrupt(file: name, format: "PNG", reason: "colour type \(ihdr.color_type)")
         }
-        return (RGBImage(width: width, height: height, pixels: rgb), orientation(context))
-    }
-
-    /// From the eXIf chunk, else from the XMP iTXt chunk, as Pillow's `getexif` looks.
-    private static func orientation(_ context: OpaquePointer) -> Int {
-        var exif = spng_exif()
-        if spng_get_exif(context, &exif) == 0, let bytes = exif.data, exif.length > 0 {
-            let buffer = UnsafeRawBufferPointer(start: bytes, count: exif.length)
-            if let orientation = Orientation.fromEXIF(ArraySlice(buffer.bindMemory(to: UInt8.self))) {
-                return orientation
-            }
-        }
-        var count: UInt32 = 0
-        guard spng_get_text(context, nil, &count) == 0, count > 0 else { return 1 }
-        var texts = [spng_text](repeating: spng_text(), count: Int(count))
-        guard spng_get_text(context, &texts, &count) == 0 else { return 1 }
-        for text in texts {
-            let keyword = withUnsafeBytes(of: text.keyword) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
-            guard keyword == "XML:com.adobe.xmp", let body = text.text else { continue }
-            let buffer = UnsafeRawBufferPointer(start: body, count: text.length)
-            if let orientation = Orientation.fromXMP(ArraySlice(buffer.bindMemory(to: UInt8.self))) {
-                return orientation
-            }
-        }
-        return 1
+        return (RGBImage(width: width, height: height, pixels: rgb), chunks.orientation)
     }
 }

@@ -28,7 +28,7 @@ public enum ImageError: Error, CustomStringConvertible {
     public var description: String {
         switch self {
         case .unreadable(let file, let reason): "\(file): cannot read: \(reason)"
-        case .unknownFormat(let file): "\(file): not a JPEG, PNG or WebP image"
+        case .unknownFormat(let file): "\(file): not a JPEG, PNG, WebP, GIF, BMP or TIFF image"
         case .corrupt(let file, let format, let reason): "\(file): corrupt or truncated \(format): \(reason)"
         case .tooLarge(let file, let width, let height):
             "\(file): \(width)x\(height) image exceeds \(ImageDecoder.maxPixels) pixels (a decompression bomb?)"

@@ -1,7 +1,9 @@
 import CWebP
 
-/// WebP through libwebp's simple decoder (fancy upsampling, no dithering), the first and only frame of a still
-/// image, as Pillow decodes; alpha is decoded and dropped like Pillow's RGBA → RGB.
+/// WebP through libwebp's animation decoder, as Pillow reads every WebP file, still or animated: the first frame
+/// composed on the canvas (transparent black where it does not reach), decoded as RGBA with alpha then dropped like
+/// Pillow's RGBA → RGB. Orientation comes from the first EXIF chunk, else the first XMP chunk, as libwebp's demuxer
+/// hands them to Pillow.
 enum WebPDecoding {
     static func decode(_ data: [UInt8], name: String) throws -> (image: RGBImage, orientation: Int) {
         var features = WebPBitstreamFeatures()
@@ -9,40 +11,44 @@ enum WebPDecoding {
         guard status == VP8_STATUS_OK else {
             throw ImageError.corrupt(file: name, format: "WebP", reason: "bitstream status \(status.rawValue)")
         }
-        if features.has_animation != 0 {
-            throw ImageError.unsupported(file: name, reason: "animated WebP")
-        }
-        let width = Int(features.width), height = Int(features.height)
-        try ImageDecoder.checkDimensions(width: width, height: height, name: name, format: "WebP")
+        // The canvas size, checked before the decoder allocates the canvas.
+        try ImageDecoder.checkDimensions(width: Int(features.width), height: Int(features.height), name: name, format: "WebP")
 
-        let channels = features.has_alpha != 0 ? 4 : 3
-        var decoded = [UInt8](repeating: 0, count: width * height * channels)
-        let succeeded = data.withUnsafeBufferPointer { source in
-            decoded.withUnsafeMutableBufferPointer { target in
-                let stride = Int32(width * channels)
-                return channels == 4
-                    ? WebPDecodeRGBAInto(source.baseAddress, source.count, target.baseAddress, target.count, stride) != nil
-                    : WebPDecodeRGBInto(source.baseAddress, source.count, target.baseAddress, target.count, stride) != nil
+        return try data.withUnsafeBufferPointer { source in
+            var webp = WebPData(bytes: source.baseAddress, size: source.count)
+            guard let decoder = WebPAnimDecoderNew(&webp, nil) else {
+                throw ImageError.corrupt(file: name, format: "WebP", reason: "libwebp cannot read its structure")
             }
-        }
-        guard succeeded else { throw ImageError.corrupt(file: name, format: "WebP", reason: "decoding failed") }
-        let rgb = channels == 4 ? PixelConversion.firstThree(decoded, channels: 4) : decoded
-        return (RGBImage(width: width, height: height, pixels: rgb), orientation(in: data))
-    }
+            defer { WebPAnimDecoderDelete(decoder) }
+            var info = WebPAnimInfo()
+            guard WebPAnimDecoderGetInfo(decoder, &info) != 0 else {
+                throw ImageError.corrupt(file: name, format: "WebP", reason: "libwebp cannot read its structure")
+            }
+            let width = Int(info.canvas_width), height = Int(info.canvas_height)
+            try ImageDecoder.checkDimensions(width: width, height: height, name: name, format: "WebP")
+            var canvas: UnsafeMutablePointer<UInt8>?
+            var timestamp: Int32 = 0
+            guard WebPAnimDecoderGetNext(decoder, &canvas, &timestamp) != 0, let canvas else {
+                throw ImageError.corrupt(file: name, format: "WebP", reason: "the first frame does not decode")
+            }
+            let rgba = [UInt8](UnsafeBufferPointer(start: canvas, count: width * height * 4))
+            let image = RGBImage(width: width, height: height, pixels: PixelConversion.firstThree(rgba, channels: 4))
 
-    /// From the RIFF container's EXIF chunk, else its XMP chunk.
-    static func orientation(in data: [UInt8]) -> Int {
-        var exif: ArraySlice<UInt8>?
-        var xmp: ArraySlice<UInt8>?
-        var at = 12
-        while at + 8 <= data.count {
-            let fourCC = String(decoding: data[at..<at + 4], as: UTF8.self)
-            let size = Int(data[at + 4]) | Int(data[at + 5]) << 8 | Int(data[at + 6]) << 16 | Int(data[at + 7]) << 24
-            guard size <= data.count - at - 8 else { break }
-            let payload = data[(at + 8)..<(at + 8 + size)]
-            if fourCC == "EXIF" { exif = payload } else if fourCC == "XMP " { xmp = payload }
-            at += 8 + size + (size & 1)
+            let demuxer = WebPAnimDecoderGetDemuxer(decoder)
+            func chunk(_ fourCC: String) -> ArraySlice<UInt8>? {
+                var iterator = WebPChunkIterator()
+                defer { WebPDemuxReleaseChunkIterator(&iterator) }
+                guard WebPDemuxGetChunk(demuxer, fourCC, 1, &iterator) != 0, iterator.chunk.size > 0,
+                      let bytes = iterator.chunk.bytes else { return nil }
+                return ArraySlice(UnsafeBufferPointer(start: bytes, count: iterator.chunk.size))
+            }
+            let orientation: Int
+            do throws(Orientation.UnreadableEXIF) {
+                orientation = try chunk("EXIF").flatMap(Orientation.fromEXIF) ?? chunk("XMP ").flatMap(Orientation.fromXMP) ?? 1
+            } catch {
+                throw ImageError.corrupt(file: name, format: "WebP", reason: error.reason)
+            }
+            return (image, orientation)
         }
-        return exif.flatMap(Orientation.fromEXIF) ?? xmp.flatMap(Orientation.fromXMP) ?? 1
     }
 }
