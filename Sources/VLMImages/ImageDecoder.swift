@@ -3,8 +3,10 @@ import Foundation
 /// Decodes JPEG, PNG, WebP, GIF (first frame), BMP and TIFF (first page, common kinds) files to RGB exactly as transformers' `load_image` does with Pillow:
 /// `ImageOps.exif_transpose(Image.open(f)).convert("RGB")`.
 public enum ImageDecoder {
-    /// Pillow's `Image.MAX_IMAGE_PIXELS`; larger images are refused before any pixel buffer is allocated.
-    public static let maxPixels = 89_478_485
+    /// Pillow's `Image.MAX_IMAGE_PIXELS` (89,478,485 unless set): larger images are refused before any pixel buffer is
+    /// allocated. Set for a scope, as a server does for its requests: `ImageDecoder.$maxPixels.withValue(n) { … }`
+    /// (a task-local value, so concurrent work elsewhere keeps its own).
+    @TaskLocal public static var maxPixels = 89_478_485
 
     /// Larger files are refused before they are read.
     static let maximumFileSize = 1 << 30
@@ -85,7 +87,7 @@ public enum ImageDecoder {
             throw ImageError.corrupt(file: name, format: format, reason: "image is \(width)x\(height)")
         }
         if width > maxPixels || height > maxPixels || width * height > maxPixels {
-            throw ImageError.tooLarge(file: name, width: width, height: height)
+            throw ImageError.tooLarge(file: name, width: width, height: height, limit: maxPixels)
         }
     }
 }

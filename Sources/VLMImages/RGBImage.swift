@@ -20,7 +20,7 @@ public enum ImageError: Error, CustomStringConvertible {
     case unreadable(file: String, reason: String)
     case unknownFormat(file: String)
     case corrupt(file: String, format: String, reason: String)
-    case tooLarge(file: String, width: Int, height: Int)
+    case tooLarge(file: String, width: Int, height: Int, limit: Int)
     case unsupported(file: String, reason: String)
     /// An image could not be encoded or written.
     case unwritable(file: String, reason: String)
@@ -30,8 +30,8 @@ public enum ImageError: Error, CustomStringConvertible {
         case .unreadable(let file, let reason): "\(file): cannot read: \(reason)"
         case .unknownFormat(let file): "\(file): not a JPEG, PNG, WebP, GIF, BMP or TIFF image"
         case .corrupt(let file, let format, let reason): "\(file): corrupt or truncated \(format): \(reason)"
-        case .tooLarge(let file, let width, let height):
-            "\(file): \(width)x\(height) image exceeds \(ImageDecoder.maxPixels) pixels (a decompression bomb?)"
+        case .tooLarge(let file, let width, let height, let limit):
+            "\(file): \(width)x\(height) image exceeds \(limit) pixels (a decompression bomb?)"
         case .unsupported(let file, let reason): "\(file): unsupported image: \(reason)"
         case .unwritable(let file, let reason): "\(file): cannot write: \(reason)"
         }

@@ -35,7 +35,7 @@ extension VLMServer {
             let messages = try await chatMessages(raw, readsImages: true)
             (pipeline, batcher) = (imageChat.text, chatBatcher)
             // Reading and encoding images is heavy: off the server's event loops.
-            let prepared = try await heavyWork.run { try preparing { try imageChat.prompt(messages: messages) } }
+            let prepared = try await heavyWork.run(maxImagePixels: configuration.maxImagePixels) { try preparing { try imageChat.prompt(messages: messages) } }
             prompt = (prepared.ids, prepared.inputsEmbeds, prepared.prefixKey)
         case .embeddings:
             throw APIError.invalid("The model `\(model.id)` computes embeddings; it does not chat", param: "model")

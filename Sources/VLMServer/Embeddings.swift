@@ -19,7 +19,7 @@ extension VLMServer {
             throw APIError.invalid("This model's embeddings have \(pipeline.model.embeddingSize) dimensions and cannot be shortened", param: "dimensions")
         }
         let inputs = try embeddingInputs(fields["input"])
-        let result = try await heavyWork.run { () throws -> EmbeddingResult in
+        let result = try await heavyWork.run(maxImagePixels: configuration.maxImagePixels) { () throws -> EmbeddingResult in
             try preparing(param: "input") { try Self.embed(inputs, pipeline: pipeline) }
         }
         let data: [JSONValue] = result.rows.enumerated().map { index, row in

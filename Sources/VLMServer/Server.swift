@@ -19,6 +19,8 @@ public struct ServerConfiguration: Sendable {
     /// Whether `http(s)://` image URLs are downloaded.
     public var allowRemoteImages = false
     public var maxBodyBytes = 32 << 20
+    /// Images with more pixels are refused before they are decoded (Pillow's default limit).
+    public var maxImagePixels = ImageDecoder.maxPixels
     /// The most bytes a downloaded image may have.
     public var maxRemoteImageBytes = 20 << 20
     public var maxMessages = 512

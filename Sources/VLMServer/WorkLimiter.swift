@@ -1,4 +1,5 @@
 import Foundation
+import SwiftVLM
 
 /// At most `limit` pieces of heavy work at a time (reading and encoding images, embedding batches), the others
 /// waiting their turn in order: concurrent requests with images would otherwise each hold a photo's pixels and
@@ -10,8 +11,8 @@ actor WorkLimiter {
 
     init(limit: Int) { self.limit = max(1, limit) }
 
-    /// Runs `work` off the caller's executor once a slot is free.
-    func run<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
+    /// Runs `work` off the caller's executor once a slot is free, with images held to `maxImagePixels`.
+    func run<T: Sendable>(maxImagePixels: Int, _ work: @escaping @Sendable () throws -> T) async throws -> T {
         if running >= limit {
             await withCheckedContinuation { waiting.append($0) }
         } else {
@@ -20,6 +21,6 @@ actor WorkLimiter {
         defer {
             if waiting.isEmpty { running -= 1 } else { waiting.removeFirst().resume() }
         }
-        return try await Task.detached(operation: work).value
+        return try await Task.detached { try ImageDecoder.$maxPixels.withValue(maxImagePixels, operation: work) }.value
     }
 }

@@ -49,6 +49,9 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "The largest request body, in MiB.")
     var maxBodyMb = 32
 
+    @Option(help: "Images with more pixels are refused before decoding (Pillow's MAX_IMAGE_PIXELS by default).")
+    var maxImagePixels = ImageDecoder.maxPixels
+
     @Option(help: "Seconds after which a generation ends (finish_reason \"length\").")
     var timeout = 600
 
@@ -62,7 +65,8 @@ struct Serve: AsyncParsableCommand {
         }
         guard (0...65535).contains(port) else { throw ValidationError("--port must be in 0...65535") }
         for (name, value) in [("--kv-cache-mb", kvCacheMb), ("--max-batch", maxBatch), ("--max-tokens", maxTokens),
-                              ("--max-choices", maxChoices), ("--max-body-mb", maxBodyMb), ("--timeout", timeout)] where value <= 0 {
+                              ("--max-choices", maxChoices), ("--max-body-mb", maxBodyMb), ("--timeout", timeout),
+                              ("--max-image-pixels", maxImagePixels)] where value <= 0 {
             throw ValidationError("\(name) must be positive")
         }
         guard maxQueue >= 0 else { throw ValidationError("--max-queue must not be negative") }
@@ -88,6 +92,7 @@ struct Serve: AsyncParsableCommand {
         configuration.maxTokens = maxTokens
         configuration.maxChoices = maxChoices
         configuration.maxBodyBytes = maxBodyMb << 20
+        configuration.maxImagePixels = maxImagePixels
         configuration.requestTimeout = .seconds(timeout)
         var served: [ServedModel] = []
         for name in models {

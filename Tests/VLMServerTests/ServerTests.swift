@@ -361,6 +361,25 @@ import SwiftVLM
         #expect(try await ask("file:///etc/hostname") == 400)
     }
 
+    /// Images past the server's pixel limit are refused before decoding, naming the limit; the rest of the server,
+    /// and other work in the process, keep Pillow's default.
+    @Test func imagesPastThePixelLimitAreRefused() async throws {
+        var configuration = ServerConfiguration()
+        configuration.maxImagePixels = 10_000
+        let server = try await RunningServer(models: Self.models(configuration), configuration: configuration)
+        defer { Task { await server.stop() } }
+        let photo: JSONValue = .string(try ServerFixtures.dataURL("photos/chelsea.png"))
+        let (status, body) = try await server.post("/v1/chat/completions", [
+            "model": "llava-tiny", "max_tokens": 2,
+            "messages": [["role": "user", "content": [["type": "image_url", "image_url": ["url": photo]], ["type": "text", "text": "What?"]]]]])
+        #expect(status == 400)
+        guard case .string(let message)? = body["error"]?["message"] else { Issue.record("\(body)"); return }
+        #expect(message.contains("exceeds 10000 pixels"), "\(message)")
+        let (embedded, answer) = try await server.post("/v1/embeddings", ["model": "clip-tiny", "input": [photo]])
+        #expect(embedded == 400, "\(answer)")
+        #expect(ImageDecoder.maxPixels == 89_478_485)
+    }
+
     @Test func apiKeyIsRequiredWhenSet() async throws {
         var configuration = ServerConfiguration()
         configuration.apiKey = "sk-local-test"
