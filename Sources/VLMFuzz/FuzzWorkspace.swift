@@ -28,7 +28,14 @@ final class FuzzWorkspace {
         case .text: _ = try realTokenizers()
         case .chat: _ = try llavaTemplate()
         case .config: _ = try checkpoint(config: Array("{}".utf8))
-        case .serve: _ = try serveModels()
+        case .serve:
+            // One request per endpoint first, so that what the server builds once (token tables, caches) is in place.
+            for endpoint in Endpoint.allCases {
+                let body = endpoint == .embeddings ? #"{"model": "clip-tiny", "input": "a cat"}"#
+                    : endpoint == .completions ? #"{"model": "llava-tiny", "prompt": "Hi", "max_tokens": 2, "logprobs": 1}"#
+                    : #"{"model": "llava-tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "stop": "x"}"#
+                _ = try serve(endpoint, body: Data(body.utf8))
+            }
         default: break
         }
     }
