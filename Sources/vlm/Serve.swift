@@ -1,8 +1,5 @@
 import ArgumentParser
 import Foundation
-#if canImport(Glibc)
-import Glibc
-#endif
 import SwiftVLM
 import VLMServer
 
@@ -73,7 +70,6 @@ struct Serve: AsyncParsableCommand {
     }
 
     func run() async throws {
-        passiveOpenMPWaits()
         var configuration = ServerConfiguration()
         configuration.host = host
         configuration.port = port
@@ -117,19 +113,6 @@ struct Serve: AsyncParsableCommand {
         if offline { options.offline = true }
         return try await resolveModel(name, options: options, progress: nil)
     }
-}
-
-/// Restarts the process with `OMP_WAIT_POLICY=passive` unless the variable is set. oneDNN's OpenMP workers spin
-/// between products by default; in a server they spin on the cores its HTTP threads need, and on a loaded machine a
-/// spinning worker holds up every product (measured: decoding several times slower). The runtime reads the
-/// variable when it is loaded, before `main`, hence the restart.
-private func passiveOpenMPWaits() {
-    #if os(Linux)
-    guard getenv("OMP_WAIT_POLICY") == nil else { return }
-    setenv("OMP_WAIT_POLICY", "passive", 1)
-    execv("/proc/self/exe", CommandLine.unsafeArgv)
-    // Only reached when the restart failed: serve with the default policy.
-    #endif
 }
 
 func writeToStandardError(_ text: String) {
