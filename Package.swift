@@ -66,7 +66,10 @@ let package = Package(
         .testTarget(name: "VLMPipelinesTests", dependencies: ["VLMPipelines", "VLMCheckpoint", "VLMTemplates", "VLMImages", "VLMTensor"]),
         .testTarget(name: "VLMHubTests", dependencies: ["VLMHub", "VLMCheckpoint"]),
         .testTarget(name: "vlmTests", dependencies: ["vlm", "VLMCheckpoint"]),
-        .testTarget(name: "VLMServerTests", dependencies: ["VLMServer", "SwiftVLM"]),
+        .testTarget(name: "VLMServerTests", dependencies: [
+            "VLMServer", "SwiftVLM",
+            .product(name: "Hummingbird", package: "hummingbird"),
+        ]),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -1,4 +1,5 @@
 import Foundation
+import Hummingbird
 import Testing
 import SwiftVLM
 @testable import VLMServer
@@ -378,6 +379,40 @@ import SwiftVLM
         let (embedded, answer) = try await server.post("/v1/embeddings", ["model": "clip-tiny", "input": [photo]])
         #expect(embedded == 400, "\(answer)")
         #expect(ImageDecoder.maxPixels == 89_478_485)
+    }
+
+    /// With --allow-remote-images an http:// image is downloaded (from a second server on loopback playing the web)
+    /// and answers as the same photo sent inline; a URL that answers 404 is a 400.
+    @Test func remoteImagesAreDownloadedWhenAllowed() async throws {
+        let photo = try Data(contentsOf: ServerFixtures.fixtures.appendingPathComponent("photos/chelsea.png"))
+        let web = Router()
+        web.get("/chelsea.png") { _, _ in
+            Response(status: .ok, headers: [.contentType: "image/png"], body: ResponseBody(byteBuffer: ByteBuffer(bytes: photo)))
+        }
+        let (ports, found) = AsyncStream<Int>.makeStream()
+        let site = Application(router: web, configuration: ApplicationConfiguration(address: .hostname("127.0.0.1", port: 0)),
+                               onServerRunning: { found.yield($0.localAddress?.port ?? 0) })
+        let siteTask = Task { try await site.runService(gracefulShutdownSignals: []) }
+        defer { siteTask.cancel() }
+        var iterator = ports.makeAsyncIterator()
+        let port = try #require(await iterator.next())
+
+        var configuration = ServerConfiguration()
+        configuration.allowRemoteImages = true
+        let server = try await RunningServer(models: Self.models(configuration), configuration: configuration)
+        defer { Task { await server.stop() } }
+        func ask(_ url: String) async throws -> (status: Int, body: JSONValue) {
+            try await server.post("/v1/chat/completions", [
+                "model": "llava-tiny", "max_tokens": 4, "temperature": 0,
+                "messages": [["role": "user", "content": [["type": "image_url", "image_url": ["url": .string(url)]],
+                                                         ["type": "text", "text": "What is in this picture?"]]]]])
+        }
+        let (status, remote) = try await ask("http://127.0.0.1:\(port)/chelsea.png")
+        #expect(status == 200, "\(remote)")
+        let (_, inline) = try await ask(try ServerFixtures.dataURL("photos/chelsea.png"))
+        #expect(remote["choices"] == inline["choices"])
+        let (missing, error) = try await ask("http://127.0.0.1:\(port)/none.png")
+        #expect(missing == 400, "\(error)")
     }
 
     @Test func apiKeyIsRequiredWhenSet() async throws {
