@@ -19,7 +19,7 @@ struct Ask: AsyncParsableCommand {
     @Flag(help: "Print JSON instead of one answer per line.")
     var json = false
 
-    @Argument(help: "Image files (JPEG, PNG or WebP).")
+    @Argument(help: "Image files (JPEG, PNG, WebP, GIF, BMP or TIFF).")
     var images: [String]
 
     private struct Answer: Encodable {

@@ -18,7 +18,7 @@ struct Caption: AsyncParsableCommand {
     @Flag(help: "Print JSON instead of one caption per line.")
     var json = false
 
-    @Argument(help: "Image files (JPEG, PNG or WebP).")
+    @Argument(help: "Image files (JPEG, PNG, WebP, GIF, BMP or TIFF).")
     var images: [String]
 
     private struct Result: Encodable {

@@ -17,7 +17,7 @@ struct Classify: AsyncParsableCommand {
     @Flag(help: "Print JSON instead of a table.")
     var json = false
 
-    @Argument(help: "Image files (JPEG, PNG or WebP).")
+    @Argument(help: "Image files (JPEG, PNG, WebP, GIF, BMP or TIFF).")
     var images: [String]
 
     private struct ImageResult: Encodable {

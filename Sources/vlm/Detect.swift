@@ -33,7 +33,7 @@ struct Detect: AsyncParsableCommand {
     @Flag(help: "Print JSON instead of a table.")
     var json = false
 
-    @Argument(help: "The image (JPEG, PNG or WebP).")
+    @Argument(help: "The image (JPEG, PNG, WebP, GIF, BMP or TIFF).")
     var image: String
 
     private struct Result: Encodable {

@@ -14,7 +14,7 @@ struct Match: AsyncParsableCommand {
     @Flag(help: "Print JSON instead of a table.")
     var json = false
 
-    @Argument(help: "Image files (JPEG, PNG or WebP).")
+    @Argument(help: "Image files (JPEG, PNG, WebP, GIF, BMP or TIFF).")
     var images: [String]
 
     private struct Pair: Encodable {
