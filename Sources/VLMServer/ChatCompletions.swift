@@ -66,70 +66,61 @@ extension VLMServer {
 
         if sampling.stream {
             return .events { send in
-                var texts = Array(repeating: ChoiceText(tokenizer: pipeline.tokenizer, stops: stops), count: sampling.n)
-                var completion = 0, cached = 0
-                var previous: ContinuousClock.Instant?
+                var progress = RunProgress(run, choices: sampling.n, stops: stops, metrics: metrics, start: start)
                 for choice in 0..<sampling.n {
                     try await send(chunk([["index": .int(choice), "delta": ["role": "assistant", "content": ""],
                                            "logprobs": .null, "finish_reason": .null]]))
                 }
                 for try await (choice, event) in run.events() {
-                    switch event {
-                    case .started(let count): cached = max(cached, count)
-                    case .token(let token):
-                        completion += 1
-                        run.observe(metrics, start: start, previous: &previous)
-                        let piece = texts[choice].append(token.id)
-                        let logprob: JSONValue = sampling.logprobs != nil ? ["content": [logprobs(token)]] : .null
+                    switch progress.take(choice, event) {
+                    case nil: continue
+                    case .token(let token, let piece)?:
                         if !piece.isEmpty || sampling.logprobs != nil {
+                            let logprob: JSONValue = sampling.logprobs != nil ? ["content": [logprobs(token)]] : .null
                             try await send(chunk([["index": .int(choice), "delta": ["content": .string(piece)],
                                                    "logprobs": logprob, "finish_reason": .null]]))
                         }
-                    case .finished(let reason):
-                        let rest = texts[choice].finish()
+                    case .finished(let rest, let reason)?:
                         if !rest.isEmpty {
                             try await send(chunk([["index": .int(choice), "delta": ["content": .string(rest)],
                                                    "logprobs": .null, "finish_reason": .null]]))
                         }
                         try await send(chunk([["index": .int(choice), "delta": [:], "logprobs": .null,
-                                               "finish_reason": .string(finishReason(reason, stoppedByText: texts[choice].stopped))]]))
+                                               "finish_reason": .string(reason)]]))
                     }
                 }
-                run.countTokens(metrics, completion: completion)
+                run.countTokens(metrics, completion: progress.completionTokens)
                 if sampling.includeUsage {
-                    try await send(chunk([], usage: usage(prompt: run.promptLength, completion: completion, cached: cached)))
+                    try await send(chunk([], usage: usage(prompt: run.promptLength, completion: progress.completionTokens,
+                                                          cached: progress.cachedTokens)))
                 }
             }
         }
 
-        var texts = Array(repeating: ChoiceText(tokenizer: pipeline.tokenizer, stops: stops), count: sampling.n)
+        var progress = RunProgress(run, choices: sampling.n, stops: stops, metrics: metrics, start: start)
         var contents = Array(repeating: "", count: sampling.n)
         var reasons = Array(repeating: "length", count: sampling.n)
         var tokenLogprobs = Array(repeating: [JSONValue](), count: sampling.n)
-        var completion = 0, cached = 0
-        var previous: ContinuousClock.Instant?
         for try await (choice, event) in run.events() {
-            switch event {
-            case .started(let count): cached = max(cached, count)
-            case .token(let token):
-                completion += 1
-                run.observe(metrics, start: start, previous: &previous)
-                contents[choice] += texts[choice].append(token.id)
+            switch progress.take(choice, event) {
+            case nil: continue
+            case .token(let token, let piece)?:
+                contents[choice] += piece
                 if sampling.logprobs != nil { tokenLogprobs[choice].append(logprobs(token)) }
-            case .finished(let reason):
-                contents[choice] += texts[choice].finish()
-                reasons[choice] = finishReason(reason, stoppedByText: texts[choice].stopped)
+            case .finished(let rest, let reason)?:
+                contents[choice] += rest
+                reasons[choice] = reason
             }
         }
-        run.countTokens(metrics, completion: completion)
+        run.countTokens(metrics, completion: progress.completionTokens)
         let choices: [JSONValue] = (0..<sampling.n).map { choice in
             ["index": .int(choice), "message": ["role": "assistant", "content": .string(contents[choice])],
              "logprobs": sampling.logprobs != nil ? ["content": .array(tokenLogprobs[choice])] : .null,
              "finish_reason": .string(reasons[choice])]
         }
         return .json(["id": .string(id), "object": "chat.completion", "created": .int(created), "model": .string(model.id),
-                          "system_fingerprint": .null, "choices": .array(choices),
-                          "usage": usage(prompt: run.promptLength, completion: completion, cached: cached)])
+                      "system_fingerprint": .null, "choices": .array(choices),
+                      "usage": usage(prompt: run.promptLength, completion: progress.completionTokens, cached: progress.cachedTokens)])
     }
 
     /// OpenAI's messages in the form chat templates read (transformers' format): text parts kept (joined into one

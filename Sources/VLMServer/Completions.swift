@@ -61,10 +61,7 @@ extension VLMServer {
             return .events { send in
                 var completion = 0, cached = 0
                 for (promptIndex, run) in runs.enumerated() {
-                    var texts = Array(repeating: ChoiceText(tokenizer: pipeline.tokenizer, stops: stops), count: n)
-                    var previous: ContinuousClock.Instant?
-                    var runCached = 0
-                    defer { cached += runCached }
+                    var progress = RunProgress(run, choices: n, stops: stops, metrics: metrics, start: start)
                     var offsets = Array(repeating: echo ? echoes[promptIndex].utf16.count : 0, count: n)
                     func sendChoice(_ choice: Int, text: String, logprobs: JSONValue = .null, finish: JSONValue = .null) async throws {
                         var object: [(String, JSONValue)] = [
@@ -76,12 +73,9 @@ extension VLMServer {
                     }
                     if echo { for choice in 0..<n { try await sendChoice(choice, text: echoes[promptIndex]) } }
                     for try await (choice, event) in run.events() {
-                        switch event {
-                        case .started(let count): runCached = max(runCached, count)
-                        case .token(let token):
-                            completion += 1
-                            run.observe(metrics, start: start, previous: &previous)
-                            let piece = texts[choice].append(token.id)
+                        switch progress.take(choice, event) {
+                        case nil: continue
+                        case .token(let token, let piece)?:
                             if sampling.logprobs != nil {
                                 let entry = logprobs([token], texts: [tokenText(token.id)], offset: offsets[choice])
                                 offsets[choice] += tokenText(token.id).utf16.count
@@ -89,14 +83,14 @@ extension VLMServer {
                             } else if !piece.isEmpty {
                                 try await sendChoice(choice, text: piece)
                             }
-                        case .finished(let reason):
-                            try await sendChoice(choice, text: texts[choice].finish(),
-                                           finish: .string(finishReason(reason, stoppedByText: texts[choice].stopped)))
+                        case .finished(let rest, let reason)?:
+                            try await sendChoice(choice, text: rest, finish: .string(reason))
                         }
                     }
-                    run.countTokens(metrics, completion: 0)
+                    run.countTokens(metrics, completion: progress.completionTokens)
+                    completion += progress.completionTokens
+                    cached += progress.cachedTokens
                 }
-                Counter(label: "vlm_generation_tokens_total", dimensions: [("model", model.id)], factory: metrics).increment(by: completion)
                 if sampling.includeUsage {
                     try await send(["id": .string(id), "object": "text_completion", "created": .int(created), "model": .string(model.id),
                                     "choices": [], "usage": usage(prompt: promptTokens, completion: completion, cached: cached)])
@@ -107,27 +101,24 @@ extension VLMServer {
         var choices: [JSONValue] = []
         var completion = 0, cached = 0
         for (promptIndex, run) in runs.enumerated() {
-            var texts = Array(repeating: ChoiceText(tokenizer: pipeline.tokenizer, stops: stops), count: n)
+            var progress = RunProgress(run, choices: n, stops: stops, metrics: metrics, start: start)
             var contents = Array(repeating: "", count: n)
             var reasons = Array(repeating: "length", count: n)
             var tokens = Array(repeating: [BatchToken](), count: n)
-            var previous: ContinuousClock.Instant?
-            var runCached = 0
-            defer { cached += runCached }
             for try await (choice, event) in run.events() {
-                switch event {
-                case .started(let count): runCached = max(runCached, count)
-                case .token(let token):
-                    completion += 1
-                    run.observe(metrics, start: start, previous: &previous)
-                    contents[choice] += texts[choice].append(token.id)
+                switch progress.take(choice, event) {
+                case nil: continue
+                case .token(let token, let piece)?:
+                    contents[choice] += piece
                     tokens[choice].append(token)
-                case .finished(let reason):
-                    contents[choice] += texts[choice].finish()
-                    reasons[choice] = finishReason(reason, stoppedByText: texts[choice].stopped)
+                case .finished(let rest, let reason)?:
+                    contents[choice] += rest
+                    reasons[choice] = reason
                 }
             }
-            run.countTokens(metrics, completion: tokens.reduce(0) { $0 + $1.count })
+            run.countTokens(metrics, completion: progress.completionTokens)
+            completion += progress.completionTokens
+            cached += progress.cachedTokens
             for choice in 0..<n {
                 let prefix = echo ? echoes[promptIndex] : ""
                 choices.append(["text": .string(prefix + contents[choice]), "index": .int(promptIndex * n + choice),
@@ -137,7 +128,7 @@ extension VLMServer {
             }
         }
         return .json(["id": .string(id), "object": "text_completion", "created": .int(created), "model": .string(model.id),
-                          "choices": .array(choices), "usage": usage(prompt: promptTokens, completion: completion, cached: cached)])
+                      "choices": .array(choices), "usage": usage(prompt: promptTokens, completion: completion, cached: cached)])
     }
 
     /// `prompt` as token id lists: a string, a list of strings, a list of token ids, or a list of those.

@@ -113,6 +113,49 @@ struct ChoiceText {
     }
 }
 
+/// What one event of a run means for the text a client receives.
+enum ChoiceUpdate {
+    /// A token and the text it releases (often empty).
+    case token(BatchToken, text: String)
+    /// The choice ended: the text still held back, and OpenAI's finish_reason.
+    case finished(text: String, reason: String)
+}
+
+/// A run's choices as their events arrive: each choice's text (stop strings cut), the tokens generated, the prompt
+/// tokens a kept prefix gave, and the latency metrics.
+struct RunProgress {
+    let run: GenerationRun
+    private let metrics: PrometheusMetrics
+    private let start: ContinuousClock.Instant
+    private var texts: [ChoiceText]
+    private var previous: ContinuousClock.Instant?
+    private(set) var completionTokens = 0
+    private(set) var cachedTokens = 0
+
+    init(_ run: GenerationRun, choices: Int, stops: [String], metrics: PrometheusMetrics, start: ContinuousClock.Instant) {
+        self.run = run
+        self.metrics = metrics
+        self.start = start
+        texts = Array(repeating: ChoiceText(tokenizer: run.pipeline.tokenizer, stops: stops), count: choices)
+    }
+
+    /// What `event` of `choice` changes for the client; nil for a choice's start.
+    mutating func take(_ choice: Int, _ event: BatchEvent) -> ChoiceUpdate? {
+        switch event {
+        case .started(let count):
+            cachedTokens = max(cachedTokens, count)
+            return nil
+        case .token(let token):
+            completionTokens += 1
+            run.observe(metrics, start: start, previous: &previous)
+            return .token(token, text: texts[choice].append(token.id))
+        case .finished(let reason):
+            let rest = texts[choice].finish()
+            return .finished(text: rest, reason: finishReason(reason, stoppedByText: texts[choice].stopped))
+        }
+    }
+}
+
 /// A running generation of one or more choices for a request, as one stream of events tagged with the choice.
 struct GenerationRun {
     let model: ServedModel
