@@ -41,11 +41,11 @@ struct SamplingFields {
         }
     }
 
-    /// The model's generation settings with the request's applied; without max_tokens, what is left of the KV cache
-    /// budget and the server's cap.
-    func settings(base: GenerationConfig, promptLength: Int, batcher: ContinuousBatcher, configuration: ServerConfiguration) throws -> GenerationConfig {
+    /// The model's generation settings with the request's applied; without max_tokens, the `room` the prompt leaves
+    /// (in the KV cache budget and the model's context) within the server's cap.
+    func settings(base: GenerationConfig, room: Int, configuration: ServerConfiguration) throws -> GenerationConfig {
         var config = base
-        config.maxNewTokens = maxTokens ?? max(1, min(configuration.maxTokens, batcher.budgetPositions - promptLength))
+        config.maxNewTokens = maxTokens ?? max(1, min(configuration.maxTokens, room))
         config.maxLength = Int.max
         if let temperature {
             config.doSample = temperature > 0
@@ -179,11 +179,8 @@ struct GenerationRun {
                     param: "messages", code: "context_length_exceeded")
             }
         }
-        var settings = try fields.settings(base: pipeline.config, promptLength: prompt.ids.count, batcher: batcher,
-                                           configuration: configuration)
-        if let context = pipeline.model.contextLength, fields.maxTokens == nil {
-            settings.maxNewTokens = max(1, min(settings.maxNewTokens ?? 1, context - prompt.ids.count))
-        }
+        let room = min(batcher.budgetPositions, pipeline.model.contextLength ?? .max) - prompt.ids.count
+        let settings = try fields.settings(base: pipeline.config, room: room, configuration: configuration)
         let criteria = pipeline.stoppingCriteria(settings)
         let seed = fields.seed ?? UInt64.random(in: .min ... .max)
         let deadline = ContinuousClock.now + configuration.requestTimeout
