@@ -2,10 +2,12 @@
 
     python scripts/make_clip_checkpoint.py     # once: the full-size random-weight checkpoint
     swift build -c release                                           # for the SwiftVLM row
-    python scripts/bench_clip.py [--batch-sizes 1 32] [--runs 10] [--rounds 3]
+    python scripts/bench_clip.py [--batch-sizes 1 32] [--runs 10] [--rounds 3] [--dtype fp32|bf16]
                                                        [--vlm .build/release/vlm] [--json results.json]
 
-All engines run fp32 on 2 threads. PyTorch (`CLIPModel.get_image_features`) and ONNX Runtime see the same seeded random
+All engines run on 2 threads, in fp32; with --dtype bf16, SwiftVLM runs `vlm bench --dtype bf16` and PyTorch runs
+under `torch.autocast("cpu", dtype=torch.bfloat16)`, beside ONNX Runtime in fp32, and the table has SwiftVLM's time
+relative to both (the embeddings of PyTorch's bf16 are compared with its fp32 ones by cosine). PyTorch (`CLIPModel.get_image_features`) and ONNX Runtime see the same seeded random
 pixels [B, 3, 224, 224], and ONNX Runtime's embeddings are checked against PyTorch's. ONNX Runtime runs the vision
 tower and projection exported with torch's dynamo exporter (needs the onnxscript package), cached in the model
 directory as onnx/vision_model.onnx. SwiftVLM is timed by its own `vlm bench --json`, which draws its own inputs; if the
@@ -15,7 +17,8 @@ as many. A shared machine's speed drifts by tens of percent within minutes, and 
 drift together, so the table shows each engine's median over all its runs (PyTorch, ONNX Runtime) or rounds
 (SwiftVLM), and SwiftVLM's time relative to ONNX Runtime's as the median of the per-round ratios (each round's
 medians), with every round's ratio listed. The ceiling column compares with the time the model's FLOPs would take
-at --peak-gflops.
+at the FMA peak that scripts/machine.py measures (or --peak-gflops; twice it for bf16, whose dot-product
+instructions do twice the multiply-adds), and the machine's description is printed above the table.
 """
 import argparse
 import json
@@ -28,6 +31,8 @@ import time
 
 import numpy as np
 import torch
+
+from machine import describe, summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_MODEL = os.path.join(ROOT, "models", "clip-vit-base-patch32-random")
@@ -87,11 +92,12 @@ def interleaved_samples_ms(engines, warmup, runs):
     return samples
 
 
-def vlm_ms_per_image(binary, model_dir, batch_size, runs, threads, timeout_s):
+def vlm_ms_per_image(binary, model_dir, batch_size, runs, threads, timeout_s, dtype):
     """`vlm bench`'s ms per image, or the reason it is unavailable."""
     if not os.path.isfile(binary):
         return None, f"no binary at {binary}"
-    command = [binary, "bench", "--model", model_dir, "--batch-size", str(batch_size), "--runs", str(runs), "--json"]
+    command = [binary, "bench", "--model", model_dir, "--batch-size", str(batch_size), "--runs", str(runs),
+               "--dtype", dtype, "--json"]
     try:
         # oneDNN's OpenMP runtime takes its thread count from here.
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
@@ -104,7 +110,7 @@ def vlm_ms_per_image(binary, model_dir, batch_size, runs, threads, timeout_s):
     try:
         report = json.loads(done.stdout.strip().splitlines()[-1])
         ms = float(report["ms_per_item"])
-        if report["batch_size"] != batch_size or not math.isfinite(ms) or ms <= 0:
+        if report["batch_size"] != batch_size or report["dtype"] != dtype or not math.isfinite(ms) or ms <= 0:
             raise ValueError(report)
     except (IndexError, KeyError, TypeError, ValueError) as error:
         return None, f"unexpected output {done.stdout.strip()[-200:]!r} ({error!r})"
@@ -121,7 +127,9 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--vlm", default=os.path.join(ROOT, ".build", "release", "vlm"), help="SwiftVLM's binary")
     parser.add_argument("--vlm-timeout", type=float, default=900, help="seconds one `vlm bench` may take")
-    parser.add_argument("--peak-gflops", type=float, default=500, help="fp32 peak of the machine, for the ceiling")
+    parser.add_argument("--peak-gflops", type=float, help="fp32 peak of the machine, for the ceiling (default: measured)")
+    parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
+                        help="precision of SwiftVLM and PyTorch (ONNX Runtime stays fp32)")
     parser.add_argument("--json", help="also write the results, with every timed sample, as JSON to this file")
     args = parser.parse_args()
     if min(args.batch_sizes) < 1 or args.runs < 1 or args.rounds < 1 or args.warmup < 0 or args.threads < 1:
@@ -134,11 +142,13 @@ def main():
     if not os.path.isfile(os.path.join(model_dir, "model.safetensors")):
         sys.exit(f"no checkpoint in {model_dir}: run scripts/make_clip_checkpoint.py first")
     torch.set_num_threads(args.threads)
+    machine = describe(args.threads)
+    peak = args.peak_gflops or machine["fma_peak_gflops"]
     clip = CLIPModel.from_pretrained(model_dir, dtype=torch.float32).eval()
     embedder = ImageEmbedder(clip).eval()
     vision = clip.config.vision_config
     gflop = vision_gflop_per_image(vision, clip.config.projection_dim)
-    ceiling_ms = gflop / args.peak_gflops * 1e3
+    ceiling_ms = gflop / (peak * (2 if args.dtype == "bf16" else 1)) * 1e3
 
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = args.threads
@@ -147,9 +157,17 @@ def main():
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
     session = onnxruntime.InferenceSession(onnx_model_path(model_dir, embedder, vision.image_size), options,
                                            providers=["CPUExecutionProvider"])
+    pytorch = "PyTorch" if args.dtype == "fp32" else "PyTorch bf16 (autocast)"
+
+    def pytorch_embeddings(pixels):
+        if args.dtype == "fp32":
+            return embedder(pixels)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return embedder(pixels)
 
     load_before = os.getloadavg()[0]
-    rows, checks = [], []
+    rows, checks, cosines = [], [], []
+    references = [pytorch, "ONNX Runtime"]
     for batch_size in args.batch_sizes:
         pixels = torch.randn(batch_size, 3, vision.image_size, vision.image_size,
                              generator=torch.Generator().manual_seed(batch_size))
@@ -159,64 +177,76 @@ def main():
             (onnx_embeddings,) = session.run(None, feed)
             checks.append({"batch_size": batch_size,
                            "max_abs_diff": float(np.max(np.abs(onnx_embeddings - reference)))})
-        samples = {"PyTorch": [], "ONNX Runtime": []}
-        vlm_rounds, vlm_error, ratios = [], None, []
+            if args.dtype == "bf16":
+                low = pytorch_embeddings(pixels).float().numpy()
+                cosine = np.sum(low * reference, axis=1) / (np.linalg.norm(low, axis=1) * np.linalg.norm(reference, axis=1))
+                cosines.append({"batch_size": batch_size, "min_cosine": float(np.min(cosine))})
+        samples = {pytorch: [], "ONNX Runtime": []}
+        vlm_rounds, vlm_error, ratios = [], None, {name: [] for name in references}
         for _ in range(args.rounds):
             with torch.inference_mode():
-                round_samples = interleaved_samples_ms({"PyTorch": lambda: embedder(pixels),
+                round_samples = interleaved_samples_ms({pytorch: lambda: pytorch_embeddings(pixels),
                                                         "ONNX Runtime": lambda: session.run(None, feed)},
                                                        args.warmup, args.runs)
             for engine, engine_samples in round_samples.items():
                 samples[engine] += engine_samples
             vlm_ms, vlm_error = vlm_ms_per_image(args.vlm, model_dir, batch_size, args.runs, args.threads,
-                                                 args.vlm_timeout)
+                                                 args.vlm_timeout, args.dtype)
             if vlm_error:
                 break
             vlm_rounds.append(vlm_ms)
-            ratios.append(vlm_ms / (statistics.median(round_samples["ONNX Runtime"]) / batch_size))
+            for name in references:
+                ratios[name].append(vlm_ms / (statistics.median(round_samples[name]) / batch_size))
         for engine, engine_samples in samples.items():
             rows.append({"engine": engine, "batch_size": batch_size,
                          "ms_per_image": statistics.median(engine_samples) / batch_size,
                          "best_ms_per_image": min(engine_samples) / batch_size,
                          "batch_ms_samples": engine_samples})
-        rows.append({"engine": "SwiftVLM", "batch_size": batch_size,
+        rows.append({"engine": f"SwiftVLM {args.dtype}", "batch_size": batch_size,
                      "ms_per_image": statistics.median(vlm_rounds) if vlm_rounds else None,
                      **({"unavailable": vlm_error} if vlm_error else
-                        {"round_ms_per_image": vlm_rounds, "ratio_to_onnx_runtime": statistics.median(ratios),
-                         "round_ratios_to_onnx_runtime": ratios})})
+                        {"round_ms_per_image": vlm_rounds,
+                         "ratios": {name: statistics.median(values) for name, values in ratios.items()},
+                         "round_ratios": ratios})})
     load_after = os.getloadavg()[0]
 
-    print(f"CLIP ViT-B/32 image embedding, fp32, {args.threads} threads; {gflop:.2f} GFLOP per image, "
-          f"ceiling {ceiling_ms:.1f} ms at {args.peak_gflops:g} GFLOP/s; {args.rounds} rounds of {args.runs} runs "
-          f"after {args.warmup} warm-up; 1-minute load average {load_before:.1f} before, {load_after:.1f} after "
-          f"(this run alone adds about {args.threads})\n")
+    print(summary(machine))
+    print(f"CLIP ViT-B/32 image embedding, {args.dtype}, {args.threads} threads; {gflop:.2f} GFLOP per image, "
+          f"ceiling {ceiling_ms:.1f} ms at {peak * (2 if args.dtype == 'bf16' else 1):g} GFLOP/s; {args.rounds} rounds "
+          f"of {args.runs} runs after {args.warmup} warm-up; 1-minute load average {load_before:.1f} before, "
+          f"{load_after:.1f} after (this run alone adds about {args.threads})\n")
     # The best run shows what an engine does when nothing else wants the cores; SwiftVLM reports only its median.
-    print("| engine | batch | ms/image | best ms/image | images/s | × ceiling | × ONNX Runtime (per round) |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | --- |")
+    print("| engine | batch | ms/image | best ms/image | images/s | × ceiling | "
+          + " | ".join(f"× {name} (per round)" for name in references) + " |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | " + " | ".join("---" for _ in references) + " |")
     for row in rows:
         ms = row["ms_per_image"]
         if ms is None:
-            print(f"| {row['engine']} | {row['batch_size']} | unavailable: {row['unavailable']} | | | | |")
+            print(f"| {row['engine']} | {row['batch_size']} | unavailable: {row['unavailable']} | | | | "
+                  + " | ".join("" for _ in references) + " |")
             continue
         best = f"{row['best_ms_per_image']:.1f}" if "best_ms_per_image" in row else ""
-        relative = ""
-        if "ratio_to_onnx_runtime" in row:
-            rounds = ", ".join(f"{ratio:.2f}" for ratio in row["round_ratios_to_onnx_runtime"])
-            relative = f"{row['ratio_to_onnx_runtime']:.2f} ({rounds})"
-        print(f"| {row['engine']} | {row['batch_size']} | {ms:.1f} | {best} | {1e3 / ms:.1f} | {ms / ceiling_ms:.2f} "
-              f"| {relative} |")
+        relative = [""] * len(references)
+        if "ratios" in row:
+            relative = [f"{row['ratios'][name]:.2f} ({', '.join(f'{r:.2f}' for r in row['round_ratios'][name])})"
+                        for name in references]
+        print(f"| {row['engine']} | {row['batch_size']} | {ms:.1f} | {best} | {1e3 / ms:.1f} | {ms / ceiling_ms:.2f} | "
+              + " | ".join(relative) + " |")
     print()
     for check in checks:
         verdict = "ok" if check["max_abs_diff"] <= ONNX_TOLERANCE else "MISMATCH"
         print(f"ONNX Runtime vs PyTorch, batch {check['batch_size']}: max |diff| {check['max_abs_diff']:.2e} "
               f"(tolerance {ONNX_TOLERANCE:g}) {verdict}")
+    for check in cosines:
+        print(f"PyTorch bf16 vs fp32, batch {check['batch_size']}: lowest cosine {check['min_cosine']:.6f}")
 
     if args.json:
-        results = {"model": model_dir, "threads": args.threads, "runs": args.runs, "rounds": args.rounds,
+        results = {"model": model_dir, "machine": machine, "dtype": args.dtype, "threads": args.threads,
+                   "runs": args.runs, "rounds": args.rounds,
                    "warmup": args.warmup,
                    "load_average_before": load_before, "load_average_after": load_after,
                    "gflop_per_image": gflop, "ceiling_ms_per_image": ceiling_ms, "rows": rows,
-                   "onnx_vs_pytorch": checks, "torch": torch.__version__, "onnxruntime": onnxruntime.__version__}
+                   "onnx_vs_pytorch": checks, "pytorch_bf16_cosines": cosines, "torch": torch.__version__, "onnxruntime": onnxruntime.__version__}
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
             f.write("\n")

@@ -74,6 +74,21 @@ public final class WeightStore: @unchecked Sendable {
         }
     }
 
+    /// Whether the checkpoint's weights are stored in bf16: of its floating-point tensors, bf16 ones hold most of the
+    /// elements (a bf16 checkpoint may keep a few buffers in fp32). Always false for a GGUF file.
+    public var storesBFloat16: Bool {
+        var elements: [String: Int] = [:]
+        for name in names {
+            guard let info = info(name), ["F64", "F32", "F16", "BF16"].contains(info.dtype) else { continue }
+            elements[info.dtype, default: 0] += info.elementCount
+        }
+        return elements.max { $0.value < $1.value }?.key == "BF16"
+    }
+
+    /// The matrix precision a model of this checkpoint runs in unless its user asks for another: bf16 for a checkpoint
+    /// stored in bf16, whose weights hold no more than bf16 can, fp32 otherwise.
+    public var defaultMatrixPrecision: MatrixPrecision { storesBFloat16 ? .bfloat16 : .float32 }
+
     /// The dtype, shape and location of `name`, or nil when the checkpoint has no such tensor.
     public func info(_ name: String) -> TensorInfo? { files[name]?.info(name) }
 

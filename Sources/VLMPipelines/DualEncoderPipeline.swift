@@ -12,11 +12,23 @@ public final class DualEncoderPipeline: Sendable {
     public let tokenizer: Tokenizer
     public let imageProcessor: any ImageProcessor
 
+    /// The precision the model's matrix products run in.
+    public let precision: MatrixPrecision
+
     /// Loads config.json, the weights, the tokenizer files and the image processor config of `directory`, for
     /// `task` (a checkpoint of a family that does not serve it is refused before anything else is read).
-    public init(directory: URL, task: ModelTask = .embed) throws {
+    ///
+    /// - Parameter precision: the precision of the model's linear layers; nil for the checkpoint's own
+    ///   (``WeightStore/defaultMatrixPrecision``). A CPU without bf16 instructions runs bf16 layers in fp32.
+    public init(directory: URL, task: ModelTask = .embed, precision: MatrixPrecision? = nil) throws {
         let checkpoint = try ModelDirectory(url: directory)
-        model = try ModelRegistry.dualEncoder(checkpoint, for: task)
+        // A checkpoint of a family that does not serve `task` is refused before its weights are opened.
+        _ = try ModelRegistry.family(of: checkpoint, for: task)
+        let requested = try precision ?? WeightStore(directory: directory).defaultMatrixPrecision
+        model = try MatrixPrecision.$forNewLayers.withValue(requested) {
+            try ModelRegistry.dualEncoder(checkpoint, for: task)
+        }
+        self.precision = requested.available
         tokenizer = try Tokenizer(directory: directory)
         imageProcessor = try ImageProcessorRegistry.load(directory: directory, modelType: checkpoint.modelType)
     }

@@ -15,8 +15,9 @@ public struct ZeroShotImageClassificationPipeline: Sendable {
     public static let defaultHypothesisTemplate = "This is a photo of {}."
     public let encoder: DualEncoderPipeline
 
-    public init(directory: URL) throws {
-        encoder = try DualEncoderPipeline(directory: directory, task: .classify)
+    /// - Parameter precision: the precision of the model's linear layers; nil for the checkpoint's own.
+    public init(directory: URL, precision: MatrixPrecision? = nil) throws {
+        encoder = try DualEncoderPipeline(directory: directory, task: .classify, precision: precision)
     }
 
     public init(encoder: DualEncoderPipeline) {

@@ -19,7 +19,8 @@ public enum LayerError: Error, CustomStringConvertible {
 /// `nn.Linear`: `y = x·Wᵀ + b`, optionally followed by a fused activation and a residual addition.
 ///
 /// On oneDNN the weight is packed once, at init, and the matmul for each row count is created on first use and
-/// cached. Safe to call from several threads.
+/// cached. A dense layer multiplies in ``MatrixPrecision/forNewLayers`` as it was when the layer was built. Safe to
+/// call from several threads.
 public final class Linear: @unchecked Sendable {
     /// Size of the last dimension of the input.
     public let inFeatures: Int
@@ -79,9 +80,20 @@ public final class Linear: @unchecked Sendable {
         }
         switch backend {
         #if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
-        case .oneDNN: implementation = .oneDNN(OneDNNLinear(weight: weight, bias: bias))
+        case .oneDNN: implementation = .oneDNN(OneDNNLinear(weight: weight, bias: bias, precision: MatrixPrecision.forNewLayers))
         #endif
         case .portable: implementation = .portable(weight: weight, bias: bias)
+        }
+    }
+
+    /// The precision the layer's products run in: fp32, or what the layer was built in where this machine runs it.
+    /// GGUF-quantized layers, which keep their file's block formats, report fp32.
+    public var precision: MatrixPrecision {
+        switch implementation {
+        #if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
+        case let .oneDNN(layer): layer.precision
+        #endif
+        case .portable, .quantized: .float32
         }
     }
 

@@ -73,8 +73,8 @@ private func dnnlDims(_ values: [Int]) -> dnnl_dims_t {
     return dims
 }
 
-/// An fp32 memory descriptor with explicit strides (row-major when `strides` is nil).
-func memoryDescriptor(_ dims: [Int], strides: [Int]? = nil) -> dnnl_memory_desc_t {
+/// A memory descriptor with explicit strides (row-major when `strides` is nil), fp32 unless `type` says otherwise.
+func memoryDescriptor(_ dims: [Int], strides: [Int]? = nil, type: dnnl_data_type_t = dnnl_f32) -> dnnl_memory_desc_t {
     var descriptor = dnnl_memory_desc_t()
     var dimsValue = dnnlDims(dims)
     var stridesValue = dnnlDims(strides ?? contiguousStrides(dims))
@@ -82,7 +82,7 @@ func memoryDescriptor(_ dims: [Int], strides: [Int]? = nil) -> dnnl_memory_desc_
         withUnsafePointer(to: &stridesValue) { stridesPointer in
             dimsPointer.withMemoryRebound(to: dnnl_dim_t.self, capacity: dims.count) { d in
                 stridesPointer.withMemoryRebound(to: dnnl_dim_t.self, capacity: dims.count) { s in
-                    dnnl_memory_desc_init_by_strides(&descriptor, Int32(dims.count), d, dnnl_f32, s)
+                    dnnl_memory_desc_init_by_strides(&descriptor, Int32(dims.count), d, type, s)
                 }
             }
         }
@@ -91,13 +91,14 @@ func memoryDescriptor(_ dims: [Int], strides: [Int]? = nil) -> dnnl_memory_desc_
     return descriptor
 }
 
-/// An fp32 memory descriptor in a named layout, `dnnl_format_tag_any` to let the primitive choose.
-func memoryDescriptor(_ dims: [Int], tag: dnnl_format_tag_t) -> dnnl_memory_desc_t {
+/// A memory descriptor in a named layout, `dnnl_format_tag_any` to let the primitive choose; fp32 unless `type` says
+/// otherwise.
+func memoryDescriptor(_ dims: [Int], tag: dnnl_format_tag_t, type: dnnl_data_type_t = dnnl_f32) -> dnnl_memory_desc_t {
     var descriptor = dnnl_memory_desc_t()
     var dimsValue = dnnlDims(dims)
     let status = withUnsafePointer(to: &dimsValue) { dimsPointer in
         dimsPointer.withMemoryRebound(to: dnnl_dim_t.self, capacity: dims.count) { d in
-            dnnl_memory_desc_init_by_tag(&descriptor, Int32(dims.count), d, dnnl_f32, tag)
+            dnnl_memory_desc_init_by_tag(&descriptor, Int32(dims.count), d, type, tag)
         }
     }
     checkDNNL(status, "memory descriptor \(dims) tag \(tag.rawValue)")

@@ -2,13 +2,17 @@
 internal import CDNNL
 
 /// `Linear` on oneDNN's matmul. The weight is reordered once, at init, into the blocked layout oneDNN's matmul
-/// prefers; the primitive for each row count is created on first use and cached.
+/// prefers (in bf16 for `.bfloat16`); the primitive for each row count is created on first use and cached.
 final class OneDNNLinear: @unchecked Sendable {
     private let inFeatures: Int
     private let outFeatures: Int
+    /// The precision the products run in: the one asked for, or fp32 where the CPU has no bf16 instructions.
+    let precision: MatrixPrecision
     private let weights: PackedBuffer
     private let bias: Tensor?
     private let primitives = PrimitiveCache<Key>(capacity: 64)
+    /// bf16: the reorders rounding an fp32 input of each row count to bf16.
+    private let sourceRoundings = PrimitiveCache<Int>(capacity: 64)
 
     private struct Key: Hashable {
         let rows: Int
@@ -17,28 +21,59 @@ final class OneDNNLinear: @unchecked Sendable {
     }
 
     /// `weight [out, in]` and `bias [out]`, already checked by `Linear`.
-    init(weight: Tensor, bias: Tensor?) {
+    init(weight: Tensor, bias: Tensor?, precision requested: MatrixPrecision) {
         outFeatures = weight.shape[0]
         inFeatures = weight.shape[1]
         self.bias = bias
+        precision = requested.available
         // PyTorch's [out, in] row-major weight is the matmul's [in, out] operand with strides (1, in). The
         // blocked layout brgemm picks does not depend on the row count, so any row count serves to ask for it.
         let plain = memoryDescriptor([inFeatures, outFeatures], strides: [1, inFeatures])
-        let probe = OneDNNLinear.makePrimitive(rows: 128, inFeatures: inFeatures, outFeatures: outFeatures,
-                                               weights: memoryDescriptor([inFeatures, outFeatures], tag: dnnl_format_tag_any),
-                                               hasBias: bias != nil, activation: .identity, residual: false)
+        let type = precision.dnnlType
+        guard let probe = OneDNNLinear.makePrimitive(
+            rows: 128, inFeatures: inFeatures, outFeatures: outFeatures,
+            weights: memoryDescriptor([inFeatures, outFeatures], tag: dnnl_format_tag_any, type: type),
+            sourceType: type, hasBias: bias != nil, activation: .identity, residual: false) else {
+            fatalError("oneDNN has no \(precision.rawValue) matmul for Linear \(inFeatures) -> \(outFeatures)")
+        }
         weights = PackedBuffer(descriptor: probe.descriptor(for: DNNL_ARG_WEIGHTS), from: weight.rawPointer, sourceDescriptor: plain)
     }
+
+    /// Whether oneDNN multiplies bf16 natively here, rather than not at all or by emulating the instructions.
+    static let hasNativeBFloat16: Bool = {
+        let bf16 = dnnl_bf16
+        guard let probe = makePrimitive(rows: 64, inFeatures: 64, outFeatures: 64,
+                                        weights: memoryDescriptor([64, 64], tag: dnnl_format_tag_any, type: bf16),
+                                        sourceType: bf16, hasBias: false, activation: .identity, residual: false) else {
+            return false
+        }
+        let implementation = probe.implementation
+        return implementation.contains("bf16") || implementation.contains("amx")
+    }()
 
     /// Writes the layer's output for `rows > 0` rows of `x` to `output`.
     func apply(_ x: Tensor, rows: Int, activation: Activation, residual: Tensor?, into output: Tensor) {
         let key = Key(rows: rows, activation: activation, residual: residual != nil)
+        let type = precision.dnnlType
         let primitive = primitives.primitive(for: key) {
-            OneDNNLinear.makePrimitive(rows: rows, inFeatures: inFeatures, outFeatures: outFeatures, weights: weights.descriptor,
-                                       hasBias: bias != nil, activation: activation, residual: residual != nil)
+            guard let created = OneDNNLinear.makePrimitive(
+                rows: rows, inFeatures: inFeatures, outFeatures: outFeatures, weights: weights.descriptor,
+                sourceType: type, hasBias: bias != nil, activation: activation, residual: residual != nil) else {
+                fatalError("oneDNN has no matmul for Linear [\(rows), \(inFeatures)] -> \(outFeatures) with the packed weight layout")
+            }
+            return created
+        }
+        // bf16 halves the bytes, so an fp32 storage of half the elements holds the rounded input.
+        let rounded = precision == .bfloat16 ? TensorStorage(count: (rows * inFeatures + 1) / 2) : nil
+        if let rounded {
+            let rounding = sourceRoundings.primitive(for: rows) {
+                Primitive(reorderFrom: memoryDescriptor([rows, inFeatures]), to: memoryDescriptor([rows, inFeatures], type: type))
+            }
+            rounding.execute([(DNNL_ARG_FROM, x.rawPointer), (DNNL_ARG_TO, UnsafeMutableRawPointer(rounded.pointer))])
         }
         var arguments: [(Int32, UnsafeMutableRawPointer)] = [
-            (DNNL_ARG_SRC, x.rawPointer), (DNNL_ARG_WEIGHTS, weights.pointer), (DNNL_ARG_DST, output.rawPointer),
+            (DNNL_ARG_SRC, rounded.map { UnsafeMutableRawPointer($0.pointer) } ?? x.rawPointer),
+            (DNNL_ARG_WEIGHTS, weights.pointer), (DNNL_ARG_DST, output.rawPointer),
         ]
         if let bias { arguments.append((DNNL_ARG_BIAS, bias.rawPointer)) }
         if let residual { arguments.append((postOpSource(activation == .identity ? 0 : 1), residual.rawPointer)) }
@@ -46,14 +81,12 @@ final class OneDNNLinear: @unchecked Sendable {
     }
 
     private static func makePrimitive(rows: Int, inFeatures: Int, outFeatures: Int, weights: dnnl_memory_desc_t,
-                                      hasBias: Bool, activation: Activation, residual: Bool) -> Primitive {
-        guard let primitive = linearMatmulPrimitive(
-            "Linear matmul [\(rows), \(inFeatures)] -> \(outFeatures)", source: memoryDescriptor([rows, inFeatures]),
+                                      sourceType: dnnl_data_type_t, hasBias: Bool, activation: Activation,
+                                      residual: Bool) -> Primitive? {
+        linearMatmulPrimitive(
+            "Linear matmul [\(rows), \(inFeatures)] -> \(outFeatures)", source: memoryDescriptor([rows, inFeatures], type: sourceType),
             weights: weights, bias: hasBias ? memoryDescriptor([1, outFeatures]) : nil,
-            destination: memoryDescriptor([rows, outFeatures]), activation: activation, residual: residual) else {
-            fatalError("oneDNN has no matmul for Linear [\(rows), \(inFeatures)] -> \(outFeatures) with the packed weight layout")
-        }
-        return primitive
+            destination: memoryDescriptor([rows, outFeatures]), activation: activation, residual: residual)
     }
 }
 
@@ -74,6 +107,15 @@ func linearMatmulPrimitive(_ name: String, source: dnnl_memory_desc_t, weights: 
     var attributes = PrimitiveAttributes(postOps: activation.postOps)
     if residual { attributes.postOps.append(.add(destination)) }
     return Primitive(name, operation: operation, attributes: attributes)
+}
+
+extension MatrixPrecision {
+    var dnnlType: dnnl_data_type_t {
+        switch self {
+        case .float32: dnnl_f32
+        case .bfloat16: dnnl_bf16
+        }
+    }
 }
 
 #endif

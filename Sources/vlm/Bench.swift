@@ -7,6 +7,7 @@ struct Bench: AsyncParsableCommand {
         abstract: "Model speed: image embedding for image-text models (a photo of noise through the checkpoint's processor, or random pixels for BLIP retrieval; median of several runs); prompt prefill and greedy decoding for language models (a llama.cpp .gguf file or a checkpoint); image features, first token and decoding of a caption for image-to-text models; one photo with --labels prompts for segmentation and detection models.")
 
     @OptionGroup var options: ModelOption
+    @OptionGroup var precision: PrecisionOption
 
     @Option(help: "Images per forward pass (image-text models).")
     var batchSize = 1
@@ -39,9 +40,11 @@ struct Bench: AsyncParsableCommand {
         let task = "image-embedding"
         let batchSize: Int
         let msPerItem: Double
+        /// The precision the linear layers ran in.
+        let dtype: MatrixPrecision
 
         enum CodingKeys: String, CodingKey {
-            case task, batchSize = "batch_size", msPerItem = "ms_per_item"
+            case task, batchSize = "batch_size", msPerItem = "ms_per_item", dtype
         }
     }
 
@@ -65,22 +68,30 @@ struct Bench: AsyncParsableCommand {
         guard mmproj == nil || image != nil else { throw ValidationError("--mmproj goes with --image and --prompt") }
     }
 
+    private static let imageChatOnly = ValidationError("--image and --prompt are for image chat models such as LLaVA")
+
     func run() async throws {
-        let imageChatOnly = ValidationError("--image and --prompt are for image chat models such as LLaVA")
         guard mmproj == nil || options.model.hasSuffix(".gguf") else { throw ValidationError("--mmproj goes with a GGUF --model") }
         if options.model.hasSuffix(".gguf") {
+            guard precision.dtype == nil else { throw ValidationError("--dtype is for checkpoint directories; a GGUF file keeps its own formats") }
             if let mmproj, let image, let prompt {
                 let pair = try ImageTextToTextPipeline(gguf: URL(fileURLWithPath: options.model), mmproj: URL(fileURLWithPath: mmproj))
                 try benchImageTextToText(pair, image: image, prompt: prompt)
                 return
             }
-            guard image == nil else { throw imageChatOnly }
+            guard image == nil else { throw Self.imageChatOnly }
             try benchLanguageModel(LlamaForCausalLM(gguf: URL(fileURLWithPath: options.model)))
             return
         }
         let directory = try ModelDirectory(url: try await options.directory())
         let builder = try ModelRegistry.family(of: directory).builder
-        if case .imageToText = builder {} else if image != nil { throw imageChatOnly }
+        if case .imageToText = builder {} else if image != nil { throw Self.imageChatOnly }
+        let requested = try precision.dtype ?? WeightStore(directory: directory.url).defaultMatrixPrecision
+        try MatrixPrecision.$forNewLayers.withValue(requested) { try bench(builder, directory: directory, precision: requested.available) }
+    }
+
+    /// Times the model `builder` makes of `directory`, as the command's options ask.
+    private func bench(_ builder: ModelBuilder, directory: ModelDirectory, precision: MatrixPrecision) throws {
         switch builder {
         case .causalLanguageModel(let build): try benchLanguageModel(build(directory))
         case .imageTextDualEncoder(let build):
@@ -90,11 +101,11 @@ struct Bench: AsyncParsableCommand {
             let photo = RGBImage(width: 640, height: 480, pixels: (0..<(640 * 480 * 3)).map { _ in UInt8.random(in: 0...255, using: &generator) })
             let inputs = try ImageProcessorRegistry.load(directory: directory.url, modelType: directory.modelType)
                 .preprocess(Array(repeating: photo, count: batchSize))
-            try benchImageModel { try model.imageFeatures(inputs) }
+            try benchImageModel(precision: precision) { try model.imageFeatures(inputs) }
         case .imageTextMatching(let build):
             let model = try build(directory)
             let pixels = randomPixels(side: model.imageSize)
-            try benchImageModel { try model.imageEmbeddings(pixelValues: pixels) }
+            try benchImageModel(precision: precision) { try model.imageEmbeddings(pixelValues: pixels) }
         case .visualQuestionClassifier(let build): try benchQuestionClassifier(build(directory))
         case .zeroShotSegmentation: try benchSegmentation(ZeroShotImageSegmentationPipeline(directory: directory.url))
         case .zeroShotObjectDetection: try benchDetection(ZeroShotObjectDetectionPipeline(directory: directory.url))
@@ -102,7 +113,7 @@ struct Bench: AsyncParsableCommand {
             let pipeline = try ImageToTextPipeline(directory: directory.url)
             if let image, let prompt {
                 guard let chat = try ImageTextToTextPipeline.chatting(with: pipeline, directory: directory.url) else {
-                    throw imageChatOnly
+                    throw Self.imageChatOnly
                 }
                 try benchImageTextToText(chat, image: image, prompt: prompt)
             } else {
@@ -329,7 +340,7 @@ struct Bench: AsyncParsableCommand {
                       scalars: (0..<(batchSize * 3 * side * side)).map { _ in Float.random(in: -2...2, using: &generator) })
     }
 
-    private func benchImageModel(features: () throws -> Tensor) throws {
+    private func benchImageModel(precision: MatrixPrecision, features: () throws -> Tensor) throws {
         _ = try features()
         var times: [Double] = []
         for _ in 0..<runs {
@@ -339,9 +350,9 @@ struct Bench: AsyncParsableCommand {
         }
         let median = times.sorted()[times.count / 2] / Double(batchSize)
         if json {
-            try printJSON(ImageReport(batchSize: batchSize, msPerItem: median))
+            try printJSON(ImageReport(batchSize: batchSize, msPerItem: median, dtype: precision))
         } else {
-            print("image-embedding, batch \(batchSize): \(String(format: "%.2f", median)) ms per image (median of \(runs) runs)")
+            print("image-embedding, batch \(batchSize), \(precision.rawValue): \(String(format: "%.2f", median)) ms per image (median of \(runs) runs)")
         }
     }
 

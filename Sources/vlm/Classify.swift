@@ -7,6 +7,7 @@ struct Classify: AsyncParsableCommand {
         abstract: "Zero-shot image classification: rank candidate labels for each image.")
 
     @OptionGroup var options: ModelOption
+    @OptionGroup var precision: PrecisionOption
 
     @Option(help: "Comma-separated candidate labels, e.g. \"cat,dog,car\".")
     var labels: String
@@ -30,7 +31,7 @@ struct Classify: AsyncParsableCommand {
         guard !candidates.isEmpty else { throw PipelineError.noCandidateLabels }
         guard !images.isEmpty else { throw PipelineError.noInputs }
         let decoded = try images.map { try ImageDecoder.decode(contentsOf: URL(fileURLWithPath: $0)) }
-        let pipeline = try ZeroShotImageClassificationPipeline(directory: try await options.directory())
+        let pipeline = try ZeroShotImageClassificationPipeline(directory: try await options.directory(), precision: precision.dtype)
         let results = try pipeline(decoded, candidateLabels: candidates, hypothesisTemplate: template)
         if json {
             try printJSON(zip(images, results).map { ImageResult(image: $0, scores: $1) })

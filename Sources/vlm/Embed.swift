@@ -7,6 +7,7 @@ struct Embed: AsyncParsableCommand {
         abstract: "Projected image or text embeddings (get_image_features / get_text_features).")
 
     @OptionGroup var options: ModelOption
+    @OptionGroup var precision: PrecisionOption
 
     @Option(name: .customLong("image"), parsing: .upToNextOption, help: "Image files to embed.")
     var images: [String] = []
@@ -27,7 +28,7 @@ struct Embed: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let pipeline = try DualEncoderPipeline(directory: try await options.directory(), task: .embed)
+        let pipeline = try DualEncoderPipeline(directory: try await options.directory(), task: .embed, precision: precision.dtype)
         var embeddings: Tensor
         if images.isEmpty {
             embeddings = try pipeline.textEmbeddings(texts)

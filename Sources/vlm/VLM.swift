@@ -47,6 +47,14 @@ struct ModelOption: ParsableArguments {
     }
 }
 
+/// `--dtype` of the commands that run an image–text encoder.
+struct PrecisionOption: ParsableArguments {
+    @Option(help: "Precision of the model's linear layers: fp32, or bf16 (weights in bf16, products through the CPU's bf16 instructions, norms and softmax in fp32). Default: bf16 for a checkpoint stored in bf16, else fp32.")
+    var dtype: MatrixPrecision?
+}
+
+extension MatrixPrecision: ExpressibleByArgument {}
+
 /// A progress bar on stderr when it is a terminal and the user did not ask for quiet.
 func progressBar(quiet: Bool) -> TerminalProgressBar? {
     quiet || isatty(STDERR_FILENO) == 0 ? nil : TerminalProgressBar()

@@ -42,10 +42,23 @@ import VLMTensor
         return zip(a.scalars, b.scalars).reduce(0) { max($0, abs($1.0 - $1.1)) }
     }
 
+    static func lowestCosine(_ a: Tensor, _ b: Tensor) -> Float {
+        #expect(a.shape == b.shape && a.rank == 2)
+        let width = a.shape[1]
+        return (0..<a.shape[0]).map { row in
+            let (x, y) = (a.scalars[(row * width)..<((row + 1) * width)], b.scalars[(row * width)..<((row + 1) * width)])
+            let dot = zip(x, y).reduce(0) { $0 + $1.0 * $1.1 }
+            return dot / (x.reduce(0) { $0 + $1 * $1 }.squareRoot() * y.reduce(0) { $0 + $1 * $1 }.squareRoot())
+        }.min() ?? 0
+    }
+
+    // transformers ran in fp32 (the oracle loads every checkpoint with dtype=torch.float32), so the comparisons to
+    // 1e-4 ask for fp32 layers; the checkpoint stored in bf16 would get bf16 layers by default.
+
     @Test(arguments: checkpoints)
     func imageEmbeddingsFromPhotoFiles(_ checkpoint: String) throws {
         let test = try Fixture(checkpoint)
-        let pipeline = try DualEncoderPipeline(directory: test.directory)
+        let pipeline = try DualEncoderPipeline(directory: test.directory, precision: .float32)
         #expect(Self.maxAbsDifference(try pipeline.imageProcessor.preprocess(test.photos).pixelValues, try test.tensors.tensor("pixel_values")) < 1e-5)
         #expect(Self.maxAbsDifference(try pipeline.imageEmbeddings(test.photos), try test.tensors.tensor("image_embeds")) < 1e-4)
     }
@@ -53,7 +66,7 @@ import VLMTensor
     @Test(arguments: checkpoints)
     func textEmbeddingsFromStrings(_ checkpoint: String) throws {
         let test = try Fixture(checkpoint)
-        let pipeline = try DualEncoderPipeline(directory: test.directory)
+        let pipeline = try DualEncoderPipeline(directory: test.directory, precision: .float32)
         let encodings = pipeline.tokenizer.encode(test.expected.texts, padding: .longest, truncation: true)
         #expect(encodings.map(\.ids) == test.expected.input_ids)
         #expect(Self.maxAbsDifference(try pipeline.textEmbeddings(test.expected.texts), try test.tensors.tensor("text_embeds")) < 1e-4)
@@ -62,11 +75,32 @@ import VLMTensor
     @Test(arguments: checkpoints)
     func scoresMatchTheTransformersPipeline(_ checkpoint: String) throws {
         let test = try Fixture(checkpoint)
-        let pipeline = try ZeroShotImageClassificationPipeline(directory: test.directory)
+        let pipeline = try ZeroShotImageClassificationPipeline(directory: test.directory, precision: .float32)
         let results = try pipeline(test.photos, candidateLabels: test.expected.labels, hypothesisTemplate: test.expected.template)
         for (result, expected) in zip(results, test.expected.zero_shot) {
             #expect(result.map(\.label) == expected.scores.map(\.label))
             for (got, want) in zip(result, expected.scores) { #expect(abs(got.score - want.score) < 1e-4) }
+        }
+    }
+
+    /// bf16 layers: embeddings at cosine ≥ 0.9995 to transformers' fp32 ones, and the same top label per photo.
+    @Test(arguments: checkpoints)
+    func bfloat16KeepsEmbeddingsAndTopLabels(_ checkpoint: String) throws {
+        let test = try Fixture(checkpoint)
+        let pipeline = try DualEncoderPipeline(directory: test.directory, precision: .bfloat16)
+        #expect(pipeline.precision == MatrixPrecision.bfloat16.available)
+        #expect(Self.lowestCosine(try pipeline.imageEmbeddings(test.photos), try test.tensors.tensor("image_embeds")) >= 0.9995)
+        #expect(Self.lowestCosine(try pipeline.textEmbeddings(test.expected.texts), try test.tensors.tensor("text_embeds")) >= 0.9995)
+        let results = try ZeroShotImageClassificationPipeline(encoder: pipeline)(
+            test.photos, candidateLabels: test.expected.labels, hypothesisTemplate: test.expected.template)
+        #expect(results.map { $0.first?.label } == test.expected.zero_shot.map { $0.scores.first?.label })
+    }
+
+    @Test func precisionDefaultsToTheCheckpointsOwn() throws {
+        for checkpoint in Self.checkpoints {
+            let pipeline = try DualEncoderPipeline(directory: try Fixture(checkpoint).directory)
+            let stored: MatrixPrecision = checkpoint.hasSuffix("bf16") ? .bfloat16 : .float32
+            #expect(pipeline.precision == stored.available, "\(checkpoint)")
         }
     }
 

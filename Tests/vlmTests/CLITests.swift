@@ -196,6 +196,20 @@ struct CLI {
         #expect(report["task"] as? String == "image-embedding")
         #expect(report["batch_size"] as? Int == 2)
         #expect((report["ms_per_item"] as? Double ?? 0) > 0)
+        #expect(report["dtype"] as? String == "fp32")
+    }
+
+    @Test func dtypeChoosesThePrecisionOfTheLinearLayers() throws {
+        let bench = try CLI.run(["bench", "--model", model.path, "--runs", "1", "--dtype", "bf16", "--json"])
+        #expect(bench.status == 0, "\(bench.stderr)")
+        let report = try #require(try CLI.json(bench) as? [String: Any])
+        // bf16 where the CPU multiplies it natively, else fp32 (the library's fallback, tested with the layers).
+        #expect(["bf16", "fp32"].contains(report["dtype"] as? String ?? ""))
+        let embed = try CLI.run(["embed", "--model", model.path, "--dtype", "bf16", "--image", photo("chelsea.png"), "--json"])
+        #expect(embed.status == 0, "\(embed.stderr)")
+        let wrong = try CLI.run(["embed", "--model", model.path, "--dtype", "fp8", "--image", photo("chelsea.png")])
+        #expect(wrong.status != 0)
+        #expect(wrong.stderr.contains("fp8"))
     }
 }
 
