@@ -6,8 +6,10 @@
                                                        [--vlm .build/release/vlm] [--json results.json]
 
 All engines run on 2 threads, in fp32; with --dtype bf16, SwiftVLM runs `vlm bench --dtype bf16` and PyTorch runs
-under `torch.autocast("cpu", dtype=torch.bfloat16)`, beside ONNX Runtime in fp32, and the table has SwiftVLM's time
-relative to both (the embeddings of PyTorch's bf16 are compared with its fp32 ones by cosine). PyTorch (`CLIPModel.get_image_features`) and ONNX Runtime see the same seeded random
+under `torch.autocast("cpu", dtype=torch.bfloat16)`; with --dtype int8, `vlm bench --dtype int8` beside PyTorch's and
+ONNX Runtime's own dynamic quantization (`quantize_dynamic`); ONNX Runtime in fp32 is always there. The table has
+SwiftVLM's time relative to every other engine, and the peers' low-precision embeddings are compared with PyTorch's
+fp32 ones by cosine (SwiftVLM's are checked by scripts/precision_check.py and the tests). PyTorch (`CLIPModel.get_image_features`) and ONNX Runtime see the same seeded random
 pixels [B, 3, 224, 224], and ONNX Runtime's embeddings are checked against PyTorch's. ONNX Runtime runs the vision
 tower and projection exported with torch's dynamo exporter (needs the onnxscript package), cached in the model
 directory as onnx/vision_model.onnx. SwiftVLM is timed by its own `vlm bench --json`, which draws its own inputs; if the
@@ -17,8 +19,8 @@ as many. A shared machine's speed drifts by tens of percent within minutes, and 
 drift together, so the table shows each engine's median over all its runs (PyTorch, ONNX Runtime) or rounds
 (SwiftVLM), and SwiftVLM's time relative to ONNX Runtime's as the median of the per-round ratios (each round's
 medians), with every round's ratio listed. The ceiling column compares with the time the model's FLOPs would take
-at the FMA peak that scripts/machine.py measures (or --peak-gflops; twice it for bf16, whose dot-product
-instructions do twice the multiply-adds), and the machine's description is printed above the table.
+at the FMA peak that scripts/machine.py measures (or --peak-gflops; twice it for bf16 and four times for int8,
+whose dot-product instructions do that many more multiply-adds), and the machine's description is printed above the table.
 """
 import argparse
 import json
@@ -77,6 +79,24 @@ def onnx_model_path(model_dir, embedder, image_size):
     return path
 
 
+def onnx_int8_path(fp32_path):
+    """ONNX Runtime's dynamic int8 quantization of the export (per-tensor uint8 activations, int8 weights), once."""
+    path = fp32_path.replace(".onnx", ".int8.onnx")
+    if os.path.isfile(path) and os.path.getmtime(path) >= os.path.getmtime(fp32_path):
+        return path
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    # The dynamo exporter's recorded intermediate shapes trip the quantizer's shape inference; it infers its own.
+    model = onnx.load(fp32_path)
+    del model.graph.value_info[:]
+    stripped = path + ".shapeless.onnx"
+    onnx.save(model, stripped)
+    quantize_dynamic(stripped, path + ".partial", weight_type=QuantType.QInt8)
+    os.remove(stripped)
+    os.replace(path + ".partial", path)
+    return path
+
+
 def interleaved_samples_ms(engines, warmup, runs):
     """Per-engine forward-pass times in ms. The engines take turns, so load from elsewhere on the machine (which
     comes and goes) hits them alike instead of whichever happened to run at the time."""
@@ -128,8 +148,9 @@ def main():
     parser.add_argument("--vlm", default=os.path.join(ROOT, ".build", "release", "vlm"), help="SwiftVLM's binary")
     parser.add_argument("--vlm-timeout", type=float, default=900, help="seconds one `vlm bench` may take")
     parser.add_argument("--peak-gflops", type=float, help="fp32 peak of the machine, for the ceiling (default: measured)")
-    parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
-                        help="precision of SwiftVLM and PyTorch (ONNX Runtime stays fp32)")
+    parser.add_argument("--dtype", choices=["fp32", "bf16", "int8"], default="fp32",
+                        help="precision of SwiftVLM and PyTorch (ONNX Runtime runs fp32, and for int8 also its own "
+                             "dynamic quantization)")
     parser.add_argument("--json", help="also write the results, with every timed sample, as JSON to this file")
     args = parser.parse_args()
     if min(args.batch_sizes) < 1 or args.runs < 1 or args.rounds < 1 or args.warmup < 0 or args.threads < 1:
@@ -148,7 +169,9 @@ def main():
     embedder = ImageEmbedder(clip).eval()
     vision = clip.config.vision_config
     gflop = vision_gflop_per_image(vision, clip.config.projection_dim)
-    ceiling_ms = gflop / (peak * (2 if args.dtype == "bf16" else 1)) * 1e3
+    # bf16 dot products do twice the multiply-adds of fp32 FMAs per instruction, int8 (VNNI) four times.
+    speedup = {"fp32": 1, "bf16": 2, "int8": 4}[args.dtype]
+    ceiling_ms = gflop / (peak * speedup) * 1e3
 
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = args.threads
@@ -157,17 +180,30 @@ def main():
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
     session = onnxruntime.InferenceSession(onnx_model_path(model_dir, embedder, vision.image_size), options,
                                            providers=["CPUExecutionProvider"])
-    pytorch = "PyTorch" if args.dtype == "fp32" else "PyTorch bf16 (autocast)"
-
-    def pytorch_embeddings(pixels):
-        if args.dtype == "fp32":
-            return embedder(pixels)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            return embedder(pixels)
+    # The peers at the precision asked for: PyTorch in it (autocast for bf16, quantize_dynamic for int8), ONNX
+    # Runtime in fp32 (the issue's yardstick) and, for int8, ONNX Runtime's own dynamic quantization of the export.
+    engines = {}
+    if args.dtype == "fp32":
+        engines["PyTorch"] = embedder
+    elif args.dtype == "bf16":
+        def autocast(pixels):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return embedder(pixels)
+        engines["PyTorch bf16 (autocast)"] = autocast
+    else:
+        engines["PyTorch int8 (quantize_dynamic)"] = torch.ao.quantization.quantize_dynamic(
+            ImageEmbedder(CLIPModel.from_pretrained(model_dir, dtype=torch.float32).eval()).eval(),
+            {torch.nn.Linear}, dtype=torch.qint8)
+    engines["ONNX Runtime"] = lambda pixels: session.run(None, {"pixel_values": pixels.numpy()})[0]
+    if args.dtype == "int8":
+        quantized = onnx_int8_path(onnx_model_path(model_dir, embedder, vision.image_size))
+        int8_session = onnxruntime.InferenceSession(quantized, options, providers=["CPUExecutionProvider"])
+        engines["ONNX Runtime int8 (quantize_dynamic)"] = lambda pixels: int8_session.run(
+            None, {"pixel_values": pixels.numpy()})[0]
+    references = list(engines)
 
     load_before = os.getloadavg()[0]
     rows, checks, cosines = [], [], []
-    references = [pytorch, "ONNX Runtime"]
     for batch_size in args.batch_sizes:
         pixels = torch.randn(batch_size, 3, vision.image_size, vision.image_size,
                              generator=torch.Generator().manual_seed(batch_size))
@@ -177,17 +213,19 @@ def main():
             (onnx_embeddings,) = session.run(None, feed)
             checks.append({"batch_size": batch_size,
                            "max_abs_diff": float(np.max(np.abs(onnx_embeddings - reference)))})
-            if args.dtype == "bf16":
-                low = pytorch_embeddings(pixels).float().numpy()
+            for name, run in engines.items():
+                if name in ("PyTorch", "ONNX Runtime"):
+                    continue
+                low = run(pixels)
+                low = low.float().numpy() if isinstance(low, torch.Tensor) else np.asarray(low)
                 cosine = np.sum(low * reference, axis=1) / (np.linalg.norm(low, axis=1) * np.linalg.norm(reference, axis=1))
-                cosines.append({"batch_size": batch_size, "min_cosine": float(np.min(cosine))})
-        samples = {pytorch: [], "ONNX Runtime": []}
+                cosines.append({"engine": name, "batch_size": batch_size, "min_cosine": float(np.min(cosine))})
+        samples = {name: [] for name in engines}
         vlm_rounds, vlm_error, ratios = [], None, {name: [] for name in references}
         for _ in range(args.rounds):
             with torch.inference_mode():
-                round_samples = interleaved_samples_ms({pytorch: lambda: pytorch_embeddings(pixels),
-                                                        "ONNX Runtime": lambda: session.run(None, feed)},
-                                                       args.warmup, args.runs)
+                round_samples = interleaved_samples_ms({name: (lambda run=run: run(pixels))
+                                                        for name, run in engines.items()}, args.warmup, args.runs)
             for engine, engine_samples in round_samples.items():
                 samples[engine] += engine_samples
             vlm_ms, vlm_error = vlm_ms_per_image(args.vlm, model_dir, batch_size, args.runs, args.threads,
@@ -212,7 +250,7 @@ def main():
 
     print(summary(machine))
     print(f"CLIP ViT-B/32 image embedding, {args.dtype}, {args.threads} threads; {gflop:.2f} GFLOP per image, "
-          f"ceiling {ceiling_ms:.1f} ms at {peak * (2 if args.dtype == 'bf16' else 1):g} GFLOP/s; {args.rounds} rounds "
+          f"ceiling {ceiling_ms:.1f} ms at {peak * speedup:g} GFLOP/s; {args.rounds} rounds "
           f"of {args.runs} runs after {args.warmup} warm-up; 1-minute load average {load_before:.1f} before, "
           f"{load_after:.1f} after (this run alone adds about {args.threads})\n")
     # The best run shows what an engine does when nothing else wants the cores; SwiftVLM reports only its median.
@@ -238,7 +276,7 @@ def main():
         print(f"ONNX Runtime vs PyTorch, batch {check['batch_size']}: max |diff| {check['max_abs_diff']:.2e} "
               f"(tolerance {ONNX_TOLERANCE:g}) {verdict}")
     for check in cosines:
-        print(f"PyTorch bf16 vs fp32, batch {check['batch_size']}: lowest cosine {check['min_cosine']:.6f}")
+        print(f"{check['engine']} vs PyTorch fp32, batch {check['batch_size']}: lowest cosine {check['min_cosine']:.6f}")
 
     if args.json:
         results = {"model": model_dir, "machine": machine, "dtype": args.dtype, "threads": args.threads,
@@ -246,7 +284,7 @@ def main():
                    "warmup": args.warmup,
                    "load_average_before": load_before, "load_average_after": load_after,
                    "gflop_per_image": gflop, "ceiling_ms_per_image": ceiling_ms, "rows": rows,
-                   "onnx_vs_pytorch": checks, "pytorch_bf16_cosines": cosines, "torch": torch.__version__, "onnxruntime": onnxruntime.__version__}
+                   "onnx_vs_pytorch": checks, "peer_cosines": cosines, "torch": torch.__version__, "onnxruntime": onnxruntime.__version__}
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
             f.write("\n")

@@ -528,4 +528,27 @@ AVX512 void vlm_layer_norm_avx512(const float *x, float *y, ptrdiff_t rows, ptrd
     }
 }
 
+AVX512 void vlm_quantize_rows_int8_avx512(const float *x, ptrdiff_t rows, ptrdiff_t features, signed char *q,
+                                          float *scales) {
+    const __m512 limit = _mm512_set1_ps(127.0f);
+    for (ptrdiff_t row = 0; row < rows; row++) {
+        const float *in = x + row * features;
+        signed char *out = q + row * features;
+        __m512 largest = _mm512_setzero_ps();
+        for (ptrdiff_t c = 0; c < features; c += LANES) {
+            largest = _mm512_max_ps(largest, _mm512_abs_ps(_mm512_maskz_loadu_ps(tail_mask(features - c), in + c)));
+        }
+        const float top = _mm512_reduce_max_ps(largest);
+        const __m512 inverse = _mm512_set1_ps(top > 0 ? 127.0f / top : 1.0f);
+        scales[row] = top > 0 ? top / 127.0f : 1.0f;
+        for (ptrdiff_t c = 0; c < features; c += LANES) {
+            const __mmask16 m = tail_mask(features - c);
+            // Clamped to ±127 before the conversion, which rounds to nearest even as the scalar nearbyintf does.
+            __m512 scaled = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, in + c), inverse);
+            scaled = _mm512_max_ps(_mm512_min_ps(scaled, limit), _mm512_sub_ps(_mm512_setzero_ps(), limit));
+            _mm_mask_storeu_epi8(out + c, m, _mm512_cvtepi32_epi8(_mm512_cvt_roundps_epi32(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+        }
+    }
+}
+
 #endif

@@ -125,6 +125,19 @@ void vlm_gated_silu(const float *x, ptrdiff_t rows, ptrdiff_t width, float *y, v
     vlm_gated_silu_scalar(x, rows, width, y);
 }
 
+void vlm_quantize_rows_int8(const float *x, ptrdiff_t rows, ptrdiff_t features, signed char *q, float *scales,
+                            vlm_kernel_isa isa) {
+    if (rows <= 0 || features <= 0) return;
+#if defined(__x86_64__)
+    if (isa == VLM_ISA_AVX512 && vlm_best_isa() == VLM_ISA_AVX512) {
+        vlm_quantize_rows_int8_avx512(x, rows, features, q, scales);
+        return;
+    }
+#endif
+    (void)isa;
+    vlm_quantize_rows_int8_scalar(x, rows, features, q, scales);
+}
+
 void vlm_layer_norm(const float *x, float *y, ptrdiff_t rows, ptrdiff_t features, const float *weight,
                     const float *bias, float eps, vlm_kernel_isa isa) {
     if (rows <= 0 || features <= 0) return;

@@ -22,6 +22,7 @@ int vlm_attention_partial_scalar(const vlm_attention_problem *p, ptrdiff_t first
                                  float *sums, float *outputs);
 void vlm_layer_norm_scalar(const float *x, float *y, ptrdiff_t rows, ptrdiff_t features, const float *weight,
                            const float *bias, float eps);
+void vlm_quantize_rows_int8_scalar(const float *x, ptrdiff_t rows, ptrdiff_t features, signed char *q, float *scales);
 
 #if defined(__x86_64__)
 int vlm_attention_avx512(const vlm_attention_problem *problem);
@@ -33,6 +34,7 @@ int vlm_attention_partial_avx512(const vlm_attention_problem *p, ptrdiff_t first
                                  float *sums, float *outputs);
 void vlm_layer_norm_avx512(const float *x, float *y, ptrdiff_t rows, ptrdiff_t features, const float *weight,
                            const float *bias, float eps);
+void vlm_quantize_rows_int8_avx512(const float *x, ptrdiff_t rows, ptrdiff_t features, signed char *q, float *scales);
 void vlm_gated_silu_avx2(const float *x, ptrdiff_t rows, ptrdiff_t width, float *y);
 int vlm_attention_partial_avx2(const vlm_attention_problem *p, ptrdiff_t first_key, ptrdiff_t key_count, float *maxima,
                                float *sums, float *outputs);

@@ -168,3 +168,19 @@ PORTABLE_CLONES void vlm_layer_norm_scalar(const float *x, float *y, ptrdiff_t r
         for (ptrdiff_t c = 0; c < features; c++) out[c] = fmaf(fmaf(in[c], rstd, shift), weight[c], bias[c]);
     }
 }
+
+PORTABLE_CLONES void vlm_quantize_rows_int8_scalar(const float *x, ptrdiff_t rows, ptrdiff_t features, signed char *q,
+                                                   float *scales) {
+    for (ptrdiff_t row = 0; row < rows; row++) {
+        const float *in = x + row * features;
+        signed char *out = q + row * features;
+        float largest = 0;
+        for (ptrdiff_t c = 0; c < features; c++) largest = fmaxf(largest, fabsf(in[c]));
+        const float inverse = largest > 0 ? 127.0f / largest : 1.0f;
+        scales[row] = largest > 0 ? largest / 127.0f : 1.0f;
+        for (ptrdiff_t c = 0; c < features; c++) {
+            const float value = nearbyintf(in[c] * inverse);
+            out[c] = (signed char)(value > 127 ? 127 : (value < -127 ? -127 : value));
+        }
+    }
+}

@@ -32,6 +32,7 @@ public final class Linear: @unchecked Sendable {
     private enum Implementation {
         #if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
         case oneDNN(OneDNNLinear)
+        case oneDNNInt8(OneDNNInt8Linear)
         #endif
         /// PyTorch's `[out, in]` weight as given, then the bias, the activation and the residual one row at a time.
         case portable(weight: Tensor, bias: Tensor?)
@@ -80,7 +81,10 @@ public final class Linear: @unchecked Sendable {
         }
         switch backend {
         #if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
-        case .oneDNN: implementation = .oneDNN(OneDNNLinear(weight: weight, bias: bias, precision: MatrixPrecision.forNewLayers))
+        case .oneDNN:
+            let precision = MatrixPrecision.forNewLayers.available
+            implementation = precision == .int8 ? .oneDNNInt8(OneDNNInt8Linear(weight: weight, bias: bias))
+                : .oneDNN(OneDNNLinear(weight: weight, bias: bias, precision: precision))
         #endif
         case .portable: implementation = .portable(weight: weight, bias: bias)
         }
@@ -92,6 +96,7 @@ public final class Linear: @unchecked Sendable {
         switch implementation {
         #if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
         case let .oneDNN(layer): layer.precision
+        case .oneDNNInt8: .int8
         #endif
         case .portable, .quantized: .float32
         }
@@ -114,6 +119,7 @@ public final class Linear: @unchecked Sendable {
         switch implementation {
         #if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
         case let .oneDNN(layer): layer.apply(x, rows: rows, activation: activation, residual: residual, into: output)
+        case let .oneDNNInt8(layer): layer.apply(x, rows: rows, activation: activation, residual: residual, into: output)
         #endif
         case let .quantized(layer): layer.apply(x, rows: rows, activation: activation, residual: residual, into: output)
         case let .portable(weight, bias):

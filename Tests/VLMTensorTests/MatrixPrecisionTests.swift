@@ -1,8 +1,10 @@
+import CVLMKernels
 import Foundation
 import Testing
 @testable import VLMTensor
 
-/// Linear layers built in bf16: what they compute is the fp32 sum of products of bf16-rounded inputs and weights.
+/// Linear layers built in bf16 or int8: what they compute is the sum of products of the rounded (bf16) or quantized
+/// (int8) inputs and weights, to fp32 rounding.
 @Suite struct MatrixPrecisionTests {
     let fixtures = OpFixtures.shared
 
@@ -49,6 +51,66 @@ import Testing
         // And the rounding is real: fp32 products differ from these by far more than fp32's own error.
         let difference = zip(y.scalars, fp32(x, activation: .gelu, residual: residual).scalars).map { abs($0 - $1) }.max() ?? 0
         #expect(difference > 1e-4)
+    }
+
+    /// `values` in rows of `width`, each quantized as the int8 layers do: q = round(x·127/max|x|), scale max|x|/127.
+    static func quantizedRows(_ values: [Float], width: Int) -> (q: [Int], scales: [Double]) {
+        var q: [Int] = [], scales: [Double] = []
+        for row in 0..<(values.count / width) {
+            let slice = values[(row * width)..<((row + 1) * width)]
+            let largest = slice.map(abs).max() ?? 0
+            let inverse: Float = largest > 0 ? 127 / largest : 1
+            scales.append(largest > 0 ? Double(largest / 127) : 1)
+            q += slice.map { Int(($0 * inverse).rounded(.toNearestOrEven)) }
+        }
+        return (q, scales)
+    }
+
+    @Test(arguments: [KernelPath.vector, .scalar])
+    func rowQuantizationRoundsToNearestEvenOnTheRowsScale(path: KernelPath) {
+        let width = 37  // a tail after two vectors of 16
+        let x: [Float] = (0..<(3 * width)).map { Float(sin(Double($0) * 0.7)) * Float($0 % 5) } + [Float](repeating: 0, count: width)
+        var q = [CChar](repeating: 0, count: x.count)
+        var scales = [Float](repeating: 0, count: 4)
+        vlm_quantize_rows_int8(x, 4, width, &q, &scales, path.isa)
+        let expected = Self.quantizedRows(x, width: width)
+        #expect(q.map(Int.init) == expected.q)
+        #expect(scales.map(Double.init) == expected.scales)
+        #expect(scales[3] == 1 && q[(3 * width)...].allSatisfy { $0 == 0 })
+    }
+
+    @Test func int8LayersMultiplyQuantizedOperandsExactly() throws {
+        let c = try #require(fixtures.cases["linear_gelu_residual"])
+        let (weight, bias, x, residual) = (c.input("weight"), c.input("bias"), c.input("x"), c.input("residual"))
+        let layer = try MatrixPrecision.$forNewLayers.withValue(.int8) { try Linear(weight: weight, bias: bias) }
+        #expect(layer.precision == MatrixPrecision.int8.available)
+        let y = layer(x, activation: .gelu, residual: residual)
+        let fp32 = try Linear(weight: weight, bias: bias)(x, activation: .gelu, residual: residual)
+        guard layer.precision == .int8 else {
+            expectClose(y, fp32, "fp32 fallback")
+            return
+        }
+        let (n, k) = (layer.outFeatures, layer.inFeatures)
+        let rows = x.count / k
+        let (qx, sx) = Self.quantizedRows(x.scalars, width: k)
+        let (qw, sw) = Self.quantizedRows(weight.scalars, width: k)
+        let (bs, rs) = (bias.scalars, residual.scalars)
+        var expected = [Float](repeating: 0, count: rows * n)
+        for row in 0..<rows {
+            for column in 0..<n {
+                var sum = 0
+                for i in 0..<k { sum += qx[row * k + i] * qw[column * k + i] }
+                let value = Double(sum) * sx[row] * sw[column] + Double(bs[column])
+                expected[row * n + column] = Float(0.5 * value * (1 + erf(value / 2.0.squareRoot()))) + rs[row * n + column]
+            }
+        }
+        expectClose(y, Tensor(shape: y.shape, scalars: expected), "int8 linear against quantized operands", tolerance: 2e-5)
+        let difference = zip(y.scalars, fp32.scalars).map { abs($0 - $1) }.max() ?? 0
+        #expect(difference > 1e-4)
+        // Each row on its own scale: a row's result does not depend on the other rows of the batch.
+        let first = layer(Tensor(shape: [1, k], scalars: Array(x.scalars[..<k])), activation: .gelu,
+                          residual: Tensor(shape: [1, n], scalars: Array(residual.scalars[..<n])))
+        #expect(first.scalars == Array(y.scalars[..<n]))
     }
 
     @Test func layersBuiltOutsideTheScopeStayFP32() throws {

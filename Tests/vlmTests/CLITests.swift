@@ -205,8 +205,10 @@ struct CLI {
         let report = try #require(try CLI.json(bench) as? [String: Any])
         // bf16 where the CPU multiplies it natively, else fp32 (the library's fallback, tested with the layers).
         #expect(["bf16", "fp32"].contains(report["dtype"] as? String ?? ""))
-        let embed = try CLI.run(["embed", "--model", model.path, "--dtype", "bf16", "--image", photo("chelsea.png"), "--json"])
-        #expect(embed.status == 0, "\(embed.stderr)")
+        for dtype in ["bf16", "int8"] {
+            let embed = try CLI.run(["embed", "--model", model.path, "--dtype", dtype, "--image", photo("chelsea.png"), "--json"])
+            #expect(embed.status == 0, "\(embed.stderr)")
+        }
         let wrong = try CLI.run(["embed", "--model", model.path, "--dtype", "fp8", "--image", photo("chelsea.png")])
         #expect(wrong.status != 0)
         #expect(wrong.stderr.contains("fp8"))

@@ -88,6 +88,13 @@ void vlm_gated_silu(const float *x, ptrdiff_t rows, ptrdiff_t width, float *y, v
 void vlm_layer_norm(const float *x, float *y, ptrdiff_t rows, ptrdiff_t features, const float *weight,
                     const float *bias, float eps, vlm_kernel_isa isa);
 
+/// Symmetric int8 quantization of `rows` rows of `features` floats, each row on a scale of its own:
+/// `q[c] = round(x[c] · 127 / max|x|)` (ties to even, saturated to ±127) and `scales[row] = max|x| / 127`, so that
+/// `x ≈ q · scale`; a row of zeros gets scale 1. Dynamic int8 matrix products quantize activations per token and
+/// weights per output channel with it.
+void vlm_quantize_rows_int8(const float *x, ptrdiff_t rows, ptrdiff_t features, signed char *q, float *scales,
+                            vlm_kernel_isa isa);
+
 /// `c = a·b`, or `a·bᵀ` when `transpose_b` is nonzero, in row-major fp32: `a` is `m × k`, `b` is `k × n` (`n × k`
 /// when transposed), `c` is `m × n`, and each matrix's rows lie `ld*` floats apart. The matrix product of builds
 /// without oneDNN: Accelerate's `cblas_sgemm` on Apple platforms, a cache-blocked C loop elsewhere. Returns 0, or

@@ -1,0 +1,116 @@
+#if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
+internal import CDNNL
+internal import CVLMKernels
+
+/// `Linear` with dynamic int8 quantization, as PyTorch's `quantize_dynamic` and ONNX Runtime's dynamic
+/// quantization do: the weight quantized once per output channel, each input row (token) quantized as it comes, on
+/// a scale of its own, and their int8 product accumulated exactly in int32 by oneDNN's VNNI kernels.
+///
+/// `y[m, n] = act(s_x[m] · s_w[n] · Σ_k q_x[m, k] · q_w[n, k] + b[n]) + residual[m, n]`: the weight scales are the
+/// matmul's output scales, the row scales a multiplying post-op, and bias, activation and residual the post-ops
+/// after it. The product is posed as a batch of one, [1, M, K]·[1, K, N]: oneDNN's brgemm kernels broadcast a
+/// per-row [1, M, 1] operand in that shape but fall back to a reference loop for [M, 1] in two dimensions.
+final class OneDNNInt8Linear: @unchecked Sendable {
+    private let inFeatures: Int
+    private let outFeatures: Int
+    private let weights: PackedBuffer
+    private let weightScales: [Float]
+    private let bias: Tensor?
+    private let primitives = PrimitiveCache<Key>(capacity: 64)
+
+    private struct Key: Hashable {
+        let rows: Int
+        let activation: Activation
+        let residual: Bool
+    }
+
+    /// `weight [out, in]` and `bias [out]`, already checked by `Linear`.
+    init(weight: Tensor, bias: Tensor?) {
+        let (outFeatures, inFeatures) = (weight.shape[0], weight.shape[1])
+        (self.outFeatures, self.inFeatures) = (outFeatures, inFeatures)
+        self.bias = bias
+        // Each output channel is a row of PyTorch's [out, in] weight: quantized like a token.
+        let quantized = UnsafeMutableRawPointer.allocate(byteCount: max(weight.count, 1), alignment: 64)
+        defer { quantized.deallocate() }
+        var scales = [Float](repeating: 1, count: outFeatures)
+        scales.withUnsafeMutableBufferPointer { scales in
+            vlm_quantize_rows_int8(weight.storage.pointer, outFeatures, inFeatures,
+                                   quantized.assumingMemoryBound(to: CChar.self), scales.baseAddress, KernelPath.best.isa)
+        }
+        weightScales = scales
+        let plain = memoryDescriptor([1, inFeatures, outFeatures], strides: [inFeatures * outFeatures, 1, inFeatures], type: dnnl_s8)
+        guard let probe = OneDNNInt8Linear.makePrimitive(
+            rows: 128, inFeatures: inFeatures, outFeatures: outFeatures,
+            weights: memoryDescriptor([1, inFeatures, outFeatures], tag: dnnl_format_tag_any, type: dnnl_s8),
+            weightScales: scales, hasBias: bias != nil, activation: .identity, residual: false) else {
+            fatalError("oneDNN has no int8 matmul for Linear \(inFeatures) -> \(outFeatures)")
+        }
+        weights = PackedBuffer(descriptor: probe.descriptor(for: DNNL_ARG_WEIGHTS), from: quantized, sourceDescriptor: plain)
+    }
+
+    /// Whether oneDNN multiplies int8 with VNNI dot products here. Without them its int8 kernels add pairs of
+    /// products in saturating 16-bit arithmetic, which clips large activations: no precision a caller asked for.
+    static let hasVNNI: Bool = {
+        guard let probe = makePrimitive(rows: 64, inFeatures: 64, outFeatures: 64,
+                                        weights: memoryDescriptor([1, 64, 64], tag: dnnl_format_tag_any, type: dnnl_s8),
+                                        weightScales: [Float](repeating: 1, count: 64), hasBias: false,
+                                        activation: .identity, residual: false) else {
+            return false
+        }
+        let implementation = probe.implementation
+        return implementation.contains("vnni") || implementation.contains("amx")
+    }()
+
+    /// Writes the layer's output for `rows > 0` rows of `x` to `output`.
+    func apply(_ x: Tensor, rows: Int, activation: Activation, residual: Tensor?, into output: Tensor) {
+        let key = Key(rows: rows, activation: activation, residual: residual != nil)
+        let primitive = primitives.primitive(for: key) {
+            guard let created = OneDNNInt8Linear.makePrimitive(
+                rows: rows, inFeatures: inFeatures, outFeatures: outFeatures, weights: weights.descriptor,
+                weightScales: weightScales, hasBias: bias != nil, activation: activation, residual: residual != nil) else {
+                fatalError("oneDNN has no int8 matmul for Linear [\(rows), \(inFeatures)] -> \(outFeatures) with the packed weight layout")
+            }
+            return created
+        }
+        // The int8 rows in an fp32 storage of a quarter the elements, then the rows' scales.
+        let quantizedCount = (rows * inFeatures + 3) / 4
+        let scratch = TensorStorage(count: quantizedCount + rows)
+        let quantized = UnsafeMutableRawPointer(scratch.pointer)
+        let rowScales = scratch.pointer + quantizedCount
+        let features = inFeatures, path = KernelPath.best
+        parallelRanges(rows, grain: 16) { range in
+            let first = range.lowerBound
+            vlm_quantize_rows_int8(x.storage.pointer + first * features, range.count, features,
+                                   UnsafeMutableRawPointer(scratch.pointer).assumingMemoryBound(to: CChar.self) + first * features,
+                                   scratch.pointer + quantizedCount + first, path.isa)
+        }
+        var arguments: [(Int32, UnsafeMutableRawPointer)] = [
+            (DNNL_ARG_SRC, quantized), (DNNL_ARG_WEIGHTS, weights.pointer), (DNNL_ARG_DST, output.rawPointer),
+            (postOpSource(0), UnsafeMutableRawPointer(rowScales)),
+        ]
+        if let bias { arguments.append((postOpSource(1), bias.rawPointer)) }
+        if let residual {
+            let index = 1 + (bias == nil ? 0 : 1) + activation.postOps.count
+            arguments.append((postOpSource(index), residual.rawPointer))
+        }
+        primitive.execute(arguments)
+    }
+
+    private static func makePrimitive(rows: Int, inFeatures: Int, outFeatures: Int, weights: dnnl_memory_desc_t,
+                                      weightScales: [Float], hasBias: Bool, activation: Activation,
+                                      residual: Bool) -> Primitive? {
+        var source = memoryDescriptor([1, rows, inFeatures], type: dnnl_s8)
+        var weights = weights
+        var destination = memoryDescriptor([1, rows, outFeatures])
+        var operation = dnnl_matmul_desc_t()
+        checkDNNL(dnnl_matmul_desc_init(&operation, &source, &weights, nil, &destination), "int8 Linear matmul descriptor")
+        var attributes = PrimitiveAttributes(outputScales: (mask: 1 << 2, values: weightScales))
+        attributes.postOps.append(.multiply(memoryDescriptor([1, rows, 1])))
+        if hasBias { attributes.postOps.append(.add(memoryDescriptor([1, 1, outFeatures]))) }
+        attributes.postOps += activation.postOps
+        if residual { attributes.postOps.append(.add(destination)) }
+        return Primitive("int8 Linear matmul [\(rows), \(inFeatures)] -> \(outFeatures)", operation: operation, attributes: attributes)
+    }
+}
+
+#endif
