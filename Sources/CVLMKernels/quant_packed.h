@@ -23,6 +23,38 @@ typedef struct vlm_quant_packed_layout_t {
 int vlm_quant_packed_layout(vlm_quant_format format, ptrdiff_t columns, vlm_quant_packed_layout_t *layout);
 
 #if defined(__x86_64__)
+#include <stdint.h>
+#include <xmmintrin.h>
+
+// Software prefetching for the packed products, which stream every byte of a matrix once per decoding step. The
+// hardware prefetchers alone leave a thread at about 2/3 of the bandwidth it can draw (measured on Intel and AMD).
+
+/// Bytes ahead of the block being read. Past the matrix's end prefetches are dropped harmlessly.
+enum { VLM_QUANT_PREFETCH_DISTANCE = 8192 };
+
+/// Prefetches block `b`'s share of the group's bytes, PREFETCH_DISTANCE ahead: the shares tile the whole stream,
+/// scales and minimums included (prefetching only the values ahead of each block left every group's scales to
+/// arrive as cache misses, 12% of a Zen 4's decoding cycles). The lines go to L2 (T1), not L1: a core has several
+/// times more outstanding L2 misses than L1 fill buffers (Zen 4: 64 against 24; Golden Cove: 48 against 16), and
+/// prefetches into L1 stalled on full buffers.
+static inline void vlm_quant_prefetch_block_share(const uint8_t *group, const vlm_quant_packed_layout_t *layout,
+                                                  ptrdiff_t b) {
+    const ptrdiff_t ahead = VLM_QUANT_PREFETCH_DISTANCE + (b * layout->group_bytes) / layout->blocks;
+    const ptrdiff_t until = VLM_QUANT_PREFETCH_DISTANCE + ((b + 1) * layout->group_bytes) / layout->blocks;
+    for (ptrdiff_t line = ahead & ~(ptrdiff_t)63; line < until; line += 64)
+        _mm_prefetch((const char *)group + line, _MM_HINT_T1);
+}
+
+/// Prefetches the first PREFETCH_DISTANCE bytes of a range of groups, which the blocks' own prefetches do not
+/// cover: a thread claims its ranges as the work runs (vlm_parallel_ranges), and what the other core prefetched
+/// before sits in that core's caches.
+static inline void vlm_quant_prefetch_range_start(const uint8_t *start, ptrdiff_t bytes) {
+    const ptrdiff_t warm = bytes < VLM_QUANT_PREFETCH_DISTANCE ? bytes : VLM_QUANT_PREFETCH_DISTANCE;
+    for (ptrdiff_t line = 0; line < warm; line += 64) _mm_prefetch((const char *)start + line, _MM_HINT_T1);
+}
+#endif
+
+#if defined(__x86_64__)
 void vlm_quant_activation_avx512(const float *x, ptrdiff_t columns, void *activation);
 void vlm_quant_packed_matmul_avx512(const void *packed, const vlm_quant_packed_layout_t *layout, ptrdiff_t rows,
                                     const void *activations, ptrdiff_t activation_bytes, ptrdiff_t m, float *y,

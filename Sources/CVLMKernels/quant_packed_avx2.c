@@ -14,10 +14,6 @@
 // most 63 and the digits at most 127 in magnitude (2·63·127 < 2¹⁵, and two such pairs still fit); Q8_0's bytes are
 // taken as signed values, their magnitudes times the digits with the weights' signs (2·128·127 < 2¹⁵).
 
-/// Bytes ahead of the values being read that are prefetched; past a group's end this reaches into the next one,
-/// and past the matrix's end prefetches are dropped harmlessly.
-enum { PREFETCH_DISTANCE = 8192 };
-
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define AVX2_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
 
@@ -145,10 +141,7 @@ AVX2_INLINE void half_product(const uint8_t *group, const vlm_quant_packed_layou
     for (ptrdiff_t b = 0; b < blocks; b++) {
         __m256i w[8], s[8];
         const uint8_t *values = group + b * layout->value_bytes;
-        if (!half8) {
-            for (int line = 0; line < layout->value_bytes; line += 64)
-                _mm_prefetch((const char *)values + PREFETCH_DISTANCE + line, _MM_HINT_T0);
-        }
+        if (!half8) vlm_quant_prefetch_block_share(group, layout, b);
         if (layout->nibbles) {
             for (int j = 0; j < 4; j++) {
                 const __m256i packed = _mm256_load_si256((const __m256i *)(values + 64 * j + 32 * half8));
@@ -235,6 +228,7 @@ AVX2 static void half_rows(const uint8_t *group, const vlm_quant_packed_layout_t
 AVX2 void vlm_quant_packed_matmul_avx2(const void *packed, const vlm_quant_packed_layout_t *layout, ptrdiff_t rows,
                                        const void *activations, ptrdiff_t activation_bytes, ptrdiff_t m, float *y,
                                        ptrdiff_t y_stride, ptrdiff_t first_group, ptrdiff_t groups) {
+    vlm_quant_prefetch_range_start((const uint8_t *)packed + first_group * layout->group_bytes, groups * layout->group_bytes);
     for (ptrdiff_t g = first_group; g < first_group + groups; g++) {
         const uint8_t *group = (const uint8_t *)packed + g * layout->group_bytes;
         for (int half8 = 0; half8 < 2; half8++) {

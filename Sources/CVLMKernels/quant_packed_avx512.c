@@ -10,10 +10,6 @@
 // columns, every vpdpbusd multiplies them by one broadcast 4-byte digit group of the activations and sums each
 // row's four products into its own 32-bit lane, so the lanes are output rows and no horizontal sums are needed.
 
-/// Bytes ahead of the values being read that are prefetched; past a group's end this reaches into the next one,
-/// and past the matrix's end prefetches are dropped harmlessly.
-enum { PREFETCH_DISTANCE = 8192 };
-
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,f16c,fma")))
 #define VNNI_INLINE static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,f16c,fma")))
 
@@ -76,9 +72,7 @@ VNNI_INLINE void group_product(const uint8_t *group, const vlm_quant_packed_layo
     for (ptrdiff_t b = 0; b < blocks; b++) {
         __m512i w[8];
         const uint8_t *values = group + b * layout->value_bytes;
-        // The hardware prefetchers alone leave a thread at ~2/3 of the bandwidth it can draw (measured).
-        for (int line = 0; line < layout->value_bytes; line += 64)
-            _mm_prefetch((const char *)values + PREFETCH_DISTANCE + line, _MM_HINT_T0);
+        vlm_quant_prefetch_block_share(group, layout, b);
         if (layout->nibbles) {
             for (int j = 0; j < 4; j++) {
                 const __m512i packed = _mm512_load_si512((const void *)(values + 64 * j));
@@ -157,6 +151,7 @@ VNNI static void group_rows(const uint8_t *group, const vlm_quant_packed_layout_
 VNNI void vlm_quant_packed_matmul_avx512(const void *packed, const vlm_quant_packed_layout_t *layout, ptrdiff_t rows,
                                          const void *activations, ptrdiff_t activation_bytes, ptrdiff_t m, float *y,
                                          ptrdiff_t y_stride, ptrdiff_t first_group, ptrdiff_t groups) {
+    vlm_quant_prefetch_range_start((const uint8_t *)packed + first_group * layout->group_bytes, groups * layout->group_bytes);
     for (ptrdiff_t g = first_group; g < first_group + groups; g++) {
         const uint8_t *group = (const uint8_t *)packed + g * layout->group_bytes;
         const ptrdiff_t left = rows - 16 * g;
