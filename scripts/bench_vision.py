@@ -47,6 +47,8 @@ import time
 import numpy as np
 import torch
 
+from machine import describe, summary
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = os.path.join(ROOT, "models")
 TOLERANCE = 1e-4
@@ -70,17 +72,6 @@ def onnxruntime_version():
     except ImportError:
         return None
     return onnxruntime.__version__
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 class CLIPSegWork(torch.nn.Module):
@@ -387,13 +378,15 @@ def main():
 
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()[0]
+    machine = describe(args.threads)
     results = []
     for name in args.models:
         results.append(bench_model(name, args))
         print(f"{name} done", file=sys.stderr, flush=True)
     load_after = os.getloadavg()[0]
 
-    print(f"CPU: {cpu_model()} ({os.cpu_count()} logical CPUs); fp32, {args.threads} threads; torch {torch.__version__}"
+    print(summary(machine))
+    print(f"fp32, {args.threads} threads; torch {torch.__version__}"
           f"; onnxruntime {onnxruntime_version() or 'not installed'}"
           f"; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}"
           f"; {args.rounds} rounds of {args.runs} timed runs after {args.warmup} warm-up; 1-minute load average "
@@ -410,7 +403,7 @@ def main():
             print(f"ONNX Runtime, {result['model']}: {result['onnx_unavailable']}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"cpu": cpu_model(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            json.dump({"machine": machine, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
                        "threads": args.threads, "runs": args.runs, "rounds": args.rounds, "warmup": args.warmup,
                        "labels": args.labels, "load_average_before": load_before,
                        "load_average_after": load_after, "torch": torch.__version__,
