@@ -9,6 +9,7 @@ struct Ask: AsyncParsableCommand {
 
     @OptionGroup var options: ModelOption
     @OptionGroup var settings: GenerationSettings
+    @OptionGroup var precision: PrecisionOption
 
     @Option(help: "The question, asked of every image.")
     var question: String
@@ -46,10 +47,10 @@ struct Ask: AsyncParsableCommand {
 
     func run() async throws {
         guard !images.isEmpty else { throw PipelineError.noInputs }
-        let pipeline = if let mmproj {
-            VisualQuestionAnsweringPipeline(generator: try ggufPairPipeline(model: try await options.fileOrDirectory(), mmproj: mmproj))
-        } else {
-            try VisualQuestionAnsweringPipeline(directory: try await options.directory())
+        let source = mmproj == nil ? try await options.directory() : try await options.fileOrDirectory()
+        let pipeline = try precision.building {
+            if let mmproj { VisualQuestionAnsweringPipeline(generator: try ggufPairPipeline(model: source, mmproj: mmproj)) }
+            else { try VisualQuestionAnsweringPipeline(directory: source) }
         }
         let config = try pipeline.generationConfig.map(settings.apply)
         let decoded = try images.map { try ImageDecoder.decode(contentsOf: URL(fileURLWithPath: $0)) }

@@ -73,20 +73,27 @@ struct Bench: AsyncParsableCommand {
     func run() async throws {
         guard mmproj == nil || options.model.hasSuffix(".gguf") else { throw ValidationError("--mmproj goes with a GGUF --model") }
         if options.model.hasSuffix(".gguf") {
-            guard precision.dtype == nil else { throw ValidationError("--dtype is for checkpoint directories; a GGUF file keeps its own formats") }
             if let mmproj, let image, let prompt {
-                let pair = try ImageTextToTextPipeline(gguf: URL(fileURLWithPath: options.model), mmproj: URL(fileURLWithPath: mmproj))
+                let pair = try precision.building {
+                    try ImageTextToTextPipeline(gguf: URL(fileURLWithPath: options.model), mmproj: URL(fileURLWithPath: mmproj))
+                }
                 try benchImageTextToText(pair, image: image, prompt: prompt)
                 return
             }
             guard image == nil else { throw Self.imageChatOnly }
-            try benchLanguageModel(LlamaForCausalLM(gguf: URL(fileURLWithPath: options.model)))
+            try benchLanguageModel(precision.building { try LlamaForCausalLM(gguf: URL(fileURLWithPath: options.model)) })
             return
         }
         let directory = try ModelDirectory(url: try await options.directory())
         let builder = try ModelRegistry.family(of: directory).builder
         if case .imageToText = builder {} else if image != nil { throw Self.imageChatOnly }
-        let requested = try precision.dtype ?? WeightStore(directory: directory.url).defaultMatrixPrecision
+        // The precision the command that runs this model would pick.
+        let requested: MatrixPrecision
+        if case .imageTextDualEncoder = builder {
+            requested = try precision.dtype ?? WeightStore(directory: directory.url).defaultMatrixPrecision
+        } else {
+            requested = precision.dtype ?? .float32
+        }
         try MatrixPrecision.$forNewLayers.withValue(requested) { try bench(builder, directory: directory, precision: requested.available) }
     }
 

@@ -8,6 +8,7 @@ struct Caption: AsyncParsableCommand {
 
     @OptionGroup var options: ModelOption
     @OptionGroup var settings: GenerationSettings
+    @OptionGroup var precision: PrecisionOption
 
     @Option(help: "Text the caption continues (prompted captioning); the output is the continuation only.")
     var prompt: String?
@@ -29,10 +30,10 @@ struct Caption: AsyncParsableCommand {
 
     func run() async throws {
         guard !images.isEmpty else { throw PipelineError.noInputs }
-        let pipeline = if let mmproj {
-            try ggufPairPipeline(model: try await options.fileOrDirectory(), mmproj: mmproj)
-        } else {
-            try ImageToTextPipeline(directory: try await options.directory(), task: .caption)
+        let source = mmproj == nil ? try await options.directory() : try await options.fileOrDirectory()
+        let pipeline = try precision.building {
+            if let mmproj { try ggufPairPipeline(model: source, mmproj: mmproj) }
+            else { try ImageToTextPipeline(directory: source, task: .caption) }
         }
         let config = try settings.apply(to: pipeline.config)
         let decoded = try images.map { try ImageDecoder.decode(contentsOf: URL(fileURLWithPath: $0)) }

@@ -14,6 +14,7 @@ struct Chat: AsyncParsableCommand {
 
     @OptionGroup var options: ModelOption
     @OptionGroup var settings: GenerationSettings
+    @OptionGroup var precision: PrecisionOption
 
     @Option(help: "A system message opening the conversation.")
     var system: String?
@@ -27,12 +28,12 @@ struct Chat: AsyncParsableCommand {
     func run() async throws {
         let path = try await options.fileOrDirectory()
         if let mmproj {
-            try chatAboutImages(ImageTextToTextPipeline(gguf: path, mmproj: URL(fileURLWithPath: mmproj)))
+            try chatAboutImages(precision.building { try ImageTextToTextPipeline(gguf: path, mmproj: URL(fileURLWithPath: mmproj)) })
             return
         }
         let checkpoint = try? ModelDirectory(url: path)
         if let checkpoint, case .imageToText = try ModelRegistry.family(of: checkpoint, for: .chat).builder {
-            let pipeline = try ImageToTextPipeline(directory: path, task: .chat)
+            let pipeline = try precision.building { try ImageToTextPipeline(directory: path, task: .chat) }
             if let chat = try ImageTextToTextPipeline.chatting(with: pipeline, directory: path) {
                 try chatAboutImages(chat)
             } else {
@@ -42,7 +43,7 @@ struct Chat: AsyncParsableCommand {
             return
         }
         guard image == nil else { throw ChatError.readsNoImages(path.path) }
-        let pipeline = try TextGenerationPipeline(path: path)
+        let pipeline = try precision.building { try TextGenerationPipeline(path: path) }
         guard pipeline.chatTemplate != nil else { throw TokenizeError.noChatTemplate(path.path) }
         let config = try settings.apply(to: pipeline.config)
         let session = try ChatSession(pipeline: pipeline, system: system)

@@ -14,6 +14,7 @@ struct Detect: AsyncParsableCommand {
             """)
 
     @OptionGroup var options: ModelOption
+    @OptionGroup var precision: PrecisionOption
 
     @Option(help: "Comma-separated labels, e.g. \"a cat,a remote control\".")
     var labels: String?
@@ -53,7 +54,8 @@ struct Detect: AsyncParsableCommand {
 
         let photo = try ImageDecoder.decode(contentsOf: URL(fileURLWithPath: image))
         let query = try queryImage.map { try ImageDecoder.decode(contentsOf: URL(fileURLWithPath: $0)) }
-        let pipeline = try ZeroShotObjectDetectionPipeline(directory: try await options.directory())
+        let directory = try await options.directory()
+        let pipeline = try precision.building { try ZeroShotObjectDetectionPipeline(directory: directory) }
         let found: [DetectedObject]
         if let query, let queryImage {
             let name = URL(fileURLWithPath: queryImage).deletingPathExtension().lastPathComponent

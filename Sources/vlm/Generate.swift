@@ -58,6 +58,7 @@ struct Generate: AsyncParsableCommand {
 
     @OptionGroup var options: ModelOption
     @OptionGroup var settings: GenerationSettings
+    @OptionGroup var precision: PrecisionOption
 
     @Option(help: "The text to continue, tokenized as the model's tokenizer does by default (special tokens added).")
     var prompt: String?
@@ -90,15 +91,15 @@ struct Generate: AsyncParsableCommand {
     func run() async throws {
         let path = try await options.fileOrDirectory()
         if let mmproj {
-            try answer(with: ImageTextToTextPipeline(gguf: path, mmproj: URL(fileURLWithPath: mmproj)))
+            try answer(with: precision.building { try ImageTextToTextPipeline(gguf: path, mmproj: URL(fileURLWithPath: mmproj)) })
             return
         }
         if let checkpoint = try? ModelDirectory(url: path),
            case .imageToText = try ModelRegistry.family(of: checkpoint, for: .generate).builder {
-            try answer(with: ImageTextToTextPipeline(directory: path))
+            try answer(with: precision.building { try ImageTextToTextPipeline(directory: path) })
             return
         }
-        let pipeline = try TextGenerationPipeline(path: path)
+        let pipeline = try precision.building { try TextGenerationPipeline(path: path) }
         guard image.isEmpty else { throw ChatError.readsNoImages(path.path) }
         let config = try settings.apply(to: pipeline.config)
         let messages = try chat.map(readMessages)

@@ -7,6 +7,7 @@ struct Match: AsyncParsableCommand {
         abstract: "Score how well each text describes each image (BLIP retrieval checkpoints): the image–text matching probability (ITM) and the contrastive cosine similarity (ITC).")
 
     @OptionGroup var options: ModelOption
+    @OptionGroup var precision: PrecisionOption
 
     @Option(help: "Comma-separated texts, e.g. \"a cat,a dog\".")
     var texts: String
@@ -27,7 +28,8 @@ struct Match: AsyncParsableCommand {
     func run() async throws {
         let candidates = texts.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
         guard !candidates.isEmpty, !images.isEmpty else { throw PipelineError.noInputs }
-        let pipeline = try ImageTextMatchingPipeline(directory: try await options.directory())
+        let directory = try await options.directory()
+        let pipeline = try precision.building { try ImageTextMatchingPipeline(directory: directory) }
         let decoded = try images.map { try ImageDecoder.decode(contentsOf: URL(fileURLWithPath: $0)) }
         let results = try pipeline(decoded, texts: candidates)
         if json {

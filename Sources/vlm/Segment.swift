@@ -15,6 +15,7 @@ struct Segment: AsyncParsableCommand {
             """)
 
     @OptionGroup var options: ModelOption
+    @OptionGroup var precision: PrecisionOption
 
     @Option(help: "Comma-separated labels, e.g. \"a cat,the sky\".")
     var labels: String?
@@ -54,7 +55,8 @@ struct Segment: AsyncParsableCommand {
 
         let photo = try ImageDecoder.decode(contentsOf: URL(fileURLWithPath: image))
         let examples = try promptImages.map { try ImageDecoder.decode(contentsOf: URL(fileURLWithPath: $0)) }
-        let pipeline = try ZeroShotImageSegmentationPipeline(directory: try await options.directory())
+        let directory = try await options.directory()
+        let pipeline = try precision.building { try ZeroShotImageSegmentationPipeline(directory: directory) }
         let prompts = texts.map { SegmentationPrompt.text($0) }
             + zip(examples, exampleNames).map { SegmentationPrompt.image($0, label: $1) }
         let masks = try pipeline(photo, prompts: prompts)

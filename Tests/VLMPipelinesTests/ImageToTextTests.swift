@@ -3,6 +3,7 @@ import Testing
 import VLMImages
 import VLMModels
 import VLMPipelines
+import VLMTensor
 
 /// Image to text from files, as a user meets it: checkpoint, real tokenizer and processor config as transformers
 /// saves them, real photos; against what transformers' processor, generate and decoding gave
@@ -32,6 +33,21 @@ import VLMPipelines
 
     static func photo(_ name: String) throws -> RGBImage {
         try ImageDecoder.decode(contentsOf: fixtures.appendingPathComponent("photos/\(name)"))
+    }
+
+    /// `--dtype` serves the image-to-text families too: built in bf16 or int8, a model's image embeddings (what its
+    /// language model conditions on) stay at cosine ≥ 0.9995 (bf16) and ≥ 0.995 (int8) to its fp32 ones.
+    @Test(arguments: ["blip2-opt", "blip2-flan-t5", "blip-captioning"], [(MatrixPrecision.bfloat16, Float(0.9995)), (.int8, 0.995)])
+    func lowerPrecisionKeepsImageEmbeddings(_ name: String, _ precision: (MatrixPrecision, Float)) throws {
+        let directory = Self.fixtures.appendingPathComponent("image-to-text/\(name)")
+        let fp32 = try ImageToTextPipeline(directory: directory)
+        let low = try MatrixPrecision.$forNewLayers.withValue(precision.0) { try ImageToTextPipeline(directory: directory) }
+        let images = try fp32.processor.imageProcessor.preprocess([try Self.photo("chelsea.png")])
+        let (a, b) = (try low.model.imageEmbeddings(images).scalars, try fp32.model.imageEmbeddings(images).scalars)
+        let dot = zip(a, b).reduce(0) { $0 + $1.0 * $1.1 }
+        let cosine = dot / (a.reduce(0) { $0 + $1 * $1 }.squareRoot() * b.reduce(0) { $0 + $1 * $1 }.squareRoot())
+        #expect(cosine >= precision.1, "\(name) \(precision.0): cosine \(cosine)")
+        if precision.0.available != .float32 { #expect(a != b) }
     }
 
     @Test(arguments: ["blip2-opt", "blip2-flan-t5", "blip2-t5-bf16", "blip-captioning", "blip-vqa"])

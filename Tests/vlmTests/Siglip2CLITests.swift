@@ -14,6 +14,8 @@ import VLMCheckpoint
         let zero_shot: [Classified]
     }
 
+    /// Stored in bf16, so it runs in bf16 unless asked otherwise; transformers ran it in fp32 (the oracle loads every
+    /// checkpoint with dtype=torch.float32), hence `--dtype fp32` wherever the numbers are compared.
     let model = CLI.fixtures.appendingPathComponent("siglip2/tiny-naflex-bf16")
     let expected: Expected
 
@@ -26,7 +28,8 @@ import VLMCheckpoint
     /// The portrait (EXIF orientation 6) and the 5:1 photo, one call.
     @Test func classifyPrintsThePipelinesSigmoidScores() throws {
         let indices = [1, 3]
-        let run = try CLI.run(["classify"] + indices.map(photo) + ["--model", model.path, "--labels", expected.labels.joined(separator: ","), "--json"])
+        let run = try CLI.run(["classify"] + indices.map(photo) + ["--model", model.path, "--labels", expected.labels.joined(separator: ","),
+                                                                   "--dtype", "fp32", "--json"])
         #expect(run.status == 0, "\(run.stderr)")
         let results = try #require(try CLI.json(run) as? [[String: Any]])
         #expect(results.count == 2)
@@ -42,7 +45,7 @@ import VLMCheckpoint
     }
 
     func expectRows(_ arguments: [String], equal name: String, rows indices: [Int]) throws {
-        let run = try CLI.run(["embed", "--model", model.path, "--json"] + arguments)
+        let run = try CLI.run(["embed", "--model", model.path, "--dtype", "fp32", "--json"] + arguments)
         #expect(run.status == 0, "\(run.stderr)")
         let rows = try #require((try CLI.json(run) as? [String: Any])?["embeddings"] as? [[Double]])
         let expectedRows = try SafetensorsFile(url: model.appendingPathComponent("expected.safetensors")).tensor(name)
