@@ -34,7 +34,18 @@ public final class ServedModel: Sendable {
     /// - Parameters:
     ///   - name: how the user named it (a repo id, a path); the listed id.
     ///   - mmproj: llama.cpp's image encoder file for a GGUF language model (LLaVA-1.5/NeXT as its GGUF pair).
-    public static func load(name: String, path: URL, mmproj: URL? = nil, configuration: ServerConfiguration) throws -> ServedModel {
+    ///   - precision: the linear layers' precision; nil for fp32, or for an embedding model its checkpoint's own.
+    public static func load(name: String, path: URL, mmproj: URL? = nil, precision: MatrixPrecision? = nil,
+                            configuration: ServerConfiguration) throws -> ServedModel {
+        // Embedding models follow their checkpoint's stored dtype unless told otherwise, as `vlm embed` does; the
+        // generating ones run fp32 unless told otherwise, as `vlm chat` does.
+        try MatrixPrecision.$forNewLayers.withValue(precision ?? .float32) {
+            try build(name: name, path: path, mmproj: mmproj, precision: precision, configuration: configuration)
+        }
+    }
+
+    private static func build(name: String, path: URL, mmproj: URL?, precision: MatrixPrecision?,
+                              configuration: ServerConfiguration) throws -> ServedModel {
         let aliases = [path.lastPathComponent, path.deletingPathExtension().lastPathComponent].filter { $0 != name }
         func batcher(_ model: any CausalLanguageModel) throws -> ContinuousBatcher {
             try ContinuousBatcher(model: model, maxBatch: configuration.maxBatch, maxQueue: configuration.maxQueue,
@@ -50,7 +61,7 @@ public final class ServedModel: Sendable {
             let family = try ModelRegistry.family(of: checkpoint)
             switch family.builder {
             case .imageTextDualEncoder:
-                return ServedModel(id: name, aliases: aliases, role: .embeddings(try DualEncoderPipeline(directory: path, task: .embed)))
+                return ServedModel(id: name, aliases: aliases, role: .embeddings(try DualEncoderPipeline(directory: path, task: .embed, precision: precision)))
             case .imageToText:
                 let pipeline = try ImageTextToTextPipeline(directory: path, task: .generate)
                 return ServedModel(id: name, aliases: aliases, role: .imageChat(pipeline, try batcher(pipeline.text.model)))

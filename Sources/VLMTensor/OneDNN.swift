@@ -265,6 +265,15 @@ final class PrimitiveCache<Key: Hashable>: @unchecked Sendable {
 
     init(capacity: Int = 256) { self.capacity = capacity }
 
+    /// The primitive for `key`; `create` returning nil (no implementation for the layouts SwiftVLM asked for) is a
+    /// bug, reported with `what`.
+    func primitive(for key: Key, _ what: @autoclosure () -> String, create: () -> Primitive?) -> Primitive {
+        primitive(for: key) {
+            guard let created = create() else { fatalError("oneDNN has no \(what())") }
+            return created
+        }
+    }
+
     func primitive(for key: Key, create: () -> Primitive) -> Primitive {
         lock.lock()
         defer { lock.unlock() }
@@ -274,6 +283,13 @@ final class PrimitiveCache<Key: Hashable>: @unchecked Sendable {
         primitives[key] = created
         return created
     }
+}
+
+/// What a Linear layer's primitive depends on besides its weights.
+struct LinearCall: Hashable {
+    let rows: Int
+    let activation: Activation
+    let residual: Bool
 }
 
 /// A 64-byte aligned buffer in a oneDNN-chosen layout (packed weights, blocked intermediate results).

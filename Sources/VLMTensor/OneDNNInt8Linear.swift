@@ -16,13 +16,7 @@ final class OneDNNInt8Linear: @unchecked Sendable {
     private let weights: PackedBuffer
     private let weightScales: [Float]
     private let bias: Tensor?
-    private let primitives = PrimitiveCache<Key>(capacity: 64)
-
-    private struct Key: Hashable {
-        let rows: Int
-        let activation: Activation
-        let residual: Bool
-    }
+    private let primitives = PrimitiveCache<LinearCall>(capacity: 64)
 
     /// `weight [out, in]` and `bias [out]`, already checked by `Linear`.
     init(weight: Tensor, bias: Tensor?) {
@@ -63,14 +57,11 @@ final class OneDNNInt8Linear: @unchecked Sendable {
 
     /// Writes the layer's output for `rows > 0` rows of `x` to `output`.
     func apply(_ x: Tensor, rows: Int, activation: Activation, residual: Tensor?, into output: Tensor) {
-        let key = Key(rows: rows, activation: activation, residual: residual != nil)
-        let primitive = primitives.primitive(for: key) {
-            guard let created = OneDNNInt8Linear.makePrimitive(
-                rows: rows, inFeatures: inFeatures, outFeatures: outFeatures, weights: weights.descriptor,
-                weightScales: weightScales, hasBias: bias != nil, activation: activation, residual: residual != nil) else {
-                fatalError("oneDNN has no int8 matmul for Linear [\(rows), \(inFeatures)] -> \(outFeatures) with the packed weight layout")
-            }
-            return created
+        let key = LinearCall(rows: rows, activation: activation, residual: residual != nil)
+        let primitive = primitives.primitive(
+            for: key, "int8 matmul for Linear [\(rows), \(inFeatures)] -> \(outFeatures) with the packed weight layout") {
+            OneDNNInt8Linear.makePrimitive(rows: rows, inFeatures: inFeatures, outFeatures: outFeatures, weights: weights.descriptor,
+                                weightScales: weightScales, hasBias: bias != nil, activation: activation, residual: residual != nil)
         }
         // The int8 rows in an fp32 storage of a quarter the elements, then the rows' scales.
         let quantizedCount = (rows * inFeatures + 3) / 4

@@ -10,15 +10,9 @@ final class OneDNNLinear: @unchecked Sendable {
     let precision: MatrixPrecision
     private let weights: PackedBuffer
     private let bias: Tensor?
-    private let primitives = PrimitiveCache<Key>(capacity: 64)
+    private let primitives = PrimitiveCache<LinearCall>(capacity: 64)
     /// bf16: the reorders rounding an fp32 input of each row count to bf16.
     private let sourceRoundings = PrimitiveCache<Int>(capacity: 64)
-
-    private struct Key: Hashable {
-        let rows: Int
-        let activation: Activation
-        let residual: Bool
-    }
 
     /// `weight [out, in]` and `bias [out]`, already checked by `Linear`; `precision` fp32 or bf16 (available here).
     init(weight: Tensor, bias: Tensor?, precision: MatrixPrecision) {
@@ -54,15 +48,12 @@ final class OneDNNLinear: @unchecked Sendable {
 
     /// Writes the layer's output for `rows > 0` rows of `x` to `output`.
     func apply(_ x: Tensor, rows: Int, activation: Activation, residual: Tensor?, into output: Tensor) {
-        let key = Key(rows: rows, activation: activation, residual: residual != nil)
+        let key = LinearCall(rows: rows, activation: activation, residual: residual != nil)
         let type = precision.dnnlType
-        let primitive = primitives.primitive(for: key) {
-            guard let created = OneDNNLinear.makePrimitive(
-                rows: rows, inFeatures: inFeatures, outFeatures: outFeatures, weights: weights.descriptor,
-                sourceType: type, hasBias: bias != nil, activation: activation, residual: residual != nil) else {
-                fatalError("oneDNN has no matmul for Linear [\(rows), \(inFeatures)] -> \(outFeatures) with the packed weight layout")
-            }
-            return created
+        let primitive = primitives.primitive(
+            for: key, "matmul for Linear [\(rows), \(inFeatures)] -> \(outFeatures) with the packed weight layout") {
+            OneDNNLinear.makePrimitive(rows: rows, inFeatures: inFeatures, outFeatures: outFeatures, weights: weights.descriptor,
+                                sourceType: type, hasBias: bias != nil, activation: activation, residual: residual != nil)
         }
         // bf16 halves the bytes, so an fp32 storage of half the elements holds the rounded input.
         let rounded = precision == .bfloat16 ? TensorStorage(count: (rows * inFeatures + 1) / 2) : nil

@@ -13,6 +13,8 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "llama.cpp's image encoder file for the one GGUF --model (LLaVA-1.5 or LLaVA-NeXT as llama.cpp's GGUF pair, as llama-server's --mmproj).")
     var mmproj: String?
 
+    @OptionGroup var precision: PrecisionOption
+
     @Option(help: "Address to listen on.")
     var host = "127.0.0.1"
 
@@ -94,7 +96,7 @@ struct Serve: AsyncParsableCommand {
         for name in models {
             let path = try await modelPath(name)
             served.append(try ServedModel.load(name: name, path: path, mmproj: mmproj.map { URL(fileURLWithPath: $0) },
-                                               configuration: configuration))
+                                               precision: precision.dtype, configuration: configuration))
         }
         let server = try VLMServer(models: served, configuration: configuration)
         let names = served.map(\.id).joined(separator: ", ")
