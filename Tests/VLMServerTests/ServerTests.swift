@@ -33,6 +33,20 @@ import SwiftVLM
         })
     }
 
+    /// `--dtype` reaches the models a server loads: an embedding model in the precision asked for, its own when none.
+    @Test func modelsLoadInThePrecisionAskedFor() throws {
+        let configuration = ServerConfiguration()
+        for (asked, expected) in [(MatrixPrecision?.none, MatrixPrecision.float32), (.bfloat16, MatrixPrecision.bfloat16.available),
+                                  (.int8, MatrixPrecision.int8.available)] {
+            let model = try ServedModel.load(name: "clip", path: Self.clip, precision: asked, configuration: configuration)
+            guard case let .embeddings(pipeline) = model.role else {
+                Issue.record("CLIP is not served as an embedding model")
+                return
+            }
+            #expect(pipeline.precision == expected)
+        }
+    }
+
     @Test func listsModelsAndAnswersHealth() async throws {
         let server = try await RunningServer(models: Self.models())
         defer { Task { await server.stop() } }
