@@ -9,6 +9,8 @@ import VLMTensor
 /// SigLIP 2 end to end from files (oracle/siglip2.py): photos through the NaFlex processor, texts through the Gemma-style
 /// tokenizer.json read as transformers' Siglip2Tokenizer reads it (lowercased, `<eos>` appended, padded to 64), scores
 /// as transformers' zero-shot-image-classification pipeline gives them (each label's sigmoid).
+/// Some checkpoints are stored in bf16, which runs in bf16 unless asked otherwise; transformers ran them in fp32, so
+/// every pipeline here asks for fp32.
 @Suite struct Siglip2PipelineTests {
     struct Expected: Decodable {
         struct Classified: Decodable { let image: String; let scores: [Score] }
@@ -52,7 +54,7 @@ import VLMTensor
     @Test(arguments: checkpoints)
     func patchesAndImageEmbeddingsFromPhotoFiles(_ checkpoint: String) throws {
         let test = try Fixture(checkpoint)
-        let pipeline = try DualEncoderPipeline(directory: test.directory)
+        let pipeline = try DualEncoderPipeline(directory: test.directory, precision: .float32)
         let processed = try pipeline.imageProcessor.preprocess(test.photos)
         #expect(Self.maxAbsDifference(processed.pixelValues, try test.tensors.tensor("pixel_values")) <= 1e-6)
         #expect(Self.maxAbsDifference(try pipeline.imageEmbeddings(test.photos), try test.tensors.tensor("image_embeds")) < 1e-4)
@@ -63,7 +65,7 @@ import VLMTensor
     @Test(arguments: checkpoints)
     func tokenIdsAreSiglip2Tokenizers(_ checkpoint: String) throws {
         let test = try Fixture(checkpoint)
-        let tokenizer = try DualEncoderPipeline(directory: test.directory).tokenizer
+        let tokenizer = try DualEncoderPipeline(directory: test.directory, precision: .float32).tokenizer
         let padded = tokenizer.encode(test.expected.texts, padding: .maxLength, maxLength: 64)
         #expect(padded.map(\.ids) == test.expected.input_ids)
         let prompts = test.expected.labels.map { test.expected.template.replacingOccurrences(of: "{}", with: $0) }
@@ -98,7 +100,7 @@ import VLMTensor
     @Test(arguments: checkpoints)
     func textEmbeddingsArePaddedTo64(_ checkpoint: String) throws {
         let test = try Fixture(checkpoint)
-        let pipeline = try DualEncoderPipeline(directory: test.directory)
+        let pipeline = try DualEncoderPipeline(directory: test.directory, precision: .float32)
         #expect(pipeline.model.textPadding == .fixed(length: 64))
         #expect(Self.maxAbsDifference(try pipeline.textEmbeddings(test.expected.texts), try test.tensors.tensor("text_embeds")) < 1e-4)
     }
@@ -106,7 +108,7 @@ import VLMTensor
     @Test(arguments: checkpoints)
     func scoresAreThePipelinesSigmoids(_ checkpoint: String) throws {
         let test = try Fixture(checkpoint)
-        let pipeline = try ZeroShotImageClassificationPipeline(directory: test.directory)
+        let pipeline = try ZeroShotImageClassificationPipeline(directory: test.directory, precision: .float32)
         let results = try pipeline(test.photos, candidateLabels: test.expected.labels, hypothesisTemplate: test.expected.template)
         try #require(results.count == test.expected.zero_shot.count)
         for (result, expected) in zip(results, test.expected.zero_shot) {
@@ -118,7 +120,7 @@ import VLMTensor
     /// transformers' pipeline would truncate this prompt to 64 tokens and score the truncated text.
     @Test func aLabelTooLongForTheTextTowerIsRefused() throws {
         let test = try Fixture(Self.checkpoints[0])
-        let pipeline = try ZeroShotImageClassificationPipeline(directory: test.directory)
+        let pipeline = try ZeroShotImageClassificationPipeline(directory: test.directory, precision: .float32)
         let error = try #require(throws: PipelineError.self) {
             try pipeline(test.photos, candidateLabels: ["cat", test.expected.too_long_label], hypothesisTemplate: test.expected.template)
         }

@@ -9,6 +9,8 @@ import VLMTensor
 /// SigLIP end to end from files (oracle/siglip.py): photos through SiglipImageProcessor, texts through the converted
 /// SentencePiece tokenizer padded to 64, scores as transformers' zero-shot-image-classification pipeline gives them
 /// for SigLIP (each label's sigmoid).
+/// Some checkpoints are stored in bf16, which runs in bf16 unless asked otherwise; transformers ran them in fp32, so
+/// every pipeline here asks for fp32.
 @Suite struct SiglipPipelineTests {
     struct Expected: Decodable {
         struct Classified: Decodable { let image: String; let scores: [Score] }
@@ -48,7 +50,7 @@ import VLMTensor
     @Test(arguments: checkpoints)
     func pixelValuesAndImageEmbeddingsFromPhotoFiles(_ checkpoint: String) throws {
         let test = try Fixture(checkpoint)
-        let pipeline = try DualEncoderPipeline(directory: test.directory)
+        let pipeline = try DualEncoderPipeline(directory: test.directory, precision: .float32)
         #expect(Self.maxAbsDifference(try pipeline.imageProcessor.preprocess(test.photos).pixelValues, try test.tensors.tensor("pixel_values")) < 1e-6)
         #expect(Self.maxAbsDifference(try pipeline.imageEmbeddings(test.photos), try test.tensors.tensor("image_embeds")) < 1e-4)
     }
@@ -58,7 +60,7 @@ import VLMTensor
     @Test(arguments: checkpoints)
     func textEmbeddingsArePaddedToModelMaxLength(_ checkpoint: String) throws {
         let test = try Fixture(checkpoint)
-        let pipeline = try DualEncoderPipeline(directory: test.directory)
+        let pipeline = try DualEncoderPipeline(directory: test.directory, precision: .float32)
         #expect(pipeline.model.textPadding == .maxLength(zeroShotLength: 64))
         #expect(Self.maxAbsDifference(try pipeline.textEmbeddings(test.expected.texts), try test.tensors.tensor("text_embeds")) < 1e-4)
     }
@@ -66,7 +68,7 @@ import VLMTensor
     @Test(arguments: checkpoints)
     func scoresAreThePipelinesSigmoids(_ checkpoint: String) throws {
         let test = try Fixture(checkpoint)
-        let pipeline = try ZeroShotImageClassificationPipeline(directory: test.directory)
+        let pipeline = try ZeroShotImageClassificationPipeline(directory: test.directory, precision: .float32)
         let results = try pipeline(test.photos, candidateLabels: test.expected.labels, hypothesisTemplate: test.expected.template)
         try #require(results.count == test.expected.zero_shot.count)
         for (result, expected) in zip(results, test.expected.zero_shot) {
@@ -78,7 +80,7 @@ import VLMTensor
     /// transformers' pipeline would truncate this prompt to 64 tokens and score the truncated text.
     @Test func aLabelTooLongForTheTextTowerIsRefused() throws {
         let test = try Fixture(Self.checkpoints[0])
-        let pipeline = try ZeroShotImageClassificationPipeline(directory: test.directory)
+        let pipeline = try ZeroShotImageClassificationPipeline(directory: test.directory, precision: .float32)
         let error = try #require(throws: PipelineError.self) {
             try pipeline(test.photos, candidateLabels: ["cat", test.expected.too_long_label], hypothesisTemplate: test.expected.template)
         }
