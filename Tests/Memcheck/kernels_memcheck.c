@@ -28,6 +28,19 @@ static float *random_floats(ptrdiff_t count) {
     return values;
 }
 
+/// Sums against double references, each within `tolerance` of the sum of its terms' magnitudes.
+static void expect_sum_close(const char *what, const float *actual, const double *expected, const double *magnitude,
+                             ptrdiff_t count, double tolerance) {
+    for (ptrdiff_t i = 0; i < count; i++) {
+        if (!(fabs(actual[i] - expected[i]) <= tolerance * (1.0 + magnitude[i]))) {
+            fprintf(stderr, "%s: element %td is %.9g, expected %.9g (terms' magnitudes %.6g)\n", what, i, actual[i],
+                    expected[i], magnitude[i]);
+            failures++;
+            return;
+        }
+    }
+}
+
 static void expect_close(const char *what, const float *actual, const double *expected, ptrdiff_t count, double tolerance) {
     for (ptrdiff_t i = 0; i < count; i++) {
         if (!(fabs(actual[i] - expected[i]) <= tolerance * (1.0 + fabs(expected[i])))) {
@@ -250,16 +263,22 @@ static void check_quantized(vlm_quant_format format, ptrdiff_t rows, ptrdiff_t c
         }
     }
     float *x = random_floats(m * columns), *y = malloc((size_t)(m * rows) * sizeof(float));
-    double *expected = calloc((size_t)(m * rows), sizeof(double));
+    // The products are fp32 sums, so their error scales with the sum of the terms' magnitudes, not with the result:
+    // random K-quant blocks give terms far larger than a sum that cancels them.
+    double *expected = calloc((size_t)(m * rows), sizeof(double)), *magnitude = calloc((size_t)(m * rows), sizeof(double));
     for (ptrdiff_t i = 0; i < m; i++)
         for (ptrdiff_t j = 0; j < rows; j++)
-            for (ptrdiff_t c = 0; c < columns; c++) expected[i * rows + j] += (double)x[i * columns + c] * dequantized[j * columns + c];
+            for (ptrdiff_t c = 0; c < columns; c++) {
+                const double term = (double)x[i * columns + c] * dequantized[j * columns + c];
+                expected[i * rows + j] += term;
+                magnitude[i * rows + j] += fabs(term);
+            }
     for (int isa = 0; isa < 3; isa++) {
         memset(y, 0xFF, (size_t)(m * rows) * sizeof(float));
         vlm_quant_matmul_rows(&matrix, x, m, columns, y, rows, 0, rows, isas[isa]);
         char what[64];
         snprintf(what, sizeof what, "quant_matmul format %d %s", format, isa_names[isa]);
-        expect_close(what, y, expected, m * rows, 1e-4);
+        expect_sum_close(what, y, expected, magnitude, m * rows, 3e-5);
     }
     const ptrdiff_t packed_size = vlm_quant_packed_size(format, rows, columns);
     if (packed_size > 0 && vlm_quant_packed_supported()) {
@@ -272,7 +291,7 @@ static void check_quantized(vlm_quant_format format, ptrdiff_t rows, ptrdiff_t c
         vlm_quant_packed_matmul(packed, format, rows, columns, activations, m, y, rows, 0, (rows + 15) / 16);
         char what[64];
         snprintf(what, sizeof what, "quant_packed_matmul format %d", format);
-        expect_close(what, y, expected, m * rows, 1e-4);
+        expect_sum_close(what, y, expected, magnitude, m * rows, 3e-5);
         free(packed);
         free(activations);
     }
@@ -282,9 +301,36 @@ static void check_quantized(vlm_quant_format format, ptrdiff_t rows, ptrdiff_t c
     free(x);
     free(y);
     free(expected);
+    free(magnitude);
 }
 
 static void count_index(void *context, ptrdiff_t index) { ((int *)context)[index] += 1; }
+
+/// Per-row int8 quantization against the formula in float arithmetic, exactly: every ISA multiplies by the same
+/// float reciprocal and rounds to nearest even. The last row is zeros (scale 1).
+static void check_row_quantization(ptrdiff_t rows, ptrdiff_t features) {
+    float *x = random_floats(rows * features);
+    for (ptrdiff_t c = 0; c < features; c++) x[(rows - 1) * features + c] = 0;
+    signed char *q = malloc((size_t)(rows * features));
+    float *scales = malloc((size_t)rows * sizeof(float));
+    for (int isa = 0; isa < 3; isa++) {
+        vlm_quantize_rows_int8(x, rows, features, q, scales, isas[isa]);
+        for (ptrdiff_t r = 0; r < rows; r++) {
+            float largest = 0;
+            for (ptrdiff_t c = 0; c < features; c++) largest = fmaxf(largest, fabsf(x[r * features + c]));
+            const float inverse = largest > 0 ? 127.0f / largest : 1.0f;
+            int wrong = scales[r] != (largest > 0 ? largest / 127.0f : 1.0f);
+            for (ptrdiff_t c = 0; c < features; c++) wrong |= q[r * features + c] != (signed char)nearbyintf(x[r * features + c] * inverse);
+            if (wrong) {
+                printf("FAIL quantize_rows_int8 %s %tdx%td row %td\n", isa_names[isa], rows, features, r);
+                failures++;
+            }
+        }
+    }
+    free(x);
+    free(q);
+    free(scales);
+}
 
 int main(void) {
     const ptrdiff_t shapes[][4] = {{1, 1, 8, 1}, {3, 7, 16, 2}, {5, 5, 64, 3}, {1, 33, 32, 4}, {17, 40, 80, 2}};
@@ -296,6 +342,10 @@ int main(void) {
     check_elementwise(3, 17);
     check_elementwise(2, 64);
     check_elementwise(4, 100);
+    check_row_quantization(1, 1);
+    check_row_quantization(3, 17);
+    check_row_quantization(2, 64);
+    check_row_quantization(4, 100);
     check_gemm(1, 1, 1, 0);
     check_gemm(7, 13, 29, 0);
     check_gemm(33, 17, 70, 1);
