@@ -535,8 +535,17 @@ AVX512 void vlm_quantize_rows_int8_avx512(const float *x, ptrdiff_t rows, ptrdif
         const float *in = x + row * features;
         signed char *out = q + row * features;
         __m512 largest = _mm512_setzero_ps();
+        __mmask16 nonfinite = 0;
         for (ptrdiff_t c = 0; c < features; c += LANES) {
-            largest = _mm512_max_ps(largest, _mm512_abs_ps(_mm512_maskz_loadu_ps(tail_mask(features - c), in + c)));
+            const __m512 v = _mm512_maskz_loadu_ps(tail_mask(features - c), in + c);
+            largest = _mm512_max_ps(largest, _mm512_abs_ps(v));
+            nonfinite |= _mm512_fpclass_ps_mask(v, 0x99);  // NaN and ±infinity
+        }
+        if (nonfinite) {
+            // NaN scale, zero values: the products this row enters are NaN, as they would be in fp32.
+            scales[row] = __builtin_nanf("");
+            memset(out, 0, (size_t)features);
+            continue;
         }
         const float top = _mm512_reduce_max_ps(largest);
         const __m512 inverse = _mm512_set1_ps(top > 0 ? 127.0f / top : 1.0f);

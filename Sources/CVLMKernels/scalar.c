@@ -175,7 +175,17 @@ PORTABLE_CLONES void vlm_quantize_rows_int8_scalar(const float *x, ptrdiff_t row
         const float *in = x + row * features;
         signed char *out = q + row * features;
         float largest = 0;
-        for (ptrdiff_t c = 0; c < features; c++) largest = fmaxf(largest, fabsf(in[c]));
+        int finite = 1;
+        for (ptrdiff_t c = 0; c < features; c++) {
+            largest = fmaxf(largest, fabsf(in[c]));
+            finite &= isfinite(in[c]) != 0;
+        }
+        if (!finite) {
+            // NaN scale, zero values: the products this row enters are NaN, as they would be in fp32.
+            scales[row] = __builtin_nanf("");
+            memset(out, 0, (size_t)features);
+            continue;
+        }
         const float inverse = largest > 0 ? 127.0f / largest : 1.0f;
         scales[row] = largest > 0 ? largest / 127.0f : 1.0f;
         for (ptrdiff_t c = 0; c < features; c++) {

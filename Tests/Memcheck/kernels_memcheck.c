@@ -307,20 +307,27 @@ static void check_quantized(vlm_quant_format format, ptrdiff_t rows, ptrdiff_t c
 static void count_index(void *context, ptrdiff_t index) { ((int *)context)[index] += 1; }
 
 /// Per-row int8 quantization against the formula in float arithmetic, exactly: every ISA multiplies by the same
-/// float reciprocal and rounds to nearest even. The last row is zeros (scale 1).
+/// float reciprocal and rounds to nearest even. The last row is zeros (scale 1); with three rows or more, the second
+/// holds a NaN.
 static void check_row_quantization(ptrdiff_t rows, ptrdiff_t features) {
     float *x = random_floats(rows * features);
     for (ptrdiff_t c = 0; c < features; c++) x[(rows - 1) * features + c] = 0;
+    if (rows > 2) x[features] = NAN;  // row 1: zeros and a NaN scale
     signed char *q = malloc((size_t)(rows * features));
     float *scales = malloc((size_t)rows * sizeof(float));
     for (int isa = 0; isa < 3; isa++) {
         vlm_quantize_rows_int8(x, rows, features, q, scales, isas[isa]);
         for (ptrdiff_t r = 0; r < rows; r++) {
             float largest = 0;
-            for (ptrdiff_t c = 0; c < features; c++) largest = fmaxf(largest, fabsf(x[r * features + c]));
+            int finite = 1;
+            for (ptrdiff_t c = 0; c < features; c++) {
+                largest = fmaxf(largest, fabsf(x[r * features + c]));
+                finite &= isfinite(x[r * features + c]) != 0;
+            }
             const float inverse = largest > 0 ? 127.0f / largest : 1.0f;
-            int wrong = scales[r] != (largest > 0 ? largest / 127.0f : 1.0f);
-            for (ptrdiff_t c = 0; c < features; c++) wrong |= q[r * features + c] != (signed char)nearbyintf(x[r * features + c] * inverse);
+            int wrong = finite ? scales[r] != (largest > 0 ? largest / 127.0f : 1.0f) : !isnan(scales[r]);
+            for (ptrdiff_t c = 0; c < features; c++)
+                wrong |= q[r * features + c] != (finite ? (signed char)nearbyintf(x[r * features + c] * inverse) : 0);
             if (wrong) {
                 printf("FAIL quantize_rows_int8 %s %tdx%td row %td\n", isa_names[isa], rows, features, r);
                 failures++;

@@ -77,6 +77,15 @@ import Testing
         #expect(q.map(Int.init) == expected.q)
         #expect(scales.map(Double.init) == expected.scales)
         #expect(scales[3] == 1 && q[(3 * width)...].allSatisfy { $0 == 0 })
+        // A row with NaN or infinity: zeros and a NaN scale, so that the products it enters are NaN as in fp32.
+        for bad in [Float.nan, .infinity] {
+            var row = [Float](repeating: 0.5, count: width)
+            row[width - 1] = bad
+            var rowQ = [CChar](repeating: 1, count: width)
+            var rowScale: Float = 0
+            vlm_quantize_rows_int8(row, 1, width, &rowQ, &rowScale, path.isa)
+            #expect(rowScale.isNaN && rowQ.allSatisfy { $0 == 0 }, "\(bad)")
+        }
     }
 
     @Test func int8LayersMultiplyQuantizedOperandsExactly() throws {
@@ -107,6 +116,10 @@ import Testing
         expectClose(y, Tensor(shape: y.shape, scalars: expected), "int8 linear against quantized operands", tolerance: 2e-5)
         let difference = zip(y.scalars, fp32.scalars).map { abs($0 - $1) }.max() ?? 0
         #expect(difference > 1e-4)
+        var poisoned = x.scalars
+        poisoned[0] = .nan
+        let poisonedRow = layer(Tensor(shape: x.shape, scalars: poisoned)).scalars[..<n]
+        #expect(poisonedRow.allSatisfy { $0.isNaN })
         // Each row on its own scale: a row's result does not depend on the other rows of the batch.
         let first = layer(Tensor(shape: [1, k], scalars: Array(x.scalars[..<k])), activation: .gelu,
                           residual: Tensor(shape: [1, n], scalars: Array(residual.scalars[..<n])))

@@ -90,8 +90,9 @@ void vlm_layer_norm(const float *x, float *y, ptrdiff_t rows, ptrdiff_t features
 
 /// Symmetric int8 quantization of `rows` rows of `features` floats, each row on a scale of its own:
 /// `q[c] = round(x[c] · 127 / max|x|)` (ties to even, saturated to ±127) and `scales[row] = max|x| / 127`, so that
-/// `x ≈ q · scale`; a row of zeros gets scale 1. Dynamic int8 matrix products quantize activations per token and
-/// weights per output channel with it.
+/// `x ≈ q · scale`; a row of zeros gets scale 1, a row with NaN or ±infinity zeros and a NaN scale (so that what it
+/// enters is NaN, as in fp32). Dynamic int8 matrix products quantize activations per token and weights per output
+/// channel with it.
 void vlm_quantize_rows_int8(const float *x, ptrdiff_t rows, ptrdiff_t features, signed char *q, float *scales,
                             vlm_kernel_isa isa);
 
