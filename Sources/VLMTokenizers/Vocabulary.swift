@@ -27,8 +27,9 @@ struct Vocabulary: Sendable {
     init(_ object: JSONObject, field: String) throws {
         ids.reserveCapacity(object.members.count)
         for (token, value) in object.members {
-            guard let id = JSONObject.integer(value), id >= 0 else {
-                throw object.invalid(field, "id of \"\(token)\" is not a non-negative integer")
+            // tokenizers reads ids as u32 and refuses the rest.
+            guard let id = JSONObject.integer(value), id >= 0, id <= Int(UInt32.max) else {
+                throw object.invalid(field, "id of \"\(token)\" is not an integer from 0 to 4294967295")
             }
             self[token] = id
         }
@@ -71,8 +72,8 @@ struct Vocabulary: Sendable {
 struct ScalarTrie: Sendable {
     /// Children: parent node << 32 | scalar → child node.
     private var edges: [UInt64: UInt32] = [:]
-    /// The piece id ending at each node, -1 where none does.
-    private var ids: [Int32] = [-1]
+    /// The piece id ending at each node, -1 where none does. Full-width: an id may take all 32 bits of tokenizers' u32.
+    private var ids: [Int] = [-1]
 
     mutating func insert(_ scalars: some Sequence<Unicode.Scalar>, id: Int) {
         var node: UInt32 = 0
@@ -86,7 +87,7 @@ struct ScalarTrie: Sendable {
                 edges[key] = node
             }
         }
-        ids[Int(node)] = Int32(id)
+        ids[Int(node)] = id
     }
 
     /// The longest piece that `word` has at `start`: where it ends and its id.
@@ -98,7 +99,7 @@ struct ScalarTrie: Sendable {
             node = child
             position += 1
             let id = ids[Int(node)]
-            if id >= 0 { best = (position, Int(id)) }
+            if id >= 0 { best = (position, id) }
         }
         return best
     }
@@ -111,7 +112,7 @@ struct ScalarTrie: Sendable {
             node = child
             position += 1
             let id = ids[Int(node)]
-            if id >= 0 { body(position, Int(id)) }
+            if id >= 0 { body(position, id) }
         }
     }
 }

@@ -52,6 +52,19 @@ import Testing
         }
     }
 
+    /// Found by the tokenizer fuzz target: a WordPiece id past Int32 trapped while its prefix trie was built. Ids are
+    /// tokenizers' u32: all 32 bits work, and a larger one is refused with one line naming it.
+    @Test func vocabularyIdsAreU32() throws {
+        func wordPiece(_ id: String) -> [String: String] {
+            ["tokenizer.json": #"{"model": {"type": "WordPiece", "unk_token": "[UNK]", "vocab": {"[UNK]": 0, "ab": \#(id)}}}"#]
+        }
+        let directory = try temporaryDirectory(files: wordPiece("4294967295"))
+        defer { try? FileManager.default.removeItem(at: directory) }
+        #expect(try Tokenizer(directory: directory).encode("ab", addSpecialTokens: false).ids == [4_294_967_295])
+        let error = try #require(try loadError(wordPiece("4294967296")))
+        #expect("\(error)".contains("\"ab\" is not an integer from 0 to 4294967295"), "\(error)")
+    }
+
     @Test func minimalTokenizerLoadsAndMerges() throws {
         let directory = try temporaryDirectory(files: ["tokenizer.json": "{\(Self.minimalModel)}"])
         defer { try? FileManager.default.removeItem(at: directory) }
