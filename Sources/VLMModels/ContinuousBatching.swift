@@ -428,14 +428,7 @@ private final class Row {
 
 /// The `count` highest log-probabilities, best first (ties by lower id).
 private func mostLikely(_ logprobs: [Float], count: Int) -> [TokenLogprob] {
-    guard count > 0 else { return [] }
-    var best: [TokenLogprob] = []
-    for (id, value) in logprobs.enumerated() where best.count < count || value > best[best.count - 1].logprob {
-        let at = best.firstIndex { value > $0.logprob } ?? best.count
-        best.insert(TokenLogprob(id: id, logprob: value), at: at)
-        if best.count > count { best.removeLast() }
-    }
-    return best
+    largestIndices(logprobs, count: count).map { TokenLogprob(id: $0, logprob: logprobs[$0]) }
 }
 
 /// The sequences being decoded together and their shared, right-aligned KV cache.

@@ -21,11 +21,6 @@ private struct BeamItem {
     }
 }
 
-/// The `count` largest values' indices, best first; ties go to the lower index.
-private func topIndices(_ values: [Float], _ count: Int) -> [Int] {
-    Array(values.indices.sorted { values[$0] > values[$1] || (values[$0] == values[$1] && $0 < $1) }.prefix(count))
-}
-
 extension CausalLanguageModel {
     func beamSearch(prompt: GenerationPrompt, batch: Int, newTokens: Int, config: GenerationConfig,
                     criteria: [any StoppingCriterion]) throws -> GenerationOutput {
@@ -53,7 +48,7 @@ extension CausalLanguageModel {
                     for processor in processors { processor.process(&scores, history: history) }
                     accumulated += scores.map { $0 + item.runningScores[beam] }
                 }
-                let candidates = topIndices(accumulated, keep)
+                let candidates = largestIndices(accumulated, count: keep)
                 let candidateScores = candidates.map { accumulated[$0] }
                 let candidateBeams = candidates.map { $0 / vocabulary }
                 let candidateSequences = candidates.map { item.running[$0 / vocabulary] + [$0 % vocabulary] }
@@ -67,7 +62,7 @@ extension CausalLanguageModel {
 
                 // The best unfinished continuations run on.
                 let runningScores = zip(candidateScores, stops).map { $0 + ($1 ? -1e9 : 0) }
-                let next = topIndices(runningScores, beams)
+                let next = largestIndices(runningScores, count: beams)
                 item.running = next.map { candidateSequences[$0] }
                 item.runningScores = next.map { runningScores[$0] }
                 sources += next.map { b * beams + candidateBeams[$0] }
@@ -89,7 +84,7 @@ extension CausalLanguageModel {
                 let mergedSequences = item.hypotheses + candidateSequences
                 let mergedScores = item.hypothesisScores + finishedScores
                 let mergedFinished = item.hypothesisFinished + justFinished
-                let best = topIndices(mergedScores, beams)
+                let best = largestIndices(mergedScores, count: beams)
                 item.hypotheses = best.map { mergedSequences[$0] }
                 item.hypothesisScores = best.map { mergedScores[$0] }
                 item.hypothesisFinished = best.map { mergedFinished[$0] }

@@ -92,7 +92,7 @@ public struct TopKWarper: LogitsProcessor {
     public func process(_ scores: inout [Float], history: TokenHistory) {
         let k = min(topK, scores.count)
         guard k > 0, k < scores.count else { return }
-        let threshold = scores.sorted(by: >)[k - 1]
+        let threshold = scores[largestIndices(scores, count: k)[k - 1]]
         for index in scores.indices where scores[index] < threshold { scores[index] = -.infinity }
     }
 }
@@ -108,15 +108,18 @@ public struct TopPWarper: LogitsProcessor {
     }
 
     public func process(_ scores: inout [Float], history: TokenHistory) {
-        let order = scores.indices.sorted { scores[$0] < scores[$1] }
+        // Tokens already removed (a top-k before this leaves all but a few at -infinity) come first in ascending
+        // order and add nothing to the sums, so only the others are sorted: the same results as sorting all of them.
+        let removed = scores.count(where: { $0 == -.infinity })
+        let order = scores.indices.filter { scores[$0] != -.infinity }.sorted { scores[$0] < scores[$1] }
         let probabilities = softmaxProbabilities(order.map { scores[$0] })
         // torch's cumsum accumulates float32 inputs in double and stores float32; the bound is cast to float32.
         let bound = Float(1 - topP)
         var cumulative = 0.0
-        let protected = order.count - minTokensToKeep
+        let protected = scores.count - minTokensToKeep
         for (rank, index) in order.enumerated() {
             cumulative += Double(probabilities[rank])
-            if rank < protected && Float(cumulative) <= bound { scores[index] = -.infinity }
+            if removed + rank < protected && Float(cumulative) <= bound { scores[index] = -.infinity }
         }
     }
 }
@@ -134,11 +137,34 @@ public struct MinPWarper: LogitsProcessor {
     public func process(_ scores: inout [Float], history: TokenHistory) {
         let probabilities = softmaxProbabilities(scores)
         let threshold = minP * (probabilities.max() ?? 0)
-        let kept = Set(probabilities.indices.sorted { probabilities[$0] > probabilities[$1] }.prefix(minTokensToKeep))
+        let kept = Set(largestIndices(probabilities, count: minTokensToKeep))
         for index in scores.indices where probabilities[index] < threshold && !kept.contains(index) {
             scores[index] = -.infinity
         }
     }
+}
+
+/// Indices of the `count` largest values, best first, ties to the lower index (what a stable descending sort puts
+/// first; NaN ranks below every number): one pass keeping the best few in order, where sorting a whole vocabulary
+/// at every step would cost V·log V.
+func largestIndices(_ values: [Float], count: Int) -> [Int] {
+    guard count > 0 else { return [] }
+    func isBetter(_ value: Float, than other: Float) -> Bool { value > other || (other.isNaN && !value.isNaN) }
+    var best: [Int] = []
+    best.reserveCapacity(count + 1)
+    for index in values.indices {
+        let value = values[index]
+        if best.count == count && !isBetter(value, than: values[best[count - 1]]) { continue }
+        // After every kept value that is not worse: equal values keep their index order.
+        var low = 0, high = best.count
+        while low < high {
+            let middle = (low + high) / 2
+            if isBetter(value, than: values[best[middle]]) { high = middle } else { low = middle + 1 }
+        }
+        best.insert(index, at: low)
+        if best.count > count { best.removeLast() }
+    }
+    return best
 }
 
 /// Softmax in float32 as torch computes it: shifted by the maximum, normalized by the sum of exponentials.

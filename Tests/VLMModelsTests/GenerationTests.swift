@@ -126,6 +126,24 @@ func expectBeamSearch(_ model: any CausalLanguageModel, prompts: [[Int]], config
         #expect(steps == output.sequences.map(\.count).max())
     }
 
+    /// The one-pass selection behind top-k, min-p, beam search and top_logprobs gives what a stable descending sort
+    /// of the whole vocabulary gives (ties to the lower index), NaN ranking below every number.
+    @Test func largestIndicesAreAStableDescendingSortsFirst() {
+        var generator = SeededGenerator(seed: 5)
+        for length in [1, 7, 64, 1000] {
+            // Few distinct values, so that ties are everywhere.
+            let values = (0..<length).map { _ in Float(generator.next() % 9) - 4 }
+            let sorted = values.indices.sorted { values[$0] > values[$1] }
+            for count in [1, 3, 50, length, length + 2] {
+                #expect(largestIndices(values, count: count) == Array(sorted.prefix(count)), "\(length) values, \(count)")
+            }
+        }
+        let withNaN: [Float] = [1, .nan, 3, -.infinity, .nan, 3]
+        #expect(largestIndices(withNaN, count: 4) == [2, 5, 0, 3])
+        #expect(largestIndices(withNaN, count: 6) == [2, 5, 0, 3, 1, 4])
+        #expect(largestIndices(withNaN, count: 0).isEmpty)
+    }
+
     @Test func seededSamplingIsReproducibleAndRespectsTheWarpers() throws {
         let model = try LlamaFixture("gqa-untied").model
         var config = GenerationConfig()
