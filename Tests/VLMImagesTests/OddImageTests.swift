@@ -54,18 +54,28 @@ enum OddImages {
                                         "truncated.gif", "truncated.bmp", "idat-bad-adler32.png", "junk-then-truncated.jpg", "truncated.tif"]))
     }
 
-    /// TIFF kinds not read (here 32-bit float grey, which Pillow opens as F) are refused with a line naming the kind.
-    @Test func namesTIFFKindsItDoesNotRead() throws {
-        // Little-endian, one 1x1 strip of a 32-bit float BlackIsZero sample.
+    /// A little-endian TIFF of one 1x1 strip holding the 32-bit float 1.0, with this PhotometricInterpretation.
+    static func floatTIFF(photometric: UInt32) -> [UInt8] {
         func entry(_ tag: UInt16, _ type: UInt16, _ value: UInt32) -> [UInt8] {
             withUnsafeBytes(of: tag.littleEndian, Array.init) + withUnsafeBytes(of: type.littleEndian, Array.init)
                 + withUnsafeBytes(of: UInt32(1).littleEndian, Array.init) + withUnsafeBytes(of: value.littleEndian, Array.init)
         }
-        let entries = [entry(256, 4, 1), entry(257, 4, 1), entry(258, 3, 32), entry(259, 3, 1), entry(262, 3, 1),
+        let entries = [entry(256, 4, 1), entry(257, 4, 1), entry(258, 3, 32), entry(259, 3, 1), entry(262, 3, photometric),
                        entry(273, 4, 8 + 2 + 9 * 12 + 4), entry(277, 3, 1), entry(279, 4, 4), entry(339, 3, 3)]
-        let tiff: [UInt8] = [0x49, 0x49, 0x2A, 0, 8, 0, 0, 0, UInt8(entries.count), 0] + entries.flatMap { $0 } + [0, 0, 0, 0, 0, 0, 0x80, 0x3F]
-        let error = #expect(throws: ImageError.self) { try ImageDecoder.decode(tiff, name: "x.tif") }
-        #expect(error?.description == "x.tif: unsupported image: TIFF of photometric interpretation 1, 1×32-bit samples, extra samples [] is not read")
+        return [0x49, 0x49, 0x2A, 0, 8, 0, 0, 0, UInt8(entries.count), 0] + entries.flatMap { $0 } + [0, 0, 0, 0, 0, 0, 0x80, 0x3F]
+    }
+
+    /// 32-bit float grey is read as Pillow opens it (mode F) and converts it to RGB: truncated, so 1.0 is 1.
+    @Test func readsFloatGreyAsPillowConvertsIt() throws {
+        let image = try ImageDecoder.decode(Self.floatTIFF(photometric: 1), name: "x.tif")
+        #expect(image.width == 1 && image.height == 1 && image.pixels == [1, 1, 1])
+    }
+
+    /// TIFF kinds not read (here float samples in CIELab, which Pillow has no entry for) are refused with a line
+    /// naming the kind.
+    @Test func namesTIFFKindsItDoesNotRead() throws {
+        let error = #expect(throws: ImageError.self) { try ImageDecoder.decode(Self.floatTIFF(photometric: 8), name: "x.tif") }
+        #expect(error?.description == "x.tif: unsupported image: TIFF of photometric interpretation 8, 1×32-bit samples of sample format 3, extra samples [] is not read")
     }
 
     /// Formats Pillow reads and SwiftVLM does not are refused with a line naming the format.
