@@ -237,6 +237,30 @@ public struct HubCache: Sendable {
         return size
     }
 
+    /// Throws unless `url` (with every link on its way resolved) lies inside the cache. A path that does not resolve
+    /// (a dangling link, a missing file) cannot be read and passes.
+    func checkInside(_ url: URL) throws {
+        guard let resolved = Self.realPath(url.path) else { return }
+        let root = Self.realPath(directory.path) ?? directory.path
+        guard resolved.hasPrefix(root.hasSuffix("/") ? root : root + "/") else {
+            throw HubError.outsideCache(path: url.path, target: resolved)
+        }
+    }
+
+    /// Throws unless the snapshot folder and everything in it lie inside the cache: a model is read from the
+    /// snapshot as from any local folder, so a link there could make it read any file on the machine.
+    func checkInside(snapshot: URL) throws {
+        try checkInside(snapshot)
+        guard let entries = FileManager.default.enumerator(at: snapshot, includingPropertiesForKeys: nil) else { return }
+        for case let entry as URL in entries { try checkInside(entry) }
+    }
+
+    private static func realPath(_ path: String) -> String? {
+        guard let resolved = realpath(path, nil) else { return nil }
+        defer { free(resolved) }
+        return String(cString: resolved)
+    }
+
     private func isDirectory(_ url: URL) -> Bool {
         var isDirectory: ObjCBool = false
         return FileManager.default.fileExists(atPath: url.path, isDirectory: &isDirectory) && isDirectory.boolValue

@@ -91,7 +91,10 @@ public struct HubClient: Sendable {
             info = try await repoInfo(repo)
         } catch let error as HubError {
             if case .revisionNotFound = error { throw error }
-            if let cached = cache.snapshotDirectory(for: repo) { return cached }
+            if let cached = cache.snapshotDirectory(for: repo) {
+                try cache.checkInside(snapshot: cached)
+                return cached
+            }
             throw error
         }
         try cache.writeRef(repo: repo, commit: info.commit)
@@ -122,6 +125,8 @@ public struct HubClient: Sendable {
                 group.addTask { _ = try await fetchFile(repo: repo, commit: info.commit, path: path, progress: progress) }
             }
         }
+        // The files fetched are this client's own links; anything else found there is checked too.
+        try cache.checkInside(snapshot: snapshot)
         return snapshot
     }
 
@@ -135,6 +140,7 @@ public struct HubClient: Sendable {
             guard FileManager.default.fileExists(atPath: pointer.path) else {
                 throw HubError.notCached(repo: repo.id, revision: repo.revision, cacheDirectory: cache.directory.path)
             }
+            try cache.checkInside(pointer)
             return pointer
         }
         if CachePaths.isCommitHash(repo.revision) {
@@ -181,6 +187,7 @@ public struct HubClient: Sendable {
         guard let snapshot = cache.snapshotDirectory(for: repo) else {
             throw HubError.notCached(repo: repo.id, revision: repo.revision, cacheDirectory: cache.directory.path)
         }
+        try cache.checkInside(snapshot: snapshot)
         return snapshot
     }
 
@@ -192,6 +199,7 @@ public struct HubClient: Sendable {
                            progress: HubProgressHandler?) async throws -> URL {
         let pointer = cache.snapshotDirectory(repoID: repo.id, commit: commit).appendingPathComponent(path)
         if let size = Self.regularFileSize(pointer.path) {
+            try cache.checkInside(pointer)
             progress?(HubProgress(file: path, completedBytes: size, totalBytes: size, isFinished: true))
             return pointer
         }

@@ -37,6 +37,9 @@ public enum HubError: Error, CustomStringConvertible, Sendable {
     case lockTimeout(path: String, seconds: Double)
     /// Creating, writing, renaming or linking a file of the cache failed.
     case fileSystem(path: String, reason: String)
+    /// A file or folder of a cached snapshot that leads outside the cache (a link planted there, or the cache moved
+    /// under its links): nothing outside the cache is read as part of a model.
+    case outsideCache(path: String, target: String)
 
     public var description: String {
         switch self {
@@ -81,6 +84,8 @@ public enum HubError: Error, CustomStringConvertible, Sendable {
             return "\(path): another process held this download lock for more than \(Int(seconds)) s"
         case let .fileSystem(path, reason):
             return "\(path): \(reason)"
+        case let .outsideCache(path, target):
+            return "\(path): leads outside the Hugging Face cache (to \(target)); remove it (vlm cache) or download the model again"
         }
     }
 }

@@ -268,6 +268,45 @@ func expectPythonLayout(cache: URL, repoID: String, manifest: Manifest, files: [
         #expect(hub.contentRequests(for: shard.path).isEmpty)
     }
 
+    /// A cached snapshot holding a link that leads outside the cache (to a file, or the snapshot folder itself linked
+    /// elsewhere) is refused with a line naming it, offline and online, before the model reads anything there.
+    @Test func refusesCacheEntriesLeadingOutsideTheCache() async throws {
+        let cache = try temporaryDirectory(), outside = try temporaryDirectory()
+        defer { for url in [cache, outside] { try? FileManager.default.removeItem(at: url) } }
+        let secret = outside.appendingPathComponent("secret.json")
+        try Data("{}".utf8).write(to: secret)
+        let commit = String(repeating: "ab", count: 20)
+        let repo = cache.appendingPathComponent("models--tiny-org--tiny-clip")
+        let snapshot = repo.appendingPathComponent("snapshots/\(commit)")
+        try FileManager.default.createDirectory(at: snapshot, withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(at: repo.appendingPathComponent("refs"), withIntermediateDirectories: true)
+        try Data(commit.utf8).write(to: repo.appendingPathComponent("refs/main"))
+        try Data("{}".utf8).write(to: snapshot.appendingPathComponent("config.json"))
+        let offline = HubOptions(endpoint: URL(string: "http://127.0.0.1:9")!, cacheDirectory: cache, offline: true)
+        // Inside the cache: loads.
+        #expect(try await resolveModel("tiny-org/tiny-clip", options: offline).path == snapshot.path)
+
+        try FileManager.default.createSymbolicLink(atPath: snapshot.appendingPathComponent("tokenizer.json").path,
+                                                   withDestinationPath: secret.path)
+        for options in [offline, { var online = offline; online.offline = false; online.maxRetries = 0; return online }()] {
+            let error = await #expect(throws: HubError.self) { _ = try await resolveModel("tiny-org/tiny-clip", options: options) }
+            guard case let .outsideCache(path, target) = error else {
+                Issue.record("expected an outside-the-cache error, got \(String(describing: error))")
+                continue
+            }
+            #expect(path.hasSuffix("snapshots/\(commit)/tokenizer.json") && target.hasSuffix("secret.json"))
+        }
+        let file = await #expect(throws: HubError.self) {
+            _ = try await HubClient(options: offline).file("tokenizer.json", of: try RepoReference(id: "tiny-org/tiny-clip"))
+        }
+        #expect(file.map { "\($0)" }?.contains("leads outside the Hugging Face cache") == true)
+
+        // The snapshot folder itself linked to a folder outside.
+        try FileManager.default.removeItem(at: snapshot)
+        try FileManager.default.createSymbolicLink(atPath: snapshot.path, withDestinationPath: outside.path)
+        await #expect(throws: HubError.self) { _ = try await resolveModel("tiny-org/tiny-clip", options: offline) }
+    }
+
     @Test func offlineUsesOnlyTheCache() async throws {
         let cache = try temporaryDirectory()
         defer { try? FileManager.default.removeItem(at: cache) }
