@@ -140,7 +140,8 @@ def tokenizer_strings(slow, tokenizer_json):
 
 
 # Two shapes that differ in every dimension the Swift model reads from config.json, and in how the tokenizer is
-# stored. SiglipModel needs the vision attention-pooling head (vision_use_head false leaves get_image_features without
+# stored. The second's image size is not a multiple of its patch size, as so400m-patch14-384's is not (the
+# convolution drops the last 4 pixels of each 60, as it drops the last 6 of 384). SiglipModel needs the vision attention-pooling head (vision_use_head false leaves get_image_features without
 # a pooler_output and forward fails), so both have it; the text head projects to the vision width.
 CHECKPOINTS = {
     "tiny-tanh-fp16": dict(
@@ -157,8 +158,8 @@ CHECKPOINTS = {
         text=dict(hidden_size=48, intermediate_size=80, num_hidden_layers=3, num_attention_heads=6,
                   hidden_act="gelu", layer_norm_eps=1e-5),
         vision=dict(hidden_size=48, intermediate_size=72, num_hidden_layers=3, num_attention_heads=3,
-                    image_size=56, patch_size=14, hidden_act="gelu", layer_norm_eps=1e-5),
-        processor=dict(size={"height": 56, "width": 56}, resample=Image.Resampling.BILINEAR,
+                    image_size=60, patch_size=14, hidden_act="gelu", layer_norm_eps=1e-5),
+        processor=dict(size={"height": 60, "width": 60}, resample=Image.Resampling.BILINEAR,
                        image_mean=[0.48145466, 0.4578275, 0.40821073], image_std=[0.26862954, 0.26130258, 0.27577711]),
     ),
 }

@@ -168,9 +168,11 @@ final class SiglipVisionTransformer: Sendable {
 
     /// `weights` scoped to where `embeddings.…`, `encoder.…`, `post_layernorm.…` and `head.…` are.
     init(_ config: SiglipVisionConfig, weights: Weights, file: String) throws {
-        guard config.patchSize > 0, config.imageSize % config.patchSize == 0,
+        // The image size need not be a multiple of the patch size: so400m-patch14-384's 384 pixels make 27 patches
+        // a side, the convolution dropping the last 6, as in transformers.
+        guard config.patchSize > 0, config.imageSize >= config.patchSize,
               config.numAttentionHeads > 0, config.hiddenSize % config.numAttentionHeads == 0 else {
-            throw ModelError.invalidConfig("vision_config: image_size \(config.imageSize) must be a multiple of patch_size \(config.patchSize), hidden_size \(config.hiddenSize) of num_attention_heads \(config.numAttentionHeads)", file: file)
+            throw ModelError.invalidConfig("vision_config: image_size \(config.imageSize) must be at least patch_size \(config.patchSize), hidden_size a multiple of num_attention_heads \(config.numAttentionHeads) (it is \(config.hiddenSize))", file: file)
         }
         self.config = config
         let d = config.hiddenSize
