@@ -37,14 +37,17 @@ public struct SeededGenerator: RandomNumberGenerator, Sendable {
     /// A uniform double in [0, 1) from the top 53 bits of one draw.
     mutating func unit() -> Double { Double(next() >> 11) * 0x1p-53 }
 
-    /// A token drawn with probability proportional to `exp(score)`; tokens at -infinity are never drawn.
+    /// A token drawn with probability proportional to `exp(score)`; tokens at -infinity are never drawn. Only the
+    /// others are looked at (after top-k, a few of the vocabulary): the removed ones add exact zeros to every sum, so
+    /// the draw is the one all of them would give.
     mutating func sample(scores: [Float]) -> Int {
-        let probabilities = softmaxProbabilities(scores)
+        let candidates = scores.indices.filter { scores[$0] != -.infinity }
+        let probabilities = softmaxProbabilities(candidates.map { scores[$0] })
         let total = probabilities.reduce(0.0) { $0 + Double($1) }
         let target = unit() * total
         var cumulative = 0.0
         var last = 0
-        for (index, probability) in probabilities.enumerated() where probability > 0 {
+        for (index, probability) in zip(candidates, probabilities) where probability > 0 {
             cumulative += Double(probability)
             last = index
             if target < cumulative { return index }
