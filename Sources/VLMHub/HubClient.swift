@@ -140,7 +140,6 @@ public struct HubClient: Sendable {
             guard FileManager.default.fileExists(atPath: pointer.path) else {
                 throw HubError.notCached(repo: repo.id, revision: repo.revision, cacheDirectory: cache.directory.path)
             }
-            try cache.checkInside(pointer)
             return pointer
         }
         if CachePaths.isCommitHash(repo.revision) {

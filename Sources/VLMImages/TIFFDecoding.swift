@@ -111,13 +111,7 @@ enum TIFFDecoding {
         }
         defer { TIFFClose(tiff) }
 
-        func field<T>(_ tag: Int32, _ fallback: T) -> T {
-            var value = fallback
-            let found = withUnsafeMutablePointer(to: &value) { pointer in
-                withVaList([pointer]) { TIFFVGetField(tiff, UInt32(tag), $0) }
-            }
-            return found == 1 ? value : fallback
-        }
+        func field<T>(_ tag: Int32, _ fallback: T) -> T { TIFFDecoding.field(tiff, tag, fallback) }
         let width = Int(field(TIFFTAG_IMAGEWIDTH, UInt32(0))), height = Int(field(TIFFTAG_IMAGELENGTH, UInt32(0)))
         let bits = Int(field(TIFFTAG_BITSPERSAMPLE, UInt16(1)))
         // Pillow reads a missing PhotometricInterpretation as 0.
@@ -159,9 +153,9 @@ enum TIFFDecoding {
         try ImageDecoder.checkDimensions(width: width, height: height, name: name, format: "TIFF")
 
         if photometric == 6 {
-            // Pillow reads a PlanarConfiguration stored as bytes rather than a number (any integer type) as neither 1 nor 2; libtiff reads
-            // it as 1. A YCbCr JPEG file with one goes to Pillow's RGBA reading, which refuses it (a crafted file in
-            // Pillow's tests reads out of bounds that way): refused here too.
+            // Pillow reads a PlanarConfiguration stored as bytes rather than a number (any integer type) as neither 1
+            // nor 2; libtiff reads it as 1. A YCbCr JPEG file with one goes to Pillow's RGBA reading, which refuses it
+            // (a crafted file in Pillow's tests reads out of bounds that way): refused here too.
             if let type = storedEntry(of: TIFFTAG_PLANARCONFIG, tiff, data)?.type, ![3, 4, 8, 9, 16].contains(type) {
                 throw Refusal("YCbCr with a PlanarConfiguration stored as type \(type)")
             }
@@ -342,13 +336,19 @@ enum TIFFDecoding {
         return (RGBImage(width: width, height: height, pixels: rgb), orientation(tiff))
     }
 
+    /// A single-valued field of the current directory as `T`, or `fallback` where it is not set.
+    private static func field<T>(_ tiff: OpaquePointer, _ tag: Int32, _ fallback: T) -> T {
+        var value = fallback
+        let found = withUnsafeMutablePointer(to: &value) { pointer in
+            withVaList([pointer]) { TIFFVGetField(tiff, UInt32(tag), $0) }
+        }
+        return found == 1 ? value : fallback
+    }
+
     /// The first page's Orientation tag, else the orientation in its XMP, as Pillow's `getexif` finds them.
     private static func orientation(_ tiff: OpaquePointer) -> Int {
-        var value: UInt16 = 0
-        if withUnsafeMutablePointer(to: &value, { pointer in withVaList([pointer]) { TIFFVGetField(tiff, UInt32(TIFFTAG_ORIENTATION), $0) } }) == 1,
-           value != 0 {
-            return Int(value)
-        }
+        let tagged = field(tiff, TIFFTAG_ORIENTATION, UInt16(0))
+        if tagged != 0 { return Int(tagged) }
         var count: UInt32 = 0
         var bytes: UnsafeMutableRawPointer?
         let found = withUnsafeMutablePointer(to: &count) { c in
@@ -370,11 +370,7 @@ enum TIFFDecoding {
         }
         let count = Int(tiled ? TIFFNumberOfTiles(tiff) : TIFFNumberOfStrips(tiff))
         guard found == 1, let offsets, count > 0 else { throw Refusal("no strip or tile offsets") }
-        func value(_ tag: Int32) -> Int {
-            var v: UInt32 = 0
-            let ok = withUnsafeMutablePointer(to: &v) { pointer in withVaList([pointer]) { TIFFVGetField(tiff, UInt32(tag), $0) } }
-            return ok == 1 ? Int(v) : 0
-        }
+        func value(_ tag: Int32) -> Int { Int(field(tiff, tag, UInt32(0))) }
         let w = tiled ? value(TIFFTAG_TILEWIDTH) : width
         let h = tiled ? value(TIFFTAG_TILELENGTH) : min(value(TIFFTAG_ROWSPERSTRIP).nonZero ?? height, Int(Int32.max))
         guard w > 0, h > 0 else { throw Refusal("invalid tile dimensions") }
