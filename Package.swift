@@ -24,6 +24,7 @@ let package = Package(
         .systemLibrary(name: "CWebP", path: "Sources/CWebP"),
         .systemLibrary(name: "CZlib", path: "Sources/CZlib"),
         .systemLibrary(name: "CTIFF", path: "Sources/CTIFF"),
+        .systemLibrary(name: "CLCMS2", path: "Sources/CLCMS2"),
 
         // Hand-written AVX-512 kernels (attention, layer norm) with portable fallbacks, and the GEMM of builds
         // without oneDNN (Accelerate on Apple platforms).
@@ -37,7 +38,7 @@ let package = Package(
         // The Jinja chat-template interpreter and the strict JSON reader it shares with the tokenizers.
         .target(name: "VLMTemplates"),
         .target(name: "VLMTokenizers", dependencies: ["VLMTemplates"]),
-        .target(name: "VLMImages", dependencies: ["VLMTensor", "CTurboJPEG", "CSPNG", "CWebP", "CZlib", "CTIFF"]),
+        .target(name: "VLMImages", dependencies: ["VLMTensor", "CTurboJPEG", "CSPNG", "CWebP", "CZlib", "CTIFF", "CLCMS2"]),
         .target(name: "VLMModels", dependencies: ["VLMTensor", "VLMCheckpoint", "VLMImages"]),
         .target(name: "VLMPipelines", dependencies: ["VLMTensor", "VLMCheckpoint", "VLMTemplates", "VLMTokenizers", "VLMImages", "VLMModels"]),
         .target(name: "VLMHub"),

@@ -39,6 +39,28 @@ def assemble(parts):
     return b"\x89PNG\r\n\x1a\n" + b"".join(chunk(kind, data) for kind, data in parts)
 
 
+def planar_tiff(image, photometric, deflate):
+    """A little-endian TIFF holding each band of `image` as a plane of its own (PlanarConfiguration 2), one strip a
+    plane, raw or zlib-compressed: Pillow reads such files but cannot write them."""
+    width, height = image.size
+    planes = [zlib.compress(band.tobytes()) if deflate else band.tobytes() for band in image.split()]
+    count = len(planes)
+    entries = [(256, 4, 1, width), (257, 4, 1, height), (258, 3, count, None), (259, 3, 1, 8 if deflate else 1),
+               (262, 3, 1, photometric), (273, 4, count, None), (277, 3, 1, count), (278, 4, 1, height),
+               (279, 4, count, None), (284, 3, 1, 2)]
+    arrays_at = 8 + 2 + 12 * len(entries) + 4
+    bits_at, offsets_at, counts_at = arrays_at, arrays_at + 2 * count, arrays_at + 6 * count
+    data_at = arrays_at + 10 * count
+    offsets = [data_at + sum(len(p) for p in planes[:i]) for i in range(count)]
+    ifd = struct.pack("<H", len(entries))
+    for tag, kind, n, value in entries:
+        value = {258: bits_at, 273: offsets_at, 279: counts_at}.get(tag, value)
+        ifd += struct.pack("<HHII", tag, kind, n, value) if kind == 4 or n > 1 else struct.pack("<HHIHH", tag, kind, n, value, 0)
+    arrays = struct.pack(f"<{count}H", *[8] * count) + struct.pack(f"<{count}I", *offsets)
+    arrays += struct.pack(f"<{count}I", *[len(p) for p in planes])
+    return b"II*\0" + struct.pack("<I", 8) + ifd + struct.pack("<I", 0) + arrays + b"".join(planes)
+
+
 def exif(orientation):
     e = Image.Exif()
     e[0x0112] = orientation
@@ -176,6 +198,12 @@ def main():
     files["grey16.tif"] = encoded(Image.fromarray(grey16), "TIFF")
     files["grey16-lzw.tif"] = encoded(Image.fromarray(grey16), "TIFF", compression="tiff_lzw")
     files["truncated.tif"] = files["rgb-raw.tif"][: len(files["rgb-raw.tif"]) // 2]
+    # CIELab, converted to RGB through LittleCMS as Pillow converts it: interleaved, and planar raw and deflated
+    # (whose planes Pillow copies without the offset its interleaved reader gives a* and b*).
+    lab = big.convert("LAB")
+    files["lab-lzw.tif"] = encoded(lab, "TIFF", compression="tiff_lzw")
+    files["lab-planar.tif"] = planar_tiff(lab, photometric=8, deflate=False)
+    files["lab-planar-deflate.tif"] = planar_tiff(lab, photometric=8, deflate=True)
 
     manifest = []
     for name in sorted(files):

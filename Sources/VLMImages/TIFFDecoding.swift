@@ -4,9 +4,9 @@ import Foundation
 /// TIFF through libtiff, first page, to the pixels Pillow gives: the kinds Pillow's TiffImagePlugin lists in its
 /// OPEN_INFO table that it opens as bilevel, grey (1-, 2-, 4- and 8-bit; 12- and 16-bit; signed 16- and 32-bit
 /// integers; 32-bit floats), palette (1- to 8-bit, with or without alpha), RGB (8- or 16-bit, with unassociated,
-/// premultiplied or unused extra samples) or CMYK, interleaved or planar, in either fill order; each sample unpacked
-/// as that table's raw mode unpacks it and converted to RGB as `convert("RGB")` converts the mode. Other kinds (CIELab,
-/// YCbCr, …) are refused with a line naming them. Orientation comes from the first page's Orientation tag, else its
+/// premultiplied or unused extra samples), CMYK, YCbCr or CIELab, interleaved or planar, in either fill order; each
+/// sample unpacked as that table's raw mode unpacks it and converted to RGB as `convert("RGB")` converts the mode.
+/// Other kinds are refused with a line naming them. Orientation comes from the first page's Orientation tag, else its
 /// XMP, as Pillow's `getexif` finds them.
 enum TIFFDecoding {
     struct Refusal: Error {
@@ -30,6 +30,8 @@ enum TIFFDecoding {
         case rgb(premultiplied: Bool)
         /// CMYK, converted as Pillow's cmyk2rgb.
         case cmyk
+        /// "LAB" (CIELab, 8-bit), converted through LittleCMS as Pillow converts it (`CIELab`).
+        case lab
     }
 
     /// The bytes libtiff reads through its client callbacks.
@@ -82,6 +84,7 @@ enum TIFFDecoding {
             return reversed ? nil : .rgb(premultiplied: true)
         case (5, 1, 8, 4, []), (5, 1, 8, 5, [0]), (5, 1, 8, 6, [0, 0]), (5, 1, 16, 4, []):
             return reversed ? nil : .cmyk
+        case (8, 1, 8, 3, []): return reversed ? nil : .lab
         default: return nil
         }
     }
@@ -320,6 +323,12 @@ enum TIFFDecoding {
                         channels = (divided(channels.0), divided(channels.1), divided(channels.2))
                     }
                     (r, g, b) = (UInt8(channels.0), UInt8(channels.1), UInt8(channels.2))
+                case .lab:
+                    // a* and b* are signed in the file. Pillow's LAB unpacker offsets them by 128; the planes of a
+                    // planar file are copied as they are, by the band unpackers both its planar readers use. The Lab
+                    // triples are converted to RGB after this loop, all at once.
+                    let offset: UInt8 = planes == 1 ? 128 : 0
+                    (r, g, b) = (UInt8(sample(line, x, 0)), UInt8(sample(line, x, 1)) ^ offset, UInt8(sample(line, x, 2)) ^ offset)
                 case .cmyk:
                     // Pillow's cmyk2rgb: each of 255 - k, less its product with the ink (MULDIV255's rounding).
                     let remaining = 255 - sample(line, x, 3)
@@ -331,6 +340,10 @@ enum TIFFDecoding {
                 }
                 (rgb[out], rgb[out + 1], rgb[out + 2]) = (r, g, b)
             }
+        }
+        if case .lab = kind {
+            guard let converted = CIELab.rgb(fromLab: rgb) else { throw Refusal("LittleCMS cannot build the Lab to sRGB transform") }
+            rgb = converted
         }
 
         return (RGBImage(width: width, height: height, pixels: rgb), orientation(tiff))
