@@ -91,14 +91,16 @@ public final class Linear: @unchecked Sendable {
     }
 
     /// The precision the layer's products run in: fp32, or what the layer was built in where this machine runs it.
-    /// GGUF-quantized layers, which keep their file's block formats, report fp32.
+    /// GGUF-quantized layers keep their file's block formats and report the precision of their prompts' products
+    /// (fp32, or bf16 where they were built in bf16; int8 builds them in fp32).
     public var precision: MatrixPrecision {
         switch implementation {
         #if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
         case let .oneDNN(layer): layer.precision
         case .oneDNNInt8: .int8
         #endif
-        case .portable, .quantized: .float32
+        case let .quantized(layer): layer.precision
+        case .portable: .float32
         }
     }
 

@@ -55,14 +55,8 @@ final class OneDNNLinear: @unchecked Sendable {
             OneDNNLinear.makePrimitive(rows: rows, inFeatures: inFeatures, outFeatures: outFeatures, weights: weights.descriptor,
                                 sourceType: type, hasBias: bias != nil, activation: activation, residual: residual != nil)
         }
-        // bf16 halves the bytes, so an fp32 storage of half the elements holds the rounded input.
-        let rounded = precision == .bfloat16 ? TensorStorage(count: (rows * inFeatures + 1) / 2) : nil
-        if let rounded {
-            let rounding = sourceRoundings.primitive(for: rows) {
-                Primitive(reorderFrom: memoryDescriptor([rows, inFeatures]), to: memoryDescriptor([rows, inFeatures], type: type))
-            }
-            rounding.execute([(DNNL_ARG_FROM, x.rawPointer), (DNNL_ARG_TO, UnsafeMutableRawPointer(rounded.pointer))])
-        }
+        let rounded = precision == .bfloat16
+            ? roundedToBFloat16(x.storage.pointer, rows: rows, columns: inFeatures, roundings: sourceRoundings) : nil
         var arguments: [(Int32, UnsafeMutableRawPointer)] = [
             (DNNL_ARG_SRC, rounded.map { UnsafeMutableRawPointer($0.pointer) } ?? x.rawPointer),
             (DNNL_ARG_WEIGHTS, weights.pointer), (DNNL_ARG_DST, output.rawPointer),
@@ -80,6 +74,24 @@ final class OneDNNLinear: @unchecked Sendable {
             weights: weights, bias: hasBias ? memoryDescriptor([1, outFeatures]) : nil,
             destination: memoryDescriptor([rows, outFeatures]), activation: activation, residual: residual)
     }
+}
+
+/// `rows × columns` fp32 values rounded to bf16 by a reorder from `roundings` (cached per row count). bf16 halves the
+/// bytes, so an fp32 storage of half the elements holds them.
+func roundedToBFloat16(_ values: UnsafeMutablePointer<Float>, rows: Int, columns: Int,
+                       roundings: PrimitiveCache<Int>) -> TensorStorage {
+    let rounded = TensorStorage(count: (rows * columns + 1) / 2)
+    roundedToBFloat16(values, rows: rows, columns: columns, roundings: roundings, into: UnsafeMutableRawPointer(rounded.pointer))
+    return rounded
+}
+
+/// The same into `destination`, which holds `rows × columns` bf16 values.
+func roundedToBFloat16(_ values: UnsafeMutablePointer<Float>, rows: Int, columns: Int, roundings: PrimitiveCache<Int>,
+                       into destination: UnsafeMutableRawPointer) {
+    let rounding = roundings.primitive(for: rows) {
+        Primitive(reorderFrom: memoryDescriptor([rows, columns]), to: memoryDescriptor([rows, columns], type: dnnl_bf16))
+    }
+    rounding.execute([(DNNL_ARG_FROM, UnsafeMutableRawPointer(values)), (DNNL_ARG_TO, destination)])
 }
 
 /// The matmul of a Linear layer: `source · weights (+ bias)`, then `activation` and, with `residual`, the addition

@@ -8,15 +8,22 @@ internal import CDNNL
 /// on a packed copy of the weight where the CPU has them (see vlm_kernels.h), otherwise through its fused product,
 /// which dequantizes each weight block once into registers or L1 and accumulates in fp32; more rows (a prompt)
 /// dequantize the weight to fp32 in bounded panels, each multiplied at GEMM speed, so the fp32 copy never
-/// outlives the call.
+/// outlives the call. A layer built in bf16 multiplies those panels in bf16 (the input and each panel rounded, the
+/// products accumulated in fp32), at about twice the speed where the CPU has bf16 dot products.
 final class QuantizedLinear: @unchecked Sendable {
     let weight: QuantizedMatrix
+    /// The precision of the prompts' products: fp32, or bf16 where the layer was built in bf16 and the CPU has it.
+    /// Decoding's products are the same either way.
+    let precision: MatrixPrecision
     /// The weight in 16-row groups for the int8 products, made at init where the CPU and the format allow.
     private let packed: OwnedBytes?
     private let bias: Tensor?
     private let backend: Backend
     #if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
     private let primitives = PrimitiveCache<Key>(capacity: 64)
+    /// bf16: the reorders rounding an input of each row count, and a dequantized panel of each width, to bf16.
+    private let inputRoundings = PrimitiveCache<Int>(capacity: 64)
+    private let panelRoundings = PrimitiveCache<Int>(capacity: 8)
 
     private struct Key: Hashable {
         let rows: Int, panel: Int, activation: Activation, residual: Bool
@@ -37,6 +44,11 @@ final class QuantizedLinear: @unchecked Sendable {
         self.weight = weight
         self.bias = bias
         self.backend = backend
+        #if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
+        precision = backend == .oneDNN && MatrixPrecision.forNewLayers.available == .bfloat16 ? .bfloat16 : .float32
+        #else
+        precision = .float32
+        #endif
         let size = vlm_quant_packed_size(weight.format.kernelFormat, weight.rows, weight.columns)
         if packing && vlm_quant_packed_supported() != 0 && size > 0 {
             let buffer = OwnedBytes(count: size)
@@ -125,30 +137,46 @@ final class QuantizedLinear: @unchecked Sendable {
                              path: KernelPath) {
         let (n, k) = (weight.rows, weight.columns)
         let panel = max(1, min(n, Self.panelFloats / max(k, 1)))
-        let scratch = DequantizationScratch.shared.take(count: panel * k)
+        let bf16 = precision == .bfloat16
+        // bf16: the rounded panel after the fp32 one, in half its bytes.
+        let scratch = DequantizationScratch.shared.take(count: bf16 ? panel * k + (panel * k + 1) / 2 : panel * k)
         defer { DequantizationScratch.shared.give(scratch) }
+        #if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
+        let roundedInput = bf16 ? roundedToBFloat16(x.storage.pointer, rows: rows, columns: k, roundings: inputRoundings) : nil
+        #else
+        let roundedInput: TensorStorage? = nil
+        #endif
+        let source = UnsafeMutableRawPointer(roundedInput?.pointer ?? x.storage.pointer)
+        let multiplied = UnsafeMutableRawPointer(bf16 ? scratch.pointer + panel * k : scratch.pointer)
         for first in stride(from: 0, to: n, by: panel) {
             let width = min(panel, n - first)
             weight.dequantizeRows(first..<(first + width), into: scratch.pointer, path: path)
-            multiplyPanel(x, rows: rows, panel: scratch.pointer, columns: first..<(first + width), activation: activation,
+            #if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
+            if bf16 {
+                roundedToBFloat16(scratch.pointer, rows: width, columns: k, roundings: panelRoundings, into: multiplied)
+            }
+            #endif
+            multiplyPanel(source, rows: rows, panel: multiplied, columns: first..<(first + width), activation: activation,
                           residual: residual, into: output)
         }
+        withExtendedLifetime(roundedInput) {}
     }
 
-    /// `output[:, columns] = epilogue(x · panelᵀ + bias[columns])` for a dequantized panel `[columns.count, k]`.
-    private func multiplyPanel(_ x: Tensor, rows: Int, panel: UnsafeMutablePointer<Float>, columns: Range<Int>,
-                               activation: Activation, residual: Tensor?, into output: Tensor) {
+    /// `output[:, columns] = epilogue(x · panelᵀ + bias[columns])` for a dequantized panel `[columns.count, k]`, both
+    /// operands in the layer's precision.
+    private func multiplyPanel(_ x: UnsafeMutableRawPointer, rows: Int, panel: UnsafeMutableRawPointer,
+                               columns: Range<Int>, activation: Activation, residual: Tensor?, into output: Tensor) {
         let (n, k, width) = (weight.rows, weight.columns, columns.count)
         switch backend {
         #if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
         case .oneDNN:
             let key = Key(rows: rows, panel: width, activation: activation, residual: residual != nil)
             let primitive = primitives.primitive(for: key) {
-                Self.makePrimitive(rows: rows, k: k, n: n, width: width, hasBias: bias != nil, activation: activation,
-                                   residual: residual != nil)
+                Self.makePrimitive(rows: rows, k: k, n: n, width: width, type: precision.dnnlType, hasBias: bias != nil,
+                                   activation: activation, residual: residual != nil)
             }
             var arguments: [(Int32, UnsafeMutableRawPointer)] = [
-                (DNNL_ARG_SRC, x.rawPointer), (DNNL_ARG_WEIGHTS, UnsafeMutableRawPointer(panel)),
+                (DNNL_ARG_SRC, x), (DNNL_ARG_WEIGHTS, panel),
                 (DNNL_ARG_DST, UnsafeMutableRawPointer(output.storage.pointer + columns.lowerBound)),
             ]
             if let bias { arguments.append((DNNL_ARG_BIAS, UnsafeMutableRawPointer(bias.storage.pointer + columns.lowerBound))) }
@@ -159,7 +187,8 @@ final class QuantizedLinear: @unchecked Sendable {
             primitive.execute(arguments)
         #endif
         case .portable:
-            let status = vlm_gemm(rows, width, k, x.storage.pointer, k, panel, k, 1,
+            let status = vlm_gemm(rows, width, k, x.assumingMemoryBound(to: Float.self), k,
+                                  panel.assumingMemoryBound(to: Float.self), k, 1,
                                   output.storage.pointer + columns.lowerBound, n)
             precondition(status == 0, "out of memory for GEMM scratch")
             Self.finish(output.storage.pointer, rows: rows, columns: columns, stride: n, bias: bias,
@@ -169,12 +198,13 @@ final class QuantizedLinear: @unchecked Sendable {
 
     #if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
     /// A matmul of `x [rows, k]` with a row-major `[width, k]` panel (the `[k, width]` operand with strides (1, k)),
-    /// writing columns of the `[rows, n]` output in place; bias, activation and residual are post-ops.
-    private static func makePrimitive(rows: Int, k: Int, n: Int, width: Int, hasBias: Bool, activation: Activation,
-                                      residual: Bool) -> Primitive {
+    /// both of `type`, writing fp32 columns of the `[rows, n]` output in place; bias, activation and residual are
+    /// post-ops.
+    private static func makePrimitive(rows: Int, k: Int, n: Int, width: Int, type: dnnl_data_type_t, hasBias: Bool,
+                                      activation: Activation, residual: Bool) -> Primitive {
         guard let primitive = linearMatmulPrimitive(
-            "quantized Linear matmul [\(rows), \(k)] -> \(width) of \(n)", source: memoryDescriptor([rows, k]),
-            weights: memoryDescriptor([k, width], strides: [1, k]), bias: hasBias ? memoryDescriptor([1, width]) : nil,
+            "quantized Linear matmul [\(rows), \(k)] -> \(width) of \(n)", source: memoryDescriptor([rows, k], type: type),
+            weights: memoryDescriptor([k, width], strides: [1, k], type: type), bias: hasBias ? memoryDescriptor([1, width]) : nil,
             destination: memoryDescriptor([rows, width], strides: [n, 1]), activation: activation, residual: residual) else {
             fatalError("oneDNN has no matmul for a dequantized panel [\(rows), \(k)] -> \(width)")
         }

@@ -77,6 +77,47 @@ private func pathsAndBackends() -> [(path: KernelPath, backend: Backend, packing
         }
     }
 
+    /// Built in bf16, a prompt's products (17 rows: the dequantized panels) multiply the bf16-rounded input and
+    /// dequantized weight, accumulated in fp32; decoding's products (1 row) stay as they are.
+    @Test func bfloat16PromptsMultiplyRoundedOperands() throws {
+        for test in MatmulCase.all where [.q4_K, .q8_0].contains(test.format) {
+            let layer = MatrixPrecision.$forNewLayers.withValue(.bfloat16) {
+                QuantizedLinear(weight: test.matrix, bias: nil, backend: .best)
+            }
+            let fp32 = QuantizedLinear(weight: test.matrix, bias: nil, backend: .best)
+            #expect(fp32.precision == .float32)
+            #expect(layer.precision == MatrixPrecision.bfloat16.available)
+            let (n, k) = (test.matrix.rows, test.matrix.columns)
+            let weight = test.matrix.dequantized().scalars
+            for rows in [1, 17] {
+                let x = test.input(rows: rows)
+                let (output, reference) = (Tensor(uninitialized: [rows, n]), Tensor(uninitialized: [rows, n]))
+                layer.apply(x, rows: rows, activation: .identity, residual: nil, into: output)
+                fp32.apply(x, rows: rows, activation: .identity, residual: nil, into: reference)
+                guard layer.precision == .bfloat16, rows > QuantizedLinear.packedRows else {
+                    #expect(output.scalars == reference.scalars, "\(test.format) rows \(rows): as the fp32 layer")
+                    continue
+                }
+                var worst = 0.0, largestDifference: Float = 0
+                for i in 0..<rows {
+                    for j in 0..<n {
+                        var sum = 0.0, magnitude = 0.0
+                        for c in 0..<k {
+                            let product = MatrixPrecisionTests.bfloat16(test.x[i * k + c]) * MatrixPrecisionTests.bfloat16(weight[j * k + c])
+                            sum += product
+                            magnitude += abs(product)
+                        }
+                        worst = max(worst, abs(Double(output.storage.pointer[i * n + j]) - sum) / (1e-5 * magnitude + 1e-6))
+                        largestDifference = max(largestDifference, abs(output.storage.pointer[i * n + j] - reference.storage.pointer[i * n + j]))
+                    }
+                }
+                #expect(worst <= 1, "\(test.format): error \(worst) tolerances from the bf16-rounded product")
+                // The rounding is real: the fp32 layer's products differ by far more than fp32's own error.
+                #expect(largestDifference > 1e-3, "\(test.format): \(largestDifference)")
+            }
+        }
+    }
+
     @Test func biasActivationAndResidualMatchTheDenseLayer() throws {
         for test in MatmulCase.all where [.q4_1, .q6_K].contains(test.format) {
             let n = test.matrix.rows
