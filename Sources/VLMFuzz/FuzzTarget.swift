@@ -59,10 +59,10 @@ enum FuzzTarget: String, CaseIterable {
                 let directory = try workspace.checkpoint(config: bytes)
                 try FuzzWorkspace.build(ModelRegistry.family(of: ModelDirectory(url: directory)).builder, from: directory)
             case .image:
-                // A few hundred bytes of RLE, CCITT G4 or deflate can declare millions of pixels, which this
-                // unoptimized, instrumented build converts at about half a microsecond each (a 2-megapixel BMP from
-                // 273 bytes took 1.2 s; a release build is tens of times faster): a megapixel at most keeps the hang
-                // check for slowness that is not the picture's size, and refusing at the limit is exercised too.
+                // A few hundred bytes of RLE, CCITT G4 or deflate can declare millions of pixels, each converted
+                // under AddressSanitizer's instrumentation (a 2-megapixel BMP from 273 bytes took 1.2 s unoptimized):
+                // a megapixel at most keeps the hang check for slowness that is not the picture's size, and refusing
+                // at the limit is exercised too.
                 let image = try ImageDecoder.$maxPixels.withValue(1 << 20) { try ImageDecoder.decode(bytes, name: "input") }
                 precondition(image.pixels.count == image.width * image.height * 3, "decoded buffer and size disagree")
             case .chat:
