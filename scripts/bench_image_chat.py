@@ -28,22 +28,13 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import torch
 
+from bench_photo import PROMPT, noise_photo
 from machine import describe, summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_MODEL = os.path.join(ROOT, "models", "llava-onevision-qwen2-0.5b-ov-random")
-PROMPT = "What is in this picture?"
-PHOTO_WIDTH, PHOTO_HEIGHT = 640, 480
-
-
-def noise_photo(path):
-    from PIL import Image
-    pixels = np.random.default_rng(0x5EED).integers(0, 256, (PHOTO_HEIGHT, PHOTO_WIDTH, 3), dtype=np.uint8)
-    Image.fromarray(pixels).save(path)
-    return Image.open(path).convert("RGB")
 
 
 def load_pytorch(directory):
@@ -120,7 +111,8 @@ def main():
     load_before = os.getloadavg()[0]
     machine = describe(args.threads)
     photo_path = os.path.join(ROOT, "models", "bench-photo-640x480.png")
-    photo = noise_photo(photo_path)
+    from PIL import Image
+    photo = Image.open(noise_photo(photo_path)).convert("RGB")
     model, processor = load_pytorch(args.model)
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT}]}]
     text = processor.apply_chat_template(messages, add_generation_prompt=True)
