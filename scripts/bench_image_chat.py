@@ -24,13 +24,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 import torch
 
-from bench_photo import PROMPT, noise_photo
+from image_chat_work import PROMPT, noise_photo, vlm_turn
 from machine import describe, summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -81,17 +80,6 @@ def pytorch_turn(model, inputs, new_tokens):
             "decode_tokens_per_s": (new_tokens - 1) / decode if new_tokens > 1 else None}
 
 
-def vlm_turn(args, photo, dtype):
-    command = [args.vlm, "bench", "--model", args.model, "--image", photo, "--prompt", PROMPT,
-               "--new-tokens", str(args.new_tokens), "--runs", str(args.runs), "--dtype", dtype, "--json"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=args.vlm_timeout)
-    if done.returncode != 0:
-        sys.exit(f"{' '.join(command)} failed: {done.stderr.strip()}")
-    report = json.loads(done.stdout)
-    report["first_token_ms"] = report["image_ms"] + report["first_token_ms"]
-    return report
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=DEFAULT_MODEL)
@@ -128,7 +116,8 @@ def main():
         torch_first = statistics.median(r["first_token_ms"] for r in runs)
         torch_decode = statistics.median(r["decode_tokens_per_s"] for r in runs)
         for dtype in args.dtype:
-            report = vlm_turn(args, photo_path, dtype)
+            report = vlm_turn(args.vlm, ["--model", args.model], photo_path, args.new_tokens, args.runs, dtype,
+                              args.threads, args.vlm_timeout)
             samples[dtype].append(report)
             ratios[dtype]["first_token"].append(report["first_token_ms"] / torch_first)
             ratios[dtype]["decode"].append(report["decode_tokens_per_s"] / torch_decode)

@@ -31,7 +31,7 @@ import subprocess
 import sys
 
 import llama_cpp_tree
-from bench_photo import PROMPT, noise_photo
+from image_chat_work import PROMPT, noise_photo, vlm_turn
 from machine import describe, summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,19 +58,6 @@ def llama_turn(cli, args, photo):
         sys.exit(f"llama-mtmd-cli's prompt eval time ({first_token_ms} ms) no longer includes the image's encoding")
     return {"image_ms": image_ms, "first_token_ms": first_token_ms, "prompt_tokens": int(prompt.group(2)),
             "decode_tokens_per_s": int(steps.group(2)) / (float(steps.group(1)) / 1e3)}
-
-
-def vlm_turn(args, photo, dtype):
-    command = [args.vlm, "bench", "--model", os.path.join(args.pair, "lm-q4_k_m.gguf"),
-               "--mmproj", os.path.join(args.pair, "mmproj-f16.gguf"), "--image", photo, "--prompt", PROMPT,
-               "--new-tokens", str(args.new_tokens), "--runs", str(args.runs), "--dtype", dtype, "--json"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout,
-                          env=dict(os.environ, OMP_NUM_THREADS=str(args.threads)))
-    if done.returncode != 0:
-        sys.exit(f"{' '.join(command)} failed: {done.stderr.strip()}")
-    report = json.loads(done.stdout)
-    report["first_token_ms"] = report["image_ms"] + report["first_token_ms"]
-    return report
 
 
 def main():
@@ -102,7 +89,9 @@ def main():
         llama_first = statistics.median(r["first_token_ms"] for r in runs)
         llama_decode = statistics.median(r["decode_tokens_per_s"] for r in runs)
         for dtype in args.dtype:
-            report = vlm_turn(args, photo, dtype)
+            report = vlm_turn(args.vlm, ["--model", os.path.join(args.pair, "lm-q4_k_m.gguf"), "--mmproj",
+                                         os.path.join(args.pair, "mmproj-f16.gguf")], photo, args.new_tokens,
+                              args.runs, dtype, args.threads, args.timeout)
             samples[dtype].append(report)
             if report["prompt_tokens"] != runs[0]["prompt_tokens"]:
                 sys.exit(f"vlm's prompt has {report['prompt_tokens']} tokens, llama.cpp's {runs[0]['prompt_tokens']}")

@@ -3,10 +3,11 @@
     python scripts/make_vision_checkpoints.py   # once: the full-size random-weight checkpoints
     swift build -c release                                            # for the SwiftVLM rows
     python scripts/bench_vision.py [--models clipseg owlv2 vilt siglip] [--labels 3] [--runs 10] [--rounds 3]
-                                   [--vlm .build/release/vlm] [--json results.json]
+                                   [--vlm-dtype fp32] [--vlm .build/release/vlm] [--json results.json]
 
 Needs onnxruntime and onnxscript beside transformers (a venv layered on the oracle venv will do); without
-onnxruntime the ONNX Runtime rows say so. All engines run fp32 on --threads threads. The work per image is what each
+onnxruntime the ONNX Runtime rows say so. All engines run fp32 on --threads threads, SwiftVLM in --vlm-dtype (bf16:
+its matrix products on the CPU's bf16 units, beside the others' fp32). The work per image is what each
 model's pipeline does once its processor has run (processing is untimed everywhere):
 
 - clipseg (CIDAS/clipseg-rd64-refined): a 640×480 photo of noise and --labels text prompts padded to 77 tokens →
@@ -253,11 +254,11 @@ def interleaved_samples_ms(engines, warmup, runs):
     return samples
 
 
-def vlm_ms_per_image(binary, directory, task, labels, runs, threads, timeout_s):
+def vlm_ms_per_image(binary, directory, task, labels, runs, threads, timeout_s, dtype):
     """`vlm bench`'s ms per image, or the reason it is unavailable."""
     if not os.path.isfile(binary):
         return None, f"no binary at {binary}"
-    command = [binary, "bench", "--model", directory, "--runs", str(runs), "--json"]
+    command = [binary, "bench", "--model", directory, "--runs", str(runs), "--dtype", dtype, "--json"]
     if labels is not None:
         command += ["--labels", str(labels)]
     try:
@@ -313,7 +314,7 @@ def bench_model(name, args):
         result["pytorch_ms"] += samples["PyTorch"]
         result["onnx_ms"] += samples.get("ONNX Runtime", [])
         vlm_ms, vlm_error = vlm_ms_per_image(args.vlm, directory, task, labels, args.runs, args.threads,
-                                             args.vlm_timeout)
+                                             args.vlm_timeout, args.vlm_dtype)
         if vlm_error:
             break
         result["vlm_round_ms"].append(vlm_ms)
@@ -370,6 +371,7 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-onnx", action="store_true", help="leave ONNX Runtime out")
     parser.add_argument("--vlm", default=os.path.join(ROOT, ".build", "release", "vlm"), help="SwiftVLM's binary")
+    parser.add_argument("--vlm-dtype", choices=["fp32", "bf16"], default="fp32", help="SwiftVLM's --dtype")
     parser.add_argument("--vlm-timeout", type=float, default=900, help="seconds one `vlm bench` may take")
     parser.add_argument("--json", help="also write the results, with every timed sample, as JSON to this file")
     args = parser.parse_args()
@@ -386,7 +388,7 @@ def main():
     load_after = os.getloadavg()[0]
 
     print(summary(machine))
-    print(f"fp32, {args.threads} threads; torch {torch.__version__}"
+    print(f"fp32 (SwiftVLM {args.vlm_dtype}), {args.threads} threads; torch {torch.__version__}"
           f"; onnxruntime {onnxruntime_version() or 'not installed'}"
           f"; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}"
           f"; {args.rounds} rounds of {args.runs} timed runs after {args.warmup} warm-up; 1-minute load average "
@@ -405,7 +407,7 @@ def main():
         with open(args.json, "w") as f:
             json.dump({"machine": machine, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
                        "threads": args.threads, "runs": args.runs, "rounds": args.rounds, "warmup": args.warmup,
-                       "labels": args.labels, "load_average_before": load_before,
+                       "labels": args.labels, "vlm_dtype": args.vlm_dtype, "load_average_before": load_before,
                        "load_average_after": load_after, "torch": torch.__version__,
                        "onnxruntime": onnxruntime_version(), "results": results}, f, indent=2)
             f.write("\n")
