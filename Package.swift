@@ -26,6 +26,8 @@ let package = Package(
         .systemLibrary(name: "CTIFF", path: "Sources/CTIFF"),
         .systemLibrary(name: "CLCMS2", path: "Sources/CLCMS2"),
 
+        // libjpeg's own API, for the one question libturbojpeg's cannot answer (see probe.c).
+        .target(name: "CJPEGProbe", linkerSettings: [.linkedLibrary("jpeg", .when(platforms: [.linux]))]),
         // Hand-written AVX-512 kernels (attention, layer norm) with portable fallbacks, and the GEMM of builds
         // without oneDNN (Accelerate on Apple platforms).
         .target(name: "CVLMKernels", linkerSettings: [.linkedFramework("Accelerate", .when(platforms: [.macOS, .iOS]))]),
@@ -38,7 +40,7 @@ let package = Package(
         // The Jinja chat-template interpreter and the strict JSON reader it shares with the tokenizers.
         .target(name: "VLMTemplates"),
         .target(name: "VLMTokenizers", dependencies: ["VLMTemplates"]),
-        .target(name: "VLMImages", dependencies: ["VLMTensor", "CTurboJPEG", "CSPNG", "CWebP", "CZlib", "CTIFF", "CLCMS2"]),
+        .target(name: "VLMImages", dependencies: ["VLMTensor", "CTurboJPEG", "CSPNG", "CWebP", "CZlib", "CTIFF", "CLCMS2", "CJPEGProbe"]),
         .target(name: "VLMModels", dependencies: ["VLMTensor", "VLMCheckpoint", "VLMImages"]),
         .target(name: "VLMPipelines", dependencies: ["VLMTensor", "VLMCheckpoint", "VLMTemplates", "VLMTokenizers", "VLMImages", "VLMModels"]),
         .target(name: "VLMHub"),

@@ -156,6 +156,15 @@ def main():
     at = files["bad-exif-jfif-dpi.jpg"].index(b"\xff\xdb")
     files["bad-exif-jfif-dpi.jpg"] = files["bad-exif-jfif-dpi.jpg"][:at] + app1 + files["bad-exif-jfif-dpi.jpg"][at:]
     files["junk-then-truncated.jpg"] = files["junk-before-marker.jpg"][:-40]  # libjpeg's first warning hides the end
+    # Without the end-of-image marker: Pillow's decoder stops at the last scanline, so a baseline file whose scans are
+    # complete decodes when enough bytes follow them for libjpeg's look-ahead (zeros), and not when the data stops
+    # there or 0xFF fill follows; a progressive file needs the marker; zeros after a cut scan decode as data.
+    progressive = encoded(big, "JPEG", quality=85, progressive=True)
+    files["no-eoi.jpg"] = jpeg[:-2]
+    files["no-eoi-zero-padded.jpg"] = jpeg[:-2] + b"\0" * 16
+    files["no-eoi-ff-padded.jpg"] = jpeg[:-2] + b"\xff" * 16
+    files["progressive-no-eoi-zero-padded.jpg"] = progressive[:-2] + b"\0" * 16
+    files["cut-scan-zero-padded.jpg"] = jpeg[:-200] + b"\0" * 64
     files["exif-prefix-twice.jpg"] = encoded(big, "JPEG", quality=85, exif=b"Exif\0\0" + exif(6))
 
     # GIF, first frame: an animation, a frame smaller than the screen with a transparent index, interlacing, a local

@@ -1,3 +1,4 @@
+import CJPEGProbe
 import CTurboJPEG
 
 /// JPEG through libturbojpeg with libjpeg's defaults (accurate integer IDCT, fancy upsampling), as Pillow decodes.
@@ -40,12 +41,21 @@ enum JPEGDecoding {
                               format.rawValue, 0)
             }
         }
+        // libjpeg reads to the end-of-image marker and warns where the data ends before it. libturbojpeg keeps only
+        // its first warning's message, so an earlier warning would hide that one: look for the marker.
+        let complete = scan.map { scan in
+            data[scan...].indices.contains { $0 + 1 < data.count && data[$0] == 0xFF && data[$0 + 1] == 0xD9 }
+        } ?? false
+        let endsEarly = String(cString: tjGetErrorStr2(handle)).hasPrefix("Premature end of JPEG file")
         // Pillow shrugs off libjpeg's warnings (stray bytes, odd markers) but refuses data that ends early.
-        if status != 0 && !isWarning(handle) { throw failure() }
-        // libjpeg reads to the end-of-image marker; Pillow refuses a file that ends before it. libturbojpeg keeps only
-        // its first warning's message, so an earlier warning would hide "Premature end of JPEG file": look for EOI.
-        guard let scan, data[scan...].indices.contains(where: { $0 + 1 < data.count && data[$0] == 0xFF && data[$0 + 1] == 0xD9 }) else {
-            throw ImageError.corrupt(file: name, format: "JPEG", reason: "Premature end of JPEG file")
+        if status != 0 && !isWarning(handle) && !(endsEarly && !complete) { throw failure() }
+        // Without the marker, Pillow still reads a file whose scanlines all arrive (it stops at the last one), and
+        // refuses one that ends before: libjpeg's own API, reading as Pillow's decoder reads, tells which.
+        if !complete {
+            let scanlines = data.withUnsafeBufferPointer { vlm_jpeg_scanlines_complete($0.baseAddress, $0.count) }
+            guard scan != nil, scanlines == 1 else {
+                throw ImageError.corrupt(file: name, format: "JPEG", reason: "Premature end of JPEG file")
+            }
         }
 
         let rgb: [UInt8]
