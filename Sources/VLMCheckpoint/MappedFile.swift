@@ -14,6 +14,17 @@ final class MappedFile: @unchecked Sendable {
         bytes = UnsafeRawBufferPointer(start: start, count: size)
     }
 
+    /// Gives back the pages under `range`, to be read from the file again if touched. A tensor copied out of the map
+    /// leaves its pages resident in this process until the map goes; a checkpoint read whole into packed layers would
+    /// then count twice against memory. Pages shared with a neighbouring tensor are only faulted in again.
+    func releasePages(_ range: Range<Int>) {
+        let page = Int(sysconf(Int32(_SC_PAGESIZE)))
+        let start = range.lowerBound / page * page
+        let end = min(bytes.count, (range.upperBound + page - 1) / page * page)
+        guard end > start else { return }
+        madvise(UnsafeMutableRawPointer(mutating: bytes.baseAddress! + start), end - start, MADV_DONTNEED)
+    }
+
     deinit {
         munmap(UnsafeMutableRawPointer(mutating: bytes.baseAddress!), bytes.count)
     }

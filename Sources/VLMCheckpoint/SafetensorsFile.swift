@@ -63,7 +63,8 @@ public final class SafetensorsFile: @unchecked Sendable {
     public func info(_ name: String) -> TensorInfo? { infos[name] }
 
     /// A fresh fp32 copy of `name`. F32 is copied; F16 and BF16 are widened exactly. Other dtypes throw
-    /// ``CheckpointError/unsupportedDType(file:tensor:dtype:)``.
+    /// ``CheckpointError/unsupportedDType(file:tensor:dtype:)``. The tensor's pages of the map are given back once
+    /// copied, so a process holds each weight once, in the form its layer keeps.
     public func tensor(_ name: String) throws -> Tensor {
         guard let info = infos[name] else { throw CheckpointError.missingTensor(file: url.path, tensor: name) }
         let source = file.bytes.baseAddress! + info.byteRange.lowerBound
@@ -79,6 +80,7 @@ public final class SafetensorsFile: @unchecked Sendable {
         default:
             throw CheckpointError.unsupportedDType(file: url.path, tensor: name, dtype: info.dtype)
         }
+        file.releasePages(info.byteRange)
         return result
     }
 

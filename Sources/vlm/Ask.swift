@@ -48,10 +48,9 @@ struct Ask: AsyncParsableCommand {
     func run() async throws {
         guard !images.isEmpty else { throw PipelineError.noInputs }
         let source = mmproj == nil ? try await options.directory() : try await options.fileOrDirectory()
-        let pipeline = try precision.building {
-            if let mmproj { VisualQuestionAnsweringPipeline(generator: try ggufPairPipeline(model: source, mmproj: mmproj)) }
-            else { try VisualQuestionAnsweringPipeline(directory: source) }
-        }
+        let pipeline = try mmproj.map { mmproj in
+            try precision.building { VisualQuestionAnsweringPipeline(generator: try ggufPairPipeline(model: source, mmproj: mmproj)) }
+        } ?? precision.building(storedIn: source) { try VisualQuestionAnsweringPipeline(directory: source) }
         let config = try pipeline.generationConfig.map(settings.apply)
         let decoded = try images.map { try ImageDecoder.decode(contentsOf: URL(fileURLWithPath: $0)) }
         let results = try pipeline(decoded, question: question, settings: config, seed: settings.samplerSeed,

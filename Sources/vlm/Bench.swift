@@ -89,9 +89,10 @@ struct Bench: AsyncParsableCommand {
         if case .imageToText = builder {} else if image != nil { throw Self.imageChatOnly }
         // The precision the command that runs this model would pick.
         let requested: MatrixPrecision
-        if case .imageTextDualEncoder = builder {
+        switch builder {
+        case .imageTextDualEncoder, .imageToText:
             requested = try precision.dtype ?? WeightStore(directory: directory.url).defaultMatrixPrecision
-        } else {
+        default:
             requested = precision.dtype ?? .float32
         }
         try MatrixPrecision.$forNewLayers.withValue(requested) { try bench(builder, directory: directory, precision: requested.available) }
@@ -124,7 +125,7 @@ struct Bench: AsyncParsableCommand {
                 }
                 try benchImageTextToText(chat, image: image, prompt: prompt)
             } else {
-                try benchImageToText(pipeline)
+                try benchImageToText(pipeline, precision: precision)
             }
         }
     }
@@ -193,9 +194,10 @@ struct Bench: AsyncParsableCommand {
         let imageMs: Double
         let firstTokenMs: Double
         let decodeTokensPerSecond: Double
+        let dtype: MatrixPrecision
 
         enum CodingKeys: String, CodingKey {
-            case task, imageMs = "image_ms", firstTokenMs = "first_token_ms", decodeTokensPerSecond = "decode_tokens_per_s"
+            case task, imageMs = "image_ms", firstTokenMs = "first_token_ms", decodeTokensPerSecond = "decode_tokens_per_s", dtype
         }
     }
 
@@ -203,7 +205,7 @@ struct Bench: AsyncParsableCommand {
     /// tower and connector: `image_ms`), and a 20-token greedy caption with no stop token, whose first token comes
     /// after the language model's prefill (`first_token_ms`) and the other 19 one step each. Medians of the runs,
     /// after one warm-up run.
-    private func benchImageToText(_ pipeline: ImageToTextPipeline) throws {
+    private func benchImageToText(_ pipeline: ImageToTextPipeline, precision: MatrixPrecision) throws {
         var generator = SeededGenerator(seed: 0x5EED)
         let photo = RGBImage(width: 640, height: 480, pixels: (0..<(640 * 480 * 3)).map { _ in UInt8.random(in: 0...255, using: &generator) })
         let processed = try pipeline.processor.imageProcessor.preprocess([photo])
@@ -233,7 +235,7 @@ struct Bench: AsyncParsableCommand {
             decode.append(times.decode)
         }
         let report = ImageToTextReport(imageMs: image.sorted()[runs / 2], firstTokenMs: firstToken.sorted()[runs / 2],
-                                       decodeTokensPerSecond: decode.sorted()[runs / 2])
+                                       decodeTokensPerSecond: decode.sorted()[runs / 2], dtype: precision)
         if json {
             try printJSON(report)
         } else {

@@ -31,10 +31,8 @@ struct Caption: AsyncParsableCommand {
     func run() async throws {
         guard !images.isEmpty else { throw PipelineError.noInputs }
         let source = mmproj == nil ? try await options.directory() : try await options.fileOrDirectory()
-        let pipeline = try precision.building {
-            if let mmproj { try ggufPairPipeline(model: source, mmproj: mmproj) }
-            else { try ImageToTextPipeline(directory: source, task: .caption) }
-        }
+        let pipeline = try mmproj.map { mmproj in try precision.building { try ggufPairPipeline(model: source, mmproj: mmproj) } }
+            ?? precision.building(storedIn: source) { try ImageToTextPipeline(directory: source, task: .caption) }
         let config = try settings.apply(to: pipeline.config)
         let decoded = try images.map { try ImageDecoder.decode(contentsOf: URL(fileURLWithPath: $0)) }
         let results = try pipeline(decoded, prompt: prompt, settings: config, seed: settings.samplerSeed)

@@ -33,7 +33,7 @@ struct Chat: AsyncParsableCommand {
         }
         let checkpoint = try? ModelDirectory(url: path)
         if let checkpoint, case .imageToText = try ModelRegistry.family(of: checkpoint, for: .chat).builder {
-            let pipeline = try precision.building { try ImageToTextPipeline(directory: path, task: .chat) }
+            let pipeline = try precision.building(storedIn: path) { try ImageToTextPipeline(directory: path, task: .chat) }
             if let chat = try ImageTextToTextPipeline.chatting(with: pipeline, directory: path) {
                 try chatAboutImages(chat)
             } else {

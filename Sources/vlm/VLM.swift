@@ -49,12 +49,20 @@ struct ModelOption: ParsableArguments {
 
 /// `--dtype`: the precision of the linear layers of the model a command builds.
 struct PrecisionOption: ParsableArguments {
-    @Option(help: "Precision of the model's linear layers: fp32; bf16 (weights in bf16, products through the CPU's bf16 instructions); or int8 (dynamic quantization: int8 weights per output channel, activations per token, VNNI products). Norms, softmax and attention stay fp32, and GGUF-quantized matrices keep their formats; a CPU without the instructions runs fp32. Default: for classify, embed, bench and serve of an image-text model, bf16 for a checkpoint stored in bf16, else fp32; fp32 for the rest.")
+    @Option(help: "Precision of the model's linear layers: fp32; bf16 (weights in bf16, products through the CPU's bf16 instructions); or int8 (dynamic quantization: int8 weights per output channel, activations per token, VNNI products). Norms, softmax and attention stay fp32, and GGUF-quantized matrices keep their formats; a CPU without the instructions runs fp32. Default: for classify, embed and serve of an image-text model, and caption, ask, image chat and bench of a checkpoint directory of an image model, bf16 for a checkpoint stored in bf16, else fp32; fp32 for the rest.")
     var dtype: MatrixPrecision?
 
     /// `body`'s model built with `--dtype`'s layers, fp32 when it is not given.
     func building<T>(_ body: () throws -> T) throws -> T {
         try MatrixPrecision.$forNewLayers.withValue(dtype ?? .float32, operation: body)
+    }
+
+    /// `body`'s model built with `--dtype`'s layers, or without it as the checkpoint in `directory` stores its
+    /// weights (``WeightStore/defaultMatrixPrecision``: bf16 for a bf16 checkpoint, as transformers 5 loads one by
+    /// default, `dtype="auto"`; fp32 otherwise).
+    func building<T>(storedIn directory: URL, _ body: () throws -> T) throws -> T {
+        let precision = try dtype ?? WeightStore(directory: directory).defaultMatrixPrecision
+        return try MatrixPrecision.$forNewLayers.withValue(precision, operation: body)
     }
 }
 

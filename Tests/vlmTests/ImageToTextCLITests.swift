@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import VLMTensor
 
 /// `vlm caption`, `vlm ask`, `vlm chat --image` and `vlm bench` on a BLIP-2 checkpoint with a real tokenizer, against
 /// oracle/image_to_text.py; `vlm caption` on a LLaVA-NeXT checkpoint, against oracle/llava_next.py.
@@ -137,6 +138,18 @@ import Testing
         #expect(report["task"] as? String == "image-to-text")
         for key in ["image_ms", "first_token_ms", "decode_tokens_per_s"] {
             #expect((report[key] as? Double ?? 0) > 0, "\(key)")
+        }
+    }
+
+    /// Without --dtype a checkpoint runs as it is stored (bf16 where the CPU multiplies bf16), as transformers 5 loads it.
+    @Test func benchRunsACheckpointInThePrecisionItStores() throws {
+        let bf16 = CLI.fixtures.appendingPathComponent("image-to-text/blip2-t5-bf16").path
+        for (checkpoint, options, dtype) in [(model, [String](), "fp32"), (bf16, [], MatrixPrecision.bfloat16.available.rawValue),
+                                              (bf16, ["--dtype", "fp32"], "fp32")] {
+            let run = try CLI.run(["bench", "--model", checkpoint, "--runs", "1", "--json"] + options)
+            #expect(run.status == 0, "\(run.stderr)")
+            let report = try #require(try CLI.json(run) as? [String: Any])
+            #expect(report["dtype"] as? String == dtype, "\(checkpoint) \(options)")
         }
     }
 
