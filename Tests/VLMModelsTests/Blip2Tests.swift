@@ -77,6 +77,28 @@ struct Blip2Fixture {
         }
     }
 
+    /// bf16 layers (bf16 weights, each layer's input rounded to bf16, fp32 sums) keep the first generated step's
+    /// logits at cosine ≥ 0.999 to fp32's for every prompt, the bound the image-to-text issue sets for bf16 captioning.
+    @Test(arguments: Blip2Fixture.names)
+    func bfloat16LayersKeepTheFirstStepLogitsOfFP32(_ name: String) throws {
+        let fixture = try Blip2Fixture(name)
+        let directory = try ModelDirectory(url: Blip2Fixture.root.appendingPathComponent(name))
+        let bf16 = try MatrixPrecision.$forNewLayers.withValue(.bfloat16) { try Blip2ForConditionalGeneration(directory: directory) }
+        let (ids, mask) = (fixture.expected.input_ids, fixture.expected.attention_mask)
+        let reference = try fixture.model.logits(pixelValues: fixture.pixelValues, inputIds: ids, attentionMask: mask)
+        let lowered = try bf16.logits(pixelValues: fixture.pixelValues, inputIds: ids, attentionMask: mask)
+        #expect(maxAbsDifference(reference, lowered) > 0 || MatrixPrecision.bfloat16.available == .float32, "\(name): bf16 changed nothing")
+        let (length, vocabulary) = (reference.shape[1], reference.shape[2])
+        for row in ids.indices {
+            // Prompts are left-padded: the last position is every row's first step.
+            let start = (row * length + length - 1) * vocabulary
+            let a = Array(reference.scalars[start..<(start + vocabulary)]), b = Array(lowered.scalars[start..<(start + vocabulary)])
+            let dot = zip(a, b).reduce(0) { $0 + Double($1.0) * Double($1.1) }
+            let cosine = dot / (a.reduce(0) { $0 + Double($1) * Double($1) }.squareRoot() * b.reduce(0) { $0 + Double($1) * Double($1) }.squareRoot())
+            #expect(cosine >= 0.999, "\(name) row \(row): cosine \(cosine)")
+        }
+    }
+
     @Test(arguments: Blip2Fixture.names)
     func greedyGenerationMatchesTransformers(_ name: String) throws {
         let fixture = try Blip2Fixture(name)
