@@ -77,6 +77,27 @@ private func pathsAndBackends() -> [(path: KernelPath, backend: Backend, packing
         }
     }
 
+    /// Decoding (one activation row) reads a tall matrix as several streams of groups per thread: the fixture's 37
+    /// rows stacked 17 times (629 rows: 40 groups of 16, the last partial) give its product in every copy.
+    @Test(arguments: QuantizationFormat.allCases)
+    func decodingStreamsEveryGroupOfATallMatrix(format: QuantizationFormat) throws {
+        let test = try #require(MatmulCase.all.first { $0.format == format })
+        let tall = try #require(QuantizedMatrix.stacking(Array(repeating: test.matrix, count: 17)))
+        let weight = test.matrix.dequantized()
+        let (n, copies) = (test.matrix.rows, 17)
+        for backend in Backend.allCases {
+            let layer = QuantizedLinear(weight: tall, bias: nil, backend: backend)
+            let output = Tensor(uninitialized: [1, n * copies])
+            layer.apply(test.input(rows: 1), rows: 1, activation: .identity, residual: nil, into: output, path: .best)
+            var worst = 0.0
+            for j in 0..<(n * copies) {
+                let error = abs(Double(output.storage.pointer[j]) - test.y[j % n])
+                worst = max(worst, error / test.tolerance(row: 0, column: j % n, weight: weight))
+            }
+            #expect(worst <= 1, "\(format) \(backend): error \(worst) tolerances")
+        }
+    }
+
     /// Built in bf16, a prompt's products (17 rows: the dequantized panels) multiply the bf16-rounded input and
     /// dequantized weight, accumulated in fp32; decoding's products (1 row) stay as they are.
     @Test func bfloat16PromptsMultiplyRoundedOperands() throws {
