@@ -106,7 +106,9 @@ final class QuantizedLinear: @unchecked Sendable {
         let destination = UnsafeSendablePointer(pointer: output.storage.pointer)
         let bias = self.bias, residualPointer = residual.map { UnsafeSendablePointer(pointer: $0.storage.pointer) }
         let chunk = Int(VLM_QUANT_MAX_ROWS)
-        parallelRanges(groups, grain: 2) { range in
+        // Ranges of at least 8 groups: a decoding thread reads its range as four streams (quant_packed_avx512.c),
+        // and smaller ranges fell back to one (Qwen2-0.5B Q4_K_M decoding 5% faster than with ranges of 2).
+        parallelRanges(groups, grain: 8) { range in
             for first in stride(from: 0, to: rows, by: chunk) {
                 vlm_quant_packed_matmul(packed.pointer, format, n, k, activations.pointer + first * activationBytes,
                                         min(chunk, rows - first), destination.pointer + first * n, n,
