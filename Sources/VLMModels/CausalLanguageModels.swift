@@ -13,6 +13,11 @@ func equalRowLength(_ rows: [[Int]], _ what: String) throws -> Int {
 
 /// Rows of `table [vocabulary, width]` for token ids `[B][T]`: `[B, T, width]`; an id outside the table is an error.
 func tokenEmbeddings(_ ids: [[Int]], table: Tensor) throws -> Tensor {
+    try tokenEmbeddings(ids, table: .dense(table))
+}
+
+/// The same from a table held in fp32 or in blocks (``WeightMatrix/embeddingTable(_:)``).
+func tokenEmbeddings(_ ids: [[Int]], table: WeightMatrix) throws -> Tensor {
     let length = try equalRowLength(ids, "input ids")
     let (vocabulary, width) = (table.shape[0], table.shape[1])
     for row in ids {
@@ -20,7 +25,7 @@ func tokenEmbeddings(_ ids: [[Int]], table: Tensor) throws -> Tensor {
             throw ModelError.invalidInput("token id \(bad) is outside the vocabulary of \(vocabulary)")
         }
     }
-    return embedding(table, ids: ids.flatMap { $0 }).reshaped([ids.count, length, width])
+    return table.rows(ids.flatMap { $0 }).reshaped([ids.count, length, width])
 }
 
 /// An empty cache of `layers` layers of `width` keys and values per position, refused when it is absurdly large.

@@ -107,7 +107,7 @@ final class OPTDecoderLayer: @unchecked Sendable {
 /// padding at −1), offset by 2 into the learned table; given ones (such as `generate`'s) are offset the same way.
 public final class OPTForCausalLM: CausalLanguageModel, @unchecked Sendable {
     public let config: OPTConfig
-    let embedTokens: Tensor
+    let embedTokens: WeightMatrix
     let embedPositions: Tensor
     let projectIn: Linear?, projectOut: Linear?
     let layers: [OPTDecoderLayer]
@@ -128,7 +128,11 @@ public final class OPTForCausalLM: CausalLanguageModel, @unchecked Sendable {
         self.config = config
         activation = try Activation(huggingFaceName: config.activationFunction, file: file)
         let (width, words) = (config.hiddenSize, config.wordEmbedProjDim)
-        embedTokens = try tensor("embed_tokens.weight", [config.vocabSize, words])
+        // The head first, so that a bf16 table does not live beside its fp32 original while the layers load.
+        (embedTokens, lmHead) = try {
+            let table = try tensor("embed_tokens.weight", [config.vocabSize, words])
+            return (.embeddingTable(table), try Linear(weight: config.tieWordEmbeddings ? table : lmHeadWeight(), bias: nil))
+        }()
         embedPositions = try tensor("embed_positions.weight", [config.maxPositionEmbeddings + Self.positionOffset, width])
         if words != width {
             projectIn = try Linear(weight: tensor("project_in.weight", [width, words]), bias: nil)
@@ -139,7 +143,6 @@ public final class OPTForCausalLM: CausalLanguageModel, @unchecked Sendable {
         layers = try (0..<config.numHiddenLayers).map { try OPTDecoderLayer(config: config, tensor: tensor, prefix: "layers.\($0)") }
         finalNorm = config.doLayerNormBefore && !config.removeFinalLayerNorm
             ? try layerNormParameters(tensor, "final_layer_norm", size: width, affine: config.layerNormElementwiseAffine) : nil
-        lmHead = try Linear(weight: config.tieWordEmbeddings ? embedTokens : lmHeadWeight(), bias: nil)
     }
 
     /// Loads config.json and the safetensors weights of a checkpoint directory whose `model_type` is `opt`, saved

@@ -120,6 +120,16 @@ public final class QuantizedMatrix: @unchecked Sendable {
         owner = buffer
     }
 
+    #if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
+    /// `table` `[rows, columns]` rounded to bf16, in a buffer of its own.
+    convenience init(bfloat16Rounding table: Tensor) throws {
+        let (rows, columns) = (table.shape[0], table.shape[1])
+        let rounded = roundedToBFloat16(table.storage.pointer, rows: rows, columns: columns, roundings: PrimitiveCache<Int>(capacity: 1))
+        try self.init(format: .bf16, rows: rows, columns: columns,
+                      bytes: UnsafeRawBufferPointer(start: rounded.pointer, count: rows * columns * 2), owner: rounded)
+    }
+    #endif
+
     /// The rows of `parts` one after another, still quantized; nil unless all have this format and row length.
     public static func stacking(_ parts: [QuantizedMatrix]) -> QuantizedMatrix? {
         guard let first = parts.first, parts.allSatisfy({ $0.format == first.format && $0.columns == first.columns }) else {
@@ -207,6 +217,20 @@ public enum WeightMatrix: Sendable {
         let quantized = parts.compactMap { if case let .quantized(matrix) = $0 { matrix } else { nil } }
         guard quantized.count == parts.count else { return nil }
         return QuantizedMatrix.stacking(quantized).map(WeightMatrix.quantized)
+    }
+
+    /// An embedding table `[rows, columns]` held as the layers built now hold their weights: in bf16 where
+    /// ``MatrixPrecision/forNewLayers`` runs bf16 here and the rows are whole 32-value blocks (rounded to nearest
+    /// even, as bf16 layers round their weights), otherwise the fp32 tensor itself. A language model's table is as
+    /// large as its head; kept in fp32 beside bf16 layers it would be the largest thing in memory after them.
+    public static func embeddingTable(_ table: Tensor) -> WeightMatrix {
+        #if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
+        guard MatrixPrecision.forNewLayers.available == .bfloat16, table.rank == 2, table.shape[1] % 32 == 0,
+              let matrix = try? QuantizedMatrix(bfloat16Rounding: table) else { return .dense(table) }
+        return .quantized(matrix)
+        #else
+        return .dense(table)
+        #endif
     }
 
     /// Rows `ids` of the matrix as fp32, `[ids.count, columns]` (an embedding lookup).
