@@ -22,6 +22,31 @@ import Testing
         #expect(Self.bfloat16(Float(1 + 0.51 * step)) == 1 + step)
     }
 
+    /// An embedding table beside bf16 layers is held in bf16 (rows of whole 32-value blocks), its rows the table's
+    /// values rounded to nearest even; beside fp32 layers, or with rows of another length, it stays the fp32 tensor.
+    @Test func embeddingTablesFollowTheLayersPrecision() {
+        let values = (0..<(5 * 64)).map { Float(sin(Double($0) * 0.37)) * 3 }
+        let table = Tensor(shape: [5, 64], scalars: values)
+        let lowered = MatrixPrecision.$forNewLayers.withValue(.bfloat16) { WeightMatrix.embeddingTable(table) }
+        if MatrixPrecision.bfloat16.available == .bfloat16 {
+            guard case let .quantized(matrix) = lowered else { Issue.record("a bf16 table stayed fp32"); return }
+            #expect(matrix.format == .bf16)
+        }
+        let rows = lowered.rows([4, 0, 2]).scalars
+        for (index, source) in [4, 0, 2].enumerated() {
+            for column in 0..<64 {
+                let value = values[source * 64 + column]
+                let expected = MatrixPrecision.bfloat16.available == .bfloat16 ? Self.bfloat16(value) : Double(value)
+                #expect(Double(rows[index * 64 + column]) == expected, "row \(source) column \(column)")
+            }
+        }
+        if case .quantized = WeightMatrix.embeddingTable(table) { Issue.record("an fp32 table was lowered") }
+        let narrow = Tensor(shape: [2, 16], scalars: Array(values[0..<32]))
+        if case .quantized = MatrixPrecision.$forNewLayers.withValue(.bfloat16, operation: { WeightMatrix.embeddingTable(narrow) }) {
+            Issue.record("a table with 16-value rows was lowered")
+        }
+    }
+
     @Test func bfloat16LayersMultiplyRoundedOperands() throws {
         let c = try #require(fixtures.cases["linear_gelu_residual"])
         let (weight, bias, x, residual) = (c.input("weight"), c.input("bias"), c.input("x"), c.input("residual"))
