@@ -1,3 +1,4 @@
+import Foundation
 import VLMTensor
 
 /// A decoder-only language model that ``generate(inputIds:attentionMask:config:stoppingCriteria:seed:onStep:)`` can drive:
@@ -38,6 +39,25 @@ extension CausalLanguageModel {
         try logits(inputsEmbeds: embed(inputIds), attentionMask: attentionMask, positionIds: positionIds, cache: cache,
                    lastPositionOnly: lastPositionOnly)
     }
+}
+
+/// What generation shows of its work beyond the tokens: each row's logits for its first new token as the model gives
+/// them, before any logits processor (transformers' `generate(output_logits=True).logits[0]`), in the order rows are
+/// generated; greedy decoding and sampling only. Generation records into ``current``, set around a task's calls:
+/// what observes a generation is the caller's business, not that of every model and pipeline between them.
+public final class GenerationRecorder: @unchecked Sendable {
+    /// The recorder generation writes to in this task, if any.
+    @TaskLocal public static var current: GenerationRecorder?
+
+    private let lock = NSLock()
+    private var firstSteps: [[Float]] = []
+
+    public init() {}
+
+    /// Every first-step logits row recorded so far.
+    public var firstStepLogits: [[Float]] { lock.withLock { firstSteps } }
+
+    func recordFirstStep(_ logits: [Float]) { lock.withLock { firstSteps.append(logits) } }
 }
 
 /// What ``CausalLanguageModel/generate(inputIds:attentionMask:config:stoppingCriteria:seed:onStep:)`` returns.
@@ -186,6 +206,7 @@ extension CausalLanguageModel {
             var tokens = [Int?](repeating: nil, count: rows)
             for row in 0..<rows where !finished[row] {
                 var scores = step.scores(row: row)
+                if index == 0 { GenerationRecorder.current?.recordFirstStep(scores) }
                 for processor in processors { processor.process(&scores, history: histories[row]) }
                 let token = config.doSample ? generator.sample(scores: scores) : argmax(scores)
                 tokens[row] = token

@@ -19,6 +19,9 @@ struct Caption: AsyncParsableCommand {
     @Flag(help: "Print JSON instead of one caption per line.")
     var json = false
 
+    @Option(help: "Also write each image's logits for its first new token, before any logits processor, to this NumPy .npy file (float32, [images, vocabulary]; transformers' generate(output_logits=True).logits[0]). Greedy decoding or sampling; an existing file is not overwritten.")
+    var logits: String?
+
     @Argument(help: "Image files (JPEG, PNG, WebP, GIF, BMP or TIFF).")
     var images: [String]
 
@@ -34,8 +37,23 @@ struct Caption: AsyncParsableCommand {
         let pipeline = try mmproj.map { mmproj in try precision.building { try ggufPairPipeline(model: source, mmproj: mmproj) } }
             ?? precision.building(storedIn: source) { try ImageToTextPipeline(directory: source, task: .caption) }
         let config = try settings.apply(to: pipeline.config)
+        if let logits {
+            guard config.numBeams == 1 else { throw CaptionError.logitsNeedOneBeam }
+            guard !FileManager.default.fileExists(atPath: logits) else { throw CaptionError.exists(logits) }
+        }
         let decoded = try images.map { try ImageDecoder.decode(contentsOf: URL(fileURLWithPath: $0)) }
-        let results = try pipeline(decoded, prompt: prompt, settings: config, seed: settings.samplerSeed)
+        let recorder = GenerationRecorder()
+        let results = try GenerationRecorder.$current.withValue(logits == nil ? nil : recorder) {
+            try pipeline(decoded, prompt: prompt, settings: config, seed: settings.samplerSeed)
+        }
+        if let logits {
+            let rows = recorder.firstStepLogits
+            guard rows.count == images.count, let width = rows.first?.count else {
+                throw CaptionError.logitsMissing(expected: images.count, got: rows.count)
+            }
+            try Data(Tensor(shape: [rows.count, width], scalars: rows.flatMap { $0 }).npyBytes)
+                .write(to: URL(fileURLWithPath: logits), options: .withoutOverwriting)
+        }
         if json {
             try printJSON(zip(images, results).map { Result(image: $0, text: $1.text, ids: $1.ids) })
             return
@@ -48,4 +66,18 @@ struct Caption: AsyncParsableCommand {
 func ggufPairPipeline(model: URL, mmproj: String) throws -> ImageToTextPipeline {
     let chat = try ImageTextToTextPipeline(gguf: model, mmproj: URL(fileURLWithPath: mmproj))
     return ImageToTextPipeline(model: chat.model, processor: chat.processor, config: chat.text.config)
+}
+
+enum CaptionError: Error, CustomStringConvertible {
+    case logitsNeedOneBeam
+    case exists(String)
+    case logitsMissing(expected: Int, got: Int)
+
+    var description: String {
+        switch self {
+        case .logitsNeedOneBeam: "--logits needs greedy decoding or sampling (--num-beams 1)"
+        case .exists(let path): "\(path) exists; remove it first, --logits does not overwrite"
+        case let .logitsMissing(expected, got): "--logits: generation gave first-step logits for \(got) of \(expected) images"
+        }
+    }
 }

@@ -131,6 +131,32 @@ import VLMTensor
         #expect(wrong.status == 1 && wrong.stderr.contains("it runs with vlm caption, vlm ask, vlm chat"))
     }
 
+    /// --logits writes each image's first-step logits as float32 .npy `[images, vocabulary]`; each row's best token
+    /// is the first token transformers generated for that image.
+    @Test func captionWritesTheFirstStepLogits() throws {
+        let requests = try expected.requests.filter { $0.prompt == nil }
+        let file = FileManager.default.temporaryDirectory.appendingPathComponent("vlm-logits-\(UUID().uuidString).npy")
+        defer { try? FileManager.default.removeItem(at: file) }
+        let arguments = ["caption"] + requests.map { photo($0.image) } + ["--model", model, "--max-new-tokens", "2", "--logits", file.path]
+        let run = try CLI.run(arguments)
+        #expect(run.status == 0, "\(run.stderr)")
+        let bytes = [UInt8](try Data(contentsOf: file))
+        #expect(Array(bytes[0..<8]) == [0x93] + Array("NUMPY".utf8) + [1, 0])
+        let headerLength = Int(bytes[8]) | Int(bytes[9]) << 8
+        let header = String(decoding: bytes[10..<(10 + headerLength)], as: UTF8.self)
+        let values = bytes[(10 + headerLength)...].withUnsafeBytes { Array($0.bindMemory(to: Float.self)) }
+        let vocabulary = values.count / requests.count
+        #expect(header.contains("'descr': '<f4'") && header.contains("'shape': (\(requests.count), \(vocabulary))"), "\(header)")
+        for (index, request) in requests.enumerated() {
+            let row = values[(index * vocabulary)..<((index + 1) * vocabulary)]
+            #expect(row.indices.max { row[$0] < row[$1] }.map { $0 - index * vocabulary } == request.greedy.ids.first)
+        }
+        let again = try CLI.run(arguments)
+        #expect(again.status == 1 && again.stderr.contains("exists"), "\(again.stderr)")
+        let beams = try CLI.run(["caption", photo(requests[0].image), "--model", model, "--num-beams", "3", "--logits", file.path + "2"])
+        #expect(beams.status == 1 && beams.stderr.contains("--num-beams 1"), "\(beams.stderr)")
+    }
+
     @Test func benchReportsImageFirstTokenAndDecodeTimes() throws {
         let run = try CLI.run(["bench", "--model", model, "--runs", "1", "--json"])
         #expect(run.status == 0, "\(run.stderr)")
