@@ -315,13 +315,18 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
         activation = try Activation(huggingFaceName: config.hiddenAct, file: file)
         inverseFrequencies = try config.rope.inverseFrequencies(headDim: config.headDim, maxPositionEmbeddings: config.maxPositionEmbeddings,
                                                                 file: file)
-        embedTokens = try matrix("model.embed_tokens.weight", [config.vocabSize, config.hiddenSize])
+        // The head first, so that a bf16 table does not live beside its fp32 original while the layers load.
+        (embedTokens, lmHead) = try {
+            let table = try matrix("model.embed_tokens.weight", [config.vocabSize, config.hiddenSize])
+            let head = try Linear(weight: config.tieWordEmbeddings ? table
+                                      : matrix("lm_head.weight", [config.vocabSize, config.hiddenSize]), bias: nil)
+            guard case let .dense(fp32) = table else { return (table, head) }
+            return (.embeddingTable(fp32), head)
+        }()
         layers = try (0..<config.numHiddenLayers).map {
             try LlamaDecoderLayer(config: config, tensor: tensor, matrix: matrix, prefix: "model.layers.\($0)")
         }
         norm = try tensor("model.norm.weight", [config.hiddenSize])
-        lmHead = try Linear(weight: config.tieWordEmbeddings ? embedTokens
-                                : matrix("lm_head.weight", [config.vocabSize, config.hiddenSize]), bias: nil)
     }
 
     /// Loads config.json and the safetensors weights of a checkpoint directory whose `model_type` is `llama`,
