@@ -22,9 +22,9 @@ A directory that already holds a complete checkpoint is left alone, so the scrip
 """
 import argparse
 import os
-import shutil
 import sys
-import tempfile
+
+from checkpoint_dirs import write_once
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = os.path.join(ROOT, "models")
@@ -86,29 +86,19 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     import torch
-    os.makedirs(MODELS, exist_ok=True)
+
+    def write(name, staging):
+        torch.manual_seed(args.seed)
+        model, processor = builders()[name]()
+        # Shards of 2 GB: safetensors copies a shard's tensors into one buffer before writing it.
+        model.save_pretrained(staging, max_shard_size="2GB")
+        model.generation_config.save_pretrained(staging)
+        processor.save_pretrained(staging)
+        parameters = sum(p.numel() for p in model.parameters())
+        print(f"{name}: {parameters / 1e9:.2f} B parameters, {next(model.parameters()).dtype}")
+
     for name in args.only:
-        out = os.path.join(MODELS, name)
-        if os.path.exists(os.path.join(out, "model.safetensors.index.json")) or os.path.exists(
-                os.path.join(out, "model.safetensors")):
-            print(f"{out}: already written")
-            continue
-        # Written beside its final place and renamed, so an interrupted run leaves no half checkpoint.
-        staging = tempfile.mkdtemp(prefix=name + ".", dir=MODELS)
-        try:
-            torch.manual_seed(args.seed)
-            model, processor = builders()[name]()
-            # Shards of 2 GB: safetensors copies a shard's tensors into one buffer before writing it.
-            model.save_pretrained(staging, max_shard_size="2GB")
-            model.generation_config.save_pretrained(staging)
-            processor.save_pretrained(staging)
-            parameters = sum(p.numel() for p in model.parameters())
-            print(f"{name}: {parameters / 1e9:.2f} B parameters, {next(model.parameters()).dtype}")
-            del model
-            os.rename(staging, out)
-            os.chmod(out, 0o755)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+        write_once(os.path.join(MODELS, name), lambda staging: write(name, staging))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ import json
 import os
 import shutil
 import sys
-import tempfile
+
+from checkpoint_dirs import write_once
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = os.path.join(ROOT, "models")
@@ -70,20 +71,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    out = os.path.join(MODELS, NAME)
-    if os.path.exists(os.path.join(out, "model.safetensors.index.json")) or os.path.exists(
-            os.path.join(out, "model.safetensors")):
-        print(f"{out}: already written")
-        return
-    os.makedirs(MODELS, exist_ok=True)
-    # Written beside its final place and renamed, so an interrupted run leaves no half checkpoint.
-    staging = tempfile.mkdtemp(prefix=NAME + ".", dir=MODELS)
-    try:
-        write(staging, args.seed)
-        os.rename(staging, out)
-        os.chmod(out, 0o755)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    write_once(os.path.join(MODELS, NAME), lambda staging: write(staging, args.seed))
 
 
 if __name__ == "__main__":
