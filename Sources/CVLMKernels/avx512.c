@@ -73,6 +73,12 @@ AVX512_INLINE void prefetch_row(const float *row, ptrdiff_t count) {
         _mm_prefetch((const char *)(row + offset), _MM_HINT_T0);
 }
 
+/// The same into L2: values asked for while the scores are computed, a whole pass before they are read.
+AVX512_INLINE void prefetch_row_to_l2(const float *row, ptrdiff_t count) {
+    for (ptrdiff_t offset = 0; offset < count; offset += 64 / (ptrdiff_t)sizeof(float))
+        _mm_prefetch((const char *)(row + offset), _MM_HINT_T1);
+}
+
 /// out_r[c0 ..] = Σ_j p_r[j] · v_j[c0 ..] over `keys` keys, for `vectors` vectors of 16 features, the last one
 /// masked by `last`. With `rescale`, the sum adds to out_r[c0 ..]·rescale[r] instead of replacing it.
 AVX512_INLINE void values_tile(const int rows_in_block, const int vectors, const float *probabilities,
@@ -195,12 +201,14 @@ AVX512 static ptrdiff_t softmax_row(float *row, ptrdiff_t visible, ptrdiff_t key
 /// Scores of a few query rows against keys read where they lie. Packing kᵀ costs a gather per key feature, which
 /// only many query rows repay; a decoding step has one.
 AVX512 static void scores_unpacked(int rows, const float *const *q, ptrdiff_t head_dim, const float *key,
-                                   ptrdiff_t key_stride, ptrdiff_t keys, float *scores, ptrdiff_t packed_width) {
+                                   ptrdiff_t key_stride, ptrdiff_t keys, float *scores, ptrdiff_t packed_width,
+                                   const float *value, ptrdiff_t value_stride) {
     const ptrdiff_t full = head_dim / LANES * LANES;
     const __mmask16 tail = tail_mask(head_dim - full);
     for (ptrdiff_t j = 0; j < keys; j++) {
         const float *k = key + j * key_stride;
         prefetch_row(k + PREFETCH_ROWS * key_stride, head_dim);
+        prefetch_row_to_l2(value + j * value_stride, head_dim);
         for (int r = 0; r < rows; r++) {
             __m512 acc = _mm512_setzero_ps();
             for (ptrdiff_t c = 0; c < full; c += LANES)
@@ -288,7 +296,8 @@ AVX512 int vlm_attention_avx512(const vlm_attention_problem *p) {
             // Causal visibility grows with the row, so the block's last row sees the most keys.
             const ptrdiff_t block_keys = visible[rows_in_block - 1];
             if (!packed)
-                scores_unpacked(rows_in_block, q, d, p->key + h * d, p->key_stride, block_keys, scores, packed_width);
+                scores_unpacked(rows_in_block, q, d, p->key + h * d, p->key_stride, block_keys, scores, packed_width, v,
+                                p->value_stride);
             for (ptrdiff_t j0 = 0; packed && j0 < block_keys; j0 += MAX_VECTORS * LANES) {
                 ptrdiff_t remaining = (block_keys - j0 + LANES - 1) / LANES;
                 int vectors = (int)(remaining < MAX_VECTORS ? remaining : MAX_VECTORS);
@@ -459,7 +468,7 @@ AVX512 int vlm_attention_partial_avx512(const vlm_attention_problem *p, ptrdiff_
             q[r] = p->query + (i0 + r) * p->query_stride;
             out[r] = outputs + (i0 + r) * d;
         }
-        scores_unpacked(rows, q, d, key, p->key_stride, key_count, scores, width);
+        scores_unpacked(rows, q, d, key, p->key_stride, key_count, scores, width, value, p->value_stride);
         for (int r = 0; r < rows; r++) {
             maxima[i0 + r] = scale_scores(scores + r * width, key_count, p->scale, NULL);
             sums[i0 + r] = exponentiate_scores(scores + r * width, key_count, maxima[i0 + r]);
