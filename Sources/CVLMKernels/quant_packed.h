@@ -29,9 +29,6 @@ int vlm_quant_packed_layout(vlm_quant_format format, ptrdiff_t columns, vlm_quan
 // Software prefetching for the packed products, which stream every byte of a matrix once per decoding step. The
 // hardware prefetchers alone leave a thread at about 2/3 of the bandwidth it can draw (measured on Intel and AMD).
 
-/// How many places of a matrix one core streams from at once when decoding (see group_product).
-enum { VLM_QUANT_STREAMS = 4 };
-
 /// Bytes ahead of the block being read. Past the matrix's end prefetches are dropped harmlessly.
 enum { VLM_QUANT_PREFETCH_DISTANCE = 8192 };
 

@@ -182,6 +182,10 @@ void vlm_quant_packed_matmul(const void *packed, vlm_quant_format format, ptrdif
                              const void *activations, ptrdiff_t m, float *y, ptrdiff_t y_stride,
                              ptrdiff_t first_group, ptrdiff_t groups);
 
+/// How many places of a matrix one core streams from at once in a decoding product (m = 1): its groups split into
+/// that many parts read side by side, the groups that do not divide among them one at a time after.
+enum { VLM_QUANT_STREAMS = 4 };
+
 /// The work of one index of vlm_parallel_for.
 typedef void (*vlm_parallel_body)(void *context, ptrdiff_t index);
 
