@@ -246,7 +246,8 @@ struct DecodingState<Model: CausalLanguageModel> {
     let cache: KVCache
     var mask: [[Int]]
     var positions: [[Int]]
-    private var logits: [Float]
+    /// `[rows, 1, vocabulary]`, as the model returned them: copied out once, a row at a time, by `scores(row:)`.
+    private var logits: Tensor
 
     /// Runs the prompt: all of it into a new cache of `capacity` positions, or, given `cache`, the positions after
     /// those it holds (the prompt's embeddings are then just those).
@@ -263,13 +264,14 @@ struct DecodingState<Model: CausalLanguageModel> {
         }
         self.cache = try cache ?? model.makeCache(batch: rows, capacity: capacity)
         logits = try model.logits(inputsEmbeds: prompt.embeds, attentionMask: mask, positionIds: positions, cache: self.cache,
-                                  lastPositionOnly: true).scalars
+                                  lastPositionOnly: true)
     }
 
     /// Row `row`'s next-token logits.
     func scores(row: Int) -> [Float] {
         let size = model.vocabularySize
-        return Array(logits[(row * size)..<((row + 1) * size)])
+        precondition(row >= 0 && (row + 1) * size <= logits.count, "no logits for row \(row)")
+        return Array(UnsafeBufferPointer(start: logits.storage.pointer + row * size, count: size))
     }
 
     /// Feeds one token per row.
@@ -278,15 +280,17 @@ struct DecodingState<Model: CausalLanguageModel> {
             mask[row].append(1)
             positions[row] = [(positions[row].last ?? -1) + 1]
         }
-        logits = try model.logits(inputIds: tokens.map { [$0] }, attentionMask: mask, positionIds: positions, cache: cache).scalars
+        logits = try model.logits(inputIds: tokens.map { [$0] }, attentionMask: mask, positionIds: positions, cache: cache)
     }
 }
 
 /// The first index of the largest score (torch's `argmax`).
 func argmax(_ scores: [Float]) -> Int {
-    var best = 0
-    for index in scores.indices where scores[index] > scores[best] { best = index }
-    return best
+    scores.withUnsafeBufferPointer { scores in
+        var best = 0
+        for index in scores.indices where scores[index] > scores[best] { best = index }
+        return best
+    }
 }
 
 /// Each row of `x [B, …]` repeated `count` times in place (torch's `repeat_interleave(count, dim=0)`).
