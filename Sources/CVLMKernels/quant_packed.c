@@ -1,4 +1,6 @@
+#include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "quant_internal.h"
@@ -194,4 +196,33 @@ void vlm_quant_packed_matmul(const void *packed, vlm_quant_format format, ptrdif
 #else
     (void)packed, (void)rows, (void)activations, (void)y, (void)y_stride, (void)first_group;
 #endif
+}
+
+static atomic_uint_fast64_t call_tokens = 1;
+
+uint64_t vlm_quant_call_token(void) { return atomic_fetch_add_explicit(&call_tokens, 1, memory_order_relaxed); }
+
+/// This thread's fixed-point copy of the row of the product with token `call`, kept for the thread's life.
+static _Thread_local struct {
+    uint64_t call;
+    void *activation;
+    ptrdiff_t capacity;
+} thread_row;
+
+int vlm_quant_packed_matvec(const void *packed, vlm_quant_format format, ptrdiff_t rows, ptrdiff_t columns,
+                            const float *x, uint64_t call, float *y, ptrdiff_t first_group, ptrdiff_t groups) {
+    const ptrdiff_t bytes = vlm_quant_activation_size(columns);
+    if (thread_row.call != call || thread_row.activation == NULL) {
+        if (bytes > thread_row.capacity) {
+            void *grown = aligned_alloc(64, (size_t)(bytes + 63) / 64 * 64);
+            if (!grown) return -1;
+            free(thread_row.activation);
+            thread_row.activation = grown;
+            thread_row.capacity = bytes;
+        }
+        vlm_quant_activation(x, columns, thread_row.activation);
+        thread_row.call = call;
+    }
+    vlm_quant_packed_matmul(packed, format, rows, columns, thread_row.activation, 1, y, rows, first_group, groups);
+    return 0;
 }

@@ -93,35 +93,52 @@ final class QuantizedLinear: @unchecked Sendable {
         }
     }
 
+    /// A decoding thread reads its range as VLM_QUANT_STREAMS streams (quant_packed_avx512.c), so ranges are claimed
+    /// in whole sets of that many groups: what does not divide among the streams runs one group at a time, more
+    /// slowly. At least two sets a range (smaller ranges fell back to one stream: Qwen2-0.5B Q4_K_M decoding 5%
+    /// faster than with ranges of 2 groups).
     private func applyPacked(_ packed: OwnedBytes, _ x: Tensor, rows: Int, activation: Activation, residual: Tensor?,
                              into output: Tensor) {
         let (n, k) = (weight.rows, weight.columns)
         let format = weight.format.kernelFormat
-        let activationBytes = vlm_quant_activation_size(k)
-        let activations = OwnedBytes(count: rows * activationBytes)
-        for row in 0..<rows {
-            vlm_quant_activation(x.storage.pointer + row * k, k, activations.pointer + row * activationBytes)
-        }
         let groups = (n + 15) / 16
         let destination = UnsafeSendablePointer(pointer: output.storage.pointer)
         let bias = self.bias, residualPointer = residual.map { UnsafeSendablePointer(pointer: $0.storage.pointer) }
-        let chunk = Int(VLM_QUANT_MAX_ROWS)
-        // A decoding thread reads its range as VLM_QUANT_STREAMS streams (quant_packed_avx512.c), so ranges are
-        // claimed in whole sets of that many groups: what does not divide among the streams runs one group at a
-        // time, more slowly. At least two sets a range (smaller ranges fell back to one stream: Qwen2-0.5B Q4_K_M
-        // decoding 5% faster than with ranges of 2 groups).
+        let product: @Sendable (Range<Int>) -> Void
+        var activations: OwnedBytes?
+        if rows == 1 {
+            // Decoding: each thread writes the row in fixed point itself as it joins, rather than all of them
+            // waiting while one does.
+            let input = UnsafeSendablePointer(pointer: x.storage.pointer), call = vlm_quant_call_token()
+            product = { range in
+                precondition(vlm_quant_packed_matvec(packed.pointer, format, n, k, input.pointer, call, destination.pointer,
+                                                     range.lowerBound, range.count) == 0,
+                             "out of memory for a decoding product's activations")
+            }
+        } else {
+            let activationBytes = vlm_quant_activation_size(k)
+            let buffer = OwnedBytes(count: rows * activationBytes)
+            for row in 0..<rows {
+                vlm_quant_activation(x.storage.pointer + row * k, k, buffer.pointer + row * activationBytes)
+            }
+            let chunk = Int(VLM_QUANT_MAX_ROWS)
+            product = { range in
+                for first in stride(from: 0, to: rows, by: chunk) {
+                    vlm_quant_packed_matmul(packed.pointer, format, n, k, buffer.pointer + first * activationBytes,
+                                            min(chunk, rows - first), destination.pointer + first * n, n,
+                                            range.lowerBound, range.count)
+                }
+            }
+            activations = buffer
+        }
         let streams = Int(VLM_QUANT_STREAMS)
         parallelRanges((groups + streams - 1) / streams, grain: 2) { sets in
             let range = (sets.lowerBound * streams)..<min(groups, sets.upperBound * streams)
-            for first in stride(from: 0, to: rows, by: chunk) {
-                vlm_quant_packed_matmul(packed.pointer, format, n, k, activations.pointer + first * activationBytes,
-                                        min(chunk, rows - first), destination.pointer + first * n, n,
-                                        range.lowerBound, range.count)
-            }
+            product(range)
             Self.finish(destination.pointer, rows: rows, columns: (16 * range.lowerBound)..<min(n, 16 * range.upperBound),
                         stride: n, bias: bias, activation: activation, residual: residualPointer?.pointer)
         }
-        withExtendedLifetime((packed, activations)) {}
+        withExtendedLifetime((packed, x, activations)) {}
     }
 
     /// Adds the bias, applies the activation and adds the residual on `columns` of `rows` rows.

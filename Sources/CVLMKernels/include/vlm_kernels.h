@@ -7,6 +7,7 @@
 // and a portable one; both match PyTorch's fp32 results within about 1e-6.
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -181,6 +182,16 @@ void vlm_quant_activation(const float *x, ptrdiff_t columns, void *activation);
 void vlm_quant_packed_matmul(const void *packed, vlm_quant_format format, ptrdiff_t rows, ptrdiff_t columns,
                              const void *activations, ptrdiff_t m, float *y, ptrdiff_t y_stride,
                              ptrdiff_t first_group, ptrdiff_t groups);
+
+/// A token for vlm_quant_packed_matvec, different on every call in the process.
+uint64_t vlm_quant_call_token(void);
+
+/// vlm_quant_packed_matmul for one fp32 row `x` (decoding): each thread that takes part in the product writes `x` in
+/// fixed point itself, once per `call` (a vlm_quant_call_token; the same for every part of one product), into a
+/// buffer of its own, so no thread waits for another to have done it. Returns 0, or -1 when that buffer cannot be
+/// allocated. Only where vlm_quant_packed_supported().
+int vlm_quant_packed_matvec(const void *packed, vlm_quant_format format, ptrdiff_t rows, ptrdiff_t columns,
+                            const float *x, uint64_t call, float *y, ptrdiff_t first_group, ptrdiff_t groups);
 
 /// How many places of a matrix one core streams from at once in a decoding product (m = 1): its groups split into
 /// that many parts read side by side, the groups that do not divide among them one at a time after.
