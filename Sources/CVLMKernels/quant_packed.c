@@ -17,19 +17,21 @@ int vlm_quant_packed_layout(vlm_quant_format format, ptrdiff_t columns, vlm_quan
     case VLM_QUANT_Q5_0: l.nibbles = 1, l.high_bits = 1, l.offset = 16; break;
     case VLM_QUANT_Q5_1: l.nibbles = 1, l.high_bits = 1, l.has_minimum = 1; break;
     case VLM_QUANT_Q8_0: l.offset = 128; break;
-    case VLM_QUANT_Q4_K: l.nibbles = 1, l.has_minimum = 1, l.float_scales = 1; break;
-    case VLM_QUANT_Q5_K: l.nibbles = 1, l.high_bits = 1, l.has_minimum = 1, l.float_scales = 1; break;
-    case VLM_QUANT_Q6_K: l.nibbles = 1, l.high_bits = 2, l.offset = 32, l.float_scales = 1, l.half_scales = 1; break;
+    case VLM_QUANT_Q4_K: l.nibbles = 1, l.has_minimum = 1, l.super_scales = 1; break;
+    case VLM_QUANT_Q5_K: l.nibbles = 1, l.high_bits = 1, l.has_minimum = 1, l.super_scales = 1; break;
+    case VLM_QUANT_Q6_K: l.nibbles = 1, l.high_bits = 2, l.offset = 32, l.super_scales = 1, l.half_scales = 1; break;
     default: return -1;
     }
-    const ptrdiff_t block_elements = l.float_scales ? 256 : 32;
+    const ptrdiff_t block_elements = l.super_scales ? 256 : 32;
     if (columns <= 0 || columns % block_elements != 0) return -1;
     l.blocks = columns / 32;
     l.value_bytes = l.nibbles ? 256 + 64 * l.high_bits : 512;
-    l.scale_bytes = l.half_scales ? 128 : l.float_scales ? 64 : 32;
+    l.scale_bytes = l.half_scales ? 32 : l.super_scales ? 16 : 32;
     l.scales_offset = l.blocks * l.value_bytes;
     l.minimums_offset = l.scales_offset + l.blocks * l.scale_bytes;
-    ptrdiff_t bytes = l.minimums_offset + (l.has_minimum ? l.blocks * l.scale_bytes : 0);
+    l.supers_offset = l.minimums_offset + (l.has_minimum ? l.blocks * l.scale_bytes : 0);
+    l.super_bytes = l.super_scales ? (l.has_minimum ? 64 : 32) : 0;
+    const ptrdiff_t bytes = l.supers_offset + l.blocks / 8 * l.super_bytes;
     l.group_bytes = (bytes + 63) / 64 * 64;
     *layout = l;
     return 0;
@@ -52,11 +54,17 @@ ptrdiff_t vlm_quant_packed_size(vlm_quant_format format, ptrdiff_t rows, ptrdiff
     return (rows + 15) / 16 * layout.group_bytes;
 }
 
-/// Stores `value` as row `lane`'s entry of block `b`'s fp32 scales (`offset` = scales_offset or minimums_offset),
-/// in the first or second half-block set where there is one per half.
-static void store_float(uint8_t *group, const vlm_quant_packed_layout_t *layout, ptrdiff_t offset, ptrdiff_t b,
-                        int half, int lane, float value) {
-    memcpy(group + offset + layout->scale_bytes * b + 64 * half + 4 * lane, &value, 4);
+/// Stores `value` as row `lane`'s 8-bit entry of block `b`'s sub-block scales (`offset` = scales_offset or
+/// minimums_offset), in the first or second half-block set where there is one per half.
+static void store_byte(uint8_t *group, const vlm_quant_packed_layout_t *layout, ptrdiff_t offset, ptrdiff_t b,
+                       int half, int lane, uint8_t value) {
+    group[offset + layout->scale_bytes * b + 16 * half + lane] = value;
+}
+
+/// Stores row `lane`'s fp16 d (`which` 0) or dmin (1) of super-block `super` as the bytes the file holds.
+static void store_super(uint8_t *group, const vlm_quant_packed_layout_t *layout, ptrdiff_t super, int which, int lane,
+                        const uint8_t *half) {
+    memcpy(group + layout->supers_offset + layout->super_bytes * super + 32 * which + 2 * lane, half, 2);
 }
 
 /// Row `lane`'s unsigned value `value` for element `i` of block `b`. In nibble layouts the chunk j = i % 16 / 4
@@ -80,32 +88,32 @@ static void store_value(uint8_t *group, const vlm_quant_packed_layout_t *layout,
     }
 }
 
-/// One row of a K-quant matrix into lane `lane` of its group: per 32-element block the exact fp32 scales (and
-/// negated minimums) that ggml's dequantization multiplies by, and the unsigned values.
+/// One row of a K-quant matrix into lane `lane` of its group: per super-block its fp16 d (and dmin) as stored, per
+/// 32-element block the 8-bit sub-block scales (Q6_K: signed, one per 16 elements) and minimums, and the unsigned
+/// values. Six-bit scales take a byte each, so a packed super-block is at most 3% larger than the stored one.
 static void pack_k_row(const vlm_quant_matrix *matrix, const vlm_quant_packed_layout_t *layout, const uint8_t *source,
                        uint8_t *group, int lane) {
     for (ptrdiff_t super = 0; super < matrix->columns / 256; super++) {
         const ptrdiff_t first = 8 * super;
         if (matrix->format == VLM_QUANT_Q6_K) {
             const uint8_t *block = source + 210 * super;
-            const int8_t *scales = (const int8_t *)(block + 192);
-            const float d = vlm_half_to_float((uint16_t)(block[208] | block[209] << 8));
+            store_super(group, layout, super, 0, lane, block + 208);
             for (int sub = 0; sub < 16; sub++)
-                store_float(group, layout, layout->scales_offset, first + sub / 2, sub % 2, lane, d * (float)scales[sub]);
+                store_byte(group, layout, layout->scales_offset, first + sub / 2, sub % 2, lane, block[192 + sub]);
             for (int e = 0; e < 256; e++)
                 store_value(group, layout, first + e / 32, lane, e % 32, (uint8_t)vlm_q6_k_value(block, e));
             continue;
         }
         const int five_bits = matrix->format == VLM_QUANT_Q5_K;
         const uint8_t *block = source + (five_bits ? 176 : 144) * super;
-        const float d = vlm_half_to_float((uint16_t)(block[0] | block[1] << 8));
-        const float dmin = vlm_half_to_float((uint16_t)(block[2] | block[3] << 8));
+        store_super(group, layout, super, 0, lane, block);
+        store_super(group, layout, super, 1, lane, block + 2);
         const uint8_t *scales = block + 4, *high = block + 16, *q = block + (five_bits ? 48 : 16);
         for (int sub = 0; sub < 8; sub++) {
             uint8_t scale, minimum;
             vlm_k_scale_min(scales, sub, &scale, &minimum);
-            store_float(group, layout, layout->scales_offset, first + sub, 0, lane, d * (float)scale);
-            store_float(group, layout, layout->minimums_offset, first + sub, 0, lane, -(dmin * (float)minimum));
+            store_byte(group, layout, layout->scales_offset, first + sub, 0, lane, scale);
+            store_byte(group, layout, layout->minimums_offset, first + sub, 0, lane, minimum);
             for (int l = 0; l < 32; l++)
                 store_value(group, layout, first + sub, lane, l, (uint8_t)vlm_qk_value(q, five_bits ? high : NULL, sub, l));
         }
@@ -117,11 +125,11 @@ void vlm_quant_pack(const vlm_quant_matrix *matrix, void *packed) {
     if (vlm_quant_packed_layout(matrix->format, matrix->columns, &layout) != 0) return;
     const ptrdiff_t groups = (matrix->rows + 15) / 16;
     memset(packed, 0, (size_t)(groups * layout.group_bytes));
-    for (ptrdiff_t row = 0; row < matrix->rows && layout.float_scales; row++) {
+    for (ptrdiff_t row = 0; row < matrix->rows && layout.super_scales; row++) {
         pack_k_row(matrix, &layout, (const uint8_t *)matrix->data + row * matrix->row_bytes,
                    (uint8_t *)packed + row / 16 * layout.group_bytes, (int)(row % 16));
     }
-    for (ptrdiff_t row = 0; row < matrix->rows && !layout.float_scales; row++) {
+    for (ptrdiff_t row = 0; row < matrix->rows && !layout.super_scales; row++) {
         uint8_t *group = (uint8_t *)packed + row / 16 * layout.group_bytes;
         const int lane = (int)(row % 16);
         const uint8_t *source = (const uint8_t *)matrix->data + row * matrix->row_bytes;
@@ -178,13 +186,14 @@ void vlm_quant_activation(const float *x, ptrdiff_t columns, void *activation) {
 
 void vlm_quant_packed_matmul(const void *packed, vlm_quant_format format, ptrdiff_t rows, ptrdiff_t columns,
                              const void *activations, ptrdiff_t m, float *y, ptrdiff_t y_stride,
-                             ptrdiff_t first_group, ptrdiff_t groups) {
+                             ptrdiff_t first_group, ptrdiff_t groups, vlm_kernel_isa isa) {
     vlm_quant_packed_layout_t layout;
     if (m <= 0 || m > VLM_QUANT_MAX_ROWS || groups <= 0 || vlm_quant_packed_layout(format, columns, &layout) != 0) return;
 #if defined(__x86_64__)
-    switch (packed_kernels()) {
+    const int kernels = packed_kernels();
+    switch (isa == VLM_ISA_AVX2 && kernels > 1 ? 1 : kernels) {
     case 2:
-        vlm_quant_packed_matmul_avx512(packed, &layout, rows, activations, vlm_quant_activation_size(columns), m, y,
+        vlm_quant_packed_matmul_avx512(packed, format, &layout, rows, activations, vlm_quant_activation_size(columns), m, y,
                                        y_stride, first_group, groups);
         break;
     case 1:
@@ -194,7 +203,7 @@ void vlm_quant_packed_matmul(const void *packed, vlm_quant_format format, ptrdif
     default: break;
     }
 #else
-    (void)packed, (void)rows, (void)activations, (void)y, (void)y_stride, (void)first_group;
+    (void)packed, (void)rows, (void)activations, (void)y, (void)y_stride, (void)first_group, (void)isa;
 #endif
 }
 
@@ -223,6 +232,7 @@ int vlm_quant_packed_matvec(const void *packed, vlm_quant_format format, ptrdiff
         vlm_quant_activation(x, columns, thread_row.activation);
         thread_row.call = call;
     }
-    vlm_quant_packed_matmul(packed, format, rows, columns, thread_row.activation, 1, y, rows, first_group, groups);
+    vlm_quant_packed_matmul(packed, format, rows, columns, thread_row.activation, 1, y, rows, first_group, groups,
+                            VLM_ISA_AVX512);
     return 0;
 }

@@ -88,6 +88,14 @@ AVX2 void vlm_quant_activation_avx2(const float *x, ptrdiff_t columns, void *act
 /// Eight fp16 scales (or minimums) as floats.
 AVX2_INLINE __m256 halves(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
+/// Eight rows' K-quant sub-block scales (signed for Q6_K) or minimums times their super-block's d or dmin: the fp32
+/// product ggml's dequantization forms.
+AVX2_INLINE __m256 sub_block_scales(const uint8_t *p, int is_signed, const uint8_t *super) {
+    const __m128i bytes = _mm_loadl_epi64((const __m128i *)p);
+    const __m256i integers = is_signed ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes);
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(integers), halves(super));
+}
+
 AVX2_INLINE __m256i digit_group(const int8_t *p) {
     int32_t group;
     memcpy(&group, p, 4);
@@ -165,8 +173,11 @@ AVX2_INLINE void half_product(const uint8_t *group, const vlm_quant_packed_layou
             }
         }
         const uint8_t *block_scales = group + layout->scales_offset + layout->scale_bytes * b;
-        const __m256 d = layout->float_scales ? _mm256_load_ps((const float *)block_scales + 8 * half8)
+        const uint8_t *supers = group + layout->supers_offset + layout->super_bytes * (b / 8) + 16 * half8;
+        // Q6_K: the two halves' scales.
+        const __m256 d = layout->super_scales ? sub_block_scales(block_scales + 8 * half8, layout->half_scales, supers)
                                               : halves(block_scales + 16 * half8);
+        const __m256 second_d = layout->half_scales ? sub_block_scales(block_scales + 16 + 8 * half8, 1, supers) : d;
         for (int i = 0; i < M; i++) {
             const int8_t *digits = activations + i * activation_bytes + 96 * b;
             const float *scales = (const float *)(activations + i * activation_bytes + 96 * blocks);
@@ -182,8 +193,7 @@ AVX2_INLINE void half_product(const uint8_t *group, const vlm_quant_packed_layou
                                                        _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_slli_epi32(m, 7), l)));
                     const __m256 centred = _mm256_fmsub_ps(dot, _mm256_set1_ps(scale),
                                                            _mm256_set1_ps(offset * half_sums[half]));
-                    acc[i] = _mm256_fmadd_ps(centred, _mm256_load_ps((const float *)block_scales + 16 * half + 8 * half8),
-                                             acc[i]);
+                    acc[i] = _mm256_fmadd_ps(centred, half ? second_d : d, acc[i]);
                 }
                 continue;
             }
@@ -202,10 +212,12 @@ AVX2_INLINE void half_product(const uint8_t *group, const vlm_quant_packed_layou
                                                _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_slli_epi32(m, 7), l)));
             if (layout->has_minimum) {
                 const uint8_t *block_minimums = group + layout->minimums_offset + layout->scale_bytes * b;
-                const __m256 minimums = layout->float_scales ? _mm256_load_ps((const float *)block_minimums + 8 * half8)
-                                                             : halves(block_minimums + 16 * half8);
                 acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(dot, _mm256_set1_ps(scale)), d, acc[i]);
-                minimum_acc[i] = _mm256_fmadd_ps(minimums, _mm256_set1_ps(sum), minimum_acc[i]);
+                // K-quants subtract dmin·min; the others add their minimums.
+                minimum_acc[i] = layout->super_scales
+                    ? _mm256_fnmadd_ps(sub_block_scales(block_minimums + 8 * half8, 0, supers + 32), _mm256_set1_ps(sum),
+                                       minimum_acc[i])
+                    : _mm256_fmadd_ps(halves(block_minimums + 16 * half8), _mm256_set1_ps(sum), minimum_acc[i]);
             } else {
                 const __m256 centred = _mm256_fmsub_ps(dot, _mm256_set1_ps(scale), _mm256_set1_ps(offset * sum));
                 acc[i] = _mm256_fmadd_ps(centred, d, acc[i]);

@@ -55,30 +55,44 @@ VNNI void vlm_quant_activation_avx512(const float *x, ptrdiff_t columns, void *a
 /// A block's 16 fp16 scales (or minimums) as floats.
 VNNI_INLINE __m512 halves(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)p)); }
 
+/// A K-quant block's 16 sub-block scales (signed for Q6_K) or minimums times their super-block's d or dmin: the fp32
+/// product ggml's dequantization forms.
+VNNI_INLINE __m512 sub_block_scales(const uint8_t *p, int is_signed, const uint8_t *super) {
+    const __m128i bytes = _mm_loadu_si128((const __m128i *)p);
+    const __m512i integers = is_signed ? _mm512_cvtepi8_epi32(bytes) : _mm512_cvtepu8_epi32(bytes);
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(integers), halves(super));
+}
+
 VNNI_INLINE __m512i digit_group(const int8_t *p) {
     int32_t group;
     memcpy(&group, p, 4);
     return _mm512_set1_epi32(group);
 }
 
-/// Block `b` of one group for `M` activation rows, added to the group's `acc` and `minimum_acc`.
-VNNI_INLINE void block_product(const uint8_t *group, const vlm_quant_packed_layout_t *layout, ptrdiff_t b,
-                               const int8_t *activations, ptrdiff_t activation_bytes, const int M, __m512 *acc,
-                               __m512 *minimum_acc) {
+/// Block `b` of one group of format `F` for `M` activation rows, added to the group's `acc` and `minimum_acc`. `F`
+/// is a constant in every caller, so each format's product is compiled with its own layout's branches taken.
+VNNI_INLINE void block_product(const uint8_t *group, const vlm_quant_packed_layout_t *layout, const vlm_quant_format F,
+                               ptrdiff_t b, const int8_t *activations, ptrdiff_t activation_bytes, const int M,
+                               __m512 *acc, __m512 *minimum_acc) {
+    const int nibbles = F != VLM_QUANT_Q8_0;
+    const int high_bits = F == VLM_QUANT_Q5_0 || F == VLM_QUANT_Q5_1 || F == VLM_QUANT_Q5_K ? 1 : F == VLM_QUANT_Q6_K ? 2 : 0;
+    const int has_minimum = F == VLM_QUANT_Q4_1 || F == VLM_QUANT_Q5_1 || F == VLM_QUANT_Q4_K || F == VLM_QUANT_Q5_K;
+    const int super_scales = F == VLM_QUANT_Q4_K || F == VLM_QUANT_Q5_K || F == VLM_QUANT_Q6_K;
+    const int half_scales = F == VLM_QUANT_Q6_K;
     const ptrdiff_t blocks = layout->blocks;
     const __m512i nibble = _mm512_set1_epi8(0xF);
     const __m512 digit_h = _mm512_set1_ps(1 << 14);
     __m512i w[8];
     const uint8_t *values = group + b * layout->value_bytes;
     vlm_quant_prefetch_block_share(group, layout, b);
-    if (layout->nibbles) {
+    if (nibbles) {
         for (int j = 0; j < 4; j++) {
             const __m512i packed = _mm512_load_si512((const void *)(values + 64 * j));
             w[j] = _mm512_and_si512(packed, nibble);
             w[4 + j] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nibble);
         }
         // Fifth (and sixth) bits: adding 16 (32) where a plane's mask bit is set.
-        for (int plane = 0; plane < layout->high_bits; plane++) {
+        for (int plane = 0; plane < high_bits; plane++) {
             const __m512i bit = _mm512_set1_epi8((char)(16 << plane));
             for (int q = 0; q < 8; q++) {
                 const __mmask64 set = _load_mask64((__mmask64 *)(values + 256 + 64 * plane + 8 * q));
@@ -89,12 +103,18 @@ VNNI_INLINE void block_product(const uint8_t *group, const vlm_quant_packed_layo
         for (int j = 0; j < 8; j++) w[j] = _mm512_load_si512((const void *)(values + 64 * j));
     }
     const uint8_t *block_scales = group + layout->scales_offset + layout->scale_bytes * b;
-    const __m512 d = layout->float_scales ? _mm512_load_ps((const float *)block_scales) : halves(block_scales);
+    const uint8_t *supers = group + layout->supers_offset + layout->super_bytes * (b / 8);
+    // Q6_K: the two halves' scales.
+    const __m512 d = super_scales ? sub_block_scales(block_scales, half_scales, supers) : halves(block_scales);
+    const __m512 second_d = half_scales ? sub_block_scales(block_scales + 16, 1, supers) : d;
+    const __m512 minimums = !has_minimum ? _mm512_setzero_ps()
+        : super_scales ? sub_block_scales(group + layout->minimums_offset + layout->scale_bytes * b, 0, supers + 32)
+                       : halves(group + layout->minimums_offset + layout->scale_bytes * b);
     for (int i = 0; i < M; i++) {
         const int8_t *digits = activations + i * activation_bytes + 96 * b;
         const float *scales = (const float *)(activations + i * activation_bytes + 96 * blocks);
         const float scale = scales[b], sum = scales[blocks + b];
-        if (layout->half_scales) {
+        if (half_scales) {
             // One weight scale per 16 elements: the two halves' sums stay apart.
             const float *half_sums = scales + 2 * blocks + 2 * b;
             for (int half = 0; half < 2; half++) {
@@ -108,7 +128,7 @@ VNNI_INLINE void block_product(const uint8_t *group, const vlm_quant_packed_layo
                                                    _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(m, 7), l)));
                 const __m512 centred = _mm512_fmsub_ps(dot, _mm512_set1_ps(scale),
                                                        _mm512_set1_ps((float)layout->offset * half_sums[half]));
-                acc[i] = _mm512_fmadd_ps(centred, _mm512_load_ps((const float *)block_scales + 16 * half), acc[i]);
+                acc[i] = _mm512_fmadd_ps(centred, half ? second_d : d, acc[i]);
             }
             continue;
         }
@@ -121,12 +141,11 @@ VNNI_INLINE void block_product(const uint8_t *group, const vlm_quant_packed_layo
         // Σq·v = 2¹⁴·Σq·h + (2⁷·Σq·m + Σq·l); the second part fits 32 bits, the whole may not.
         const __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h), digit_h,
                                            _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(m, 7), l)));
-        if (layout->has_minimum) {
-            const uint8_t *block_minimums = group + layout->minimums_offset + layout->scale_bytes * b;
-            const __m512 minimums = layout->float_scales ? _mm512_load_ps((const float *)block_minimums)
-                                                         : halves(block_minimums);
+        if (has_minimum) {
             acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dot, _mm512_set1_ps(scale)), d, acc[i]);
-            minimum_acc[i] = _mm512_fmadd_ps(minimums, _mm512_set1_ps(sum), minimum_acc[i]);
+            // K-quants subtract dmin·min; the others add their minimums.
+            minimum_acc[i] = super_scales ? _mm512_fnmadd_ps(minimums, _mm512_set1_ps(sum), minimum_acc[i])
+                                          : _mm512_fmadd_ps(minimums, _mm512_set1_ps(sum), minimum_acc[i]);
         } else {
             const __m512 centred = _mm512_fmsub_ps(dot, _mm512_set1_ps(scale), _mm512_set1_ps((float)layout->offset * sum));
             acc[i] = _mm512_fmadd_ps(centred, d, acc[i]);
@@ -140,24 +159,25 @@ VNNI_INLINE void block_product(const uint8_t *group, const vlm_quant_packed_layo
 /// read 33 GB/s, a Q8_0 152,000×896 matrix streamed at 18 GB/s with one stream per core, 20 with two, 23 with four
 /// and less again with six or eight; Q5_0 4864×896 at 14, 20 with four.
 VNNI_INLINE void group_product(const uint8_t *const *groups, const int P, const vlm_quant_packed_layout_t *layout,
-                               const int8_t *activations, ptrdiff_t activation_bytes, const int M, __m512 *out) {
+                               const vlm_quant_format F, const int8_t *activations, ptrdiff_t activation_bytes,
+                               const int M, __m512 *out) {
     __m512 acc[VLM_QUANT_STREAMS * VLM_QUANT_MAX_ROWS], minimum_acc[VLM_QUANT_STREAMS * VLM_QUANT_MAX_ROWS];
     for (int i = 0; i < P * M; i++) acc[i] = minimum_acc[i] = _mm512_setzero_ps();
     for (ptrdiff_t b = 0; b < layout->blocks; b++) {
         for (int p = 0; p < P; p++) {
-            block_product(groups[p], layout, b, activations, activation_bytes, M, acc + p * M, minimum_acc + p * M);
+            block_product(groups[p], layout, F, b, activations, activation_bytes, M, acc + p * M, minimum_acc + p * M);
         }
     }
     for (int i = 0; i < P * M; i++) out[i] = _mm512_add_ps(acc[i], minimum_acc[i]);
 }
 
-VNNI static void group_rows(const uint8_t *group, const vlm_quant_packed_layout_t *layout, const int8_t *activations,
-                            ptrdiff_t activation_bytes, int M, __m512 *out) {
+VNNI_INLINE void group_rows(const uint8_t *group, const vlm_quant_packed_layout_t *layout, const vlm_quant_format F,
+                            const int8_t *activations, ptrdiff_t activation_bytes, int M, __m512 *out) {
     switch (M) {
-    case 1: group_product(&group, 1, layout, activations, activation_bytes, 1, out); break;
-    case 2: group_product(&group, 1, layout, activations, activation_bytes, 2, out); break;
-    case 3: group_product(&group, 1, layout, activations, activation_bytes, 3, out); break;
-    default: group_product(&group, 1, layout, activations, activation_bytes, 4, out); break;
+    case 1: group_product(&group, 1, layout, F, activations, activation_bytes, 1, out); break;
+    case 2: group_product(&group, 1, layout, F, activations, activation_bytes, 2, out); break;
+    case 3: group_product(&group, 1, layout, F, activations, activation_bytes, 3, out); break;
+    default: group_product(&group, 1, layout, F, activations, activation_bytes, 4, out); break;
     }
 }
 
@@ -167,9 +187,9 @@ VNNI_INLINE void store_group(float *y, ptrdiff_t rows, ptrdiff_t g, __m512 out) 
     _mm512_mask_storeu_ps(y + 16 * g, left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1), out);
 }
 
-VNNI void vlm_quant_packed_matmul_avx512(const void *packed, const vlm_quant_packed_layout_t *layout, ptrdiff_t rows,
-                                         const void *activations, ptrdiff_t activation_bytes, ptrdiff_t m, float *y,
-                                         ptrdiff_t y_stride, ptrdiff_t first_group, ptrdiff_t groups) {
+VNNI_INLINE void packed_matmul(const vlm_quant_format F, const void *packed, const vlm_quant_packed_layout_t *layout,
+                               ptrdiff_t rows, const void *activations, ptrdiff_t activation_bytes, ptrdiff_t m,
+                               float *y, ptrdiff_t y_stride, ptrdiff_t first_group, ptrdiff_t groups) {
     const uint8_t *start = (const uint8_t *)packed + first_group * layout->group_bytes;
     if (m == 1) {
         // One activation row (decoding): the range's groups as VLM_QUANT_STREAMS streams, a part of it each.
@@ -180,13 +200,13 @@ VNNI void vlm_quant_packed_matmul_avx512(const void *packed, const vlm_quant_pac
             const uint8_t *streams[VLM_QUANT_STREAMS];
             for (int p = 0; p < VLM_QUANT_STREAMS; p++) streams[p] = start + (p * part + k) * layout->group_bytes;
             __m512 out[VLM_QUANT_STREAMS];
-            group_product(streams, VLM_QUANT_STREAMS, layout, activations, activation_bytes, 1, out);
+            group_product(streams, VLM_QUANT_STREAMS, layout, F, activations, activation_bytes, 1, out);
             for (int p = 0; p < VLM_QUANT_STREAMS; p++) store_group(y, rows, first_group + p * part + k, out[p]);
         }
         // What does not divide among the streams, one group at a time.
         for (ptrdiff_t g = first_group + VLM_QUANT_STREAMS * part; g < first_group + groups; g++) {
             __m512 out;
-            group_rows((const uint8_t *)packed + g * layout->group_bytes, layout, activations, activation_bytes, 1, &out);
+            group_rows((const uint8_t *)packed + g * layout->group_bytes, layout, F, activations, activation_bytes, 1, &out);
             store_group(y, rows, g, out);
         }
         return;
@@ -197,10 +217,24 @@ VNNI void vlm_quant_packed_matmul_avx512(const void *packed, const vlm_quant_pac
         for (ptrdiff_t i = 0; i < m; i += 4) {
             const int M = m - i < 4 ? (int)(m - i) : 4;
             __m512 out[4];
-            group_rows(group, layout, (const int8_t *)activations + i * activation_bytes, activation_bytes, M, out);
+            group_rows(group, layout, F, (const int8_t *)activations + i * activation_bytes, activation_bytes, M, out);
             for (int r = 0; r < M; r++) store_group(y + (i + r) * y_stride, rows, g, out[r]);
         }
     }
+}
+
+VNNI void vlm_quant_packed_matmul_avx512(const void *packed, vlm_quant_format format,
+                                         const vlm_quant_packed_layout_t *layout, ptrdiff_t rows,
+                                         const void *activations, ptrdiff_t activation_bytes, ptrdiff_t m, float *y,
+                                         ptrdiff_t y_stride, ptrdiff_t first_group, ptrdiff_t groups) {
+#define FORMAT_CASE(F) \
+    case F: packed_matmul(F, packed, layout, rows, activations, activation_bytes, m, y, y_stride, first_group, groups); break;
+    switch (format) {
+    FORMAT_CASE(VLM_QUANT_Q4_0) FORMAT_CASE(VLM_QUANT_Q4_1) FORMAT_CASE(VLM_QUANT_Q5_0) FORMAT_CASE(VLM_QUANT_Q5_1)
+    FORMAT_CASE(VLM_QUANT_Q8_0) FORMAT_CASE(VLM_QUANT_Q4_K) FORMAT_CASE(VLM_QUANT_Q5_K) FORMAT_CASE(VLM_QUANT_Q6_K)
+    default: break;
+    }
+#undef FORMAT_CASE
 }
 
 #endif

@@ -126,7 +126,7 @@ final class QuantizedLinear: @unchecked Sendable {
                 for first in stride(from: 0, to: rows, by: chunk) {
                     vlm_quant_packed_matmul(packed.pointer, format, n, k, buffer.pointer + first * activationBytes,
                                             min(chunk, rows - first), destination.pointer + first * n, n,
-                                            range.lowerBound, range.count)
+                                            range.lowerBound, range.count, KernelPath.vectorISA)
                 }
             }
             activations = buffer

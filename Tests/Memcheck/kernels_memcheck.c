@@ -287,11 +287,13 @@ static void check_quantized(vlm_quant_format format, ptrdiff_t rows, ptrdiff_t c
         const ptrdiff_t activation_bytes = vlm_quant_activation_size(columns);
         uint8_t *activations = malloc((size_t)(m * activation_bytes));
         for (ptrdiff_t i = 0; i < m; i++) vlm_quant_activation(x + i * columns, columns, activations + i * activation_bytes);
-        memset(y, 0xFF, (size_t)(m * rows) * sizeof(float));
-        vlm_quant_packed_matmul(packed, format, rows, columns, activations, m, y, rows, 0, (rows + 15) / 16);
-        char what[64];
-        snprintf(what, sizeof what, "quant_packed_matmul format %d", format);
-        expect_sum_close(what, y, expected, magnitude, m * rows, 3e-5);
+        for (int isa = 1; isa < 3; isa++) {
+            memset(y, 0xFF, (size_t)(m * rows) * sizeof(float));
+            vlm_quant_packed_matmul(packed, format, rows, columns, activations, m, y, rows, 0, (rows + 15) / 16, isas[isa]);
+            char what[64];
+            snprintf(what, sizeof what, "quant_packed_matmul format %d %s", format, isa_names[isa]);
+            expect_sum_close(what, y, expected, magnitude, m * rows, 3e-5);
+        }
         free(packed);
         free(activations);
     }

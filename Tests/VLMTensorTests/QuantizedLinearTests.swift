@@ -1,3 +1,4 @@
+import CVLMKernels
 import Foundation
 import Testing
 @testable import VLMTensor
@@ -75,6 +76,37 @@ private func pathsAndBackends() -> [(path: KernelPath, backend: Backend, packing
                 #expect(worst <= 1, "\(format) \(path) \(backend) packing \(packing) rows \(rows): error \(worst) tolerances")
             }
         }
+    }
+
+    /// The AVX2 packed products, which CPUs with AVX-512 VNNI never pick for a layer, on the same packed weights and
+    /// fixed-point activations.
+    @Test(arguments: QuantizationFormat.allCases)
+    func avx2PackedProductMatchesTheDequantizedFloat64Product(format: QuantizationFormat) throws {
+        let test = try #require(MatmulCase.all.first { $0.format == format })
+        var matrix = test.matrix.kernelMatrix
+        let (n, k) = (test.matrix.rows, test.matrix.columns)
+        let size = vlm_quant_packed_size(matrix.format, n, k)
+        guard size > 0, vlm_quant_packed_supported() != 0 else { return }
+        let packed = OwnedBytes(count: size)
+        vlm_quant_pack(&matrix, packed.pointer)
+        let weight = test.matrix.dequantized()
+        for rows in [1, 3] {
+            let x = test.input(rows: rows), activationBytes = vlm_quant_activation_size(k)
+            let activations = OwnedBytes(count: rows * activationBytes)
+            for row in 0..<rows { vlm_quant_activation(x.storage.pointer + row * k, k, activations.pointer + row * activationBytes) }
+            let output = Tensor(uninitialized: [rows, n])
+            vlm_quant_packed_matmul(packed.pointer, matrix.format, n, k, activations.pointer, rows, output.storage.pointer, n,
+                                    0, (n + 15) / 16, VLM_ISA_AVX2)
+            var worst = 0.0
+            for i in 0..<rows {
+                for j in 0..<n {
+                    let error = abs(Double(output.storage.pointer[i * n + j]) - test.y[i * n + j])
+                    worst = max(worst, error / test.tolerance(row: i, column: j, weight: weight))
+                }
+            }
+            #expect(worst <= 1, "\(format) rows \(rows): error \(worst) tolerances")
+        }
+        withExtendedLifetime(test.matrix) {}
     }
 
     /// Decoding (one activation row) reads a tall matrix as several streams of groups per thread: the fixture's 37

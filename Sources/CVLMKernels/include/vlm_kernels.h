@@ -151,9 +151,10 @@ enum { VLM_QUANT_MAX_ROWS = 8 };
 // Q5_1, Q8_0) or a K-quant (Q4_K, Q5_K, Q6_K: super-blocks of 256 whose 32- or 16-element sub-blocks have their own
 // scales) is repacked once so that 16 weight rows share each vector: for every group of 16 rows and every 32-element
 // block, the rows' quantized values as unsigned numbers (Q8_0 a byte each; the others' low four bits two per byte
-// and their fifth and sixth bits as bit planes, so a packed block is no larger than the stored one), then their
-// scales and minimums (fp16 as stored, or for K-quants the fp32 products d·scale and dmin·min that ggml dequantizes
-// with).
+// and their fifth and sixth bits as bit planes), then their scales and minimums: fp16 as stored, or for K-quants
+// the sub-block scales and minimums a byte each and each super-block's fp16 d and dmin, which the kernels multiply
+// into the fp32 products d·scale and dmin·min that ggml dequantizes with. A packed matrix is as large as the stored
+// one (K-quants: up to 3% larger).
 // Activations are written as fixed point per 32-element block: a scale and three signed 8-bit digits of
 // v = x / scale (v = 2¹⁴·h + 2⁷·m + l, |v| ≤ 127·2¹⁴), 22 bits where fp32 has 24, so the products agree with the
 // fp32 ones to about 3e-7 of each block's largest activation, while one instruction does 64 multiply-adds.
@@ -177,11 +178,12 @@ void vlm_quant_activation(const float *x, ptrdiff_t columns, void *activation);
 
 /// `y[i][j] = Σ_c x[i][c] · W[j][c]` for the `m` (at most VLM_QUANT_MAX_ROWS) activation rows (each
 /// vlm_quant_activation_size(columns) bytes after the previous) and the rows `j` of the 16-row groups
-/// `first_group ..< first_group + groups` that are below `rows`; rows of `y` lie `y_stride` floats apart.
-/// Only where vlm_quant_packed_supported().
+/// `first_group ..< first_group + groups` that are below `rows`; rows of `y` lie `y_stride` floats apart. `isa`
+/// VLM_ISA_AVX512 runs the AVX-512 VNNI kernels where the CPU has them and the AVX2 ones otherwise; VLM_ISA_AVX2
+/// the AVX2 ones. Only where vlm_quant_packed_supported().
 void vlm_quant_packed_matmul(const void *packed, vlm_quant_format format, ptrdiff_t rows, ptrdiff_t columns,
                              const void *activations, ptrdiff_t m, float *y, ptrdiff_t y_stride,
-                             ptrdiff_t first_group, ptrdiff_t groups);
+                             ptrdiff_t first_group, ptrdiff_t groups, vlm_kernel_isa isa);
 
 /// A token for vlm_quant_packed_matvec, different on every call in the process.
 uint64_t vlm_quant_call_token(void);
