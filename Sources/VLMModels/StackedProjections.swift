@@ -2,7 +2,8 @@ import VLMTensor
 
 /// Linear layers that read the same input (a decoder's q/k/v projections, its gate and up projections), run as one
 /// matrix product over their stacked weights when the weights stack (all fp32, or all quantized in one format):
-/// one pass over the input and one parallel region instead of several.
+/// one pass over the input and one parallel region instead of several. GGUF layers in different formats (Q4_K_M's
+/// Q8_0 v beside Q5_0 q and k) still decode in one parallel region.
 struct StackedProjections {
     private enum Layers {
         case stacked(Linear)
@@ -29,7 +30,7 @@ struct StackedProjections {
     func callAsFunction(_ x: Tensor) -> [Tensor] {
         switch layers {
         case let .stacked(linear): splitLastDimension(linear(x), widths: widths)
-        case let .separate(linears): linears.map { $0(x) }
+        case let .separate(linears): Linear.together(linears, x) ?? linears.map { $0(x) }
         }
     }
 

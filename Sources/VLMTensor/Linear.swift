@@ -104,6 +104,18 @@ public final class Linear: @unchecked Sendable {
         }
     }
 
+    /// Each layer applied to the one row `x` (`[..., inFeatures]` holding a single row), where all of them are
+    /// GGUF-quantized layers whose products run together (see `QuantizedLinear.applyPacked(together:)`); nil otherwise.
+    public static func together(_ layers: [Linear], _ x: Tensor) -> [Tensor]? {
+        var quantized: [QuantizedLinear] = []
+        for layer in layers {
+            guard case let .quantized(inner) = layer.implementation else { return nil }
+            quantized.append(inner)
+        }
+        let outputs = layers.map { Tensor(uninitialized: x.shape.dropLast() + [$0.outFeatures]) }
+        return QuantizedLinear.applyPacked(together: quantized, x, into: outputs) ? outputs : nil
+    }
+
     /// Applies the layer to `x` of shape `[..., inFeatures]`, giving `[..., outFeatures]`.
     ///
     /// - Parameters:

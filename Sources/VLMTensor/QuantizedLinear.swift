@@ -141,6 +141,41 @@ final class QuantizedLinear: @unchecked Sendable {
         withExtendedLifetime((packed, x, activations)) {}
     }
 
+    /// One decoding row `x` through several layers that read it (q, k and v in different block formats), their
+    /// products in one parallel region over all their groups: a separate region for each would leave a small
+    /// matrix's few ranges to one core while the other waits. False, with nothing written, unless every layer runs
+    /// packed products on inputs of one width.
+    static func applyPacked(together layers: [QuantizedLinear], _ x: Tensor, into outputs: [Tensor]) -> Bool {
+        let packed = layers.compactMap(\.packed)
+        let k = x.shape.last ?? 0
+        guard packed.count == layers.count, layers.count == outputs.count, x.count == k,
+              layers.allSatisfy({ $0.weight.columns == k }), KernelPath.best == .vector else { return false }
+        let streams = Int(VLM_QUANT_STREAMS)
+        // Each layer's groups in whole sets of VLM_QUANT_STREAMS, the layers' sets one after another.
+        let firstSets = layers.reduce(into: [0]) { starts, layer in
+            starts.append(starts.last! + ((layer.weight.rows + 15) / 16 + streams - 1) / streams)
+        }
+        let input = UnsafeSendablePointer(pointer: x.storage.pointer), call = vlm_quant_call_token()
+        let destinations = outputs.map { UnsafeSendablePointer(pointer: $0.storage.pointer) }
+        let formats = layers.map(\.weight.format.kernelFormat)
+        parallelRanges(firstSets.last!, grain: 2) { sets in
+            for (index, layer) in layers.enumerated() {
+                let (from, to) = (max(sets.lowerBound, firstSets[index]), min(sets.upperBound, firstSets[index + 1]))
+                if from >= to { continue }
+                let mine = from..<to
+                let n = layer.weight.rows, groups = (n + 15) / 16
+                let range = ((mine.lowerBound - firstSets[index]) * streams)..<min(groups, (mine.upperBound - firstSets[index]) * streams)
+                precondition(vlm_quant_packed_matvec(packed[index].pointer, formats[index], n, k, input.pointer, call,
+                                                     destinations[index].pointer, range.lowerBound, range.count) == 0,
+                             "out of memory for a decoding product's activations")
+                Self.finish(destinations[index].pointer, rows: 1, columns: (16 * range.lowerBound)..<min(n, 16 * range.upperBound),
+                            stride: n, bias: layer.bias, activation: .identity, residual: nil)
+            }
+        }
+        withExtendedLifetime((packed, x, outputs)) {}
+        return true
+    }
+
     /// Adds the bias, applies the activation and adds the residual on `columns` of `rows` rows.
     private static func finish(_ y: UnsafeMutablePointer<Float>, rows: Int, columns: Range<Int>, stride: Int, bias: Tensor?,
                                activation: Activation, residual: UnsafeMutablePointer<Float>?) {

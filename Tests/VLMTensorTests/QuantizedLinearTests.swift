@@ -109,6 +109,30 @@ private func pathsAndBackends() -> [(path: KernelPath, backend: Backend, packing
         withExtendedLifetime(test.matrix) {}
     }
 
+    /// Layers in different formats over one decoding row (q, k and v of a Q4_K_M file) run as one parallel region:
+    /// each output as the layer gives it alone, biases included.
+    @Test func layersInDifferentFormatsDecodeTogetherAsEachAlone() throws {
+        let cases = try [QuantizationFormat.q4_0, .q5_0, .q8_0].map { format in try #require(MatmulCase.all.first { $0.format == format }) }
+        let layers = try cases.enumerated().map { index, test in
+            try Linear(weight: .quantized(test.matrix),
+                       bias: index == 1 ? nil : Tensor(shape: [test.matrix.rows], scalars: (0..<test.matrix.rows).map { Float($0) / 8 }))
+        }
+        let x = cases[0].input(rows: 1)
+        guard let together = Linear.together(layers, x) else {
+            #expect(vlm_quant_packed_supported() == 0, "only a CPU without the packed products runs them apart")
+            return
+        }
+        #expect(together.count == 3)
+        for (layer, output) in zip(layers, together) {
+            #expect(output.shape == [1, layer.outFeatures])
+            #expect(output.scalars == layer(x).scalars)
+        }
+        // More than one row, or a layer that is not quantized: each layer on its own.
+        #expect(Linear.together(layers, cases[0].input(rows: 2)) == nil)
+        let dense = try Linear(weight: Tensor(shape: [2, 320], scalars: Array(repeating: 0.5, count: 640)), bias: nil)
+        #expect(Linear.together([layers[0], dense], x) == nil)
+    }
+
     /// Decoding (one activation row) reads a tall matrix as several streams of groups per thread: the fixture's 37
     /// rows stacked 17 times (629 rows: 40 groups of 16, the last partial) give its product in every copy.
     @Test(arguments: QuantizationFormat.allCases)
