@@ -43,6 +43,19 @@ private struct MatmulCase {
         for c in 0..<k { magnitude += abs(Double(x[row * k + c]) * Double(weight.storage.pointer[column * k + c])) }
         return 1e-5 * magnitude + 1e-6
     }
+
+    /// The largest error of a `[rows, matrix.rows]` product against the fixture, in tolerances.
+    func worstError(of output: Tensor, rows: Int, weight: Tensor) -> Double {
+        let n = matrix.rows
+        var worst = 0.0
+        for i in 0..<rows {
+            for j in 0..<n {
+                let error = abs(Double(output.storage.pointer[i * n + j]) - y[i * n + j])
+                worst = max(worst, error / tolerance(row: i, column: j, weight: weight))
+            }
+        }
+        return worst
+    }
 }
 
 /// Every kernel path and backend; on the best path also the fp32 decoding kernels that CPUs without the int8 ones
@@ -66,13 +79,7 @@ private func pathsAndBackends() -> [(path: KernelPath, backend: Backend, packing
             for rows in [1, 3, 4, 5, 17] {
                 let output = Tensor(uninitialized: [rows, n])
                 layer.apply(test.input(rows: rows), rows: rows, activation: .identity, residual: nil, into: output, path: path)
-                var worst = 0.0
-                for i in 0..<rows {
-                    for j in 0..<n {
-                        let error = abs(Double(output.storage.pointer[i * n + j]) - test.y[i * n + j])
-                        worst = max(worst, error / test.tolerance(row: i, column: j, weight: weight))
-                    }
-                }
+                let worst = test.worstError(of: output, rows: rows, weight: weight)
                 #expect(worst <= 1, "\(format) \(path) \(backend) packing \(packing) rows \(rows): error \(worst) tolerances")
             }
         }
@@ -97,13 +104,7 @@ private func pathsAndBackends() -> [(path: KernelPath, backend: Backend, packing
             let output = Tensor(uninitialized: [rows, n])
             vlm_quant_packed_matmul(packed.pointer, matrix.format, n, k, activations.pointer, rows, output.storage.pointer, n,
                                     0, (n + 15) / 16, VLM_ISA_AVX2)
-            var worst = 0.0
-            for i in 0..<rows {
-                for j in 0..<n {
-                    let error = abs(Double(output.storage.pointer[i * n + j]) - test.y[i * n + j])
-                    worst = max(worst, error / test.tolerance(row: i, column: j, weight: weight))
-                }
-            }
+            let worst = test.worstError(of: output, rows: rows, weight: weight)
             #expect(worst <= 1, "\(format) rows \(rows): error \(worst) tolerances")
         }
         withExtendedLifetime(test.matrix) {}
