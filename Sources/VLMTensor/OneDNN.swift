@@ -301,10 +301,7 @@ final class PackedBuffer: @unchecked Sendable {
     init(descriptor: dnnl_memory_desc_t) {
         var md = descriptor
         let byteCount = dnnl_memory_desc_get_size(&md)
-        var raw: UnsafeMutableRawPointer?
-        let status = posix_memalign(&raw, 64, max(byteCount, 64))
-        precondition(status == 0 && raw != nil, "out of memory allocating \(byteCount) bytes")
-        pointer = raw!
+        pointer = allocateWeightMemory(byteCount: byteCount)
         self.descriptor = descriptor
     }
 
@@ -315,7 +312,7 @@ final class PackedBuffer: @unchecked Sendable {
         reorder.execute([(DNNL_ARG_FROM, source), (DNNL_ARG_TO, pointer)])
     }
 
-    deinit { free(pointer) }
+    deinit { releaseWeightMemory(pointer) }
 }
 
 extension Tensor {

@@ -182,11 +182,11 @@ public final class QuantizedMatrix: @unchecked Sendable {
     }
 }
 
-/// A 64-byte aligned heap buffer, freed with its owner.
+/// A 64-byte aligned heap buffer (from 2 MiB on, on huge pages: see `allocateWeightMemory`), freed with its owner.
 final class OwnedBytes: @unchecked Sendable {
     let pointer: UnsafeMutableRawPointer
-    init(count: Int) { pointer = UnsafeMutableRawPointer.allocate(byteCount: max(count, 1), alignment: 64) }
-    deinit { pointer.deallocate() }
+    init(count: Int) { pointer = allocateWeightMemory(byteCount: count) }
+    deinit { releaseWeightMemory(pointer) }
 }
 
 /// A raw pointer handed to parallel work items, each of which writes its own disjoint part.
