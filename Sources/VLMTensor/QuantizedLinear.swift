@@ -162,9 +162,8 @@ final class QuantizedLinear: @unchecked Sendable {
             for (index, layer) in layers.enumerated() {
                 let (from, to) = (max(sets.lowerBound, firstSets[index]), min(sets.upperBound, firstSets[index + 1]))
                 if from >= to { continue }
-                let mine = from..<to
                 let n = layer.weight.rows, groups = (n + 15) / 16
-                let range = ((mine.lowerBound - firstSets[index]) * streams)..<min(groups, (mine.upperBound - firstSets[index]) * streams)
+                let range = ((from - firstSets[index]) * streams)..<min(groups, (to - firstSets[index]) * streams)
                 precondition(vlm_quant_packed_matvec(packed[index].pointer, formats[index], n, k, input.pointer, call,
                                                      destinations[index].pointer, range.lowerBound, range.count) == 0,
                              "out of memory for a decoding product's activations")
