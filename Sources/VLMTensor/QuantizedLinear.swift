@@ -99,42 +99,25 @@ final class QuantizedLinear: @unchecked Sendable {
     /// faster than with ranges of 2 groups).
     private func applyPacked(_ packed: OwnedBytes, _ x: Tensor, rows: Int, activation: Activation, residual: Tensor?,
                              into output: Tensor) {
+        if rows == 1 { return Self.decode([self], x, into: [output], activation: activation, residuals: [residual]) }
         let (n, k) = (weight.rows, weight.columns)
         let format = weight.format.kernelFormat
         let groups = (n + 15) / 16
         let destination = UnsafeSendablePointer(pointer: output.storage.pointer)
         let bias = self.bias, residualPointer = residual.map { UnsafeSendablePointer(pointer: $0.storage.pointer) }
-        let product: @Sendable (Range<Int>) -> Void
-        var activations: OwnedBytes?
-        if rows == 1 {
-            // Decoding: each thread writes the row in fixed point itself as it joins, rather than all of them
-            // waiting while one does.
-            let input = UnsafeSendablePointer(pointer: x.storage.pointer), call = vlm_quant_call_token()
-            product = { range in
-                precondition(vlm_quant_packed_matvec(packed.pointer, format, n, k, input.pointer, call, destination.pointer,
-                                                     range.lowerBound, range.count) == 0,
-                             "out of memory for a decoding product's activations")
-            }
-        } else {
-            let activationBytes = vlm_quant_activation_size(k)
-            let buffer = OwnedBytes(count: rows * activationBytes)
-            for row in 0..<rows {
-                vlm_quant_activation(x.storage.pointer + row * k, k, buffer.pointer + row * activationBytes)
-            }
-            let chunk = Int(VLM_QUANT_MAX_ROWS)
-            product = { range in
-                for first in stride(from: 0, to: rows, by: chunk) {
-                    vlm_quant_packed_matmul(packed.pointer, format, n, k, buffer.pointer + first * activationBytes,
-                                            min(chunk, rows - first), destination.pointer + first * n, n,
-                                            range.lowerBound, range.count, KernelPath.vectorISA)
-                }
-            }
-            activations = buffer
+        let activationBytes = vlm_quant_activation_size(k)
+        let activations = OwnedBytes(count: rows * activationBytes)
+        for row in 0..<rows {
+            vlm_quant_activation(x.storage.pointer + row * k, k, activations.pointer + row * activationBytes)
         }
-        let streams = Int(VLM_QUANT_STREAMS)
+        let chunk = Int(VLM_QUANT_MAX_ROWS), streams = Int(VLM_QUANT_STREAMS)
         parallelRanges((groups + streams - 1) / streams, grain: 2) { sets in
             let range = (sets.lowerBound * streams)..<min(groups, sets.upperBound * streams)
-            product(range)
+            for first in stride(from: 0, to: rows, by: chunk) {
+                vlm_quant_packed_matmul(packed.pointer, format, n, k, activations.pointer + first * activationBytes,
+                                        min(chunk, rows - first), destination.pointer + first * n, n,
+                                        range.lowerBound, range.count, KernelPath.vectorISA)
+            }
             Self.finish(destination.pointer, rows: rows, columns: (16 * range.lowerBound)..<min(n, 16 * range.upperBound),
                         stride: n, bias: bias, activation: activation, residual: residualPointer?.pointer)
         }
@@ -146,10 +129,20 @@ final class QuantizedLinear: @unchecked Sendable {
     /// matrix's few ranges to one core while the other waits. False, with nothing written, unless every layer runs
     /// packed products on inputs of one width.
     static func applyPacked(together layers: [QuantizedLinear], _ x: Tensor, into outputs: [Tensor]) -> Bool {
-        let packed = layers.compactMap(\.packed)
         let k = x.shape.last ?? 0
-        guard packed.count == layers.count, layers.count == outputs.count, x.count == k,
-              layers.allSatisfy({ $0.weight.columns == k }), KernelPath.best == .vector else { return false }
+        guard layers.allSatisfy({ $0.packed != nil && $0.weight.columns == k }), layers.count == outputs.count,
+              x.count == k, KernelPath.best == .vector else { return false }
+        decode(layers, x, into: outputs, activation: .identity, residuals: outputs.map { _ in nil })
+        return true
+    }
+
+    /// The packed products of one row `x` through `layers` (all packed, all reading x's width) in one parallel
+    /// region, each thread writing the row in fixed point itself as it joins rather than all of them waiting while
+    /// one does; then each output's bias, `activation` and residual.
+    private static func decode(_ layers: [QuantizedLinear], _ x: Tensor, into outputs: [Tensor], activation: Activation,
+                               residuals: [Tensor?]) {
+        let packed = layers.map { $0.packed! }
+        let k = x.shape.last ?? 0
         let streams = Int(VLM_QUANT_STREAMS)
         // Each layer's groups in whole sets of VLM_QUANT_STREAMS, the layers' sets one after another.
         let firstSets = layers.reduce(into: [0]) { starts, layer in
@@ -157,6 +150,7 @@ final class QuantizedLinear: @unchecked Sendable {
         }
         let input = UnsafeSendablePointer(pointer: x.storage.pointer), call = vlm_quant_call_token()
         let destinations = outputs.map { UnsafeSendablePointer(pointer: $0.storage.pointer) }
+        let residualPointers = residuals.map { $0.map { UnsafeSendablePointer(pointer: $0.storage.pointer) } }
         let formats = layers.map(\.weight.format.kernelFormat)
         parallelRanges(firstSets.last!, grain: 2) { sets in
             for (index, layer) in layers.enumerated() {
@@ -168,11 +162,10 @@ final class QuantizedLinear: @unchecked Sendable {
                                                      destinations[index].pointer, range.lowerBound, range.count) == 0,
                              "out of memory for a decoding product's activations")
                 Self.finish(destinations[index].pointer, rows: 1, columns: (16 * range.lowerBound)..<min(n, 16 * range.upperBound),
-                            stride: n, bias: layer.bias, activation: .identity, residual: nil)
+                            stride: n, bias: layer.bias, activation: activation, residual: residualPointers[index]?.pointer)
             }
         }
-        withExtendedLifetime((packed, x, outputs)) {}
-        return true
+        withExtendedLifetime((packed, x, outputs, residuals)) {}
     }
 
     /// Adds the bias, applies the activation and adds the residual on `columns` of `rows` rows.
