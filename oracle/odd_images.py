@@ -97,6 +97,16 @@ def main():
     profile = f"\nexif\n{len(raw):8}\n{raw.hex()}\n".encode()
     files["exif3-imagemagick.png"] = assemble(plain[:1] + [(b"zTXt", b"Raw profile type exif\0\0" + zlib.compress(profile))] + plain[1:])
     files["exif-garbage.png"] = assemble(plain[:1] + [(b"eXIf", b"not a TIFF header")] + plain[1:])
+    # XMP in iTXt chunks whose text holds a NUL: Pillow decodes the whole text, so bytes after the NUL that are not
+    # UTF-8 make it drop the chunk's text.
+    xmp = b'<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:Description tiff:Orientation="6"/></x:xmpmeta>'
+    itxt = b"XML:com.adobe.xmp\0\0\0\0\0"
+    files["xmp-nul-orientation6.png"] = assemble(plain[:1] + [(b"iTXt", itxt + b"\0" + xmp)] + plain[1:])
+    files["xmp-nul-not-utf8.png"] = assemble(plain[:1] + [(b"iTXt", itxt + xmp + b"\0\xff")] + plain[1:])
+    # Compressed iTXt texts of a NUL and a million letters each: their characters, NUL and all, count toward
+    # MAX_TEXT_MEMORY.
+    nul_text = (b"iTXt", b"Comment\0\x01\0\0\0" + zlib.compress(b"\0" + b"a" * 1_000_000))
+    files["itxt-nul-text-memory.png"] = assemble(plain[:1] + [nul_text] * 70 + plain[1:])
 
     # PNGs Pillow refuses: a truncated final chunk, an unknown compression method, an APNG out of sequence, text
     # that inflates past MAX_TEXT_CHUNK.

@@ -221,9 +221,9 @@ struct PNGChunks {
             }
             if Array(key) == Array("XML:com.adobe.xmp".utf8) { xmpBytes = value }
             // Pillow keeps the text only when keyword, language, translated keyword and text are valid UTF-8.
-            guard let text = String(validatingUTF8: value.map { CChar(bitPattern: $0) } + [0]),
-                  String(validatingUTF8: rest[..<language].map { CChar(bitPattern: $0) } + [0]) != nil,
-                  String(validatingUTF8: rest[(language + 1)..<translated].map { CChar(bitPattern: $0) } + [0]) != nil
+            guard let text = String(validating: value, as: UTF8.self),
+                  String(validating: rest[..<language], as: UTF8.self) != nil,
+                  String(validating: rest[(language + 1)..<translated], as: UTF8.self) != nil
             else { return }
             try remember(Self.latin1(key), text, characters: text.count, raw: nil)
         case "eXIf":
