@@ -228,6 +228,14 @@ case("matmul_panels", "matmul", {"a": a, "b": b}, {"y": a @ b}, transposeB=False
 b = randn(260, 140)
 case("matmul_panels_transposed", "matmul", {"a": a, "b": b}, {"y": a @ b.T}, transposeB=True)
 
+# A Linear whose sizes are not whole 16-row blocks and 64-column panels of oneDNN's packed fp32 layout, which the
+# one-row product reads itself. Appended last so the cases above keep their random inputs.
+x = randn(3, 70)
+layer = torch.nn.Linear(70, 200)
+r = randn(3, 200)
+inputs = {"x": x, "weight": layer.weight, "bias": layer.bias, "residual": r}
+case("linear_odd_sizes_gelu_residual", "linear", inputs, {"y": ACTIVATIONS["gelu"](layer(x)) + r}, activation="gelu")
+
 os.makedirs(OUT, exist_ok=True)
 with open(os.path.join(OUT, "tensor_ops.bin"), "wb") as f:
     f.write(b"".join(blob))

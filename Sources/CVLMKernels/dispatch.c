@@ -150,3 +150,27 @@ void vlm_layer_norm(const float *x, float *y, ptrdiff_t rows, ptrdiff_t features
     (void)isa;
     vlm_layer_norm_scalar(x, y, rows, features, weight, bias, eps);
 }
+
+int vlm_panel_matvec(const float *w, ptrdiff_t k, ptrdiff_t n, ptrdiff_t panel_stride, const float *x, const float *bias,
+                     float *y, ptrdiff_t first_panel, ptrdiff_t panel_count) {
+#if defined(__x86_64__)
+    if (vlm_best_isa() == VLM_ISA_AVX512) {
+        vlm_panel_matvec_avx512(w, k, n, panel_stride, x, bias, y, first_panel, panel_count);
+        return 0;
+    }
+#endif
+    (void)w, (void)k, (void)n, (void)panel_stride, (void)x, (void)bias, (void)y, (void)first_panel, (void)panel_count;
+    return -1;
+}
+
+int vlm_panel_matvec_bf16(const uint16_t *w, ptrdiff_t k, ptrdiff_t n, ptrdiff_t panel_stride, const uint16_t *x,
+                          const float *bias, float *y, ptrdiff_t first_panel, ptrdiff_t panel_count) {
+#if defined(__x86_64__)
+    if (vlm_best_isa() == VLM_ISA_AVX512 && __builtin_cpu_supports("avx512bf16")) {
+        vlm_panel_matvec_bf16_avx512(w, k, n, panel_stride, x, bias, y, first_panel, panel_count);
+        return 0;
+    }
+#endif
+    (void)w, (void)k, (void)n, (void)panel_stride, (void)x, (void)bias, (void)y, (void)first_panel, (void)panel_count;
+    return -1;
+}

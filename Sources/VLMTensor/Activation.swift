@@ -37,3 +37,19 @@ public enum Activation: Sendable, Hashable {
         }
     }
 }
+
+/// A linear layer's epilogue where its product came from a kernel of ours: adds the bias, applies the activation and
+/// adds the residual on `columns` of `rows` rows of `y` (rows `stride` floats apart, the residual laid out alike).
+func finishLinearOutput(_ y: UnsafeMutablePointer<Float>, rows: Int, columns: Range<Int>, stride: Int, bias: Tensor?,
+                        activation: Activation, residual: UnsafeMutablePointer<Float>?) {
+    if bias == nil && activation == .identity && residual == nil { return }
+    for row in 0..<rows {
+        let out = y + row * stride
+        for column in columns {
+            var value = out[column] + (bias?.storage.pointer[column] ?? 0)
+            value = activation(value)
+            if let residual { value += residual[row * stride + column] }
+            out[column] = value
+        }
+    }
+}

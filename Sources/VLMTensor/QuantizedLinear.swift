@@ -88,7 +88,7 @@ final class QuantizedLinear: @unchecked Sendable {
             var matrix = weight.kernelMatrix
             let first = index * chunk, count = min(chunk, n - first)
             vlm_quant_matmul_rows(&matrix, input.pointer, rows, k, destination.pointer, n, first, count, path.isa)
-            Self.finish(destination.pointer, rows: rows, columns: first..<(first + count), stride: n, bias: bias,
+            finishLinearOutput(destination.pointer, rows: rows, columns: first..<(first + count), stride: n, bias: bias,
                         activation: activation, residual: residualPointer?.pointer)
         }
     }
@@ -118,7 +118,7 @@ final class QuantizedLinear: @unchecked Sendable {
                                         min(chunk, rows - first), destination.pointer + first * n, n,
                                         range.lowerBound, range.count, KernelPath.vectorISA)
             }
-            Self.finish(destination.pointer, rows: rows, columns: (16 * range.lowerBound)..<min(n, 16 * range.upperBound),
+            finishLinearOutput(destination.pointer, rows: rows, columns: (16 * range.lowerBound)..<min(n, 16 * range.upperBound),
                         stride: n, bias: bias, activation: activation, residual: residualPointer?.pointer)
         }
         withExtendedLifetime((packed, x, activations)) {}
@@ -161,26 +161,11 @@ final class QuantizedLinear: @unchecked Sendable {
                 precondition(vlm_quant_packed_matvec(packed[index].pointer, formats[index], n, k, input.pointer, call,
                                                      destinations[index].pointer, range.lowerBound, range.count) == 0,
                              "out of memory for a decoding product's activations")
-                Self.finish(destinations[index].pointer, rows: 1, columns: (16 * range.lowerBound)..<min(n, 16 * range.upperBound),
+                finishLinearOutput(destinations[index].pointer, rows: 1, columns: (16 * range.lowerBound)..<min(n, 16 * range.upperBound),
                             stride: n, bias: layer.bias, activation: activation, residual: residualPointers[index]?.pointer)
             }
         }
         withExtendedLifetime((packed, x, outputs, residuals)) {}
-    }
-
-    /// Adds the bias, applies the activation and adds the residual on `columns` of `rows` rows.
-    private static func finish(_ y: UnsafeMutablePointer<Float>, rows: Int, columns: Range<Int>, stride: Int, bias: Tensor?,
-                               activation: Activation, residual: UnsafeMutablePointer<Float>?) {
-        if bias == nil && activation == .identity && residual == nil { return }
-        for row in 0..<rows {
-            let out = y + row * stride
-            for column in columns {
-                var value = out[column] + (bias?.storage.pointer[column] ?? 0)
-                value = activation(value)
-                if let residual { value += residual[row * stride + column] }
-                out[column] = value
-            }
-        }
     }
 
     private func applyPanels(_ x: Tensor, rows: Int, activation: Activation, residual: Tensor?, into output: Tensor,
@@ -241,7 +226,7 @@ final class QuantizedLinear: @unchecked Sendable {
                                   panel.assumingMemoryBound(to: Float.self), k, 1,
                                   output.storage.pointer + columns.lowerBound, n)
             precondition(status == 0, "out of memory for GEMM scratch")
-            Self.finish(output.storage.pointer, rows: rows, columns: columns, stride: n, bias: bias,
+            finishLinearOutput(output.storage.pointer, rows: rows, columns: columns, stride: n, bias: bias,
                         activation: activation, residual: residual?.storage.pointer)
         }
     }

@@ -56,6 +56,93 @@ static const char *isa_names[] = {"scalar", "avx2", "avx512"};
 
 static const char *isa_name(vlm_kernel_isa isa) { return isa == VLM_ISA_AVX512 ? "avx512" : isa == VLM_ISA_AVX2 ? "avx2" : "scalar"; }
 
+/// One row times a k × n matrix packed in 64-column panels (oneDNN's BA16a64b, rows padded to whole 16-row blocks)
+/// through vlm_panel_matvec, in two calls over the panels, with a bias; the panels' buffer holds exactly what the
+/// layout needs, so a read past it shows. AVX-512 only: elsewhere the call must refuse and write nothing.
+static void check_panel_matvec(ptrdiff_t k, ptrdiff_t n) {
+    const ptrdiff_t padded = (k + 15) / 16 * 16, panels = (n + 63) / 64, stride = padded * 64;
+    float *packed = calloc((size_t)(panels * stride), sizeof(float));
+    float *x = random_floats(k), *bias = random_floats(n), *y = malloc((size_t)n * sizeof(float));
+    double *expected = malloc((size_t)n * sizeof(double)), *magnitude = malloc((size_t)n * sizeof(double));
+    for (ptrdiff_t c = 0; c < n; c++) {
+        expected[c] = bias[c];
+        magnitude[c] = fabs(bias[c]);
+    }
+    for (ptrdiff_t r = 0; r < k; r++)
+        for (ptrdiff_t c = 0; c < n; c++) {
+            const float w = uniform();
+            packed[c / 64 * stride + r * 64 + c % 64] = w;
+            expected[c] += (double)x[r] * w;
+            magnitude[c] += fabs((double)x[r] * w);
+        }
+    for (ptrdiff_t c = 0; c < n; c++) y[c] = NAN;
+    const ptrdiff_t half = panels / 2;
+    const int first = vlm_panel_matvec(packed, k, n, stride, x, bias, y, 0, half);
+    const int second = vlm_panel_matvec(packed, k, n, stride, x, bias, y, half, panels - half);
+    char what[64];
+    snprintf(what, sizeof what, "panel_matvec %tdx%td", k, n);
+    if (vlm_best_isa() == VLM_ISA_AVX512) {
+        if (first != 0 || second != 0) failures++;
+        expect_sum_close(what, y, expected, magnitude, n, 1e-6);
+    } else {
+        if (first != -1 || second != -1) failures++;
+        for (ptrdiff_t c = 0; c < n; c++)
+            if (!isnan(y[c])) failures++;
+    }
+    free(packed);
+    free(x);
+    free(bias);
+    free(y);
+    free(expected);
+    free(magnitude);
+}
+
+/// The bf16 form (oneDNN's BA16a64b2a: rows in pairs, padded to whole 32-row blocks), with values exact in bf16 and
+/// the row `x` exactly `k` values long, so that an odd k's missing half pair would be read past its end.
+static void check_panel_matvec_bf16(ptrdiff_t k, ptrdiff_t n) {
+    const ptrdiff_t padded = (k + 31) / 32 * 32, panels = (n + 63) / 64, stride = padded * 64;
+    uint16_t *packed = calloc((size_t)(panels * stride), sizeof(uint16_t)), *x = malloc((size_t)k * sizeof(uint16_t));
+    float *bias = random_floats(n), *y = malloc((size_t)n * sizeof(float));
+    double *expected = malloc((size_t)n * sizeof(double)), *magnitude = malloc((size_t)n * sizeof(double));
+    #define BF16_OF(value, bits) do { float f_ = (value); uint32_t u_; memcpy(&u_, &f_, 4); bits = (uint16_t)(u_ >> 16); } while (0)
+    #define FLOAT_OF(bits) ({ uint32_t u_ = (uint32_t)(bits) << 16; float f_; memcpy(&f_, &u_, 4); f_; })
+    for (ptrdiff_t r = 0; r < k; r++) BF16_OF(uniform(), x[r]);
+    for (ptrdiff_t c = 0; c < n; c++) {
+        expected[c] = bias[c];
+        magnitude[c] = fabs(bias[c]);
+    }
+    for (ptrdiff_t r = 0; r < k; r++)
+        for (ptrdiff_t c = 0; c < n; c++) {
+            uint16_t w;
+            BF16_OF(uniform(), w);
+            packed[c / 64 * stride + r / 2 * 128 + c % 64 * 2 + r % 2] = w;
+            expected[c] += (double)FLOAT_OF(x[r]) * FLOAT_OF(w);
+            magnitude[c] += fabs((double)FLOAT_OF(x[r]) * FLOAT_OF(w));
+        }
+    #undef BF16_OF
+    #undef FLOAT_OF
+    for (ptrdiff_t c = 0; c < n; c++) y[c] = NAN;
+    const ptrdiff_t half = panels / 2;
+    const int first = vlm_panel_matvec_bf16(packed, k, n, stride, x, bias, y, 0, half);
+    const int second = vlm_panel_matvec_bf16(packed, k, n, stride, x, bias, y, half, panels - half);
+    char what[64];
+    snprintf(what, sizeof what, "panel_matvec_bf16 %tdx%td", k, n);
+    if (first == 0 && second == 0) {
+        expect_sum_close(what, y, expected, magnitude, n, 1e-6);
+    } else {
+        // Only a CPU without AVX512-BF16 refuses, and then writes nothing.
+        if (first != -1 || second != -1 || vlm_best_isa() == VLM_ISA_AVX512 && __builtin_cpu_supports("avx512bf16")) failures++;
+        for (ptrdiff_t c = 0; c < n; c++)
+            if (!isnan(y[c])) failures++;
+    }
+    free(packed);
+    free(x);
+    free(bias);
+    free(y);
+    free(expected);
+    free(magnitude);
+}
+
 /// Attention with strided heads, a causal mask or a key mask, against a double reference; then the same rows split
 /// along the keys through vlm_attention_partial and merged.
 static void check_attention(ptrdiff_t queries, ptrdiff_t keys, ptrdiff_t head_dim, ptrdiff_t heads, int causal, int masked) {
@@ -358,6 +445,12 @@ int main(void) {
     check_gemm(1, 1, 1, 0);
     check_gemm(7, 13, 29, 0);
     check_gemm(33, 17, 70, 1);
+    check_panel_matvec(1, 1);
+    check_panel_matvec(70, 200);
+    check_panel_matvec(64, 384);
+    check_panel_matvec_bf16(1, 1);
+    check_panel_matvec_bf16(71, 200);
+    check_panel_matvec_bf16(64, 384);
     const vlm_quant_format formats[] = {VLM_QUANT_F16, VLM_QUANT_BF16, VLM_QUANT_Q4_0, VLM_QUANT_Q4_1, VLM_QUANT_Q5_0,
                                         VLM_QUANT_Q5_1, VLM_QUANT_Q8_0, VLM_QUANT_Q4_K, VLM_QUANT_Q5_K, VLM_QUANT_Q6_K};
     for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++) {

@@ -29,6 +29,26 @@ import Testing
         }
     }
 
+    /// Each row alone, as a decoding step multiplies it: on AVX-512 machines one fp32 row goes through our own
+    /// product over oneDNN's packed weight (`vlm_panel_matvec`), its epilogue ours too.
+    @Test(arguments: OpFixtures.names(op: "linear"), Backend.allCases)
+    func linearOfOneRowMatchesTorch(name: String, backend: Backend) throws {
+        let c = try #require(fixtures.cases[name])
+        let weight = c.input("weight")
+        let (k, n) = (weight.shape[1], weight.shape[0])
+        let layer = try Linear(weight: weight, bias: c.optionalInput("bias"), backend: backend)
+        let activation = activationNamed(try #require(c.params.activation))
+        let x = c.input("x").reshaped([-1, k]), expected = c.output().reshaped([-1, n])
+        let residual = c.optionalInput("residual")?.reshaped([-1, n])
+        for row in 0..<x.shape[0] {
+            func rowOf(_ t: Tensor, _ width: Int) -> Tensor {
+                Tensor(shape: [1, width], scalars: Array(t.scalars[(row * width)..<((row + 1) * width)]))
+            }
+            let y = layer(rowOf(x, k), activation: activation, residual: residual.map { rowOf($0, n) })
+            expectClose(y, rowOf(expected, n), "\(name) row \(row) alone, \(backend)")
+        }
+    }
+
     @Test(arguments: Backend.allCases)
     func linearIsSafeToShareBetweenTasks(backend: Backend) async throws {
         let c = try #require(fixtures.cases["linear_gelu_residual"])

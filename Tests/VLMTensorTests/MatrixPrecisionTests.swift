@@ -47,8 +47,11 @@ import Testing
         }
     }
 
-    @Test func bfloat16LayersMultiplyRoundedOperands() throws {
-        let c = try #require(fixtures.cases["linear_gelu_residual"])
+    /// All rows at once (oneDNN's bf16 matmul) and each row alone (on AVX512-BF16 machines our own product over
+    /// oneDNN's packed weight, `vlm_panel_matvec_bf16`; an odd input width leaves half a row pair).
+    @Test(arguments: ["linear_gelu_residual", "linear_odd_sizes_gelu_residual"])
+    func bfloat16LayersMultiplyRoundedOperands(name: String) throws {
+        let c = try #require(fixtures.cases[name])
         let (weight, bias, x, residual) = (c.input("weight"), c.input("bias"), c.input("x"), c.input("residual"))
         let layer = try MatrixPrecision.$forNewLayers.withValue(.bfloat16) { try Linear(weight: weight, bias: bias) }
         let fp32 = try Linear(weight: weight, bias: bias)
@@ -73,6 +76,12 @@ import Testing
             }
         }
         expectClose(y, Tensor(shape: y.shape, scalars: expected), "bf16 linear against bf16-rounded operands", tolerance: 2e-5)
+        for row in 0..<rows {
+            let alone = layer(Tensor(shape: [1, k], scalars: Array(xs[(row * k)..<((row + 1) * k)])), activation: .gelu,
+                              residual: Tensor(shape: [1, n], scalars: Array(rs[(row * n)..<((row + 1) * n)])))
+            expectClose(alone, Tensor(shape: [1, n], scalars: Array(expected[(row * n)..<((row + 1) * n)])),
+                        "\(name) row \(row) alone in bf16", tolerance: 2e-5)
+        }
         // And the rounding is real: fp32 products differ from these by far more than fp32's own error.
         let difference = zip(y.scalars, fp32(x, activation: .gelu, residual: residual).scalars).map { abs($0 - $1) }.max() ?? 0
         #expect(difference > 1e-4)

@@ -104,6 +104,21 @@ void vlm_quantize_rows_int8(const float *x, ptrdiff_t rows, ptrdiff_t features, 
 int vlm_gemm(ptrdiff_t m, ptrdiff_t n, ptrdiff_t k, const float *a, ptrdiff_t lda, const float *b, ptrdiff_t ldb,
              int transpose_b, float *c, ptrdiff_t ldc);
 
+/// One row `x` (`k` floats) times a `k × n` fp32 matrix `w` held in panels of 64 columns, for the panels
+/// `first_panel ..< first_panel + panel_count`: `y[c] = Σ_r x[r]·w[r][c] (+ bias[c])` for their columns below `n`.
+/// Panel p starts `p · panel_stride` floats after `w` and holds rows 0 ..< k of its 64 columns one after another
+/// (columns past `n` zero): oneDNN's `BA16a64b` layout of a matmul's fp32 weights. A decoding step's product, which
+/// reads every weight once: the panels are read two at a time, prefetched. Returns 0, or -1 without writing anything
+/// where the CPU lacks AVX-512 (the caller multiplies another way).
+int vlm_panel_matvec(const float *w, ptrdiff_t k, ptrdiff_t n, ptrdiff_t panel_stride, const float *x, const float *bias,
+                     float *y, ptrdiff_t first_panel, ptrdiff_t panel_count);
+
+/// vlm_panel_matvec for a bf16 matrix and a bf16 row (`uint16_t` bit patterns), the products summed in fp32: each
+/// panel holds the rows in pairs, a pair's two values of each column side by side, `2 · 64` values a pair (oneDNN's
+/// `BA16a64b2a`; rows past `k` zero). Returns 0, or -1 without writing anything where the CPU lacks AVX512-BF16.
+int vlm_panel_matvec_bf16(const uint16_t *w, ptrdiff_t k, ptrdiff_t n, ptrdiff_t panel_stride, const uint16_t *x,
+                          const float *bias, float *y, ptrdiff_t first_panel, ptrdiff_t panel_count);
+
 /// A ggml block format the quantized-matrix kernels read; the values are ggml's type numbers. Blocks run along a
 /// matrix row: a row of `columns` elements is `columns / block elements` blocks, stored one after another. F16 and
 /// BF16 (one element per ggml block) are read in blocks of 32, so their rows must be a multiple of 32 long.

@@ -1,0 +1,114 @@
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+#include <stdint.h>
+
+#include "kernels_internal.h"
+
+#define AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,fma")))
+
+enum { PANEL = 64, LANES = 16 };
+
+/// Panels read side by side: each is a stream of its own, and a core draws more from memory with two streams in flight
+/// than with one (a C harness over an OPT-2.7B decoding step's matrices, packed as oneDNN packs them, on transparent
+/// huge pages, Zen 4: one panel at a time 26 GB/s, two 28, four 21, oneDNN's own M=1 matmul 21–23, plain loads 27–29).
+enum { STREAMS = 2 };
+
+/// Bytes ahead of the row being read that each stream asks for into L2, as the packed int8 products do.
+enum { PREFETCH_DISTANCE = 8192 };
+
+/// y[64p + c] for the panels p in `first ..< first + count` of at most STREAMS panels, all full or the last one holding
+/// `last_columns`.
+AVX512 static void panels_product(const float *w, ptrdiff_t k, ptrdiff_t panel_stride, const float *x, const float *bias,
+                                  float *y, ptrdiff_t first, int count, ptrdiff_t last_columns) {
+    __m512 acc[STREAMS][PANEL / LANES];
+    const float *rows[STREAMS];
+    for (int s = 0; s < count; s++) {
+        rows[s] = w + (first + s) * panel_stride;
+        for (int v = 0; v < PANEL / LANES; v++) acc[s][v] = _mm512_setzero_ps();
+    }
+    for (ptrdiff_t r = 0; r < k; r++) {
+        const __m512 xr = _mm512_set1_ps(x[r]);
+        for (int s = 0; s < count; s++) {
+            const float *row = rows[s] + r * PANEL;
+            const char *ahead = (const char *)row + PREFETCH_DISTANCE;
+            for (int line = 0; line < PANEL * (int)sizeof(float); line += 64) _mm_prefetch(ahead + line, _MM_HINT_T1);
+            for (int v = 0; v < PANEL / LANES; v++) acc[s][v] = _mm512_fmadd_ps(xr, _mm512_loadu_ps(row + v * LANES), acc[s][v]);
+        }
+    }
+    for (int s = 0; s < count; s++) {
+        const ptrdiff_t columns = s == count - 1 ? last_columns : PANEL;
+        float *out = y + (first + s) * PANEL;
+        for (int v = 0; v < PANEL / LANES; v++) {
+            const ptrdiff_t left = columns - v * LANES;
+            if (left <= 0) break;
+            const __mmask16 m = left >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+            __m512 value = acc[s][v];
+            if (bias) value = _mm512_add_ps(value, _mm512_maskz_loadu_ps(m, bias + (first + s) * PANEL + v * LANES));
+            _mm512_mask_storeu_ps(out + v * LANES, m, value);
+        }
+    }
+}
+
+AVX512 void vlm_panel_matvec_avx512(const float *w, ptrdiff_t k, ptrdiff_t n, ptrdiff_t panel_stride, const float *x,
+                                    const float *bias, float *y, ptrdiff_t first_panel, ptrdiff_t panel_count) {
+    const ptrdiff_t panels = (n + PANEL - 1) / PANEL;
+    for (ptrdiff_t p = first_panel; p < first_panel + panel_count; p += STREAMS) {
+        const int count = (int)(first_panel + panel_count - p < STREAMS ? first_panel + panel_count - p : STREAMS);
+        const ptrdiff_t last = p + count - 1;
+        panels_product(w, k, panel_stride, x, bias, y, p, count, last == panels - 1 ? n - last * PANEL : PANEL);
+    }
+}
+
+/// The bf16 form: panel p holds the matrix's rows in pairs, each pair its 64 columns' two values side by side
+/// (oneDNN's `BA16a64b2a`), and `x` is bf16 too; each pair of rows is one AVX512-BF16 dot product per 16 columns, in
+/// fp32 as oneDNN's bf16 matmul forms it.
+#define AVX512_BF16 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512bf16,fma")))
+
+AVX512_BF16 static void bf16_panels_product(const uint16_t *w, ptrdiff_t k, ptrdiff_t panel_stride, const uint16_t *x,
+                                            const float *bias, float *y, ptrdiff_t first, int count,
+                                            ptrdiff_t last_columns) {
+    __m512 acc[STREAMS][PANEL / LANES];
+    const uint16_t *rows[STREAMS];
+    for (int s = 0; s < count; s++) {
+        rows[s] = w + (first + s) * panel_stride;
+        for (int v = 0; v < PANEL / LANES; v++) acc[s][v] = _mm512_setzero_ps();
+    }
+    for (ptrdiff_t pair = 0; pair < (k + 1) / 2; pair++) {
+        // Both rows' inputs in each 32-bit lane; past an odd k the second is zero (its weights are padding).
+        const uint32_t second = 2 * pair + 1 < k ? x[2 * pair + 1] : 0;
+        const __m512bh xr = (__m512bh)_mm512_set1_epi32((int)((uint32_t)x[2 * pair] | second << 16));
+        for (int s = 0; s < count; s++) {
+            const uint16_t *row = rows[s] + pair * 2 * PANEL;
+            const char *ahead = (const char *)row + PREFETCH_DISTANCE;
+            for (int line = 0; line < 2 * PANEL * (int)sizeof(uint16_t); line += 64) _mm_prefetch(ahead + line, _MM_HINT_T1);
+            for (int v = 0; v < PANEL / LANES; v++)
+                acc[s][v] = _mm512_dpbf16_ps(acc[s][v], xr, (__m512bh)_mm512_loadu_si512(row + 2 * LANES * v));
+        }
+    }
+    for (int s = 0; s < count; s++) {
+        const ptrdiff_t columns = s == count - 1 ? last_columns : PANEL;
+        float *out = y + (first + s) * PANEL;
+        for (int v = 0; v < PANEL / LANES; v++) {
+            const ptrdiff_t left = columns - v * LANES;
+            if (left <= 0) break;
+            const __mmask16 m = left >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+            __m512 value = acc[s][v];
+            if (bias) value = _mm512_add_ps(value, _mm512_maskz_loadu_ps(m, bias + (first + s) * PANEL + v * LANES));
+            _mm512_mask_storeu_ps(out + v * LANES, m, value);
+        }
+    }
+}
+
+AVX512_BF16 void vlm_panel_matvec_bf16_avx512(const uint16_t *w, ptrdiff_t k, ptrdiff_t n, ptrdiff_t panel_stride,
+                                              const uint16_t *x, const float *bias, float *y, ptrdiff_t first_panel,
+                                              ptrdiff_t panel_count) {
+    const ptrdiff_t panels = (n + PANEL - 1) / PANEL;
+    for (ptrdiff_t p = first_panel; p < first_panel + panel_count; p += STREAMS) {
+        const int count = (int)(first_panel + panel_count - p < STREAMS ? first_panel + panel_count - p : STREAMS);
+        const ptrdiff_t last = p + count - 1;
+        bf16_panels_product(w, k, panel_stride, x, bias, y, p, count, last == panels - 1 ? n - last * PANEL : PANEL);
+    }
+}
+
+#endif
