@@ -1,5 +1,6 @@
 """The machine a benchmark runs on, printed beside its numbers: CPU model, vector ISA, caches, and the measured fp32
-FMA peak and read bandwidth of the threads the benchmark uses.
+FMA peak and read bandwidth of the threads the benchmark uses (reading a buffer on transparent huge pages, as
+SwiftVLM holds its weights).
 
     python3 scripts/machine.py [--threads 2] [--json]
 
