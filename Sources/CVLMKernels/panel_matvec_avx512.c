@@ -17,6 +17,23 @@ enum { STREAMS = 2 };
 /// Bytes ahead of the row being read that each stream asks for into L2, as the packed int8 products do.
 enum { PREFETCH_DISTANCE = 8192 };
 
+/// Writes `count` panels' sums from `first` on, plus the bias, the last panel's only up to `last_columns`.
+static inline __attribute__((always_inline, target("avx512f,avx512dq,avx512bw,avx512vl,fma"))) void
+store_panels(__m512 acc[][PANEL / LANES], int count, const float *bias, float *y, ptrdiff_t first, ptrdiff_t last_columns) {
+    for (int s = 0; s < count; s++) {
+        const ptrdiff_t columns = s == count - 1 ? last_columns : PANEL;
+        float *out = y + (first + s) * PANEL;
+        for (int v = 0; v < PANEL / LANES; v++) {
+            const ptrdiff_t left = columns - v * LANES;
+            if (left <= 0) break;
+            const __mmask16 m = left >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+            __m512 value = acc[s][v];
+            if (bias) value = _mm512_add_ps(value, _mm512_maskz_loadu_ps(m, bias + (first + s) * PANEL + v * LANES));
+            _mm512_mask_storeu_ps(out + v * LANES, m, value);
+        }
+    }
+}
+
 /// y[64p + c] for the panels p in `first ..< first + count` of at most STREAMS panels, all full or the last one holding
 /// `last_columns`.
 AVX512 static void panels_product(const float *w, ptrdiff_t k, ptrdiff_t panel_stride, const float *x, const float *bias,
@@ -36,18 +53,7 @@ AVX512 static void panels_product(const float *w, ptrdiff_t k, ptrdiff_t panel_s
             for (int v = 0; v < PANEL / LANES; v++) acc[s][v] = _mm512_fmadd_ps(xr, _mm512_loadu_ps(row + v * LANES), acc[s][v]);
         }
     }
-    for (int s = 0; s < count; s++) {
-        const ptrdiff_t columns = s == count - 1 ? last_columns : PANEL;
-        float *out = y + (first + s) * PANEL;
-        for (int v = 0; v < PANEL / LANES; v++) {
-            const ptrdiff_t left = columns - v * LANES;
-            if (left <= 0) break;
-            const __mmask16 m = left >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-            __m512 value = acc[s][v];
-            if (bias) value = _mm512_add_ps(value, _mm512_maskz_loadu_ps(m, bias + (first + s) * PANEL + v * LANES));
-            _mm512_mask_storeu_ps(out + v * LANES, m, value);
-        }
-    }
+    store_panels(acc, count, bias, y, first, last_columns);
 }
 
 AVX512 void vlm_panel_matvec_avx512(const float *w, ptrdiff_t k, ptrdiff_t n, ptrdiff_t panel_stride, const float *x,
@@ -86,18 +92,7 @@ AVX512_BF16 static void bf16_panels_product(const uint16_t *w, ptrdiff_t k, ptrd
                 acc[s][v] = _mm512_dpbf16_ps(acc[s][v], xr, (__m512bh)_mm512_loadu_si512(row + 2 * LANES * v));
         }
     }
-    for (int s = 0; s < count; s++) {
-        const ptrdiff_t columns = s == count - 1 ? last_columns : PANEL;
-        float *out = y + (first + s) * PANEL;
-        for (int v = 0; v < PANEL / LANES; v++) {
-            const ptrdiff_t left = columns - v * LANES;
-            if (left <= 0) break;
-            const __mmask16 m = left >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-            __m512 value = acc[s][v];
-            if (bias) value = _mm512_add_ps(value, _mm512_maskz_loadu_ps(m, bias + (first + s) * PANEL + v * LANES));
-            _mm512_mask_storeu_ps(out + v * LANES, m, value);
-        }
-    }
+    store_panels(acc, count, bias, y, first, last_columns);
 }
 
 AVX512_BF16 void vlm_panel_matvec_bf16_avx512(const uint16_t *w, ptrdiff_t k, ptrdiff_t n, ptrdiff_t panel_stride,

@@ -56,6 +56,22 @@ static const char *isa_names[] = {"scalar", "avx2", "avx512"};
 
 static const char *isa_name(vlm_kernel_isa isa) { return isa == VLM_ISA_AVX512 ? "avx512" : isa == VLM_ISA_AVX2 ? "avx2" : "scalar"; }
 
+/// The two calls of a panel product check (`first`, `second`: their results): where the CPU runs the kernel
+/// (`supported`), sums against the double reference; elsewhere refusals that wrote nothing (y stays NaN).
+static void expect_panel_results(const char *kernel, ptrdiff_t k, ptrdiff_t n, int first, int second, int supported,
+                                 const float *y, const double *expected, const double *magnitude) {
+    char what[64];
+    snprintf(what, sizeof what, "%s %tdx%td", kernel, k, n);
+    if (supported) {
+        if (first != 0 || second != 0) failures++;
+        expect_sum_close(what, y, expected, magnitude, n, 1e-6);
+    } else {
+        if (first != -1 || second != -1) failures++;
+        for (ptrdiff_t c = 0; c < n; c++)
+            if (!isnan(y[c])) failures++;
+    }
+}
+
 /// One row times a k × n matrix packed in 64-column panels (oneDNN's BA16a64b, rows padded to whole 16-row blocks)
 /// through vlm_panel_matvec, in two calls over the panels, with a bias; the panels' buffer holds exactly what the
 /// layout needs, so a read past it shows. AVX-512 only: elsewhere the call must refuse and write nothing.
@@ -79,16 +95,7 @@ static void check_panel_matvec(ptrdiff_t k, ptrdiff_t n) {
     const ptrdiff_t half = panels / 2;
     const int first = vlm_panel_matvec(packed, k, n, stride, x, bias, y, 0, half);
     const int second = vlm_panel_matvec(packed, k, n, stride, x, bias, y, half, panels - half);
-    char what[64];
-    snprintf(what, sizeof what, "panel_matvec %tdx%td", k, n);
-    if (vlm_best_isa() == VLM_ISA_AVX512) {
-        if (first != 0 || second != 0) failures++;
-        expect_sum_close(what, y, expected, magnitude, n, 1e-6);
-    } else {
-        if (first != -1 || second != -1) failures++;
-        for (ptrdiff_t c = 0; c < n; c++)
-            if (!isnan(y[c])) failures++;
-    }
+    expect_panel_results("panel_matvec", k, n, first, second, vlm_best_isa() == VLM_ISA_AVX512, y, expected, magnitude);
     free(packed);
     free(x);
     free(bias);
@@ -125,16 +132,8 @@ static void check_panel_matvec_bf16(ptrdiff_t k, ptrdiff_t n) {
     const ptrdiff_t half = panels / 2;
     const int first = vlm_panel_matvec_bf16(packed, k, n, stride, x, bias, y, 0, half);
     const int second = vlm_panel_matvec_bf16(packed, k, n, stride, x, bias, y, half, panels - half);
-    char what[64];
-    snprintf(what, sizeof what, "panel_matvec_bf16 %tdx%td", k, n);
-    if (first == 0 && second == 0) {
-        expect_sum_close(what, y, expected, magnitude, n, 1e-6);
-    } else {
-        // Only a CPU without AVX512-BF16 refuses, and then writes nothing.
-        if (first != -1 || second != -1 || vlm_best_isa() == VLM_ISA_AVX512 && __builtin_cpu_supports("avx512bf16")) failures++;
-        for (ptrdiff_t c = 0; c < n; c++)
-            if (!isnan(y[c])) failures++;
-    }
+    expect_panel_results("panel_matvec_bf16", k, n, first, second,
+                         vlm_best_isa() == VLM_ISA_AVX512 && __builtin_cpu_supports("avx512bf16"), y, expected, magnitude);
     free(packed);
     free(x);
     free(bias);
