@@ -69,47 +69,79 @@ VNNI_INLINE __m512i digit_group(const int8_t *p) {
     return _mm512_set1_epi32(group);
 }
 
+/// Vector `j` of a block's nibble values as two vectors of digits, `low` = w[j] and `high` = w[4 + j] (each 16 rows ×
+/// 4 columns), their fifth (and sixth) bits added from the high-bit planes.
+VNNI_INLINE void nibble_pair(const uint8_t *values, const vlm_quant_format F, int j, __m512i *low, __m512i *high) {
+    const int high_bits = F == VLM_QUANT_Q5_0 || F == VLM_QUANT_Q5_1 || F == VLM_QUANT_Q5_K ? 1 : F == VLM_QUANT_Q6_K ? 2 : 0;
+    const __m512i nibble = _mm512_set1_epi8(0xF);
+    const __m512i packed = _mm512_load_si512((const void *)(values + 64 * j));
+    *low = _mm512_and_si512(packed, nibble);
+    *high = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nibble);
+    // Fifth (and sixth) bits: adding 16 (32) where a plane's mask bit is set.
+    for (int plane = 0; plane < high_bits; plane++) {
+        const __m512i bit = _mm512_set1_epi8((char)(16 << plane));
+        const uint8_t *masks = values + 256 + 64 * plane;
+        *low = _mm512_mask_add_epi8(*low, _load_mask64((__mmask64 *)(masks + 8 * j)), *low, bit);
+        *high = _mm512_mask_add_epi8(*high, _load_mask64((__mmask64 *)(masks + 8 * (4 + j))), *high, bit);
+    }
+}
+
+/// The block's per-row scales (the first half's for Q6_K), as ggml's dequantization forms them.
+VNNI_INLINE __m512 block_scales(const uint8_t *group, const vlm_quant_packed_layout_t *layout, const vlm_quant_format F,
+                                ptrdiff_t b) {
+    const int super_scales = F == VLM_QUANT_Q4_K || F == VLM_QUANT_Q5_K || F == VLM_QUANT_Q6_K;
+    const uint8_t *scales = group + layout->scales_offset + layout->scale_bytes * b;
+    return super_scales ? sub_block_scales(scales, F == VLM_QUANT_Q6_K, group + layout->supers_offset + layout->super_bytes * (b / 8))
+                        : halves(scales);
+}
+
+/// Adds block `b`'s contribution to one output vector from its integer sums h, m and l of the weights' digits times
+/// the activation's three digits (scale, sum: the activation block's). Not for Q6_K, whose halves have their own scales.
+VNNI_INLINE void finish_block(const uint8_t *group, const vlm_quant_packed_layout_t *layout, const vlm_quant_format F,
+                              ptrdiff_t b, __m512 d, __m512i h, __m512i m, __m512i l, float scale, float sum,
+                              __m512 *acc, __m512 *minimum_acc) {
+    const int has_minimum = F == VLM_QUANT_Q4_1 || F == VLM_QUANT_Q5_1 || F == VLM_QUANT_Q4_K || F == VLM_QUANT_Q5_K;
+    const int super_scales = F == VLM_QUANT_Q4_K || F == VLM_QUANT_Q5_K;
+    // Σq·v = 2¹⁴·Σq·h + (2⁷·Σq·m + Σq·l); the second part fits 32 bits, the whole may not.
+    const __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h), _mm512_set1_ps(1 << 14),
+                                       _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(m, 7), l)));
+    if (has_minimum) {
+        const uint8_t *minimums = group + layout->minimums_offset + layout->scale_bytes * b;
+        const __m512 minimum = super_scales
+            ? sub_block_scales(minimums, 0, group + layout->supers_offset + layout->super_bytes * (b / 8) + 32)
+            : halves(minimums);
+        *acc = _mm512_fmadd_ps(_mm512_mul_ps(dot, _mm512_set1_ps(scale)), d, *acc);
+        // K-quants subtract dmin·min; the others add their minimums.
+        *minimum_acc = super_scales ? _mm512_fnmadd_ps(minimum, _mm512_set1_ps(sum), *minimum_acc)
+                                    : _mm512_fmadd_ps(minimum, _mm512_set1_ps(sum), *minimum_acc);
+    } else {
+        const __m512 centred = _mm512_fmsub_ps(dot, _mm512_set1_ps(scale), _mm512_set1_ps((float)layout->offset * sum));
+        *acc = _mm512_fmadd_ps(centred, d, *acc);
+    }
+}
+
 /// Block `b` of one group of format `F` for `M` activation rows, added to the group's `acc` and `minimum_acc`. `F`
 /// is a constant in every caller, so each format's product is compiled with its own layout's branches taken.
 VNNI_INLINE void block_product(const uint8_t *group, const vlm_quant_packed_layout_t *layout, const vlm_quant_format F,
                                ptrdiff_t b, const int8_t *activations, ptrdiff_t activation_bytes, const int M,
                                __m512 *acc, __m512 *minimum_acc) {
-    const int nibbles = F != VLM_QUANT_Q8_0;
-    const int high_bits = F == VLM_QUANT_Q5_0 || F == VLM_QUANT_Q5_1 || F == VLM_QUANT_Q5_K ? 1 : F == VLM_QUANT_Q6_K ? 2 : 0;
-    const int has_minimum = F == VLM_QUANT_Q4_1 || F == VLM_QUANT_Q5_1 || F == VLM_QUANT_Q4_K || F == VLM_QUANT_Q5_K;
-    const int super_scales = F == VLM_QUANT_Q4_K || F == VLM_QUANT_Q5_K || F == VLM_QUANT_Q6_K;
     const int half_scales = F == VLM_QUANT_Q6_K;
     const ptrdiff_t blocks = layout->blocks;
-    const __m512i nibble = _mm512_set1_epi8(0xF);
     const __m512 digit_h = _mm512_set1_ps(1 << 14);
     __m512i w[8];
     const uint8_t *values = group + b * layout->value_bytes;
     vlm_quant_prefetch_block_share(group, layout, b);
-    if (nibbles) {
-        for (int j = 0; j < 4; j++) {
-            const __m512i packed = _mm512_load_si512((const void *)(values + 64 * j));
-            w[j] = _mm512_and_si512(packed, nibble);
-            w[4 + j] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nibble);
-        }
-        // Fifth (and sixth) bits: adding 16 (32) where a plane's mask bit is set.
-        for (int plane = 0; plane < high_bits; plane++) {
-            const __m512i bit = _mm512_set1_epi8((char)(16 << plane));
-            for (int q = 0; q < 8; q++) {
-                const __mmask64 set = _load_mask64((__mmask64 *)(values + 256 + 64 * plane + 8 * q));
-                w[q] = _mm512_mask_add_epi8(w[q], set, w[q], bit);
-            }
-        }
+    if (F != VLM_QUANT_Q8_0) {
+        for (int j = 0; j < 4; j++) nibble_pair(values, F, j, &w[j], &w[4 + j]);
     } else {
         for (int j = 0; j < 8; j++) w[j] = _mm512_load_si512((const void *)(values + 64 * j));
     }
-    const uint8_t *block_scales = group + layout->scales_offset + layout->scale_bytes * b;
-    const uint8_t *supers = group + layout->supers_offset + layout->super_bytes * (b / 8);
-    // Q6_K: the two halves' scales.
-    const __m512 d = super_scales ? sub_block_scales(block_scales, half_scales, supers) : halves(block_scales);
-    const __m512 second_d = half_scales ? sub_block_scales(block_scales + 16, 1, supers) : d;
-    const __m512 minimums = !has_minimum ? _mm512_setzero_ps()
-        : super_scales ? sub_block_scales(group + layout->minimums_offset + layout->scale_bytes * b, 0, supers + 32)
-                       : halves(group + layout->minimums_offset + layout->scale_bytes * b);
+    const __m512 d = block_scales(group, layout, F, b);
+    // Q6_K: the second half's scales.
+    const __m512 second_d = half_scales
+        ? sub_block_scales(group + layout->scales_offset + layout->scale_bytes * b + 16, 1,
+                           group + layout->supers_offset + layout->super_bytes * (b / 8))
+        : d;
     for (int i = 0; i < M; i++) {
         const int8_t *digits = activations + i * activation_bytes + 96 * b;
         const float *scales = (const float *)(activations + i * activation_bytes + 96 * blocks);
@@ -138,19 +170,61 @@ VNNI_INLINE void block_product(const uint8_t *group, const vlm_quant_packed_layo
             m = _mm512_dpbusd_epi32(m, w[q], digit_group(digits + 32 + 4 * q));
             l = _mm512_dpbusd_epi32(l, w[q], digit_group(digits + 64 + 4 * q));
         }
-        // Σq·v = 2¹⁴·Σq·h + (2⁷·Σq·m + Σq·l); the second part fits 32 bits, the whole may not.
-        const __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h), digit_h,
-                                           _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(m, 7), l)));
-        if (has_minimum) {
-            acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dot, _mm512_set1_ps(scale)), d, acc[i]);
-            // K-quants subtract dmin·min; the others add their minimums.
-            minimum_acc[i] = super_scales ? _mm512_fnmadd_ps(minimums, _mm512_set1_ps(sum), minimum_acc[i])
-                                          : _mm512_fmadd_ps(minimums, _mm512_set1_ps(sum), minimum_acc[i]);
-        } else {
-            const __m512 centred = _mm512_fmsub_ps(dot, _mm512_set1_ps(scale), _mm512_set1_ps((float)layout->offset * sum));
-            acc[i] = _mm512_fmadd_ps(centred, d, acc[i]);
-        }
+        finish_block(group, layout, F, b, d, h, m, l, scale, sum, &acc[i], &minimum_acc[i]);
     }
+}
+
+/// One activation row (decoding) through VLM_QUANT_STREAMS groups of nibble values read side by side, block by
+/// block: each digit group of the row is broadcast once for all the streams and every stream's sums stay in
+/// registers, where through block_product (a block's eight unpacked weight vectors and the row's 24 digit groups in
+/// registers) the compiler kept each stream's sums in memory between blocks. The integer sums are exact in any order,
+/// so the outputs equal block_product's. Not for Q6_K, whose two half-blocks would need twice the sums, nor Q8_0,
+/// whose loads need no unpacking and which ran slower this way.
+VNNI_INLINE void streams_product(const uint8_t *const *groups, const vlm_quant_packed_layout_t *layout,
+                                 const vlm_quant_format F, const int8_t *activation, __m512 *out) {
+    enum { P = VLM_QUANT_STREAMS };
+    const ptrdiff_t blocks = layout->blocks;
+    const float *scales = (const float *)(activation + 96 * blocks);
+    __m512 acc[P], minimum_acc[P];
+    for (int p = 0; p < P; p++) acc[p] = minimum_acc[p] = _mm512_setzero_ps();
+    for (ptrdiff_t b = 0; b < blocks; b++) {
+        const int8_t *digits = activation + 96 * b;
+        __m512i h[P], m[P], l[P];
+        for (int p = 0; p < P; p++) {
+            vlm_quant_prefetch_block_share(groups[p], layout, b);
+            h[p] = m[p] = l[p] = _mm512_setzero_si512();
+        }
+        if (F == VLM_QUANT_Q8_0) {
+            for (int q = 0; q < 8; q++) {
+                const __m512i dh = digit_group(digits + 4 * q), dm = digit_group(digits + 32 + 4 * q),
+                              dl = digit_group(digits + 64 + 4 * q);
+                for (int p = 0; p < P; p++) {
+                    const __m512i w = _mm512_load_si512((const void *)(groups[p] + b * layout->value_bytes + 64 * q));
+                    h[p] = _mm512_dpbusd_epi32(h[p], w, dh);
+                    m[p] = _mm512_dpbusd_epi32(m[p], w, dm);
+                    l[p] = _mm512_dpbusd_epi32(l[p], w, dl);
+                }
+            }
+        } else {
+            for (int j = 0; j < 4; j++) {
+                const __m512i dh = digit_group(digits + 4 * j), dm = digit_group(digits + 32 + 4 * j),
+                              dl = digit_group(digits + 64 + 4 * j);
+                const __m512i eh = digit_group(digits + 4 * (4 + j)), em = digit_group(digits + 32 + 4 * (4 + j)),
+                              el = digit_group(digits + 64 + 4 * (4 + j));
+                for (int p = 0; p < P; p++) {
+                    __m512i low, high;
+                    nibble_pair(groups[p] + b * layout->value_bytes, F, j, &low, &high);
+                    h[p] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(h[p], low, dh), high, eh);
+                    m[p] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(m[p], low, dm), high, em);
+                    l[p] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(l[p], low, dl), high, el);
+                }
+            }
+        }
+        for (int p = 0; p < P; p++)
+            finish_block(groups[p], layout, F, b, block_scales(groups[p], layout, F, b), h[p], m[p], l[p], scales[b],
+                         scales[blocks + b], &acc[p], &minimum_acc[p]);
+    }
+    for (int p = 0; p < P; p++) out[p] = _mm512_add_ps(acc[p], minimum_acc[p]);
 }
 
 /// Output rows of `P` groups for `M` activation rows (`out[p·M + i]`), their blocks read in turn: each group is a
@@ -200,7 +274,11 @@ VNNI_INLINE void packed_matmul(const vlm_quant_format F, const void *packed, con
             const uint8_t *streams[VLM_QUANT_STREAMS];
             for (int p = 0; p < VLM_QUANT_STREAMS; p++) streams[p] = start + (p * part + k) * layout->group_bytes;
             __m512 out[VLM_QUANT_STREAMS];
-            group_product(streams, VLM_QUANT_STREAMS, layout, F, activations, activation_bytes, 1, out);
+            if (F == VLM_QUANT_Q6_K || F == VLM_QUANT_Q8_0) {
+                group_product(streams, VLM_QUANT_STREAMS, layout, F, activations, activation_bytes, 1, out);
+            } else {
+                streams_product(streams, layout, F, activations, out);
+            }
             for (int p = 0; p < VLM_QUANT_STREAMS; p++) store_group(y, rows, first_group + p * part + k, out[p]);
         }
         // What does not divide among the streams, one group at a time.
