@@ -194,30 +194,17 @@ VNNI_INLINE void streams_product(const uint8_t *const *groups, const vlm_quant_p
             vlm_quant_prefetch_block_share(groups[p], layout, b);
             h[p] = m[p] = l[p] = _mm512_setzero_si512();
         }
-        if (F == VLM_QUANT_Q8_0) {
-            for (int q = 0; q < 8; q++) {
-                const __m512i dh = digit_group(digits + 4 * q), dm = digit_group(digits + 32 + 4 * q),
-                              dl = digit_group(digits + 64 + 4 * q);
-                for (int p = 0; p < P; p++) {
-                    const __m512i w = _mm512_load_si512((const void *)(groups[p] + b * layout->value_bytes + 64 * q));
-                    h[p] = _mm512_dpbusd_epi32(h[p], w, dh);
-                    m[p] = _mm512_dpbusd_epi32(m[p], w, dm);
-                    l[p] = _mm512_dpbusd_epi32(l[p], w, dl);
-                }
-            }
-        } else {
-            for (int j = 0; j < 4; j++) {
-                const __m512i dh = digit_group(digits + 4 * j), dm = digit_group(digits + 32 + 4 * j),
-                              dl = digit_group(digits + 64 + 4 * j);
-                const __m512i eh = digit_group(digits + 4 * (4 + j)), em = digit_group(digits + 32 + 4 * (4 + j)),
-                              el = digit_group(digits + 64 + 4 * (4 + j));
-                for (int p = 0; p < P; p++) {
-                    __m512i low, high;
-                    nibble_pair(groups[p] + b * layout->value_bytes, F, j, &low, &high);
-                    h[p] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(h[p], low, dh), high, eh);
-                    m[p] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(m[p], low, dm), high, em);
-                    l[p] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(l[p], low, dl), high, el);
-                }
+        for (int j = 0; j < 4; j++) {
+            const __m512i dh = digit_group(digits + 4 * j), dm = digit_group(digits + 32 + 4 * j),
+                          dl = digit_group(digits + 64 + 4 * j);
+            const __m512i eh = digit_group(digits + 4 * (4 + j)), em = digit_group(digits + 32 + 4 * (4 + j)),
+                          el = digit_group(digits + 64 + 4 * (4 + j));
+            for (int p = 0; p < P; p++) {
+                __m512i low, high;
+                nibble_pair(groups[p] + b * layout->value_bytes, F, j, &low, &high);
+                h[p] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(h[p], low, dh), high, eh);
+                m[p] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(m[p], low, dm), high, em);
+                l[p] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(l[p], low, dl), high, el);
             }
         }
         for (int p = 0; p < P; p++)
