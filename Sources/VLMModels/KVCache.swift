@@ -7,26 +7,48 @@ public final class KVCache: @unchecked Sendable {
     public let capacity: Int
     /// Positions already stored.
     public private(set) var length = 0
-    /// Per layer, `[batch, capacity, kvHeads·headDim]`.
+    /// Per layer, `[batch, heads·capacity, width/heads]`: each row's positions of a head side by side (head-major,
+    /// see `KeyValueLayout`); with one head, `[batch, capacity, width]`.
     let keys: [Tensor]
     let values: [Tensor]
+    /// Features of a position, all heads.
     let width: Int
+    /// Key/value heads, each a run of positions.
+    let heads: Int
+    private var headDim: Int { width / heads }
 
-    init(batch: Int, capacity: Int, layers: Int, width: Int) {
+    init(batch: Int, capacity: Int, layers: Int, width: Int, heads: Int = 1) {
+        precondition(heads > 0 && width % heads == 0, "a KV cache of \(width) features cannot hold \(heads) heads")
         self.batch = batch
         self.capacity = capacity
         self.width = width
-        keys = (0..<layers).map { _ in Tensor(uninitialized: [batch, capacity, width]) }
-        values = (0..<layers).map { _ in Tensor(uninitialized: [batch, capacity, width]) }
+        self.heads = heads
+        keys = (0..<layers).map { _ in Tensor(uninitialized: [batch, heads * capacity, width / heads]) }
+        values = (0..<layers).map { _ in Tensor(uninitialized: [batch, heads * capacity, width / heads]) }
     }
 
-    /// Writes `key` and `value` (`[batch, T, width]`) of `layer` at positions `length..<length + T`.
+    /// Where position `position` of head `head` of row `row` starts in a layer's tensor.
+    private func offset(row: Int, head: Int, position: Int) -> Int {
+        ((row * heads + head) * capacity + position) * headDim
+    }
+
+    /// Writes `key` and `value` (`[batch, T, width]`, token-major) of `layer` at positions `length..<length + T`.
     func store(layer: Int, key: Tensor, value: Tensor) {
         let count = key.shape[1]
         for (source, destination) in [(key, keys[layer]), (value, values[layer])] {
             for item in 0..<batch {
-                (destination.storage.pointer + (item * capacity + length) * width)
-                    .update(from: source.storage.pointer + item * count * width, count: count * width)
+                let from = source.storage.pointer + item * count * width
+                if heads == 1 {
+                    (destination.storage.pointer + offset(row: item, head: 0, position: length))
+                        .update(from: from, count: count * width)
+                    continue
+                }
+                for head in 0..<heads {
+                    let to = destination.storage.pointer + offset(row: item, head: head, position: length)
+                    for position in 0..<count {
+                        (to + position * headDim).update(from: from + position * width + head * headDim, count: headDim)
+                    }
+                }
             }
         }
     }
@@ -46,15 +68,19 @@ public final class KVCache: @unchecked Sendable {
     /// same model with room for them (growing a conversation's cache, reusing a prompt's prefix).
     public func copyStored(into destination: KVCache, count: Int? = nil) throws {
         let count = count ?? length
-        guard destination.batch == batch, destination.width == width, destination.keys.count == keys.count,
-              count >= 0, count <= length, destination.capacity >= count, destination.length == 0 else {
+        guard destination.batch == batch, destination.width == width, destination.heads == heads,
+              destination.keys.count == keys.count, count >= 0, count <= length, destination.capacity >= count,
+              destination.length == 0 else {
             throw ModelError.invalidInput(
                 "a KV cache of \(destination.batch) rows of \(destination.capacity) positions cannot take \(count) of this one's \(length) stored positions")
         }
         for (source, target) in zip(keys + values, destination.keys + destination.values) {
             for row in 0..<batch {
-                (target.storage.pointer + row * destination.capacity * width)
-                    .update(from: source.storage.pointer + row * capacity * width, count: count * width)
+                for head in 0..<heads {
+                    let from = source.storage.pointer + offset(row: row, head: head, position: 0)
+                    (target.storage.pointer + destination.offset(row: row, head: head, position: 0))
+                        .update(from: from, count: count * headDim)
+                }
             }
         }
         destination.length = count
@@ -83,21 +109,29 @@ public final class KVCache: @unchecked Sendable {
         guard let first = rows.first?.cache else { throw ModelError.invalidInput("packing a KV cache needs at least one row") }
         let length = rows.map(\.count).max() ?? 0
         guard capacity >= length,
-              rows.allSatisfy({ $0.cache.width == first.width && $0.cache.keys.count == first.keys.count
-                  && $0.row >= 0 && $0.row < $0.cache.batch && $0.count > 0 && $0.count <= $0.cache.length }) else {
+              rows.allSatisfy({ $0.cache.width == first.width && $0.cache.heads == first.heads
+                  && $0.cache.keys.count == first.keys.count && $0.row >= 0 && $0.row < $0.cache.batch && $0.count > 0
+                  && $0.count <= $0.cache.length }) else {
             throw ModelError.invalidInput("cannot pack these KV cache rows into \(rows.count) rows of \(capacity) positions")
         }
-        let packed = KVCache(batch: rows.count, capacity: capacity, layers: first.keys.count, width: first.width)
-        let width = first.width
+        let packed = KVCache(batch: rows.count, capacity: capacity, layers: first.keys.count, width: first.width,
+                             heads: first.heads)
+        let headDim = first.headDim
         for layer in 0..<first.keys.count {
             for (index, source) in rows.enumerated() {
-                let from = (source.row * source.cache.capacity + source.cache.length - source.count) * width
-                let to = (index * capacity + length - source.count) * width
-                // Padding is masked, but a masked score times garbage (NaN) would still poison the sum: zero it.
-                (packed.keys[layer].storage.pointer + index * capacity * width).update(repeating: 0, count: (length - source.count) * width)
-                (packed.values[layer].storage.pointer + index * capacity * width).update(repeating: 0, count: (length - source.count) * width)
-                (packed.keys[layer].storage.pointer + to).update(from: source.cache.keys[layer].storage.pointer + from, count: source.count * width)
-                (packed.values[layer].storage.pointer + to).update(from: source.cache.values[layer].storage.pointer + from, count: source.count * width)
+                for head in 0..<first.heads {
+                    let from = source.cache.offset(row: source.row, head: head,
+                                                   position: source.cache.length - source.count)
+                    let to = packed.offset(row: index, head: head, position: 0)
+                    let padding = (length - source.count) * headDim
+                    // Padding is masked, but a masked score times garbage (NaN) would still poison the sum: zero it.
+                    for (target, origin) in [(packed.keys[layer], source.cache.keys[layer]),
+                                             (packed.values[layer], source.cache.values[layer])] {
+                        (target.storage.pointer + to).update(repeating: 0, count: padding)
+                        (target.storage.pointer + to + padding)
+                            .update(from: origin.storage.pointer + from, count: source.count * headDim)
+                    }
+                }
             }
         }
         packed.length = length
@@ -112,13 +146,24 @@ public final class KVCache: @unchecked Sendable {
         }
         let moved = rows.enumerated().filter { $0.offset != $0.element }
         guard !moved.isEmpty, length > 0 else { return }
-        let rowSize = capacity * width, used = length * width
-        let scratch = UnsafeMutablePointer<Float>.allocate(capacity: batch * used)
+        // Each row's stored positions, head after head.
+        let used = length * headDim, rowUsed = heads * used
+        let scratch = UnsafeMutablePointer<Float>.allocate(capacity: batch * rowUsed)
         defer { scratch.deallocate() }
         for tensor in keys + values {
             let base = tensor.storage.pointer
-            for row in 0..<batch { (scratch + row * used).update(from: base + row * rowSize, count: used) }
-            for (row, source) in moved { (base + row * rowSize).update(from: scratch + source * used, count: used) }
+            for row in 0..<batch {
+                for head in 0..<heads {
+                    (scratch + row * rowUsed + head * used)
+                        .update(from: base + offset(row: row, head: head, position: 0), count: used)
+                }
+            }
+            for (row, source) in moved {
+                for head in 0..<heads {
+                    (base + offset(row: row, head: head, position: 0))
+                        .update(from: scratch + source * rowUsed + head * used, count: used)
+                }
+            }
         }
     }
 }

@@ -348,7 +348,8 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
         guard batch > 0, capacity > 0, !positions.overflow, !bytes.overflow, bytes.partialValue <= Self.maximumCacheBytes else {
             throw ModelError.invalidInput("a KV cache for \(batch) rows of \(capacity) positions is out of range")
         }
-        return KVCache(batch: batch, capacity: capacity, layers: layers.count, width: width)
+        return KVCache(batch: batch, capacity: capacity, layers: layers.count, width: width,
+                       heads: config.numKeyValueHeads)
     }
 
     /// 16 GiB: more than this machine class has, so a larger request is a mistake, not a workload.
@@ -437,20 +438,21 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
         let query = applyRotaryEmbedding(projected[0], heads: heads, cos: rotary.cos, sin: rotary.sin)
         let key = applyRotaryEmbedding(projected[1], heads: keyHeads, cos: rotary.cos, sin: rotary.sin)
         let value = projected[2]
-        var keys = key, values = value
+        var (keys, values, layout) = (key, value, KeyValueLayout.tokenMajor)
         if let cache {
             cache.store(layer: index, key: key, value: value)
-            (keys, values) = (cache.keys[index], cache.values[index])
+            (keys, values, layout) = (cache.keys[index], cache.values[index], .headMajor)
         }
         let scale = 1 / Float(config.headDim).squareRoot()
         let keyLength = (cache?.length ?? 0) + hidden.shape[1]
         let attended: Tensor
         if let window = config.attentionWindow(layer: index), keyLength > window {
-            attended = slidingWindowAttention(query: query, keys: keys, values: values, keyLength: keyLength, window: window,
-                                              keyPaddingMask: keyPaddingMask, scale: scale)
+            attended = slidingWindowAttention(query: query, keys: keys, values: values, layout: layout, keyLength: keyLength,
+                                              window: window, keyPaddingMask: keyPaddingMask, scale: scale)
         } else {
             attended = groupedQueryAttention(query: query, key: keys, value: values, heads: heads, keyHeads: keyHeads,
-                                             keyLength: keyLength, causal: true, keyPaddingMask: keyPaddingMask, scale: scale)
+                                             keyLength: keyLength, layout: layout, causal: true,
+                                             keyPaddingMask: keyPaddingMask, scale: scale)
         }
         let afterAttention = layer.output(attended, residual: hidden)
         let normedAgain = rmsNorm(afterAttention, weight: layer.postAttentionNorm, eps: config.rmsNormEps)
@@ -460,8 +462,8 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
 
     /// Causal attention in which the query at sequence index `i` (of `keyLength`, the last queries being `query`'s) sees only keys `i - window + 1 ... i`: transformers' `sliding_window_overlay`. Each query attends
     /// to its own run of keys; a decoding step is one query, so this costs a prefill longer than the window only.
-    private func slidingWindowAttention(query: Tensor, keys: Tensor, values: Tensor, keyLength: Int, window: Int,
-                                        keyPaddingMask: Tensor?, scale: Float) -> Tensor {
+    private func slidingWindowAttention(query: Tensor, keys: Tensor, values: Tensor, layout: KeyValueLayout, keyLength: Int,
+                                        window: Int, keyPaddingMask: Tensor?, scale: Float) -> Tensor {
         let (batch, length, width) = (query.shape[0], query.shape[1], query.shape[2])
         let past = keyLength - length
         let output = Tensor(uninitialized: query.shape)
@@ -469,9 +471,9 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
             let position = past + step
             let seen = max(0, position - window + 1)..<(position + 1)
             let attended = groupedQueryAttention(
-                query: sequenceSlice(query, step..<(step + 1)), key: sequenceSlice(keys, seen), value: sequenceSlice(values, seen),
-                heads: config.numAttentionHeads, keyHeads: config.numKeyValueHeads, keyLength: seen.count, causal: false,
-                keyPaddingMask: keyPaddingMask.map { sequenceSlice($0, seen) }, scale: scale)
+                query: sequenceSlice(query, step..<(step + 1)), key: keys, value: values, heads: config.numAttentionHeads,
+                keyHeads: config.numKeyValueHeads, keyLength: seen.count, firstKey: seen.lowerBound, layout: layout,
+                causal: false, keyPaddingMask: keyPaddingMask.map { sequenceSlice($0, seen) }, scale: scale)
             for item in 0..<batch {
                 (output.storage.pointer + (item * length + step) * width)
                     .initialize(from: attended.storage.pointer + item * width, count: width)

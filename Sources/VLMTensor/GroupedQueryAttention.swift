@@ -5,23 +5,54 @@ import Glibc
 import Darwin
 #endif
 
+/// How a key or value tensor holds its positions: one row of every head per position (`[B, capacity,
+/// keyHeads·headDim]`, what a projection writes), or one run of positions per head (`[B, keyHeads·capacity, headDim]`:
+/// a KV cache, so that a decoding step reads each head's keys and values as one stream, which the hardware
+/// prefetchers follow, instead of a few lines of every row).
+public enum KeyValueLayout: Sendable {
+    case tokenMajor
+    case headMajor
+}
+
 /// Grouped-query attention that reads each key/value head where it lies, for decoders whose query heads share
-/// key/value heads (transformers' `repeat_kv` without the copy), over the first `keyLength` positions of keys and
+/// key/value heads (transformers' `repeat_kv` without the copy), over `keyLength` positions from `firstKey` of keys and
 /// values that may have room for more (a preallocated KV cache).
 ///
 /// - Parameters:
 ///   - query: `[B, Tq, heads·headDim]`.
-///   - key: `[B, capacity, keyHeads·headDim]` with `capacity ≥ keyLength`; query head `h` uses key head
-///     `h / (heads / keyHeads)`.
-///   - value: the same shape as `key`.
+///   - key: `[B, capacity, keyHeads·headDim]` (token-major) or `[B, keyHeads·capacity, headDim]` (head-major), with
+///     `capacity ≥ firstKey + keyLength`; query head `h` uses key head `h / (heads / keyHeads)`.
+///   - value: the same shape and layout as `key`.
 ///   - causal: query `i` sees keys up to `i + keyLength - Tq`.
 ///   - keyPaddingMask: `[B, keyLength]`, nonzero where the key may be attended to.
 ///   - scale: defaults to `1/√headDim`.
 /// - Returns: `[B, Tq, heads·headDim]`.
 public func groupedQueryAttention(query: Tensor, key: Tensor, value: Tensor, heads: Int, keyHeads: Int, keyLength: Int,
-                                  causal: Bool, keyPaddingMask: Tensor? = nil, scale: Float? = nil) -> Tensor {
+                                  firstKey: Int = 0, layout: KeyValueLayout = .tokenMajor, causal: Bool,
+                                  keyPaddingMask: Tensor? = nil, scale: Float? = nil) -> Tensor {
     groupedQueryAttention(query: query, key: key, value: value, heads: heads, keyHeads: keyHeads, keyLength: keyLength,
-                          causal: causal, keyPaddingMask: keyPaddingMask, scale: scale, path: .best)
+                          firstKey: firstKey, layout: layout, causal: causal, keyPaddingMask: keyPaddingMask, scale: scale,
+                          path: .best)
+}
+
+/// Where the keys (or values) of one head of one batch item start, and how far apart its positions are.
+private struct KeyValueAddressing {
+    let capacity: Int, stride: Int
+    private let itemSize: Int, headSize: Int, start: Int
+
+    init(shape: [Int], layout: KeyValueLayout, keyHeads: Int, headDim: Int, firstKey: Int) {
+        switch layout {
+        case .tokenMajor:
+            (capacity, stride, headSize) = (shape[1], shape[2], headDim)
+        case .headMajor:
+            (capacity, stride) = (shape[1] / keyHeads, headDim)
+            headSize = capacity * headDim
+        }
+        itemSize = shape[1] * shape[2]
+        start = firstKey * stride
+    }
+
+    func offset(item: Int, keyHead: Int) -> Int { item * itemSize + keyHead * headSize + start }
 }
 
 /// Below this many multiply-adds the heads run on the calling thread; waking the other cores costs more. Decoding
@@ -29,35 +60,44 @@ public func groupedQueryAttention(query: Tensor, key: Tensor, value: Tensor, hea
 private let parallelWork = 1 << 16
 
 func groupedQueryAttention(query: Tensor, key: Tensor, value: Tensor, heads: Int, keyHeads: Int, keyLength: Int,
-                           causal: Bool, keyPaddingMask: Tensor?, scale: Float?, path: KernelPath) -> Tensor {
+                           firstKey: Int = 0, layout: KeyValueLayout = .tokenMajor, causal: Bool, keyPaddingMask: Tensor?,
+                           scale: Float?, path: KernelPath) -> Tensor {
     precondition(query.rank == 3 && key.rank == 3 && key.shape == value.shape && query.shape[0] == key.shape[0],
                  "groupedQueryAttention needs query [B, Tq, E] and key, value [B, capacity, kvE]; got \(query.shape), \(key.shape), \(value.shape)")
     let (batch, queryLength, width) = (query.shape[0], query.shape[1], query.shape[2])
-    let (capacity, keyWidth) = (key.shape[1], key.shape[2])
-    precondition(heads > 0 && keyHeads > 0 && heads % keyHeads == 0 && width % heads == 0
-                 && keyWidth == width / heads * keyHeads,
-                 "groupedQueryAttention: \(heads) query heads of \(width) features do not fit \(keyHeads) key heads of \(keyWidth)")
-    precondition(keyLength > 0 && keyLength <= capacity, "groupedQueryAttention over \(keyLength) of \(capacity) keys")
+    precondition(heads > 0 && keyHeads > 0 && heads % keyHeads == 0 && width % heads == 0,
+                 "groupedQueryAttention: \(heads) query heads of \(width) features do not share \(keyHeads) key heads")
+    let headDim = width / heads, group = heads / keyHeads
+    switch layout {
+    case .tokenMajor:
+        precondition(key.shape[2] == headDim * keyHeads,
+                     "groupedQueryAttention: \(heads) query heads of \(width) features do not fit \(keyHeads) key heads of \(key.shape[2])")
+    case .headMajor:
+        precondition(key.shape[2] == headDim && key.shape[1] % keyHeads == 0,
+                     "groupedQueryAttention: head-major keys \(key.shape) do not hold \(keyHeads) heads of \(headDim) features")
+    }
+    let keys = KeyValueAddressing(shape: key.shape, layout: layout, keyHeads: keyHeads, headDim: headDim, firstKey: firstKey)
+    precondition(keyLength > 0 && firstKey >= 0 && firstKey + keyLength <= keys.capacity,
+                 "groupedQueryAttention over keys \(firstKey)..<\(firstKey + keyLength) of \(keys.capacity)")
     if let keyPaddingMask {
         precondition(keyPaddingMask.shape == [batch, keyLength],
                      "groupedQueryAttention: keyPaddingMask \(keyPaddingMask.shape), expected [\(batch), \(keyLength)]")
     }
     let output = Tensor(uninitialized: query.shape)
     if output.count == 0 { return output }
-    let headDim = width / heads, group = heads / keyHeads
     let scale = scale ?? 1 / Float(headDim).squareRoot()
     if queryLength == 1 && keyPaddingMask == nil {
         return decodingAttention(query: query, key: key, value: value, heads: heads, keyHeads: keyHeads,
-                                 keyLength: keyLength, scale: scale, path: path)
+                                 keyLength: keyLength, keys: keys, scale: scale, path: path)
     }
     let run: @Sendable (Int) -> Void = { unit in
         let (item, head) = unit.quotientAndRemainder(dividingBy: heads)
-        let keyOffset = item * capacity * keyWidth + head / group * headDim
+        let keyOffset = keys.offset(item: item, keyHead: head / group)
         var problem = vlm_attention_problem(
             query: query.storage.pointer + item * queryLength * width + head * headDim,
             key: key.storage.pointer + keyOffset, value: value.storage.pointer + keyOffset,
             output: output.storage.pointer + item * queryLength * width + head * headDim,
-            query_stride: width, key_stride: keyWidth, value_stride: keyWidth, output_stride: width,
+            query_stride: width, key_stride: keys.stride, value_stride: keys.stride, output_stride: width,
             query_length: queryLength, key_length: keyLength, head_dim: headDim, head_count: 1, scale: scale,
             causal: causal ? 1 : 0, key_mask: keyPaddingMask.map { UnsafePointer($0.storage.pointer + item * keyLength) })
         precondition(vlm_attention(&problem, path.isa) == 0, "out of memory for attention scratch over \(keyLength) keys")
@@ -78,8 +118,8 @@ private let minimumKeysPerPart = 64
 /// there are enough parts to keep the cores evenly busy. The parts' unnormalized softmax sums merge as in
 /// flash-decoding: rescaled to the largest maximum, added, divided by the total weight.
 private func decodingAttention(query: Tensor, key: Tensor, value: Tensor, heads: Int, keyHeads: Int, keyLength: Int,
-                               scale: Float, path: KernelPath) -> Tensor {
-    let (batch, width, capacity, keyWidth) = (query.shape[0], query.shape[2], key.shape[1], key.shape[2])
+                               keys: KeyValueAddressing, scale: Float, path: KernelPath) -> Tensor {
+    let (batch, width) = (query.shape[0], query.shape[2])
     let headDim = width / heads, group = heads / keyHeads, units = batch * keyHeads
     let parts = max(1, min(keyLength / minimumKeysPerPart, (2 * processorCount + units - 1) / units))
     let partLength = (keyLength + parts - 1) / parts
@@ -88,12 +128,12 @@ private func decodingAttention(query: Tensor, key: Tensor, value: Tensor, heads:
     let run: @Sendable (Int) -> Void = { index in
         let (unit, part) = index.quotientAndRemainder(dividingBy: parts)
         let (item, keyHead) = unit.quotientAndRemainder(dividingBy: keyHeads)
-        let keyOffset = item * capacity * keyWidth + keyHead * headDim
+        let keyOffset = keys.offset(item: item, keyHead: keyHead)
         var problem = vlm_attention_problem(
             query: query.storage.pointer + item * width + keyHead * group * headDim, key: key.storage.pointer + keyOffset,
-            value: value.storage.pointer + keyOffset, output: nil, query_stride: headDim, key_stride: keyWidth,
-            value_stride: keyWidth, output_stride: headDim, query_length: group, key_length: keyLength, head_dim: headDim,
-            head_count: 1, scale: scale, causal: 0, key_mask: nil)
+            value: value.storage.pointer + keyOffset, output: nil, query_stride: headDim, key_stride: keys.stride,
+            value_stride: keys.stride, output_stride: headDim, query_length: group, key_length: keyLength,
+            head_dim: headDim, head_count: 1, scale: scale, causal: 0, key_mask: nil)
         let first = part * partLength, slot = unit * parts + part
         precondition(vlm_attention_partial(&problem, first, min(partLength, keyLength - first),
                                            maxima.storage.pointer + slot * group, sums.storage.pointer + slot * group,

@@ -428,7 +428,7 @@ static void check_row_quantization(ptrdiff_t rows, ptrdiff_t features) {
 }
 
 int main(void) {
-    const ptrdiff_t shapes[][4] = {{1, 1, 8, 1}, {3, 7, 16, 2}, {5, 5, 64, 3}, {1, 33, 32, 4}, {17, 40, 80, 2}};
+    const ptrdiff_t shapes[][4] = {{1, 1, 8, 1}, {3, 7, 16, 2}, {5, 5, 64, 3}, {1, 33, 32, 4}, {17, 40, 80, 2}, {2, 300, 64, 2}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int causal = 0; causal < 2; causal++)
             for (int masked = 0; masked < 2; masked++)

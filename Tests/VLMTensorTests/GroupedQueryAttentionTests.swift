@@ -57,6 +57,51 @@ import Testing
     }
 }
 
+extension GroupedQueryAttentionTests {
+    /// Keys and values read from an offset, token-major or head-major (a KV cache: each head's positions side by
+    /// side), give exactly what the token-major copy of those positions gives, for a decoding step (split into parts
+    /// along the keys) and for a prompt with a padding mask.
+    @Test(arguments: [KernelPath.best, .scalar])
+    func headMajorKeysFromAnOffsetMatchTokenMajorOnes(path: KernelPath) {
+        let (batch, heads, keyHeads, headDim, capacity, firstKey, keyLength) = (2, 6, 3, 16, 400, 37, 290)
+        var generator = SplitMix(seed: 23)
+        func random(_ shape: [Int], spread: Float = 1) -> Tensor {
+            Tensor(shape: shape, scalars: (0..<Tensor.elementCount(shape)).map { _ in spread * generator.nextFloat() })
+        }
+        let width = keyHeads * headDim
+        let key = random([batch, capacity, width]), value = random([batch, capacity, width])
+        func headMajor(_ x: Tensor) -> Tensor {
+            var scalars: [Float] = []
+            for item in 0..<batch {
+                for head in 0..<keyHeads {
+                    for position in 0..<capacity {
+                        let start = (item * capacity + position) * width + head * headDim
+                        scalars += x.scalars[start..<(start + headDim)]
+                    }
+                }
+            }
+            return Tensor(shape: [batch, keyHeads * capacity, headDim], scalars: scalars)
+        }
+        let mask = Tensor(shape: [batch, keyLength], scalars: (0..<(batch * keyLength)).map { $0 % 7 == 3 ? 0 : 1 })
+        for (queryLength, keyPaddingMask) in [(1, nil), (3, mask)] {
+            let query = random([batch, queryLength, heads * headDim], spread: 3)
+            let expected = groupedQueryAttention(
+                query: query, key: sequenceSlice(key, firstKey..<(firstKey + keyLength)),
+                value: sequenceSlice(value, firstKey..<(firstKey + keyLength)), heads: heads, keyHeads: keyHeads,
+                keyLength: keyLength, causal: true, keyPaddingMask: keyPaddingMask, scale: 0.3, path: path)
+            let tokenMajor = groupedQueryAttention(
+                query: query, key: key, value: value, heads: heads, keyHeads: keyHeads, keyLength: keyLength,
+                firstKey: firstKey, layout: .tokenMajor, causal: true, keyPaddingMask: keyPaddingMask, scale: 0.3, path: path)
+            let headMajorResult = groupedQueryAttention(
+                query: query, key: headMajor(key), value: headMajor(value), heads: heads, keyHeads: keyHeads,
+                keyLength: keyLength, firstKey: firstKey, layout: .headMajor, causal: true,
+                keyPaddingMask: keyPaddingMask, scale: 0.3, path: path)
+            #expect(tokenMajor.scalars == expected.scalars, "query length \(queryLength)")
+            #expect(headMajorResult.scalars == expected.scalars, "query length \(queryLength)")
+        }
+    }
+}
+
 /// A small deterministic generator, so the test inputs are the same on every run.
 private struct SplitMix {
     var state: UInt64
