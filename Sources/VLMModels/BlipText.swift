@@ -277,7 +277,8 @@ public final class BlipTextLMHeadModel: CausalLanguageModel, @unchecked Sendable
     public func embed(_ ids: [[Int]]) throws -> Tensor { try tokenEmbeddings(ids, table: bert.wordEmbeddings) }
 
     public func makeCache(batch: Int, capacity: Int) throws -> KVCache {
-        try makeBoundedCache(batch: batch, capacity: capacity, layers: bert.layers.count, width: config.hiddenSize)
+        try makeBoundedCache(batch: batch, capacity: capacity, layers: bert.layers.count, width: config.hiddenSize,
+                             heads: config.numAttentionHeads)
     }
 
     public func logits(inputsEmbeds: Tensor, attentionMask: [[Int]]? = nil, positionIds: [[Int]]? = nil,

@@ -28,15 +28,16 @@ func tokenEmbeddings(_ ids: [[Int]], table: WeightMatrix) throws -> Tensor {
     return table.rows(ids.flatMap { $0 }).reshaped([ids.count, length, width])
 }
 
-/// An empty cache of `layers` layers of `width` keys and values per position, refused when it is absurdly large.
-func makeBoundedCache(batch: Int, capacity: Int, layers: Int, width: Int) throws -> KVCache {
+/// An empty cache of `layers` layers of `width` keys and values per position in `heads` heads, refused when it is
+/// absurdly large.
+func makeBoundedCache(batch: Int, capacity: Int, layers: Int, width: Int, heads: Int = 1) throws -> KVCache {
     let positions = batch.multipliedReportingOverflow(by: capacity)
     let bytes = positions.partialValue.multipliedReportingOverflow(by: 2 * max(layers, 1) * width * 4)
     guard batch > 0, capacity > 0, !positions.overflow, !bytes.overflow,
           bytes.partialValue <= LlamaForCausalLM.maximumCacheBytes else {
         throw ModelError.invalidInput("a KV cache for \(batch) rows of \(capacity) positions is out of range")
     }
-    return KVCache(batch: batch, capacity: capacity, layers: layers, width: width)
+    return KVCache(batch: batch, capacity: capacity, layers: layers, width: width, heads: heads)
 }
 
 /// The checked shape of one forward pass of a decoder: `inputsEmbeds [B, T, width]`, a cache with room for `T`
@@ -81,29 +82,18 @@ struct DecoderPass {
     }
 
     /// Self-attention of a layer without grouped heads: the new keys and values are appended to `cache` (when
-    /// there is one) and the queries attend causally to every cached and new position.
+    /// there is one) and the queries attend causally to every cached and new position, read where the cache holds
+    /// them.
     func selfAttention(query: Tensor, key: Tensor, value: Tensor, layer: Int, cache: KVCache?, heads: Int,
                        scale: Float) -> Tensor {
-        var keys = key, values = value
-        if let cache {
-            cache.store(layer: layer, key: key, value: value)
-            keys = Self.firstPositions(cache.keys[layer], past + length)
-            values = Self.firstPositions(cache.values[layer], past + length)
+        guard let cache else {
+            return attention(query: query, key: key, value: value, heads: heads, causal: true,
+                             keyPaddingMask: keyPaddingMask, scale: scale)
         }
-        return attention(query: query, key: keys, value: values, heads: heads, causal: true, keyPaddingMask: keyPaddingMask,
-                         scale: scale)
-    }
-
-    /// The first `count` positions of a cache tensor `[B, capacity, width]`.
-    private static func firstPositions(_ x: Tensor, _ count: Int) -> Tensor {
-        let (batch, capacity, width) = (x.shape[0], x.shape[1], x.shape[2])
-        if capacity == count { return x }
-        let output = Tensor(uninitialized: [batch, count, width])
-        for item in 0..<batch {
-            (output.storage.pointer + item * count * width).initialize(from: x.storage.pointer + item * capacity * width,
-                                                                       count: count * width)
-        }
-        return output
+        cache.store(layer: layer, key: key, value: value)
+        return groupedQueryAttention(query: query, key: cache.keys[layer], value: cache.values[layer], heads: heads,
+                                     keyHeads: heads, keyLength: past + length, layout: cache.layout, causal: true,
+                                     keyPaddingMask: keyPaddingMask, scale: scale)
     }
 }
 

@@ -186,7 +186,8 @@ public final class GPT2LMHeadModel: CausalLanguageModel, @unchecked Sendable {
     public func embed(_ ids: [[Int]]) throws -> Tensor { try tokenEmbeddings(ids, table: tokenTable) }
 
     public func makeCache(batch: Int, capacity: Int) throws -> KVCache {
-        try makeBoundedCache(batch: batch, capacity: capacity, layers: blocks.count, width: config.hiddenSize)
+        try makeBoundedCache(batch: batch, capacity: capacity, layers: blocks.count, width: config.hiddenSize,
+                             heads: config.numAttentionHeads)
     }
 
     public func logits(inputsEmbeds: Tensor, attentionMask: [[Int]]? = nil, positionIds: [[Int]]? = nil,

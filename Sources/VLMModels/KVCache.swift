@@ -16,6 +16,8 @@ public final class KVCache: @unchecked Sendable {
     /// Key/value heads, each a run of positions.
     let heads: Int
     private var headDim: Int { width / heads }
+    /// How `keys` and `values` hold their positions, for attention that reads them in place.
+    var layout: KeyValueLayout { heads == 1 ? .tokenMajor : .headMajor }
 
     init(batch: Int, capacity: Int, layers: Int, width: Int, heads: Int = 1) {
         precondition(heads > 0 && width % heads == 0, "a KV cache of \(width) features cannot hold \(heads) heads")

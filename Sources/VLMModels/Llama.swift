@@ -441,7 +441,7 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
         var (keys, values, layout) = (key, value, KeyValueLayout.tokenMajor)
         if let cache {
             cache.store(layer: index, key: key, value: value)
-            (keys, values, layout) = (cache.keys[index], cache.values[index], .headMajor)
+            (keys, values, layout) = (cache.keys[index], cache.values[index], cache.layout)
         }
         let scale = 1 / Float(config.headDim).squareRoot()
         let keyLength = (cache?.length ?? 0) + hidden.shape[1]

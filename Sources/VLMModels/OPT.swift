@@ -167,7 +167,8 @@ public final class OPTForCausalLM: CausalLanguageModel, @unchecked Sendable {
     public func embed(_ ids: [[Int]]) throws -> Tensor { try tokenEmbeddings(ids, table: embedTokens) }
 
     public func makeCache(batch: Int, capacity: Int) throws -> KVCache {
-        try makeBoundedCache(batch: batch, capacity: capacity, layers: layers.count, width: config.hiddenSize)
+        try makeBoundedCache(batch: batch, capacity: capacity, layers: layers.count, width: config.hiddenSize,
+                             heads: config.numAttentionHeads)
     }
 
     /// Logits for input embeddings `[B, T, wordEmbedProjDim]`; see
