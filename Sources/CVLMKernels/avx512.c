@@ -554,16 +554,14 @@ AVX512 int vlm_attention_partial_avx512(const vlm_attention_problem *p, ptrdiff_
                                         float *maxima, float *sums, float *outputs) {
     if (p->key_stride > INT32_MAX / LANES) return vlm_attention_partial_scalar(p, first_key, key_count, maxima, sums, outputs);
     const ptrdiff_t d = p->head_dim, rows = p->query_length;
-    // A row of scores per query row, then the rows' rescale factors (aligned_alloc takes whole 64-byte units).
+    // One block: a row of scores per query row, the rows' rescale factors, then pointers to the query rows
+    // (aligned_alloc takes whole 64-byte units).
     const ptrdiff_t floats = rows * PARTIAL_KEY_TILE + (rows + LANES - 1) / LANES * LANES;
-    float *scores = aligned_alloc(64, (size_t)floats * sizeof(float));
-    const float **q = malloc((size_t)rows * sizeof(float *));
-    if (!scores || !q) {
-        free(scores);
-        free(q);
-        return -1;
-    }
+    const size_t bytes = (size_t)floats * sizeof(float) + (size_t)rows * sizeof(float *);
+    float *scores = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!scores) return -1;
     float *rescale = scores + rows * PARTIAL_KEY_TILE;
+    const float **q = (const float **)(scores + floats);
     for (ptrdiff_t r = 0; r < rows; r++) q[r] = p->query + r * p->query_stride;
     // Online softmax over tiles of keys: each row keeps its largest score and its sum, and the outputs are rescaled
     // when a tile raises the largest.
@@ -592,7 +590,6 @@ AVX512 int vlm_attention_partial_avx512(const vlm_attention_problem *p, ptrdiff_
         }
     }
     free(scores);
-    free(q);
     return 0;
 }
 
