@@ -342,14 +342,8 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
     }
 
     public func makeCache(batch: Int, capacity: Int) throws -> KVCache {
-        let width = config.numKeyValueHeads * config.headDim
-        let positions = batch.multipliedReportingOverflow(by: capacity)
-        let bytes = positions.partialValue.multipliedReportingOverflow(by: 2 * max(layers.count, 1) * width * 4)
-        guard batch > 0, capacity > 0, !positions.overflow, !bytes.overflow, bytes.partialValue <= Self.maximumCacheBytes else {
-            throw ModelError.invalidInput("a KV cache for \(batch) rows of \(capacity) positions is out of range")
-        }
-        return KVCache(batch: batch, capacity: capacity, layers: layers.count, width: width,
-                       heads: config.numKeyValueHeads)
+        try makeBoundedCache(batch: batch, capacity: capacity, layers: layers.count,
+                             width: config.numKeyValueHeads * config.headDim, heads: config.numKeyValueHeads)
     }
 
     /// 16 GiB: more than this machine class has, so a larger request is a mistake, not a workload.
