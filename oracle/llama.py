@@ -7,9 +7,10 @@ Run by hand from the repository root with the oracle venv (oracle/requirements.t
 
 gqa-untied.gguf is that case converted as llama.cpp does (permuted Q/K, quantized MLP), with gqa-untied.gguf.json the
 logits transformers computes from the GGUF; qwen2-tiny.gguf(.json) likewise for a tiny random Qwen2 written as
-llama.cpp writes qwen2 (see qwen2_tiny_gguf). To remake only those, without touching the other fixtures:
+llama.cpp writes qwen2 (see qwen2_tiny_gguf), and qwen2-mixed.gguf(.json) one with every projection quantized (see
+qwen2_mixed_gguf). To remake only those, without touching the other fixtures:
 
-    python -c 'import sys; sys.path.insert(0, "oracle"); import llama; llama.qwen2_tiny_gguf()'
+    python -c 'import sys; sys.path.insert(0, "oracle"); import llama; llama.qwen2_tiny_gguf(); llama.qwen2_mixed_gguf()'
 
 Each tiny case directory is a checkpoint SwiftVLM loads as is (config.json + model.safetensors) plus expected.json:
 full-sequence logits for a forward pass (with the attention mask and position ids given), and greedy continuations
@@ -251,6 +252,42 @@ def qwen2_tiny_gguf():
     json.dump(expected, open(os.path.join(FIXTURES, "qwen2-tiny.gguf.json"), "w"))
 
 
+def qwen2_mixed_gguf():
+    """qwen2-mixed.gguf: a tiny random Qwen2 whose every projection is quantized, each in another 32-element block
+    format (so q/k/v and gate/up cannot stack: SwiftVLM's fused decoding step runs them as separate products), q/k/v
+    biases made non-zero, an untied F16 head, 256 positions; with what transformers computes from the GGUF: a greedy
+    continuation of the prompt, and the logits at some positions of a 160-token sequence (the prompt, then
+    pseudo-random tokens), long enough that a decoding step's attention splits each head's keys into parts (from 128
+    keys on)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from gguf import GGMLQuantizationType as Q
+    torch.manual_seed(3)
+    config = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                         rope_parameters=dict(rope_type="default", rope_theta=1000000.0), initializer_range=0.2)
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for projection in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                projection.bias.normal_(std=0.5)
+    types = {"model.embed_tokens": Q.F16, "lm_head": Q.F16, "self_attn.q_proj": Q.Q5_0, "self_attn.k_proj": Q.Q8_0,
+             "self_attn.v_proj": Q.Q4_1, "self_attn.o_proj": Q.Q5_1, "mlp.gate_proj": Q.Q8_0, "mlp.up_proj": Q.Q4_0,
+             "mlp.down_proj": Q.Q5_0}
+    rounded = write_gguf(model, os.path.join(FIXTURES, "qwen2-mixed.gguf"), "qwen2", types, permute=False, name="qwen2-mixed")
+    loaded, expected = gguf_logits(rounded, "qwen2-mixed")
+    assert not loaded.config.tie_word_embeddings
+    prompt = torch.tensor([PROMPTS[0]])
+    new_tokens, margin = greedy(loaded, prompt, torch.ones_like(prompt), None)
+    assert margin > 1e-3, margin
+    sequence = PROMPTS[0] + torch.randint(3, VOCAB, (160 - len(PROMPTS[0]),), generator=torch.Generator().manual_seed(4)).tolist()
+    positions = [len(PROMPTS[0]), 63, 64, 127, 128, 129, 159]
+    with torch.no_grad():
+        logits = loaded(input_ids=torch.tensor([sequence])).logits[0]
+    expected.update(new_tokens=new_tokens[0], max_new_tokens=NEW_TOKENS, min_margin=margin, sequence=sequence,
+                    positions=positions, position_logits=[logits[p].tolist() for p in positions])
+    json.dump(expected, open(os.path.join(FIXTURES, "qwen2-mixed.gguf.json"), "w"))
+
+
 # transformers' bar for the real model: 64 greedy tokens, plain prompts and chats.
 MAX_NEW_TOKENS = 64
 
@@ -305,6 +342,7 @@ def main():
         build_case(name, overrides)
     tiny_gguf("gqa-untied")
     qwen2_tiny_gguf()
+    qwen2_mixed_gguf()
     if args.smollm2:
         smollm2(args.smollm2)
 

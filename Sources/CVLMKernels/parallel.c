@@ -15,15 +15,20 @@
 
 typedef void (*gomp_parallel_function)(void (*function)(void *), void *data, unsigned threads, unsigned flags);
 typedef int (*omp_count_function)(void);
+typedef void (*gomp_barrier_function)(void);
 
 static gomp_parallel_function gomp_parallel;
-static omp_count_function omp_max_threads;
+static omp_count_function omp_max_threads, omp_thread_number, omp_team_size;
+static gomp_barrier_function gomp_barrier;
 static pthread_once_t lookup_once = PTHREAD_ONCE_INIT;
 
 static void look_up_runtime(void) {
     gomp_parallel = (gomp_parallel_function)dlsym(RTLD_DEFAULT, "GOMP_parallel");
     omp_max_threads = (omp_count_function)dlsym(RTLD_DEFAULT, "omp_get_max_threads");
-    if (!omp_max_threads) gomp_parallel = NULL;
+    omp_thread_number = (omp_count_function)dlsym(RTLD_DEFAULT, "omp_get_thread_num");
+    omp_team_size = (omp_count_function)dlsym(RTLD_DEFAULT, "omp_get_num_threads");
+    gomp_barrier = (gomp_barrier_function)dlsym(RTLD_DEFAULT, "GOMP_barrier");
+    if (!omp_max_threads || !omp_thread_number || !omp_team_size || !gomp_barrier) gomp_parallel = NULL;
 }
 
 typedef struct job {
@@ -89,3 +94,28 @@ int vlm_parallel_ranges(ptrdiff_t count, ptrdiff_t grain, vlm_parallel_range_bod
     gomp_parallel(run_range_job, &work, 0, 0);
     return 0;
 }
+
+typedef struct team_job {
+    vlm_parallel_team_body body;
+    void *context;
+} team_job;
+
+static void run_team_job(void *data) {
+    team_job *work = data;
+    work->body(work->context, omp_thread_number(), omp_team_size());
+}
+
+int vlm_parallel_team_available(void) {
+    pthread_once(&lookup_once, look_up_runtime);
+    return gomp_parallel != NULL;
+}
+
+int vlm_parallel_team(vlm_parallel_team_body body, void *context) {
+    pthread_once(&lookup_once, look_up_runtime);
+    if (!gomp_parallel) return -1;
+    team_job work = {.body = body, .context = context};
+    gomp_parallel(run_team_job, &work, 0, 0);
+    return 0;
+}
+
+void vlm_parallel_barrier(void) { gomp_barrier(); }

@@ -301,6 +301,8 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
     let lmHead: Linear
     let activation: Activation
     let inverseFrequencies: [Float]
+    /// Decoding steps of one sequence in one parallel region, where every product is quantized and packed.
+    let fusedStep: FusedDecoderStep?
 
     /// Builds the model from `config` and a source of weights by Hugging Face name (`model.layers.0.…`,
     /// `lm_head.weight`), each of which must have the given shape. `matrix` gives the embedding table and the
@@ -327,6 +329,14 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
             try LlamaDecoderLayer(config: config, tensor: tensor, matrix: matrix, prefix: "model.layers.\($0)")
         }
         norm = try tensor("model.norm.weight", [config.hiddenSize])
+        fusedStep = activation == .silu ? FusedDecoderStep(
+            layers: layers.map {
+                .init(inputNorm: $0.inputNorm, postAttentionNorm: $0.postAttentionNorm, attention: $0.queryKeyValue.linears,
+                      output: $0.output, gateUp: $0.gateUp.linears, down: $0.down)
+            },
+            finalNorm: norm, head: lmHead, hiddenSize: config.hiddenSize, heads: config.numAttentionHeads,
+            keyHeads: config.numKeyValueHeads, headDim: config.headDim, intermediateSize: config.intermediateSize,
+            eps: config.rmsNormEps) : nil
     }
 
     /// Loads config.json and the safetensors weights of a checkpoint directory whose `model_type` is `llama`,
@@ -373,7 +383,24 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
     /// see ``CausalLanguageModel/logits(inputsEmbeds:attentionMask:positionIds:cache:lastPositionOnly:)``.
     public func logits(inputsEmbeds: Tensor, attentionMask: [[Int]]? = nil, positionIds: [[Int]]? = nil,
                        cache: KVCache? = nil, lastPositionOnly: Bool = false) throws -> Tensor {
-        let hidden = try hiddenStates(inputsEmbeds: inputsEmbeds, attentionMask: attentionMask, positionIds: positionIds, cache: cache)
+        try logits(inputsEmbeds: inputsEmbeds, attentionMask: attentionMask, positionIds: positionIds, cache: cache,
+                   lastPositionOnly: lastPositionOnly, fusing: true)
+    }
+
+    /// `fusing` false keeps decoding steps on the layer-by-layer path (tests compare the two).
+    func logits(inputsEmbeds: Tensor, attentionMask: [[Int]]?, positionIds: [[Int]]?, cache: KVCache?,
+                lastPositionOnly: Bool, fusing: Bool) throws -> Tensor {
+        let inputs = try checkedInputs(inputsEmbeds: inputsEmbeds, attentionMask: attentionMask, positionIds: positionIds, cache: cache)
+        if fusing, let step = fusedStep, let cache, inputs.keyPaddingMask == nil, inputsEmbeds.shape[0] == 1,
+           inputsEmbeds.shape[1] == 1, cache.heads == config.numKeyValueHeads,
+           (0..<layers.count).allSatisfy({ config.attentionWindow(layer: $0).map { cache.length + 1 <= $0 } ?? true }) {
+            let tables = rotaryTables(positions: inputs.positions[0])
+            let output = step(embedding: inputsEmbeds, keys: cache.keys, values: cache.values, capacity: cache.capacity,
+                              position: cache.length, cos: tables.cos, sin: tables.sin)
+            cache.advance(by: 1)
+            return step.vocabularySize == nil ? lmHead(output) : output
+        }
+        let hidden = try hiddenStates(inputsEmbeds: inputsEmbeds, inputs: inputs, cache: cache)
         let (batch, length) = (hidden.shape[0], hidden.shape[1])
         guard lastPositionOnly, length > 1 else { return lmHead(hidden) }
         return lmHead(gatherTokens(hidden, positions: Array(repeating: length - 1, count: batch)).reshaped([batch, 1, config.hiddenSize]))
@@ -382,6 +409,15 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
     /// The final normalized hidden states `[B, T, hiddenSize]` (transformers' `last_hidden_state`).
     public func hiddenStates(inputsEmbeds: Tensor, attentionMask: [[Int]]? = nil, positionIds: [[Int]]? = nil,
                              cache: KVCache? = nil) throws -> Tensor {
+        try hiddenStates(inputsEmbeds: inputsEmbeds,
+                         inputs: checkedInputs(inputsEmbeds: inputsEmbeds, attentionMask: attentionMask, positionIds: positionIds, cache: cache),
+                         cache: cache)
+    }
+
+    /// A pass's position ids and its key padding mask (nil where nothing is padding), after checking that the inputs
+    /// fit each other and the cache.
+    private func checkedInputs(inputsEmbeds: Tensor, attentionMask: [[Int]]?, positionIds: [[Int]]?,
+                               cache: KVCache?) throws -> (positions: [[Int]], keyPaddingMask: Tensor?) {
         guard inputsEmbeds.rank == 3, inputsEmbeds.shape[2] == config.hiddenSize, inputsEmbeds.shape[0] > 0 else {
             throw ModelError.invalidInput("inputs_embeds must be [B, T, \(config.hiddenSize)], got \(inputsEmbeds.shape)")
         }
@@ -408,20 +444,30 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
                 keyPaddingMask = Tensor(shape: [batch, past + length], scalars: attentionMask.flatMap { $0.map { $0 != 0 ? 1 : 0 } })
             }
         }
-        if length == 0 { return inputsEmbeds }
+        return (positions, keyPaddingMask)
+    }
 
-        let flatPositions = positions.flatMap { $0 }
-        let frequencies = config.rope.ropeType == "dynamic" && (flatPositions.max() ?? 0) >= config.maxPositionEmbeddings
-            ? config.rope.dynamicInverseFrequencies(headDim: config.headDim, sequenceLength: (flatPositions.max() ?? 0) + 1,
-                                                    maxPositionEmbeddings: config.maxPositionEmbeddings)
-            : inverseFrequencies
-        let tables = rotaryTables(positions: flatPositions, inverseFrequencies: frequencies)
+    private func hiddenStates(inputsEmbeds: Tensor, inputs: (positions: [[Int]], keyPaddingMask: Tensor?),
+                              cache: KVCache?) throws -> Tensor {
+        let (keyPaddingMask, length) = (inputs.keyPaddingMask, inputsEmbeds.shape[1])
+        if length == 0 { return inputsEmbeds }
+        let tables = rotaryTables(positions: inputs.positions.flatMap { $0 })
         var hidden = inputsEmbeds
         for (index, layer) in layers.enumerated() {
             hidden = decoderLayer(layer, index: index, hidden: hidden, rotary: tables, keyPaddingMask: keyPaddingMask, cache: cache)
         }
         cache?.advance(by: length)
         return rmsNorm(hidden, weight: norm, eps: config.rmsNormEps)
+    }
+
+    /// The rotary tables of `positions`, at the frequencies of a pass whose largest position is theirs.
+    private func rotaryTables(positions: [Int]) -> (cos: Tensor, sin: Tensor) {
+        let largest = positions.max() ?? 0
+        let frequencies = config.rope.ropeType == "dynamic" && largest >= config.maxPositionEmbeddings
+            ? config.rope.dynamicInverseFrequencies(headDim: config.headDim, sequenceLength: largest + 1,
+                                                    maxPositionEmbeddings: config.maxPositionEmbeddings)
+            : inverseFrequencies
+        return VLMTensor.rotaryTables(positions: positions, inverseFrequencies: frequencies)
     }
 
     private func decoderLayer(_ layer: LlamaDecoderLayer, index: Int, hidden: Tensor, rotary: (cos: Tensor, sin: Tensor),

@@ -26,6 +26,14 @@ struct StackedProjections {
         }
     }
 
+    /// The layers the projections run as: one stacking them, or one each.
+    var linears: [Linear] {
+        switch layers {
+        case let .stacked(linear): [linear]
+        case let .separate(linears): linears
+        }
+    }
+
     /// Each projection of `x [..., in]`: `[..., widths[i]]`.
     func callAsFunction(_ x: Tensor) -> [Tensor] {
         switch layers {

@@ -113,6 +113,12 @@ func groupedQueryAttention(query: Tensor, key: Tensor, value: Tensor, heads: Int
 /// Keys per part below which a decoding step's attention is not split further.
 private let minimumKeysPerPart = 64
 
+/// How many ranges of keys a decoding step's attention splits each of its `units` (batch items × key/value heads)
+/// into: enough parts to keep the cores evenly busy, none shorter than `minimumKeysPerPart`.
+func decodingAttentionParts(keyLength: Int, units: Int) -> Int {
+    max(1, min(keyLength / minimumKeysPerPart, (2 * processorCount + units - 1) / units))
+}
+
 /// One decoding step (a single query position, no padding) of grouped-query attention, split into parts that each
 /// run a key/value head's group of query heads over a range of keys: every cached key and value is read once, and
 /// there are enough parts to keep the cores evenly busy. The parts' unnormalized softmax sums merge as in
@@ -121,7 +127,7 @@ private func decodingAttention(query: Tensor, key: Tensor, value: Tensor, heads:
                                keys: KeyValueAddressing, scale: Float, path: KernelPath) -> Tensor {
     let (batch, width) = (query.shape[0], query.shape[2])
     let headDim = width / heads, group = heads / keyHeads, units = batch * keyHeads
-    let parts = max(1, min(keyLength / minimumKeysPerPart, (2 * processorCount + units - 1) / units))
+    let parts = decodingAttentionParts(keyLength: keyLength, units: units)
     let partLength = (keyLength + parts - 1) / parts
     let maxima = Tensor(uninitialized: [units, parts, group]), sums = Tensor(uninitialized: [units, parts, group])
     let partials = Tensor(uninitialized: [units, parts, group, headDim])

@@ -1,3 +1,5 @@
+internal import CVLMKernels
+
 /// Why a layer could not be built from the given weights.
 public enum LayerError: Error, CustomStringConvertible {
     case weightRank(layer: String, expected: Int, shape: [Int])
@@ -102,6 +104,13 @@ public final class Linear: @unchecked Sendable {
         case let .quantized(layer): layer.precision
         case .portable: .float32
         }
+    }
+
+    /// The layer as one product of a ``FusedDecoderStep``: nil unless it is GGUF-quantized and decodes on the packed
+    /// products here.
+    var decoderProduct: vlm_decoder_product? {
+        guard case let .quantized(layer) = implementation else { return nil }
+        return layer.decoderProduct
     }
 
     /// Each layer applied to the one row `x` (`[..., inFeatures]` holding a single row), where all of them are

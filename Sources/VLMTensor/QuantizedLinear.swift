@@ -61,6 +61,14 @@ final class QuantizedLinear: @unchecked Sendable {
         }
     }
 
+    /// The layer as one product of a fused decoding step, where its decoding products run packed.
+    var decoderProduct: vlm_decoder_product? {
+        guard let packed, KernelPath.best == .vector else { return nil }
+        return vlm_decoder_product(packed: UnsafeRawPointer(packed.pointer), format: weight.format.kernelFormat,
+                                   rows: weight.rows, columns: weight.columns,
+                                   bias: bias.map { UnsafePointer($0.storage.pointer) }, offset: 0)
+    }
+
     /// Writes the layer's output for `rows > 0` rows of `x` to `output`.
     func apply(_ x: Tensor, rows: Int, activation: Activation, residual: Tensor?, into output: Tensor,
                path: KernelPath = .best) {

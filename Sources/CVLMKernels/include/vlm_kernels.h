@@ -214,6 +214,72 @@ int vlm_quant_packed_matvec(const void *packed, vlm_quant_format format, ptrdiff
 /// that many parts read side by side, the groups that do not divide among them one at a time after.
 enum { VLM_QUANT_STREAMS = 4 };
 
+/// One packed matrix of a decoding step (vlm_decoder_step): `y = W·x + bias` written to floats `offset ..< offset +
+/// rows` of its stage's output.
+typedef struct vlm_decoder_product {
+    /// vlm_quant_pack's output.
+    const void *packed;
+    vlm_quant_format format;
+    ptrdiff_t rows, columns;
+    /// `rows` floats, or NULL.
+    const float *bias;
+    ptrdiff_t offset;
+} vlm_decoder_product;
+
+/// A pre-norm decoder layer as Llama, Mistral and Qwen2 have it: `h += o(attention(rope(q), rope(k), v))` with q, k
+/// and v from `rms_norm(h)`, then `h += down(silu(gate) · up)` with gate and up from `rms_norm(h)`.
+typedef struct vlm_decoder_layer {
+    const float *input_norm, *post_attention_norm;
+    /// q, k and v (or fewer matrices stacking them) writing `q | k | v`.
+    vlm_decoder_product attention[3];
+    ptrdiff_t attention_products;
+    vlm_decoder_product output;
+    /// gate and up (or one matrix stacking them) writing `gate | up`.
+    vlm_decoder_product gate_up[2];
+    ptrdiff_t gate_up_products;
+    vlm_decoder_product down;
+} vlm_decoder_layer;
+
+/// One decoding step (one new token of one sequence) through every layer of a decoder and its final norm and head,
+/// all of it in one parallel region whose threads meet at a barrier after each stage, instead of a region per
+/// product with the serial work between them on one thread. Computes exactly what the layer-by-layer path computes:
+/// the same kernels on the same numbers (RMSNorm with a double sum of squares, RoPE's rotate-half form, the
+/// decoding attention's key parts merged as its flash-decoding merge does), with no floating-point contraction.
+typedef struct vlm_decoder_step {
+    const vlm_decoder_layer *layers;
+    ptrdiff_t layer_count;
+    ptrdiff_t hidden_size, heads, key_heads, head_dim, intermediate_size;
+    float eps, scale;
+    const float *final_norm;
+    /// The language-model head writing `logits`; with `packed` NULL the step ends with the final norm, written to
+    /// `hidden`.
+    vlm_decoder_product head;
+    /// Each layer's key and value cache, head-major: key head `h`'s position `p` at floats `(h·capacity + p)·head_dim`.
+    float *const *keys;
+    float *const *values;
+    ptrdiff_t capacity;
+    /// The cache position this token's key and value go to; it attends to positions `0 ... position`.
+    ptrdiff_t position;
+    /// Ranges of keys each key head's attention is split into, merged after.
+    ptrdiff_t parts;
+    /// `cos` and `sin` of this token's rotary angles, `head_dim / 2` each.
+    const float *cos, *sin;
+    /// In: the token's embedding. Out: untouched where there is a head, else the final norm's output.
+    float *hidden;
+    /// vlm_decoder_step_scratch_floats floats.
+    float *scratch;
+    float *logits;
+} vlm_decoder_step;
+
+/// Floats of shared scratch a step needs.
+ptrdiff_t vlm_decoder_step_scratch_floats(const vlm_decoder_step *step);
+
+/// Runs the step on the threads of vlm_parallel_team, the attention and the gated activation on `isa`'s kernels.
+/// Returns 0; -1, having computed nothing, when no OpenMP runtime is loaded or per-thread scratch cannot be allocated,
+/// and -1 with the results undefined when the attention's scratch cannot be.
+/// Only where vlm_quant_packed_supported(), with the SiLU activation, every product's columns a multiple of 32.
+int vlm_decoder_step_run(const vlm_decoder_step *step, vlm_kernel_isa isa);
+
 /// The work of one index of vlm_parallel_for.
 typedef void (*vlm_parallel_body)(void *context, ptrdiff_t index);
 
@@ -230,6 +296,20 @@ typedef void (*vlm_parallel_range_body)(void *context, ptrdiff_t start, ptrdiff_
 /// unless fewer are left), so ranges shrink as the work runs out. Returns 0 once all calls have returned, -1
 /// without calling anything when no such runtime is loaded.
 int vlm_parallel_ranges(ptrdiff_t count, ptrdiff_t grain, vlm_parallel_range_body body, void *context);
+
+/// The work of one thread `thread` of a team of `threads` in vlm_parallel_team.
+typedef void (*vlm_parallel_team_body)(void *context, int thread, int threads);
+
+/// Whether vlm_parallel_team runs (the OpenMP runtime is loaded).
+int vlm_parallel_team_available(void);
+
+/// Calls `body` once on every thread of the same team as vlm_parallel_for, which may synchronize with
+/// vlm_parallel_barrier, and returns 0 once all calls have returned; -1 without calling anything when no such
+/// runtime is loaded.
+int vlm_parallel_team(vlm_parallel_team_body body, void *context);
+
+/// Waits until every thread of the running vlm_parallel_team has reached it. Only inside its body.
+void vlm_parallel_barrier(void);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,268 @@
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels_internal.h"
+
+// vlm_decoder_step (see vlm_kernels.h). A decoding step of a small model is a few hundred short stages; as parallel
+// regions of their own, with the norms, rotations and bookkeeping between them on one thread, a quarter of the
+// step went to the hand-overs and to the second core waiting (SmolLM2-135M). Here every thread runs every stage:
+// the cheap work (a norm, the fixed-point activation row, the attention merge, the gated activation) each thread
+// does itself on a private copy, the products and the attention parts are claimed in shares, and a barrier ends
+// each stage whose output the next one reads whole.
+//
+// The layer-by-layer path computes in Swift without contracting multiplies and adds; so does this file, so that
+// the two agree bit for bit.
+#pragma STDC FP_CONTRACT OFF
+
+typedef struct thread_scratch {
+    float *normed, *query, *attended, *gated;
+    void *activation;
+    size_t bytes;
+} thread_scratch;
+
+static _Thread_local thread_scratch scratch_of_thread;
+
+typedef struct step_run {
+    const vlm_decoder_step *step;
+    vlm_kernel_isa isa;
+    ptrdiff_t group, part_length;
+    float *qkv, *gate_up, *product, *maxima, *sums, *partials;
+    /// Work claims of the stage before, this one and the next: each is reset while no thread can be using it.
+    atomic_ptrdiff_t claims[3];
+    atomic_int failed;
+} step_run;
+
+static ptrdiff_t round_up(ptrdiff_t bytes) { return (bytes + 63) / 64 * 64; }
+
+static ptrdiff_t widest_input(const vlm_decoder_step *s) {
+    ptrdiff_t widest = s->hidden_size;
+    if (s->heads * s->head_dim > widest) widest = s->heads * s->head_dim;
+    if (s->intermediate_size > widest) widest = s->intermediate_size;
+    return widest;
+}
+
+ptrdiff_t vlm_decoder_step_scratch_floats(const vlm_decoder_step *s) {
+    const ptrdiff_t group = s->heads / s->key_heads, slots = s->key_heads * s->parts * group;
+    return (s->heads + 2 * s->key_heads) * s->head_dim + 2 * s->intermediate_size + s->hidden_size + 2 * slots +
+           slots * s->head_dim;
+}
+
+/// This thread's private buffers, grown to the step's sizes; 0, or -1 when they cannot be allocated.
+static int prepare_thread_scratch(const vlm_decoder_step *s) {
+    const ptrdiff_t width = s->heads * s->head_dim;
+    const ptrdiff_t normed = round_up(s->hidden_size * 4), query = round_up(width * 4), attended = query,
+                    gated = round_up(s->intermediate_size * 4),
+                    activation = round_up(vlm_quant_activation_size(widest_input(s)));
+    const size_t bytes = (size_t)(normed + query + attended + gated + activation);
+    thread_scratch *t = &scratch_of_thread;
+    if (bytes > t->bytes) {
+        char *grown = aligned_alloc(64, bytes);
+        if (!grown) return -1;
+        free(t->normed);
+        t->bytes = bytes;
+        t->normed = (float *)grown;
+        t->query = (float *)(grown + normed);
+        t->attended = (float *)(grown + normed + query);
+        t->gated = (float *)(grown + normed + query + attended);
+        t->activation = grown + normed + query + attended + gated;
+    }
+    return 0;
+}
+
+/// transformers' LlamaRMSNorm as rmsNorm in Swift computes it: the mean of squares summed in double.
+static void rms_norm(const float *x, const float *weight, ptrdiff_t features, float eps, float *y) {
+    double sum_of_squares = 0;
+    for (ptrdiff_t i = 0; i < features; i++) sum_of_squares += (double)x[i] * (double)x[i];
+    const float inverse = 1 / sqrtf((float)(sum_of_squares / (double)features) + eps);
+    for (ptrdiff_t i = 0; i < features; i++) y[i] = weight[i] * (x[i] * inverse);
+}
+
+/// Rotate-half RoPE of one head.
+static void rotate(const float *x, const float *cos, const float *sin, ptrdiff_t head_dim, float *y) {
+    const ptrdiff_t half = head_dim / 2;
+    for (ptrdiff_t i = 0; i < half; i++) {
+        const float first = x[i], second = x[i + half];
+        y[i] = first * cos[i] + -second * sin[i];
+        y[i + half] = second * cos[i] + first * sin[i];
+    }
+}
+
+enum epilogue { WRITE, ADD_TO_HIDDEN };
+
+/// Claims shares of the 16-row groups of `products` (in whole sets of VLM_QUANT_STREAMS, as the layer-by-layer
+/// path does) until none are left, multiplying each by the activation row and finishing its outputs.
+static void run_products(step_run *run, atomic_ptrdiff_t *claim, const vlm_decoder_product *products, ptrdiff_t count,
+                         const void *activation, float *output, enum epilogue epilogue, int threads) {
+    const ptrdiff_t streams = VLM_QUANT_STREAMS;
+    ptrdiff_t first_sets[4] = {0};
+    for (ptrdiff_t i = 0; i < count; i++)
+        first_sets[i + 1] = first_sets[i] + ((products[i].rows + 15) / 16 + streams - 1) / streams;
+    const ptrdiff_t total = first_sets[count], grain = 2, divisor = 2 * threads;
+    float *hidden = run->step->hidden;
+    ptrdiff_t start = atomic_load_explicit(claim, memory_order_relaxed);
+    for (;;) {
+        const ptrdiff_t left = total - start;
+        if (left <= 0) return;
+        ptrdiff_t size = (left + divisor - 1) / divisor;
+        if (size < grain) size = grain;
+        if (size > left) size = left;
+        if (!atomic_compare_exchange_weak_explicit(claim, &start, start + size, memory_order_relaxed,
+                                                   memory_order_relaxed))
+            continue;
+        for (ptrdiff_t i = 0; i < count; i++) {
+            const vlm_decoder_product *p = &products[i];
+            const ptrdiff_t from = start > first_sets[i] ? start : first_sets[i];
+            const ptrdiff_t to = start + size < first_sets[i + 1] ? start + size : first_sets[i + 1];
+            if (from >= to) continue;
+            const ptrdiff_t groups = (p->rows + 15) / 16, first_group = (from - first_sets[i]) * streams;
+            const ptrdiff_t end_group = (to - first_sets[i]) * streams < groups ? (to - first_sets[i]) * streams : groups;
+            float *y = output + p->offset;
+            vlm_quant_packed_matmul(p->packed, p->format, p->rows, p->columns, activation, 1, y, p->rows, first_group,
+                                    end_group - first_group, VLM_ISA_AVX512);
+            const ptrdiff_t end_row = 16 * end_group < p->rows ? 16 * end_group : p->rows;
+            if (epilogue == WRITE && !p->bias) continue;
+            for (ptrdiff_t j = 16 * first_group; j < end_row; j++) {
+                const float value = y[j] + (p->bias ? p->bias[j] : 0);
+                if (epilogue == ADD_TO_HIDDEN) hidden[p->offset + j] = value + hidden[p->offset + j];
+                else y[j] = value;
+            }
+        }
+        start = atomic_load_explicit(claim, memory_order_relaxed);
+    }
+}
+
+/// Claims (key head, part) items: each writes its head's new key and value to the cache when its range holds
+/// them (no other part reads that position), then runs its part for the head's group of query heads.
+static void run_attention(step_run *run, atomic_ptrdiff_t *claim, float *keys, float *values) {
+    const vlm_decoder_step *s = run->step;
+    const ptrdiff_t hd = s->head_dim, group = run->group, key_length = s->position + 1;
+    const float *q = run->qkv, *k = q + s->heads * hd, *v = k + s->key_heads * hd;
+    thread_scratch *t = &scratch_of_thread;
+    for (;;) {
+        const ptrdiff_t item = atomic_fetch_add_explicit(claim, 1, memory_order_relaxed);
+        if (item >= s->key_heads * s->parts) return;
+        const ptrdiff_t head = item / s->parts, part = item % s->parts;
+        float *head_keys = keys + head * s->capacity * hd, *head_values = values + head * s->capacity * hd;
+        const ptrdiff_t first = part * run->part_length;
+        const ptrdiff_t count = run->part_length < key_length - first ? run->part_length : key_length - first;
+        if (first + count == key_length) {
+            rotate(k + head * hd, s->cos, s->sin, hd, head_keys + s->position * hd);
+            memcpy(head_values + s->position * hd, v + head * hd, (size_t)hd * sizeof(float));
+        }
+        for (ptrdiff_t r = 0; r < group; r++)
+            rotate(q + (head * group + r) * hd, s->cos, s->sin, hd, t->query + r * hd);
+        const vlm_attention_problem problem = {
+            .query = t->query, .key = head_keys, .value = head_values, .query_stride = hd, .key_stride = hd,
+            .value_stride = hd, .output_stride = hd, .query_length = group, .key_length = key_length, .head_dim = hd,
+            .head_count = 1, .scale = s->scale};
+        const ptrdiff_t slot = item * group;
+        if (vlm_attention_partial(&problem, first, count, run->maxima + slot, run->sums + slot,
+                                  run->partials + slot * hd, run->isa) != 0)
+            atomic_store_explicit(&run->failed, 1, memory_order_relaxed);
+    }
+}
+
+/// The parts' softmax sums merged into this thread's copy of the attention output, as decodingAttention merges them.
+static void merge_attention(const step_run *run, float *attended) {
+    const vlm_decoder_step *s = run->step;
+    const ptrdiff_t hd = s->head_dim, group = run->group, parts = s->parts;
+    for (ptrdiff_t head = 0; head < s->key_heads; head++) {
+        for (ptrdiff_t r = 0; r < group; r++) {
+            const ptrdiff_t first = head * parts * group + r;
+            float largest = -INFINITY;
+            for (ptrdiff_t part = 0; part < parts; part++) {
+                const float m = run->maxima[first + part * group];
+                largest = m >= largest ? m : largest;
+            }
+            float total = 0;
+            float *out = attended + (head * group + r) * hd;
+            memset(out, 0, (size_t)hd * sizeof(float));
+            for (ptrdiff_t part = 0; part < parts; part++) {
+                const ptrdiff_t slot = first + part * group;
+                const float weight = expf(run->maxima[slot] - largest);
+                total += run->sums[slot] * weight;
+                const float *partial = run->partials + slot * hd;
+                for (ptrdiff_t f = 0; f < hd; f++) out[f] += partial[f] * weight;
+            }
+            for (ptrdiff_t f = 0; f < hd; f++) out[f] /= total;
+        }
+    }
+}
+
+/// silu(gate) · up as the layer-by-layer path forms it: the gated-activation kernel on a stacked product, the
+/// scalar silu of the gate's epilogue times up where gate and up are separate products.
+static void gated_activation(const step_run *run, const vlm_decoder_layer *layer, float *gated) {
+    const ptrdiff_t width = run->step->intermediate_size;
+    if (layer->gate_up_products == 1) {
+        vlm_gated_silu(run->gate_up, 1, width, gated, run->isa);
+        return;
+    }
+    for (ptrdiff_t i = 0; i < width; i++) {
+        const float gate = run->gate_up[i];
+        gated[i] = gate / (1 + expf(-gate)) * run->gate_up[width + i];
+    }
+}
+
+static void run_step(void *context, int thread, int threads) {
+    step_run *run = context;
+    const vlm_decoder_step *s = run->step;
+    if (prepare_thread_scratch(s) != 0) atomic_store_explicit(&run->failed, 1, memory_order_relaxed);
+    vlm_parallel_barrier();
+    if (atomic_load_explicit(&run->failed, memory_order_relaxed)) return;
+    thread_scratch *t = &scratch_of_thread;
+    const ptrdiff_t width = s->heads * s->head_dim;
+    ptrdiff_t stage = 0;
+    // Each stage's claims; the claims of the stage after next are reset here, while no thread can be using them.
+#define NEXT_CLAIM() \
+    (thread == 0 ? atomic_store_explicit(&run->claims[(stage + 1) % 3], 0, memory_order_relaxed) : (void)0, \
+     &run->claims[stage++ % 3])
+    for (ptrdiff_t l = 0; l < s->layer_count; l++) {
+        const vlm_decoder_layer *layer = &s->layers[l];
+        rms_norm(s->hidden, layer->input_norm, s->hidden_size, s->eps, t->normed);
+        vlm_quant_activation(t->normed, s->hidden_size, t->activation);
+        run_products(run, NEXT_CLAIM(), layer->attention, layer->attention_products, t->activation, run->qkv, WRITE,
+                     threads);
+        vlm_parallel_barrier();
+        run_attention(run, NEXT_CLAIM(), s->keys[l], s->values[l]);
+        vlm_parallel_barrier();
+        merge_attention(run, t->attended);
+        vlm_quant_activation(t->attended, width, t->activation);
+        run_products(run, NEXT_CLAIM(), &layer->output, 1, t->activation, run->product, ADD_TO_HIDDEN, threads);
+        vlm_parallel_barrier();
+        rms_norm(s->hidden, layer->post_attention_norm, s->hidden_size, s->eps, t->normed);
+        vlm_quant_activation(t->normed, s->hidden_size, t->activation);
+        run_products(run, NEXT_CLAIM(), layer->gate_up, layer->gate_up_products, t->activation, run->gate_up, WRITE,
+                     threads);
+        vlm_parallel_barrier();
+        gated_activation(run, layer, t->gated);
+        vlm_quant_activation(t->gated, s->intermediate_size, t->activation);
+        run_products(run, NEXT_CLAIM(), &layer->down, 1, t->activation, run->product, ADD_TO_HIDDEN, threads);
+        vlm_parallel_barrier();
+    }
+    if (!s->head.packed) {
+        if (thread == 0) rms_norm(s->hidden, s->final_norm, s->hidden_size, s->eps, s->hidden);
+        return;
+    }
+    rms_norm(s->hidden, s->final_norm, s->hidden_size, s->eps, t->normed);
+    vlm_quant_activation(t->normed, s->hidden_size, t->activation);
+    run_products(run, NEXT_CLAIM(), &s->head, 1, t->activation, s->logits, WRITE, threads);
+#undef NEXT_CLAIM
+}
+
+int vlm_decoder_step_run(const vlm_decoder_step *s, vlm_kernel_isa isa) {
+    step_run run = {.step = s, .isa = isa, .group = s->heads / s->key_heads,
+                    .part_length = (s->position + 1 + s->parts - 1) / s->parts};
+    const ptrdiff_t slots = s->key_heads * s->parts * run.group;
+    run.qkv = s->scratch;
+    run.gate_up = run.qkv + (s->heads + 2 * s->key_heads) * s->head_dim;
+    run.product = run.gate_up + 2 * s->intermediate_size;
+    run.maxima = run.product + s->hidden_size;
+    run.sums = run.maxima + slots;
+    run.partials = run.sums + slots;
+    for (int i = 0; i < 3; i++) atomic_init(&run.claims[i], 0);
+    atomic_init(&run.failed, 0);
+    if (vlm_parallel_team(run_step, &run) != 0) return -1;
+    return atomic_load_explicit(&run.failed, memory_order_relaxed) ? -1 : 0;
+}

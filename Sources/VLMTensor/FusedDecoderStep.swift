@@ -1,0 +1,143 @@
+internal import CVLMKernels
+
+/// One decoding step (one new token of one sequence) of a pre-norm decoder with RMSNorm, rotary grouped-query
+/// attention over a head-major KV cache and a SiLU-gated MLP (Llama, Mistral, Qwen2) whose products are all
+/// GGUF-quantized, run as one parallel region in which the threads meet at barriers between stages
+/// (vlm_decoder_step in vlm_kernels.h). It computes what the layer-by-layer path computes, bit for bit, without a
+/// region per product and the serial work between them.
+package final class FusedDecoderStep: @unchecked Sendable {
+    /// A decoder layer's weights.
+    package struct Layer {
+        package var inputNorm: Tensor, postAttentionNorm: Tensor
+        /// q, k and v, or fewer layers stacking them, in that order.
+        package var attention: [Linear]
+        package var output: Linear
+        /// gate and up, or one layer stacking them.
+        package var gateUp: [Linear]
+        package var down: Linear
+
+        package init(inputNorm: Tensor, postAttentionNorm: Tensor, attention: [Linear], output: Linear, gateUp: [Linear],
+                     down: Linear) {
+            (self.inputNorm, self.postAttentionNorm, self.attention, self.output, self.gateUp, self.down) =
+                (inputNorm, postAttentionNorm, attention, output, gateUp, down)
+        }
+    }
+
+    /// Whether this machine runs fused steps: the packed quantized products, on the OpenMP threads oneDNN uses.
+    package static let isSupported = vlm_quant_packed_supported() != 0 && vlm_parallel_team_available() != 0
+        && KernelPath.best == .vector
+
+    package let hiddenSize: Int, heads: Int, keyHeads: Int, headDim: Int, intermediateSize: Int
+    /// The head's output width, or nil where the step ends with the final norm (the head is not packed).
+    package let vocabularySize: Int?
+    private let eps: Float
+    private let descriptors: [vlm_decoder_layer]
+    private let head: vlm_decoder_product?
+    /// What the descriptors point into.
+    private let layers: [Layer], finalNorm: Tensor, headLayer: Linear
+
+    /// Nil unless every product of `layers` decodes on the packed quantized products here and has the widths the
+    /// geometry gives. A `head` that does not is left to the caller, after the step's final norm.
+    package init?(layers: [Layer], finalNorm: Tensor, head: Linear, hiddenSize: Int, heads: Int, keyHeads: Int,
+                  headDim: Int, intermediateSize: Int, eps: Float) {
+        let width = heads * headDim, keyWidth = keyHeads * headDim
+        guard Self.isSupported, !layers.isEmpty, heads > 0, keyHeads > 0, heads % keyHeads == 0, headDim % 2 == 0,
+              finalNorm.shape == [hiddenSize] else { return nil }
+        /// The layers' products placed one after another in their stage's output, if they have the expected widths.
+        func products(_ linears: [Linear], inFeatures: Int, outFeatures: Int) -> [vlm_decoder_product]? {
+            var offset = 0
+            var products: [vlm_decoder_product] = []
+            for linear in linears {
+                guard var product = linear.decoderProduct, linear.inFeatures == inFeatures else { return nil }
+                product.offset = offset
+                offset += linear.outFeatures
+                products.append(product)
+            }
+            return offset == outFeatures ? products : nil
+        }
+        var descriptors: [vlm_decoder_layer] = []
+        for layer in layers {
+            guard layer.inputNorm.shape == [hiddenSize], layer.postAttentionNorm.shape == [hiddenSize],
+                  (1...3).contains(layer.attention.count), (1...2).contains(layer.gateUp.count),
+                  let attention = products(layer.attention, inFeatures: hiddenSize, outFeatures: width + 2 * keyWidth),
+                  let output = products([layer.output], inFeatures: width, outFeatures: hiddenSize),
+                  let gateUp = products(layer.gateUp, inFeatures: hiddenSize, outFeatures: 2 * intermediateSize),
+                  let down = products([layer.down], inFeatures: intermediateSize, outFeatures: hiddenSize),
+                  layer.gateUp.count == 1 || layer.gateUp[0].outFeatures == intermediateSize else { return nil }
+            var descriptor = vlm_decoder_layer()
+            descriptor.input_norm = UnsafePointer(layer.inputNorm.storage.pointer)
+            descriptor.post_attention_norm = UnsafePointer(layer.postAttentionNorm.storage.pointer)
+            Self.place(attention, in: &descriptor.attention)
+            descriptor.attention_products = attention.count
+            descriptor.output = output[0]
+            Self.place(gateUp, in: &descriptor.gate_up)
+            descriptor.gate_up_products = gateUp.count
+            descriptor.down = down[0]
+            descriptors.append(descriptor)
+        }
+        self.head = products([head], inFeatures: hiddenSize, outFeatures: head.outFeatures)?[0]
+        vocabularySize = self.head == nil ? nil : head.outFeatures
+        (self.hiddenSize, self.heads, self.keyHeads, self.headDim, self.intermediateSize, self.eps) =
+            (hiddenSize, heads, keyHeads, headDim, intermediateSize, eps)
+        self.descriptors = descriptors
+        (self.layers, self.finalNorm, headLayer) = (layers, finalNorm, head)
+    }
+
+    /// Writes `products` to the first slots of a descriptor's fixed-size C array (a tuple in Swift).
+    private static func place<Slots>(_ products: [vlm_decoder_product], in slots: inout Slots) {
+        withUnsafeMutableBytes(of: &slots) { bytes in
+            precondition(products.count * MemoryLayout<vlm_decoder_product>.stride <= bytes.count)
+            for (index, product) in products.enumerated() {
+                bytes.storeBytes(of: product, toByteOffset: index * MemoryLayout<vlm_decoder_product>.stride,
+                                 as: vlm_decoder_product.self)
+            }
+        }
+    }
+
+    /// Runs the step for the token `embedding` (`hiddenSize` floats) at cache position `position`, whose rotary
+    /// angles' cosines and sines (`headDim / 2` each) are `cos` and `sin`: stores its key and value in `keys` and
+    /// `values` (per layer `[keyHeads·capacity, headDim]`, head-major) and attends to positions `0 ... position`.
+    /// Returns the logits `[1, 1, vocabularySize]`, or without a head the final norm's output `[1, 1, hiddenSize]`.
+    package func callAsFunction(embedding: Tensor, keys: [Tensor], values: [Tensor], capacity: Int, position: Int,
+                                cos: Tensor, sin: Tensor) -> Tensor {
+        precondition(embedding.count == hiddenSize && keys.count == descriptors.count && values.count == keys.count
+                     && position >= 0 && position < capacity && cos.count == headDim / 2 && sin.count == headDim / 2
+                     && keys.allSatisfy { $0.count >= keyHeads * capacity * headDim }
+                     && values.allSatisfy { $0.count >= keyHeads * capacity * headDim },
+                     "a fused decoding step at position \(position) of \(capacity) got mismatched inputs")
+        let hidden = Tensor(uninitialized: [1, 1, hiddenSize])
+        hidden.storage.pointer.initialize(from: embedding.storage.pointer, count: hiddenSize)
+        let logits = vocabularySize.map { Tensor(uninitialized: [1, 1, $0]) }
+        let keyPointers = keys.map { Optional($0.storage.pointer) }, valuePointers = values.map { Optional($0.storage.pointer) }
+        var step = vlm_decoder_step()
+        step.layer_count = descriptors.count
+        (step.hidden_size, step.heads, step.key_heads, step.head_dim, step.intermediate_size) =
+            (hiddenSize, heads, keyHeads, headDim, intermediateSize)
+        step.eps = eps
+        step.scale = 1 / Float(headDim).squareRoot()
+        step.final_norm = UnsafePointer(finalNorm.storage.pointer)
+        step.head = head ?? vlm_decoder_product()
+        step.capacity = capacity
+        step.position = position
+        step.parts = decodingAttentionParts(keyLength: position + 1, units: keyHeads)
+        step.cos = UnsafePointer(cos.storage.pointer)
+        step.sin = UnsafePointer(sin.storage.pointer)
+        step.hidden = hidden.storage.pointer
+        step.logits = logits?.storage.pointer
+        let scratch = Tensor(uninitialized: [vlm_decoder_step_scratch_floats(&step)])
+        step.scratch = scratch.storage.pointer
+        let status = descriptors.withUnsafeBufferPointer { layers in
+            keyPointers.withUnsafeBufferPointer { keys in
+                valuePointers.withUnsafeBufferPointer { values in
+                    step.layers = layers.baseAddress
+                    step.keys = keys.baseAddress
+                    step.values = values.baseAddress
+                    return vlm_decoder_step_run(&step, KernelPath.vectorISA)
+                }
+            }
+        }
+        precondition(status == 0, "out of memory for a decoding step's scratch")
+        withExtendedLifetime((keys, values, scratch, self)) {}
+        return logits ?? hidden
+    }
+}

@@ -1,0 +1,103 @@
+import Foundation
+import Testing
+import VLMCheckpoint
+@testable import VLMModels
+import VLMTensor
+
+/// Decoding steps of fully quantized Llama-family models run as one fused parallel region (FusedDecoderStep); these
+/// check it against transformers and, bit for bit, against the layer-by-layer path it replaces.
+@Suite(.enabled(if: FusedDecoderStep.isSupported, "this CPU has no packed quantized products: no fused decoding step"))
+struct FusedDecodingTests {
+    /// qwen2-mixed.gguf (oracle/llama.py): every projection quantized, each in another block format, q/k/v biases, an
+    /// untied F16 head (the step ends at the final norm and the head runs after it).
+    struct Expected: Decodable {
+        let input_ids: [[Int]]
+        let new_tokens: [Int]
+        let max_new_tokens: Int
+        let sequence: [Int]
+        let positions: [Int]
+        let position_logits: [[Float]]
+    }
+
+    static let url = LlamaFixture.root.appendingPathComponent("qwen2-mixed.gguf")
+
+    static func expected() throws -> Expected {
+        try JSONDecoder().decode(Expected.self, from: Data(contentsOf: url.appendingPathExtension("json")))
+    }
+
+    @Test func everyQuantizedModelFuses() throws {
+        #expect(try #require(LlamaForCausalLM(gguf: Self.url).fusedStep).vocabularySize == nil)
+        if let smolLM2 = SmolLM2.url {
+            #expect(try #require(LlamaForCausalLM(gguf: smolLM2).fusedStep).vocabularySize == 49152)
+        }
+        // F32 MLP: the layer-by-layer path.
+        #expect(try LlamaForCausalLM(gguf: LlamaFixture.root.appendingPathComponent("qwen2-tiny.gguf")).fusedStep == nil)
+    }
+
+    /// One token at a time after the prompt: the logits transformers computes for those positions of the sequence in
+    /// one forward pass, before and after each head's keys split into two parts (128 keys).
+    @Test func decodingStepsMatchTransformers() throws {
+        let expected = try Self.expected()
+        let model = try LlamaForCausalLM(gguf: Self.url)
+        let prompt = expected.input_ids[0]
+        let cache = try model.makeCache(batch: 1, capacity: expected.sequence.count)
+        var logits = try model.logits(inputIds: [prompt], cache: cache, lastPositionOnly: true)
+        var checked = 0
+        for position in (prompt.count - 1)..<expected.sequence.count {
+            if position >= prompt.count { logits = try model.logits(inputIds: [[expected.sequence[position]]], cache: cache) }
+            guard let index = expected.positions.firstIndex(of: position) else { continue }
+            #expect(maxDifference(logits.scalars, expected.position_logits[index]) < 1e-4, "position \(position)")
+            checked += 1
+        }
+        #expect(checked == expected.positions.count)
+    }
+
+    @Test func greedyContinuationMatchesTransformers() throws {
+        let expected = try Self.expected()
+        let model = try LlamaForCausalLM(gguf: Self.url)
+        let output = try model.generate(inputIds: expected.input_ids,
+                                        options: GenerationOptions(maxNewTokens: expected.max_new_tokens, eosTokenIds: []))
+        #expect(output == [expected.new_tokens])
+    }
+
+    /// Each step's logits and the keys and values it stores, fused and layer by layer, are the same floats.
+    static func expectFusedStepsEqualLayerByLayer(_ model: LlamaForCausalLM, tokens: [Int], promptLength: Int) throws {
+        #expect(model.fusedStep != nil)
+        let caches = try (0..<2).map { _ in try model.makeCache(batch: 1, capacity: tokens.count) }
+        for cache in caches {
+            _ = try model.logits(inputIds: [Array(tokens[..<promptLength])], cache: cache, lastPositionOnly: true)
+        }
+        for position in promptLength..<tokens.count {
+            let embedding = try model.embed([[tokens[position]]])
+            let (fused, layered) = try (
+                model.logits(inputsEmbeds: embedding, attentionMask: nil, positionIds: nil, cache: caches[0],
+                             lastPositionOnly: false, fusing: true),
+                model.logits(inputsEmbeds: embedding, attentionMask: nil, positionIds: nil, cache: caches[1],
+                             lastPositionOnly: false, fusing: false))
+            #expect(fused.shape == layered.shape)
+            guard fused.scalars == layered.scalars else {
+                Issue.record("position \(position): fused logits differ by up to \(maxDifference(fused.scalars, layered.scalars))")
+                return
+            }
+        }
+        for (fused, layered) in zip(caches[0].keys + caches[0].values, caches[1].keys + caches[1].values) {
+            #expect(fused.scalars == layered.scalars)
+        }
+    }
+
+    @Test func fusedStepsEqualTheLayerByLayerPath() throws {
+        let expected = try Self.expected()
+        try Self.expectFusedStepsEqualLayerByLayer(try LlamaForCausalLM(gguf: Self.url), tokens: expected.sequence,
+                                                   promptLength: expected.input_ids[0].count)
+    }
+
+    /// SmolLM2's q/k/v and gate/up stack (one format), its head is its Q4_1 embedding table: the step runs the head.
+    @Test(.enabled(if: SmolLM2.url != nil, Comment(rawValue: SmolLM2.skipMessage)))
+    func smolLM2FusedStepsEqualTheLayerByLayerPath() throws {
+        let expected = try Self.expected()
+        // From 120 positions to 160: its three key heads' keys split into two parts from 128 on.
+        let tokens = expected.sequence.map { $0 * 97 % 49152 }
+        try Self.expectFusedStepsEqualLayerByLayer(try LlamaForCausalLM(gguf: try #require(SmolLM2.url)), tokens: tokens,
+                                                   promptLength: 120)
+    }
+}
