@@ -392,6 +392,216 @@ static void check_quantized(vlm_quant_format format, ptrdiff_t rows, ptrdiff_t c
     free(magnitude);
 }
 
+/// A random matrix of `format` packed for the decoding products, with its dequantized values for the reference.
+typedef struct packed_matrix {
+    void *packed;
+    float *values;
+    vlm_decoder_product product;
+} packed_matrix;
+
+static packed_matrix random_packed(vlm_quant_format format, ptrdiff_t rows, ptrdiff_t columns, const float *bias,
+                                   ptrdiff_t offset) {
+    ptrdiff_t row_bytes;
+    uint8_t *data = random_blocks(format, rows, columns, &row_bytes);
+    const vlm_quant_matrix matrix = {.data = data, .format = format, .rows = rows, .columns = columns, .row_bytes = row_bytes};
+    packed_matrix m = {.packed = aligned_alloc(64, (size_t)((vlm_quant_packed_size(format, rows, columns) + 63) / 64 * 64)),
+                       .values = malloc((size_t)(rows * columns) * sizeof(float))};
+    vlm_quant_pack(&matrix, m.packed);
+    vlm_quant_dequantize_rows(&matrix, 0, rows, m.values, columns, VLM_ISA_SCALAR);
+    free(data);
+    m.product = (vlm_decoder_product){.packed = m.packed, .format = format, .rows = rows, .columns = columns,
+                                      .bias = bias, .offset = offset};
+    return m;
+}
+
+/// `y[offset + j] (+)= W·x + bias` in double, for the decoder step's reference.
+static void reference_product(const packed_matrix *m, const double *x, double *y, int add) {
+    const vlm_decoder_product *p = &m->product;
+    for (ptrdiff_t j = 0; j < p->rows; j++) {
+        double sum = p->bias ? p->bias[j] : 0;
+        for (ptrdiff_t c = 0; c < p->columns; c++) sum += (double)m->values[j * p->columns + c] * x[c];
+        y[p->offset + j] = add ? y[p->offset + j] + sum : sum;
+    }
+}
+
+static void reference_norm(const double *x, const float *weight, ptrdiff_t n, float eps, double *y) {
+    double squares = 0;
+    for (ptrdiff_t i = 0; i < n; i++) squares += x[i] * x[i];
+    const double inverse = 1 / sqrt(squares / n + eps);
+    for (ptrdiff_t i = 0; i < n; i++) y[i] = weight[i] * x[i] * inverse;
+}
+
+static void reference_rotate(double *x, const float *cos, const float *sin, ptrdiff_t head_dim) {
+    const ptrdiff_t half = head_dim / 2;
+    for (ptrdiff_t i = 0; i < half; i++) {
+        const double first = x[i], second = x[i + half];
+        x[i] = first * cos[i] - second * sin[i];
+        x[i + half] = second * cos[i] + first * sin[i];
+    }
+}
+
+/// A whole decoding step of a two-layer grouped-query decoder (separate q/k/v and gate/up products in four formats
+/// in one layer, stacked ones in the other; q/k/v biases) at cache position `position`, split into `parts` key
+/// ranges, with and without its head, against the same network in double precision: the logits (or the final
+/// norm's output) and the key and value it stores. Only with an OpenMP runtime in the process.
+static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_isa isa) {
+    enum { H = 64, HEADS = 4, KEY_HEADS = 2, HD = 16, I = 96, L = 2, CAPACITY = 160, VOCAB = 40 };
+    const ptrdiff_t group = HEADS / KEY_HEADS, width = HEADS * HD, key_width = KEY_HEADS * HD;
+    const float eps = 1e-5f, scale = 0.25f;
+    float *norms = random_floats(2 * L * H + H), *bias = random_floats(width + 2 * key_width);
+    packed_matrix matrices[L][7], head = random_packed(VLM_QUANT_Q8_0, VOCAB, H, NULL, 0);
+    vlm_decoder_layer layers[L];
+    memset(layers, 0, sizeof layers);
+    const vlm_quant_format separate[] = {VLM_QUANT_Q8_0, VLM_QUANT_Q4_1, VLM_QUANT_Q5_0};
+    for (int l = 0; l < L; l++) {
+        vlm_decoder_layer *d = &layers[l];
+        d->input_norm = norms + 2 * l * H;
+        d->post_attention_norm = norms + (2 * l + 1) * H;
+        if (l == 0) {
+            const ptrdiff_t rows[] = {width, key_width, key_width}, offsets[] = {0, width, width + key_width};
+            for (int i = 0; i < 3; i++) {
+                matrices[l][i] = random_packed(separate[i], rows[i], H, bias + offsets[i], offsets[i]);
+                d->attention[i] = matrices[l][i].product;
+            }
+            d->attention_products = 3;
+            matrices[l][3] = random_packed(VLM_QUANT_Q8_0, I, H, NULL, 0);
+            matrices[l][4] = random_packed(VLM_QUANT_Q4_0, I, H, NULL, I);
+            d->gate_up[0] = matrices[l][3].product;
+            d->gate_up[1] = matrices[l][4].product;
+            d->gate_up_products = 2;
+        } else {
+            matrices[l][0] = random_packed(VLM_QUANT_Q8_0, width + 2 * key_width, H, bias, 0);
+            d->attention[0] = matrices[l][0].product;
+            d->attention_products = 1;
+            matrices[l][3] = random_packed(VLM_QUANT_Q8_0, 2 * I, H, NULL, 0);
+            d->gate_up[0] = matrices[l][3].product;
+            d->gate_up_products = 1;
+        }
+        matrices[l][5] = random_packed(VLM_QUANT_Q5_1, H, width, NULL, 0);
+        matrices[l][6] = random_packed(VLM_QUANT_Q8_0, H, I, NULL, 0);
+        d->output = matrices[l][5].product;
+        d->down = matrices[l][6].product;
+    }
+    float *cos = malloc(HD / 2 * sizeof(float)), *sin = malloc(HD / 2 * sizeof(float));
+    for (int i = 0; i < HD / 2; i++) {
+        cos[i] = cosf(0.37f * (float)(i + 1));
+        sin[i] = sinf(0.37f * (float)(i + 1));
+    }
+    float *embedding = random_floats(H);
+    float *keys[L], *values[L];
+    double *reference_keys[L], *reference_values[L];
+    for (int l = 0; l < L; l++) {
+        keys[l] = random_floats(KEY_HEADS * CAPACITY * HD);
+        values[l] = random_floats(KEY_HEADS * CAPACITY * HD);
+        reference_keys[l] = malloc(KEY_HEADS * CAPACITY * HD * sizeof(double));
+        reference_values[l] = malloc(KEY_HEADS * CAPACITY * HD * sizeof(double));
+        for (ptrdiff_t i = 0; i < KEY_HEADS * CAPACITY * HD; i++) {
+            reference_keys[l][i] = keys[l][i];
+            reference_values[l][i] = values[l][i];
+        }
+    }
+    // The reference.
+    double hidden[H], normed[H], qkv[HEADS * HD + 2 * KEY_HEADS * HD], attended[HEADS * HD], gate_up[2 * I], gated[I];
+    double logits[VOCAB], final[H];
+    for (int i = 0; i < H; i++) hidden[i] = embedding[i];
+    for (int l = 0; l < L; l++) {
+        reference_norm(hidden, layers[l].input_norm, H, eps, normed);
+        for (int i = 0; i < (l == 0 ? 3 : 1); i++) reference_product(&matrices[l][i], normed, qkv, 0);
+        for (int h = 0; h < KEY_HEADS; h++) {
+            reference_rotate(qkv + width + h * HD, cos, sin, HD);
+            for (int f = 0; f < HD; f++) {
+                reference_keys[l][(h * CAPACITY + position) * HD + f] = qkv[width + h * HD + f];
+                reference_values[l][(h * CAPACITY + position) * HD + f] = qkv[width + key_width + h * HD + f];
+            }
+        }
+        for (int q = 0; q < HEADS; q++) {
+            double *query = qkv + q * HD, *out = attended + q * HD;
+            const double *k = reference_keys[l] + (q / group) * CAPACITY * HD, *v = reference_values[l] + (q / group) * CAPACITY * HD;
+            reference_rotate(query, cos, sin, HD);
+            double largest = -INFINITY, total = 0, *scores = malloc((size_t)(position + 1) * sizeof(double));
+            for (ptrdiff_t p = 0; p <= position; p++) {
+                scores[p] = 0;
+                for (int f = 0; f < HD; f++) scores[p] += query[f] * k[p * HD + f];
+                scores[p] *= scale;
+                largest = fmax(largest, scores[p]);
+            }
+            for (int f = 0; f < HD; f++) out[f] = 0;
+            for (ptrdiff_t p = 0; p <= position; p++) {
+                const double weight = exp(scores[p] - largest);
+                total += weight;
+                for (int f = 0; f < HD; f++) out[f] += weight * v[p * HD + f];
+            }
+            for (int f = 0; f < HD; f++) out[f] /= total;
+            free(scores);
+        }
+        reference_product(&matrices[l][5], attended, hidden, 1);
+        reference_norm(hidden, layers[l].post_attention_norm, H, eps, normed);
+        for (int i = 3; i < (l == 0 ? 5 : 4); i++) reference_product(&matrices[l][i], normed, gate_up, 0);
+        for (int i = 0; i < I; i++) gated[i] = gate_up[i] / (1 + exp(-gate_up[i])) * gate_up[I + i];
+        reference_product(&matrices[l][6], gated, hidden, 1);
+    }
+    reference_norm(hidden, norms + 2 * L * H, H, eps, final);
+    reference_product(&head, final, logits, 0);
+
+    for (int with_head = 0; with_head < 2; with_head++) {
+        float *cache_keys[L], *cache_values[L];
+        for (int l = 0; l < L; l++) {
+            cache_keys[l] = malloc(KEY_HEADS * CAPACITY * HD * sizeof(float));
+            cache_values[l] = malloc(KEY_HEADS * CAPACITY * HD * sizeof(float));
+            memcpy(cache_keys[l], keys[l], KEY_HEADS * CAPACITY * HD * sizeof(float));
+            memcpy(cache_values[l], values[l], KEY_HEADS * CAPACITY * HD * sizeof(float));
+        }
+        float *step_hidden = malloc(H * sizeof(float)), *step_logits = malloc(VOCAB * sizeof(float));
+        memcpy(step_hidden, embedding, H * sizeof(float));
+        vlm_decoder_step step = {
+            .layers = layers, .layer_count = L, .hidden_size = H, .heads = HEADS, .key_heads = KEY_HEADS, .head_dim = HD,
+            .intermediate_size = I, .eps = eps, .scale = scale, .final_norm = norms + 2 * L * H,
+            .head = with_head ? head.product : (vlm_decoder_product){0}, .keys = cache_keys, .values = cache_values,
+            .capacity = CAPACITY, .position = position, .parts = parts, .cos = cos, .sin = sin, .hidden = step_hidden,
+            .logits = with_head ? step_logits : NULL};
+        float *scratch = malloc((size_t)vlm_decoder_step_scratch_floats(&step) * sizeof(float));
+        step.scratch = scratch;
+        char what[96];
+        snprintf(what, sizeof what, "decoder_step position %td parts %td %s%s", position, parts, isa_name(isa),
+                 with_head ? " head" : "");
+        if (vlm_decoder_step_run(&step, isa) != 0) {
+            fprintf(stderr, "%s: refused\n", what);
+            failures++;
+        } else if (with_head) {
+            expect_close(what, step_logits, logits, VOCAB, 1e-3);
+        } else {
+            expect_close(what, step_hidden, final, H, 1e-3);
+        }
+        for (int l = 0; l < L; l++) {
+            expect_close(what, cache_keys[l], reference_keys[l], KEY_HEADS * CAPACITY * HD, 1e-3);
+            expect_close(what, cache_values[l], reference_values[l], KEY_HEADS * CAPACITY * HD, 1e-3);
+            free(cache_keys[l]);
+            free(cache_values[l]);
+        }
+        free(step_hidden);
+        free(step_logits);
+        free(scratch);
+    }
+    for (int l = 0; l < L; l++) {
+        for (int i = 0; i < 7; i++) {
+            if ((l == 1 && (i == 1 || i == 2 || i == 4))) continue;
+            free(matrices[l][i].packed);
+            free(matrices[l][i].values);
+        }
+        free(keys[l]);
+        free(values[l]);
+        free(reference_keys[l]);
+        free(reference_values[l]);
+    }
+    free(head.packed);
+    free(head.values);
+    free(norms);
+    free(bias);
+    free(cos);
+    free(sin);
+    free(embedding);
+}
+
 static void count_index(void *context, ptrdiff_t index) { ((int *)context)[index] += 1; }
 
 /// Per-row int8 quantization against the formula in float arithmetic, exactly: every ISA multiplies by the same
@@ -463,6 +673,11 @@ int main(void) {
     if (vlm_parallel_for(37, count_index, counts) == 0)
         for (int i = 0; i < 37; i++)
             if (counts[i] != 1) failures++;
+    if (vlm_parallel_team_available() && vlm_quant_packed_supported()) {
+        const ptrdiff_t steps[][2] = {{0, 1}, {5, 1}, {130, 2}, {159, 3}};
+        for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++)
+            for (int isa = 1; isa < 3; isa++) check_decoder_step(steps[i][0], steps[i][1], isas[isa]);
+    }
     printf("kernels: %s (best ISA here: %s, packed products %s)\n", failures ? "FAILED" : "all checks passed",
            isa_name(vlm_best_isa()), vlm_quant_packed_supported() ? "on" : "off");
     return failures ? 1 : 0;
