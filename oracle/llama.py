@@ -224,23 +224,30 @@ def tiny_gguf(case):
     json.dump(expected, open(os.path.join(FIXTURES, f"{case}.gguf.json"), "w"))
 
 
-def qwen2_tiny_gguf():
-    """qwen2-tiny.gguf: a tiny random Qwen2 (grouped-query attention, q/k/v biases made non-zero, tied embeddings)
-    written as llama.cpp's converter writes Qwen2 (no Q/K permutation: llama.cpp runs it with NEOX rotary, which is
-    Hugging Face's layout; F16 embeddings, Q5_0 attention, F32 MLP), with the logits and a greedy continuation that
-    transformers computes from the GGUF. It has no sliding window: GGUF metadata carries none, so transformers takes
-    Qwen2Config's use_sliding_window=False."""
+def random_qwen2(seed, positions, tied):
+    """A tiny random Qwen2 (grouped-query attention, 4 query heads over 2 key/value heads) with its q/k/v biases made
+    non-zero, as Qwen2 checkpoints have them."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
-    from gguf import GGMLQuantizationType as Q
-    torch.manual_seed(2)
+    torch.manual_seed(seed)
     config = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                         num_key_value_heads=2, max_position_embeddings=positions, rms_norm_eps=1e-6, tie_word_embeddings=tied,
                          rope_parameters=dict(rope_type="default", rope_theta=1000000.0), initializer_range=0.2)
     model = Qwen2ForCausalLM(config).eval()
     with torch.no_grad():
         for layer in model.model.layers:
             for projection in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                 projection.bias.normal_(std=0.5)
+    return model
+
+
+def qwen2_tiny_gguf():
+    """qwen2-tiny.gguf: a tiny random Qwen2 (grouped-query attention, q/k/v biases made non-zero, tied embeddings)
+    written as llama.cpp's converter writes Qwen2 (no Q/K permutation: llama.cpp runs it with NEOX rotary, which is
+    Hugging Face's layout; F16 embeddings, Q5_0 attention, F32 MLP), with the logits and a greedy continuation that
+    transformers computes from the GGUF. It has no sliding window: GGUF metadata carries none, so transformers takes
+    Qwen2Config's use_sliding_window=False."""
+    from gguf import GGMLQuantizationType as Q
+    model = random_qwen2(seed=2, positions=64, tied=True)
     types = {"model.embed_tokens": Q.F16, "self_attn.q_proj": Q.Q5_0, "self_attn.k_proj": Q.Q5_0,
              "self_attn.v_proj": Q.Q5_0, "self_attn.o_proj": Q.Q5_0}
     rounded = write_gguf(model, os.path.join(FIXTURES, "qwen2-tiny.gguf"), "qwen2", types, permute=False, name="qwen2-tiny")
@@ -259,17 +266,8 @@ def qwen2_mixed_gguf():
     continuation of the prompt, and the logits at some positions of a 160-token sequence (the prompt, then
     pseudo-random tokens), long enough that a decoding step's attention splits each head's keys into parts (from 128
     keys on)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
     from gguf import GGMLQuantizationType as Q
-    torch.manual_seed(3)
-    config = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False,
-                         rope_parameters=dict(rope_type="default", rope_theta=1000000.0), initializer_range=0.2)
-    model = Qwen2ForCausalLM(config).eval()
-    with torch.no_grad():
-        for layer in model.model.layers:
-            for projection in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                projection.bias.normal_(std=0.5)
+    model = random_qwen2(seed=3, positions=256, tied=False)
     types = {"model.embed_tokens": Q.F16, "lm_head": Q.F16, "self_attn.q_proj": Q.Q5_0, "self_attn.k_proj": Q.Q8_0,
              "self_attn.v_proj": Q.Q4_1, "self_attn.o_proj": Q.Q5_1, "mlp.gate_proj": Q.Q8_0, "mlp.up_proj": Q.Q4_0,
              "mlp.down_proj": Q.Q5_0}

@@ -90,7 +90,6 @@ struct SmolLM2GGUFTests {
         let input_ids: [[Int]]
         let logits: [Float]
         let new_tokens: [Int]
-        let max_new_tokens: Int
     }
 
     static let url = LlamaFixture.root.appendingPathComponent("qwen2-tiny.gguf")
@@ -117,10 +116,14 @@ struct SmolLM2GGUFTests {
 
     @Test func greedyContinuationMatchesTransformers() throws {
         let expected = try Self.expected()
-        let model = try LlamaForCausalLM(gguf: Self.url)
-        let output = try model.generate(inputIds: expected.input_ids,
-                                        options: GenerationOptions(maxNewTokens: expected.max_new_tokens, eosTokenIds: []))
-        #expect(output == [expected.new_tokens])
+        try Self.expectGreedyContinuation(of: Self.url, inputIds: expected.input_ids, newTokens: expected.new_tokens)
+    }
+
+    /// The model in `url` continues `inputIds` greedily with `newTokens`, no end-of-sequence token stopping it.
+    static func expectGreedyContinuation(of url: URL, inputIds: [[Int]], newTokens: [Int]) throws {
+        let model = try LlamaForCausalLM(gguf: url)
+        let output = try model.generate(inputIds: inputIds, options: GenerationOptions(maxNewTokens: newTokens.count, eosTokenIds: []))
+        #expect(output == [newTokens])
     }
 
     /// A GGUF v3 file with only string metadata and no tensors.
