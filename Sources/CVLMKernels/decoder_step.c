@@ -5,9 +5,9 @@
 
 #include "kernels_internal.h"
 
-// vlm_decoder_step (see vlm_kernels.h). A decoding step of a small model is a few hundred short stages; as parallel
-// regions of their own, with the norms, rotations and bookkeeping between them on one thread, a quarter of the
-// step went to the hand-overs and to the second core waiting (SmolLM2-135M). Here every thread runs every stage:
+// vlm_decoder_step (see vlm_kernels.h). A decoding step of a small model is a few hundred short stages; run as
+// parallel regions of their own, with the norms, rotations and bookkeeping between them on one thread, an eighth of
+// both cores' time went to waiting at the hand-overs (SmolLM2-135M Q8_0, perf). Here every thread runs every stage:
 // the cheap work (a norm, the fixed-point activation row, the attention merge, the gated activation) each thread
 // does itself on a private copy, the products and the attention parts are claimed in shares, and a barrier ends
 // each stage whose output the next one reads whole.
