@@ -8,13 +8,13 @@ internal import CVLMKernels
 package final class FusedDecoderStep: @unchecked Sendable {
     /// A decoder layer's weights.
     package struct Layer {
-        package var inputNorm: Tensor, postAttentionNorm: Tensor
+        package let inputNorm: Tensor, postAttentionNorm: Tensor
         /// q, k and v, or fewer layers stacking them, in that order.
-        package var attention: [Linear]
-        package var output: Linear
+        package let attention: [Linear]
+        package let output: Linear
         /// gate and up, or one layer stacking them.
-        package var gateUp: [Linear]
-        package var down: Linear
+        package let gateUp: [Linear]
+        package let down: Linear
 
         package init(inputNorm: Tensor, postAttentionNorm: Tensor, attention: [Linear], output: Linear, gateUp: [Linear],
                      down: Linear) {
@@ -27,7 +27,7 @@ package final class FusedDecoderStep: @unchecked Sendable {
     package static let isSupported = vlm_quant_packed_supported() != 0 && vlm_parallel_team_available() != 0
         && KernelPath.best == .vector
 
-    package let hiddenSize: Int, heads: Int, keyHeads: Int, headDim: Int, intermediateSize: Int
+    private let hiddenSize: Int, heads: Int, keyHeads: Int, headDim: Int, intermediateSize: Int
     /// The head's output width, or nil where the step ends with the final norm (the head is not packed).
     package let vocabularySize: Int?
     private let eps: Float
