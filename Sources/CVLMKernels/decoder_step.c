@@ -12,8 +12,9 @@
 // does itself on a private copy, the products and the attention parts are claimed in shares, and a barrier ends
 // each stage whose output the next one reads whole.
 //
-// The layer-by-layer path computes in Swift without contracting multiplies and adds; so does this file, so that
-// the two agree bit for bit.
+// The norms, rotations and attention merge below are the layer-by-layer path's too (DecoderOps.swift and
+// GroupedQueryAttention.swift call them), and the products are the same kernels, so the two agree bit for bit;
+// nothing here contracts multiplies and adds (Swift does not either).
 #pragma STDC FP_CONTRACT OFF
 
 typedef struct thread_scratch {
@@ -71,21 +72,51 @@ static int prepare_thread_scratch(const vlm_decoder_step *s) {
     return 0;
 }
 
-/// transformers' LlamaRMSNorm as rmsNorm in Swift computes it: the mean of squares summed in double.
-static void rms_norm(const float *x, const float *weight, ptrdiff_t features, float eps, float *y) {
-    double sum_of_squares = 0;
-    for (ptrdiff_t i = 0; i < features; i++) sum_of_squares += (double)x[i] * (double)x[i];
-    const float inverse = 1 / sqrtf((float)(sum_of_squares / (double)features) + eps);
-    for (ptrdiff_t i = 0; i < features; i++) y[i] = weight[i] * (x[i] * inverse);
+void vlm_rms_norm(const float *x, const float *weight, ptrdiff_t rows, ptrdiff_t features, float eps, float *y) {
+    for (ptrdiff_t row = 0; row < rows; row++, x += features, y += features) {
+        double sum_of_squares = 0;
+        for (ptrdiff_t i = 0; i < features; i++) sum_of_squares += (double)x[i] * (double)x[i];
+        const float inverse = 1 / sqrtf((float)(sum_of_squares / (double)features) + eps);
+        for (ptrdiff_t i = 0; i < features; i++) y[i] = weight[i] * (x[i] * inverse);
+    }
 }
 
-/// Rotate-half RoPE of one head.
-static void rotate(const float *x, const float *cos, const float *sin, ptrdiff_t head_dim, float *y) {
+void vlm_rotate_half(const float *x, ptrdiff_t tokens, ptrdiff_t heads, ptrdiff_t head_dim, const float *cos,
+                     const float *sin, float *y) {
     const ptrdiff_t half = head_dim / 2;
-    for (ptrdiff_t i = 0; i < half; i++) {
-        const float first = x[i], second = x[i + half];
-        y[i] = first * cos[i] + -second * sin[i];
-        y[i + half] = second * cos[i] + first * sin[i];
+    for (ptrdiff_t token = 0; token < tokens; token++, cos += half, sin += half) {
+        for (ptrdiff_t head = 0; head < heads; head++, x += head_dim, y += head_dim) {
+            for (ptrdiff_t i = 0; i < half; i++) {
+                const float first = x[i], second = x[i + half];
+                y[i] = first * cos[i] + -second * sin[i];
+                y[i + half] = second * cos[i] + first * sin[i];
+            }
+        }
+    }
+}
+
+void vlm_attention_merge(const float *maxima, const float *sums, const float *partials, ptrdiff_t units, ptrdiff_t parts,
+                         ptrdiff_t rows, ptrdiff_t head_dim, float *y) {
+    for (ptrdiff_t unit = 0; unit < units; unit++) {
+        for (ptrdiff_t r = 0; r < rows; r++) {
+            const ptrdiff_t first = unit * parts * rows + r;
+            float largest = -INFINITY;
+            for (ptrdiff_t part = 0; part < parts; part++) {
+                const float m = maxima[first + part * rows];
+                largest = m >= largest ? m : largest;
+            }
+            float total = 0;
+            float *out = y + (unit * rows + r) * head_dim;
+            memset(out, 0, (size_t)head_dim * sizeof(float));
+            for (ptrdiff_t part = 0; part < parts; part++) {
+                const ptrdiff_t slot = first + part * rows;
+                const float weight = expf(maxima[slot] - largest);
+                total += sums[slot] * weight;
+                const float *partial = partials + slot * head_dim;
+                for (ptrdiff_t f = 0; f < head_dim; f++) out[f] += partial[f] * weight;
+            }
+            for (ptrdiff_t f = 0; f < head_dim; f++) out[f] /= total;
+        }
     }
 }
 
@@ -148,11 +179,10 @@ static void run_attention(step_run *run, atomic_ptrdiff_t *claim, float *keys, f
         const ptrdiff_t first = part * run->part_length;
         const ptrdiff_t count = run->part_length < key_length - first ? run->part_length : key_length - first;
         if (first + count == key_length) {
-            rotate(k + head * hd, s->cos, s->sin, hd, head_keys + s->position * hd);
+            vlm_rotate_half(k + head * hd, 1, 1, hd, s->cos, s->sin, head_keys + s->position * hd);
             memcpy(head_values + s->position * hd, v + head * hd, (size_t)hd * sizeof(float));
         }
-        for (ptrdiff_t r = 0; r < group; r++)
-            rotate(q + (head * group + r) * hd, s->cos, s->sin, hd, t->query + r * hd);
+        vlm_rotate_half(q + head * group * hd, 1, group, hd, s->cos, s->sin, t->query);
         const vlm_attention_problem problem = {
             .query = t->query, .key = head_keys, .value = head_values, .query_stride = hd, .key_stride = hd,
             .value_stride = hd, .output_stride = hd, .query_length = group, .key_length = key_length, .head_dim = hd,
@@ -161,33 +191,6 @@ static void run_attention(step_run *run, atomic_ptrdiff_t *claim, float *keys, f
         if (vlm_attention_partial(&problem, first, count, run->maxima + slot, run->sums + slot,
                                   run->partials + slot * hd, run->isa) != 0)
             atomic_store_explicit(&run->failed, 1, memory_order_relaxed);
-    }
-}
-
-/// The parts' softmax sums merged into this thread's copy of the attention output, as decodingAttention merges them.
-static void merge_attention(const step_run *run, float *attended) {
-    const vlm_decoder_step *s = run->step;
-    const ptrdiff_t hd = s->head_dim, group = run->group, parts = s->parts;
-    for (ptrdiff_t head = 0; head < s->key_heads; head++) {
-        for (ptrdiff_t r = 0; r < group; r++) {
-            const ptrdiff_t first = head * parts * group + r;
-            float largest = -INFINITY;
-            for (ptrdiff_t part = 0; part < parts; part++) {
-                const float m = run->maxima[first + part * group];
-                largest = m >= largest ? m : largest;
-            }
-            float total = 0;
-            float *out = attended + (head * group + r) * hd;
-            memset(out, 0, (size_t)hd * sizeof(float));
-            for (ptrdiff_t part = 0; part < parts; part++) {
-                const ptrdiff_t slot = first + part * group;
-                const float weight = expf(run->maxima[slot] - largest);
-                total += run->sums[slot] * weight;
-                const float *partial = run->partials + slot * hd;
-                for (ptrdiff_t f = 0; f < hd; f++) out[f] += partial[f] * weight;
-            }
-            for (ptrdiff_t f = 0; f < hd; f++) out[f] /= total;
-        }
     }
 }
 
@@ -220,18 +223,19 @@ static void run_step(void *context, int thread, int threads) {
      &run->claims[stage++ % 3])
     for (ptrdiff_t l = 0; l < s->layer_count; l++) {
         const vlm_decoder_layer *layer = &s->layers[l];
-        rms_norm(s->hidden, layer->input_norm, s->hidden_size, s->eps, t->normed);
+        vlm_rms_norm(s->hidden, layer->input_norm, 1, s->hidden_size, s->eps, t->normed);
         vlm_quant_activation(t->normed, s->hidden_size, t->activation);
         run_products(run, NEXT_CLAIM(), layer->attention, layer->attention_products, t->activation, run->qkv, WRITE,
                      threads);
         vlm_parallel_barrier();
         run_attention(run, NEXT_CLAIM(), s->keys[l], s->values[l]);
         vlm_parallel_barrier();
-        merge_attention(run, t->attended);
+        vlm_attention_merge(run->maxima, run->sums, run->partials, s->key_heads, s->parts, run->group, s->head_dim,
+                            t->attended);
         vlm_quant_activation(t->attended, width, t->activation);
         run_products(run, NEXT_CLAIM(), &layer->output, 1, t->activation, run->product, ADD_TO_HIDDEN, threads);
         vlm_parallel_barrier();
-        rms_norm(s->hidden, layer->post_attention_norm, s->hidden_size, s->eps, t->normed);
+        vlm_rms_norm(s->hidden, layer->post_attention_norm, 1, s->hidden_size, s->eps, t->normed);
         vlm_quant_activation(t->normed, s->hidden_size, t->activation);
         run_products(run, NEXT_CLAIM(), layer->gate_up, layer->gate_up_products, t->activation, run->gate_up, WRITE,
                      threads);
@@ -242,10 +246,10 @@ static void run_step(void *context, int thread, int threads) {
         vlm_parallel_barrier();
     }
     if (!s->head.packed) {
-        if (thread == 0) rms_norm(s->hidden, s->final_norm, s->hidden_size, s->eps, s->hidden);
+        if (thread == 0) vlm_rms_norm(s->hidden, s->final_norm, 1, s->hidden_size, s->eps, s->hidden);
         return;
     }
-    rms_norm(s->hidden, s->final_norm, s->hidden_size, s->eps, t->normed);
+    vlm_rms_norm(s->hidden, s->final_norm, 1, s->hidden_size, s->eps, t->normed);
     vlm_quant_activation(t->normed, s->hidden_size, t->activation);
     run_products(run, NEXT_CLAIM(), &s->head, 1, t->activation, s->logits, WRITE, threads);
 #undef NEXT_CLAIM

@@ -5,8 +5,9 @@ import Glibc
 import Darwin
 #endif
 
-// Small ops of decoder-only language models (Llama and its kin). They are memory-bound and cheap next to the
-// matmuls, so they stay plain Swift.
+// Small ops of decoder-only language models (Llama and its kin), memory-bound and cheap next to the matmuls. The
+// RMS norm and the rotary embedding are the C functions the fused decoding step (vlm_decoder_step) runs, so that
+// both paths compute the same floats.
 
 /// RMS normalization over the last dimension, as transformers' `LlamaRMSNorm`: `weight · x / √(mean(x²) + eps)`.
 public func rmsNorm(_ x: Tensor, weight: Tensor, eps: Float) -> Tensor {
@@ -14,17 +15,7 @@ public func rmsNorm(_ x: Tensor, weight: Tensor, eps: Float) -> Tensor {
     precondition(x.rank >= 1 && weight.shape == [features], "rmsNorm of \(x.shape) needs weight [\(features)], got \(weight.shape)")
     let output = Tensor(uninitialized: x.shape)
     if x.count == 0 { return output }
-    let rows = x.count / features
-    let source = x.storage.pointer, destination = output.storage.pointer, scale = weight.storage.pointer
-    for row in 0..<rows {
-        let input = source + row * features
-        // Double accumulation rounds the mean correctly, which PyTorch's pairwise float sum approximates.
-        var sumOfSquares = 0.0
-        for column in 0..<features { sumOfSquares += Double(input[column]) * Double(input[column]) }
-        let inverse = 1 / (Float(sumOfSquares / Double(features)) + eps).squareRoot()
-        let out = destination + row * features
-        for column in 0..<features { out[column] = scale[column] * (input[column] * inverse) }
-    }
+    vlm_rms_norm(x.storage.pointer, weight.storage.pointer, x.count / features, features, eps, output.storage.pointer)
     return output
 }
 
@@ -55,18 +46,7 @@ public func applyRotaryEmbedding(_ x: Tensor, heads: Int, cos: Tensor, sin: Tens
     precondition(headDim % 2 == 0 && cos.shape == [tokens, half] && sin.shape == [tokens, half],
                  "applyRotaryEmbedding: tables \(cos.shape) do not fit \(x.shape) with \(heads) heads")
     let output = Tensor(uninitialized: x.shape)
-    for token in 0..<tokens {
-        let c = cos.storage.pointer + token * half, s = sin.storage.pointer + token * half
-        for head in 0..<heads {
-            let input = x.storage.pointer + (token * heads + head) * headDim
-            let out = output.storage.pointer + (token * heads + head) * headDim
-            for index in 0..<half {
-                let first = input[index], second = input[index + half]
-                out[index] = first * c[index] + -second * s[index]
-                out[index + half] = second * c[index] + first * s[index]
-            }
-        }
-    }
+    vlm_rotate_half(x.storage.pointer, tokens, heads, headDim, cos.storage.pointer, sin.storage.pointer, output.storage.pointer)
     return output
 }
 

@@ -151,25 +151,9 @@ private func decodingAttention(query: Tensor, key: Tensor, value: Tensor, heads:
     } else {
         parallelFor(units * parts, run)
     }
+    // Unit u's query rows are the output's rows u·group ..< (u + 1)·group of headDim features.
     let output = Tensor(uninitialized: query.shape)
-    for unit in 0..<units {
-        let (item, keyHead) = unit.quotientAndRemainder(dividingBy: keyHeads)
-        for row in 0..<group {
-            let first = unit * parts * group + row
-            var largest = -Float.infinity
-            for part in 0..<parts { largest = max(largest, maxima.storage.pointer[first + part * group]) }
-            var total: Float = 0
-            let out = output.storage.pointer + item * width + (keyHead * group + row) * headDim
-            out.initialize(repeating: 0, count: headDim)
-            for part in 0..<parts {
-                let slot = first + part * group
-                let weight = exp(maxima.storage.pointer[slot] - largest)
-                total += sums.storage.pointer[slot] * weight
-                let partial = partials.storage.pointer + slot * headDim
-                for feature in 0..<headDim { out[feature] += partial[feature] * weight }
-            }
-            for feature in 0..<headDim { out[feature] /= total }
-        }
-    }
+    vlm_attention_merge(maxima.storage.pointer, sums.storage.pointer, partials.storage.pointer, units, parts, group, headDim,
+                        output.storage.pointer)
     return output
 }

@@ -214,6 +214,22 @@ int vlm_quant_packed_matvec(const void *packed, vlm_quant_format format, ptrdiff
 /// that many parts read side by side, the groups that do not divide among them one at a time after.
 enum { VLM_QUANT_STREAMS = 4 };
 
+/// transformers' LlamaRMSNorm of `rows` rows of `features` floats, `y = weight · x / √(mean(x²) + eps)`, the mean of
+/// squares summed in double (which rounds it correctly, as PyTorch's pairwise float sum approximates). `y` may be `x`.
+void vlm_rms_norm(const float *x, const float *weight, ptrdiff_t rows, ptrdiff_t features, float eps, float *y);
+
+/// Rotary position embedding in transformers' rotate-half form (`x·cos + rotate_half(x)·sin`) of `heads` heads of
+/// `head_dim` floats for each of `tokens` tokens (the heads of a token consecutive, the tokens too), token `t`'s
+/// `cos` and `sin` at `t · head_dim / 2`.
+void vlm_rotate_half(const float *x, ptrdiff_t tokens, ptrdiff_t heads, ptrdiff_t head_dim, const float *cos,
+                     const float *sin, float *y);
+
+/// Merges vlm_attention_partial's parts as flash-decoding does: for each of `units` (a key head's rows) and each of
+/// its `rows`, the parts' sums and outputs (`[units, parts, rows]` and `[units, parts, rows, head_dim]`) rescaled to
+/// the largest maximum, added and divided by the total weight, into `y [units, rows, head_dim]`.
+void vlm_attention_merge(const float *maxima, const float *sums, const float *partials, ptrdiff_t units, ptrdiff_t parts,
+                         ptrdiff_t rows, ptrdiff_t head_dim, float *y);
+
 /// One packed matrix of a decoding step (vlm_decoder_step): `y = W·x + bias` written to floats `offset ..< offset +
 /// rows` of its stage's output.
 typedef struct vlm_decoder_product {
@@ -243,8 +259,8 @@ typedef struct vlm_decoder_layer {
 /// One decoding step (one new token of one sequence) through every layer of a decoder and its final norm and head,
 /// all of it in one parallel region whose threads meet at a barrier after each stage, instead of a region per
 /// product with the serial work between them on one thread. Computes exactly what the layer-by-layer path computes:
-/// the same kernels on the same numbers (RMSNorm with a double sum of squares, RoPE's rotate-half form, the
-/// decoding attention's key parts merged as its flash-decoding merge does), with no floating-point contraction.
+/// the same kernels on the same numbers (vlm_rms_norm, vlm_rotate_half, the decoding attention's parts merged by
+/// vlm_attention_merge), with no floating-point contraction.
 typedef struct vlm_decoder_step {
     const vlm_decoder_layer *layers;
     ptrdiff_t layer_count;
