@@ -12,7 +12,10 @@ in f16, its default; SwiftVLM in fp32, as transformers does); each reports the m
 one warm-up. The engines take turns for --rounds rounds (the order alternating), each round giving one ratio
 SwiftVLM / llama.cpp: a shared machine's speed drifts by tens of percent within minutes, and measurements taken
 side by side drift together. The table shows each engine's median over the rounds and the median of the
-per-round ratios. SwiftVLM is built with `swift build -c release` and run with OMP_NUM_THREADS set to --threads.
+per-round ratios. Each round starts with a probe (scripts/machine.py) reading a buffer the size of the weights one
+decoding step reads (the GGUF file's tensors, less the token embedding table unless it is the head): each engine's
+decode speed times those bytes, set against that round's probe, says how near the memory's limit it decodes (the
+medians are shown). SwiftVLM is built with `swift build -c release` and run with OMP_NUM_THREADS set to --threads.
 llama.cpp keeps its extra weight buffers (weights repacked for its faster CPU kernels) unless the CPU reports AMX:
 ggml then routes weights to its AMX kernels, which die with SIGILL on VMs that report AMX but withhold it.
 --requantize TYPE (a llama.cpp file type such as Q4_K_M or Q5_K_M) first writes a copy of the model requantized by
@@ -23,12 +26,13 @@ import argparse
 import json
 import os
 import statistics
+import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from machine import describe, summary
+from machine import describe, probe, summary
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv-llamacpp"
@@ -110,6 +114,50 @@ def requantized(python: Path, model: Path, file_type: str) -> Path:
     return target
 
 
+def step_weight_bytes(model: Path) -> int:
+    """The bytes of weights one decoding step reads: every tensor of the GGUF file but the token embedding table
+    (one row of it a step), unless the file has no `output.weight` and the table is the head. A tensor's bytes run
+    from its offset to the next one's (alignment padding, under 32 bytes, included)."""
+    with open(model, "rb") as f:
+        def unpack(fmt):
+            return struct.unpack("<" + fmt, f.read(struct.calcsize(fmt)))[0]
+
+        def string():
+            return f.read(unpack("Q")).decode("utf-8", "replace")
+
+        scalar = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+        def value(kind):
+            if kind == 8:
+                return string()
+            if kind == 9:
+                element, count = unpack("I"), unpack("Q")
+                return [value(element) for _ in range(count)]
+            return unpack(scalar[kind])
+
+        if f.read(4) != b"GGUF" or unpack("I") < 2:
+            raise SystemExit(f"{model}: not a GGUF v2/v3 file")
+        tensor_count, kv_count = unpack("Q"), unpack("Q")
+        alignment = 32
+        for _ in range(kv_count):
+            key = string()
+            found = value(unpack("I"))
+            if key == "general.alignment":
+                alignment = found
+        offsets = {}
+        for _ in range(tensor_count):
+            name = string()
+            f.read(8 * unpack("I"))
+            unpack("I")
+            offsets[name] = unpack("Q")
+        data_start = (f.tell() + alignment - 1) // alignment * alignment
+    ends = sorted(offsets.values())[1:] + [model.stat().st_size - data_start]
+    sizes = {name: end - offset for (name, offset), end in zip(sorted(offsets.items(), key=lambda item: item[1]), ends)}
+    if "output.weight" in sizes:
+        sizes.pop("token_embd.weight", None)
+    return sum(sizes.values())
+
+
 def cpu_reports_amx() -> bool:
     try:
         return " amx_tile" in Path("/proc/cpuinfo").read_text()
@@ -162,16 +210,24 @@ def main():
     extra_buffers = not cpu_reports_amx()
     engines = {"swiftvlm": lambda: bench_swiftvlm(model, args),
                "llama.cpp": lambda: bench_llamacpp(python, model, args, extra_buffers)}
-    rounds = []
+    weight_bytes = step_weight_bytes(model)
+    probe_megabytes = -(-weight_bytes // (1 << 20))
+    rounds, probes = [], []
     for index in range(args.rounds):
+        # The memory's speed drifts with the machine's: each round's decoding is set against a probe of its own.
+        probes.append(probe(args.threads, [probe_megabytes])["read_gb_per_s"][str(probe_megabytes)])
         order = list(engines) if index % 2 == 0 else list(reversed(engines))
         rounds.append({engine: engines[engine]() for engine in order})
+        for engine in engines:
+            read = weight_bytes * rounds[-1][engine]["decode_tokens_per_s"] / 1e9
+            rounds[-1][engine].update(weights_gb_per_s=read, of_probe=read / probes[-1])
     keys = ("prefill_tokens_per_s", "decode_tokens_per_s")
     results = {"model": str(model), "machine": machine, "llamacpp_extra_buffers": extra_buffers, "threads": args.threads,
-               "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
-               "runs": args.runs, "load_average": load_before, "rounds": rounds}
+               "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "step_weight_bytes": weight_bytes,
+               "probe_gb_per_s": probes, "runs": args.runs, "load_average": load_before, "rounds": rounds}
     for engine in engines:
-        results[engine] = {key: statistics.median(r[engine][key] for r in rounds) for key in keys}
+        results[engine] = {key: statistics.median(r[engine][key] for r in rounds)
+                           for key in (*keys, "weights_gb_per_s", "of_probe")}
     for key in keys:
         ratios = [r["swiftvlm"][key] / r["llama.cpp"][key] for r in rounds]
         results[f"ratio_{key}"] = statistics.median(ratios)
@@ -185,13 +241,17 @@ def main():
           f"{args.rounds} rounds of each engine's median of {args.runs} runs (1-minute load average "
           f"{load_before:.1f} before; llama.cpp's extra weight buffers "
           f"{'on' if extra_buffers else 'off: the CPU reports AMX'})")
-    print(f"{'':10} {'prefill tok/s':>14} {'decode tok/s':>13}")
+    print(f"{'':10} {'prefill tok/s':>14} {'decode tok/s':>13} {'weights GB/s':>13} {'of probe':>9}")
     for engine in engines:
         r = results[engine]
-        print(f"{engine:10} {r['prefill_tokens_per_s']:14.1f} {r['decode_tokens_per_s']:13.1f}")
+        print(f"{engine:10} {r['prefill_tokens_per_s']:14.1f} {r['decode_tokens_per_s']:13.1f} "
+              f"{r['weights_gb_per_s']:13.1f} {r['of_probe']:9.0%}")
     print(f"{'ratio':10} {results['ratio_prefill_tokens_per_s']:14.2f} {results['ratio_decode_tokens_per_s']:13.2f}")
     for key in keys:
         print(f"per-round {key.split('_')[0]} ratios: " + " ".join(f"{x:.2f}" for x in results[f"ratios_{key}"]))
+    print(f"a decoding step reads {weight_bytes / 1e6:.1f} MB of weights; the probe read {probe_megabytes} MB at "
+          + ", ".join(f"{x:g}" for x in probes) + " GB/s before each round; SwiftVLM's share of it per round: "
+          + ", ".join(f"{r['swiftvlm']['of_probe']:.0%}" for r in rounds))
 
 
 if __name__ == "__main__":

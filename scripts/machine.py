@@ -58,12 +58,13 @@ def caches():
     return found
 
 
-def probe(threads):
-    """The FMA peak and read bandwidth of `threads` threads, from the compiled probe."""
+def probe(threads, megabytes=BANDWIDTH_MB):
+    """The FMA peak and read bandwidth of `threads` threads (a buffer of each size in `megabytes`), from the compiled
+    probe."""
     if not os.path.isfile(PROBE_BINARY) or os.path.getmtime(PROBE_BINARY) < os.path.getmtime(PROBE_SOURCE):
         os.makedirs(os.path.dirname(PROBE_BINARY), exist_ok=True)
         subprocess.run(["cc", "-O2", "-march=native", "-fopenmp", PROBE_SOURCE, "-o", PROBE_BINARY], check=True)
-    done = subprocess.run([PROBE_BINARY, str(threads), *map(str, BANDWIDTH_MB)], check=True, capture_output=True,
+    done = subprocess.run([PROBE_BINARY, str(threads), *map(str, megabytes)], check=True, capture_output=True,
                           text=True)
     return json.loads(done.stdout)
 
