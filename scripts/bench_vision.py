@@ -3,11 +3,12 @@
     python scripts/make_vision_checkpoints.py   # once: the full-size random-weight checkpoints
     swift build -c release                                            # for the SwiftVLM rows
     python scripts/bench_vision.py [--models clipseg owlv2 vilt siglip] [--labels 3] [--runs 10] [--rounds 3]
-                                   [--vlm-dtype fp32] [--vlm .build/release/vlm] [--json results.json]
+                                   [--vlm-dtype fp32] [--pytorch-bf16] [--vlm .build/release/vlm] [--json results.json]
 
 Needs onnxruntime and onnxscript beside transformers (a venv layered on the oracle venv will do); without
 onnxruntime the ONNX Runtime rows say so. All engines run fp32 on --threads threads, SwiftVLM in --vlm-dtype (bf16:
-its matrix products on the CPU's bf16 units, beside the others' fp32). The work per image is what each
+its matrix products on the CPU's bf16 units, beside the others' fp32); --pytorch-bf16 adds PyTorch under
+`torch.autocast("cpu", dtype=torch.bfloat16)` as a fourth engine, the peer of SwiftVLM's bf16. The work per image is what each
 model's pipeline does once its processor has run (processing is untimed everywhere):
 
 - clipseg (CIDAS/clipseg-rd64-refined): a 640×480 photo of noise and --labels text prompts padded to 77 tokens →
@@ -293,8 +294,14 @@ def bench_model(name, args):
                                                                                 args.labels, args.threads)
     onnx_error = None if session is not None else onnx_note
     result = {"model": name, "checkpoint": directory, "labels": labels, "pytorch_ms": [], "onnx_ms": [],
-              "vlm_round_ms": [], "ratio_to_pytorch": [], "ratio_to_onnx": []}
+              "pytorch_bf16_ms": [], "vlm_round_ms": [], "ratio_to_pytorch": [], "ratio_to_onnx": [],
+              "ratio_to_pytorch_bf16": []}
     engines = {"PyTorch": lambda: work(**feed)}
+    if args.pytorch_bf16:
+        def autocast_work():
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return work(**feed)
+        engines["PyTorch bf16"] = autocast_work
     if session is not None:
         result["onnx_exporter"] = onnx_note
         onnx_feed = {key: value.numpy() for key, value in feed.items()}
@@ -313,6 +320,7 @@ def bench_model(name, args):
             samples = interleaved_samples_ms(engines, args.warmup, args.runs)
         result["pytorch_ms"] += samples["PyTorch"]
         result["onnx_ms"] += samples.get("ONNX Runtime", [])
+        result["pytorch_bf16_ms"] += samples.get("PyTorch bf16", [])
         vlm_ms, vlm_error = vlm_ms_per_image(args.vlm, directory, task, labels, args.runs, args.threads,
                                              args.vlm_timeout, args.vlm_dtype)
         if vlm_error:
@@ -321,6 +329,8 @@ def bench_model(name, args):
         result["ratio_to_pytorch"].append(vlm_ms / statistics.median(samples["PyTorch"]))
         if "ONNX Runtime" in samples:
             result["ratio_to_onnx"].append(vlm_ms / statistics.median(samples["ONNX Runtime"]))
+        if "PyTorch bf16" in samples:
+            result["ratio_to_pytorch_bf16"].append(vlm_ms / statistics.median(samples["PyTorch bf16"]))
     if vlm_error:
         result["vlm_unavailable"] = vlm_error
     return result
@@ -341,13 +351,15 @@ def ratio_cell(ratios):
 
 
 def print_table(results, args):
-    print("| model | PyTorch ms | ONNX Runtime ms | SwiftVLM ms | SwiftVLM ÷ PyTorch (rounds) "
-          "| SwiftVLM ÷ ONNX Runtime (rounds) |")
-    print("|---|---:|---:|---:|---|---|")
+    bf16 = args.pytorch_bf16
+    print("| model | PyTorch ms | " + ("PyTorch bf16 ms | " if bf16 else "") + "ONNX Runtime ms | SwiftVLM ms "
+          "| SwiftVLM ÷ PyTorch (rounds) | " + ("SwiftVLM ÷ PyTorch bf16 (rounds) | " if bf16 else "")
+          + "SwiftVLM ÷ ONNX Runtime (rounds) |")
+    print("|---|---:|" + ("---:|" if bf16 else "") + "---:|---:|---|" + ("---|" if bf16 else "") + "---|")
     for result in results:
         name = DESCRIPTIONS[result["model"]].format(labels=args.labels)
         if "unavailable" in result:
-            print(f"| {name} | unavailable: {result['unavailable']} | | | | |")
+            print(f"| {name} | unavailable: {result['unavailable']} | | | | |" + (" | |" if bf16 else ""))
             continue
         pytorch = f"{statistics.median(result['pytorch_ms']):.1f}"
         # Why ONNX Runtime is missing is printed in full below the table.
@@ -356,8 +368,10 @@ def print_table(results, args):
                 else "unavailable")
         vlm = (f"**{statistics.median(result['vlm_round_ms']):.1f}**" if result["vlm_round_ms"]
                else f"unavailable: {result.get('vlm_unavailable', 'not run')}")
-        print(f"| {name} | {pytorch} | {onnx} | {vlm} | {ratio_cell(result['ratio_to_pytorch'])} "
-              f"| {ratio_cell(result['ratio_to_onnx'])} |")
+        pytorch_bf16 = f"{statistics.median(result['pytorch_bf16_ms']):.1f} | " if bf16 else ""
+        bf16_ratio = f"{ratio_cell(result['ratio_to_pytorch_bf16'])} | " if bf16 else ""
+        print(f"| {name} | {pytorch} | {pytorch_bf16}{onnx} | {vlm} | {ratio_cell(result['ratio_to_pytorch'])} "
+              f"| {bf16_ratio}{ratio_cell(result['ratio_to_onnx'])} |")
 
 
 def main():
@@ -372,6 +386,8 @@ def main():
     parser.add_argument("--no-onnx", action="store_true", help="leave ONNX Runtime out")
     parser.add_argument("--vlm", default=os.path.join(ROOT, ".build", "release", "vlm"), help="SwiftVLM's binary")
     parser.add_argument("--vlm-dtype", choices=["fp32", "bf16"], default="fp32", help="SwiftVLM's --dtype")
+    parser.add_argument("--pytorch-bf16", action="store_true",
+                        help="also time PyTorch under torch.autocast(\"cpu\", dtype=torch.bfloat16)")
     parser.add_argument("--vlm-timeout", type=float, default=900, help="seconds one `vlm bench` may take")
     parser.add_argument("--json", help="also write the results, with every timed sample, as JSON to this file")
     args = parser.parse_args()
