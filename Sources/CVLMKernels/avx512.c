@@ -546,6 +546,253 @@ AVX512 int vlm_attention_tiled_avx512(const vlm_attention_problem *p, ptrdiff_t 
     return 0;
 }
 
+// bf16 products for the key-tiled schedule. vdpbf16ps multiplies pairs of bf16 values and adds both products to an
+// fp32 lane: sixteen lanes of 32 multiply-adds per instruction where an fp32 FMA does 16. Every operand of a product
+// is laid out as pairs along the dimension the product sums over: q·kᵀ sums over features, so a key tile holds each
+// feature pair of its keys side by side; p·v sums over keys, so the values hold each feature of a key pair side by
+// side, and so do the probabilities.
+#define AVX512_BF16 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,fma,avx512bf16")))
+#define AVX512_BF16_INLINE static inline __attribute__((always_inline, \
+    target("avx512f,avx512dq,avx512bw,avx512vl,fma,avx512bf16")))
+
+/// `count` floats (at most 16) rounded to bf16, ties to even, as 16-bit patterns in the low halves of 32-bit lanes
+/// (zero past `count`).
+AVX512_BF16_INLINE __m512i bf16_lanes(const float *x, ptrdiff_t count) {
+    const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(tail_mask(count), x));
+    return _mm512_cvtepu16_epi32((__m256i)rounded);
+}
+
+/// A row of `d` (even) floats as d/2 bf16 pairs, feature 2c in the low half of pair c.
+AVX512_BF16_INLINE void bf16_pairs(const float *x, ptrdiff_t d, uint32_t *pairs) {
+    for (ptrdiff_t c = 0; c < d; c += 2 * LANES) {
+        const ptrdiff_t left = d - c;
+        const __mmask16 low = tail_mask(left), high = tail_mask(left - LANES > 0 ? left - LANES : 0);
+        const __m512bh rounded = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(high, x + c + LANES),
+                                                     _mm512_maskz_loadu_ps(low, x + c));
+        _mm512_mask_storeu_epi32(pairs + c / 2, tail_mask((left + 1) / 2), (__m512i)rounded);
+    }
+}
+
+/// One head's keys as panels of PANEL_BF16 keys, each `d/2` rows of PANEL_BF16 pairs: key j's feature pair c at
+/// column j mod PANEL_BF16 of row c of panel j / PANEL_BF16. Keys past key_length in the last panel are zero.
+enum { PANEL_BF16 = MAX_VECTORS * LANES };
+
+AVX512_BF16 static void pack_keys_bf16(const float *key, ptrdiff_t key_stride, ptrdiff_t key_length, ptrdiff_t d,
+                                       uint32_t *packed, uint32_t *row) {
+    const ptrdiff_t pairs = d / 2, panels = (key_length + PANEL_BF16 - 1) / PANEL_BF16;
+    memset(packed + (panels - 1) * pairs * PANEL_BF16, 0, (size_t)(pairs * PANEL_BF16) * sizeof(uint32_t));
+    for (ptrdiff_t j = 0; j < key_length; j++) {
+        const float *source = key + j * key_stride;
+        prefetch_row(source + PREFETCH_ROWS * key_stride, d);
+        bf16_pairs(source, d, row);
+        uint32_t *column = packed + j / PANEL_BF16 * pairs * PANEL_BF16 + j % PANEL_BF16;
+        for (ptrdiff_t c = 0; c < pairs; c++) column[c * PANEL_BF16] = row[c];
+    }
+}
+
+/// One head's values as ⌈key_length/2⌉ rows of `d` pairs: feature c of keys 2i and 2i+1 at column c of row i, the
+/// even key in the low half; the odd partner past key_length is zero.
+AVX512_BF16 static void pack_values_bf16(const float *value, ptrdiff_t value_stride, ptrdiff_t key_length, ptrdiff_t d,
+                                         uint32_t *packed) {
+    for (ptrdiff_t i = 0; 2 * i < key_length; i++) {
+        const float *even = value + 2 * i * value_stride, *odd = even + value_stride;
+        const int has_odd = 2 * i + 1 < key_length;
+        prefetch_row(even + PREFETCH_ROWS * value_stride, d);
+        prefetch_row(odd + PREFETCH_ROWS * value_stride, d);
+        for (ptrdiff_t c = 0; c < d; c += LANES) {
+            const ptrdiff_t left = d - c;
+            const __m512i low = bf16_lanes(even + c, left);
+            const __m512i high = has_odd ? _mm512_slli_epi32(bf16_lanes(odd + c, left), 16) : _mm512_setzero_si512();
+            _mm512_mask_storeu_epi32(packed + i * d + c, tail_mask(left), _mm512_or_si512(low, high));
+        }
+    }
+}
+
+/// scores[r·score_stride + 16·n + lane] = q_r · k[16·n + lane] for `rows_in_block` query rows (as bf16 pairs) and
+/// `vectors` vectors of 16 keys of one panel.
+AVX512_BF16_INLINE void scores_tile_bf16(const int rows_in_block, const int vectors, const uint32_t *const *q,
+                                         ptrdiff_t pairs, const uint32_t *panel, float *scores, ptrdiff_t score_stride) {
+    __m512 acc[ROWS][MAX_VECTORS];
+    for (int r = 0; r < rows_in_block; r++)
+        for (int n = 0; n < vectors; n++) acc[r][n] = _mm512_setzero_ps();
+    for (ptrdiff_t c = 0; c < pairs; c++) {
+        __m512bh k[MAX_VECTORS];
+        for (int n = 0; n < vectors; n++) k[n] = (__m512bh)_mm512_load_si512(panel + c * PANEL_BF16 + n * LANES);
+        for (int r = 0; r < rows_in_block; r++) {
+            const __m512bh a = (__m512bh)_mm512_set1_epi32((int)q[r][c]);
+            for (int n = 0; n < vectors; n++) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], a, k[n]);
+        }
+    }
+    for (int r = 0; r < rows_in_block; r++)
+        for (int n = 0; n < vectors; n++) _mm512_store_ps(scores + r * score_stride + n * LANES, acc[r][n]);
+}
+
+/// out_r[c0 ..] (+)= Σ_i p_r[i] · v_i[c0 ..] over `key_pairs` pairs of keys (p and v as bf16 pairs), for `vectors`
+/// vectors of 16 features, the last one masked by `last`; with `rescale`, added to out_r·rescale[r].
+AVX512_BF16_INLINE void values_tile_bf16(const int rows_in_block, const int vectors, const uint32_t *probabilities,
+                                         ptrdiff_t probability_stride, ptrdiff_t key_pairs, const uint32_t *v,
+                                         ptrdiff_t d, __mmask16 last, const float *rescale, float *const *out) {
+    __m512 acc[ROWS][MAX_VECTORS];
+    for (int r = 0; r < rows_in_block; r++) {
+        const __m512 factor = rescale ? _mm512_set1_ps(rescale[r]) : _mm512_setzero_ps();
+        for (int n = 0; n < vectors - 1; n++)
+            acc[r][n] = rescale ? _mm512_mul_ps(_mm512_loadu_ps(out[r] + n * LANES), factor) : _mm512_setzero_ps();
+        acc[r][vectors - 1] = rescale ? _mm512_mul_ps(_mm512_maskz_loadu_ps(last, out[r] + (vectors - 1) * LANES), factor)
+                                      : _mm512_setzero_ps();
+    }
+    for (ptrdiff_t i = 0; i < key_pairs; i++) {
+        const uint32_t *row = v + i * d;
+        __m512bh value[MAX_VECTORS];
+        for (int n = 0; n < vectors - 1; n++) value[n] = (__m512bh)_mm512_loadu_si512(row + n * LANES);
+        value[vectors - 1] = (__m512bh)_mm512_maskz_loadu_epi32(last, row + (vectors - 1) * LANES);
+        for (int r = 0; r < rows_in_block; r++) {
+            const __m512bh p = (__m512bh)_mm512_set1_epi32((int)probabilities[r * probability_stride + i]);
+            for (int n = 0; n < vectors; n++) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], p, value[n]);
+        }
+    }
+    for (int r = 0; r < rows_in_block; r++) {
+        for (int n = 0; n < vectors - 1; n++) _mm512_storeu_ps(out[r] + n * LANES, acc[r][n]);
+        _mm512_mask_storeu_ps(out[r] + (vectors - 1) * LANES, last, acc[r][vectors - 1]);
+    }
+}
+
+AVX512_BF16 static void scores_block_bf16(int rows_in_block, int vectors, const uint32_t *const *q, ptrdiff_t pairs,
+                                          const uint32_t *panel, float *scores, ptrdiff_t score_stride) {
+#define SCORES_CASE(R, N) case R * 8 + N: scores_tile_bf16(R, N, q, pairs, panel, scores, score_stride); break;
+    switch (rows_in_block * 8 + vectors) { ALL_TILE_CASES(SCORES_CASE) }
+#undef SCORES_CASE
+}
+
+AVX512_BF16 static void values_rows_bf16(int rows, const uint32_t *probabilities, ptrdiff_t probability_stride,
+                                         ptrdiff_t key_pairs, const uint32_t *v, ptrdiff_t d, const float *rescale,
+                                         float *const *out) {
+    const ptrdiff_t feature_vectors = (d + LANES - 1) / LANES;
+    for (ptrdiff_t c0 = 0; c0 < feature_vectors; c0 += MAX_VECTORS) {
+        const ptrdiff_t remaining = feature_vectors - c0;
+        const int vectors = (int)(remaining < MAX_VECTORS ? remaining : MAX_VECTORS);
+        const __mmask16 last = tail_mask(d - (c0 + vectors - 1) * LANES);
+        float *out_chunk[ROWS];
+        for (int r = 0; r < rows; r++) out_chunk[r] = out[r] + c0 * LANES;
+#define VALUES_CASE(R, N) \
+    case R * 8 + N: \
+        values_tile_bf16(R, N, probabilities, probability_stride, key_pairs, v + c0 * LANES, d, last, rescale, out_chunk); \
+        break;
+        switch (rows * 8 + vectors) { ALL_TILE_CASES(VALUES_CASE) }
+#undef VALUES_CASE
+    }
+}
+
+AVX512_BF16 int vlm_attention_tiled_bf16_avx512(const vlm_attention_problem *p, ptrdiff_t query_block,
+                                                ptrdiff_t key_tile) {
+    const ptrdiff_t d = p->head_dim, pairs = d / 2, tq = p->query_length, tk = p->key_length;
+    const ptrdiff_t packed_width = (tk + LANES - 1) / LANES * LANES;
+    key_tile = (key_tile + PANEL_BF16 - 1) / PANEL_BF16 * PANEL_BF16;
+    if (key_tile > (tk + PANEL_BF16 - 1) / PANEL_BF16 * PANEL_BF16) key_tile = (tk + PANEL_BF16 - 1) / PANEL_BF16 * PANEL_BF16;
+    query_block = query_block < ROWS ? ROWS : query_block / ROWS * ROWS;
+    if (query_block > tq) query_block = tq;
+    const ptrdiff_t panels = (tk + PANEL_BF16 - 1) / PANEL_BF16, key_pairs = (tk + 1) / 2;
+#define LINES(items) (((size_t)(items) * 4 + 63) / 64 * 64)
+    const size_t keys_bytes = LINES(panels * PANEL_BF16 * pairs), values_bytes = LINES(key_pairs * d);
+    const size_t query_bytes = LINES(query_block * pairs), row_bytes = LINES(pairs);
+    const size_t output_bytes = LINES(query_block * d), row_state_bytes = LINES(2 * query_block);
+    const size_t score_bytes = LINES(ROWS * key_tile), probability_bytes = LINES(ROWS * key_tile / 2);
+    const size_t mask_bytes = p->key_mask ? LINES(packed_width) : 0;
+#undef LINES
+    char *scratch = aligned_alloc(64, keys_bytes + values_bytes + query_bytes + row_bytes + output_bytes +
+                                          row_state_bytes + score_bytes + probability_bytes + mask_bytes);
+    if (!scratch) return -1;
+    char *next = scratch;
+#define TAKE(type, bytes) ((type *)((next += (bytes)) - (bytes)))
+    uint32_t *keys = TAKE(uint32_t, keys_bytes), *values = TAKE(uint32_t, values_bytes);
+    uint32_t *queries = TAKE(uint32_t, query_bytes), *key_row = TAKE(uint32_t, row_bytes);
+    float *sums_out = TAKE(float, output_bytes), *maxima = TAKE(float, row_state_bytes);
+    float *scores = TAKE(float, score_bytes);
+    uint32_t *probabilities = TAKE(uint32_t, probability_bytes);
+    float *mask_bias = p->key_mask ? TAKE(float, mask_bytes) : NULL;
+#undef TAKE
+    float *sums = maxima + query_block;
+    const ptrdiff_t probability_stride = key_tile / 2;
+    for (ptrdiff_t j = 0; mask_bias && j < tk; j++) mask_bias[j] = p->key_mask[j] != 0 ? 0.0f : -INFINITY;
+    for (ptrdiff_t h = 0; h < p->head_count; h++) {
+        pack_keys_bf16(p->key + h * d, p->key_stride, tk, d, keys, key_row);
+        pack_values_bf16(p->value + h * d, p->value_stride, tk, d, values);
+        for (ptrdiff_t b0 = 0; b0 < tq; b0 += query_block) {
+            const ptrdiff_t block_rows = tq - b0 < query_block ? tq - b0 : query_block;
+            for (ptrdiff_t i = 0; i < block_rows; i++)
+                bf16_pairs(p->query + (b0 + i) * p->query_stride + h * d, d, queries + i * pairs);
+            memset(sums_out, 0, (size_t)(block_rows * d) * sizeof(float));
+            memset(sums, 0, (size_t)block_rows * sizeof(float));
+            for (ptrdiff_t i = 0; i < block_rows; i++) maxima[i] = -INFINITY;
+            const ptrdiff_t groups = (block_rows + ROWS - 1) / ROWS;
+            for (ptrdiff_t j0 = 0; j0 < tk; j0 += key_tile) {
+                const ptrdiff_t tile_keys = tk - j0 < key_tile ? tk - j0 : key_tile;
+                for (ptrdiff_t group = 0, i0 = 0; group < groups; group++) {
+                    const int rows = (int)(block_rows / groups + (group < block_rows % groups ? 1 : 0));
+                    const uint32_t *q[ROWS];
+                    float *out[ROWS];
+                    ptrdiff_t valid[ROWS];
+                    for (int r = 0; r < rows; r++) {
+                        q[r] = queries + (i0 + r) * pairs;
+                        out[r] = sums_out + (i0 + r) * d;
+                        const ptrdiff_t visible = vlm_visible_keys(p, b0 + i0 + r) - j0;
+                        valid[r] = visible < 0 ? 0 : (visible > tile_keys ? tile_keys : visible);
+                    }
+                    const ptrdiff_t group_keys = valid[rows - 1];
+                    if (group_keys > 0) {
+                        for (ptrdiff_t j = 0; j < group_keys; j += PANEL_BF16) {
+                            const ptrdiff_t remaining = (group_keys - j + LANES - 1) / LANES;
+                            const int vectors = (int)(remaining < MAX_VECTORS ? remaining : MAX_VECTORS);
+                            scores_block_bf16(rows, vectors, q, pairs, keys + (j0 + j) * pairs, scores + j, key_tile);
+                        }
+                        float rescale[ROWS];
+                        for (int r = 0; r < rows; r++) {
+                            float *row = scores + r * key_tile;
+                            rescale[r] = online_softmax_row(row, valid[r], group_keys, p->scale,
+                                                            mask_bias ? mask_bias + j0 : NULL, maxima + i0 + r,
+                                                            sums + i0 + r);
+                            // Pairs of probabilities; an odd count's partner is zero.
+                            uint32_t *pair = probabilities + r * probability_stride;
+                            for (ptrdiff_t j = 0; j < group_keys; j += 2 * LANES) {
+                                const ptrdiff_t left = group_keys - j;
+                                const __m512bh rounded = _mm512_cvtne2ps_pbh(
+                                    _mm512_maskz_loadu_ps(tail_mask(left - LANES > 0 ? left - LANES : 0), row + j + LANES),
+                                    _mm512_maskz_loadu_ps(tail_mask(left), row + j));
+                                _mm512_mask_storeu_epi32(pair + j / 2, tail_mask((left + 1) / 2), (__m512i)rounded);
+                            }
+                        }
+                        values_rows_bf16(rows, probabilities, probability_stride, (group_keys + 1) / 2,
+                                         values + j0 / 2 * d, d, rescale, out);
+                    }
+                    i0 += rows;
+                }
+            }
+            for (ptrdiff_t i = 0; i < block_rows; i++) {
+                float *row = sums_out + i * d;
+                if (maxima[i] == -INFINITY) {
+                    // A row that saw no key averages every value (in fp32), as the fp32 kernels do.
+                    const __m512 uniform = _mm512_set1_ps(1.0f / (float)tk);
+                    for (ptrdiff_t c = 0; c < d; c += LANES) {
+                        const __mmask16 m = tail_mask(d - c);
+                        __m512 sum = _mm512_setzero_ps();
+                        for (ptrdiff_t j = 0; j < tk; j++)
+                            sum = _mm512_fmadd_ps(uniform, _mm512_maskz_loadu_ps(m, p->value + j * p->value_stride + h * d + c), sum);
+                        _mm512_mask_storeu_ps(row + c, m, sum);
+                    }
+                    sums[i] = 1.0f;
+                }
+                const __m512 inverse = _mm512_set1_ps(1.0f / sums[i]);
+                float *destination = p->output + (b0 + i) * p->output_stride + h * d;
+                for (ptrdiff_t c = 0; c < d; c += LANES) {
+                    const __mmask16 m = tail_mask(d - c);
+                    _mm512_mask_storeu_ps(destination + c, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + c), inverse));
+                }
+            }
+        }
+    }
+    free(scratch);
+    return 0;
+}
+
 /// Keys a decoding step's partial attention takes at a time (online softmax), so that its scores stay in L1 however
 /// many keys the part has.
 enum { PARTIAL_KEY_TILE = 128 };

@@ -15,6 +15,14 @@ int vlm_has_avx2(void) {
 #endif
 }
 
+int vlm_has_avx512_bf16(void) {
+#if defined(__x86_64__)
+    return vlm_best_isa() == VLM_ISA_AVX512 && __builtin_cpu_supports("avx512bf16");
+#else
+    return 0;
+#endif
+}
+
 vlm_kernel_isa vlm_best_isa(void) {
 #if defined(__x86_64__)
     // __builtin_cpu_supports("avx512f") also checks that the OS saves the zmm registers (XCR0).
@@ -60,11 +68,12 @@ static ptrdiff_t l2_cache_bytes(void) {
     return bytes;
 }
 
-/// Key-tile sizes from the L2 size: a quarter of it for one key tile's kᵀ and v, an eighth for the query block's
-/// output sums, the rest for the queries, the scores and whatever else the core touches.
-static void attention_tiles(ptrdiff_t head_dim, ptrdiff_t *query_block, ptrdiff_t *key_tile) {
+/// Key-tile sizes from the L2 size: a quarter of it for one key tile's kᵀ and v (`key_bytes` each per feature), an
+/// eighth for the query block's fp32 output sums, the rest for the queries, the scores and whatever else the core
+/// touches.
+static void attention_tiles(ptrdiff_t head_dim, ptrdiff_t key_bytes, ptrdiff_t *query_block, ptrdiff_t *key_tile) {
     const ptrdiff_t l2 = l2_cache_bytes(), row_bytes = head_dim * (ptrdiff_t)sizeof(float);
-    if (*key_tile <= 0) *key_tile = l2 / 4 / (2 * row_bytes);
+    if (*key_tile <= 0) *key_tile = l2 / 4 / (2 * head_dim * key_bytes);
     if (*query_block <= 0) *query_block = l2 / 8 / row_bytes;
 }
 
@@ -81,10 +90,17 @@ int vlm_attention_scheduled(const vlm_attention_problem *problem, vlm_attention_
     if (problem->query_length <= 0 || problem->head_dim <= 0 || problem->head_count <= 0) return 0;
 #if defined(__x86_64__)
     if (isa == VLM_ISA_AVX512 && vlm_best_isa() == VLM_ISA_AVX512) {
+        // In bf16 a head's keys and values take half the bytes, and every length runs on key tiles: a short
+        // sequence is one tile, whose online softmax then costs what the whole-row one does.
+        if (problem->bf16_products && problem->query_length > 4 && problem->head_dim % 2 == 0 &&
+            vlm_has_avx512_bf16()) {
+            attention_tiles(problem->head_dim, 2, &query_block, &key_tile);
+            return vlm_attention_tiled_bf16_avx512(problem, query_block, key_tile);
+        }
         if (schedule == VLM_ATTENTION_AUTOMATIC)
             schedule = prefers_key_tiles(problem) ? VLM_ATTENTION_KEY_TILES : VLM_ATTENTION_WHOLE_ROWS;
         if (schedule == VLM_ATTENTION_WHOLE_ROWS) return vlm_attention_avx512(problem);
-        attention_tiles(problem->head_dim, &query_block, &key_tile);
+        attention_tiles(problem->head_dim, sizeof(float), &query_block, &key_tile);
         return vlm_attention_tiled_avx512(problem, query_block, key_tile);
     }
 #endif

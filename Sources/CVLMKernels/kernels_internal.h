@@ -29,6 +29,8 @@ int vlm_attention_avx512(const vlm_attention_problem *problem);
 /// Flash attention's schedule: blocks of `query_block` query rows pass over tiles of `key_tile` keys with an online
 /// softmax, so that a tile's keys and values are read from L2 by every register block of the query block.
 int vlm_attention_tiled_avx512(const vlm_attention_problem *problem, ptrdiff_t query_block, ptrdiff_t key_tile);
+/// The same schedule with the score and value products on bf16-rounded operands (AVX512-BF16); `head_dim` even.
+int vlm_attention_tiled_bf16_avx512(const vlm_attention_problem *problem, ptrdiff_t query_block, ptrdiff_t key_tile);
 void vlm_gated_silu_avx512(const float *x, ptrdiff_t rows, ptrdiff_t width, float *y);
 int vlm_attention_partial_avx512(const vlm_attention_problem *p, ptrdiff_t first_key, ptrdiff_t key_count, float *maxima,
                                  float *sums, float *outputs);

@@ -89,9 +89,11 @@ struct SelfAttention {
         self.heads = heads
     }
 
-    /// Attention over `x` [B, T, D]; `residual` is added to the output projection (the pre-norm block's skip).
+    /// Attention over `x` [B, T, D]; `residual` is added to the output projection (the pre-norm block's skip). In a
+    /// layer built in bf16 the attention's own products take bf16 operands too.
     func callAsFunction(_ x: Tensor, causal: Bool, keyPaddingMask: Tensor?, residual: Tensor) -> Tensor {
-        let context = attention(packedQKV: queryKeyValue(x), heads: heads, causal: causal, keyPaddingMask: keyPaddingMask)
+        let context = attention(packedQKV: queryKeyValue(x), heads: heads, causal: causal, keyPaddingMask: keyPaddingMask,
+                                precision: queryKeyValue.precision)
         return output(context, residual: residual)
     }
 

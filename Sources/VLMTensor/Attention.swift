@@ -10,11 +10,14 @@ internal import CVLMKernels
 ///   - keyPaddingMask: `[B, Tk]`, nonzero where the key may be attended to (transformers' `attention_mask`).
 ///     A query left with no key at all averages every value, as transformers' eager attention does.
 ///   - scale: defaults to `1/√headDim`.
+///   - precision: `.bfloat16` multiplies q·kᵀ and the probabilities by v on bf16-rounded operands with fp32 sums, as
+///     a bf16 layer's products do (the softmax stays fp32), where the CPU has AVX512-BF16 and there are more than 4
+///     queries; anything else runs fp32.
 /// - Returns: `[B, Tq, heads·headDim]`.
 public func attention(query: Tensor, key: Tensor, value: Tensor, heads: Int, causal: Bool = false,
-                      keyPaddingMask: Tensor? = nil, scale: Float? = nil) -> Tensor {
+                      keyPaddingMask: Tensor? = nil, scale: Float? = nil, precision: MatrixPrecision = .float32) -> Tensor {
     attention(query: query, key: key, value: value, heads: heads, causal: causal, keyPaddingMask: keyPaddingMask,
-              scale: scale, path: .best)
+              scale: scale, path: .best, precision: precision)
 }
 
 /// Self-attention over the fused output of one query-key-value projection.
@@ -22,12 +25,13 @@ public func attention(query: Tensor, key: Tensor, value: Tensor, heads: Int, cau
 /// - Parameters:
 ///   - packedQKV: `[B, T, 3·heads·headDim]`: queries, keys and values side by side along the last dimension, as a
 ///     `Linear` whose weight stacks the three projections' weights produces them.
-///   - heads, causal, keyPaddingMask, scale: as in ``attention(query:key:value:heads:causal:keyPaddingMask:scale:)``,
-///     with `Tq = Tk = T`.
+///   - heads, causal, keyPaddingMask, scale, precision: as in
+///     ``attention(query:key:value:heads:causal:keyPaddingMask:scale:precision:)``, with `Tq = Tk = T`.
 /// - Returns: `[B, T, heads·headDim]`.
 public func attention(packedQKV: Tensor, heads: Int, causal: Bool = false, keyPaddingMask: Tensor? = nil,
-                      scale: Float? = nil) -> Tensor {
-    attention(packedQKV: packedQKV, heads: heads, causal: causal, keyPaddingMask: keyPaddingMask, scale: scale, path: .best)
+                      scale: Float? = nil, precision: MatrixPrecision = .float32) -> Tensor {
+    attention(packedQKV: packedQKV, heads: heads, causal: causal, keyPaddingMask: keyPaddingMask, scale: scale, path: .best,
+              precision: precision)
 }
 
 /// Self-attention for one query token per batch item, over the fused output of one query-key-value projection: the
@@ -47,7 +51,7 @@ public func attention(packedQKV: Tensor, heads: Int, queryPositions: [Int], caus
 }
 
 func attention(query: Tensor, key: Tensor, value: Tensor, heads: Int, causal: Bool, keyPaddingMask: Tensor?,
-               scale: Float?, path: KernelPath) -> Tensor {
+               scale: Float?, path: KernelPath, precision: MatrixPrecision = .float32) -> Tensor {
     precondition(query.rank == 3 && key.rank == 3 && key.shape == value.shape && query.shape[0] == key.shape[0]
                  && query.shape[2] == key.shape[2],
                  "attention needs query [B, Tq, E], key and value [B, Tk, E]; got \(query.shape), \(key.shape), \(value.shape)")
@@ -56,12 +60,13 @@ func attention(query: Tensor, key: Tensor, value: Tensor, heads: Int, causal: Bo
     let layout = AttentionLayout(batch: batch, queryLength: queryLength, keyLength: key.shape[1], width: width,
                                  heads: heads, queryStride: width, keyStride: width, valueStride: width)
     runAttention(layout, query: query, queryOffset: 0, key: key, keyOffset: 0, value: value, valueOffset: 0,
-                 output: output, causal: causal, keyPaddingMask: keyPaddingMask, scale: scale, path: path)
+                 output: output, causal: causal, keyPaddingMask: keyPaddingMask, scale: scale, path: path,
+                 precision: precision)
     return output
 }
 
 func attention(packedQKV: Tensor, heads: Int, causal: Bool, keyPaddingMask: Tensor?, scale: Float?,
-               path: KernelPath) -> Tensor {
+               path: KernelPath, precision: MatrixPrecision = .float32) -> Tensor {
     precondition(packedQKV.rank == 3 && packedQKV.shape[2] % 3 == 0,
                  "attention needs packed queries, keys and values [B, T, 3·E]; got \(packedQKV.shape)")
     let (batch, length, width) = (packedQKV.shape[0], packedQKV.shape[1], packedQKV.shape[2] / 3)
@@ -70,7 +75,7 @@ func attention(packedQKV: Tensor, heads: Int, causal: Bool, keyPaddingMask: Tens
                                  queryStride: 3 * width, keyStride: 3 * width, valueStride: 3 * width)
     runAttention(layout, query: packedQKV, queryOffset: 0, key: packedQKV, keyOffset: width, value: packedQKV,
                  valueOffset: 2 * width, output: output, causal: causal, keyPaddingMask: keyPaddingMask, scale: scale,
-                 path: path)
+                 path: path, precision: precision)
     return output
 }
 
@@ -124,7 +129,7 @@ private let parallelAttentionWork = 1 << 20
 
 private func runAttention(_ layout: AttentionLayout, query: Tensor, queryOffset: Int, key: Tensor, keyOffset: Int,
                           value: Tensor, valueOffset: Int, output: Tensor, causal: Bool, keyPaddingMask: Tensor?,
-                          scale: Float?, path: KernelPath) {
+                          scale: Float?, path: KernelPath, precision: MatrixPrecision = .float32) {
     let (batch, queryLength, keyLength, width, heads) =
         (layout.batch, layout.queryLength, layout.keyLength, layout.width, layout.heads)
     precondition(heads > 0 && width % heads == 0, "attention: width \(width) does not split into \(heads) heads")
@@ -154,7 +159,8 @@ private func runAttention(_ layout: AttentionLayout, query: Tensor, queryOffset:
             query_stride: layout.queryStride, key_stride: layout.keyStride, value_stride: layout.valueStride,
             output_stride: width, query_length: queryLength, key_length: keyLength, head_dim: headDim,
             head_count: headCount, scale: scale, causal: causal ? 1 : 0,
-            key_mask: keyPaddingMask.map { UnsafePointer($0.storage.pointer + item * keyLength) })
+            key_mask: keyPaddingMask.map { UnsafePointer($0.storage.pointer + item * keyLength) },
+            bf16_products: precision == .bfloat16 ? 1 : 0)
         precondition(vlm_attention(&problem, path.isa) == 0, "out of memory for attention scratch over \(keyLength) keys")
     }
     if batch * heads * queryLength * keyLength * headDim < parallelAttentionWork {

@@ -99,7 +99,8 @@ func groupedQueryAttention(query: Tensor, key: Tensor, value: Tensor, heads: Int
             output: output.storage.pointer + item * queryLength * width + head * headDim,
             query_stride: width, key_stride: keys.stride, value_stride: keys.stride, output_stride: width,
             query_length: queryLength, key_length: keyLength, head_dim: headDim, head_count: 1, scale: scale,
-            causal: causal ? 1 : 0, key_mask: keyPaddingMask.map { UnsafePointer($0.storage.pointer + item * keyLength) })
+            causal: causal ? 1 : 0, key_mask: keyPaddingMask.map { UnsafePointer($0.storage.pointer + item * keyLength) },
+            bf16_products: 0)
         precondition(vlm_attention(&problem, path.isa) == 0, "out of memory for attention scratch over \(keyLength) keys")
     }
     if batch * heads * queryLength * keyLength * headDim < parallelWork {
@@ -139,7 +140,7 @@ private func decodingAttention(query: Tensor, key: Tensor, value: Tensor, heads:
             query: query.storage.pointer + item * width + keyHead * group * headDim, key: key.storage.pointer + keyOffset,
             value: value.storage.pointer + keyOffset, output: nil, query_stride: headDim, key_stride: keys.stride,
             value_stride: keys.stride, output_stride: headDim, query_length: group, key_length: keyLength,
-            head_dim: headDim, head_count: 1, scale: scale, causal: 0, key_mask: nil)
+            head_dim: headDim, head_count: 1, scale: scale, causal: 0, key_mask: nil, bf16_products: 0)
         let first = part * partLength, slot = unit * parts + part
         precondition(vlm_attention_partial(&problem, first, min(partLength, keyLength - first),
                                            maxima.storage.pointer + slot * group, sums.storage.pointer + slot * group,

@@ -28,6 +28,9 @@ typedef enum vlm_kernel_isa {
 /// The fastest implementation this CPU supports: VLM_ISA_AVX512, else VLM_ISA_AVX2, else VLM_ISA_SCALAR.
 vlm_kernel_isa vlm_best_isa(void);
 
+/// Whether the CPU has AVX-512 with bf16 dot products (AVX512-BF16).
+int vlm_has_avx512_bf16(void);
+
 /// One unit of multi-head attention: `softmax(q·kᵀ·scale + mask)·v` for `head_count` consecutive heads of one
 /// batch item. Head `h` of a token occupies floats `[h·head_dim, (h+1)·head_dim)` from that token's base pointer.
 typedef struct vlm_attention_problem {
@@ -46,6 +49,11 @@ typedef struct vlm_attention_problem {
     int causal;
     /// `key_length` floats, nonzero where the key may be attended to; NULL attends to every key.
     const float *key_mask;
+    /// Nonzero: q·kᵀ and the probabilities' product with v take their operands rounded to bf16 (ties to even) and
+    /// sum in fp32, on the AVX512-BF16 units, as a bf16 layer's matrix products do; the softmax stays fp32. Only
+    /// where the CPU has them, the head size is even and there are more than 4 query rows (a decoding step's
+    /// attention reads a KV cache, not products); elsewhere the fp32 kernels run.
+    int bf16_products;
 } vlm_attention_problem;
 
 /// Runs one attention unit. A query that sees no key at all averages every value uniformly, as PyTorch does
@@ -67,7 +75,8 @@ typedef enum vlm_attention_schedule {
 
 /// vlm_attention with a chosen schedule. For VLM_ATTENTION_KEY_TILES, `query_block` query rows (rounded down to the
 /// kernel's register block) pass over tiles of `key_tile` keys (rounded up to a multiple of 64); 0 picks either size
-/// from this CPU's L2 size. Returns 0, or -1 when scratch memory cannot be allocated.
+/// from this CPU's L2 size. A problem with `bf16_products` that the bf16 kernel takes runs on key tiles whatever
+/// `schedule` says. Returns 0, or -1 when scratch memory cannot be allocated.
 int vlm_attention_scheduled(const vlm_attention_problem *problem, vlm_attention_schedule schedule,
                             ptrdiff_t query_block, ptrdiff_t key_tile, vlm_kernel_isa isa);
 
