@@ -117,4 +117,28 @@ import CVLMKernels
         }
         return Tensor(shape: [packed.shape[0], packed.shape[1], width], scalars: scalars)
     }
+
+    /// `precision: .bfloat16` reaches the bf16 kernel (KeyTiledAttentionTests checks its numbers) for the packed
+    /// self-attention an encoder layer runs; int8 and fp32 run the fp32 kernel.
+    @Test(.enabled(if: vlm_has_avx512_bf16() != 0), arguments: OpFixtures.names(op: "attentionPacked"))
+    func bf16PrecisionTakesBf16Products(name: String) throws {
+        let c = try #require(fixtures.cases[name])
+        let (heads, causal) = (try #require(c.params.heads), try #require(c.params.causal as Bool?))
+        let packed = c.input("qkv"), mask = c.optionalInput("keyPaddingMask")
+        func run(_ precision: MatrixPrecision) -> [Float] {
+            attention(packedQKV: packed, heads: heads, causal: causal, keyPaddingMask: mask, precision: precision).scalars
+        }
+        let fp32 = run(.float32)
+        #expect(run(.int8) == fp32)
+        let bf16 = run(.bfloat16)
+        let difference = zip(bf16, fp32).map { abs($0 - $1) }.max() ?? 0
+        // Four or fewer query rows stay fp32 (a decoding step's case); more take rounded operands, which move these
+        // fixtures' outputs (scores of several units) by about 1% of the largest.
+        if packed.shape[1] > 4, (packed.shape[2] / 3 / heads) % 2 == 0 {
+            let largest = fp32.map { abs($0) }.max() ?? 0
+            #expect(difference > 1e-6 && difference < 0.03 * largest, "\(name): \(difference) from fp32")
+        } else {
+            #expect(difference == 0, "\(name)")
+        }
+    }
 }
