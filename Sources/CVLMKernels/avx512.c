@@ -82,12 +82,9 @@ AVX512_INLINE void prefetch_row_to_l2(const float *row, ptrdiff_t count) {
         _mm_prefetch((const char *)(row + offset), _MM_HINT_T1);
 }
 
-/// out_r[c0 ..] = Σ_j p_r[j] · v_j[c0 ..] over `keys` keys, for `vectors` vectors of 16 features, the last one
-/// masked by `last`. With `rescale`, the sum adds to out_r[c0 ..]·rescale[r] instead of replacing it.
-AVX512_INLINE void values_tile(const int rows_in_block, const int vectors, const float *probabilities,
-                               ptrdiff_t packed_width, ptrdiff_t keys, const float *v, ptrdiff_t value_stride,
-                               __mmask16 last, const float *rescale, float *const *out) {
-    __m512 acc[ROWS][MAX_VECTORS];
+/// A value tile's accumulators: zero, or with `rescale` each row's output so far times its factor.
+AVX512_INLINE void begin_value_sums(const int rows_in_block, const int vectors, __mmask16 last, const float *rescale,
+                                    float *const *out, __m512 acc[ROWS][MAX_VECTORS]) {
     for (int r = 0; r < rows_in_block; r++) {
         const __m512 factor = rescale ? _mm512_set1_ps(rescale[r]) : _mm512_setzero_ps();
         for (int n = 0; n < vectors - 1; n++)
@@ -95,6 +92,23 @@ AVX512_INLINE void values_tile(const int rows_in_block, const int vectors, const
         acc[r][vectors - 1] = rescale ? _mm512_mul_ps(_mm512_maskz_loadu_ps(last, out[r] + (vectors - 1) * LANES), factor)
                                       : _mm512_setzero_ps();
     }
+}
+
+AVX512_INLINE void store_value_sums(const int rows_in_block, const int vectors, __mmask16 last,
+                                    __m512 acc[ROWS][MAX_VECTORS], float *const *out) {
+    for (int r = 0; r < rows_in_block; r++) {
+        for (int n = 0; n < vectors - 1; n++) _mm512_storeu_ps(out[r] + n * LANES, acc[r][n]);
+        _mm512_mask_storeu_ps(out[r] + (vectors - 1) * LANES, last, acc[r][vectors - 1]);
+    }
+}
+
+/// out_r[c0 ..] = Σ_j p_r[j] · v_j[c0 ..] over `keys` keys, for `vectors` vectors of 16 features, the last one
+/// masked by `last`. With `rescale`, the sum adds to out_r[c0 ..]·rescale[r] instead of replacing it.
+AVX512_INLINE void values_tile(const int rows_in_block, const int vectors, const float *probabilities,
+                               ptrdiff_t packed_width, ptrdiff_t keys, const float *v, ptrdiff_t value_stride,
+                               __mmask16 last, const float *rescale, float *const *out) {
+    __m512 acc[ROWS][MAX_VECTORS];
+    begin_value_sums(rows_in_block, vectors, last, rescale, out, acc);
     for (ptrdiff_t j = 0; j < keys; j++) {
         const float *row = v + j * value_stride;
         prefetch_row(row + PREFETCH_ROWS * value_stride, vectors * LANES);
@@ -106,10 +120,7 @@ AVX512_INLINE void values_tile(const int rows_in_block, const int vectors, const
             for (int n = 0; n < vectors; n++) acc[r][n] = _mm512_fmadd_ps(p, value[n], acc[r][n]);
         }
     }
-    for (int r = 0; r < rows_in_block; r++) {
-        for (int n = 0; n < vectors - 1; n++) _mm512_storeu_ps(out[r] + n * LANES, acc[r][n]);
-        _mm512_mask_storeu_ps(out[r] + (vectors - 1) * LANES, last, acc[r][vectors - 1]);
-    }
+    store_value_sums(rows_in_block, vectors, last, acc, out);
 }
 
 // Both tiles are specialized for every (rows, vectors) pair so that their accumulators live in registers.
@@ -449,18 +460,145 @@ AVX512 static void pack_values(const float *value, ptrdiff_t value_stride, ptrdi
     }
 }
 
+/// Starts a query block of the key-tiled schedule: no output sums yet, running maxima at −∞.
+AVX512_INLINE void begin_query_block(float *sums_out, float *maxima, float *sums, ptrdiff_t rows, ptrdiff_t d) {
+    memset(sums_out, 0, (size_t)(rows * d) * sizeof(float));
+    memset(sums, 0, (size_t)rows * sizeof(float));
+    for (ptrdiff_t i = 0; i < rows; i++) maxima[i] = -INFINITY;
+}
+
+/// The rows of register group `group` of a query block whose first row is query `first_row` (groups as even as
+/// possible), and how many of the tile's `tile_keys` keys from `first_key` on each row sees (`valid`).
+AVX512_INLINE int query_group(const vlm_attention_problem *p, ptrdiff_t block_rows, ptrdiff_t groups, ptrdiff_t group,
+                              ptrdiff_t first_row, ptrdiff_t first_key, ptrdiff_t tile_keys, ptrdiff_t *valid) {
+    const int rows = (int)(block_rows / groups + (group < block_rows % groups ? 1 : 0));
+    for (int r = 0; r < rows; r++) {
+        const ptrdiff_t visible = vlm_visible_keys(p, first_row + r) - first_key;
+        valid[r] = visible < 0 ? 0 : (visible > tile_keys ? tile_keys : visible);
+    }
+    return rows;
+}
+
+/// Writes head `h`'s outputs of a query block from its output sums: each divided by its row's softmax sum. A row
+/// that saw no key averages every value (the fp32 values as they lie), as the whole-row kernel does.
+AVX512 static void end_query_block(const vlm_attention_problem *p, ptrdiff_t h, ptrdiff_t first_row, ptrdiff_t rows,
+                                   float *sums_out, const float *maxima, float *sums) {
+    const ptrdiff_t d = p->head_dim;
+    const __m512 uniform = _mm512_set1_ps(1.0f / (float)p->key_length);
+    for (ptrdiff_t i = 0; i < rows; i++) {
+        float *row = sums_out + i * d;
+        if (maxima[i] == -INFINITY) {
+            for (ptrdiff_t c = 0; c < d; c += LANES) {
+                const __mmask16 m = tail_mask(d - c);
+                __m512 sum = _mm512_setzero_ps();
+                for (ptrdiff_t j = 0; j < p->key_length; j++)
+                    sum = _mm512_fmadd_ps(uniform, _mm512_maskz_loadu_ps(m, p->value + j * p->value_stride + h * d + c), sum);
+                _mm512_mask_storeu_ps(row + c, m, sum);
+            }
+            sums[i] = 1.0f;
+        }
+        const __m512 inverse = _mm512_set1_ps(1.0f / sums[i]);
+        float *destination = p->output + (first_row + i) * p->output_stride + h * d;
+        for (ptrdiff_t c = 0; c < d; c += LANES) {
+            const __mmask16 m = tail_mask(d - c);
+            _mm512_mask_storeu_ps(destination + c, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + c), inverse));
+        }
+    }
+}
+
+/// One kernel's side of the key-tiled schedule: how it lays out a head's keys and values, readies a block of query
+/// rows, and passes one register group of rows over one tile of keys (scores, online softmax, value sums).
+typedef struct key_tile_kernel {
+    void *state;
+    void (*pack_head)(void *state, const vlm_attention_problem *p, ptrdiff_t h);
+    void (*prepare_block)(void *state, const vlm_attention_problem *p, ptrdiff_t h, ptrdiff_t first_row,
+                          ptrdiff_t rows);
+    /// Rows `first_row ...` of the query block (`block_row ...` within it) over the keys from `first_key`: `valid[r]`
+    /// of them visible to row r, the last row seeing the most; running `maxima`/`sums` and output sums `out` per row.
+    void (*group_tile)(void *state, const vlm_attention_problem *p, ptrdiff_t h, ptrdiff_t first_row,
+                       ptrdiff_t block_row, int rows, const ptrdiff_t *valid, ptrdiff_t first_key, float *const *out,
+                       float *maxima, float *sums);
+} key_tile_kernel;
+
+/// Flash attention's schedule: per head, blocks of `query_block` query rows pass over tiles of `key_tile` keys, so
+/// that a tile's keys and values stay in L2 while every register group of the block reads them; each row keeps a
+/// running max and sum (online softmax) and its output is written once. `sums_out` holds a block's output sums,
+/// `maxima` and `sums` its rows' softmax state.
+AVX512 static void run_key_tiles(const vlm_attention_problem *p, ptrdiff_t query_block, ptrdiff_t key_tile,
+                                 const key_tile_kernel *kernel, float *sums_out, float *maxima, float *sums) {
+    const ptrdiff_t d = p->head_dim, tq = p->query_length, tk = p->key_length;
+    for (ptrdiff_t h = 0; h < p->head_count; h++) {
+        kernel->pack_head(kernel->state, p, h);
+        for (ptrdiff_t b0 = 0; b0 < tq; b0 += query_block) {
+            const ptrdiff_t block_rows = tq - b0 < query_block ? tq - b0 : query_block;
+            if (kernel->prepare_block) kernel->prepare_block(kernel->state, p, h, b0, block_rows);
+            begin_query_block(sums_out, maxima, sums, block_rows, d);
+            const ptrdiff_t groups = (block_rows + ROWS - 1) / ROWS;
+            for (ptrdiff_t j0 = 0; j0 < tk; j0 += key_tile) {
+                const ptrdiff_t tile_keys = tk - j0 < key_tile ? tk - j0 : key_tile;
+                for (ptrdiff_t group = 0, i0 = 0; group < groups; group++) {
+                    ptrdiff_t valid[ROWS];
+                    const int rows = query_group(p, block_rows, groups, group, b0 + i0, j0, tile_keys, valid);
+                    float *out[ROWS];
+                    for (int r = 0; r < rows; r++) out[r] = sums_out + (i0 + r) * d;
+                    // Causal visibility grows with the row, so the group's last row sees the most keys.
+                    if (valid[rows - 1] > 0)
+                        kernel->group_tile(kernel->state, p, h, b0 + i0, i0, rows, valid, j0, out, maxima + i0,
+                                           sums + i0);
+                    i0 += rows;
+                }
+            }
+            end_query_block(p, h, b0, block_rows, sums_out, maxima, sums);
+        }
+    }
+}
+
+/// The fp32 kernel's state: kᵀ in panels, v packed, one register group's scores, the key mask as 0/−∞.
+typedef struct fp32_tiles {
+    float *keys_transposed, *values, *scores, *mask_bias;
+    ptrdiff_t key_tile;
+} fp32_tiles;
+
+// kᵀ in panels of the 64 keys one score tile reads, so that the tile streams through 16 KiB of consecutive memory
+// (head_dim = 64) rather than 64 rows a whole head's keys apart.
+enum { PANEL = MAX_VECTORS * LANES };
+
+AVX512 static void fp32_pack_head(void *state, const vlm_attention_problem *p, ptrdiff_t h) {
+    fp32_tiles *t = state;
+    const ptrdiff_t d = p->head_dim;
+    pack_keys_transposed(p->key + h * d, p->key_stride, p->key_length, d, t->keys_transposed, PANEL);
+    pack_values(p->value + h * d, p->value_stride, p->key_length, d, t->values);
+}
+
+AVX512 static void fp32_group_tile(void *state, const vlm_attention_problem *p, ptrdiff_t h, ptrdiff_t first_row,
+                                   ptrdiff_t block_row, int rows, const ptrdiff_t *valid, ptrdiff_t first_key,
+                                   float *const *out, float *maxima, float *sums) {
+    (void)block_row;
+    const fp32_tiles *t = state;
+    const ptrdiff_t d = p->head_dim, group_keys = valid[rows - 1], key_tile = t->key_tile;
+    const float *q[ROWS];
+    for (int r = 0; r < rows; r++) q[r] = p->query + (first_row + r) * p->query_stride + h * d;
+    for (ptrdiff_t j = 0; j < group_keys; j += PANEL) {
+        const ptrdiff_t remaining = (group_keys - j + LANES - 1) / LANES;
+        const int vectors = (int)(remaining < MAX_VECTORS ? remaining : MAX_VECTORS);
+        scores_block(rows, vectors, q, d, t->keys_transposed + (first_key + j) * d, PANEL, t->scores + j, key_tile);
+    }
+    float rescale[ROWS];
+    for (int r = 0; r < rows; r++)
+        rescale[r] = online_softmax_row(t->scores + r * key_tile, valid[r], group_keys, p->scale,
+                                        t->mask_bias ? t->mask_bias + first_key : NULL, maxima + r, sums + r);
+    values_rows(rows, t->scores, key_tile, group_keys, t->values + first_key * d, d, d, rescale, out);
+}
+
 AVX512 int vlm_attention_tiled_avx512(const vlm_attention_problem *p, ptrdiff_t query_block, ptrdiff_t key_tile) {
     if (p->key_stride > INT32_MAX / LANES) return vlm_attention_scalar(p);
     const ptrdiff_t d = p->head_dim, tq = p->query_length, tk = p->key_length;
     const ptrdiff_t packed_width = (tk + LANES - 1) / LANES * LANES;
     // Whole score vectors of 64 keys, and whole register blocks of query rows.
-    key_tile = (key_tile + MAX_VECTORS * LANES - 1) / (MAX_VECTORS * LANES) * (MAX_VECTORS * LANES);
+    key_tile = (key_tile + PANEL - 1) / PANEL * PANEL;
     if (key_tile > packed_width) key_tile = packed_width;
     query_block = query_block < ROWS ? ROWS : query_block / ROWS * ROWS;
     if (query_block > tq) query_block = tq;
-    // kᵀ in panels of the 64 keys one score tile reads, so that the tile streams through 16 KiB of consecutive
-    // memory (head_dim = 64) rather than 64 rows a whole head's keys apart.
-    enum { PANEL = MAX_VECTORS * LANES };
     const ptrdiff_t panels = (tk + PANEL - 1) / PANEL;
     // Every part starts on a cache line: kᵀ and the scores are read and written with aligned loads and stores.
 #define LINES(floats) (((size_t)(floats) * sizeof(float) + 63) / 64 * 64)
@@ -470,78 +608,15 @@ AVX512 int vlm_attention_tiled_avx512(const vlm_attention_problem *p, ptrdiff_t 
 #undef LINES
     char *scratch = aligned_alloc(64, keys_bytes + values_bytes + output_bytes + row_state_bytes + score_bytes + mask_bytes);
     if (!scratch) return -1;
-    float *keys_transposed = (float *)scratch;
-    float *values = (float *)(scratch + keys_bytes);
+    fp32_tiles tiles = {.keys_transposed = (float *)scratch, .values = (float *)(scratch + keys_bytes),
+                        .scores = (float *)(scratch + keys_bytes + values_bytes + output_bytes + row_state_bytes),
+                        .key_tile = key_tile};
     float *sums_out = (float *)(scratch + keys_bytes + values_bytes);
     float *maxima = (float *)(scratch + keys_bytes + values_bytes + output_bytes);
-    float *sums = maxima + query_block;
-    float *scores = (float *)(scratch + keys_bytes + values_bytes + output_bytes + row_state_bytes);
-    float *mask_bias = p->key_mask ? scores + ROWS * key_tile : NULL;
-    for (ptrdiff_t j = 0; mask_bias && j < tk; j++) mask_bias[j] = p->key_mask[j] != 0 ? 0.0f : -INFINITY;
-    const float uniform = 1.0f / (float)tk;
-    for (ptrdiff_t h = 0; h < p->head_count; h++) {
-        pack_keys_transposed(p->key + h * d, p->key_stride, tk, d, keys_transposed, PANEL);
-        pack_values(p->value + h * d, p->value_stride, tk, d, values);
-        for (ptrdiff_t b0 = 0; b0 < tq; b0 += query_block) {
-            const ptrdiff_t block_rows = tq - b0 < query_block ? tq - b0 : query_block;
-            memset(sums_out, 0, (size_t)(block_rows * d) * sizeof(float));
-            memset(sums, 0, (size_t)block_rows * sizeof(float));
-            for (ptrdiff_t i = 0; i < block_rows; i++) maxima[i] = -INFINITY;
-            const ptrdiff_t groups = (block_rows + ROWS - 1) / ROWS;
-            // Each key tile's kᵀ and v stay in L2 while every register block of query rows passes over them.
-            for (ptrdiff_t j0 = 0; j0 < tk; j0 += key_tile) {
-                const ptrdiff_t tile_keys = tk - j0 < key_tile ? tk - j0 : key_tile;
-                for (ptrdiff_t group = 0, i0 = 0; group < groups; group++) {
-                    const int rows = (int)(block_rows / groups + (group < block_rows % groups ? 1 : 0));
-                    const float *q[ROWS];
-                    float *out[ROWS];
-                    ptrdiff_t valid[ROWS];
-                    for (int r = 0; r < rows; r++) {
-                        q[r] = p->query + (b0 + i0 + r) * p->query_stride + h * d;
-                        out[r] = sums_out + (i0 + r) * d;
-                        const ptrdiff_t visible = vlm_visible_keys(p, b0 + i0 + r) - j0;
-                        valid[r] = visible < 0 ? 0 : (visible > tile_keys ? tile_keys : visible);
-                    }
-                    // Causal visibility grows with the row, so the group's last row sees the most keys.
-                    const ptrdiff_t group_keys = valid[rows - 1];
-                    if (group_keys > 0) {
-                        for (ptrdiff_t j = 0; j < group_keys; j += MAX_VECTORS * LANES) {
-                            const ptrdiff_t remaining = (group_keys - j + LANES - 1) / LANES;
-                            const int vectors = (int)(remaining < MAX_VECTORS ? remaining : MAX_VECTORS);
-                            scores_block(rows, vectors, q, d, keys_transposed + (j0 + j) * d, PANEL, scores + j,
-                                         key_tile);
-                        }
-                        float rescale[ROWS];
-                        for (int r = 0; r < rows; r++)
-                            rescale[r] = online_softmax_row(scores + r * key_tile, valid[r], group_keys, p->scale,
-                                                            mask_bias ? mask_bias + j0 : NULL, maxima + i0 + r,
-                                                            sums + i0 + r);
-                        values_rows(rows, scores, key_tile, group_keys, values + j0 * d, d, d, rescale, out);
-                    }
-                    i0 += rows;
-                }
-            }
-            for (ptrdiff_t i = 0; i < block_rows; i++) {
-                float *row = sums_out + i * d;
-                if (maxima[i] == -INFINITY) {
-                    // A row that saw no key averages every value, as the whole-row kernel does.
-                    for (ptrdiff_t j = 0; j < key_tile; j++) scores[j] = uniform;
-                    memset(row, 0, (size_t)d * sizeof(float));
-                    sums[i] = 1.0f;
-                    const float keep = 1.0f;
-                    for (ptrdiff_t j0 = 0; j0 < tk; j0 += key_tile)
-                        values_rows(1, scores, key_tile, tk - j0 < key_tile ? tk - j0 : key_tile, values + j0 * d, d, d,
-                                    &keep, &row);
-                }
-                const __m512 inverse = _mm512_set1_ps(1.0f / sums[i]);
-                float *destination = p->output + (b0 + i) * p->output_stride + h * d;
-                for (ptrdiff_t c = 0; c < d; c += LANES) {
-                    __mmask16 m = tail_mask(d - c);
-                    _mm512_mask_storeu_ps(destination + c, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + c), inverse));
-                }
-            }
-        }
-    }
+    tiles.mask_bias = p->key_mask ? tiles.scores + ROWS * key_tile : NULL;
+    for (ptrdiff_t j = 0; tiles.mask_bias && j < tk; j++) tiles.mask_bias[j] = p->key_mask[j] != 0 ? 0.0f : -INFINITY;
+    const key_tile_kernel kernel = {.state = &tiles, .pack_head = fp32_pack_head, .group_tile = fp32_group_tile};
+    run_key_tiles(p, query_block, key_tile, &kernel, sums_out, maxima, maxima + query_block);
     free(scratch);
     return 0;
 }
@@ -573,20 +648,19 @@ AVX512_BF16_INLINE void bf16_pairs(const float *x, ptrdiff_t d, uint32_t *pairs)
     }
 }
 
-/// One head's keys as panels of PANEL_BF16 keys, each `d/2` rows of PANEL_BF16 pairs: key j's feature pair c at
-/// column j mod PANEL_BF16 of row c of panel j / PANEL_BF16. Keys past key_length in the last panel are zero.
-enum { PANEL_BF16 = MAX_VECTORS * LANES };
+/// One head's keys as panels of PANEL keys, each `d/2` rows of PANEL pairs: key j's feature pair c at column
+/// j mod PANEL of row c of panel j / PANEL. Keys past key_length in the last panel are zero.
 
 AVX512_BF16 static void pack_keys_bf16(const float *key, ptrdiff_t key_stride, ptrdiff_t key_length, ptrdiff_t d,
                                        uint32_t *packed, uint32_t *row) {
-    const ptrdiff_t pairs = d / 2, panels = (key_length + PANEL_BF16 - 1) / PANEL_BF16;
-    memset(packed + (panels - 1) * pairs * PANEL_BF16, 0, (size_t)(pairs * PANEL_BF16) * sizeof(uint32_t));
+    const ptrdiff_t pairs = d / 2, panels = (key_length + PANEL - 1) / PANEL;
+    memset(packed + (panels - 1) * pairs * PANEL, 0, (size_t)(pairs * PANEL) * sizeof(uint32_t));
     for (ptrdiff_t j = 0; j < key_length; j++) {
         const float *source = key + j * key_stride;
         prefetch_row(source + PREFETCH_ROWS * key_stride, d);
         bf16_pairs(source, d, row);
-        uint32_t *column = packed + j / PANEL_BF16 * pairs * PANEL_BF16 + j % PANEL_BF16;
-        for (ptrdiff_t c = 0; c < pairs; c++) column[c * PANEL_BF16] = row[c];
+        uint32_t *column = packed + j / PANEL * pairs * PANEL + j % PANEL;
+        for (ptrdiff_t c = 0; c < pairs; c++) column[c * PANEL] = row[c];
     }
 }
 
@@ -617,7 +691,7 @@ AVX512_BF16_INLINE void scores_tile_bf16(const int rows_in_block, const int vect
         for (int n = 0; n < vectors; n++) acc[r][n] = _mm512_setzero_ps();
     for (ptrdiff_t c = 0; c < pairs; c++) {
         __m512bh k[MAX_VECTORS];
-        for (int n = 0; n < vectors; n++) k[n] = (__m512bh)_mm512_load_si512(panel + c * PANEL_BF16 + n * LANES);
+        for (int n = 0; n < vectors; n++) k[n] = (__m512bh)_mm512_load_si512(panel + c * PANEL + n * LANES);
         for (int r = 0; r < rows_in_block; r++) {
             const __m512bh a = (__m512bh)_mm512_set1_epi32((int)q[r][c]);
             for (int n = 0; n < vectors; n++) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], a, k[n]);
@@ -633,13 +707,7 @@ AVX512_BF16_INLINE void values_tile_bf16(const int rows_in_block, const int vect
                                          ptrdiff_t probability_stride, ptrdiff_t key_pairs, const uint32_t *v,
                                          ptrdiff_t d, __mmask16 last, const float *rescale, float *const *out) {
     __m512 acc[ROWS][MAX_VECTORS];
-    for (int r = 0; r < rows_in_block; r++) {
-        const __m512 factor = rescale ? _mm512_set1_ps(rescale[r]) : _mm512_setzero_ps();
-        for (int n = 0; n < vectors - 1; n++)
-            acc[r][n] = rescale ? _mm512_mul_ps(_mm512_loadu_ps(out[r] + n * LANES), factor) : _mm512_setzero_ps();
-        acc[r][vectors - 1] = rescale ? _mm512_mul_ps(_mm512_maskz_loadu_ps(last, out[r] + (vectors - 1) * LANES), factor)
-                                      : _mm512_setzero_ps();
-    }
+    begin_value_sums(rows_in_block, vectors, last, rescale, out, acc);
     for (ptrdiff_t i = 0; i < key_pairs; i++) {
         const uint32_t *row = v + i * d;
         __m512bh value[MAX_VECTORS];
@@ -650,10 +718,7 @@ AVX512_BF16_INLINE void values_tile_bf16(const int rows_in_block, const int vect
             for (int n = 0; n < vectors; n++) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], p, value[n]);
         }
     }
-    for (int r = 0; r < rows_in_block; r++) {
-        for (int n = 0; n < vectors - 1; n++) _mm512_storeu_ps(out[r] + n * LANES, acc[r][n]);
-        _mm512_mask_storeu_ps(out[r] + (vectors - 1) * LANES, last, acc[r][vectors - 1]);
-    }
+    store_value_sums(rows_in_block, vectors, last, acc, out);
 }
 
 AVX512_BF16 static void scores_block_bf16(int rows_in_block, int vectors, const uint32_t *const *q, ptrdiff_t pairs,
@@ -682,17 +747,74 @@ AVX512_BF16 static void values_rows_bf16(int rows, const uint32_t *probabilities
     }
 }
 
+/// The bf16 kernel's state: the head's keys and values as pairs, the query block's rows as pairs, a register group's
+/// scores and their probabilities as pairs, the key mask as 0/−∞.
+typedef struct bf16_tiles {
+    uint32_t *keys, *values, *queries, *key_row, *probabilities;
+    float *scores, *mask_bias;
+    ptrdiff_t key_tile;
+} bf16_tiles;
+
+AVX512_BF16 static void bf16_pack_head(void *state, const vlm_attention_problem *p, ptrdiff_t h) {
+    bf16_tiles *t = state;
+    const ptrdiff_t d = p->head_dim;
+    pack_keys_bf16(p->key + h * d, p->key_stride, p->key_length, d, t->keys, t->key_row);
+    pack_values_bf16(p->value + h * d, p->value_stride, p->key_length, d, t->values);
+}
+
+AVX512_BF16 static void bf16_prepare_block(void *state, const vlm_attention_problem *p, ptrdiff_t h,
+                                           ptrdiff_t first_row, ptrdiff_t rows) {
+    bf16_tiles *t = state;
+    const ptrdiff_t d = p->head_dim;
+    for (ptrdiff_t i = 0; i < rows; i++)
+        bf16_pairs(p->query + (first_row + i) * p->query_stride + h * d, d, t->queries + i * (d / 2));
+}
+
+AVX512_BF16 static void bf16_group_tile(void *state, const vlm_attention_problem *p, ptrdiff_t h,
+                                        ptrdiff_t first_row, ptrdiff_t block_row, int rows, const ptrdiff_t *valid,
+                                        ptrdiff_t first_key, float *const *out, float *maxima, float *sums) {
+    (void)h, (void)first_row;
+    const bf16_tiles *t = state;
+    const ptrdiff_t d = p->head_dim, pairs = d / 2, group_keys = valid[rows - 1], key_tile = t->key_tile;
+    const ptrdiff_t probability_stride = key_tile / 2;
+    const uint32_t *q[ROWS];
+    for (int r = 0; r < rows; r++) q[r] = t->queries + (block_row + r) * pairs;
+    for (ptrdiff_t j = 0; j < group_keys; j += PANEL) {
+        const ptrdiff_t remaining = (group_keys - j + LANES - 1) / LANES;
+        const int vectors = (int)(remaining < MAX_VECTORS ? remaining : MAX_VECTORS);
+        scores_block_bf16(rows, vectors, q, pairs, t->keys + (first_key + j) * pairs, t->scores + j, key_tile);
+    }
+    float rescale[ROWS];
+    for (int r = 0; r < rows; r++) {
+        float *row = t->scores + r * key_tile;
+        rescale[r] = online_softmax_row(row, valid[r], group_keys, p->scale,
+                                        t->mask_bias ? t->mask_bias + first_key : NULL, maxima + r, sums + r);
+        // The probabilities as pairs; an odd count's partner is zero.
+        uint32_t *pair = t->probabilities + r * probability_stride;
+        for (ptrdiff_t j = 0; j < group_keys; j += 2 * LANES) {
+            const ptrdiff_t left = group_keys - j;
+            const __m512bh rounded = _mm512_cvtne2ps_pbh(
+                _mm512_maskz_loadu_ps(tail_mask(left - LANES > 0 ? left - LANES : 0), row + j + LANES),
+                _mm512_maskz_loadu_ps(tail_mask(left), row + j));
+            _mm512_mask_storeu_epi32(pair + j / 2, tail_mask((left + 1) / 2), (__m512i)rounded);
+        }
+    }
+    values_rows_bf16(rows, t->probabilities, probability_stride, (group_keys + 1) / 2, t->values + first_key / 2 * d,
+                     d, rescale, out);
+}
+
 AVX512_BF16 int vlm_attention_tiled_bf16_avx512(const vlm_attention_problem *p, ptrdiff_t query_block,
                                                 ptrdiff_t key_tile) {
     const ptrdiff_t d = p->head_dim, pairs = d / 2, tq = p->query_length, tk = p->key_length;
     const ptrdiff_t packed_width = (tk + LANES - 1) / LANES * LANES;
-    key_tile = (key_tile + PANEL_BF16 - 1) / PANEL_BF16 * PANEL_BF16;
-    if (key_tile > (tk + PANEL_BF16 - 1) / PANEL_BF16 * PANEL_BF16) key_tile = (tk + PANEL_BF16 - 1) / PANEL_BF16 * PANEL_BF16;
+    // Tiles of whole panels, so that every tile starts on a key pair and a panel.
+    const ptrdiff_t panels = (tk + PANEL - 1) / PANEL;
+    key_tile = (key_tile + PANEL - 1) / PANEL * PANEL;
+    if (key_tile > panels * PANEL) key_tile = panels * PANEL;
     query_block = query_block < ROWS ? ROWS : query_block / ROWS * ROWS;
     if (query_block > tq) query_block = tq;
-    const ptrdiff_t panels = (tk + PANEL_BF16 - 1) / PANEL_BF16, key_pairs = (tk + 1) / 2;
 #define LINES(items) (((size_t)(items) * 4 + 63) / 64 * 64)
-    const size_t keys_bytes = LINES(panels * PANEL_BF16 * pairs), values_bytes = LINES(key_pairs * d);
+    const size_t keys_bytes = LINES(panels * PANEL * pairs), values_bytes = LINES((tk + 1) / 2 * d);
     const size_t query_bytes = LINES(query_block * pairs), row_bytes = LINES(pairs);
     const size_t output_bytes = LINES(query_block * d), row_state_bytes = LINES(2 * query_block);
     const size_t score_bytes = LINES(ROWS * key_tile), probability_bytes = LINES(ROWS * key_tile / 2);
@@ -701,94 +823,24 @@ AVX512_BF16 int vlm_attention_tiled_bf16_avx512(const vlm_attention_problem *p, 
     char *scratch = aligned_alloc(64, keys_bytes + values_bytes + query_bytes + row_bytes + output_bytes +
                                           row_state_bytes + score_bytes + probability_bytes + mask_bytes);
     if (!scratch) return -1;
+    // The parts one after another, each on a cache line.
     char *next = scratch;
-#define TAKE(type, bytes) ((type *)((next += (bytes)) - (bytes)))
-    uint32_t *keys = TAKE(uint32_t, keys_bytes), *values = TAKE(uint32_t, values_bytes);
-    uint32_t *queries = TAKE(uint32_t, query_bytes), *key_row = TAKE(uint32_t, row_bytes);
-    float *sums_out = TAKE(float, output_bytes), *maxima = TAKE(float, row_state_bytes);
-    float *scores = TAKE(float, score_bytes);
-    uint32_t *probabilities = TAKE(uint32_t, probability_bytes);
-    float *mask_bias = p->key_mask ? TAKE(float, mask_bytes) : NULL;
+#define TAKE(bytes) ((void *)((next += (bytes)) - (bytes)))
+    bf16_tiles tiles = {.key_tile = key_tile};
+    tiles.keys = TAKE(keys_bytes);
+    tiles.values = TAKE(values_bytes);
+    tiles.queries = TAKE(query_bytes);
+    tiles.key_row = TAKE(row_bytes);
+    float *sums_out = TAKE(output_bytes);
+    float *maxima = TAKE(row_state_bytes);
+    tiles.scores = TAKE(score_bytes);
+    tiles.probabilities = TAKE(probability_bytes);
+    tiles.mask_bias = p->key_mask ? TAKE(mask_bytes) : NULL;
 #undef TAKE
-    float *sums = maxima + query_block;
-    const ptrdiff_t probability_stride = key_tile / 2;
-    for (ptrdiff_t j = 0; mask_bias && j < tk; j++) mask_bias[j] = p->key_mask[j] != 0 ? 0.0f : -INFINITY;
-    for (ptrdiff_t h = 0; h < p->head_count; h++) {
-        pack_keys_bf16(p->key + h * d, p->key_stride, tk, d, keys, key_row);
-        pack_values_bf16(p->value + h * d, p->value_stride, tk, d, values);
-        for (ptrdiff_t b0 = 0; b0 < tq; b0 += query_block) {
-            const ptrdiff_t block_rows = tq - b0 < query_block ? tq - b0 : query_block;
-            for (ptrdiff_t i = 0; i < block_rows; i++)
-                bf16_pairs(p->query + (b0 + i) * p->query_stride + h * d, d, queries + i * pairs);
-            memset(sums_out, 0, (size_t)(block_rows * d) * sizeof(float));
-            memset(sums, 0, (size_t)block_rows * sizeof(float));
-            for (ptrdiff_t i = 0; i < block_rows; i++) maxima[i] = -INFINITY;
-            const ptrdiff_t groups = (block_rows + ROWS - 1) / ROWS;
-            for (ptrdiff_t j0 = 0; j0 < tk; j0 += key_tile) {
-                const ptrdiff_t tile_keys = tk - j0 < key_tile ? tk - j0 : key_tile;
-                for (ptrdiff_t group = 0, i0 = 0; group < groups; group++) {
-                    const int rows = (int)(block_rows / groups + (group < block_rows % groups ? 1 : 0));
-                    const uint32_t *q[ROWS];
-                    float *out[ROWS];
-                    ptrdiff_t valid[ROWS];
-                    for (int r = 0; r < rows; r++) {
-                        q[r] = queries + (i0 + r) * pairs;
-                        out[r] = sums_out + (i0 + r) * d;
-                        const ptrdiff_t visible = vlm_visible_keys(p, b0 + i0 + r) - j0;
-                        valid[r] = visible < 0 ? 0 : (visible > tile_keys ? tile_keys : visible);
-                    }
-                    const ptrdiff_t group_keys = valid[rows - 1];
-                    if (group_keys > 0) {
-                        for (ptrdiff_t j = 0; j < group_keys; j += PANEL_BF16) {
-                            const ptrdiff_t remaining = (group_keys - j + LANES - 1) / LANES;
-                            const int vectors = (int)(remaining < MAX_VECTORS ? remaining : MAX_VECTORS);
-                            scores_block_bf16(rows, vectors, q, pairs, keys + (j0 + j) * pairs, scores + j, key_tile);
-                        }
-                        float rescale[ROWS];
-                        for (int r = 0; r < rows; r++) {
-                            float *row = scores + r * key_tile;
-                            rescale[r] = online_softmax_row(row, valid[r], group_keys, p->scale,
-                                                            mask_bias ? mask_bias + j0 : NULL, maxima + i0 + r,
-                                                            sums + i0 + r);
-                            // Pairs of probabilities; an odd count's partner is zero.
-                            uint32_t *pair = probabilities + r * probability_stride;
-                            for (ptrdiff_t j = 0; j < group_keys; j += 2 * LANES) {
-                                const ptrdiff_t left = group_keys - j;
-                                const __m512bh rounded = _mm512_cvtne2ps_pbh(
-                                    _mm512_maskz_loadu_ps(tail_mask(left - LANES > 0 ? left - LANES : 0), row + j + LANES),
-                                    _mm512_maskz_loadu_ps(tail_mask(left), row + j));
-                                _mm512_mask_storeu_epi32(pair + j / 2, tail_mask((left + 1) / 2), (__m512i)rounded);
-                            }
-                        }
-                        values_rows_bf16(rows, probabilities, probability_stride, (group_keys + 1) / 2,
-                                         values + j0 / 2 * d, d, rescale, out);
-                    }
-                    i0 += rows;
-                }
-            }
-            for (ptrdiff_t i = 0; i < block_rows; i++) {
-                float *row = sums_out + i * d;
-                if (maxima[i] == -INFINITY) {
-                    // A row that saw no key averages every value (in fp32), as the fp32 kernels do.
-                    const __m512 uniform = _mm512_set1_ps(1.0f / (float)tk);
-                    for (ptrdiff_t c = 0; c < d; c += LANES) {
-                        const __mmask16 m = tail_mask(d - c);
-                        __m512 sum = _mm512_setzero_ps();
-                        for (ptrdiff_t j = 0; j < tk; j++)
-                            sum = _mm512_fmadd_ps(uniform, _mm512_maskz_loadu_ps(m, p->value + j * p->value_stride + h * d + c), sum);
-                        _mm512_mask_storeu_ps(row + c, m, sum);
-                    }
-                    sums[i] = 1.0f;
-                }
-                const __m512 inverse = _mm512_set1_ps(1.0f / sums[i]);
-                float *destination = p->output + (b0 + i) * p->output_stride + h * d;
-                for (ptrdiff_t c = 0; c < d; c += LANES) {
-                    const __mmask16 m = tail_mask(d - c);
-                    _mm512_mask_storeu_ps(destination + c, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + c), inverse));
-                }
-            }
-        }
-    }
+    for (ptrdiff_t j = 0; tiles.mask_bias && j < tk; j++) tiles.mask_bias[j] = p->key_mask[j] != 0 ? 0.0f : -INFINITY;
+    const key_tile_kernel kernel = {.state = &tiles, .pack_head = bf16_pack_head, .prepare_block = bf16_prepare_block,
+                                    .group_tile = bf16_group_tile};
+    run_key_tiles(p, query_block, key_tile, &kernel, sums_out, maxima, maxima + query_block);
     free(scratch);
     return 0;
 }
