@@ -637,10 +637,11 @@ AVX512_BF16_INLINE __m512i bf16_lanes(const float *x, ptrdiff_t count) {
     return _mm512_cvtepu16_epi32((__m256i)rounded);
 }
 
-/// A row of `d` (even) floats as d/2 bf16 pairs, feature 2c in the low half of pair c.
-AVX512_BF16_INLINE void bf16_pairs(const float *x, ptrdiff_t d, uint32_t *pairs) {
-    for (ptrdiff_t c = 0; c < d; c += 2 * LANES) {
-        const ptrdiff_t left = d - c;
+/// A row of `count` floats as ⌈count/2⌉ bf16 pairs, element 2c in the low half of pair c (an odd count's last
+/// partner zero).
+AVX512_BF16_INLINE void bf16_pairs(const float *x, ptrdiff_t count, uint32_t *pairs) {
+    for (ptrdiff_t c = 0; c < count; c += 2 * LANES) {
+        const ptrdiff_t left = count - c;
         const __mmask16 low = tail_mask(left), high = tail_mask(left - LANES > 0 ? left - LANES : 0);
         const __m512bh rounded = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(high, x + c + LANES),
                                                      _mm512_maskz_loadu_ps(low, x + c));
@@ -650,7 +651,6 @@ AVX512_BF16_INLINE void bf16_pairs(const float *x, ptrdiff_t d, uint32_t *pairs)
 
 /// One head's keys as panels of PANEL keys, each `d/2` rows of PANEL pairs: key j's feature pair c at column
 /// j mod PANEL of row c of panel j / PANEL. Keys past key_length in the last panel are zero.
-
 AVX512_BF16 static void pack_keys_bf16(const float *key, ptrdiff_t key_stride, ptrdiff_t key_length, ptrdiff_t d,
                                        uint32_t *packed, uint32_t *row) {
     const ptrdiff_t pairs = d / 2, panels = (key_length + PANEL - 1) / PANEL;
@@ -789,15 +789,7 @@ AVX512_BF16 static void bf16_group_tile(void *state, const vlm_attention_problem
         float *row = t->scores + r * key_tile;
         rescale[r] = online_softmax_row(row, valid[r], group_keys, p->scale,
                                         t->mask_bias ? t->mask_bias + first_key : NULL, maxima + r, sums + r);
-        // The probabilities as pairs; an odd count's partner is zero.
-        uint32_t *pair = t->probabilities + r * probability_stride;
-        for (ptrdiff_t j = 0; j < group_keys; j += 2 * LANES) {
-            const ptrdiff_t left = group_keys - j;
-            const __m512bh rounded = _mm512_cvtne2ps_pbh(
-                _mm512_maskz_loadu_ps(tail_mask(left - LANES > 0 ? left - LANES : 0), row + j + LANES),
-                _mm512_maskz_loadu_ps(tail_mask(left), row + j));
-            _mm512_mask_storeu_epi32(pair + j / 2, tail_mask((left + 1) / 2), (__m512i)rounded);
-        }
+        bf16_pairs(row, group_keys, t->probabilities + r * probability_stride);
     }
     values_rows_bf16(rows, t->probabilities, probability_stride, (group_keys + 1) / 2, t->values + first_key / 2 * d,
                      d, rescale, out);
