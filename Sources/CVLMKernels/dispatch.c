@@ -182,7 +182,7 @@ int vlm_panel_matvec(const float *w, ptrdiff_t k, ptrdiff_t n, ptrdiff_t panel_s
 int vlm_panel_matvec_bf16(const uint16_t *w, ptrdiff_t k, ptrdiff_t n, ptrdiff_t panel_stride, const uint16_t *x,
                           const float *bias, float *y, ptrdiff_t first_panel, ptrdiff_t panel_count) {
 #if defined(__x86_64__)
-    if (vlm_best_isa() == VLM_ISA_AVX512 && __builtin_cpu_supports("avx512bf16")) {
+    if (vlm_has_avx512_bf16()) {
         vlm_panel_matvec_bf16_avx512(w, k, n, panel_stride, x, bias, y, first_panel, panel_count);
         return 0;
     }
