@@ -67,7 +67,7 @@ enum { VALUE_VECTORS = 8 };
 AVX2 int vlm_attention_partial_avx2(const vlm_attention_problem *p, ptrdiff_t first_key, ptrdiff_t key_count,
                                     float *maxima, float *sums, float *outputs) {
     const ptrdiff_t d = p->head_dim, width = (key_count + LANES - 1) / LANES * LANES;
-    float *scores = malloc((size_t)width * sizeof(float));
+    float *scores = vlm_attention_partial_scratch((size_t)width * sizeof(float));
     if (!scores) return -1;
     const float *key = p->key + first_key * p->key_stride, *value = p->value + first_key * p->value_stride;
     const ptrdiff_t full = d / LANES * LANES;
@@ -130,7 +130,6 @@ AVX2 int vlm_attention_partial_avx2(const vlm_attention_problem *p, ptrdiff_t fi
         maxima[i] = max;
         sums[i] = (float)sum;
     }
-    free(scores);
     return 0;
 }
 

@@ -849,7 +849,7 @@ AVX512 int vlm_attention_partial_avx512(const vlm_attention_problem *p, ptrdiff_
     // (aligned_alloc takes whole 64-byte units).
     const ptrdiff_t floats = rows * PARTIAL_KEY_TILE + (rows + LANES - 1) / LANES * LANES;
     const size_t bytes = (size_t)floats * sizeof(float) + (size_t)rows * sizeof(float *);
-    float *scores = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    float *scores = vlm_attention_partial_scratch(bytes);
     if (!scores) return -1;
     float *rescale = scores + rows * PARTIAL_KEY_TILE;
     const float **q = (const float **)(scores + floats);
@@ -880,7 +880,6 @@ AVX512 int vlm_attention_partial_avx512(const vlm_attention_problem *p, ptrdiff_
                         j0 == 0 ? NULL : rescale + r0, out);
         }
     }
-    free(scores);
     return 0;
 }
 

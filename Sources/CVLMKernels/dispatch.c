@@ -1,4 +1,5 @@
 #include <stdatomic.h>
+#include <stdlib.h>
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -110,6 +111,20 @@ int vlm_attention_scheduled(const vlm_attention_problem *problem, vlm_attention_
 
 int vlm_attention(const vlm_attention_problem *problem, vlm_kernel_isa isa) {
     return vlm_attention_scheduled(problem, VLM_ATTENTION_AUTOMATIC, 0, 0, isa);
+}
+
+void *vlm_attention_partial_scratch(size_t bytes) {
+    static _Thread_local void *buffer;
+    static _Thread_local size_t capacity;
+    if (bytes > capacity) {
+        const size_t rounded = (bytes + 63) / 64 * 64;
+        void *grown = aligned_alloc(64, rounded);
+        if (!grown) return NULL;
+        free(buffer);
+        buffer = grown;
+        capacity = rounded;
+    }
+    return buffer;
 }
 
 int vlm_attention_partial(const vlm_attention_problem *problem, ptrdiff_t first_key, ptrdiff_t key_count, float *maxima,

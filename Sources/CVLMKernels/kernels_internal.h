@@ -18,6 +18,11 @@ int vlm_has_avx2(void);
 
 int vlm_attention_scalar(const vlm_attention_problem *problem);
 void vlm_gated_silu_scalar(const float *x, ptrdiff_t rows, ptrdiff_t width, float *y);
+/// A 64-byte aligned buffer of at least `bytes` for one vlm_attention_partial call, kept by the calling thread
+/// and grown as needed, or NULL when it cannot be: a decoding step runs a few hundred such calls, and each
+/// allocating its own was a per-step allocation for every one.
+void *vlm_attention_partial_scratch(size_t bytes);
+
 int vlm_attention_partial_scalar(const vlm_attention_problem *p, ptrdiff_t first_key, ptrdiff_t key_count, float *maxima,
                                  float *sums, float *outputs);
 void vlm_layer_norm_scalar(const float *x, float *y, ptrdiff_t rows, ptrdiff_t features, const float *weight,

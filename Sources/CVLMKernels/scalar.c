@@ -98,7 +98,7 @@ int vlm_attention_scalar(const vlm_attention_problem *p) {
 
 int vlm_attention_partial_scalar(const vlm_attention_problem *p, ptrdiff_t first_key, ptrdiff_t key_count, float *maxima,
                                  float *sums, float *outputs) {
-    float *scores = malloc((size_t)key_count * sizeof(float));
+    float *scores = vlm_attention_partial_scratch((size_t)key_count * sizeof(float));
     if (!scores) return -1;
     const ptrdiff_t d = p->head_dim;
     const float *key = p->key + first_key * p->key_stride, *value = p->value + first_key * p->value_stride;
@@ -122,7 +122,6 @@ int vlm_attention_partial_scalar(const vlm_attention_problem *p, ptrdiff_t first
         maxima[i] = max;
         sums[i] = (float)sum;
     }
-    free(scores);
     return 0;
 }
 
