@@ -74,8 +74,15 @@ static int prepare_thread_scratch(const vlm_decoder_step *s) {
 
 void vlm_rms_norm(const float *x, const float *weight, ptrdiff_t rows, ptrdiff_t features, float eps, float *y) {
     for (ptrdiff_t row = 0; row < rows; row++, x += features, y += features) {
-        double sum_of_squares = 0;
-        for (ptrdiff_t i = 0; i < features; i++) sum_of_squares += (double)x[i] * (double)x[i];
+        // Eight running sums (vector lanes): one chain of dependent double additions made the two norms of each
+        // layer 4% of a SmolLM2-135M decoding step (perf, a C harness of its steps on a Zen 4 VM).
+        double partial[8] = {0};
+        ptrdiff_t i = 0;
+        for (; i + 8 <= features; i += 8)
+            for (int k = 0; k < 8; k++) partial[k] += (double)x[i + k] * (double)x[i + k];
+        double sum_of_squares = ((partial[0] + partial[1]) + (partial[2] + partial[3])) +
+                                ((partial[4] + partial[5]) + (partial[6] + partial[7]));
+        for (; i < features; i++) sum_of_squares += (double)x[i] * (double)x[i];
         const float inverse = 1 / sqrtf((float)(sum_of_squares / (double)features) + eps);
         for (ptrdiff_t i = 0; i < features; i++) y[i] = weight[i] * (x[i] * inverse);
     }
