@@ -25,13 +25,8 @@ public final class KVCache: @unchecked Sendable {
         self.capacity = capacity
         self.width = width
         self.heads = heads
-        let shape = [batch, heads * capacity, width / heads]
-        // Each layer's keys, then its values: the order a decoding step reads them in.
-        let tensors = (0..<2 * layers).map { _ in
-            Tensor(shape: shape, storage: TensorStorage(streamedCount: Tensor.elementCount(shape)))
-        }
-        keys = stride(from: 0, to: tensors.count, by: 2).map { tensors[$0] }
-        values = stride(from: 1, to: tensors.count, by: 2).map { tensors[$0] }
+        keys = (0..<layers).map { _ in Tensor(uninitialized: [batch, heads * capacity, width / heads]) }
+        values = (0..<layers).map { _ in Tensor(uninitialized: [batch, heads * capacity, width / heads]) }
     }
 
     /// Where position `position` of head `head` of row `row` starts in a layer's tensor.

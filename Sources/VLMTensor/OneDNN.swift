@@ -297,17 +297,17 @@ final class PackedBuffer: @unchecked Sendable {
     let pointer: UnsafeMutableRawPointer
     let descriptor: dnnl_memory_desc_t
 
-    /// An uninitialized buffer for `descriptor`.
-    init(descriptor: dnnl_memory_desc_t) {
+    /// An uninitialized buffer for `descriptor`; a `weight` lies with the model's others (see `allocateWeightMemory`).
+    init(descriptor: dnnl_memory_desc_t, weight: Bool = false) {
         var md = descriptor
         let byteCount = dnnl_memory_desc_get_size(&md)
-        pointer = allocateWeightMemory(byteCount: byteCount)
+        pointer = allocateWeightMemory(byteCount: byteCount, sideBySide: weight)
         self.descriptor = descriptor
     }
 
-    /// Reorders `source` (laid out as `sourceDescriptor`) into `descriptor`'s layout.
+    /// A weight: `source` (laid out as `sourceDescriptor`) reordered into `descriptor`'s layout.
     convenience init(descriptor: dnnl_memory_desc_t, from source: UnsafeMutableRawPointer, sourceDescriptor: dnnl_memory_desc_t) {
-        self.init(descriptor: descriptor)
+        self.init(descriptor: descriptor, weight: true)
         let reorder = Primitive(reorderFrom: sourceDescriptor, to: descriptor)
         reorder.execute([(DNNL_ARG_FROM, source), (DNNL_ARG_TO, pointer)])
     }

@@ -51,7 +51,7 @@ final class QuantizedLinear: @unchecked Sendable {
         #endif
         let size = vlm_quant_packed_size(weight.format.kernelFormat, weight.rows, weight.columns)
         if packing && vlm_quant_packed_supported() != 0 && size > 0 {
-            let buffer = OwnedBytes(count: size)
+            let buffer = OwnedBytes(count: size, weight: true)
             var matrix = weight.kernelMatrix
             vlm_quant_pack(&matrix, buffer.pointer)
             withExtendedLifetime(weight) {}

@@ -96,7 +96,7 @@ public final class QuantizedMatrix: @unchecked Sendable {
         rows = order.count
         columns = source.columns
         rowBytes = source.rowBytes
-        let buffer = OwnedBytes(count: rows * rowBytes)
+        let buffer = OwnedBytes(count: rows * rowBytes, weight: true)
         for (row, sourceRow) in order.enumerated() {
             precondition(sourceRow >= 0 && sourceRow < source.rows, "row \(sourceRow) outside \(source.rows) rows")
             (buffer.pointer + row * rowBytes).copyMemory(from: source.data + sourceRow * rowBytes, byteCount: rowBytes)
@@ -110,7 +110,7 @@ public final class QuantizedMatrix: @unchecked Sendable {
         rows = parts.reduce(0) { $0 + $1.rows }
         columns = parts[0].columns
         rowBytes = parts[0].rowBytes
-        let buffer = OwnedBytes(count: rows * rowBytes)
+        let buffer = OwnedBytes(count: rows * rowBytes, weight: true)
         var offset = 0
         for part in parts {
             (buffer.pointer + offset).copyMemory(from: part.data, byteCount: part.rows * rowBytes)
@@ -182,10 +182,11 @@ public final class QuantizedMatrix: @unchecked Sendable {
     }
 }
 
-/// A 64-byte aligned heap buffer (from 2 MiB on, on huge pages: see `allocateWeightMemory`), freed with its owner.
+/// A 64-byte aligned heap buffer (from 2 MiB on, on huge pages; a weight's, with `weight`, also below: see
+/// `allocateWeightMemory`), freed with its owner.
 final class OwnedBytes: @unchecked Sendable {
     let pointer: UnsafeMutableRawPointer
-    init(count: Int) { pointer = allocateWeightMemory(byteCount: count) }
+    init(count: Int, weight: Bool = false) { pointer = allocateWeightMemory(byteCount: count, sideBySide: weight) }
     deinit { releaseWeightMemory(pointer) }
 }
 

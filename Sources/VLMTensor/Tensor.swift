@@ -9,8 +9,6 @@ internal import Foundation
 public final class TensorStorage: @unchecked Sendable {
     public let pointer: UnsafeMutablePointer<Float>
     public let count: Int
-    /// Whether the block came from `allocateWeightMemory`.
-    private let streamed: Bool
 
     public init(count: Int) {
         precondition(count >= 0, "negative element count")
@@ -24,21 +22,9 @@ public final class TensorStorage: @unchecked Sendable {
             pointer = raw!.bindMemory(to: Float.self, capacity: max(count, 1))
         }
         self.count = count
-        streamed = false
-    }
-
-    /// Storage that decoding reads once per token, as it does the weights (a KV cache): on huge pages, next to what
-    /// was allocated before it (see `allocateWeightMemory`).
-    public init(streamedCount count: Int) {
-        precondition(count >= 0, "negative element count")
-        pointer = allocateWeightMemory(byteCount: max(count, 1) * MemoryLayout<Float>.stride)
-            .bindMemory(to: Float.self, capacity: max(count, 1))
-        self.count = count
-        streamed = true
     }
 
     deinit {
-        if streamed { return releaseWeightMemory(UnsafeMutableRawPointer(pointer)) }
         if !smallBlocks.keep(pointer, count: count) { largeBlocks.keepOrFree(pointer, count: count) }
     }
 }

@@ -6,16 +6,16 @@ import Darwin
 internal import Foundation
 
 /// Memory for a weight in the form its layer multiplies (packed for oneDNN, or in 16-row groups for the decoding
-/// products), or for a KV cache; give it back with `releaseWeightMemory`. Decoding reads every weight and every
-/// cached position once per token, a new 4 KiB page every few microseconds per stream, so the memory lies on
-/// transparent huge pages (Linux) and a step takes far fewer TLB misses: from 2 MiB on a block of its own starting
-/// on a huge-page boundary, smaller ones side by side in shared slabs of huge pages (a small model's matrices are
-/// mostly under 2 MiB: SmolLM2-135M's are 0.25–1.3 MB). Blocks allocated one after another lie one after another, so
-/// a model's layers sit in memory in the order its step reads them. A C harness of SmolLM2-135M Q4_1 decoding steps
-/// on a Zen 4 VM: 1.10× faster with its matrices in slabs than each on small pages (median of eight alternations);
-/// the same harness with Qwen2-0.5B Q4_K_M's larger matrices, 1.05× with each on huge pages of its own.
-func allocateWeightMemory(byteCount: Int) -> UnsafeMutableRawPointer {
-    if byteCount < hugePage, let pointer = weightSlabs.allocate(byteCount: byteCount) { return pointer }
+/// products), or for a buffer in such a layout; give it back with `releaseWeightMemory`. Decoding reads every weight
+/// once per token, a new 4 KiB page every few microseconds per stream, so weights lie on transparent huge pages
+/// (Linux) and a step takes far fewer TLB misses: from 2 MiB on a block of its own starting on a huge-page boundary;
+/// smaller weights of a model (`sideBySide`) one after another in shared slabs of huge pages, so that a small
+/// model's matrices (SmolLM2-135M's are 0.25–1.3 MB) sit in the order its step reads them. `vlm bench` of SmolLM2-135M
+/// Q4_1 on a Zen 4 VM, alternated with small pages for those: 1.045× (six pairs); a C harness of Qwen2-0.5B Q4_K_M's
+/// larger matrices, 1.05× with each on huge pages of its own. A slab goes back only when all its blocks have, so
+/// buffers that come and go (a layer's intermediate results) must not take `sideBySide`.
+func allocateWeightMemory(byteCount: Int, sideBySide: Bool = false) -> UnsafeMutableRawPointer {
+    if sideBySide, byteCount < hugePage, let pointer = weightSlabs.allocate(byteCount: byteCount) { return pointer }
     var raw: UnsafeMutableRawPointer?
     let status = posix_memalign(&raw, byteCount >= hugePage ? hugePage : 64, max(byteCount, 64))
     precondition(status == 0 && raw != nil, "out of memory allocating \(byteCount) bytes")
@@ -39,9 +39,9 @@ private func offerHugePages(_ pointer: UnsafeMutableRawPointer, byteCount: Int) 
 
 private let weightSlabs = WeightSlabs()
 
-/// Slabs of huge pages from which blocks under 2 MiB are cut one after another. A slab goes back to the allocator
+/// Slabs of huge pages from which weights under 2 MiB are cut one after another. A slab goes back to the allocator
 /// when its last block is released; space of blocks released before then is not reused, so a slab holds at most
-/// what its blocks once took (the blocks of a model are released together when it is).
+/// what its blocks once took (a model's weights are released together when it is).
 private final class WeightSlabs: @unchecked Sendable {
     private static let slabBytes = 16 * hugePage
 
