@@ -133,8 +133,8 @@ enum epilogue { WRITE, ADD_TO_HIDDEN };
 /// path claims them), multiplied by the activation row, its outputs finished. The shares are fixed, an equal run of
 /// sets each, where the layer-by-layer path claims shares as the work runs: a claim starts its streams cold (the
 /// first lines of each asked for at once, the prefetches past its end wasted), and a step's products are small
-/// (SmolLM2-135M's a quarter to 1.3 MB, ten claims each). A C harness of SmolLM2-135M Q4_1 steps on a Zen 4 VM:
-/// 1.04× faster with fixed shares (median of eight alternations).
+/// (SmolLM2-135M's a quarter to 1.3 MB, ten claims each). `vlm bench` of SmolLM2-135M Q4_1 on a Zen 4 VM alternated
+/// with claimed shares: 1.10× and 1.11× (medians of six pairs, twice), Q8_0 1.04×.
 static void run_products(step_run *run, const vlm_decoder_product *products, ptrdiff_t count, const void *activation,
                          float *output, enum epilogue epilogue, int thread, int threads) {
     const ptrdiff_t streams = VLM_QUANT_STREAMS;
