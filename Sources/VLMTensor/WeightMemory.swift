@@ -53,27 +53,24 @@ private final class WeightSlabs: @unchecked Sendable {
     }
 
     private let lock = NSLock()
+    /// New blocks are cut from the last.
     private var slabs: [Slab] = []
-    /// The slab new blocks are cut from: the last one made, while it lives.
-    private var current: UnsafeMutableRawPointer?
 
     /// A 64-byte aligned block, or nil where a slab cannot be allocated.
     func allocate(byteCount: Int) -> UnsafeMutableRawPointer? {
         let size = (max(byteCount, 64) + 63) & ~63
         lock.lock()
         defer { lock.unlock() }
-        var index = slabs.firstIndex { $0.base == current }
-        if index == nil || slabs[index!].used + size > Self.slabBytes {
+        if slabs.last.map({ $0.used + size > Self.slabBytes }) ?? true {
             var raw: UnsafeMutableRawPointer?
             guard posix_memalign(&raw, hugePage, Self.slabBytes) == 0, let base = raw else { return nil }
             offerHugePages(base, byteCount: Self.slabBytes)
             slabs.append(Slab(base: base, used: 0, liveBlocks: 0))
-            current = base
-            index = slabs.count - 1
         }
-        let block = slabs[index!].base + slabs[index!].used
-        slabs[index!].used += size
-        slabs[index!].liveBlocks += 1
+        let last = slabs.count - 1
+        let block = slabs[last].base + slabs[last].used
+        slabs[last].used += size
+        slabs[last].liveBlocks += 1
         return block
     }
 
@@ -83,11 +80,7 @@ private final class WeightSlabs: @unchecked Sendable {
         defer { lock.unlock() }
         guard let index = slabs.firstIndex(where: { $0.holds(pointer) }) else { return false }
         slabs[index].liveBlocks -= 1
-        if slabs[index].liveBlocks == 0 {
-            let base = slabs.remove(at: index).base
-            if current == base { current = nil }
-            free(base)
-        }
+        if slabs[index].liveBlocks == 0 { free(slabs.remove(at: index).base) }
         return true
     }
 }
