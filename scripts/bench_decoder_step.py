@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Decoding steps of the C kernels alone (no Swift, no model file), and a change to them set against a baseline.
+
+Usage:  python3 scripts/bench_decoder_step.py [--baseline REV] [--format Q4_1] [--position 320] [--steps 400]
+                                             [--rounds 4] [--threads 2] [--json]
+
+Builds Sources/CVLMKernels as it is in the working tree into a shared library (and, with --baseline, as it is at
+the git revision REV into another) and runs scripts/decoder_step_bench.c over it: the fused decoding step
+(vlm_decoder_step_run) of a SmolLM2-135M-shaped model, random weights of one GGUF block format laid out on huge pages
+as vlm lays a model's, a KV cache of --position positions. With a baseline the two builds take alternate steps in
+one process, so that both see the same memory speed; `vlm bench` runs, seconds apart, drift by more than the few
+percent a kernel change moves (two alternated runs of one binary differed by 5% in medians here). Each round reports
+each build's mean step time and the weights it streamed per second; the summary gives the median over the rounds
+of the per-round ratio baseline / working tree (above 1: the working tree is faster), and the largest difference
+between the two builds' logits (0 unless the change alters arithmetic). Rounds alternate which build goes first.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from machine import describe, summary
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / ".build-step"
+FORMATS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8}
+
+
+def build_library(sources: Path, output: Path) -> Path:
+    """The kernels compiled as SwiftPM's release build compiles them (clang; gcc's -O2 build of them took twice as
+    long a step here)."""
+    files = sorted(str(path) for path in sources.glob("*.c"))
+    subprocess.run(["clang", "-O2", "-fPIC", "-fno-omit-frame-pointer", "-shared", f"-I{sources}/include",
+                    f"-I{sources}", *files, "-o", output, "-lm"], check=True)
+    return output
+
+
+def baseline_sources(revision: str, directory: Path) -> Path:
+    archive = subprocess.run(["git", "-C", ROOT, "archive", revision, "Sources/CVLMKernels"], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", directory], input=archive, check=True)
+    return directory / "Sources" / "CVLMKernels"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--baseline", metavar="REV", help="a git revision whose kernels the working tree's are set against")
+    parser.add_argument("--format", choices=FORMATS, default="Q4_1")
+    parser.add_argument("--position", type=int, default=320, help="cached positions before the step's own")
+    parser.add_argument("--steps", type=int, default=400, help="timed steps per build and round")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if min(args.steps, args.rounds, args.threads) < 1 or args.position < 0:
+        parser.error("--steps, --rounds and --threads must be positive and --position at least 0")
+
+    BUILD.mkdir(exist_ok=True)
+    (BUILD / ".gitignore").write_text("*\n")
+    kernels = ROOT / "Sources" / "CVLMKernels"
+    bench = BUILD / "decoder_step_bench"
+    subprocess.run(["clang", "-O2", f"-I{kernels}/include", str(ROOT / "scripts" / "decoder_step_bench.c"), "-o", bench,
+                    "-ldl", "-lm", "-Wl,--no-as-needed", "-lgomp"], check=True)
+    libraries = [build_library(kernels, BUILD / "working-tree.so")]
+    with tempfile.TemporaryDirectory() as scratch:
+        if args.baseline:
+            libraries.append(build_library(baseline_sources(args.baseline, Path(scratch)), BUILD / "baseline.so"))
+        machine = describe(args.threads)
+        env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+        rounds = []
+        for index in range(args.rounds):
+            order = libraries if index % 2 == 0 else libraries[::-1]
+            done = subprocess.run([bench, str(FORMATS[args.format]), str(args.position), str(args.steps),
+                                   *map(str, order)], check=True, capture_output=True, text=True, env=env)
+            result = json.loads(done.stdout)
+            rounds.append({Path(build["library"]).stem: build for build in result["builds"]})
+            rounds[-1]["largest_logit_difference"] = result["largest_logit_difference"]
+            weight_bytes = result["weight_bytes"]
+    names = [library.stem for library in libraries]
+    ratios = [r["baseline"]["ms_per_step"] / r["working-tree"]["ms_per_step"] for r in rounds] if args.baseline else []
+    report = {"machine": machine, "format": args.format, "position": args.position, "steps": args.steps,
+              "threads": args.threads, "weight_bytes": weight_bytes, "rounds": rounds,
+              "median_ratio": statistics.median(ratios) if ratios else None}
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    print(summary(machine))
+    print(f"SmolLM2-135M-shaped decoding step, {args.format}, {weight_bytes / 1e6:.1f} MB of weights, "
+          f"{args.position} cached positions, {args.threads} threads, {args.steps} steps per build and round")
+    for index, r in enumerate(rounds):
+        cells = ", ".join(f"{name} {r[name]['ms_per_step']:.3f} ms ({r[name]['weights_gb_per_s']:.1f} GB/s)"
+                          for name in names)
+        extra = f", ratio {ratios[index]:.3f}, logits differ by {r['largest_logit_difference']:g}" if ratios else ""
+        print(f"round {index + 1}: {cells}{extra}")
+    if ratios:
+        print(f"baseline / working tree: median {statistics.median(ratios):.3f} "
+              f"({', '.join(f'{x:.3f}' for x in ratios)})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
