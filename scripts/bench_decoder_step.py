@@ -18,6 +18,7 @@ between the two builds' logits (0 unless the change alters arithmetic). Rounds a
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -60,6 +61,8 @@ def main():
     if min(args.steps, args.rounds, args.threads) < 1 or args.position < 0:
         parser.error("--steps, --rounds and --threads must be positive and --position at least 0")
 
+    if not shutil.which("clang"):
+        sys.exit("bench_decoder_step.py: no clang on PATH (Swift toolchains ship one; SwiftPM builds the kernels with it)")
     BUILD.mkdir(exist_ok=True)
     (BUILD / ".gitignore").write_text("*\n")
     kernels = ROOT / "Sources" / "CVLMKernels"
