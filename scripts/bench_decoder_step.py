@@ -42,8 +42,10 @@ def build_library(sources: Path, output: Path) -> Path:
 
 
 def baseline_sources(revision: str, directory: Path) -> Path:
-    archive = subprocess.run(["git", "-C", ROOT, "archive", revision, "Sources/CVLMKernels"], check=True,
-                             capture_output=True).stdout
+    done = subprocess.run(["git", "-C", ROOT, "archive", revision, "Sources/CVLMKernels"], capture_output=True)
+    if done.returncode != 0:
+        sys.exit(f"bench_decoder_step.py: --baseline {revision}: {done.stderr.decode().strip().splitlines()[-1]}")
+    archive = done.stdout
     subprocess.run(["tar", "-x", "-C", directory], input=archive, check=True)
     return directory / "Sources" / "CVLMKernels"
 
