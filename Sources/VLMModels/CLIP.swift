@@ -214,51 +214,22 @@ final class CLIPVisionTransformer: Sendable {
 /// `CLIPTextTransformer`: token + position embeddings, causal pre-norm encoder, final norm, eos pooling.
 final class CLIPTextTransformer: Sendable {
     let config: CLIPTextConfig
-    let tokenEmbedding: Tensor
-    let positionEmbedding: Tensor
-    let layers: [PreNormEncoderLayer]
-    let finalLayerNorm: LayerNorm
+    let encoder: PreNormTextEncoder
     /// Whether the pooled token is always the one with the highest id (OWL-ViT), whatever `eos_token_id` says.
     let poolsAtHighestId: Bool
 
     init(_ config: CLIPTextConfig, weights: Weights, file: String, poolsAtHighestId: Bool = false) throws {
-        guard config.numAttentionHeads > 0, config.hiddenSize % config.numAttentionHeads == 0 else {
-            throw ModelError.invalidConfig("text_config: hidden_size \(config.hiddenSize) is not a multiple of num_attention_heads \(config.numAttentionHeads)", file: file)
-        }
         self.config = config
         self.poolsAtHighestId = poolsAtHighestId
-        let d = config.hiddenSize
-        tokenEmbedding = try weights("embeddings.token_embedding.weight", shape: [config.vocabSize, d])
-        positionEmbedding = try weights("embeddings.position_embedding.weight", shape: [config.maxPositionEmbeddings, d])
-        let activation = try Activation(huggingFaceName: config.hiddenAct, file: file)
-        layers = try (0..<config.numHiddenLayers).map { i in
-            try PreNormEncoderLayer(weights.scoped("encoder.layers.\(i)"), hiddenSize: d,
-                                    intermediateSize: config.intermediateSize, heads: config.numAttentionHeads,
-                                    activation: activation, eps: config.layerNormEps)
-        }
-        finalLayerNorm = try LayerNorm(weights.scoped("final_layer_norm"), size: d, eps: config.layerNormEps)
+        encoder = try PreNormTextEncoder(weights, family: "CLIP", vocabSize: config.vocabSize, hiddenSize: config.hiddenSize,
+                                         intermediateSize: config.intermediateSize, heads: config.numAttentionHeads,
+                                         layerCount: config.numHiddenLayers, maxPositions: config.maxPositionEmbeddings,
+                                         hiddenAct: config.hiddenAct, eps: config.layerNormEps, file: file)
     }
 
     /// input_ids [B][T] (all rows the same length) → the final-normed state at each text's eos position [B, D].
     func pooledOutput(inputIds: [[Int]], attentionMask: [[Int]]?) throws -> Tensor {
-        let batch = inputIds.count
-        let length = inputIds.first?.count ?? 0
-        guard batch > 0, length > 0, inputIds.allSatisfy({ $0.count == length }) else {
-            throw ModelError.invalidInput("CLIP text model expects a non-empty batch of equally long token sequences")
-        }
-        guard length <= config.maxPositionEmbeddings else {
-            throw ModelError.invalidInput("sequence of \(length) tokens exceeds max_position_embeddings \(config.maxPositionEmbeddings)")
-        }
-        let flat = inputIds.flatMap { $0 }
-        if let bad = flat.first(where: { $0 < 0 || $0 >= config.vocabSize }) {
-            throw ModelError.invalidInput("token id \(bad) is outside the vocabulary of \(config.vocabSize)")
-        }
-        let d = config.hiddenSize
-        let tokens = embedding(tokenEmbedding, ids: flat).reshaped([batch, length, d])
-        let hidden = add(tokens, embedding(positionEmbedding, ids: Array(0..<length)))
-        let mask = attentionMask.map { Tensor(shape: [batch, length], scalars: $0.flatMap { $0.map(Float.init) }) }
-        let pooled = encode(hidden, layers: layers, pooledAt: inputIds.map(eosPosition), causal: true, keyPaddingMask: mask)
-        return finalLayerNorm(pooled)
+        try encoder.pooledOutput(inputIds: inputIds, attentionMask: attentionMask, causal: true, pooledAt: eosPosition)
     }
 
     /// Where transformers pools: the argmax id under the legacy `eos_token_id == 2` configs (the eot token had the

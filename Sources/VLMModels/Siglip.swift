@@ -226,53 +226,22 @@ final class SiglipVisionTransformer: Sendable {
 /// pooled and projected by `head`.
 final class SiglipTextTransformer: Sendable {
     let config: SiglipTextConfig
-    let tokenEmbedding: Tensor
-    let positionEmbedding: Tensor
-    let layers: [PreNormEncoderLayer]
-    let finalLayerNorm: LayerNorm
+    let encoder: PreNormTextEncoder
     let head: Linear
 
     init(_ config: SiglipTextConfig, weights: Weights, file: String) throws {
-        guard config.numAttentionHeads > 0, config.hiddenSize % config.numAttentionHeads == 0 else {
-            throw ModelError.invalidConfig("text_config: hidden_size \(config.hiddenSize) is not a multiple of num_attention_heads \(config.numAttentionHeads)", file: file)
-        }
         self.config = config
-        let d = config.hiddenSize
-        tokenEmbedding = try weights("embeddings.token_embedding.weight", shape: [config.vocabSize, d])
-        positionEmbedding = try weights("embeddings.position_embedding.weight", shape: [config.maxPositionEmbeddings, d])
-        let activation = try Activation(huggingFaceName: config.hiddenAct, file: file)
-        layers = try (0..<config.numHiddenLayers).map { i in
-            try PreNormEncoderLayer(weights.scoped("encoder.layers.\(i)"), hiddenSize: d,
-                                    intermediateSize: config.intermediateSize, heads: config.numAttentionHeads,
-                                    activation: activation, eps: config.layerNormEps)
-        }
-        finalLayerNorm = try LayerNorm(weights.scoped("final_layer_norm"), size: d, eps: config.layerNormEps)
-        head = try Linear(weights.scoped("head"), inFeatures: d, outFeatures: config.projectionSize)
+        encoder = try PreNormTextEncoder(weights, family: "SigLIP", vocabSize: config.vocabSize, hiddenSize: config.hiddenSize,
+                                         intermediateSize: config.intermediateSize, heads: config.numAttentionHeads,
+                                         layerCount: config.numHiddenLayers, maxPositions: config.maxPositionEmbeddings,
+                                         hiddenAct: config.hiddenAct, eps: config.layerNormEps, file: file)
+        head = try Linear(weights.scoped("head"), inFeatures: config.hiddenSize, outFeatures: config.projectionSize)
     }
 
     /// input_ids [B][T] (all rows the same length) → `head` of the final-normed last position [B, projection_size].
     func pooledOutput(inputIds: [[Int]], attentionMask: [[Int]]?) throws -> Tensor {
-        let batch = inputIds.count
-        let length = inputIds.first?.count ?? 0
-        guard batch > 0, length > 0, inputIds.allSatisfy({ $0.count == length }) else {
-            throw ModelError.invalidInput("SigLIP text model expects a non-empty batch of equally long token sequences")
-        }
-        guard length <= config.maxPositionEmbeddings else {
-            throw ModelError.invalidInput("sequence of \(length) tokens exceeds max_position_embeddings \(config.maxPositionEmbeddings)")
-        }
-        let flat = inputIds.flatMap { $0 }
-        if let bad = flat.first(where: { $0 < 0 || $0 >= config.vocabSize }) {
-            throw ModelError.invalidInput("token id \(bad) is outside the vocabulary of \(config.vocabSize)")
-        }
-        if let attentionMask, attentionMask.count != batch || attentionMask.contains(where: { $0.count != length }) {
-            throw ModelError.invalidInput("attention mask is not [\(batch), \(length)] like the token ids")
-        }
-        let d = config.hiddenSize
-        let tokens = embedding(tokenEmbedding, ids: flat).reshaped([batch, length, d])
-        let hidden = add(tokens, embedding(positionEmbedding, ids: Array(0..<length)))
-        let mask = attentionMask.map { Tensor(shape: [batch, length], scalars: $0.flatMap { $0.map(Float.init) }) }
-        let pooled = encode(hidden, layers: layers, pooledAt: Array(repeating: length - 1, count: batch), keyPaddingMask: mask)
-        return head(finalLayerNorm(pooled))
+        head(try encoder.pooledOutput(inputIds: inputIds, attentionMask: attentionMask, causal: false,
+                                      pooledAt: { $0.count - 1 }))
     }
 }
 

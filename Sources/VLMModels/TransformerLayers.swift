@@ -191,6 +191,61 @@ func encode(_ hidden: Tensor, layers: [PreNormEncoderLayer], pooledAt positions:
     return last(hidden, at: positions, causal: causal, keyPaddingMask: keyPaddingMask)
 }
 
+/// The text tower CLIP and SigLIP share (GroupViT, OWL-ViT and SigLIP 2 take theirs): learned token and position
+/// embeddings, pre-norm encoder layers and a final layer norm, one token of each text pooled.
+struct PreNormTextEncoder {
+    let tokenEmbedding: Tensor
+    let positionEmbedding: Tensor
+    let layers: [PreNormEncoderLayer]
+    let finalLayerNorm: LayerNorm
+    /// The family, for error messages.
+    let family: String
+
+    /// Reads `embeddings.*`, `encoder.layers.*` and `final_layer_norm` under `weights`.
+    init(_ weights: Weights, family: String, vocabSize: Int, hiddenSize: Int, intermediateSize: Int, heads: Int,
+         layerCount: Int, maxPositions: Int, hiddenAct: String, eps: Float, file: String) throws {
+        guard heads > 0, hiddenSize % heads == 0 else {
+            throw ModelError.invalidConfig("text_config: hidden_size \(hiddenSize) is not a multiple of num_attention_heads \(heads)", file: file)
+        }
+        self.family = family
+        tokenEmbedding = try weights("embeddings.token_embedding.weight", shape: [vocabSize, hiddenSize])
+        positionEmbedding = try weights("embeddings.position_embedding.weight", shape: [maxPositions, hiddenSize])
+        let activation = try Activation(huggingFaceName: hiddenAct, file: file)
+        layers = try (0..<layerCount).map { i in
+            try PreNormEncoderLayer(weights.scoped("encoder.layers.\(i)"), hiddenSize: hiddenSize,
+                                    intermediateSize: intermediateSize, heads: heads, activation: activation, eps: eps)
+        }
+        finalLayerNorm = try LayerNorm(weights.scoped("final_layer_norm"), size: hiddenSize, eps: eps)
+    }
+
+    /// input_ids [B][T] (all rows the same length) and their attention mask (nil: every token) → the final-normed
+    /// state of each text at `position(ids)` [B, D].
+    func pooledOutput(inputIds: [[Int]], attentionMask: [[Int]]?, causal: Bool,
+                      pooledAt position: ([Int]) -> Int) throws -> Tensor {
+        let batch = inputIds.count
+        let length = inputIds.first?.count ?? 0
+        guard batch > 0, length > 0, inputIds.allSatisfy({ $0.count == length }) else {
+            throw ModelError.invalidInput("\(family) text model expects a non-empty batch of equally long token sequences")
+        }
+        let (vocabularySize, d) = (tokenEmbedding.shape[0], tokenEmbedding.shape[1])
+        guard length <= positionEmbedding.shape[0] else {
+            throw ModelError.invalidInput("sequence of \(length) tokens exceeds max_position_embeddings \(positionEmbedding.shape[0])")
+        }
+        let flat = inputIds.flatMap { $0 }
+        if let bad = flat.first(where: { $0 < 0 || $0 >= vocabularySize }) {
+            throw ModelError.invalidInput("token id \(bad) is outside the vocabulary of \(vocabularySize)")
+        }
+        if let attentionMask, attentionMask.count != batch || attentionMask.contains(where: { $0.count != length }) {
+            throw ModelError.invalidInput("attention mask is not [\(batch), \(length)] like the token ids")
+        }
+        let tokens = embedding(tokenEmbedding, ids: flat).reshaped([batch, length, d])
+        let hidden = add(tokens, embedding(positionEmbedding, ids: Array(0..<length)))
+        let mask = attentionMask.map { Tensor(shape: [batch, length], scalars: $0.flatMap { $0.map(Float.init) }) }
+        return finalLayerNorm(encode(hidden, layers: layers, pooledAt: inputIds.map(position), causal: causal,
+                                     keyPaddingMask: mask))
+    }
+}
+
 /// A vision tower's `hidden_states[i]` for each `i` of `indices`: 0 is the `embeddings`, `i` the output of encoder
 /// layer `i`, and a negative index counts from the end as Python's does. The embeddings are computed once the
 /// indices are known to be valid, and layers past the deepest one asked for are not run.

@@ -75,4 +75,14 @@ func maxAbsDifference(_ a: Tensor, _ b: Tensor) -> Float {
         let model = try CLIPModel(directory: ModelDirectory(url: fixture.directory))
         #expect(throws: ModelError.self) { try model.textFeatures(inputIds: [[1512, 99999, 1513]], attentionMask: nil) }
     }
+
+    @Test func attentionMasksOfAnotherShapeAreRefused() throws {
+        let fixture = try CLIPFixture(CLIPFixture.names[0])
+        let model = try CLIPModel(directory: ModelDirectory(url: fixture.directory))
+        let ids = [Array(fixture.expected.prompt_ids[0].prefix(3))]
+        _ = try model.textFeatures(inputIds: ids, attentionMask: [[1, 1, 1]])
+        for mask in [[[1, 1]], [[1, 1, 1], [1, 1, 1]], []] {
+            #expect(throws: ModelError.self) { try model.textFeatures(inputIds: ids, attentionMask: mask) }
+        }
+    }
 }
