@@ -225,12 +225,10 @@ final class SiglipVisionTransformer: Sendable {
 /// `SiglipTextModel`: token + position embeddings, a bidirectional pre-norm encoder, final norm, the last position
 /// pooled and projected by `head`.
 final class SiglipTextTransformer: Sendable {
-    let config: SiglipTextConfig
     let encoder: PreNormTextEncoder
     let head: Linear
 
     init(_ config: SiglipTextConfig, weights: Weights, file: String) throws {
-        self.config = config
         encoder = try PreNormTextEncoder(weights, family: "SigLIP", vocabSize: config.vocabSize, hiddenSize: config.hiddenSize,
                                          intermediateSize: config.intermediateSize, heads: config.numAttentionHeads,
                                          layerCount: config.numHiddenLayers, maxPositions: config.maxPositionEmbeddings,
