@@ -204,7 +204,7 @@ public final class BlipForQuestionAnswering: BlipHead, ImageToTextModel, @unchec
 
     /// The answer decoder bound to `questionStates [B, T, hidden]`. It attends to every question position, padding
     /// included, as transformers' `generate` does (its forward masks the padding instead).
-    public func answerDecoder(questionStates: Tensor) throws -> BlipTextCrossAttendingDecoder {
+    public func answerDecoder(questionStates: Tensor) throws -> CrossAttendingDecoder {
         try textDecoder.attending(to: questionStates)
     }
 

@@ -246,7 +246,7 @@ public final class BlipTextModel: @unchecked Sendable {
 ///
 /// As a ``CausalLanguageModel`` it runs without cross-attention, as transformers does without encoder states;
 /// captioning and VQA bind it to their encoder states with ``attending(to:attentionMask:)``.
-public final class BlipTextLMHeadModel: CausalLanguageModel, @unchecked Sendable {
+public final class BlipTextLMHeadModel: CausalLanguageModel, CrossAttendingModel, @unchecked Sendable {
     public let config: BlipTextConfig
     public let bert: BlipTextModel
     let transform: Linear
@@ -297,8 +297,8 @@ public final class BlipTextLMHeadModel: CausalLanguageModel, @unchecked Sendable
     /// - Returns: a model whose passes take `B` rows, or `k·B` rows with row `r` attending to encoder row `r / k`
     ///   (beams, as generate expands them).
     /// - Throws: `ModelError.invalidConfig` when the layers have no cross-attention, `invalidInput` for shapes.
-    public func attending(to encoderHiddenStates: Tensor, attentionMask: [[Int]]? = nil) throws -> BlipTextCrossAttendingDecoder {
-        BlipTextCrossAttendingDecoder(decoder: self, context: try bert.crossAttentionContext(encoderHiddenStates, attentionMask: attentionMask))
+    public func attending(to encoderHiddenStates: Tensor, attentionMask: [[Int]]? = nil) throws -> CrossAttendingDecoder {
+        CrossAttendingDecoder(model: self, context: try bert.crossAttentionContext(encoderHiddenStates, attentionMask: attentionMask))
     }
 
     func logits(inputsEmbeds: Tensor, attentionMask: [[Int]]?, positionIds: [[Int]]?, cache: KVCache?,
@@ -319,33 +319,5 @@ public final class BlipTextLMHeadModel: CausalLanguageModel, @unchecked Sendable
             hidden = gatherTokens(hidden, positions: Array(repeating: length - 1, count: batch)).reshaped([batch, 1, width])
         }
         return decoder(transformNorm(transform(hidden, activation: bert.activation)))
-    }
-}
-
-/// A ``BlipTextLMHeadModel`` with cross-attention bound to one batch of encoder states (from
-/// ``BlipTextLMHeadModel/attending(to:attentionMask:)``): a ``CausalLanguageModel`` that `generate` drives like any
-/// other.
-public final class BlipTextCrossAttendingDecoder: CausalLanguageModel, @unchecked Sendable {
-    public let decoder: BlipTextLMHeadModel
-    let context: CrossAttentionContext
-
-    init(decoder: BlipTextLMHeadModel, context: CrossAttentionContext) {
-        self.decoder = decoder
-        self.context = context
-    }
-
-    /// Rows of the encoder states this model attends to.
-    public var encoderBatch: Int { context.batch }
-
-    public var vocabularySize: Int { decoder.vocabularySize }
-
-    public func embed(_ ids: [[Int]]) throws -> Tensor { try decoder.embed(ids) }
-
-    public func makeCache(batch: Int, capacity: Int) throws -> KVCache { try decoder.makeCache(batch: batch, capacity: capacity) }
-
-    public func logits(inputsEmbeds: Tensor, attentionMask: [[Int]]? = nil, positionIds: [[Int]]? = nil,
-                       cache: KVCache? = nil, lastPositionOnly: Bool = false) throws -> Tensor {
-        try decoder.logits(inputsEmbeds: inputsEmbeds, attentionMask: attentionMask, positionIds: positionIds, cache: cache,
-                           lastPositionOnly: lastPositionOnly, encoder: context)
     }
 }

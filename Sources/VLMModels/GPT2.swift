@@ -139,7 +139,7 @@ final class GPT2Block: @unchecked Sendable {
 /// passes each row's own count). A checkpoint with `add_cross_attention` runs as a plain decoder through this type
 /// (its cross-attention skipped, as transformers does without encoder states), and attends to an encoder's output
 /// through ``attending(to:attentionMask:)``.
-public final class GPT2LMHeadModel: CausalLanguageModel, @unchecked Sendable {
+public final class GPT2LMHeadModel: CausalLanguageModel, CrossAttendingModel, @unchecked Sendable {
     public let config: GPT2Config
     let tokenTable: Tensor
     let positionTable: Tensor
@@ -205,7 +205,7 @@ public final class GPT2LMHeadModel: CausalLanguageModel, @unchecked Sendable {
     /// - Returns: a model whose passes take `B` rows, or `k·B` rows with row `r` attending to encoder row `r / k`
     ///   (beams or several sequences per input, as generate expands them).
     /// - Throws: `ModelError.invalidConfig` when the checkpoint has no cross-attention, `invalidInput` for shapes.
-    public func attending(to encoderHiddenStates: Tensor, attentionMask: [[Int]]? = nil) throws -> GPT2CrossAttendingDecoder {
+    public func attending(to encoderHiddenStates: Tensor, attentionMask: [[Int]]? = nil) throws -> CrossAttendingDecoder {
         guard config.addCrossAttention else {
             throw ModelError.invalidConfig("this GPT-2 has no cross-attention (add_cross_attention is false)", file: configFile)
         }
@@ -218,7 +218,7 @@ public final class GPT2LMHeadModel: CausalLanguageModel, @unchecked Sendable {
         let context = CrossAttentionContext(keys: blocks.map { $0.crossKey!(encoderHiddenStates) },
                                          values: blocks.map { $0.crossValue!(encoderHiddenStates) },
                                          mask: mask, batch: batch, length: length)
-        return GPT2CrossAttendingDecoder(decoder: self, context: context)
+        return CrossAttendingDecoder(model: self, context: context)
     }
 
     func logits(inputsEmbeds: Tensor, attentionMask: [[Int]]?, positionIds: [[Int]]?, cache: KVCache?,
@@ -257,33 +257,5 @@ public final class GPT2LMHeadModel: CausalLanguageModel, @unchecked Sendable {
         }
         let normedAgain = layerNorm(residual, weight: block.norm2.weight, bias: block.norm2.bias, eps: eps)
         return block.down(block.up(normedAgain, activation: activation), residual: residual)
-    }
-}
-
-/// A ``GPT2LMHeadModel`` with cross-attention bound to one encoder output (from
-/// ``GPT2LMHeadModel/attending(to:attentionMask:)``): a ``CausalLanguageModel`` that `generate` drives like any
-/// other, each pass attending to the encoder keys and values computed at binding.
-public final class GPT2CrossAttendingDecoder: CausalLanguageModel, @unchecked Sendable {
-    public let decoder: GPT2LMHeadModel
-    let context: CrossAttentionContext
-
-    init(decoder: GPT2LMHeadModel, context: CrossAttentionContext) {
-        self.decoder = decoder
-        self.context = context
-    }
-
-    /// Rows of the encoder output this model attends to.
-    public var encoderBatch: Int { context.batch }
-
-    public var vocabularySize: Int { decoder.vocabularySize }
-
-    public func embed(_ ids: [[Int]]) throws -> Tensor { try decoder.embed(ids) }
-
-    public func makeCache(batch: Int, capacity: Int) throws -> KVCache { try decoder.makeCache(batch: batch, capacity: capacity) }
-
-    public func logits(inputsEmbeds: Tensor, attentionMask: [[Int]]? = nil, positionIds: [[Int]]? = nil,
-                       cache: KVCache? = nil, lastPositionOnly: Bool = false) throws -> Tensor {
-        try decoder.logits(inputsEmbeds: inputsEmbeds, attentionMask: attentionMask, positionIds: positionIds, cache: cache,
-                           lastPositionOnly: lastPositionOnly, encoder: context)
     }
 }

@@ -208,7 +208,7 @@ struct T5DecoderBlock {
 /// features spliced in) runs the encoder; ``attending(to:attentionMask:)`` binds the decoder to its output as a
 /// ``CausalLanguageModel`` that `generate` drives from `[[decoderStartTokenId]]`. ``generate(inputIds:attentionMask:config:)``
 /// does both. Computation is fp32 whatever the stored precision.
-public final class T5ForConditionalGeneration: @unchecked Sendable {
+public final class T5ForConditionalGeneration: CrossAttendingModel, @unchecked Sendable {
     public let config: T5Config
     /// `shared`: the token embeddings of both stacks, and the lm_head when it is tied.
     let shared: Tensor
@@ -300,7 +300,7 @@ public final class T5ForConditionalGeneration: @unchecked Sendable {
     ///   - attentionMask: the encoder's `[B][S]` mask; nil attends to all.
     /// - Returns: a model whose passes take `B` rows, or `k·B` rows with row `r` attending to encoder row `r / k`
     ///   (beams or several sequences per input, as generate expands them).
-    public func attending(to encoderHiddenStates: Tensor, attentionMask: [[Int]]? = nil) throws -> T5Decoder {
+    public func attending(to encoderHiddenStates: Tensor, attentionMask: [[Int]]? = nil) throws -> CrossAttendingDecoder {
         guard encoderHiddenStates.rank == 3, encoderHiddenStates.shape[0] > 0, encoderHiddenStates.shape[1] > 0,
               encoderHiddenStates.shape[2] == config.dModel else {
             throw ModelError.invalidInput("encoder hidden states must be [B, S, \(config.dModel)], got \(encoderHiddenStates.shape)")
@@ -310,7 +310,7 @@ public final class T5ForConditionalGeneration: @unchecked Sendable {
                                             values: decoderBlocks.map { $0.crossAttention.value(encoderHiddenStates) },
                                             mask: try encoderKeyPaddingMask(attentionMask, batch: batch, length: length),
                                             batch: batch, length: length)
-        return T5Decoder(model: self, context: context)
+        return CrossAttendingDecoder(model: self, context: context)
     }
 
     /// transformers' `generate` for this encoder–decoder: the prompts are encoded once, then every row decodes from
@@ -346,12 +346,19 @@ public final class T5ForConditionalGeneration: @unchecked Sendable {
         return embeddingColumns(table, ids: buckets).reshaped([config.numHeads, queryLength, keyLength])
     }
 
-    func decoderLogits(inputsEmbeds: Tensor, attentionMask: [[Int]]?, cache: KVCache?, lastPositionOnly: Bool,
-                       encoder: CrossAttentionContext) throws -> Tensor {
+    /// The decoder's self-attention cache.
+    func makeCache(batch: Int, capacity: Int) throws -> KVCache {
+        try makeBoundedCache(batch: batch, capacity: capacity, layers: decoderBlocks.count, width: config.innerSize)
+    }
+
+    /// The decoder's logits. Position ids are ignored: its self-attention bias counts positions from the cache's
+    /// length, as transformers' does.
+    func logits(inputsEmbeds: Tensor, attentionMask: [[Int]]?, positionIds: [[Int]]?, cache: KVCache?,
+                lastPositionOnly: Bool, encoder: CrossAttentionContext?) throws -> Tensor {
         let pass = try DecoderPass(inputsEmbeds: inputsEmbeds, width: config.dModel, attentionMask: attentionMask,
                                    cache: cache, layers: decoderBlocks.count, cacheWidth: config.innerSize)
         let (batch, length, past) = (pass.batch, pass.length, pass.past)
-        try encoder.check(rows: batch)
+        try encoder?.check(rows: batch)
         if length == 0 { return Tensor(zeros: [batch, 0, config.vocabSize]) }
         let eps = config.layerNormEpsilon
         let bias = positionBias(decoderPositionTable, bidirectional: false, queryLength: length, keyLength: past + length,
@@ -369,11 +376,14 @@ public final class T5ForConditionalGeneration: @unchecked Sendable {
                                      scoreBias: bias, keyLength: past + length, causal: true,
                                      keyPaddingMask: pass.keyPaddingMask)
             hidden = projections.output(attended, residual: hidden)
-            let operands = encoder.operands(layer: index, rows: batch)
-            let crossQuery = block.crossAttention.query(rmsNorm(hidden, weight: block.crossNorm, eps: eps))
-            let crossAttended = attention(query: crossQuery, key: operands.keys, value: operands.values,
-                                          heads: config.numHeads, keyPaddingMask: operands.mask, scale: 1)
-            hidden = block.feedForward(block.crossAttention.output(crossAttended, residual: hidden))
+            if let encoder {
+                let operands = encoder.operands(layer: index, rows: batch)
+                let crossQuery = block.crossAttention.query(rmsNorm(hidden, weight: block.crossNorm, eps: eps))
+                let crossAttended = attention(query: crossQuery, key: operands.keys, value: operands.values,
+                                              heads: config.numHeads, keyPaddingMask: operands.mask, scale: 1)
+                hidden = block.crossAttention.output(crossAttended, residual: hidden)
+            }
+            hidden = block.feedForward(hidden)
         }
         cache?.advance(by: length)
         hidden = rmsNorm(hidden, weight: decoderFinalNorm, eps: eps)
@@ -385,38 +395,5 @@ public final class T5ForConditionalGeneration: @unchecked Sendable {
             hidden = scaled(hidden, by: Float(pow(Double(config.dModel), -0.5)))
         }
         return lmHead(hidden)
-    }
-}
-
-/// T5's decoder bound to one encoder output (from ``T5ForConditionalGeneration/attending(to:attentionMask:)``): a
-/// ``CausalLanguageModel`` that `generate` drives like any other, from `[[decoderStartTokenId]]` per row; each pass
-/// attends to the encoder keys and values computed at binding.
-///
-/// Position ids are ignored: T5's self-attention bias counts positions from the cache's length, as transformers does.
-public final class T5Decoder: CausalLanguageModel, @unchecked Sendable {
-    /// The encoder–decoder whose decoder this is.
-    public let model: T5ForConditionalGeneration
-    let context: CrossAttentionContext
-
-    init(model: T5ForConditionalGeneration, context: CrossAttentionContext) {
-        self.model = model
-        self.context = context
-    }
-
-    /// Rows of the encoder output this decoder attends to.
-    public var encoderBatch: Int { context.batch }
-
-    public var vocabularySize: Int { model.vocabularySize }
-
-    public func embed(_ ids: [[Int]]) throws -> Tensor { try model.embed(ids) }
-
-    public func makeCache(batch: Int, capacity: Int) throws -> KVCache {
-        try makeBoundedCache(batch: batch, capacity: capacity, layers: model.decoderBlocks.count, width: model.config.innerSize)
-    }
-
-    public func logits(inputsEmbeds: Tensor, attentionMask: [[Int]]? = nil, positionIds: [[Int]]? = nil,
-                       cache: KVCache? = nil, lastPositionOnly: Bool = false) throws -> Tensor {
-        try model.decoderLogits(inputsEmbeds: inputsEmbeds, attentionMask: attentionMask, cache: cache,
-                                lastPositionOnly: lastPositionOnly, encoder: context)
     }
 }
