@@ -48,7 +48,7 @@ public enum ModelTask: String, Sendable, CaseIterable {
     case caption
     /// Visual question answering.
     case ask
-    /// Image–text matching.
+    /// Image–text matching: how well each text describes each image.
     case match
     /// Zero-shot segmentation.
     case segment
@@ -98,11 +98,11 @@ public struct ModelFamily: Sendable {
 /// A new family is one line here (and its model file).
 public enum ModelRegistry {
     public static let families: [ModelFamily] = [
-        ModelFamily("CLIP", modelTypes: ["clip"], tasks: [.classify, .embed],
+        ModelFamily("CLIP", modelTypes: ["clip"], tasks: [.classify, .embed, .match],
                     builder: .imageTextDualEncoder { try CLIPModel(directory: $0) }),
-        ModelFamily("SigLIP", modelTypes: ["siglip"], tasks: [.classify, .embed],
+        ModelFamily("SigLIP", modelTypes: ["siglip"], tasks: [.classify, .embed, .match],
                     builder: .imageTextDualEncoder { try SiglipModel(directory: $0) }),
-        ModelFamily("SigLIP 2", modelTypes: ["siglip2"], tasks: [.classify, .embed],
+        ModelFamily("SigLIP 2", modelTypes: ["siglip2"], tasks: [.classify, .embed, .match],
                     builder: .imageTextDualEncoder { try Siglip2Model(directory: $0) }),
         ModelFamily("CLIPSeg", modelTypes: ["clipseg"], tasks: [.segment],
                     builder: .zeroShotSegmentation { try CLIPSegForImageSegmentation(directory: $0) }),

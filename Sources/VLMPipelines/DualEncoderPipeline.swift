@@ -5,6 +5,16 @@ import VLMModels
 import VLMTensor
 import VLMTokenizers
 
+/// How well one text describes one image, as a dual encoder scores the pair.
+public struct ImageTextSimilarity: Sendable, Equatable {
+    public var text: String
+    /// transformers' `logits_per_image`: the cosine similarity scaled by exp(`logit_scale`) (SigLIP's, SigLIP 2's:
+    /// plus `logit_bias`; their `sigmoid` is the probability that the text describes the image).
+    public var logit: Float
+    /// The cosine similarity of the projected image and text embeddings.
+    public var cosine: Float
+}
+
 /// What the image–text pipelines share: a dual-encoder model with its tokenizer and image processor, all read from
 /// one checkpoint directory.
 public final class DualEncoderPipeline: Sendable {
@@ -60,6 +70,25 @@ public final class DualEncoderPipeline: Sendable {
             throw PipelineError.textTooLong("<\(ids.count) token ids>", tokens: ids.count, limit: limit)
         }
         return try model.textFeatures(inputIds: [ids], attentionMask: [Array(repeating: 1, count: ids.count)])
+    }
+
+    /// How well each text describes each image, as the model's forward pass scores every pair (transformers'
+    /// `model(**processor(text=texts, images=images, padding=…))`), the texts padded as ``textEmbeddings(_:)`` pads
+    /// them: for image–text retrieval, rank the images by a text's logits or the texts by an image's.
+    ///
+    /// - Returns: for each image, every text's scores in the order given.
+    /// - Throws: `PipelineError.noInputs` without images or texts, `textTooLong` as ``textEmbeddings(_:)``.
+    public func similarities(_ images: [RGBImage], texts: [String]) throws -> [[ImageTextSimilarity]] {
+        guard !images.isEmpty, !texts.isEmpty else { throw PipelineError.noInputs }
+        let imageFeatures = try imageEmbeddings(images), textFeatures = try textEmbeddings(texts)
+        let logits = model.logitsPerImage(imageFeatures: imageFeatures, textFeatures: textFeatures).scalars
+        let cosines = matmul(l2Normalized(imageFeatures), l2Normalized(textFeatures), transposeB: true).scalars
+        return images.indices.map { image in
+            texts.indices.map {
+                let pair = image * texts.count + $0
+                return ImageTextSimilarity(text: texts[$0], logit: logits[pair], cosine: cosines[pair])
+            }
+        }
     }
 
     /// The text embeddings of the zero-shot pipeline's prompts when `zeroShot`, which it tokenizes with a length of

@@ -152,6 +152,6 @@ import VLMTensor
     @Test func otherFamiliesAreRefusedNamingTheirCommands() throws {
         let clip = Self.fixtures.appendingPathComponent("clip/tiny-quickgelu-argmax")
         let error = try #require(throws: ModelError.self) { try ImageToTextPipeline(directory: clip) }
-        #expect(error.description.contains("cannot run `vlm caption`; it runs with vlm classify, vlm embed"))
+        #expect(error.description.contains("cannot run `vlm caption`; it runs with vlm classify, vlm embed, vlm match"))
     }
 }

@@ -62,6 +62,20 @@ import VLMTensor
 
     /// Siglip2Tokenizer's ids: the file's vocabulary and merges under the class's own lowercasing pipeline, whatever
     /// the file's normalizer and pre-tokenizer say, `<eos>` from add_eos_token or the file's post-processor.
+    /// Image–text retrieval's scores: transformers' `logits_per_image` for the templated labels padded to 64, as
+    /// `vlm match` pads SigLIP 2's texts, and cosines that the logits scale and shift.
+    @Test(arguments: checkpoints)
+    func similaritiesAreTheModelsLogitsPerImage(_ checkpoint: String) throws {
+        let test = try Fixture(checkpoint)
+        let pipeline = try DualEncoderPipeline(directory: test.directory, task: .match, precision: .float32)
+        try TemplatedSimilarities.expect(pipeline, photos: test.photos, labels: test.expected.labels,
+                                         template: test.expected.template,
+                                         logitsPerImage: test.tensors.tensor("logits_per_image")) {
+            let model = try #require($0 as? Siglip2Model)
+            return (model.logitScale, model.logitBias)
+        }
+    }
+
     @Test(arguments: checkpoints)
     func tokenIdsAreSiglip2Tokenizers(_ checkpoint: String) throws {
         let test = try Fixture(checkpoint)

@@ -65,6 +65,20 @@ import VLMTensor
         #expect(Self.maxAbsDifference(try pipeline.textEmbeddings(test.expected.texts), try test.tensors.tensor("text_embeds")) < 1e-4)
     }
 
+    /// Image–text retrieval's scores: transformers' `logits_per_image` for the templated labels padded to 64, which
+    /// is also what `vlm match` pads to for "tiny-tanh-fp16" (its model_max_length), and cosines that the logits
+    /// scale and shift.
+    @Test func similaritiesAreTheModelsLogitsPerImage() throws {
+        let test = try Fixture("tiny-tanh-fp16")
+        let pipeline = try DualEncoderPipeline(directory: test.directory, task: .match, precision: .float32)
+        try TemplatedSimilarities.expect(pipeline, photos: test.photos, labels: test.expected.labels,
+                                         template: test.expected.template,
+                                         logitsPerImage: test.tensors.tensor("logits_per_image")) {
+            let model = try #require($0 as? SiglipModel)
+            return (model.logitScale, model.logitBias)
+        }
+    }
+
     @Test(arguments: checkpoints)
     func scoresAreThePipelinesSigmoids(_ checkpoint: String) throws {
         let test = try Fixture(checkpoint)

@@ -2,6 +2,7 @@ import Foundation
 import Testing
 import VLMCheckpoint
 import VLMImages
+import VLMModels
 import VLMPipelines
 import VLMTensor
 
@@ -100,6 +101,20 @@ import VLMTensor
         let clear = zip(results, test.expected.zero_shot).filter { $1.scores[0].score - $1.scores[1].score >= 0.01 }
         #expect(clear.count >= 3)
         #expect(clear.map { $0.0.first?.label } == clear.map { $0.1.scores.first?.label })
+    }
+
+    /// Image–text retrieval's scores: transformers' `logits_per_image` for the templated labels, which the oracle
+    /// tokenized as `vlm match` pads CLIP's texts (to the longest), and cosines that the logits scale.
+    @Test(arguments: checkpoints)
+    func similaritiesAreTheModelsLogitsPerImage(_ checkpoint: String) throws {
+        let test = try Fixture(checkpoint)
+        let pipeline = try DualEncoderPipeline(directory: test.directory, task: .match, precision: .float32)
+        try TemplatedSimilarities.expect(pipeline, photos: test.photos, labels: test.expected.labels,
+                                         template: test.expected.template,
+                                         logitsPerImage: test.tensors.tensor("logits_per_image")) {
+            let model = try #require($0 as? CLIPModel)
+            return (model.logitScale, 0)
+        }
     }
 
     @Test func precisionDefaultsToTheCheckpointsOwn() throws {

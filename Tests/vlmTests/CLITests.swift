@@ -55,7 +55,9 @@ struct CLI {
         let texts: [String]
         let input_ids: [[Int]]
         let attention_mask: [[Int]]
+        let photos: [String]
         let labels: [String]
+        let template: String
         let zero_shot: [Classified]
     }
 
@@ -91,6 +93,25 @@ struct CLI {
         let lines = run.stdout.split(separator: "\n")
         #expect(lines.count == 3)
         #expect(lines.first.map(String.init) == photo("coffee.png"))
+    }
+
+    /// Every photo against every templated label: transformers' `logits_per_image`, pair by pair in the order given.
+    @Test func matchPrintsTheModelsLogitsPerImage() throws {
+        let prompts = expected.labels.map { expected.template.replacingOccurrences(of: "{}", with: $0) }
+        let run = try CLI.run(["match"] + expected.photos.map(photo) + ["--model", model.path, "--texts",
+                               prompts.joined(separator: ","), "--json"])
+        #expect(run.status == 0, "\(run.stderr)")
+        let pairs = try #require(try CLI.json(run) as? [[String: Any]])
+        #expect(pairs.map { $0["image"] as? String } == expected.photos.flatMap { Array(repeating: photo($0), count: prompts.count) })
+        #expect(pairs.map { $0["text"] as? String } == Array(repeating: prompts, count: expected.photos.count).flatMap { $0 })
+        #expect(pairs.allSatisfy { Set($0.keys) == ["image", "text", "logit", "cosine"] })
+        let logits = try SafetensorsFile(url: model.appendingPathComponent("expected.safetensors")).tensor("logits_per_image")
+        #expect(logits.shape == [expected.photos.count, prompts.count])
+        for (pair, want) in zip(pairs, logits.scalars) { #expect(abs((pair["logit"] as? Double ?? .nan) - Double(want)) < 1e-4) }
+
+        let table = try CLI.run(["match", photo("coffee.png"), "--model", model.path, "--texts", "a cat, a cup of coffee"])
+        #expect(table.status == 0, "\(table.stderr)")
+        #expect(table.stdout.split(separator: "\n").map { $0.hasPrefix("  logit ") } == [false, true, true])
     }
 
     func embeddings(_ arguments: [String]) throws -> [[Double]] {
@@ -280,7 +301,7 @@ struct CLI {
                                mentioning: "OPT checkpoint (model_type \"opt\") cannot run `vlm classify`; it runs with vlm generate, vlm chat")
         try expectOneLineError(["embed", "--model", opt, "--text", "a"], mentioning: "cannot run `vlm embed`")
         try expectOneLineError(["generate", "--model", model.path, "--prompt", "a"],
-                               mentioning: "CLIP checkpoint (model_type \"clip\") cannot run `vlm generate`; it runs with vlm classify, vlm embed")
+                               mentioning: "CLIP checkpoint (model_type \"clip\") cannot run `vlm generate`; it runs with vlm classify, vlm embed, vlm match")
         try expectOneLineError(["chat", "--model", model.path], mentioning: "cannot run `vlm chat`")
     }
 

@@ -82,6 +82,6 @@ import VLMCheckpoint
 
     @Test func otherCommandsAreRefused() throws {
         try CLIBadInputTests().expectOneLineError(["caption", photo(0), "--model", model.path],
-                                                  mentioning: "SigLIP 2 checkpoint (model_type \"siglip2\") cannot run `vlm caption`; it runs with vlm classify, vlm embed")
+                                                  mentioning: "SigLIP 2 checkpoint (model_type \"siglip2\") cannot run `vlm caption`; it runs with vlm classify, vlm embed, vlm match")
     }
 }

@@ -68,7 +68,7 @@ import VLMCheckpoint
     @Test func otherCommandsAndFamiliesAreRefusedAsBefore() throws {
         let bad = CLIBadInputTests()
         try bad.expectOneLineError(["generate", "--model", model.path, "--prompt", "a"],
-                                   mentioning: "SigLIP checkpoint (model_type \"siglip\") cannot run `vlm generate`; it runs with vlm classify, vlm embed")
+                                   mentioning: "SigLIP checkpoint (model_type \"siglip\") cannot run `vlm generate`; it runs with vlm classify, vlm embed, vlm match")
         let blip = CLI.fixtures.appendingPathComponent("image-to-text/blip-captioning").path
         try bad.expectOneLineError(["classify", photo("chelsea.png"), "--model", blip, "--labels", "a,b"],
                                    mentioning: "cannot run `vlm classify`; it runs with vlm caption")
