@@ -139,3 +139,11 @@ final class StopStringCriteria: Sendable {
         return [StopStringCriterion(stopStrings: settings.stopStrings, tokenBytes: bytes)]
     }
 }
+
+extension TextGenerationPipeline {
+    /// The perplexity of `text`, tokenized as the tokenizer does by default (special tokens included), under the
+    /// model; see ``CausalLanguageModel/perplexity(of:context:stride:)``.
+    public func perplexity(of text: String, context: Int, stride: Int) throws -> Perplexity {
+        try model.perplexity(of: tokenizer.encode(text).ids, context: context, stride: stride)
+    }
+}

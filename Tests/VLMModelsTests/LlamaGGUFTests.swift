@@ -81,6 +81,40 @@ struct SmolLM2GGUFTests {
                     "\(testCase.text)")
         }
     }
+
+    struct PerplexityExpected: Decodable {
+        struct Window: Decodable { let begin: Int; let end: Int; let loss: Double; let scored: Int }
+        let input_ids: [Int]
+        let context: Int
+        let stride: Int
+        let windows: [Window]
+        let scored: Int
+        let nll: Double
+        let perplexity: Double
+    }
+
+    /// A passage of Pride and Prejudice in windows of 128 tokens every 64 (oracle/language_model_loss.py): each
+    /// window's loss within the logits' tolerance of transformers', the same tokens scored.
+    @Test func perplexityMatchesTransformers() throws {
+        let model = try LlamaForCausalLM(gguf: try #require(SmolLM2.url))
+        let expected = try JSONDecoder().decode(PerplexityExpected.self, from: Data(contentsOf: SmolLM2.packageRoot
+            .appendingPathComponent("Tests/Fixtures/llama/smollm2-perplexity.json")))
+        let ids = expected.input_ids
+        var reached = 0
+        for window in expected.windows {
+            let part = Array(ids[window.begin..<window.end])
+            let scoredFrom = part.count - (window.end - reached)
+            let labels = part.indices.map { $0 < scoredFrom ? ignoredLabel : part[$0] }
+            let nll = try model.negativeLogLikelihood(inputIds: [part], labels: [labels])
+            #expect(nll.count == window.scored)
+            #expect(abs(nll.mean - window.loss) < Double(Self.tolerance), "window \(window.begin)..<\(window.end)")
+            reached = window.end
+        }
+        let result = try model.perplexity(of: ids, context: expected.context, stride: expected.stride)
+        #expect(result.windows == expected.windows.count && result.negativeLogLikelihood.count == expected.scored)
+        #expect(abs(result.negativeLogLikelihood.mean - expected.nll) < Double(Self.tolerance))
+        #expect(abs(result.perplexity / expected.perplexity - 1) < Double(Self.tolerance))
+    }
 }
 
 /// qwen2-tiny.gguf (oracle/llama.py): a tiny random Qwen2 written as llama.cpp writes Qwen2 (no Q/K permutation,

@@ -1,0 +1,115 @@
+import Foundation
+import VLMTensor
+
+/// transformers' `ignore_index`: a label that the loss leaves out (a prompt's tokens in supervised fine-tuning,
+/// padding).
+public let ignoredLabel = -100
+
+/// A sum of per-token negative log-likelihoods and how many tokens it holds.
+public struct NegativeLogLikelihood: Sendable, Equatable {
+    public var sum: Double
+    public var count: Int
+
+    /// The mean, transformers' `loss`; NaN over no tokens, as torch's mean over nothing is.
+    public var mean: Double { count == 0 ? .nan : sum / Double(count) }
+}
+
+extension CausalLanguageModel {
+    /// transformers' `model(input_ids, attention_mask=…, labels=labels).loss`: the mean cross-entropy of each
+    /// position's logits against the next position's label, over every label that is not ``ignoredLabel``.
+    ///
+    /// - Parameters:
+    ///   - labels: `[B][T]` like `inputIds` (usually the ids themselves with the prompt and padding set to -100);
+    ///     position `t`'s logits are scored against `labels[b][t + 1]`, so each row's first label never counts.
+    /// - Throws: `ModelError.invalidInput` for labels of another shape or outside the vocabulary.
+    public func loss(inputIds: [[Int]], attentionMask: [[Int]]? = nil, labels: [[Int]]) throws -> Float {
+        Float(try negativeLogLikelihood(inputIds: inputIds, attentionMask: attentionMask, labels: labels).mean)
+    }
+
+    /// The sum behind ``loss(inputIds:attentionMask:labels:)`` and the number of labels it counts, for averaging
+    /// over several passes (a perplexity's windows).
+    public func negativeLogLikelihood(inputIds: [[Int]], attentionMask: [[Int]]? = nil,
+                                      labels: [[Int]]) throws -> NegativeLogLikelihood {
+        guard labels.count == inputIds.count, zip(labels, inputIds).allSatisfy({ $0.count == $1.count }) else {
+            throw ModelError.invalidInput("labels must have the shape of the input ids")
+        }
+        let vocabulary = vocabularySize
+        if let label = labels.joined().first(where: { $0 != ignoredLabel && !(0..<vocabulary).contains($0) }) {
+            throw ModelError.invalidInput("label \(label) is outside the vocabulary of \(vocabulary) (use \(ignoredLabel) to leave a position out)")
+        }
+        let logits = try self.logits(inputIds: inputIds, attentionMask: attentionMask)
+        let length = inputIds.first?.count ?? 0
+        var total = NegativeLogLikelihood(sum: 0, count: 0)
+        logits.withUnsafeBufferPointer { scores in
+            for (row, rowLabels) in labels.enumerated() {
+                for position in 0..<max(length - 1, 0) where rowLabels[position + 1] != ignoredLabel {
+                    let start = (row * length + position) * vocabulary
+                    let nll = crossEntropy(UnsafeBufferPointer(rebasing: scores[start..<(start + vocabulary)]),
+                                           label: rowLabels[position + 1])
+                    total.sum += Double(nll)
+                    total.count += 1
+                }
+            }
+        }
+        return total
+    }
+}
+
+/// −log softmax(scores)[label] in float32, as torch's `cross_entropy` computes it: shifted by the maximum, the
+/// exponentials summed, their log taken.
+func crossEntropy(_ scores: UnsafeBufferPointer<Float>, label: Int) -> Float {
+    let maximum = scores.max() ?? 0
+    var sum: Float = 0
+    for score in scores { sum += expf(score - maximum) }
+    return maximum + logf(sum) - scores[label]
+}
+
+/// The perplexity of a token sequence under a language model: exp of the mean negative log-likelihood of every
+/// token after the first.
+public struct Perplexity: Sendable, Equatable {
+    /// Tokens in the sequence.
+    public var tokens: Int
+    /// Windows the model read.
+    public var windows: Int
+    /// Over every token after the first, each scored once.
+    public var negativeLogLikelihood: NegativeLogLikelihood
+
+    public var perplexity: Double { exp(negativeLogLikelihood.mean) }
+}
+
+extension CausalLanguageModel {
+    /// The perplexity of `ids` by the strided sliding-window recipe of transformers' perplexity guide: windows of
+    /// `context` tokens starting every `stride` tokens, each scoring the tokens the window before did not reach, so
+    /// that every token after the first `context` is scored with at least `context − stride` tokens before it. The
+    /// guide counts each window's scored tokens as its unmasked labels less one, one too few after the first window;
+    /// this weights each window by the tokens it really scores.
+    ///
+    /// - Throws: `ModelError.invalidInput` for fewer than two tokens, a `context` under 2 or over the model's
+    ///   positions, or a `stride` outside 1..<`context` (windows that do not overlap could not score their first
+    ///   tokens, which have nothing before them in their window).
+    public func perplexity(of ids: [Int], context: Int, stride: Int) throws -> Perplexity {
+        guard ids.count >= 2 else { throw ModelError.invalidInput("a perplexity needs at least two tokens, got \(ids.count)") }
+        guard context >= 2 else { throw ModelError.invalidInput("the context must be at least 2 tokens, got \(context)") }
+        if let limit = contextLength, context > limit {
+            throw ModelError.invalidInput("a context of \(context) tokens exceeds the model's \(limit) positions")
+        }
+        guard (1..<context).contains(stride) else {
+            throw ModelError.invalidInput("the stride must be from 1 to less than the context (\(context)), got \(stride)")
+        }
+        var total = NegativeLogLikelihood(sum: 0, count: 0)
+        var (windows, reached) = (0, 0)
+        for begin in Swift.stride(from: 0, to: ids.count, by: stride) {
+            let end = min(begin + context, ids.count)
+            let window = Array(ids[begin..<end])
+            let scoredFrom = window.count - (end - reached)
+            let labels = window.indices.map { $0 < scoredFrom ? ignoredLabel : window[$0] }
+            let part = try negativeLogLikelihood(inputIds: [window], labels: [labels])
+            total.sum += part.sum
+            total.count += part.count
+            windows += 1
+            reached = end
+            if end == ids.count { break }
+        }
+        return Perplexity(tokens: ids.count, windows: windows, negativeLogLikelihood: total)
+    }
+}
