@@ -304,4 +304,9 @@ public final class CLIPModel: ImageTextDualEncoder {
     public func labelProbabilities(logitsPerImage: Tensor) -> Tensor {
         softmax(logitsPerImage)
     }
+
+    /// `return_loss=True`'s loss; see ``ImageTextDualEncoder/contrastiveLoss(logitsPerImage:)``.
+    public func contrastiveLoss(logitsPerImage: Tensor) throws -> Float {
+        try clipContrastiveLoss(logitsPerImage: logitsPerImage)
+    }
 }

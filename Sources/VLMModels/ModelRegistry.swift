@@ -14,6 +14,11 @@ public protocol ImageTextDualEncoder: AnyObject, Sendable {
     /// The zero-shot-image-classification pipeline's scores for `logitsPerImage` [images, labels], each image's row
     /// over the candidate labels.
     func labelProbabilities(logitsPerImage: Tensor) -> Tensor
+    /// The loss the model's forward returns with `return_loss=True` for `logitsPerImage` [N, N] of N pairs, image i
+    /// described by text i: CLIP's symmetric cross-entropy, SigLIP's sigmoid loss.
+    ///
+    /// - Throws: `ModelError.invalidInput` unless the logits are square.
+    func contrastiveLoss(logitsPerImage: Tensor) throws -> Float
     /// How the texts of a batch are padded for the text tower.
     var textPadding: DualEncoderTextPadding { get }
     var embeddingSize: Int { get }

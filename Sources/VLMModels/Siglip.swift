@@ -304,6 +304,11 @@ public final class SiglipModel: ImageTextDualEncoder {
     public func labelProbabilities(logitsPerImage: Tensor) -> Tensor {
         activation(logitsPerImage, .sigmoid)
     }
+
+    /// `return_loss=True`'s loss; see ``ImageTextDualEncoder/contrastiveLoss(logitsPerImage:)``.
+    public func contrastiveLoss(logitsPerImage: Tensor) throws -> Float {
+        try sigmoidContrastiveLoss(logitsPerImage: logitsPerImage)
+    }
 }
 
 /// SigLIP's and SigLIP 2's `logits_per_image`: exp(`scale`) × the cosine similarity of each image–text pair + `bias`,

@@ -218,4 +218,9 @@ public final class Siglip2Model: ImageTextDualEncoder {
     public func labelProbabilities(logitsPerImage: Tensor) -> Tensor {
         activation(logitsPerImage, .sigmoid)
     }
+
+    /// `return_loss=True`'s loss; see ``ImageTextDualEncoder/contrastiveLoss(logitsPerImage:)``.
+    public func contrastiveLoss(logitsPerImage: Tensor) throws -> Float {
+        try sigmoidContrastiveLoss(logitsPerImage: logitsPerImage)
+    }
 }

@@ -62,6 +62,7 @@ func maxAbsDifference(_ a: Tensor, _ b: Tensor) -> Float {
         let prompts = try model.textFeatures(inputIds: fixture.expected.prompt_ids, attentionMask: fixture.expected.prompt_mask)
         let logits = model.logitsPerImage(imageFeatures: images, textFeatures: prompts)
         #expect(maxAbsDifference(logits, try fixture.tensors.tensor("logits_per_image")) < 1e-4)
+        try expectContrastiveLoss(model, logitsPerImage: logits, fixture: "clip/\(name)")
     }
 
     @Test func pixelValuesOfTheWrongSizeAreRefused() throws {

@@ -98,6 +98,7 @@ struct Siglip2Fixture {
         let prompts = try model.textFeatures(inputIds: fixture.expected.prompt_ids, attentionMask: fixture.expected.prompt_mask)
         let logits = model.logitsPerImage(imageFeatures: images, textFeatures: prompts)
         #expect(maxAbsDifference(logits, try fixture.tensors.tensor("logits_per_image")) < 1e-4)
+        try expectContrastiveLoss(model, logitsPerImage: logits, fixture: "siglip2/\(name)")
     }
 
     /// F.interpolate(mode="bilinear", align_corners=False, antialias=True), shrinking, growing and both at once.

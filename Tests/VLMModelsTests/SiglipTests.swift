@@ -70,6 +70,7 @@ struct SiglipFixture {
         let prompts = try model.textFeatures(inputIds: fixture.expected.prompt_ids, attentionMask: fixture.expected.prompt_mask)
         let logits = model.logitsPerImage(imageFeatures: images, textFeatures: prompts)
         #expect(maxAbsDifference(logits, try fixture.tensors.tensor("logits_per_image")) < 1e-4)
+        try expectContrastiveLoss(model, logitsPerImage: logits, fixture: "siglip/\(name)")
     }
 
     /// What a VLM reads from the tower: transformers' `hidden_states` by index, 0 the embeddings, -1 the last

@@ -1,0 +1,43 @@
+import Foundation
+import VLMTensor
+
+// The losses transformers' dual encoders return with `return_loss=True`, for a batch of pairs: N images and N texts,
+// image i described by text i.
+
+/// The pairs' side, throwing unless `logitsPerImage` is square.
+private func pairCount(_ logitsPerImage: Tensor) throws -> Int {
+    guard logitsPerImage.rank == 2, logitsPerImage.shape[0] == logitsPerImage.shape[1], logitsPerImage.shape[0] > 0 else {
+        throw ModelError.invalidInput("a contrastive loss needs as many images as texts, image i paired with text i: got logits \(logitsPerImage.shape)")
+    }
+    return logitsPerImage.shape[0]
+}
+
+/// CLIP's `clip_loss`: the mean of the cross-entropy of each text's row over the images and of each image's row
+/// over the texts, the pair's own entry the target.
+func clipContrastiveLoss(logitsPerImage: Tensor) throws -> Float {
+    let n = try pairCount(logitsPerImage)
+    let perImage = logitsPerImage.scalars
+    let perText = (0..<(n * n)).map { perImage[($0 % n) * n + $0 / n] }
+    func meanCrossEntropy(_ rows: [Float]) -> Float {
+        rows.withUnsafeBufferPointer { scores in
+            (0..<n).reduce(Float(0)) { $0 + crossEntropy(UnsafeBufferPointer(rebasing: scores[($1 * n)..<(($1 + 1) * n)]), label: $1) } / Float(n)
+        }
+    }
+    return (meanCrossEntropy(perText) + meanCrossEntropy(perImage)) / 2
+}
+
+/// SigLIP's sigmoid loss: for each text, −Σ log σ(±logit) over the images (+ for its own image, − for the others),
+/// averaged over the texts.
+func sigmoidContrastiveLoss(logitsPerImage: Tensor) throws -> Float {
+    let n = try pairCount(logitsPerImage)
+    let perImage = logitsPerImage.scalars
+    var total: Float = 0
+    for text in 0..<n {
+        for image in 0..<n {
+            let x = (text == image ? 1 : -1) * perImage[image * n + text]
+            // log σ(x) without overflow: min(x, 0) − log(1 + e^−|x|).
+            total -= min(x, 0) - log1pf(expf(-abs(x)))
+        }
+    }
+    return total / Float(n)
+}
