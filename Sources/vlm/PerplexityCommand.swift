@@ -16,7 +16,7 @@ struct PerplexityCommand: AsyncParsableCommand {
     @Option(help: "The text to score (instead of --file).")
     var text: String?
 
-    @Option(help: "Tokens per window the model reads at once.")
+    @Option(help: "Tokens per window the model reads at once (a window's logits take context × vocabulary × 4 bytes).")
     var context = 512
 
     @Option(help: "Tokens from one window's start to the next, less than the context; each window scores the tokens the one before did not reach. Default: half the context, so every token after the first window has at least that many before it.")
