@@ -9,6 +9,10 @@ Tests/Fixtures/decoders/loss.json: for tiny checkpoints of every decoder family,
 labels=labels).loss` for a right-padded batch whose labels leave out each row's prompt and padding with -100 (as
 supervised fine-tuning masks them), and for one unpadded row whose every label counts.
 
+Tests/Fixtures/llama/smollm2-prompt-logprobs.json (with --smollm2): each token's log-probability given those before it
+and the two most likely tokens at each position, for a prompt under SmolLM2-135M-Instruct Q4_1 (what OpenAI's
+completions return for the prompt with `echo` and `logprobs`), then the greedy next token's.
+
 Tests/Fixtures/llama/smollm2-perplexity.json (with --smollm2): the perplexity of a passage of public-domain prose
 under SmolLM2-135M-Instruct Q4_1 (dequantized to fp32, as transformers loads GGUF files), by the strided
 sliding-window recipe of transformers' perplexity guide: windows of `context` tokens starting every `stride` tokens,
@@ -96,6 +100,26 @@ def perplexity(path, context=128, stride=64):
                 scored=scored_total, nll=nll, perplexity=float(torch.exp(torch.tensor(nll, dtype=torch.float64))))
 
 
+def prompt_logprobs(path, text="The capital of France is Paris, and the capital of Italy is", top=2):
+    """Each prompt token's log-probability given those before it, and the `top` most likely tokens there (OpenAI's
+    completions with echo and logprobs), then the greedy next token's."""
+    from transformers import AutoTokenizer
+    directory, file = os.path.split(path)
+    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=file)
+    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=file, dtype=torch.float32).eval()
+    ids = tokenizer(text, return_tensors="pt").input_ids
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
+    positions = []
+    for position in range(1, ids.shape[1] + 1):
+        row = logprobs[position - 1]
+        best = row.topk(top)
+        token = ids[0, position].item() if position < ids.shape[1] else best.indices[0].item()
+        positions.append(dict(token=token, logprob=row[token].item(), top_ids=best.indices.tolist(),
+                              top_logprobs=best.values.tolist()))
+    return dict(file=file, text=text, input_ids=ids[0].tolist(), top=top, positions=positions)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--smollm2", help="path of SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -108,6 +132,8 @@ def main():
     if args.smollm2:
         with open(os.path.join(FIXTURES, "llama", "smollm2-perplexity.json"), "w") as f:
             json.dump(perplexity(args.smollm2), f, indent=1)
+        with open(os.path.join(FIXTURES, "llama", "smollm2-prompt-logprobs.json"), "w") as f:
+            json.dump(prompt_logprobs(args.smollm2), f, indent=1)
 
 
 if __name__ == "__main__":

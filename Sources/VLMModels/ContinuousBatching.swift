@@ -427,7 +427,7 @@ private final class Row {
 }
 
 /// The `count` highest log-probabilities, best first (ties by lower id).
-private func mostLikely(_ logprobs: [Float], count: Int) -> [TokenLogprob] {
+func mostLikely(_ logprobs: [Float], count: Int) -> [TokenLogprob] {
     largestIndices(logprobs, count: count).map { TokenLogprob(id: $0, logprob: logprobs[$0]) }
 }
 

@@ -55,6 +55,21 @@ extension CausalLanguageModel {
     }
 }
 
+extension CausalLanguageModel {
+    /// Each token of `ids` after the first with its log-probability given the tokens before it and the `top` most
+    /// likely tokens there (float32 log-softmax, as generation reports its own tokens'), from one pass over `ids`:
+    /// what OpenAI's completions return for the prompt with `echo` and `logprobs`.
+    public func promptLogprobs(_ ids: [Int], top: Int) throws -> [BatchToken] {
+        guard ids.count > 1 else { return [] }
+        let scores = try logits(inputIds: [ids]).scalars
+        let vocabulary = vocabularySize
+        return (1..<ids.count).map { position in
+            let logprobs = logSoftmax(Array(scores[((position - 1) * vocabulary)..<(position * vocabulary)]))
+            return BatchToken(id: ids[position], logprob: logprobs[ids[position]], topLogprobs: mostLikely(logprobs, count: top))
+        }
+    }
+}
+
 /// −log softmax(scores)[label] in float32, as torch's `cross_entropy` computes it: shifted by the maximum, the
 /// exponentials summed, their log taken.
 func crossEntropy(_ scores: UnsafeBufferPointer<Float>, label: Int) -> Float {

@@ -13,9 +13,6 @@ extension VLMServer {
         requested.logprobs = try fields.int("logprobs", in: 0...20)
         let sampling = requested
         let echo = try fields.bool("echo") ?? false
-        if echo && sampling.logprobs != nil {
-            throw APIError.invalid("'echo' with 'logprobs' (the prompt's log-probabilities) is not supported", param: "echo")
-        }
         let pipeline: TextGenerationPipeline, batcher: ContinuousBatcher
         switch model.role {
         case let .text(text, textBatcher): (pipeline, batcher) = (text, textBatcher)
@@ -31,6 +28,16 @@ extension VLMServer {
                               configuration: configuration)
         }
         let echoes = echo ? prompts.map { pipeline.tokenizer.decode($0, skipSpecialTokens: false) } : []
+        // With logprobs, the echoed prompt's tokens carry theirs too (the first, with nothing before it, none).
+        let promptLogprobs: [[BatchToken?]]
+        if echo, let top = sampling.logprobs {
+            let languageModel = pipeline.model
+            promptLogprobs = try await heavyWork.run(maxImagePixels: configuration.maxImagePixels) {
+                try prompts.map { [nil] + (try languageModel.promptLogprobs($0, top: top)) }
+            }
+        } else {
+            promptLogprobs = []
+        }
         let id = "cmpl-" + UUID().uuidString.replacingOccurrences(of: "-", with: "").lowercased()
         let created = Int(Date().timeIntervalSince1970)
         let stops = sampling.stop
@@ -40,22 +47,26 @@ extension VLMServer {
         let promptTokens = prompts.reduce(0) { $0 + $1.count }
         let n = sampling.n
 
-        /// OpenAI's legacy logprobs object for some tokens of one choice, offsets counted from `offset`.
-        @Sendable func logprobs(_ tokens: [BatchToken], texts: [String], offset: Int) -> JSONValue {
+        @Sendable func tokenText(_ id: Int) -> String { String(decoding: tokenTable[safe: id] ?? [], as: UTF8.self) }
+        /// OpenAI's legacy logprobs object for some tokens of one choice, offsets counted from `offset`; a nil token
+        /// (an echoed prompt's first) has null log-probabilities.
+        @Sendable func logprobs(_ tokens: [BatchToken?], ids: [Int], offset: Int) -> JSONValue {
             var offsets: [JSONValue] = []
             var position = offset
-            for text in texts {
+            for id in ids {
                 offsets.append(.int(position))
-                position += text.utf16.count
+                position += tokenText(id).utf16.count
             }
-            return ["tokens": .array(texts.map(JSONValue.string)),
-                    "token_logprobs": .array(tokens.map { .float($0.logprob ?? 0) }),
+            return ["tokens": .array(ids.map { .string(tokenText($0)) }),
+                    "token_logprobs": .array(tokens.map { $0.map { .float($0.logprob ?? 0) } ?? .null }),
                     "top_logprobs": .array(tokens.map { token in
-                        .object(token.topLogprobs.map { (String(decoding: tokenTable[safe: $0.id] ?? [], as: UTF8.self), .float($0.logprob)) })
+                        token.map { .object($0.topLogprobs.map { (tokenText($0.id), .float($0.logprob)) }) } ?? .null
                     }),
                     "text_offset": .array(offsets)]
         }
-        @Sendable func tokenText(_ id: Int) -> String { String(decoding: tokenTable[safe: id] ?? [], as: UTF8.self) }
+        @Sendable func echoedLogprobs(_ promptIndex: Int) -> JSONValue {
+            promptLogprobs.isEmpty ? .null : logprobs(promptLogprobs[promptIndex], ids: prompts[promptIndex], offset: 0)
+        }
 
         if sampling.stream {
             return .events { send in
@@ -71,13 +82,17 @@ extension VLMServer {
                         if sampling.includeUsage { object.append(("usage", .null)) }
                         try await send(.object(object))
                     }
-                    if echo { for choice in 0..<n { try await sendChoice(choice, text: echoes[promptIndex]) } }
+                    if echo {
+                        for choice in 0..<n {
+                            try await sendChoice(choice, text: echoes[promptIndex], logprobs: echoedLogprobs(promptIndex))
+                        }
+                    }
                     for try await (choice, event) in run.events() {
                         switch progress.take(choice, event) {
                         case nil: continue
                         case .token(let token, let piece)?:
                             if sampling.logprobs != nil {
-                                let entry = logprobs([token], texts: [tokenText(token.id)], offset: offsets[choice])
+                                let entry = logprobs([token], ids: [token.id], offset: offsets[choice])
                                 offsets[choice] += tokenText(token.id).utf16.count
                                 try await sendChoice(choice, text: piece, logprobs: entry)
                             } else if !piece.isEmpty {
@@ -123,7 +138,9 @@ extension VLMServer {
                 let prefix = echo ? echoes[promptIndex] : ""
                 choices.append(["text": .string(prefix + contents[choice]), "index": .int(promptIndex * n + choice),
                                 "logprobs": sampling.logprobs != nil
-                                    ? logprobs(tokens[choice], texts: tokens[choice].map { tokenText($0.id) }, offset: 0) : .null,
+                                    ? logprobs((echo ? promptLogprobs[promptIndex] : []) + tokens[choice].map { $0 },
+                                               ids: (echo ? prompts[promptIndex] : []) + tokens[choice].map(\.id), offset: 0)
+                                    : .null,
                                 "finish_reason": .string(reasons[choice])])
             }
         }

