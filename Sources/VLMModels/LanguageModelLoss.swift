@@ -60,13 +60,57 @@ extension CausalLanguageModel {
     /// likely tokens there (float32 log-softmax, as generation reports its own tokens'), from one pass over `ids`:
     /// what OpenAI's completions return for the prompt with `echo` and `logprobs`.
     public func promptLogprobs(_ ids: [Int], top: Int) throws -> [BatchToken] {
-        guard ids.count > 1 else { return [] }
-        let scores = try logits(inputIds: [ids]).scalars
+        try promptLogprobs(ids, top: top, chunk: Self.logitsChunk)
+    }
+
+    func promptLogprobs(_ ids: [Int], top: Int, chunk: Int) throws -> [BatchToken] {
+        var tokens: [BatchToken] = []
         let vocabulary = vocabularySize
-        return (1..<ids.count).map { position in
-            let logprobs = logSoftmax(Array(scores[((position - 1) * vocabulary)..<(position * vocabulary)]))
-            return BatchToken(id: ids[position], logprob: logprobs[ids[position]], topLogprobs: mostLikely(logprobs, count: top))
+        try forEachLogitsChunk(ids, chunk: chunk) { first, scores in
+            for row in 0..<(scores.count / vocabulary) where first + row + 1 < ids.count {
+                let logprobs = logSoftmax(Array(scores[(row * vocabulary)..<((row + 1) * vocabulary)]))
+                let next = ids[first + row + 1]
+                tokens.append(BatchToken(id: next, logprob: logprobs[next], topLogprobs: mostLikely(logprobs, count: top)))
+            }
         }
+        return tokens
+    }
+
+    /// Positions whose logits a long sequence's pass holds at once: 256 × a vocabulary of 152,000 is 156 MB, where
+    /// a whole 8,000-token prompt's would be 4.9 GB.
+    static var logitsChunk: Int { 256 }
+
+    /// The logits of one sequence `ids`, handed to `body` a chunk of about `chunk` positions at a time (`[count,
+    /// vocabulary]`, from position `first`), the chunks run over a KV cache so that each sees every token before it.
+    /// The chunks are as equal as can be: a short last one of 16 positions or fewer would take the decoding
+    /// products, whose numbers differ slightly from a prompt's.
+    func forEachLogitsChunk(_ ids: [Int], chunk: Int,
+                            _ body: (_ first: Int, _ scores: UnsafeBufferPointer<Float>) throws -> Void) throws {
+        let chunks = max(1, (ids.count + chunk - 1) / chunk)
+        let cache = chunks > 1 ? try makeCache(batch: 1, capacity: ids.count) : nil
+        var first = 0
+        for index in 0..<chunks {
+            let end = ids.count * (index + 1) / chunks
+            let logits = try self.logits(inputIds: [Array(ids[first..<end])], cache: cache)
+            try logits.withUnsafeBufferPointer { try body(first, $0) }
+            first = end
+        }
+    }
+
+    /// The negative log-likelihood of `ids[scoredFrom...]` (from 1 on), each token given every one before it.
+    func negativeLogLikelihood(_ ids: [Int], scoredFrom: Int, chunk: Int) throws -> NegativeLogLikelihood {
+        var total = NegativeLogLikelihood(sum: 0, count: 0)
+        let vocabulary = vocabularySize
+        try forEachLogitsChunk(ids, chunk: chunk) { first, scores in
+            for row in 0..<(scores.count / vocabulary) {
+                let next = first + row + 1
+                guard next < ids.count, next >= scoredFrom else { continue }
+                total.sum += Double(crossEntropy(UnsafeBufferPointer(rebasing: scores[(row * vocabulary)..<((row + 1) * vocabulary)]),
+                                                 label: ids[next]))
+                total.count += 1
+            }
+        }
+        return total
     }
 }
 
@@ -103,6 +147,10 @@ extension CausalLanguageModel {
     ///   positions, or a `stride` outside 1..<`context` (windows that do not overlap could not score their first
     ///   tokens, which have nothing before them in their window).
     public func perplexity(of ids: [Int], context: Int, stride: Int) throws -> Perplexity {
+        try perplexity(of: ids, context: context, stride: stride, chunk: Self.logitsChunk)
+    }
+
+    func perplexity(of ids: [Int], context: Int, stride: Int, chunk: Int) throws -> Perplexity {
         guard ids.count >= 2 else { throw ModelError.invalidInput("a perplexity needs at least two tokens, got \(ids.count)") }
         guard context >= 2 else { throw ModelError.invalidInput("the context must be at least 2 tokens, got \(context)") }
         if let limit = contextLength, context > limit {
@@ -116,9 +164,7 @@ extension CausalLanguageModel {
         for begin in Swift.stride(from: 0, to: ids.count, by: stride) {
             let end = min(begin + context, ids.count)
             let window = Array(ids[begin..<end])
-            let scoredFrom = window.count - (end - reached)
-            let labels = window.indices.map { $0 < scoredFrom ? ignoredLabel : window[$0] }
-            let part = try negativeLogLikelihood(inputIds: [window], labels: [labels])
+            let part = try negativeLogLikelihood(window, scoredFrom: window.count - (end - reached), chunk: chunk)
             total.sum += part.sum
             total.count += part.count
             windows += 1

@@ -1,7 +1,7 @@
 import Foundation
 import Testing
 import VLMCheckpoint
-import VLMModels
+@testable import VLMModels
 
 /// transformers' `labels=` loss (oracle/language_model_loss.py): a right-padded batch whose prompts and padding are
 /// labelled -100, as supervised fine-tuning masks them, and an unpadded row whose every label counts.
@@ -57,6 +57,23 @@ import VLMModels
         #expect(throws: ModelError.self) { try model.loss(inputIds: ids, labels: [[5, -1, 7]]) }
         // torch's mean over no labels.
         #expect(try model.loss(inputIds: ids, labels: [[5, ignoredLabel, ignoredLabel]]).isNaN)
+    }
+
+    /// A long sequence's logits come a chunk at a time over a KV cache: the same numbers as one pass.
+    @Test func chunkedLogitsAreOnePassesLogits() throws {
+        let model = try Self.model("llama/gqa-untied")
+        let ids = Array((0..<40).map { 3 + ($0 * 37) % 150 })
+        let whole = try model.promptLogprobs(ids, top: 3, chunk: 1000)
+        let chunked = try model.promptLogprobs(ids, top: 3, chunk: 7)
+        #expect(whole.count == 39 && chunked.count == 39)
+        #expect(zip(whole, chunked).allSatisfy { $0.id == $1.id && abs(($0.logprob ?? .nan) - ($1.logprob ?? .nan)) < 1e-5 })
+        #expect(zip(whole, chunked).allSatisfy { $0.topLogprobs.map(\.id) == $1.topLogprobs.map(\.id) })
+        let direct = try model.negativeLogLikelihood(inputIds: [ids], labels: [ids])
+        #expect(abs(Double(whole.compactMap(\.logprob).reduce(0, +)) + direct.sum) < 1e-3)
+        let perplexity = try model.perplexity(of: ids, context: 32, stride: 16, chunk: 1000)
+        let chunkedPerplexity = try model.perplexity(of: ids, context: 32, stride: 16, chunk: 5)
+        #expect(abs(perplexity.negativeLogLikelihood.sum - chunkedPerplexity.negativeLogLikelihood.sum) < 1e-4)
+        #expect(perplexity.negativeLogLikelihood.count == chunkedPerplexity.negativeLogLikelihood.count)
     }
 
     /// One window over the whole sequence scores what one pass scores; overlapping windows score every token after
