@@ -16,8 +16,8 @@ struct PerplexityCommand: AsyncParsableCommand {
     @Option(help: "The text to score (instead of --file).")
     var text: String?
 
-    @Option(help: "Tokens per window the model reads at once (a window's logits take context × vocabulary × 4 bytes).")
-    var context = 512
+    @Option(help: "Tokens per window the model reads at once (a window's logits take context × vocabulary × 4 bytes). Default: 512, or the model's positions where it has fewer.")
+    var context: Int?
 
     @Option(help: "Tokens from one window's start to the next, less than the context; each window scores the tokens the one before did not reach. Default: half the context, so every token after the first window has at least that many before it.")
     var stride: Int?
@@ -48,7 +48,8 @@ struct PerplexityCommand: AsyncParsableCommand {
         }
         let path = try await options.fileOrDirectory()
         let pipeline = try precision.building { try TextGenerationPipeline(path: path) }
-        let result = try pipeline.perplexity(of: source, context: context, stride: stride ?? max(context / 2, 1))
+        let window = context ?? min(512, pipeline.model.contextLength ?? 512)
+        let result = try pipeline.perplexity(of: source, context: window, stride: stride ?? max(window / 2, 1))
         let nll = result.negativeLogLikelihood
         if json {
             try printJSON(Report(tokens: result.tokens, scored: nll.count, windows: result.windows, nll: nll.mean,

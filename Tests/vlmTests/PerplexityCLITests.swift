@@ -60,3 +60,21 @@ struct PerplexityCLITests {
         for run in [missing, stride, short] { #expect(run.stderr.split(separator: "\n").count == 1, "\(run.stderr)") }
     }
 }
+
+/// `vlm perplexity`'s window on a model with fewer than 512 positions: the LLaVA GGUF pair's tiny language model
+/// (128 positions), whose default context is then its positions, half of them the stride.
+@Suite struct PerplexityDefaultsCLITests {
+    @Test func theDefaultContextIsTheModelsPositions() throws {
+        let model = CLI.fixtures.appendingPathComponent("llava-gguf/lm-q8_0.gguf").path
+        let passage = try #require((try JSONSerialization.jsonObject(with: Data(contentsOf: CLI.fixtures
+            .appendingPathComponent("llama/smollm2-perplexity.json"))) as? [String: Any])?["text"] as? String)
+        let byDefault = try CLI.run(["perplexity", "--model", model, "--text", passage, "--json"])
+        let explicit = try CLI.run(["perplexity", "--model", model, "--text", passage, "--context", "128", "--stride", "64", "--json"])
+        #expect(byDefault.status == 0 && explicit.status == 0, "\(byDefault.stderr) \(explicit.stderr)")
+        #expect(byDefault.stdout == explicit.stdout)
+        let report = try #require(try CLI.json(byDefault) as? [String: Any])
+        #expect(report["windows"] as? Int == 4 && report["scored"] as? Int == (report["tokens"] as? Int ?? 0) - 1)
+        let tooLong = try CLI.run(["perplexity", "--model", model, "--text", passage, "--context", "129"])
+        #expect(tooLong.status == 1 && tooLong.stderr.contains("exceeds the model's 128 positions"))
+    }
+}
