@@ -91,6 +91,25 @@ public final class TextGenerationPipeline: Sendable {
         return tokenizer.encode(try renderChat(messages), addSpecialTokens: false).ids
     }
 
+    /// transformers' `apply_chat_template(messages, tokenize=True, return_dict=True,
+    /// return_assistant_tokens_mask=True)`: a conversation's ids, and 1 for each token of the text the template's
+    /// `{% generation %}` blocks mark (the assistant's replies, in templates written for training), 0 elsewhere: the
+    /// tokens supervised fine-tuning computes its loss on (the others' labels -100, see
+    /// ``CausalLanguageModel/loss(inputIds:attentionMask:labels:)``). A template without generation blocks marks none.
+    public func chatIdsWithAssistantMask(messages: [JSONValue], addGenerationPrompt: Bool = false) throws
+        -> (ids: [Int], assistantMask: [Int])
+    {
+        guard let chatTemplate else { throw PipelineError.noChatTemplate }
+        if let index = ChatImages.firstMessageWithImages(messages) {
+            throw PipelineError.imagesNotSupported(message: index)
+        }
+        let rendered = try chatTemplate.renderMarkingGenerations(
+            messages: messages, addGenerationPrompt: addGenerationPrompt,
+            bosToken: tokenizer.bosTokenId.flatMap(tokenizer.token), eosToken: tokenizer.eosTokenId.flatMap(tokenizer.token))
+        let encoding = tokenizer.encode(rendered.text, addSpecialTokens: false)
+        return (encoding.ids, encoding.mask(covering: rendered.generations))
+    }
+
     /// `apply_chat_template(messages, add_generation_prompt=True, tokenize=False)`.
     func renderChat(_ messages: [JSONValue]) throws -> String {
         guard let chatTemplate else { throw PipelineError.noChatTemplate }

@@ -1,5 +1,14 @@
 import Foundation
 
+/// A rendered conversation and where the template's `{% generation %}` blocks put their text.
+public struct RenderedChat: Sendable, Equatable {
+    public let text: String
+    /// Each block's text as a range of Unicode scalar offsets (Python's str indices) into `text`, as transformers'
+    /// AssistantTracker records it: from the length of the template's output when the block ends (inside a macro
+    /// or a `set` or `filter` block, the output before it, as in jinja2), for the length of the block's text.
+    public let generations: [Range<Int>]
+}
+
 /// A Hugging Face chat template: Jinja source parsed once, rendered like transformers'
 /// `tokenizer.apply_chat_template(messages, tokenize=False, ...)`, byte for byte.
 ///
@@ -44,10 +53,28 @@ public struct ChatTemplate: Sendable {
                    extraContext: extraContext, now: nil)
     }
 
+    /// ``render(messages:addGenerationPrompt:bosToken:eosToken:extraContext:)`` with where the template's
+    /// `{% generation %}` blocks put their text, from which transformers' `apply_chat_template(...,
+    /// return_assistant_tokens_mask=True)` marks the assistant's tokens (``Encoding/mask(covering:)``).
+    public func renderMarkingGenerations(messages: [JSONValue], addGenerationPrompt: Bool = false, bosToken: String? = nil,
+                                         eosToken: String? = nil, extraContext: [String: JSONValue] = [:])
+        throws(ChatTemplateError) -> RenderedChat
+    {
+        try renderedChat(messages: messages, addGenerationPrompt: addGenerationPrompt, bosToken: bosToken,
+                         eosToken: eosToken, extraContext: extraContext, now: nil)
+    }
+
     /// `render` with `strftime_now` formatting `now` instead of the time of the call, so that templates printing
     /// today's date render reproducibly in tests.
     func render(messages: [JSONValue], addGenerationPrompt: Bool, bosToken: String?, eosToken: String?,
                 extraContext: [String: JSONValue], now: Date?) throws(ChatTemplateError) -> String
+    {
+        try renderedChat(messages: messages, addGenerationPrompt: addGenerationPrompt, bosToken: bosToken,
+                         eosToken: eosToken, extraContext: extraContext, now: now).text
+    }
+
+    private func renderedChat(messages: [JSONValue], addGenerationPrompt: Bool, bosToken: String?, eosToken: String?,
+                              extraContext: [String: JSONValue], now: Date?) throws(ChatTemplateError) -> RenderedChat
     {
         let globals = Scope(parent: nil)
         globals.variables = Interpreter.globals(file: file, now: now)
@@ -64,12 +91,12 @@ public struct ChatTemplate: Sendable {
 
     /// Renders the template with the variables of `scope`, then empties what the render made that could keep itself
     /// alive (``RenderReferences``).
-    func run(in scope: Scope) throws(ChatTemplateError) -> String {
+    func run(in scope: Scope) throws(ChatTemplateError) -> RenderedChat {
         var interpreter = Interpreter(file: file, lexer: TemplateLexer(source: scalars, file: file))
         defer { interpreter.references.release() }
         var output = ""
         _ = try interpreter.render(nodes, in: scope, into: &output)
-        return output
+        return RenderedChat(text: output, generations: interpreter.generations)
     }
 
     /// transformers drops a message's null fields and aliases its reasoning fields before rendering.

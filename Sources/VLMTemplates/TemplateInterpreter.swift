@@ -56,6 +56,15 @@ struct Interpreter {
     var offset = 0
     private var iterations = 0
     private var callDepth = 0
+    /// How many captures (macro calls, `set` and `filter` blocks, recursive loops) the output now goes into; 0 at the
+    /// template's own output.
+    private var captureDepth = 0
+    /// Unicode scalars of the template's own output so far: what jinja2 has yielded of it.
+    private var yieldedScalars = 0
+    /// Where each `{% generation %}` block's text lands, as transformers' AssistantTracker records it: from the
+    /// length of the output yielded when the block ends, for the length of its text. Inside a capture that is the
+    /// output before the capture, as in jinja2.
+    var generations: [Range<Int>] = []
 
     init(file: String, lexer: TemplateLexer) {
         self.file = file
@@ -98,8 +107,7 @@ struct Interpreter {
                 offset = at
                 try assign(value, to: target, in: scope)
             case let .assignBlock(target, filters, body, at):
-                var text = ""
-                _ = try render(body, in: scope, into: &text)
+                let text = try capture(body, in: scope)
                 offset = at
                 try assign(try applyFilters(filters, to: .string(text), in: scope), to: target, in: scope)
             case let .macro(macro):
@@ -113,10 +121,13 @@ struct Interpreter {
                 let result = try invoke(try evaluate(function, in: scope), evaluated)
                 try append(result.pythonString, to: &output)
             case let .filterBlock(filters, body, at):
-                var text = ""
-                _ = try render(body, in: scope, into: &text)
+                let text = try capture(body, in: scope)
                 offset = at
                 try append(try applyFilters(filters, to: .string(text), in: scope).pythonString, to: &output)
+            case let .generation(body):
+                let text = try capture(body, in: scope)
+                generations.append(yieldedScalars..<(yieldedScalars + text.unicodeScalars.count))
+                try append(text, to: &output)
             case .breakLoop:
                 return .breakLoop
             case .continueLoop:
@@ -126,7 +137,17 @@ struct Interpreter {
         return .normal
     }
 
-    private func append(_ text: String, to output: inout String) throws(ChatTemplateError) {
+    /// `nodes` rendered into a string of their own.
+    private mutating func capture(_ nodes: [TemplateNode], in scope: Scope) throws(ChatTemplateError) -> String {
+        captureDepth += 1
+        defer { captureDepth -= 1 }
+        var text = ""
+        _ = try render(nodes, in: scope, into: &text)
+        return text
+    }
+
+    private mutating func append(_ text: String, to output: inout String) throws(ChatTemplateError) {
+        if captureDepth == 0 { yieldedScalars += text.unicodeScalars.count }
         output += text
         if output.utf8.count > Self.maximumOutputBytes {
             throw error("output exceeds \(Self.maximumOutputBytes) bytes")
@@ -187,6 +208,8 @@ struct Interpreter {
             references.captured(scope)
             recurse = .callable(Callable(name: "loop") { (interpreter: inout Interpreter, arguments: CallArguments) throws(ChatTemplateError) in
                 guard let nested = arguments.positional.first else { throw interpreter.error("loop() takes an iterable") }
+                interpreter.captureDepth += 1
+                defer { interpreter.captureDepth -= 1 }
                 var text = ""
                 try interpreter.runLoop(loop, over: nested, depth0: depth0 + 1, in: scope, into: &text)
                 return .string(text)
@@ -272,9 +295,7 @@ struct Interpreter {
             macroScope.variables["varargs"] = .tuple([])
         }
         macroScope.variables["kwargs"] = .dict(keyword.map { (.string($0.0), $0.1) })
-        var text = ""
-        _ = try render(macro.body, in: macroScope, into: &text)
-        return .string(text)
+        return .string(try capture(macro.body, in: macroScope))
     }
 
     // MARK: Expressions

@@ -157,11 +157,11 @@ struct TemplateParser {
             try expectBlockEnd()
             return .filterBlock(filters: filters, body: body, at: start)
         case "generation":
-            // transformers' extension marks assistant text for masks; for rendering only its body matters.
+            // transformers' extension marking the assistant's text for masks.
             try expectBlockEnd()
             let (body, _) = try parseBlock(until: ["endgeneration"], opener: "generation", at: start)
             try expectBlockEnd()
-            return .filterBlock(filters: [], body: body, at: start)
+            return .generation(body: body)
         case "print":
             let expression = try parseTuple()
             try expectBlockEnd()

@@ -51,6 +51,8 @@ indirect enum TemplateNode: Sendable {
     case macro(Macro)
     case callBlock(call: Expression, callerParameters: [(String, Expression?)], body: [TemplateNode], at: Int)
     case filterBlock(filters: [(String, Arguments, Int)], body: [TemplateNode], at: Int)
+    /// transformers' `{% generation %}`: its body's text, recorded where it lands (``RenderedChat/generations``).
+    case generation(body: [TemplateNode])
     case breakLoop, continueLoop
 }
 

@@ -21,6 +21,24 @@ public struct Encoding: Sendable, Equatable {
     public let overflowing: [Encoding]
 }
 
+extension Encoding {
+    /// 1 for each token that `spans` of the input (Unicode scalar offsets) cover, as transformers'
+    /// `apply_chat_template(..., return_assistant_tokens_mask=True)` marks them with `char_to_token`: from the token
+    /// holding a span's first character to the one holding its last, or to the end where that one is the first token
+    /// or no token holds it; a span whose first character no token holds ends the marking.
+    public func mask(covering spans: [Range<Int>]) -> [Int] {
+        var mask = Array(repeating: 0, count: ids.count)
+        func token(at character: Int) -> Int? { offsets.firstIndex { $0.contains(character) } }
+        for span in spans {
+            guard let start = token(at: span.lowerBound) else { break }
+            // transformers tests `if end_token`, so a span ending in token 0 runs to the end as well.
+            let end = token(at: span.upperBound - 1).flatMap { $0 == 0 ? nil : $0 + 1 } ?? ids.count
+            for index in start..<max(start, end) { mask[index] = 1 }
+        }
+        return mask
+    }
+}
+
 /// How `Tokenizer.encode(_:padding:truncation:maxLength:)` pads a batch.
 public enum Padding: Sendable {
     /// No padding.

@@ -29,10 +29,14 @@ struct Tokenize: AsyncParsableCommand {
     @Flag(help: "With --chat: end with the assistant turn's opening, as add_generation_prompt=True does.")
     var addGenerationPrompt = false
 
+    @Flag(help: "With --chat and --json: also the assistant mask, 1 for each token the template's {% generation %} blocks mark (return_assistant_tokens_mask=True), the tokens supervised fine-tuning trains on.")
+    var assistantMask = false
+
     @Argument(help: "Texts to tokenize, or ids with --decode.")
     var inputs: [String] = []
 
     func validate() throws {
+        guard !assistantMask || (chat != nil && json) else { throw ValidationError("--assistant-mask goes with --chat and --json") }
         if chat != nil {
             guard inputs.isEmpty, !decode, pair == nil, !noSpecialTokens else { throw ValidationError("--chat takes no other inputs") }
         } else if decode && pair != nil {
@@ -53,6 +57,11 @@ struct Tokenize: AsyncParsableCommand {
     private struct Rendered: Encodable {
         let text: String
         let ids: [Int]
+        var assistantMasks: [Int]?
+
+        enum CodingKeys: String, CodingKey {
+            case text, ids, assistantMasks = "assistant_masks"
+        }
     }
 
     func run() async throws {
@@ -88,11 +97,16 @@ struct Tokenize: AsyncParsableCommand {
     /// Renders like `apply_chat_template(messages, tokenize=False)`; the ids are that text encoded without adding
     /// special tokens, as `tokenize=True` does.
     private func renderChat(file: String, template: ChatTemplate, tokenizer: Tokenizer) throws {
-        let text = try template.render(messages: readMessages(file), addGenerationPrompt: addGenerationPrompt,
-                                       bosToken: tokenizer.bosTokenId.flatMap(tokenizer.token),
-                                       eosToken: tokenizer.eosTokenId.flatMap(tokenizer.token))
-        let ids = tokenizer.encode(text, addSpecialTokens: false).ids
-        if json { try printJSON(Rendered(text: text, ids: ids)) } else { print(text, terminator: "") }
+        let rendered = try template.renderMarkingGenerations(
+            messages: readMessages(file), addGenerationPrompt: addGenerationPrompt,
+            bosToken: tokenizer.bosTokenId.flatMap(tokenizer.token), eosToken: tokenizer.eosTokenId.flatMap(tokenizer.token))
+        let encoding = tokenizer.encode(rendered.text, addSpecialTokens: false)
+        if json {
+            try printJSON(Rendered(text: rendered.text, ids: encoding.ids,
+                                   assistantMasks: assistantMask ? encoding.mask(covering: rendered.generations) : nil))
+        } else {
+            print(rendered.text, terminator: "")
+        }
     }
 }
 

@@ -16,7 +16,7 @@ import Testing
         globals.variables = Interpreter.globals(file: "chat_template", now: nil)
         let scope = Scope(parent: globals)
         renderScope = scope
-        return try template.run(in: scope)
+        return try template.run(in: scope).text
     }
     #expect(try render() == "[x][1][2]")
     #expect(renderScope == nil)
