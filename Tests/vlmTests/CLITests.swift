@@ -168,6 +168,33 @@ struct CLI {
         #expect(got.ids == want.ids)
     }
 
+    /// `--assistant-mask`: return_assistant_tokens_mask=True's mask (oracle/assistant_masks.py) for SmolLM2's tokenizer
+    /// under a template with `{% generation %}` blocks.
+    @Test func tokenizeMarksTheAssistantsTokens() throws {
+        struct Case: Decodable { let template: String; let messages: [[String: String]]; let input_ids: [Int]; let assistant_masks: [Int] }
+        struct Expected: Decodable { let cases: [Case] }
+        let fixtures = CLI.fixtures.appendingPathComponent("chat-templates/assistant-masks")
+        let test = try #require(try JSONDecoder().decode(Expected.self, from: Data(contentsOf: fixtures.appendingPathComponent("expected.json"))).cases.first)
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("vlm-assistant-mask-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        for name in ["tokenizer.json", "tokenizer_config.json"] {
+            try FileManager.default.copyItem(at: CLI.fixtures.appendingPathComponent("tokenizers/real/smollm2/\(name)"),
+                                             to: directory.appendingPathComponent(name))
+        }
+        try FileManager.default.copyItem(at: fixtures.appendingPathComponent(test.template),
+                                         to: directory.appendingPathComponent("chat_template.jinja"))
+        let messages = directory.appendingPathComponent("messages.json")
+        try JSONEncoder().encode(test.messages).write(to: messages)
+        let run = try CLI.run(["tokenize", "--model", directory.path, "--chat", messages.path, "--json", "--assistant-mask"])
+        #expect(run.status == 0, "\(run.stderr)")
+        let got = try #require(try CLI.json(run) as? [String: Any])
+        #expect(got["ids"] as? [Int] == test.input_ids)
+        #expect(got["assistant_masks"] as? [Int] == test.assistant_masks)
+        let withoutJSON = try CLI.run(["tokenize", "--model", directory.path, "--chat", messages.path, "--assistant-mask"])
+        #expect(withoutJSON.status == 64 && withoutJSON.stderr.contains("--assistant-mask goes with --chat and --json"))
+    }
+
     @Test func tokenizeEncodesPairsLikeTokenizers() throws {
         struct Pairs: Decodable {
             /// Indices into the shared strings.
