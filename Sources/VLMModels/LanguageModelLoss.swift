@@ -1,4 +1,5 @@
 import Foundation
+import VLMImages
 import VLMTensor
 
 /// transformers' `ignore_index`: a label that the loss leaves out (a prompt's tokens in supervised fine-tuning,
@@ -30,28 +31,56 @@ extension CausalLanguageModel {
     /// over several passes (a perplexity's windows).
     public func negativeLogLikelihood(inputIds: [[Int]], attentionMask: [[Int]]? = nil,
                                       labels: [[Int]]) throws -> NegativeLogLikelihood {
-        guard labels.count == inputIds.count, zip(labels, inputIds).allSatisfy({ $0.count == $1.count }) else {
-            throw ModelError.invalidInput("labels must have the shape of the input ids")
-        }
-        let vocabulary = vocabularySize
-        if let label = labels.joined().first(where: { $0 != ignoredLabel && !(0..<vocabulary).contains($0) }) {
-            throw ModelError.invalidInput("label \(label) is outside the vocabulary of \(vocabulary) (use \(ignoredLabel) to leave a position out)")
-        }
-        let logits = try self.logits(inputIds: inputIds, attentionMask: attentionMask)
-        let length = inputIds.first?.count ?? 0
-        var total = NegativeLogLikelihood(sum: 0, count: 0)
-        logits.withUnsafeBufferPointer { scores in
-            for (row, rowLabels) in labels.enumerated() {
-                for position in 0..<max(length - 1, 0) where rowLabels[position + 1] != ignoredLabel {
-                    let start = (row * length + position) * vocabulary
-                    let nll = crossEntropy(UnsafeBufferPointer(rebasing: scores[start..<(start + vocabulary)]),
-                                           label: rowLabels[position + 1])
-                    total.sum += Double(nll)
-                    total.count += 1
-                }
+        try checkLabels(labels, shapedLike: inputIds, vocabulary: vocabularySize)
+        return scoredNegativeLogLikelihood(try self.logits(inputIds: inputIds, attentionMask: attentionMask),
+                                           labels: labels, vocabulary: vocabularySize)
+    }
+}
+
+/// Throws unless `labels` has the shape of `inputIds` and holds vocabulary ids or ``ignoredLabel``.
+func checkLabels(_ labels: [[Int]], shapedLike inputIds: [[Int]], vocabulary: Int) throws {
+    guard labels.count == inputIds.count, zip(labels, inputIds).allSatisfy({ $0.count == $1.count }) else {
+        throw ModelError.invalidInput("labels must have the shape of the input ids")
+    }
+    if let label = labels.joined().first(where: { $0 != ignoredLabel && !(0..<vocabulary).contains($0) }) {
+        throw ModelError.invalidInput("label \(label) is outside the vocabulary of \(vocabulary) (use \(ignoredLabel) to leave a position out)")
+    }
+}
+
+/// The cross-entropy of each position of `logits` `[B, T, vocabulary]` against the next position's label, summed
+/// over the labels that count, as transformers' `ForCausalLMLoss` shifts them.
+func scoredNegativeLogLikelihood(_ logits: Tensor, labels: [[Int]], vocabulary: Int) -> NegativeLogLikelihood {
+    let length = labels.first?.count ?? 0
+    var total = NegativeLogLikelihood(sum: 0, count: 0)
+    logits.withUnsafeBufferPointer { scores in
+        for (row, rowLabels) in labels.enumerated() {
+            for position in 0..<max(length - 1, 0) where rowLabels[position + 1] != ignoredLabel {
+                let start = (row * length + position) * vocabulary
+                let nll = crossEntropy(UnsafeBufferPointer(rebasing: scores[start..<(start + vocabulary)]),
+                                       label: rowLabels[position + 1])
+                total.sum += Double(nll)
+                total.count += 1
             }
         }
-        return total
+    }
+    return total
+}
+
+extension ImageChatModel {
+    /// transformers' `model(**processor(images, text), labels=labels).loss` for one prompt: its embeddings with each
+    /// image's features in its tokens' places, through the language model, scored as
+    /// ``CausalLanguageModel/loss(inputIds:attentionMask:labels:)`` scores text. With the answer's ids as labels and
+    /// -100 on the image tokens and the question, the objective of LLaVA's projector alignment and instruction
+    /// tuning.
+    ///
+    /// - Throws: `ModelError.invalidInput` for labels of another length or outside the vocabulary, or a prompt
+    ///   whose image tokens do not match the images.
+    public func loss(images: ProcessedImages, inputIds: [Int], labels: [Int]) throws -> Float {
+        try checkLabels([labels], shapedLike: [inputIds], vocabulary: textDecoder.vocabularySize)
+        let embeds = try inputsEmbeds(inputIds: inputIds, imageFeatures: imageFeatures(images))
+        let logits = try textDecoder.logits(inputsEmbeds: embeds, attentionMask: nil, positionIds: nil, cache: nil,
+                                            lastPositionOnly: false)
+        return Float(scoredNegativeLogLikelihood(logits, labels: [labels], vocabulary: textDecoder.vocabularySize).mean)
     }
 }
 
