@@ -55,41 +55,25 @@ PASSAGES = [
 ]
 
 
+def write_task(directory, name, documents, settings):
+    """A task reading `documents` from a JSON-lines file of its own: the harness's `json` dataset, nothing downloaded."""
+    data = os.path.join(directory, name + ".jsonl")
+    with open(data, "w") as f:
+        for document in documents:
+            f.write(json.dumps(document) + "\n")
+    with open(os.path.join(directory, name + ".yaml"), "w") as f:
+        f.write(f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"
+                + settings)
+
+
 def write_tasks(directory):
-    with open(os.path.join(directory, "questions.jsonl"), "w") as f:
-        for question, choices, answer in QUESTIONS:
-            f.write(json.dumps(dict(question=question, choices=choices, answer=answer)) + "\n")
-    with open(os.path.join(directory, "passages.jsonl"), "w") as f:
-        for passage in PASSAGES:
-            f.write(json.dumps(dict(text=passage)) + "\n")
-    with open(os.path.join(directory, "swiftvlm_questions.yaml"), "w") as f:
-        f.write(f"""task: swiftvlm_questions
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {os.path.join(directory, "questions.jsonl")}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: "{{{{answer}}}}"
-metric_list:
-  - metric: acc
-""")
-    with open(os.path.join(directory, "swiftvlm_passages.yaml"), "w") as f:
-        f.write(f"""task: swiftvlm_passages
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {os.path.join(directory, "passages.jsonl")}
-test_split: test
-output_type: loglikelihood_rolling
-doc_to_text: ""
-doc_to_target: "{{{{text}}}}"
-metric_list:
-  - metric: word_perplexity
-  - metric: byte_perplexity
-""")
+    write_task(directory, "swiftvlm_questions",
+               [dict(question=q, choices=choices, answer=answer) for q, choices, answer in QUESTIONS],
+               'output_type: multiple_choice\ndoc_to_text: "Question: {{question}}\\nAnswer:"\n'
+               'doc_to_choice: "{{choices}}"\ndoc_to_target: "{{answer}}"\nmetric_list:\n  - metric: acc\n')
+    write_task(directory, "swiftvlm_passages", [dict(text=passage) for passage in PASSAGES],
+               'output_type: loglikelihood_rolling\ndoc_to_text: ""\ndoc_to_target: "{{text}}"\nmetric_list:\n'
+               '  - metric: word_perplexity\n  - metric: byte_perplexity\n')
 
 
 def free_port():
