@@ -190,6 +190,16 @@ public final class CLIPSegForImageSegmentation: ZeroShotSegmentationModel {
         hiddenStateIndices = config.extractLayers.map { $0 + 1 }
     }
 
+    /// transformers' `CLIPSegModel` of a CLIPSeg checkpoint: its CLIP (the `clip.*` weights; the decoder's are not
+    /// read) taking images of any size, as the zero-shot-image-classification pipeline and `get_image_features` /
+    /// `get_text_features` load it.
+    public static func clipModel(directory: ModelDirectory) throws -> CLIPModel {
+        let file = directory.url.appendingPathComponent("config.json").path
+        return try CLIPModel(config: directory.decode(CLIPSegConfig.self).clip,
+                             weights: Weights(WeightStore(directory: directory.url)).scoped("clip"), file: file,
+                             interpolatesPositions: true)
+    }
+
     public var maxTextLength: Int { config.textConfig.maxPositionEmbeddings }
     public var probabilities: SegmentationProbabilities { .sigmoid }
     public var textPadding: SegmentationTextPadding { .maxLength }

@@ -85,14 +85,25 @@ public struct ModelFamily: Sendable {
     public let architectures: [String]?
     public let tasks: [ModelTask]
     public let builder: ModelBuilder
+    /// The image–text dual encoder inside a checkpoint built as another kind of model (CLIPSeg's CLIP), which
+    /// transformers' zero-shot-image-classification pipeline and feature methods load from it.
+    public let dualEncoder: (@Sendable (ModelDirectory) throws -> any ImageTextDualEncoder)?
 
     public init(_ name: String, modelTypes: [String], architectures: [String]? = nil, tasks: [ModelTask],
-                builder: ModelBuilder) {
+                builder: ModelBuilder, dualEncoder: (@Sendable (ModelDirectory) throws -> any ImageTextDualEncoder)? = nil) {
         self.name = name
         self.modelTypes = modelTypes
         self.architectures = architectures
         self.tasks = tasks
         self.builder = builder
+        self.dualEncoder = dualEncoder
+    }
+
+    /// How the family's model for `task` is built: its dual encoder for classify, embed and match where it has one
+    /// beside its own kind of model, else ``builder``.
+    public func builder(for task: ModelTask) -> ModelBuilder {
+        if let dualEncoder, [.classify, .embed, .match].contains(task) { return .imageTextDualEncoder(dualEncoder) }
+        return builder
     }
 
     /// The `vlm` commands this family's tasks run.
@@ -109,8 +120,9 @@ public enum ModelRegistry {
                     builder: .imageTextDualEncoder { try SiglipModel(directory: $0) }),
         ModelFamily("SigLIP 2", modelTypes: ["siglip2"], tasks: [.classify, .embed, .match],
                     builder: .imageTextDualEncoder { try Siglip2Model(directory: $0) }),
-        ModelFamily("CLIPSeg", modelTypes: ["clipseg"], tasks: [.segment],
-                    builder: .zeroShotSegmentation { try CLIPSegForImageSegmentation(directory: $0) }),
+        ModelFamily("CLIPSeg", modelTypes: ["clipseg"], tasks: [.segment, .classify, .embed, .match],
+                    builder: .zeroShotSegmentation { try CLIPSegForImageSegmentation(directory: $0) },
+                    dualEncoder: { try CLIPSegForImageSegmentation.clipModel(directory: $0) }),
         ModelFamily("OWL-ViT", modelTypes: ["owlvit", "owlv2"], tasks: [.detect],
                     builder: .zeroShotObjectDetection { try OwlViTForObjectDetection(directory: $0) }),
         ModelFamily("GroupViT", modelTypes: ["groupvit"], tasks: [.segment],
@@ -190,7 +202,7 @@ public enum ModelRegistry {
 
     /// The image–text dual encoder in `directory`, for `task`; see ``family(of:for:)`` for the errors.
     public static func dualEncoder(_ directory: ModelDirectory, for task: ModelTask) throws -> any ImageTextDualEncoder {
-        guard case .imageTextDualEncoder(let build) = try family(of: directory, for: task).builder else {
+        guard case .imageTextDualEncoder(let build) = try family(of: directory, for: task).builder(for: task) else {
             throw ModelError.invalidConfig("\(task.rawValue) needs an image–text model", file: directory.url.path)
         }
         return try build(directory)

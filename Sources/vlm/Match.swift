@@ -36,7 +36,7 @@ struct Match: AsyncParsableCommand {
         let candidates = texts.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
         guard !candidates.isEmpty, !images.isEmpty else { throw PipelineError.noInputs }
         let directory = try await options.directory()
-        if case .imageTextDualEncoder = try ModelRegistry.family(of: ModelDirectory(url: directory), for: .match).builder {
+        if case .imageTextDualEncoder = try ModelRegistry.family(of: ModelDirectory(url: directory), for: .match).builder(for: .match) {
             let pipeline = try DualEncoderPipeline(directory: directory, task: .match, precision: precision.dtype)
             try report(pipeline.similarities(decodedImages(), texts: candidates),
                        row: { Similarity(image: $0, text: $1.text, logit: $1.logit, cosine: $1.cosine) },

@@ -18,7 +18,9 @@ import VLMCheckpoint
         #expect(try ModelRegistry.dualEncoder(directory("clip/tiny-quickgelu-argmax"), for: .classify) is CLIPModel)
         #expect(try ModelRegistry.family(of: directory("siglip/tiny-tanh-fp16")).name == "SigLIP")
         #expect(try ModelRegistry.dualEncoder(directory("siglip/tiny-tanh-fp16"), for: .embed) is SiglipModel)
-        #expect(try ModelRegistry.family(of: directory("clipseg/tiny-fp16")).tasks == [.segment])
+        #expect(try ModelRegistry.family(of: directory("clipseg/tiny-fp16")).tasks == [.segment, .classify, .embed, .match])
+        // transformers' zero-shot pipeline reads a CLIPSeg checkpoint as CLIPSegModel: its CLIP.
+        #expect(try ModelRegistry.dualEncoder(directory("clipseg/tiny-fp16"), for: .classify) is CLIPModel)
         #expect(try ModelRegistry.zeroShotSegmentationModel(directory("clipseg/tiny-refined-bf16")) is CLIPSegForImageSegmentation)
         #expect(throws: ModelError.self) { try ModelRegistry.zeroShotSegmentationModel(directory("clip/tiny-quickgelu-argmax")) }
     }

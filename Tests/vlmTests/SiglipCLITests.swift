@@ -77,6 +77,6 @@ import VLMCheckpoint
         defer { try? FileManager.default.removeItem(at: directory) }
         try Data(#"{"model_type": "siglip3"}"#.utf8).write(to: directory.appendingPathComponent("config.json"))
         try bad.expectOneLineError(["classify", photo("chelsea.png"), "--model", directory.path, "--labels", "a,b"],
-                                   mentioning: "model_type \"siglip3\" is not supported here (supported: clip, siglip, siglip2)")
+                                   mentioning: "model_type \"siglip3\" is not supported here (supported: clip, clipseg, siglip, siglip2)")
     }
 }
