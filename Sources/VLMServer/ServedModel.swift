@@ -59,7 +59,8 @@ public final class ServedModel: Sendable {
         if FileManager.default.fileExists(atPath: path.path, isDirectory: &isDirectory), isDirectory.boolValue {
             let checkpoint = try ModelDirectory(url: path)
             let family = try ModelRegistry.family(of: checkpoint)
-            switch family.builder {
+            // A checkpoint that holds a dual encoder inside another model (CLIPSeg's CLIP) serves its embeddings.
+            switch family.builder(for: .embed) {
             case .imageTextDualEncoder:
                 return ServedModel(id: name, aliases: aliases, role: .embeddings(try DualEncoderPipeline(directory: path, task: .embed, precision: precision)))
             case .imageToText:

@@ -47,6 +47,18 @@ import SwiftVLM
         }
     }
 
+    /// A CLIPSeg checkpoint serves the embeddings of its CLIP, as `vlm embed` computes them.
+    @Test func clipSegServesItsCLIPsEmbeddings() throws {
+        let directory = ServerFixtures.fixtures.appendingPathComponent("clipseg/tiny-fp16")
+        let model = try ServedModel.load(name: "clipseg", path: directory, configuration: ServerConfiguration())
+        guard case let .embeddings(pipeline) = model.role else {
+            Issue.record("CLIPSeg is not served as an embedding model")
+            return
+        }
+        let expected = try DualEncoderPipeline(directory: directory, task: .embed)
+        #expect(try pipeline.textEmbeddings(["a cat"]).scalars == expected.textEmbeddings(["a cat"]).scalars)
+    }
+
     @Test func listsModelsAndAnswersHealth() async throws {
         let server = try await RunningServer(models: Self.models())
         defer { Task { await server.stop() } }
