@@ -93,6 +93,7 @@ extension CausalLanguageModel {
     }
 
     func promptLogprobs(_ ids: [Int], top: Int, chunk: Int) throws -> [BatchToken] {
+        guard ids.count > 1 else { return [] }
         var tokens: [BatchToken] = []
         let vocabulary = vocabularySize
         try forEachLogitsChunk(ids, chunk: chunk) { first, scores in
