@@ -3,6 +3,7 @@
 
 Usage:  python3 scripts/bench_llamacpp.py [--model FILE.gguf] [--requantize TYPE] [--threads 2] [--runs 3]
                                          [--rounds 5] [--prompt-tokens 256] [--new-tokens 128] [--json]
+                                         [--vlm BINARY]
 
 llama.cpp comes from PyPI's llama-cpp-python, built from source for this CPU (CMAKE_ARGS="-DGGML_NATIVE=ON") into
 .venv-llamacpp/ at the package root the first time (about 5 minutes or more; the venv ignores itself in git).
@@ -15,9 +16,10 @@ side by side drift together. The table shows each engine's median over the round
 per-round ratios. Each round starts with a probe (scripts/machine.py) reading a buffer the size of the weights one
 decoding step reads (the GGUF file's tensors, less the token embedding table unless it is the head): each engine's
 decode speed times those bytes, set against that round's probe, says how near the memory's limit it decodes (the
-medians are shown). SwiftVLM is built with `swift build -c release` and run with OMP_NUM_THREADS set to --threads.
-llama.cpp keeps its extra weight buffers (weights repacked for its faster CPU kernels) unless the CPU reports AMX:
-ggml then routes weights to its AMX kernels, which die with SIGILL on VMs that report AMX but withhold it.
+medians are shown). SwiftVLM is built with `swift build -c release` (or --vlm names a built binary) and run with
+OMP_NUM_THREADS set to --threads. llama.cpp keeps its extra weight buffers (weights repacked for its faster CPU
+kernels, AMX ones where the CPU reports AMX) unless a short trial run with them dies with SIGILL: VMs that report AMX
+but withhold it kill ggml's AMX kernels.
 --requantize TYPE (a llama.cpp file type such as Q4_K_M or Q5_K_M) first writes a copy of the model requantized by
 llama.cpp's own quantizer next to it (once) and benchmarks that: real K-quant files without a download.
 """
@@ -25,6 +27,7 @@ llama.cpp's own quantizer next to it (once) and benchmarks that: real K-quant fi
 import argparse
 import json
 import os
+import signal
 import statistics
 import struct
 import subprocess
@@ -165,6 +168,21 @@ def cpu_reports_amx() -> bool:
         return False
 
 
+def llamacpp_extra_buffers_run(python: Path, model: Path, args) -> bool:
+    """Whether llama.cpp's extra weight buffers run here: ggml routes weights to its AMX kernels when CPUID reports AMX,
+    and a VM that reports AMX but withholds it kills them with SIGILL; elsewhere they always run."""
+    if not cpu_reports_amx():
+        return True
+    trial = argparse.Namespace(threads=args.threads, runs=1, prompt_tokens=8, new_tokens=2)
+    try:
+        bench_llamacpp(python, model, trial, True)
+    except subprocess.CalledProcessError as failed:
+        if failed.returncode != -signal.SIGILL:
+            raise
+        return False
+    return True
+
+
 def bench_llamacpp(python: Path, model: Path, args, extra_buffers: bool) -> dict:
     out = subprocess.run([python, "-c", LLAMACPP_BENCH, model, str(args.threads), str(args.runs),
                           str(args.prompt_tokens), str(args.new_tokens), "on" if extra_buffers else "off"],
@@ -175,11 +193,12 @@ def bench_llamacpp(python: Path, model: Path, args, extra_buffers: bool) -> dict
 def build_swiftvlm():
     subprocess.run(["swift", "build", "-c", "release", "--product", "vlm"], cwd=ROOT, check=True,
                    stdout=subprocess.DEVNULL)
+    return ROOT / ".build/release/vlm"
 
 
-def bench_swiftvlm(model: Path, args) -> dict:
+def bench_swiftvlm(vlm: Path, model: Path, args) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-    out = subprocess.run([ROOT / ".build/release/vlm", "bench", "--model", model, "--json", "--runs", str(args.runs),
+    out = subprocess.run([vlm, "bench", "--model", model, "--json", "--runs", str(args.runs),
                           "--prompt-tokens", str(args.prompt_tokens), "--new-tokens", str(args.new_tokens)],
                          check=True, capture_output=True, text=True, env=env)
     report = json.loads(out.stdout.strip().splitlines()[-1])
@@ -196,6 +215,7 @@ def main():
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--vlm", type=Path, help="a built `vlm` binary to run (default: build .build/release/vlm)")
     args = parser.parse_args()
     if min(args.threads, args.runs, args.rounds, args.prompt_tokens, args.new_tokens) < 1:
         parser.error("--threads, --runs, --rounds, --prompt-tokens and --new-tokens must be positive")
@@ -203,12 +223,12 @@ def main():
     python = ensure_llamacpp()
     if args.requantize:
         model = requantized(python, model, args.requantize)
-    build_swiftvlm()
+    vlm = args.vlm.resolve() if args.vlm else build_swiftvlm()
     machine = describe(args.threads)
     started = time.time()
     load_before = os.getloadavg()[0]
-    extra_buffers = not cpu_reports_amx()
-    engines = {"swiftvlm": lambda: bench_swiftvlm(model, args),
+    extra_buffers = llamacpp_extra_buffers_run(python, model, args)
+    engines = {"swiftvlm": lambda: bench_swiftvlm(vlm, model, args),
                "llama.cpp": lambda: bench_llamacpp(python, model, args, extra_buffers)}
     weight_bytes = step_weight_bytes(model)
     probe_megabytes = -(-weight_bytes // (1 << 20))
@@ -240,7 +260,7 @@ def main():
     print(f"{model.name}, {args.threads} threads, {args.prompt_tokens}-token prompt, {args.new_tokens} new tokens; "
           f"{args.rounds} rounds of each engine's median of {args.runs} runs (1-minute load average "
           f"{load_before:.1f} before; llama.cpp's extra weight buffers "
-          f"{'on' if extra_buffers else 'off: the CPU reports AMX'})")
+          f"{'on' if extra_buffers else 'off: AMX reported but withheld'})")
     print(f"{'':10} {'prefill tok/s':>14} {'decode tok/s':>13} {'weights GB/s':>13} {'of probe':>9}")
     for engine in engines:
         r = results[engine]
