@@ -169,7 +169,8 @@ def cpu_reports_amx() -> bool:
 
 def llamacpp_extra_buffers_run(python: Path, model: Path, args) -> bool:
     """Whether llama.cpp's extra weight buffers run here: ggml routes weights to its AMX kernels when CPUID reports AMX,
-    and VMs that report AMX but withhold it kill them (SIGILL on one, SIGSEGV on another); elsewhere they run."""
+    and a VM that reports AMX but withholds it kills them (SIGILL); elsewhere they run. Any death by a signal in the
+    trial counts: the run with them off then shows whether the crash was theirs."""
     if not cpu_reports_amx():
         return True
     trial = argparse.Namespace(threads=args.threads, runs=1, prompt_tokens=8, new_tokens=2)
