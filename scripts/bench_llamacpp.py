@@ -3,11 +3,13 @@
 
 Usage:  python3 scripts/bench_llamacpp.py [--model FILE.gguf] [--requantize TYPE] [--threads 2] [--runs 3]
                                          [--rounds 5] [--prompt-tokens 256] [--new-tokens 128] [--json]
-                                         [--vlm BINARY]
+                                         [--vlm BINARY] [--llama-bench BINARY]
 
 llama.cpp comes from PyPI's llama-cpp-python, built from source for this CPU (CMAKE_ARGS="-DGGML_NATIVE=ON") into
-.venv-llamacpp/ at the package root the first time (about 5 minutes or more; the venv ignores itself in git).
-Both engines get the same --prompt-tokens pseudo-random prompt token ids (the LCG `vlm bench` uses), prefill them
+.venv-llamacpp/ at the package root the first time (about 5 minutes or more; the venv ignores itself in git), or,
+with --llama-bench, is llama.cpp's own llama-bench (and llama-quantize beside it) built from the same source: the
+prompt timed alone, then --new-tokens tokens decoded after a --prompt-tokens-deep cache (its -d), no Python between
+the steps. Both engines get the same --prompt-tokens pseudo-random prompt token ids (the LCG `vlm bench` uses), prefill them
 in one batch, then feed back the greedy token --new-tokens times with no stop token (llama.cpp keeps its KV cache
 in f16, its default; SwiftVLM in fp32, as transformers does); each reports the median of --runs runs after
 one warm-up. The engines take turns for --rounds rounds (the order alternating), each round giving one ratio
@@ -108,11 +110,52 @@ sys.exit(low_level.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode
 """
 
 
-def requantized(python: Path, model: Path, file_type: str) -> Path:
+class Bindings:
+    """llama.cpp through llama-cpp-python's low-level API, timed in Python."""
+
+    def __init__(self):
+        self.python = ensure_llamacpp()
+
+    def bench(self, model: Path, args, extra_buffers: bool) -> dict:
+        out = subprocess.run([self.python, "-c", LLAMACPP_BENCH, model, str(args.threads), str(args.runs),
+                              str(args.prompt_tokens), str(args.new_tokens), "on" if extra_buffers else "off"],
+                             check=True, capture_output=True, text=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    def quantize(self, model: Path, target: Path, file_type: str):
+        subprocess.run([self.python, "-c", LLAMACPP_REQUANTIZE, model, target, file_type], check=True,
+                       capture_output=True)
+
+
+class LlamaBench:
+    """llama.cpp's own llama-bench: the same batch size as the bindings (512), each test the median of --runs
+    repetitions after llama-bench's warm-up run."""
+
+    def __init__(self, binary: Path):
+        self.binary = binary
+        self.quantizer = binary.with_name("llama-quantize")
+
+    def bench(self, model: Path, args, extra_buffers: bool) -> dict:
+        def median_rate(*test):
+            out = subprocess.run([self.binary, "-m", model, "-t", str(args.threads), "-r", str(args.runs), "-b", "512",
+                                  "-ub", "512", "--repack", "1" if extra_buffers else "0", "-o", "json", *test],
+                                 check=True, capture_output=True, text=True)
+            (result,) = json.loads(out.stdout)
+            return statistics.median(result["samples_ts"])
+
+        return {"prefill_tokens_per_s": median_rate("-p", str(args.prompt_tokens), "-n", "0"),
+                "decode_tokens_per_s": median_rate("-p", "0", "-n", str(args.new_tokens), "-d",
+                                                   str(args.prompt_tokens))}
+
+    def quantize(self, model: Path, target: Path, file_type: str):
+        subprocess.run([self.quantizer, "--allow-requantize", model, target, file_type], check=True,
+                       capture_output=True)
+
+
+def requantized(llamacpp, model: Path, file_type: str) -> Path:
     target = model.with_name(f"{model.stem}.requantized-{file_type}.gguf")
     if not target.exists():
-        subprocess.run([python, "-c", LLAMACPP_REQUANTIZE, model, target, file_type.upper()], check=True,
-                       capture_output=True)
+        llamacpp.quantize(model, target, file_type.upper())
     return target
 
 
@@ -167,7 +210,7 @@ def cpu_reports_amx() -> bool:
         return False
 
 
-def llamacpp_extra_buffers_run(python: Path, model: Path, args) -> bool:
+def llamacpp_extra_buffers_run(llamacpp, model: Path, args) -> bool:
     """Whether llama.cpp's extra weight buffers run here: ggml routes weights to its AMX kernels when CPUID reports AMX,
     and a VM that reports AMX but withholds it kills them (SIGILL); elsewhere they run. Any death by a signal in the
     trial counts: the run with them off then shows whether the crash was theirs."""
@@ -175,19 +218,12 @@ def llamacpp_extra_buffers_run(python: Path, model: Path, args) -> bool:
         return True
     trial = argparse.Namespace(threads=args.threads, runs=1, prompt_tokens=8, new_tokens=2)
     try:
-        bench_llamacpp(python, model, trial, True)
+        llamacpp.bench(model, trial, True)
     except subprocess.CalledProcessError as failed:
         if failed.returncode >= 0:
             raise
         return False
     return True
-
-
-def bench_llamacpp(python: Path, model: Path, args, extra_buffers: bool) -> dict:
-    out = subprocess.run([python, "-c", LLAMACPP_BENCH, model, str(args.threads), str(args.runs),
-                          str(args.prompt_tokens), str(args.new_tokens), "on" if extra_buffers else "off"],
-                         check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def build_swiftvlm():
@@ -216,20 +252,21 @@ def main():
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--vlm", type=Path, help="a built `vlm` binary to run (default: build .build/release/vlm)")
+    parser.add_argument("--llama-bench", type=Path, help="llama.cpp's llama-bench binary, instead of llama-cpp-python")
     args = parser.parse_args()
     if min(args.threads, args.runs, args.rounds, args.prompt_tokens, args.new_tokens) < 1:
         parser.error("--threads, --runs, --rounds, --prompt-tokens and --new-tokens must be positive")
     model = args.model.resolve()
-    python = ensure_llamacpp()
+    llamacpp = LlamaBench(args.llama_bench.resolve()) if args.llama_bench else Bindings()
     if args.requantize:
-        model = requantized(python, model, args.requantize)
+        model = requantized(llamacpp, model, args.requantize)
     vlm = args.vlm.resolve() if args.vlm else build_swiftvlm()
     machine = describe(args.threads)
     started = time.time()
     load_before = os.getloadavg()[0]
-    extra_buffers = llamacpp_extra_buffers_run(python, model, args)
+    extra_buffers = llamacpp_extra_buffers_run(llamacpp, model, args)
     engines = {"swiftvlm": lambda: bench_swiftvlm(vlm, model, args),
-               "llama.cpp": lambda: bench_llamacpp(python, model, args, extra_buffers)}
+               "llama.cpp": lambda: llamacpp.bench(model, args, extra_buffers)}
     weight_bytes = step_weight_bytes(model)
     probe_megabytes = -(-weight_bytes // (1 << 20))
     rounds, probes = [], []
@@ -242,7 +279,8 @@ def main():
             read = weight_bytes * rounds[-1][engine]["decode_tokens_per_s"] / 1e9
             rounds[-1][engine].update(weights_gb_per_s=read, of_probe=read / probes[-1])
     keys = ("prefill_tokens_per_s", "decode_tokens_per_s")
-    results = {"model": str(model), "machine": machine, "llamacpp_extra_buffers": extra_buffers, "threads": args.threads,
+    results = {"model": str(model), "machine": machine, "llamacpp": type(llamacpp).__name__,
+               "llamacpp_extra_buffers": extra_buffers, "threads": args.threads,
                "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "step_weight_bytes": weight_bytes,
                "probe_gb_per_s": probes, "runs": args.runs, "load_average": load_before, "rounds": rounds}
     for engine in engines:
@@ -259,7 +297,8 @@ def main():
     print(summary(machine))
     print(f"{model.name}, {args.threads} threads, {args.prompt_tokens}-token prompt, {args.new_tokens} new tokens; "
           f"{args.rounds} rounds of each engine's median of {args.runs} runs (1-minute load average "
-          f"{load_before:.1f} before; llama.cpp's extra weight buffers "
+          f"{load_before:.1f} before; llama.cpp through "
+          f"{'llama-bench' if isinstance(llamacpp, LlamaBench) else 'llama-cpp-python'}, its extra weight buffers "
           f"{'on' if extra_buffers else 'off: AMX reported but withheld'})")
     print(f"{'':10} {'prefill tok/s':>14} {'decode tok/s':>13} {'weights GB/s':>13} {'of probe':>9}")
     for engine in engines:
