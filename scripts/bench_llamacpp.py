@@ -159,10 +159,10 @@ def requantized(llamacpp, model: Path, file_type: str) -> Path:
     return target
 
 
-def step_weight_bytes(model: Path) -> int:
-    """The bytes of weights one decoding step reads: every tensor of the GGUF file but the token embedding table
-    (one row of it a step), unless the file has no `output.weight` and the table is the head. A tensor's bytes run
-    from its offset to the next one's (alignment padding, under 32 bytes, included)."""
+def gguf_layout(model: Path) -> dict:
+    """Where a GGUF file's tensors lie: `data_start` (the header's length, metadata and tensor infos, aligned) and each
+    tensor's name, dims, ggml type, offset after data_start and bytes, in file order. A tensor's bytes run from its
+    offset to the next one's (alignment padding, under 32 bytes, included)."""
     with open(model, "rb") as f:
         def unpack(fmt):
             return struct.unpack("<" + fmt, f.read(struct.calcsize(fmt)))[0]
@@ -189,15 +189,23 @@ def step_weight_bytes(model: Path) -> int:
             found = value(unpack("I"))
             if key == "general.alignment":
                 alignment = found
-        offsets = {}
+        tensors = []
         for _ in range(tensor_count):
             name = string()
-            f.read(8 * unpack("I"))
-            unpack("I")
-            offsets[name] = unpack("Q")
+            dims = [unpack("Q") for _ in range(unpack("I"))]
+            tensors.append({"name": name, "dims": dims, "type": unpack("I"), "offset": unpack("Q")})
         data_start = (f.tell() + alignment - 1) // alignment * alignment
-    ends = sorted(offsets.values())[1:] + [model.stat().st_size - data_start]
-    sizes = {name: end - offset for (name, offset), end in zip(sorted(offsets.items(), key=lambda item: item[1]), ends)}
+    tensors.sort(key=lambda tensor: tensor["offset"])
+    ends = [tensor["offset"] for tensor in tensors[1:]] + [model.stat().st_size - data_start]
+    for tensor, end in zip(tensors, ends):
+        tensor["bytes"] = end - tensor["offset"]
+    return {"data_start": data_start, "size": model.stat().st_size, "tensors": tensors}
+
+
+def step_weight_bytes(model: Path) -> int:
+    """The bytes of weights one decoding step reads: every tensor of the GGUF file but the token embedding table
+    (one row of it a step), unless the file has no `output.weight` and the table is the head."""
+    sizes = {tensor["name"]: tensor["bytes"] for tensor in gguf_layout(model)["tensors"]}
     if "output.weight" in sizes:
         sizes.pop("token_embd.weight", None)
     return sum(sizes.values())

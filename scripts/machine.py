@@ -5,7 +5,8 @@ SwiftVLM holds its weights).
     python3 scripts/machine.py [--threads 2] [--json]
 
 The benchmark scripts import `describe` and print `summary(describe(threads))` above their tables. The limits come
-from scripts/machine_probe.c, compiled here for this CPU (cc -O2 -march=native -fopenmp) into .build-probe/.
+from scripts/machine_probe.c, compiled here for this CPU ($CC, else cc: -O2 -march=native -fopenmp) into
+.build-probe/.
 """
 import argparse
 import json
@@ -63,7 +64,7 @@ def probe(threads, megabytes=BANDWIDTH_MB):
     probe."""
     if not os.path.isfile(PROBE_BINARY) or os.path.getmtime(PROBE_BINARY) < os.path.getmtime(PROBE_SOURCE):
         os.makedirs(os.path.dirname(PROBE_BINARY), exist_ok=True)
-        subprocess.run(["cc", "-O2", "-march=native", "-fopenmp", PROBE_SOURCE, "-o", PROBE_BINARY], check=True)
+        subprocess.run([os.environ.get("CC", "cc"), "-O2", "-march=native", "-fopenmp", PROBE_SOURCE, "-o", PROBE_BINARY], check=True)
     done = subprocess.run([PROBE_BINARY, str(threads), *map(str, megabytes)], check=True, capture_output=True,
                           text=True)
     return json.loads(done.stdout)
