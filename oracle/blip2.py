@@ -4,7 +4,7 @@ transformers computes with them on real photos.
 Run by hand from the repository root with the oracle venv (oracle/requirements.txt):
 
     python oracle/blip2.py [CASE...]    # → Tests/Fixtures/blip2/<case>/ (every case without arguments;
-                                        #   the cases are those of CASES and "blip-vision")
+                                        #   the cases are those of CASES, "blip-vision" and "retrieval")
 
 Each case directory is a checkpoint SwiftVLM loads as is (config.json + model.safetensors) plus:
 
@@ -16,6 +16,13 @@ Each case directory is a checkpoint SwiftVLM loads as is (config.json + model.sa
   image tokens + bos) with the smallest top-1/top-2 logit margin seen, and beam search (num_beams=3,
   num_return_sequences=3) with `sequences` (prompt included, as generate returns them for a decoder-only language
   model) and `sequences_scores`.
+
+The "retrieval" case is a `Blip2ForImageTextRetrieval` (the Q-Former reading text as well: its text embeddings and
+text feed-forward, `use_qformer_text_input`), fp32, with three right-padded texts in synthetic ids: expected.json has
+every image's ITM probability for every text (`softmax(logits_per_image)[:, 1]` with the matching head, the image
+repeated per text) and the ITC scores (`logits_per_image` without it: the best cosine over the query outputs);
+expected.safetensors the pixels, the vision tower's last hidden state, the ITC image and text embeddings, and the ITM
+logits.
 
 The "blip-vision" case is BLIP's own vision tower (`BlipVisionModel`, `blip_vision_model`, its defaults for what
 the config leaves out), saved on its own, with its last hidden state and pooled output in expected.safetensors.
@@ -35,8 +42,8 @@ import sys
 import torch
 from PIL import Image
 from safetensors.torch import load_file, save_file
-from transformers import (Blip2Config, Blip2ForConditionalGeneration, BlipImageProcessorPil, BlipVisionConfig,
-                          BlipVisionModel)
+from transformers import (Blip2Config, Blip2ForConditionalGeneration, Blip2ForImageTextRetrieval, BlipImageProcessorPil,
+                          BlipVisionConfig, BlipVisionModel)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "Tests", "Fixtures", "blip2")
@@ -212,6 +219,52 @@ def build_blip_vision(seed=100):
     print(BLIP_VISION, {f: os.path.getsize(os.path.join(directory, f)) for f in sorted(os.listdir(directory))})
 
 
+RETRIEVAL = "retrieval"
+# [CLS] … [SEP] in the Q-Former's own vocabulary (BERT's layout), right-padded with 0 as Blip2Processor's BertTokenizer
+# pads them.
+CLS, SEP = 81, 82
+RETRIEVAL_TEXTS = [[CLS, 23, 8, 77, SEP], [CLS, 61, 3, 19, 40, 55, 14, SEP], [CLS, 50, SEP]]
+
+
+def build_retrieval(seed=100):
+    """Cross-attention in layers 0 and 2 of three, 4 heads of 8, 5 queries, a 16-wide shared space."""
+    torch.manual_seed(seed)
+    config = Blip2Config(
+        vision_config=dict(hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                           image_size=32, patch_size=8, qkv_bias=True),
+        qformer_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+                            cross_attention_frequency=2, vocab_size=90, max_position_embeddings=16,
+                            use_qformer_text_input=True),
+        num_query_tokens=5, image_text_hidden_size=16)
+    model = Blip2ForImageTextRetrieval(config).eval()
+    randomize(model, torch.Generator().manual_seed(seed), hub_layout=False)
+    directory = os.path.join(FIXTURES, RETRIEVAL)
+    shutil.rmtree(directory, ignore_errors=True)
+    model.save_pretrained(directory)
+    model = Blip2ForImageTextRetrieval.from_pretrained(directory, dtype=torch.float32).eval()
+    pixels = pixel_values(config.vision_config.image_size)
+    length = max(map(len, RETRIEVAL_TEXTS))
+    ids = torch.tensor([text + [0] * (length - len(text)) for text in RETRIEVAL_TEXTS])
+    mask = torch.tensor([[1] * len(text) + [0] * (length - len(text)) for text in RETRIEVAL_TEXTS])
+    expected = dict(input_ids=ids.tolist(), attention_mask=mask.tolist(), itm_probabilities=[])
+    tensors = {"pixel_values": pixels}
+    with torch.no_grad():
+        tensors["vision_last_hidden_state"] = model.vision_model(pixel_values=pixels).last_hidden_state
+        for image in range(len(PHOTOS)):
+            repeated = pixels[image:image + 1].repeat(len(RETRIEVAL_TEXTS), 1, 1, 1)
+            output = model(pixel_values=repeated, input_ids=ids, attention_mask=mask, use_image_text_matching_head=True)
+            tensors[f"itm_logits_{image}"] = output.logits_per_image
+            expected["itm_probabilities"].append(output.logits_per_image.softmax(dim=-1)[:, 1].tolist())
+        output = model(pixel_values=pixels, input_ids=ids, attention_mask=mask, use_image_text_matching_head=False)
+        expected["itc_similarities"] = output.logits_per_image.tolist()
+        tensors["itc_image_embeds"] = output.image_embeds
+        tensors["itc_text_embeds"] = output.text_embeds
+    save_file({key: value.contiguous() for key, value in tensors.items()}, os.path.join(directory, "expected.safetensors"))
+    with open(os.path.join(directory, "expected.json"), "w") as file:
+        json.dump(expected, file)
+    print(RETRIEVAL, expected, {f: os.path.getsize(os.path.join(directory, f)) for f in sorted(os.listdir(directory))})
+
+
 def to_hub_layout(path):
     """Rewrites each vision layer's fused `qkv.bias` as the Hub checkpoints' `q_bias` and `v_bias`."""
     weights = load_file(path)
@@ -226,12 +279,14 @@ def to_hub_layout(path):
 
 
 def main():
-    unknown = set(sys.argv[1:]) - set(CASES) - {BLIP_VISION}
+    unknown = set(sys.argv[1:]) - set(CASES) - {BLIP_VISION, RETRIEVAL}
     if unknown:
-        raise SystemExit(f"unknown cases {sorted(unknown)}; the cases are {list(CASES) + [BLIP_VISION]}")
+        raise SystemExit(f"unknown cases {sorted(unknown)}; the cases are {list(CASES) + [BLIP_VISION, RETRIEVAL]}")
     os.makedirs(FIXTURES, exist_ok=True)
     if not sys.argv[1:] or BLIP_VISION in sys.argv[1:]:
         build_blip_vision()
+    if not sys.argv[1:] or RETRIEVAL in sys.argv[1:]:
+        build_retrieval()
     for name, spec in CASES.items():
         if sys.argv[1:] and name not in sys.argv[1:]:
             continue

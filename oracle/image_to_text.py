@@ -21,6 +21,11 @@ d_model^-0.5, 3 heads of 8 over a 16-wide model), weights stored as bf16.
 bert-base-uncased WordPiece (Tests/Fixtures/tokenizers/real/bert-uncased) with "[DEC]" as bos and "[ENC]" added, as
 the Salesforce checkpoints have it (30524 ids), saved with BlipProcessor.save_pretrained.
 
+"blip2-retrieval": a tiny random-init Blip2ForImageTextRetrieval whose Q-Former reads text in that same BLIP
+vocabulary plus `<image>`, saved with Blip2Processor and num_query_tokens, as blip2-itm-vit-g is: the processor puts
+the image tokens in front of each text's [CLS] and the model, given image_token_index, cuts them off again; fp16
+weights.
+
 expected.json lists, per request (one image, an optional prompt or question): the processor's input_ids (image
 tokens expanded in front of the text for BLIP-2; [CLS] … [SEP] for BLIP), the new tokens of greedy decoding and of
 3-beam search, and their text as the image-text-to-text pipeline returns it (decoded with special tokens skipped,
@@ -32,7 +37,8 @@ import shutil
 
 import torch
 from PIL import Image
-from transformers import (AutoTokenizer, Blip2Config, PreTrainedTokenizerFast, Blip2ForConditionalGeneration, Blip2Processor, BlipConfig,
+from transformers import (AutoTokenizer, Blip2Config, PreTrainedTokenizerFast, Blip2ForConditionalGeneration,
+                          Blip2ForImageTextRetrieval, Blip2Processor, BlipConfig,
                           BlipForConditionalGeneration, BlipForImageTextRetrieval, BlipForQuestionAnswering,
                           BlipImageProcessorPil, BlipProcessor)
 
@@ -197,6 +203,38 @@ def blip_retrieval(seed=5):
     write(directory, dict(texts=texts, pairs=pairs))
 
 
+def blip2_retrieval(seed=13):
+    directory = os.path.join(FIXTURES, "blip2-retrieval")
+    shutil.rmtree(directory, ignore_errors=True)
+    processor = Blip2Processor(image_processor=BlipImageProcessorPil(size={"height": 32, "width": 32}),
+                               tokenizer=blip_tokenizer(), num_query_tokens=4)
+    tokenizer = processor.tokenizer
+    config = Blip2Config(vision_config=dict(BLIP_VISION, qkv_bias=True),
+                         qformer_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                             num_attention_heads=2, cross_attention_frequency=1,
+                                             vocab_size=len(tokenizer), max_position_embeddings=64,
+                                             pad_token_id=tokenizer.pad_token_id, use_qformer_text_input=True),
+                         num_query_tokens=4, image_text_hidden_size=16,
+                         image_token_index=tokenizer.convert_tokens_to_ids("<image>"))
+    torch.manual_seed(seed)
+    model = Blip2ForImageTextRetrieval(config).eval()
+    randomize(model, torch.Generator().manual_seed(seed))
+    model.to(torch.float16).save_pretrained(directory)
+    processor.save_pretrained(directory)
+    model = Blip2ForImageTextRetrieval.from_pretrained(directory, dtype=torch.float32).eval()
+    processor = Blip2Processor.from_pretrained(directory)
+    texts = ["a cat lying on a blanket", "a cup of coffee", "two monsters sitting around a campfire"]
+    pairs = []
+    for photo in ("chelsea.png", "coffee.png"):
+        image = Image.open(os.path.join(PHOTOS, photo)).convert("RGB")
+        inputs = processor(images=[image] * len(texts), text=texts, return_tensors="pt", padding=True)
+        with torch.no_grad():
+            itm = model(**inputs, use_image_text_matching_head=True).logits_per_image.softmax(dim=-1)[:, 1]
+            itc = model(**inputs, use_image_text_matching_head=False).logits_per_image[0]
+        pairs += [dict(image=photo, text=text, itm=float(itm[i]), itc=float(itc[i])) for i, text in enumerate(texts)]
+    write(directory, dict(texts=texts, pairs=pairs))
+
+
 def write(directory, expected):
     compact_json(os.path.join(directory, "tokenizer.json"))
     with open(os.path.join(directory, "expected.json"), "w") as file:
@@ -265,3 +303,4 @@ if __name__ == "__main__":
     blip("blip-vqa", BlipForQuestionAnswering,
          [("chelsea.png", "how many cats are there?"), ("coffee.png", "what is in the cup?")], seed=4)
     blip_retrieval()
+    blip2_retrieval()

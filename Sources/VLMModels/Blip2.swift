@@ -7,7 +7,7 @@ import VLMTensor
 // linear projection into the language model's embedding space, and a frozen decoder (OPT here) that reads the
 // projected queries where the prompt holds its image tokens.
 
-/// transformers' `Blip2QFormerConfig`, with its defaults (the fields the query path reads).
+/// transformers' `Blip2QFormerConfig`, with its defaults.
 public struct Blip2QFormerConfig: Decodable, Sendable {
     public var hiddenSize: Int
     public var numHiddenLayers: Int
@@ -19,11 +19,19 @@ public struct Blip2QFormerConfig: Decodable, Sendable {
     public var crossAttentionFrequency: Int
     /// Width of the image features cross-attended to; `Blip2Config` sets it to the vision tower's `hidden_size`.
     public var encoderHiddenSize: Int
+    /// Whether the layers have a text feed-forward (`intermediate`, `output`): the Q-Former of the retrieval model
+    /// reads text too.
+    public var useQformerTextInput: Bool
+    /// The text embeddings' vocabulary and positions (`Blip2TextEmbeddings`, the retrieval model's).
+    public var vocabSize: Int
+    public var maxPositionEmbeddings: Int
 
     enum CodingKeys: String, CodingKey {
         case hiddenSize = "hidden_size", numHiddenLayers = "num_hidden_layers", numAttentionHeads = "num_attention_heads"
         case intermediateSize = "intermediate_size", hiddenAct = "hidden_act", layerNormEps = "layer_norm_eps"
         case crossAttentionFrequency = "cross_attention_frequency", encoderHiddenSize = "encoder_hidden_size"
+        case useQformerTextInput = "use_qformer_text_input", vocabSize = "vocab_size"
+        case maxPositionEmbeddings = "max_position_embeddings"
     }
 
     public init(from decoder: any Decoder) throws {
@@ -36,6 +44,9 @@ public struct Blip2QFormerConfig: Decodable, Sendable {
         layerNormEps = try c.value(.layerNormEps, default: 1e-12)
         crossAttentionFrequency = try c.value(.crossAttentionFrequency, default: 2)
         encoderHiddenSize = try c.value(.encoderHiddenSize, default: 1408)
+        useQformerTextInput = try c.value(.useQformerTextInput, default: false)
+        vocabSize = try c.value(.vocabSize, default: 30522)
+        maxPositionEmbeddings = try c.value(.maxPositionEmbeddings, default: 512)
     }
 }
 
@@ -50,10 +61,13 @@ public struct Blip2Config: Decodable, Sendable {
     /// The token id that marks where image features go (`image_token_index`, also read as `image_token_id`);
     /// older checkpoints have none.
     public var imageTokenIndex: Int?
+    /// Width of the space the retrieval model's image and text projections share.
+    public var imageTextHiddenSize: Int
 
     enum CodingKeys: String, CodingKey {
         case visionConfig = "vision_config", qformerConfig = "qformer_config", textConfig = "text_config"
         case numQueryTokens = "num_query_tokens", imageTokenIndex = "image_token_index", imageTokenId = "image_token_id"
+        case imageTextHiddenSize = "image_text_hidden_size"
     }
 
     /// `vision_config` read with BLIP-2's defaults whatever its `model_type`, as `Blip2Config` does.
@@ -89,6 +103,7 @@ public struct Blip2Config: Decodable, Sendable {
         numQueryTokens = try c.value(.numQueryTokens, default: 32)
         imageTokenIndex = try c.decodeIfPresent(Int.self, forKey: .imageTokenIndex)
             ?? c.decodeIfPresent(Int.self, forKey: .imageTokenId)
+        imageTextHiddenSize = try c.value(.imageTextHiddenSize, default: 256)
     }
 }
 
@@ -148,23 +163,42 @@ struct QFormerAttention {
         self.heads = heads
     }
 
-    /// `hidden [B, Q, hiddenSize]` attending to every position of `context [B, T, contextSize]` (`hidden` itself
-    /// for self-attention). No mask: the queries and the image features are never padded.
-    func callAsFunction(_ hidden: Tensor, context: Tensor) -> Tensor {
-        let attended = attention(query: query(hidden), key: key(context), value: value(context), heads: heads)
+    /// `hidden [B, L, hiddenSize]` attending to `context [B, T, contextSize]` (`hidden` itself for
+    /// self-attention), to the positions `keyPaddingMask [B, T]` keeps (all without one: queries and image features
+    /// are never padded).
+    func callAsFunction(_ hidden: Tensor, context: Tensor, keyPaddingMask: Tensor? = nil) -> Tensor {
+        let attended = attention(query: query(hidden), key: key(context), value: value(context), heads: heads,
+                                 keyPaddingMask: keyPaddingMask)
         return norm(output(attended, residual: hidden))
     }
 }
 
-/// `Blip2QFormerLayer` on query positions only: self-attention, cross-attention to the image in every
-/// `cross_attention_frequency`-th layer, and the query feed-forward (`intermediate_query`, `output_query`). The text
-/// feed-forward (`intermediate`, `output`) serves text inputs, which captioning and VQA never give the Q-Former.
+/// A Q-Former feed-forward (`intermediate_query` and `output_query` for queries, `intermediate` and `output` for
+/// text): dense, activation, dense, the residual, LayerNorm.
+struct QFormerFeedForward {
+    let intermediate: Linear
+    let output: Linear
+    let norm: LayerNorm
+
+    init(_ weights: Weights, intermediate name: String, output outputName: String, config c: Blip2QFormerConfig) throws {
+        intermediate = try Linear(weights.scoped("\(name).dense"), inFeatures: c.hiddenSize, outFeatures: c.intermediateSize)
+        output = try Linear(weights.scoped("\(outputName).dense"), inFeatures: c.intermediateSize, outFeatures: c.hiddenSize)
+        norm = try LayerNorm(weights.scoped("\(outputName).LayerNorm"), size: c.hiddenSize, eps: c.layerNormEps)
+    }
+
+    func callAsFunction(_ x: Tensor, activation: Activation) -> Tensor {
+        norm(output(intermediate(x, activation: activation), residual: x))
+    }
+}
+
+/// `Blip2QFormerLayer`: self-attention over queries and text together, the queries' cross-attention to the image in
+/// every `cross_attention_frequency`-th layer, then the query feed-forward on query positions and the text one
+/// (loaded with `use_qformer_text_input`; captioning and VQA give the Q-Former no text) on the rest.
 struct QFormerLayer {
     let selfAttention: QFormerAttention
     let crossAttention: QFormerAttention?
-    let intermediate: Linear
-    let output: Linear
-    let outputNorm: LayerNorm
+    let queryFeedForward: QFormerFeedForward
+    let textFeedForward: QFormerFeedForward?
     let activation: Activation
 
     init(_ weights: Weights, index: Int, config c: Blip2QFormerConfig, activation: Activation) throws {
@@ -175,20 +209,35 @@ struct QFormerLayer {
             ? try QFormerAttention(weights.scoped("crossattention"), hiddenSize: h, contextSize: c.encoderHiddenSize,
                                    heads: c.numAttentionHeads, eps: c.layerNormEps)
             : nil
-        intermediate = try Linear(weights.scoped("intermediate_query.dense"), inFeatures: h, outFeatures: c.intermediateSize)
-        output = try Linear(weights.scoped("output_query.dense"), inFeatures: c.intermediateSize, outFeatures: h)
-        outputNorm = try LayerNorm(weights.scoped("output_query.LayerNorm"), size: h, eps: c.layerNormEps)
+        queryFeedForward = try QFormerFeedForward(weights, intermediate: "intermediate_query", output: "output_query", config: c)
+        textFeedForward = c.useQformerTextInput
+            ? try QFormerFeedForward(weights, intermediate: "intermediate", output: "output", config: c) : nil
         self.activation = activation
     }
 
-    func callAsFunction(_ hidden: Tensor, imageFeatures: Tensor) -> Tensor {
-        var attended = selfAttention(hidden, context: hidden)
-        if let crossAttention { attended = crossAttention(attended, context: imageFeatures) }
-        return outputNorm(output(intermediate(attended, activation: activation), residual: attended))
+    /// `hidden [B, L, hiddenSize]` whose first `queryLength` positions are queries and the rest text, attending to
+    /// the positions `keyPaddingMask [B, L]` keeps; the queries cross-attend to `imageFeatures`, which a pass with
+    /// queries must give, and only a layer with the text feed-forward takes text.
+    func callAsFunction(_ hidden: Tensor, queryLength: Int, imageFeatures: Tensor?, keyPaddingMask: Tensor?) -> Tensor {
+        let attended = selfAttention(hidden, context: hidden, keyPaddingMask: keyPaddingMask)
+        let length = hidden.shape[1]
+        let text = queryLength == length ? nil : textFeedForward.map { feedForward in
+            feedForward(queryLength == 0 ? attended : sequenceSlice(attended, queryLength..<length), activation: activation)
+        }
+        precondition(queryLength == length || text != nil, "Q-Former text input without use_qformer_text_input")
+        guard queryLength > 0 else { return text! }
+        var queries = queryLength == length ? attended : sequenceSlice(attended, 0..<queryLength)
+        if let crossAttention {
+            guard let imageFeatures else { preconditionFailure("Q-Former queries without image features") }
+            queries = crossAttention(queries, context: imageFeatures)
+        }
+        let queryOutput = queryFeedForward(queries, activation: activation)
+        return text.map { concatenate([queryOutput, $0], axis: 1) } ?? queryOutput
     }
 }
 
-/// transformers' `Blip2QFormerModel` as BLIP-2 generation runs it: query embeddings in, no text.
+/// transformers' `Blip2QFormerModel`: query embeddings cross-attending to the image, text embeddings after them, or
+/// either alone.
 final class Blip2QFormerModel: @unchecked Sendable {
     let layerNorm: LayerNorm
     let layers: [QFormerLayer]
@@ -208,8 +257,16 @@ final class Blip2QFormerModel: @unchecked Sendable {
     /// `queryEmbeds [B, Q, hiddenSize]` cross-attending to `imageFeatures [B, T, encoderHiddenSize]`: the last
     /// hidden state `[B, Q, hiddenSize]`.
     func callAsFunction(queryEmbeds: Tensor, imageFeatures: Tensor) -> Tensor {
-        var hidden = layerNorm(queryEmbeds)
-        for layer in layers { hidden = layer(hidden, imageFeatures: imageFeatures) }
+        self(embeddings: queryEmbeds, queryLength: queryEmbeds.shape[1], imageFeatures: imageFeatures, keyPaddingMask: nil)
+    }
+
+    /// `embeddings [B, L, hiddenSize]`, queries in the first `queryLength` positions and text after them, attending
+    /// to the positions `keyPaddingMask [B, L]` keeps: the last hidden state `[B, L, hiddenSize]`.
+    func callAsFunction(embeddings: Tensor, queryLength: Int, imageFeatures: Tensor?, keyPaddingMask: Tensor?) -> Tensor {
+        var hidden = layerNorm(embeddings)
+        for layer in layers {
+            hidden = layer(hidden, queryLength: queryLength, imageFeatures: imageFeatures, keyPaddingMask: keyPaddingMask)
+        }
         return hidden
     }
 }
@@ -366,5 +423,144 @@ public final class Blip2ForConditionalGeneration: ImageToTextModel, @unchecked S
             throw ModelError.invalidInput("config.json has no image_token_index, so no prompt can mark where the image goes")
         }
         return index
+    }
+}
+
+/// transformers' `Blip2ForImageTextRetrieval` (the blip2-itm checkpoints): the Q-Former reads text as well as
+/// images. Image–text matching (ITM) runs the queries and the text through it together, the queries cross-attending
+/// to the image, and averages the `itm_head` logits over the query outputs; the contrastive score (ITC) is the best
+/// cosine between any of an image's projected query outputs and the text's projected [CLS] state, the text read by
+/// the Q-Former alone. Texts are BERT-style `[CLS] … [SEP]` in the Q-Former's own vocabulary, right-padded.
+public final class Blip2ForImageTextRetrieval: ImageTextMatchingModel, @unchecked Sendable {
+    public let config: Blip2Config
+    /// The image tower.
+    public let visionModel: BlipVisionModel
+    /// `query_tokens` `[1, numQueryTokens, qformer hiddenSize]`.
+    let queryTokens: Tensor
+    /// `embeddings.word_embeddings` `[vocab, hiddenSize]` and `embeddings.position_embeddings` `[positions, hiddenSize]`.
+    let wordEmbeddings: Tensor, positionEmbeddings: Tensor
+    let qformer: Blip2QFormerModel
+    let visionProjection: Linear, textProjection: Linear
+    let itmHead: Linear
+
+    /// Loads config.json and the safetensors weights of a checkpoint directory whose `model_type` is `blip-2`.
+    public convenience init(directory: ModelDirectory) throws {
+        let configPath = directory.url.appendingPathComponent("config.json").path
+        let type = try directory.modelType
+        guard type == "blip-2" else { throw ModelError.unsupportedModelType(type, supported: ["blip-2"], file: configPath) }
+        try self.init(config: directory.decode(Blip2Config.self), weights: Weights(WeightStore(directory: directory.url)),
+                      file: configPath)
+    }
+
+    /// Builds the model from `weights` named as transformers saves `Blip2ForImageTextRetrieval` (`vision_model.…`,
+    /// `query_tokens`, `embeddings.…`, `qformer.…`, `vision_projection`, `text_projection`, `itm_head`).
+    public init(config: Blip2Config, weights: Weights, file: String = "config.json") throws {
+        let q = config.qformerConfig
+        guard q.useQformerTextInput else {
+            throw ModelError.invalidConfig("qformer_config.use_qformer_text_input is false, so the Q-Former has no text feed-forward to read texts with", file: file)
+        }
+        guard config.numQueryTokens > 0 else {
+            throw ModelError.invalidConfig("num_query_tokens is \(config.numQueryTokens), expected a positive count", file: file)
+        }
+        self.config = config
+        visionModel = try BlipVisionModel(config.visionConfig, weights: weights.scoped("vision_model"), file: file)
+        queryTokens = try weights("query_tokens", shape: [1, config.numQueryTokens, q.hiddenSize])
+        wordEmbeddings = try weights("embeddings.word_embeddings.weight", shape: [q.vocabSize, q.hiddenSize])
+        positionEmbeddings = try weights("embeddings.position_embeddings.weight", shape: [q.maxPositionEmbeddings, q.hiddenSize])
+        qformer = try Blip2QFormerModel(q, weights: weights.scoped("qformer"), file: file)
+        visionProjection = try Linear(weights.scoped("vision_projection"), inFeatures: q.hiddenSize, outFeatures: config.imageTextHiddenSize)
+        textProjection = try Linear(weights.scoped("text_projection"), inFeatures: q.hiddenSize, outFeatures: config.imageTextHiddenSize)
+        itmHead = try Linear(weights.scoped("itm_head"), inFeatures: q.hiddenSize, outFeatures: 2)
+    }
+
+    public var imageSize: Int { config.visionConfig.imageSize }
+
+    /// The vision tower's last hidden state `[B, patches + 1, vision hiddenSize]` for pixel values `[B, 3, S, S]`.
+    public func imageEmbeddings(pixelValues: Tensor) throws -> Tensor {
+        try visionModel(pixelValues: pixelValues).lastHiddenState
+    }
+
+    /// `logits_per_image` with `use_image_text_matching_head=True`: [no match, match] logits `[B, 2]` for texts
+    /// `[B][T]`, text `b` read against image `b / (B / images)` of `imageEmbeds [images, P, vision]` (each image
+    /// for as many consecutive texts).
+    public func matchLogits(imageEmbeds: Tensor, inputIds: [[Int]], attentionMask: [[Int]]? = nil) throws -> Tensor {
+        let images = try imageBatch(imageEmbeds)
+        let (text, mask) = try textEmbeddings(inputIds, attentionMask: attentionMask)
+        let (rows, queries) = (inputIds.count, config.numQueryTokens)
+        guard rows % images == 0 else {
+            throw ModelError.invalidInput("\(rows) texts do not pair with \(images) images (need a multiple)")
+        }
+        let keyPaddingMask = mask.map { textMask in
+            concatenate([Tensor(shape: [rows, queries], scalars: Array(repeating: 1, count: rows * queries)), textMask], axis: 1)
+        }
+        let hidden = qformer(embeddings: concatenate([repeatRows(queryTokens, rows), text], axis: 1), queryLength: queries,
+                             imageFeatures: repeatRows(imageEmbeds, rows / images), keyPaddingMask: keyPaddingMask)
+        let logits = itmHead(sequenceSlice(hidden, 0..<queries)).scalars
+        // The mean over the query outputs, in order, as torch's mean(dim=1) sums them.
+        var means = [Float](repeating: 0, count: rows * 2)
+        for row in 0..<rows {
+            for query in 0..<queries {
+                means[row * 2] += logits[(row * queries + query) * 2]
+                means[row * 2 + 1] += logits[(row * queries + query) * 2 + 1]
+            }
+        }
+        return Tensor(shape: [rows, 2], scalars: means.map { $0 / Float(queries) })
+    }
+
+    /// The probability that text `b` describes its image: `softmax(logits_per_image)[:, 1]`, `B` values.
+    public func matchProbabilities(imageEmbeds: Tensor, inputIds: [[Int]], attentionMask: [[Int]]? = nil) throws -> [Float] {
+        let probabilities = softmax(try matchLogits(imageEmbeds: imageEmbeds, inputIds: inputIds, attentionMask: attentionMask)).scalars
+        return stride(from: 1, to: probabilities.count, by: 2).map { probabilities[$0] }
+    }
+
+    /// L2-normalized `vision_projection` of each image's query outputs: `[B, numQueryTokens, image_text_hidden_size]`.
+    public func imageFeatures(imageEmbeds: Tensor) throws -> Tensor {
+        let images = try imageBatch(imageEmbeds)
+        return l2Normalized(visionProjection(qformer(queryEmbeds: repeatRows(queryTokens, images), imageFeatures: imageEmbeds)))
+    }
+
+    /// L2-normalized `text_projection` of each text's [CLS] state, the text read by the Q-Former alone:
+    /// `[B, image_text_hidden_size]`.
+    public func textFeatures(inputIds: [[Int]], attentionMask: [[Int]]? = nil) throws -> Tensor {
+        let (text, mask) = try textEmbeddings(inputIds, attentionMask: attentionMask)
+        let hidden = qformer(embeddings: text, queryLength: 0, imageFeatures: nil, keyPaddingMask: mask)
+        return l2Normalized(textProjection(gatherTokens(hidden, positions: Array(repeating: 0, count: inputIds.count))))
+    }
+
+    /// `logits_per_image` with `use_image_text_matching_head=False`: for every image and text the largest cosine
+    /// similarity between the image's query features and the text's, `[images, texts]`.
+    public func cosineSimilarities(imageEmbeds: Tensor, inputIds: [[Int]], attentionMask: [[Int]]? = nil) throws -> Tensor {
+        let images = try imageFeatures(imageEmbeds: imageEmbeds)
+        let texts = try textFeatures(inputIds: inputIds, attentionMask: attentionMask)
+        let (count, queries, width) = (images.shape[0], images.shape[1], images.shape[2])
+        let cosines = matmul(images.reshaped([count * queries, width]), texts, transposeB: true).scalars
+        let textCount = inputIds.count
+        return Tensor(shape: [count, textCount], scalars: (0..<count).flatMap { image in
+            (0..<textCount).map { text in
+                (0..<queries).map { cosines[(image * queries + $0) * textCount + text] }.max()!
+            }
+        })
+    }
+
+    /// `Blip2TextEmbeddings` of right-padded texts `[B][T]`, `[B, T, hiddenSize]` (word plus learned position
+    /// embeddings; the Q-Former normalizes them), and their key padding mask, nil when nothing is padded.
+    private func textEmbeddings(_ inputIds: [[Int]], attentionMask: [[Int]]?) throws -> (Tensor, Tensor?) {
+        let length = try equalRowLength(inputIds, "input ids")
+        let limit = config.qformerConfig.maxPositionEmbeddings
+        guard length > 0, length <= limit else {
+            throw ModelError.invalidInput("the Q-Former takes 1 to \(limit) text tokens per row, got \(length)")
+        }
+        let positions = Array(repeating: Array(0..<length), count: inputIds.count)
+        let embedded = add(try tokenEmbeddings(inputIds, table: wordEmbeddings), learnedPositions(positionEmbeddings, positions: positions))
+        return (embedded, try encoderKeyPaddingMask(attentionMask, batch: inputIds.count, length: length))
+    }
+
+    /// Checks that `imageEmbeds` is the vision tower's `[B, P, width]` and returns `B`.
+    private func imageBatch(_ imageEmbeds: Tensor) throws -> Int {
+        let width = config.visionConfig.hiddenSize
+        guard imageEmbeds.rank == 3, imageEmbeds.shape[0] > 0, imageEmbeds.shape[1] > 0, imageEmbeds.shape[2] == width else {
+            throw ModelError.invalidInput("image embeds must be the vision tower's last hidden state [B, patches + 1, \(width)], got \(imageEmbeds.shape)")
+        }
+        return imageEmbeds.shape[0]
     }
 }

@@ -133,6 +133,9 @@ public enum ModelRegistry {
                     builder: .causalLanguageModel { try OPTForCausalLM(directory: $0) }),
         ModelFamily("GPT-2", modelTypes: ["gpt2"], tasks: [.generate, .chat],
                     builder: .causalLanguageModel { try GPT2LMHeadModel(directory: $0) }),
+        // Before BLIP-2's generation family, which takes every other blip-2 checkpoint.
+        ModelFamily("BLIP-2 retrieval", modelTypes: ["blip-2"], architectures: ["Blip2ForImageTextRetrieval"],
+                    tasks: [.match], builder: .imageTextMatching { try Blip2ForImageTextRetrieval(directory: $0) }),
         ModelFamily("BLIP-2", modelTypes: ["blip-2"], tasks: [.caption, .ask, .chat],
                     builder: .imageToText { try Blip2ForConditionalGeneration(directory: $0) }),
         // LLaVA chats through its chat template with image parts (`vlm generate --chat`, `vlm chat`).

@@ -182,12 +182,61 @@ struct Blip2Fixture {
         #expect(vision.layerNormEps == 1e-6 && vision.qkvBias)
         #expect(config.qformerConfig.crossAttentionFrequency == 2 && config.qformerConfig.layerNormEps == 1e-12)
         #expect(config.qformerConfig.encoderHiddenSize == 1408)
+        #expect(!config.qformerConfig.useQformerTextInput && config.qformerConfig.vocabSize == 30522)
+        #expect(config.qformerConfig.maxPositionEmbeddings == 512 && config.imageTextHiddenSize == 256)
         #expect(config.numQueryTokens == 32 && config.imageTokenIndex == nil)
         guard case .opt = config.textConfig else { Issue.record("text_config defaults to OPT"); return }
         let named = try JSONDecoder().decode(Blip2Config.self, from: Data(#"{"image_token_id": 50265, "vision_config": {"hidden_size": 64}}"#.utf8))
         #expect(named.imageTokenIndex == 50265 && named.qformerConfig.encoderHiddenSize == 64)
         let blip = try JSONDecoder().decode(BlipVisionConfig.self, from: Data(#"{"model_type": "blip_vision_model"}"#.utf8))
         #expect(blip.hiddenSize == 768 && blip.imageSize == 384 && blip.patchSize == 16 && blip.layerNormEps == 1e-5 && blip.qkvBias)
+    }
+
+    /// `Blip2ForImageTextRetrieval` (oracle/blip2.py's "retrieval"): both images against every text, as
+    /// `vlm match` pairs them (the texts repeated per image, image by image).
+    @Test func retrievalMatchesTransformers() throws {
+        struct Expected: Decodable {
+            let input_ids: [[Int]]
+            let attention_mask: [[Int]]
+            let itm_probabilities: [[Float]]
+            let itc_similarities: [[Float]]
+        }
+        let directory = try ModelDirectory(url: Blip2Fixture.root.appendingPathComponent("retrieval"))
+        #expect(try ModelRegistry.family(of: directory, for: .match).name == "BLIP-2 retrieval")
+        let model = try ModelRegistry.imageTextMatchingModel(directory)
+        let expected = try JSONDecoder().decode(Expected.self, from: Data(contentsOf: directory.url.appendingPathComponent("expected.json")))
+        let tensors = try SafetensorsFile(url: directory.url.appendingPathComponent("expected.safetensors"))
+        let embeds = try model.imageEmbeddings(pixelValues: tensors.tensor("pixel_values"))
+        #expect(maxAbsDifference(embeds, try tensors.tensor("vision_last_hidden_state")) < Self.tolerance)
+        let (ids, mask) = (expected.input_ids, expected.attention_mask)
+        let pairs = (Array(repeating: ids, count: 2).flatMap { $0 }, Array(repeating: mask, count: 2).flatMap { $0 })
+        let retrieval = try #require(model as? Blip2ForImageTextRetrieval)
+        let logits = try retrieval.matchLogits(imageEmbeds: embeds, inputIds: pairs.0, attentionMask: pairs.1)
+        let expectedLogits = concatenate([try tensors.tensor("itm_logits_0"), try tensors.tensor("itm_logits_1")], axis: 0)
+        #expect(maxAbsDifference(logits, expectedLogits) < Self.tolerance)
+        let probabilities = try model.matchProbabilities(imageEmbeds: embeds, inputIds: pairs.0, attentionMask: pairs.1)
+        #expect(maxDifference(probabilities, expected.itm_probabilities.flatMap { $0 }) < Self.tolerance)
+        let similarities = try model.cosineSimilarities(imageEmbeds: embeds, inputIds: ids, attentionMask: mask)
+        #expect(similarities.shape == [2, 3])
+        #expect(maxDifference(similarities.scalars, expected.itc_similarities.flatMap { $0 }) < Self.tolerance)
+        #expect(maxAbsDifference(try retrieval.imageFeatures(imageEmbeds: embeds), try tensors.tensor("itc_image_embeds")) < Self.tolerance)
+        #expect(maxAbsDifference(try retrieval.textFeatures(inputIds: ids, attentionMask: mask), try tensors.tensor("itc_text_embeds")) < Self.tolerance)
+        #expect(throws: ModelError.self) { try retrieval.matchLogits(imageEmbeds: embeds, inputIds: Array(ids.prefix(3)), attentionMask: nil) }
+    }
+
+    /// The captioning checkpoints stay BLIP-2's generation family; a retrieval checkpoint whose Q-Former has no text
+    /// feed-forward is refused by name.
+    @Test func retrievalNeedsTheQFormerTextInput() throws {
+        let captioning = try ModelDirectory(url: Blip2Fixture.root.appendingPathComponent("cross1-fp16"))
+        #expect(try ModelRegistry.family(of: captioning).name == "BLIP-2")
+        let directory = try ModelDirectory(url: Blip2Fixture.root.appendingPathComponent("retrieval"))
+        var config = try directory.decode(Blip2Config.self)
+        #expect(config.qformerConfig.useQformerTextInput && config.imageTextHiddenSize == 16)
+        config.qformerConfig.useQformerTextInput = false
+        let error = try #require(throws: ModelError.self) {
+            try Blip2ForImageTextRetrieval(config: config, weights: Weights(WeightStore(directory: directory.url)))
+        }
+        #expect("\(error)".contains("use_qformer_text_input"))
     }
 
     @Test func otherLanguageModelsAreNamedErrors() throws {

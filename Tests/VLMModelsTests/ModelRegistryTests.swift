@@ -30,6 +30,8 @@ import VLMCheckpoint
         #expect(try ModelRegistry.family(of: directory("image-to-text/blip-captioning")).tasks == [.caption])
         #expect(try ModelRegistry.family(of: directory("image-to-text/blip-vqa")).tasks == [.ask])
         #expect(try ModelRegistry.family(of: directory("image-to-text/blip-retrieval")).tasks == [.match])
+        #expect(try ModelRegistry.family(of: directory("image-to-text/blip2-retrieval")).name == "BLIP-2 retrieval")
+        #expect(try ModelRegistry.family(of: directory("image-to-text/blip2-opt")).tasks == [.caption, .ask, .chat])
         let temporary = FileManager.default.temporaryDirectory.appendingPathComponent("registry-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: temporary, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: temporary) }

@@ -112,13 +112,15 @@ import VLMTensor
         }
     }
 
-    @Test func blipRetrievalScoresEveryPairLikeTransformers() throws {
+    /// BLIP's `BlipForImageTextRetrieval` and BLIP-2's `Blip2ForImageTextRetrieval`.
+    @Test(arguments: ["blip-retrieval", "blip2-retrieval"])
+    func retrievalScoresEveryPairLikeTransformers(_ name: String) throws {
         struct Retrieval: Decodable {
             struct Pair: Decodable { let image: String; let text: String; let itm: Float; let itc: Float }
             let texts: [String]
             let pairs: [Pair]
         }
-        let directory = Self.fixtures.appendingPathComponent("image-to-text/blip-retrieval")
+        let directory = Self.fixtures.appendingPathComponent("image-to-text/\(name)")
         let expected = try JSONDecoder().decode(Retrieval.self, from: Data(contentsOf: directory.appendingPathComponent("expected.json")))
         let pipeline = try ImageTextMatchingPipeline(directory: directory)
         let photos = ["chelsea.png", "coffee.png"]

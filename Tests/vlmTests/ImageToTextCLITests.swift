@@ -126,6 +126,17 @@ import VLMTensor
         #expect(pairs.map { $0["text"] as? String } == ["a cat lying on a blanket", "a cup of coffee", "a cat lying on a blanket", "a cup of coffee"])
         #expect(pairs.map { $0["image"] as? String } == [photo("chelsea.png"), photo("chelsea.png"), photo("coffee.png"), photo("coffee.png")])
         #expect(pairs.allSatisfy { Set($0.keys) == ["image", "text", "itm", "itc"] })
+        // BLIP-2's retrieval checkpoint scores as transformers does (oracle/image_to_text.py).
+        let blip2 = CLI.fixtures.appendingPathComponent("image-to-text/blip2-retrieval").path
+        let scored = try CLI.run(["match", photo("coffee.png"), "--model", blip2, "--texts", "a cup of coffee", "--json"])
+        #expect(scored.status == 0, "\(scored.stderr)")
+        let score = try #require((try CLI.json(scored) as? [[String: Any]])?.first)
+        let reference = try #require(((try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: blip2).appendingPathComponent("expected.json"))) as? [String: Any])?["pairs"] as? [[String: Any]])?
+            .first { $0["image"] as? String == "coffee.png" && $0["text"] as? String == "a cup of coffee" })
+        for key in ["itm", "itc"] {
+            let (actual, wanted) = (try #require(score[key] as? Double), try #require(reference[key] as? Double))
+            #expect(abs(actual - wanted) < 1e-4, "\(key)")
+        }
         // The BLIP-2 checkpoint does not match images and texts: the one-line error names what it runs.
         let wrong = try CLI.run(["match", photo("chelsea.png"), "--model", model, "--texts", "a"])
         #expect(wrong.status == 1 && wrong.stderr.contains("it runs with vlm caption, vlm ask, vlm chat"))
