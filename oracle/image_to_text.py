@@ -189,18 +189,27 @@ def blip(name, model_class, requests, seed):
     write(directory, dict(max_new_tokens=NEW_TOKENS, requests=records))
 
 
-def blip_retrieval(seed=5):
-    directory, model, processor = blip_checkpoint("blip-retrieval", BlipForImageTextRetrieval, seed)
-    texts = ["a cat lying on a blanket", "a cup of coffee", "two monsters sitting around a campfire"]
+RETRIEVAL_TEXTS = ["a cat lying on a blanket", "a cup of coffee", "two monsters sitting around a campfire"]
+
+
+def write_retrieval(directory, processor, itm, itc):
+    """Every photo against every text: `itm(inputs)`, the match probabilities, and `itc(inputs)`, the contrastive
+    scores, for a batch of one photo repeated per text."""
     pairs = []
     for photo in ("chelsea.png", "coffee.png"):
         image = Image.open(os.path.join(PHOTOS, photo)).convert("RGB")
-        inputs = processor(images=[image] * len(texts), text=texts, return_tensors="pt", padding=True)
+        inputs = processor(images=[image] * len(RETRIEVAL_TEXTS), text=RETRIEVAL_TEXTS, return_tensors="pt", padding=True)
         with torch.no_grad():
-            itm = model(**inputs, use_itm_head=True).itm_score.softmax(dim=-1)[:, 1]
-            itc = model(**inputs, use_itm_head=False).itm_score[0]
-        pairs += [dict(image=photo, text=text, itm=float(itm[i]), itc=float(itc[i])) for i, text in enumerate(texts)]
-    write(directory, dict(texts=texts, pairs=pairs))
+            matches, scores = itm(inputs), itc(inputs)
+        pairs += [dict(image=photo, text=text, itm=float(matches[i]), itc=float(scores[i]))
+                  for i, text in enumerate(RETRIEVAL_TEXTS)]
+    write(directory, dict(texts=RETRIEVAL_TEXTS, pairs=pairs))
+
+
+def blip_retrieval(seed=5):
+    directory, model, processor = blip_checkpoint("blip-retrieval", BlipForImageTextRetrieval, seed)
+    write_retrieval(directory, processor, lambda inputs: model(**inputs, use_itm_head=True).itm_score.softmax(dim=-1)[:, 1],
+                    lambda inputs: model(**inputs, use_itm_head=False).itm_score[0])
 
 
 def blip2_retrieval(seed=13):
@@ -222,17 +231,9 @@ def blip2_retrieval(seed=13):
     model.to(torch.float16).save_pretrained(directory)
     processor.save_pretrained(directory)
     model = Blip2ForImageTextRetrieval.from_pretrained(directory, dtype=torch.float32).eval()
-    processor = Blip2Processor.from_pretrained(directory)
-    texts = ["a cat lying on a blanket", "a cup of coffee", "two monsters sitting around a campfire"]
-    pairs = []
-    for photo in ("chelsea.png", "coffee.png"):
-        image = Image.open(os.path.join(PHOTOS, photo)).convert("RGB")
-        inputs = processor(images=[image] * len(texts), text=texts, return_tensors="pt", padding=True)
-        with torch.no_grad():
-            itm = model(**inputs, use_image_text_matching_head=True).logits_per_image.softmax(dim=-1)[:, 1]
-            itc = model(**inputs, use_image_text_matching_head=False).logits_per_image[0]
-        pairs += [dict(image=photo, text=text, itm=float(itm[i]), itc=float(itc[i])) for i, text in enumerate(texts)]
-    write(directory, dict(texts=texts, pairs=pairs))
+    write_retrieval(directory, Blip2Processor.from_pretrained(directory),
+                    lambda inputs: model(**inputs, use_image_text_matching_head=True).logits_per_image.softmax(dim=-1)[:, 1],
+                    lambda inputs: model(**inputs, use_image_text_matching_head=False).logits_per_image[0])
 
 
 def write(directory, expected):

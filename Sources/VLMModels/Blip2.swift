@@ -271,6 +271,14 @@ final class Blip2QFormerModel: @unchecked Sendable {
     }
 }
 
+/// The config, weights and config.json path of a checkpoint directory whose `model_type` is `blip-2`.
+private func blip2Checkpoint(_ directory: ModelDirectory) throws -> (Blip2Config, Weights, String) {
+    let configPath = directory.url.appendingPathComponent("config.json").path
+    let type = try directory.modelType
+    guard type == "blip-2" else { throw ModelError.unsupportedModelType(type, supported: ["blip-2"], file: configPath) }
+    return (try directory.decode(Blip2Config.self), Weights(try WeightStore(directory: directory.url)), configPath)
+}
+
 /// transformers' `Blip2ForConditionalGeneration` with an OPT or a T5 (Flan-T5) language model: image captioning and
 /// visual question answering.
 ///
@@ -289,11 +297,8 @@ public final class Blip2ForConditionalGeneration: ImageToTextModel, @unchecked S
 
     /// Loads config.json and the safetensors weights of a checkpoint directory whose `model_type` is `blip-2`.
     public convenience init(directory: ModelDirectory) throws {
-        let configPath = directory.url.appendingPathComponent("config.json").path
-        let type = try directory.modelType
-        guard type == "blip-2" else { throw ModelError.unsupportedModelType(type, supported: ["blip-2"], file: configPath) }
-        try self.init(config: directory.decode(Blip2Config.self), weights: Weights(WeightStore(directory: directory.url)),
-                      file: configPath)
+        let (config, weights, file) = try blip2Checkpoint(directory)
+        try self.init(config: config, weights: weights, file: file)
     }
 
     /// Builds the model from `weights` named as transformers saves `Blip2ForConditionalGeneration` (`vision_model.…`,
@@ -445,11 +450,8 @@ public final class Blip2ForImageTextRetrieval: ImageTextMatchingModel, @unchecke
 
     /// Loads config.json and the safetensors weights of a checkpoint directory whose `model_type` is `blip-2`.
     public convenience init(directory: ModelDirectory) throws {
-        let configPath = directory.url.appendingPathComponent("config.json").path
-        let type = try directory.modelType
-        guard type == "blip-2" else { throw ModelError.unsupportedModelType(type, supported: ["blip-2"], file: configPath) }
-        try self.init(config: directory.decode(Blip2Config.self), weights: Weights(WeightStore(directory: directory.url)),
-                      file: configPath)
+        let (config, weights, file) = try blip2Checkpoint(directory)
+        try self.init(config: config, weights: weights, file: file)
     }
 
     /// Builds the model from `weights` named as transformers saves `Blip2ForImageTextRetrieval` (`vision_model.…`,
