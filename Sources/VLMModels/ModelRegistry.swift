@@ -133,10 +133,8 @@ public enum ModelRegistry {
                     builder: .causalLanguageModel { try OPTForCausalLM(directory: $0) }),
         ModelFamily("GPT-2", modelTypes: ["gpt2"], tasks: [.generate, .chat],
                     builder: .causalLanguageModel { try GPT2LMHeadModel(directory: $0) }),
-        // Before BLIP-2's generation family, which takes every other blip-2 checkpoint.
-        ModelFamily("BLIP-2 retrieval", modelTypes: ["blip-2"], architectures: ["Blip2ForImageTextRetrieval"],
-                    tasks: [.match], builder: .imageTextMatching { try Blip2ForImageTextRetrieval(directory: $0) }),
-        ModelFamily("BLIP-2", modelTypes: ["blip-2"], tasks: [.caption, .ask, .chat],
+        ModelFamily("BLIP-2", modelTypes: ["blip-2"], architectures: ["Blip2ForConditionalGeneration"],
+                    tasks: [.caption, .ask, .chat],
                     builder: .imageToText { try Blip2ForConditionalGeneration(directory: $0) }),
         // LLaVA chats through its chat template with image parts (`vlm generate --chat`, `vlm chat`).
         ModelFamily("LLaVA", modelTypes: ["llava"], tasks: [.caption, .ask, .generate, .chat],
@@ -153,6 +151,8 @@ public enum ModelRegistry {
                     builder: .visualQuestionClassifier { try ViltForQuestionAnswering(directory: $0) }),
         ModelFamily("BLIP retrieval", modelTypes: ["blip"], architectures: ["BlipForImageTextRetrieval"],
                     tasks: [.match], builder: .imageTextMatching { try BlipForImageTextRetrieval(directory: $0) }),
+        ModelFamily("BLIP-2 retrieval", modelTypes: ["blip-2"], architectures: ["Blip2ForImageTextRetrieval"],
+                    tasks: [.match], builder: .imageTextMatching { try Blip2ForImageTextRetrieval(directory: $0) }),
     ]
 
     /// The model types of the families that serve `task`, sorted.
