@@ -15,20 +15,23 @@ noise), so 2 MB travel instead of 98; the config and tokenizer of the CLIP ViT-B
 read/FMA probe, compiled statically for x86-64-v3 and -v4 for a machine with no C compiler on its PATH. About 45 MB.
 
     python3 scripts/pack_bench.py fill HEADER LAYOUT OUT.gguf     # what run.sh calls
+    python3 scripts/pack_bench.py swiftvlm --vlm V --model M      # and, where no llama.cpp runs, SwiftVLM alone
 """
 import argparse
 import json
 import os
 import random
 import shutil
+import statistics
 import struct
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
-from bench_llamacpp import DEFAULT_MODEL, gguf_layout
+from bench_llamacpp import DEFAULT_MODEL, bench_swiftvlm, gguf_layout, step_weight_bytes
 from llama_cpp_tree import source_tree
+from machine import describe, probe
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ["bench_llamacpp.py", "bench_clip.py", "machine.py", "machine_probe.c", "pack_bench.py", "llama_cpp_tree.py"]
@@ -117,6 +120,25 @@ def fill(header: Path, layout_file: Path, target: Path):
         f.truncate(layout["size"])
 
 
+def swiftvlm_alone(vlm: Path, model: Path, rounds: int, threads: int) -> dict:
+    """`vlm bench` beside the read probe, round by round, as bench_llamacpp.py measures it but without llama.cpp
+    (its JSON's shape, less the llama.cpp parts): how near the memory's limit a decoding step reads its weights."""
+    args = argparse.Namespace(threads=threads, runs=3, prompt_tokens=256, new_tokens=128)
+    weight_bytes = step_weight_bytes(model)
+    megabytes = -(-weight_bytes // (1 << 20))
+    machine = describe(threads)
+    measured, probes = [], []
+    for _ in range(rounds):
+        probes.append(probe(threads, [megabytes])["read_gb_per_s"][str(megabytes)])
+        result = bench_swiftvlm(vlm, model, args)
+        read = weight_bytes * result["decode_tokens_per_s"] / 1e9
+        measured.append(dict(result, weights_gb_per_s=read, of_probe=read / probes[-1]))
+    return {"model": str(model), "machine": machine, "threads": threads, "prompt_tokens": args.prompt_tokens,
+            "new_tokens": args.new_tokens, "step_weight_bytes": weight_bytes, "probe_gb_per_s": probes,
+            "rounds": [{"swiftvlm": result} for result in measured],
+            "swiftvlm": {key: statistics.median(result[key] for result in measured) for key in measured[0]}}
+
+
 def pack(out: Path, vlm: Path, model: Path):
     if out.exists():
         shutil.rmtree(out)
@@ -152,6 +174,15 @@ def main():
         parser.add_argument("out", type=Path)
         args = parser.parse_args(sys.argv[2:])
         fill(args.header, args.layout, args.out)
+        return
+    if sys.argv[1:2] == ["swiftvlm"]:
+        parser = argparse.ArgumentParser(prog="pack_bench.py swiftvlm")
+        parser.add_argument("--vlm", type=Path, required=True)
+        parser.add_argument("--model", type=Path, required=True)
+        parser.add_argument("--rounds", type=int, default=3)
+        parser.add_argument("--threads", type=int, default=2)
+        args = parser.parse_args(sys.argv[2:])
+        print(json.dumps(swiftvlm_alone(args.vlm, args.model, args.rounds, args.threads), indent=1))
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=ROOT / ".build-pack")

@@ -28,21 +28,33 @@ printf '#!/bin/sh\nLD_LIBRARY_PATH="%s/vlm/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PA
 "$VLM" --help > /dev/null || { say "vlm does not start here"; exit 1; }
 say "unpacked"
 
-# llama.cpp for this CPU, as a user building it here gets it (GGML_NATIVE). ggml routes weights to its AMX kernels
-# where the CPU reports AMX; some VMs report it and withhold it, so a second build without AMX is made there and
-# used if a short run of the first dies.
-build_llama() {  # build directory, extra C/C++ flags
-    CFLAGS="$2" CXXFLAGS="$2" cmake -S "$WORK/llama.cpp" -B "$1" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
-        -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-        > "$1.log" 2>&1 && cmake --build "$1" --target llama-bench llama-quantize -j "$(nproc)" >> "$1.log" 2>&1
+# llama.cpp for this CPU, as a user building it here gets it (GGML_NATIVE). Some VMs report instructions they
+# withhold (AMX on one; on another a natively built llama.cpp died with SIGSEGV, cause unknown), so two more builds
+# run beside it: native without AMX where the CPU reports AMX, and one from ggml's own ISA switches (AVX2, and
+# AVX-512 with VNNI, BF16 and VBMI where reported) without -march=native. The first, in that order, whose short
+# llama-bench run succeeds is the one timed; each failure's last lines go into the log.
+build_llama() {  # variant, extra C/C++ flags, cmake options...
+    local dir=$WORK/llama-$1 flags=$2
+    shift 2
+    CFLAGS="$flags" CXXFLAGS="$flags" cmake -S "$WORK/llama.cpp" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF "$@" > "$dir.log" 2>&1 \
+        && cmake --build "$dir" --target llama-bench llama-quantize -j "$(nproc)" >> "$dir.log" 2>&1
 }
-build_llama "$WORK/llama-native" "" &
-NATIVE=$!
-NO_AMX=
-if grep -q " amx_tile" /proc/cpuinfo; then
-    build_llama "$WORK/llama-no-amx" "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" &
-    NO_AMX=$!
+reports() { grep -qw "$1" /proc/cpuinfo; }
+explicit=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
+reports avx512f && explicit+=(-DGGML_AVX512=ON)
+reports avx512_vnni && explicit+=(-DGGML_AVX512_VNNI=ON)
+reports avx512_bf16 && explicit+=(-DGGML_AVX512_BF16=ON)
+reports avx512vbmi && explicit+=(-DGGML_AVX512_VBMI=ON)
+VARIANTS=(native) BUILDS=()
+build_llama native "" -DGGML_NATIVE=ON &
+BUILDS+=($!)
+if reports amx_tile; then
+    build_llama no-amx "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" -DGGML_NATIVE=ON &
+    VARIANTS+=(no-amx) BUILDS+=($!)
 fi
+build_llama explicit "" "${explicit[@]}" &
+VARIANTS+=(explicit) BUILDS+=($!)
 MODEL=$WORK/models/smollm2-random.Q4_1.gguf
 python3 "$PACK/scripts/pack_bench.py" fill "$PACK/smollm2-q4_1.header" "$PACK/smollm2-q4_1.layout.json" "$MODEL" \
     || exit 1
@@ -57,20 +69,25 @@ with tempfile.TemporaryDirectory() as staging:
     os.replace(os.path.join(staging, "model.safetensors"), os.path.join(sys.argv[1], "model.safetensors"))
 EOF
 fi
-wait $NATIVE || { say "llama.cpp did not build:"; tail -20 "$WORK/llama-native.log"; exit 1; }
-LLAMA=$WORK/llama-native/bin
-if [ -n "$NO_AMX" ] && ! "$LLAMA/llama-bench" -m "$MODEL" -t "$THREADS" -p 8 -n 2 -r 1 > /dev/null 2>&1; then
-    wait $NO_AMX || { say "llama.cpp without AMX did not build:"; tail -20 "$WORK/llama-no-amx.log"; exit 1; }
-    LLAMA=$WORK/llama-no-amx/bin
-    say "llama.cpp's native build died on a short run; using its build without AMX"
-elif [ -n "$NO_AMX" ]; then
-    wait $NO_AMX
-fi
+LLAMA= QUANTIZE=
+for index in "${!VARIANTS[@]}"; do
+    variant=${VARIANTS[$index]}
+    wait "${BUILDS[$index]}" || { say "llama.cpp ($variant) did not build:"; tail -5 "$WORK/llama-$variant.log"; continue; }
+    QUANTIZE=${QUANTIZE:-$WORK/llama-$variant/bin/llama-quantize}
+    [ -z "$LLAMA" ] || continue
+    if "$WORK/llama-$variant/bin/llama-bench" -m "$MODEL" -t "$THREADS" -p 8 -n 2 -r 1 > "$WORK/trial-$variant.log" 2>&1; then
+        LLAMA=$WORK/llama-$variant/bin
+        say "llama.cpp: the $variant build"
+    else
+        say "llama.cpp's $variant build died on a short run (exit $?):"
+        tail -5 "$WORK/trial-$variant.log"
+    fi
+done
 grep -m1 "C compiler identification" "$WORK/llama-native.log"
 say "built"
 
 # The probe: compiled here by machine.py with $CC or cc, else the pack's static build for this CPU's level.
-export CC=${CC:-$(command -v cc || sed -n 's/^CMAKE_C_COMPILER:[A-Z]*=//p' "$WORK/llama-native/CMakeCache.txt")}
+export CC=${CC:-$(command -v cc || sed -n 's/^CMAKE_C_COMPILER:[A-Z]*=//p' "$WORK"/llama-*/CMakeCache.txt | head -1)}
 if ! "$CC" --version > /dev/null 2>&1; then
     mkdir -p "$PACK/.build-probe"
     if grep -q " avx512f" /proc/cpuinfo; then level=v4; else level=v3; fi
@@ -78,22 +95,37 @@ if ! "$CC" --version > /dev/null 2>&1; then
 fi
 python3 "$PACK/scripts/machine.py" --threads "$THREADS" --json > "$RESULTS/machine.json" && cat "$RESULTS/machine.json"
 
+# With a llama.cpp that runs: both engines, llama.cpp's quantizer writing the other two types. Without one, SwiftVLM
+# alone beside the read probe (how near the memory's limit it decodes), on whatever types a built quantizer writes.
 for type in Q4_1 Q4_K_M Q8_0; do
     [ "$(left)" -gt 60 ] || { say "no time left for $type"; continue; }
-    requantize=(); [ $type != Q4_1 ] && requantize=(--requantize $type)
-    timeout "$(left)" python3 "$PACK/scripts/bench_llamacpp.py" --model "$MODEL" "${requantize[@]}" --rounds "$ROUNDS" \
-        --runs 3 --threads "$THREADS" --vlm "$VLM" --llama-bench "$LLAMA/llama-bench" --json > "$RESULTS/llm-$type.json"
+    file=$MODEL
+    if [ $type != Q4_1 ]; then
+        file=$WORK/models/smollm2-random.$type.gguf
+        [ -n "$QUANTIZE" ] && "$QUANTIZE" --allow-requantize "$MODEL" "$file" $type > /dev/null 2>&1 \
+            || { say "no $type file: llama.cpp's quantizer did not write it"; continue; }
+    fi
+    if [ -n "$LLAMA" ]; then
+        timeout "$(left)" python3 "$PACK/scripts/bench_llamacpp.py" --model "$file" --rounds "$ROUNDS" --runs 3 \
+            --threads "$THREADS" --vlm "$VLM" --llama-bench "$LLAMA/llama-bench" --json > "$RESULTS/llm-$type.json"
+    else
+        timeout "$(left)" python3 "$PACK/scripts/pack_bench.py" swiftvlm --model "$file" --rounds "$ROUNDS" \
+            --threads "$THREADS" --vlm "$VLM" > "$RESULTS/llm-$type.json"
+    fi
     say "$type: exit $?"
     python3 - "$RESULTS/llm-$type.json" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
 for engine in ("swiftvlm", "llama.cpp"):
-    e = r[engine]
-    print(f"  {engine:9} prefill {e['prefill_tokens_per_s']:7.1f}  decode {e['decode_tokens_per_s']:6.1f} tok/s  "
-          f"weights {e['weights_gb_per_s']:5.1f} GB/s ({e['of_probe']:.0%} of the probe)")
-print("  ratios: prefill", " ".join(f"{x:.2f}" for x in r["ratios_prefill_tokens_per_s"]),
-      "decode", " ".join(f"{x:.2f}" for x in r["ratios_decode_tokens_per_s"]),
-      "; probe GB/s", r["probe_gb_per_s"], "; llama.cpp extra buffers", r["llamacpp_extra_buffers"])
+    if engine in r:
+        e = r[engine]
+        print(f"  {engine:9} prefill {e['prefill_tokens_per_s']:7.1f}  decode {e['decode_tokens_per_s']:6.1f} tok/s  "
+              f"weights {e['weights_gb_per_s']:5.1f} GB/s ({e['of_probe']:.0%} of the probe)")
+if "ratios_decode_tokens_per_s" in r:
+    print("  ratios: prefill", " ".join(f"{x:.2f}" for x in r["ratios_prefill_tokens_per_s"]),
+          "decode", " ".join(f"{x:.2f}" for x in r["ratios_decode_tokens_per_s"]),
+          "; llama.cpp extra buffers", r["llamacpp_extra_buffers"])
+print("  probe GB/s", r["probe_gb_per_s"])
 EOF
 done
 
