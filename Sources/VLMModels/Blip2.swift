@@ -163,12 +163,13 @@ struct QFormerAttention {
         self.heads = heads
     }
 
-    /// `hidden [B, L, hiddenSize]` attending to `context [B, T, contextSize]` (`hidden` itself for
-    /// self-attention), to the positions `keyPaddingMask [B, T]` keeps (all without one: queries and image features
+    /// `hidden [B, L, hiddenSize]` attending to `context [B / contextCopies, T, contextSize]` (`hidden` itself for
+    /// self-attention; each context row serving `contextCopies` consecutive rows of `hidden`, its keys and values
+    /// computed once), to the positions `keyPaddingMask [B, T]` keeps (all without one: queries and image features
     /// are never padded).
-    func callAsFunction(_ hidden: Tensor, context: Tensor, keyPaddingMask: Tensor? = nil) -> Tensor {
-        let attended = attention(query: query(hidden), key: key(context), value: value(context), heads: heads,
-                                 keyPaddingMask: keyPaddingMask)
+    func callAsFunction(_ hidden: Tensor, context: Tensor, contextCopies: Int = 1, keyPaddingMask: Tensor? = nil) -> Tensor {
+        let attended = attention(query: query(hidden), key: repeatRows(key(context), contextCopies),
+                                 value: repeatRows(value(context), contextCopies), heads: heads, keyPaddingMask: keyPaddingMask)
         return norm(output(attended, residual: hidden))
     }
 }
@@ -216,9 +217,10 @@ struct QFormerLayer {
     }
 
     /// `hidden [B, L, hiddenSize]` whose first `queryLength` positions are queries and the rest text, attending to
-    /// the positions `keyPaddingMask [B, L]` keeps; the queries cross-attend to `imageFeatures`, which a pass with
-    /// queries must give, and only a layer with the text feed-forward takes text.
-    func callAsFunction(_ hidden: Tensor, queryLength: Int, imageFeatures: Tensor?, keyPaddingMask: Tensor?) -> Tensor {
+    /// the positions `keyPaddingMask [B, L]` keeps; the queries cross-attend to `imageFeatures [B / imageCopies, T,
+    /// encoderHiddenSize]`, which a pass with queries must give, and only a layer with the text feed-forward takes text.
+    func callAsFunction(_ hidden: Tensor, queryLength: Int, imageFeatures: Tensor?, imageCopies: Int = 1,
+                        keyPaddingMask: Tensor?) -> Tensor {
         let attended = selfAttention(hidden, context: hidden, keyPaddingMask: keyPaddingMask)
         let length = hidden.shape[1]
         let text = queryLength == length ? nil : textFeedForward.map { feedForward in
@@ -229,7 +231,7 @@ struct QFormerLayer {
         var queries = queryLength == length ? attended : sequenceSlice(attended, 0..<queryLength)
         if let crossAttention {
             guard let imageFeatures else { preconditionFailure("Q-Former queries without image features") }
-            queries = crossAttention(queries, context: imageFeatures)
+            queries = crossAttention(queries, context: imageFeatures, contextCopies: imageCopies)
         }
         let queryOutput = queryFeedForward(queries, activation: activation)
         return text.map { concatenate([queryOutput, $0], axis: 1) } ?? queryOutput
@@ -261,11 +263,14 @@ final class Blip2QFormerModel: @unchecked Sendable {
     }
 
     /// `embeddings [B, L, hiddenSize]`, queries in the first `queryLength` positions and text after them, attending
-    /// to the positions `keyPaddingMask [B, L]` keeps: the last hidden state `[B, L, hiddenSize]`.
-    func callAsFunction(embeddings: Tensor, queryLength: Int, imageFeatures: Tensor?, keyPaddingMask: Tensor?) -> Tensor {
+    /// to the positions `keyPaddingMask [B, L]` keeps, each image of `imageFeatures` for `imageCopies` consecutive
+    /// rows: the last hidden state `[B, L, hiddenSize]`.
+    func callAsFunction(embeddings: Tensor, queryLength: Int, imageFeatures: Tensor?, imageCopies: Int = 1,
+                        keyPaddingMask: Tensor?) -> Tensor {
         var hidden = layerNorm(embeddings)
         for layer in layers {
-            hidden = layer(hidden, queryLength: queryLength, imageFeatures: imageFeatures, keyPaddingMask: keyPaddingMask)
+            hidden = layer(hidden, queryLength: queryLength, imageFeatures: imageFeatures, imageCopies: imageCopies,
+                           keyPaddingMask: keyPaddingMask)
         }
         return hidden
     }
@@ -495,8 +500,9 @@ public final class Blip2ForImageTextRetrieval: ImageTextMatchingModel, @unchecke
         let keyPaddingMask = mask.map { textMask in
             concatenate([Tensor(shape: [rows, queries], scalars: Array(repeating: 1, count: rows * queries)), textMask], axis: 1)
         }
+        // Each image's cross-attention keys and values are computed once for all of its texts.
         let hidden = qformer(embeddings: concatenate([repeatRows(queryTokens, rows), text], axis: 1), queryLength: queries,
-                             imageFeatures: repeatRows(imageEmbeds, rows / images), keyPaddingMask: keyPaddingMask)
+                             imageFeatures: imageEmbeds, imageCopies: rows / images, keyPaddingMask: keyPaddingMask)
         let logits = itmHead(sequenceSlice(hidden, 0..<queries)).scalars
         // The mean over the query outputs, in order, as torch's mean(dim=1) sums them.
         var means = [Float](repeating: 0, count: rows * 2)
