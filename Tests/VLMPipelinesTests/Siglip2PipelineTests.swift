@@ -60,8 +60,6 @@ import VLMTensor
         #expect(Self.maxAbsDifference(try pipeline.imageEmbeddings(test.photos), try test.tensors.tensor("image_embeds")) < 1e-4)
     }
 
-    /// Siglip2Tokenizer's ids: the file's vocabulary and merges under the class's own lowercasing pipeline, whatever
-    /// the file's normalizer and pre-tokenizer say, `<eos>` from add_eos_token or the file's post-processor.
     /// Image–text retrieval's scores: transformers' `logits_per_image` for the templated labels padded to 64, as
     /// `vlm match` pads SigLIP 2's texts, and cosines that the logits scale and shift.
     @Test(arguments: checkpoints)
@@ -76,6 +74,8 @@ import VLMTensor
         }
     }
 
+    /// Siglip2Tokenizer's ids: the file's vocabulary and merges under the class's own lowercasing pipeline, whatever
+    /// the file's normalizer and pre-tokenizer say, `<eos>` from add_eos_token or the file's post-processor.
     @Test(arguments: checkpoints)
     func tokenIdsAreSiglip2Tokenizers(_ checkpoint: String) throws {
         let test = try Fixture(checkpoint)
