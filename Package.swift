@@ -43,8 +43,10 @@ let package = Package(
         .target(name: "VLMImages", dependencies: ["VLMTensor", "CTurboJPEG", "CSPNG", "CWebP", "CZlib", "CTIFF", "CLCMS2", "CJPEGProbe"]),
         .target(name: "VLMModels", dependencies: ["VLMTensor", "VLMCheckpoint", "VLMImages"]),
         .target(name: "VLMPipelines", dependencies: ["VLMTensor", "VLMCheckpoint", "VLMTemplates", "VLMTokenizers", "VLMImages", "VLMModels"]),
+        // Gradients, optimizers and the training recipes (LiT) over the models' parameters.
+        .target(name: "VLMTraining", dependencies: ["VLMTensor", "VLMCheckpoint", "VLMModels"]),
         .target(name: "VLMHub"),
-        .target(name: "SwiftVLM", dependencies: ["VLMTensor", "VLMCheckpoint", "VLMTemplates", "VLMTokenizers", "VLMImages", "VLMModels", "VLMPipelines", "VLMHub"]),
+        .target(name: "SwiftVLM", dependencies: ["VLMTensor", "VLMCheckpoint", "VLMTemplates", "VLMTokenizers", "VLMImages", "VLMModels", "VLMPipelines", "VLMTraining", "VLMHub"]),
         // The OpenAI-compatible HTTP server (`vlm serve`).
         .target(name: "VLMServer", dependencies: [
             "SwiftVLM",
@@ -67,6 +69,7 @@ let package = Package(
         .testTarget(name: "VLMImagesTests", dependencies: ["VLMImages"]),
         .testTarget(name: "VLMModelsTests", dependencies: ["VLMModels", "VLMCheckpoint", "VLMTensor", "VLMImages"]),
         .testTarget(name: "VLMPipelinesTests", dependencies: ["VLMPipelines", "VLMCheckpoint", "VLMTemplates", "VLMImages", "VLMTensor"]),
+        .testTarget(name: "VLMTrainingTests", dependencies: ["VLMTraining", "VLMModels", "VLMCheckpoint", "VLMTensor"]),
         .testTarget(name: "VLMHubTests", dependencies: ["VLMHub", "VLMCheckpoint"]),
         .testTarget(name: "vlmTests", dependencies: ["vlm", "VLMCheckpoint"]),
         .testTarget(name: "VLMServerTests", dependencies: [

@@ -6,4 +6,5 @@
 @_exported import VLMImages
 @_exported import VLMModels
 @_exported import VLMPipelines
+@_exported import VLMTraining
 @_exported import VLMHub

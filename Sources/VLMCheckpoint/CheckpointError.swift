@@ -7,6 +7,8 @@ public enum CheckpointError: Error, CustomStringConvertible, Sendable {
     case notADirectory(path: String)
     /// The file exists but cannot be opened, read or mapped (permissions, not a regular file, I/O error).
     case unreadable(file: String, reason: String)
+    /// The file cannot be written (no such directory, permissions, disk full).
+    case unwritable(path: String, reason: String)
     /// A JSON file of the checkpoint is larger than any sane config or index.
     case fileTooLarge(file: String, size: Int, limit: Int)
     /// A safetensors file shorter than its 8-byte header length.
@@ -53,6 +55,8 @@ public enum CheckpointError: Error, CustomStringConvertible, Sendable {
             return "\(path): not a directory"
         case let .unreadable(file, reason):
             return "\(file): cannot read: \(reason)"
+        case let .unwritable(path, reason):
+            return "\(path): cannot write: \(reason)"
         case let .fileTooLarge(file, size, limit):
             return "\(file): \(size) bytes, more than the \(limit) bytes allowed for this kind of file"
         case let .fileTooShort(file, size):

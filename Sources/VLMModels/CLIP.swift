@@ -50,6 +50,20 @@ public struct CLIPTextConfig: Decodable, Sendable {
     }
 }
 
+extension CLIPTextConfig {
+    /// The position whose final state the text model pools: the argmax id under the legacy `eos_token_id == 2`
+    /// configs (the eot token had the highest id), otherwise the first `eos_token_id` (position 0 when there is none,
+    /// as argmax of all-false gives), as transformers' `CLIPTextTransformer` pools.
+    public func pooledPosition(_ ids: [Int]) -> Int {
+        eosTokenId == 2 ? Self.highestIdPosition(ids) : ids.firstIndex(of: eosTokenId) ?? 0
+    }
+
+    /// The first position of the highest id.
+    static func highestIdPosition(_ ids: [Int]) -> Int {
+        ids.indices.max { ids[$0] < ids[$1] || (ids[$0] == ids[$1] && $0 > $1) } ?? 0
+    }
+}
+
 /// transformers' `CLIPVisionConfig`, with its defaults.
 public struct CLIPVisionConfig: Decodable, Sendable {
     public var hiddenSize: Int
@@ -232,14 +246,8 @@ final class CLIPTextTransformer: Sendable {
         try encoder.pooledOutput(inputIds: inputIds, attentionMask: attentionMask, causal: true, pooledAt: eosPosition)
     }
 
-    /// Where transformers pools: the argmax id under the legacy `eos_token_id == 2` configs (the eot token had the
-    /// highest id) and where `poolsAtHighestId`, otherwise the first `eos_token_id` (position 0 when there is none,
-    /// as argmax of all-false gives).
     private func eosPosition(_ ids: [Int]) -> Int {
-        if config.eosTokenId == 2 || poolsAtHighestId {
-            return ids.indices.max { ids[$0] < ids[$1] || (ids[$0] == ids[$1] && $0 > $1) } ?? 0
-        }
-        return ids.firstIndex(of: config.eosTokenId) ?? 0
+        poolsAtHighestId ? CLIPTextConfig.highestIdPosition(ids) : config.pooledPosition(ids)
     }
 }
 

@@ -41,3 +41,27 @@ func sigmoidContrastiveLoss(logitsPerImage: Tensor) throws -> Float {
     }
     return total / Float(n)
 }
+
+/// ``clipContrastiveLoss(logitsPerImage:)`` and its gradient with respect to `logitsPerImage`: each cross-entropy's
+/// `(softmax − one-hot) / N`, halved, the text side's transposed back.
+public func clipContrastiveLossGradient(logitsPerImage: Tensor) throws -> (loss: Float, gradient: Tensor) {
+    let n = try pairCount(logitsPerImage)
+    let logits = logitsPerImage.scalars
+    let gradient = Tensor(zeros: [n, n])
+    let g = gradient.storage.pointer
+    var total = 0.0
+    // Rows of logits_per_image (each image over the texts), then its columns (each text over the images).
+    for imageRows in [true, false] {
+        for i in 0..<n {
+            let entry = { (j: Int) in imageRows ? i * n + j : j * n + i }
+            let largest = (0..<n).map { Double(logits[entry($0)]) }.max()!
+            let sum = (0..<n).reduce(0.0) { $0 + exp(Double(logits[entry($1)]) - largest) }
+            total += largest + log(sum) - Double(logits[entry(i)])
+            for j in 0..<n {
+                let probability = exp(Double(logits[entry(j)]) - largest) / sum
+                g[entry(j)] += Float((probability - (i == j ? 1 : 0)) / Double(2 * n))
+            }
+        }
+    }
+    return (Float(total / Double(2 * n)), gradient)
+}

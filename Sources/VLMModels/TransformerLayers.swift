@@ -27,8 +27,8 @@ public enum ModelError: Error, CustomStringConvertible {
 }
 
 extension Activation {
-    /// The activation transformers' ACT2FN maps `name` to.
-    init(huggingFaceName name: String, file: String) throws {
+    /// The activation transformers' ACT2FN maps `name` to; `file` is the config the error names.
+    public init(huggingFaceName name: String, file: String) throws {
         switch name {
         case "gelu": self = .gelu
         case "quick_gelu": self = .quickGelu

@@ -30,7 +30,7 @@ private enum OperationKey: Hashable {
     case scale(count: Int, factor: Float)
     case add(rows: Int, columns: Int, broadcast: Bool)
     case softmax(rows: Int, columns: Int)
-    case matmul(m: Int, k: Int, n: Int, transposeB: Bool)
+    case matmul(m: Int, k: Int, n: Int, transposeA: Bool, transposeB: Bool)
 }
 
 private let operationPrimitives = PrimitiveCache<OperationKey>(capacity: 512)
@@ -94,10 +94,10 @@ func oneDNNSoftmax(_ x: Tensor, rows: Int, columns: Int, into output: Tensor) {
     primitive.execute([(DNNL_ARG_SRC, x.rawPointer), (DNNL_ARG_DST, output.rawPointer)])
 }
 
-/// `a [m, k] · b`, `b` being `[k, n]`, or `[n, k]` when `transposeB`; `k > 0`.
-func oneDNNMatmul(_ a: Tensor, _ b: Tensor, m: Int, k: Int, n: Int, transposeB: Bool, into output: Tensor) {
-    let primitive = cachedPrimitive(.matmul(m: m, k: k, n: n, transposeB: transposeB), "matmul") {
-        var source = memoryDescriptor([m, k])
+/// `a · b`, `a` being `[m, k]`, or `[k, m]` when `transposeA`, and `b` `[k, n]`, or `[n, k]` when `transposeB`; `k > 0`.
+func oneDNNMatmul(_ a: Tensor, _ b: Tensor, m: Int, k: Int, n: Int, transposeA: Bool, transposeB: Bool, into output: Tensor) {
+    let primitive = cachedPrimitive(.matmul(m: m, k: k, n: n, transposeA: transposeA, transposeB: transposeB), "matmul") {
+        var source = memoryDescriptor([m, k], strides: transposeA ? [1, m] : [k, 1])
         var weights = memoryDescriptor([k, n], strides: transposeB ? [1, k] : [n, 1])
         var destination = memoryDescriptor([m, n])
         var operation = dnnl_matmul_desc_t()

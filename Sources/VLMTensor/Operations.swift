@@ -143,25 +143,44 @@ public func l2Normalized(_ x: Tensor) -> Tensor {
     return output
 }
 
-/// Matrix product of 2-D tensors: `a [M, K] · b [K, N]`, or `a · bᵀ` with `b [N, K]` when `transposeB`.
-public func matmul(_ a: Tensor, _ b: Tensor, transposeB: Bool = false) -> Tensor {
-    matmul(a, b, transposeB: transposeB, backend: .best)
+/// Matrix product of 2-D tensors: `a [M, K] · b [K, N]`; `a` stored as `[K, M]` when `transposeA`, `b` as `[N, K]`
+/// when `transposeB` (a gradient's products: `dW = dYᵀ·X`).
+public func matmul(_ a: Tensor, _ b: Tensor, transposeA: Bool = false, transposeB: Bool = false) -> Tensor {
+    matmul(a, b, transposeA: transposeA, transposeB: transposeB, backend: .best)
 }
 
 func matmul(_ a: Tensor, _ b: Tensor, transposeB: Bool, backend: Backend) -> Tensor {
+    matmul(a, b, transposeA: false, transposeB: transposeB, backend: backend)
+}
+
+func matmul(_ a: Tensor, _ b: Tensor, transposeA: Bool, transposeB: Bool, backend: Backend) -> Tensor {
     precondition(a.rank == 2 && b.rank == 2, "matmul needs 2-D tensors, got \(a.shape) and \(b.shape)")
-    let (m, k) = (a.shape[0], a.shape[1])
+    let (m, k) = transposeA ? (a.shape[1], a.shape[0]) : (a.shape[0], a.shape[1])
     let n = transposeB ? b.shape[0] : b.shape[1]
     precondition((transposeB ? b.shape[1] : b.shape[0]) == k,
-                 "matmul: \(a.shape) x \(b.shape)\(transposeB ? "ᵀ" : "") do not line up")
+                 "matmul: \(a.shape)\(transposeA ? "ᵀ" : "") x \(b.shape)\(transposeB ? "ᵀ" : "") do not line up")
     let output = Tensor(uninitialized: [m, n])
     if output.count == 0 { return output }
     if k == 0 { return Tensor(zeros: [m, n]) }
     switch backend {
     #if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
-    case .oneDNN: oneDNNMatmul(a, b, m: m, k: k, n: n, transposeB: transposeB, into: output)
+    case .oneDNN: oneDNNMatmul(a, b, m: m, k: k, n: n, transposeA: transposeA, transposeB: transposeB, into: output)
     #endif
-    case .portable: gemm(m: m, n: n, k: k, a.storage.pointer, b.storage.pointer, transposeB: transposeB, into: output.storage.pointer)
+    case .portable:
+        let left = transposeA ? transposed(a) : a
+        gemm(m: m, n: n, k: k, left.storage.pointer, b.storage.pointer, transposeB: transposeB, into: output.storage.pointer)
+    }
+    return output
+}
+
+/// The transpose of a 2-D tensor, copied.
+public func transposed(_ x: Tensor) -> Tensor {
+    precondition(x.rank == 2, "transposed needs a 2-D tensor, got \(x.shape)")
+    let (rows, columns) = (x.shape[0], x.shape[1])
+    let output = Tensor(uninitialized: [columns, rows])
+    let source = x.storage.pointer, destination = output.storage.pointer
+    for row in 0..<rows {
+        for column in 0..<columns { destination[column * rows + row] = source[row * columns + column] }
     }
     return output
 }

@@ -1,0 +1,53 @@
+import Foundation
+import VLMTensor
+
+extension SafetensorsFile {
+    /// Writes `tensors` as a safetensors file of F32 tensors, as `safetensors.torch.save_file` lays one out: an
+    /// 8-byte little-endian header length, the JSON header (`__metadata__` `{"format": "pt"}`, then each tensor's
+    /// dtype, shape and byte offsets) padded with spaces to a multiple of 8, then the tensors' bytes in name order.
+    /// The file appears whole or not at all: it is written beside `url` and renamed over it.
+    public static func write(_ tensors: [String: Tensor], to url: URL) throws {
+        let names = tensors.keys.sorted()
+        var entries: [String] = [#""__metadata__":{"format":"pt"}"#]
+        var offset = 0
+        for name in names {
+            let tensor = tensors[name]!
+            let size = tensor.count * MemoryLayout<Float>.stride
+            let shape = tensor.shape.map(String.init).joined(separator: ",")
+            entries.append("\(jsonString(name)):{\"dtype\":\"F32\",\"shape\":[\(shape)],\"data_offsets\":[\(offset),\(offset + size)]}")
+            offset += size
+        }
+        var header = Array(("{" + entries.joined(separator: ",") + "}").utf8)
+        header += [UInt8](repeating: 0x20, count: (8 - header.count % 8) % 8)
+        var bytes = [UInt8]()
+        bytes.reserveCapacity(8 + header.count + offset)
+        withUnsafeBytes(of: UInt64(header.count).littleEndian) { bytes += $0 }
+        bytes += header
+        for name in names {
+            tensors[name]!.withUnsafeBufferPointer { values in
+                values.withMemoryRebound(to: UInt32.self) { words in
+                    for word in words { withUnsafeBytes(of: word.littleEndian) { bytes += $0 } }
+                }
+            }
+        }
+        do {
+            try Data(bytes).write(to: url, options: .atomic)
+        } catch {
+            throw CheckpointError.unwritable(path: url.path, reason: error.localizedDescription)
+        }
+    }
+
+    /// `text` as a JSON string literal.
+    private static func jsonString(_ text: String) -> String {
+        var out = "\""
+        for scalar in text.unicodeScalars {
+            switch scalar {
+            case "\"": out += "\\\""
+            case "\\": out += "\\\\"
+            case _ where scalar.value < 0x20: out += String(format: "\\u%04x", scalar.value)
+            default: out.unicodeScalars.append(scalar)
+            }
+        }
+        return out + "\""
+    }
+}

@@ -1,0 +1,280 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+// The forward operations training needs beyond inference's (a linear layer whose weight changes every step, attention
+// that keeps its probabilities) and the gradients of each operation a transformer is built from, as PyTorch's
+// autograd computes them: given the gradient of the loss with respect to an operation's output, the gradients with
+// respect to its inputs and parameters.
+
+/// `x·Wᵀ + b` over the last dimension for a weight `[out, in]` read as it is, unpacked: a weight that changes every
+/// training step. (Inference packs each weight once: `Linear`.)
+public func linear(_ x: Tensor, weight: Tensor, bias: Tensor?) -> Tensor {
+    let (outFeatures, inFeatures) = (weight.shape[0], weight.shape[1])
+    precondition(weight.rank == 2 && x.shape.last == inFeatures && (bias.map { $0.shape == [outFeatures] } ?? true),
+                 "linear of \(x.shape) with weight \(weight.shape) and bias \(bias?.shape ?? [])")
+    let product = matmul(x.reshaped([x.count / inFeatures, inFeatures]), weight, transposeB: true)
+    return (bias.map { add(product, $0) } ?? product).reshaped(Array(x.shape.dropLast()) + [outFeatures])
+}
+
+/// The gradients of ``linear(_:weight:bias:)``.
+public struct LinearGradients: Sendable {
+    /// `dY·W`, shaped like the input.
+    public let input: Tensor
+    /// `dYᵀ·X`, `[out, in]`.
+    public let weight: Tensor
+    /// `dY` summed over rows, `[out]`.
+    public let bias: Tensor
+}
+
+/// The gradients of `y = x·Wᵀ + b` given `outputGradient` (shaped like `y`).
+public func linearBackward(_ outputGradient: Tensor, input: Tensor, weight: Tensor) -> LinearGradients {
+    let (outFeatures, inFeatures) = (weight.shape[0], weight.shape[1])
+    let rows = input.count / inFeatures
+    precondition(outputGradient.count == rows * outFeatures, "linear gradient \(outputGradient.shape) for input \(input.shape), weight \(weight.shape)")
+    let dy = outputGradient.reshaped([rows, outFeatures])
+    let x = input.reshaped([rows, inFeatures])
+    return LinearGradients(input: matmul(dy, weight).reshaped(input.shape), weight: matmul(dy, x, transposeA: true),
+                           bias: columnSums(dy))
+}
+
+/// The sum over rows of a `[rows, columns]` tensor (any rank: all but the last dimension are rows), `[columns]`.
+public func columnSums(_ x: Tensor) -> Tensor {
+    let columns = x.shape.last ?? 0
+    let sums = Tensor(zeros: [columns])
+    guard columns > 0 else { return sums }
+    let source = x.storage.pointer, destination = sums.storage.pointer
+    for row in 0..<(x.count / columns) {
+        for column in 0..<columns { destination[column] += source[row * columns + column] }
+    }
+    return sums
+}
+
+/// The gradients of ``layerNorm(_:weight:bias:eps:)``.
+public struct LayerNormGradients: Sendable {
+    public let input: Tensor
+    public let weight: Tensor
+    public let bias: Tensor
+}
+
+/// The gradients of layer normalization over the last dimension, from its input (the mean and variance are
+/// recomputed) and the gradient of its output.
+public func layerNormBackward(_ outputGradient: Tensor, input: Tensor, weight: Tensor, eps: Float) -> LayerNormGradients {
+    let features = weight.count
+    precondition(input.shape == outputGradient.shape && input.shape.last == features,
+                 "layerNorm gradient \(outputGradient.shape) for input \(input.shape), weight \(weight.shape)")
+    let inputGradient = Tensor(uninitialized: input.shape)
+    let weightGradient = Tensor(zeros: [features]), biasGradient = Tensor(zeros: [features])
+    let x = input.storage.pointer, dy = outputGradient.storage.pointer, gamma = weight.storage.pointer
+    let dx = inputGradient.storage.pointer, dGamma = weightGradient.storage.pointer, dBeta = biasGradient.storage.pointer
+    var normalized = [Float](repeating: 0, count: features)
+    for row in 0..<(features == 0 ? 0 : input.count / features) {
+        let offset = row * features
+        var sum = 0.0
+        for i in 0..<features { sum += Double(x[offset + i]) }
+        let mean = sum / Double(features)
+        var squares = 0.0
+        for i in 0..<features { squares += (Double(x[offset + i]) - mean) * (Double(x[offset + i]) - mean) }
+        let inverseDeviation = 1 / (squares / Double(features) + Double(eps)).squareRoot()
+        // dx = (dx̂ − mean(dx̂) − x̂·mean(dx̂·x̂)) / σ, with dx̂ = dy·γ.
+        var meanGradient = 0.0, meanProjection = 0.0
+        for i in 0..<features {
+            normalized[i] = Float((Double(x[offset + i]) - mean) * inverseDeviation)
+            let g = Double(dy[offset + i]) * Double(gamma[i])
+            meanGradient += g
+            meanProjection += g * Double(normalized[i])
+            dGamma[i] += dy[offset + i] * normalized[i]
+            dBeta[i] += dy[offset + i]
+        }
+        meanGradient /= Double(features)
+        meanProjection /= Double(features)
+        for i in 0..<features {
+            let g = Double(dy[offset + i]) * Double(gamma[i])
+            dx[offset + i] = Float((g - meanGradient - Double(normalized[i]) * meanProjection) * inverseDeviation)
+        }
+    }
+    return LayerNormGradients(input: inputGradient, weight: weightGradient, bias: biasGradient)
+}
+
+/// The gradient of ``activation(_:_:)`` with respect to its input `x`, given the gradient of its output.
+public func activationBackward(_ outputGradient: Tensor, input: Tensor, _ kind: Activation) -> Tensor {
+    precondition(input.shape == outputGradient.shape, "activation gradient \(outputGradient.shape) for input \(input.shape)")
+    let inputGradient = Tensor(uninitialized: input.shape)
+    let x = input.storage.pointer, dy = outputGradient.storage.pointer, dx = inputGradient.storage.pointer
+    for i in 0..<input.count { dx[i] = dy[i] * kind.derivative(x[i]) }
+    return inputGradient
+}
+
+extension Activation {
+    /// d/dx of the function at `x`.
+    func derivative(_ x: Float) -> Float {
+        switch self {
+        case .identity: return 1
+        case .gelu:
+            // Φ(x) + x·φ(x)
+            return 0.5 * (1 + erf(x * 0.70710678118654752)) + x * 0.39894228040143268 * exp(-0.5 * x * x)
+        case .geluTanh:
+            let inner = 0.79788456080286536 * (x + 0.044715 * x * x * x)
+            let t = tanh(inner)
+            return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * 0.79788456080286536 * (1 + 3 * 0.044715 * x * x)
+        case .quickGelu:
+            let s = 1 / (1 + exp(-1.702 * x))
+            return s + 1.702 * x * s * (1 - s)
+        case .relu: return x > 0 ? 1 : 0
+        case .silu:
+            let s = 1 / (1 + exp(-x))
+            return s * (1 + x * (1 - s))
+        case .sigmoid:
+            let s = 1 / (1 + exp(-x))
+            return s * (1 - s)
+        case .elu: return x > 0 ? 1 : exp(x)
+        }
+    }
+}
+
+/// The gradient of ``l2Normalized(_:)`` with respect to its input `x`: `(dy − y·(y·dy)) / ‖x‖` per row, `y` the
+/// normalized row.
+public func l2NormalizedBackward(_ outputGradient: Tensor, input: Tensor) -> Tensor {
+    precondition(input.shape == outputGradient.shape, "l2Normalized gradient \(outputGradient.shape) for input \(input.shape)")
+    let inputGradient = Tensor(uninitialized: input.shape)
+    let columns = input.shape.last ?? 0
+    let x = input.storage.pointer, dy = outputGradient.storage.pointer, dx = inputGradient.storage.pointer
+    for row in 0..<(columns == 0 ? 0 : input.count / columns) {
+        let offset = row * columns
+        var squares = 0.0
+        for i in 0..<columns { squares += Double(x[offset + i]) * Double(x[offset + i]) }
+        let norm = squares.squareRoot()
+        var projection = 0.0
+        for i in 0..<columns { projection += Double(x[offset + i]) / norm * Double(dy[offset + i]) }
+        for i in 0..<columns {
+            dx[offset + i] = Float((Double(dy[offset + i]) - Double(x[offset + i]) / norm * projection) / norm)
+        }
+    }
+    return inputGradient
+}
+
+/// The gradient of ``embedding(_:ids:)`` with respect to its table `[rows, dim]`: each id's row gets the sum of the
+/// output gradients of the positions that looked it up.
+public func embeddingBackward(_ outputGradient: Tensor, ids: [Int], rows: Int) -> Tensor {
+    let dim = outputGradient.shape.last ?? 0
+    precondition(outputGradient.count == ids.count * dim, "embedding gradient \(outputGradient.shape) for \(ids.count) ids")
+    let tableGradient = Tensor(zeros: [rows, dim])
+    let dy = outputGradient.storage.pointer, dTable = tableGradient.storage.pointer
+    for (position, id) in ids.enumerated() {
+        precondition(id >= 0 && id < rows, "embedding id \(id) outside a table of \(rows) rows")
+        for i in 0..<dim { dTable[id * dim + i] += dy[position * dim + i] }
+    }
+    return tableGradient
+}
+
+/// Self-attention's output with the probabilities its gradient needs.
+public struct AttentionForTraining: Sendable {
+    /// `[B, T, heads·headDim]`.
+    public let output: Tensor
+    /// `[B, heads, T, T]`: softmax(q·kᵀ·scale + mask) per item and head.
+    public let probabilities: Tensor
+}
+
+/// Multi-head self-attention as ``attention(query:key:value:heads:causal:keyPaddingMask:scale:precision:)`` computes
+/// it with `Tq = Tk = T` and the default scale, keeping the probabilities for ``attentionBackward(_:query:key:value:probabilities:heads:)``.
+public func attentionForTraining(query: Tensor, key: Tensor, value: Tensor, heads: Int, causal: Bool,
+                                 keyPaddingMask: Tensor?) -> AttentionForTraining {
+    precondition(query.rank == 3 && query.shape == key.shape && key.shape == value.shape && query.shape[2] % heads == 0,
+                 "attention needs query, key and value [B, T, heads·headDim]; got \(query.shape), \(key.shape), \(value.shape)")
+    let (batch, length, width) = (query.shape[0], query.shape[1], query.shape[2])
+    precondition(keyPaddingMask.map { $0.shape == [batch, length] } ?? true, "key padding mask \(keyPaddingMask?.shape ?? []) for [\(batch), \(length)]")
+    let headDim = width / heads
+    let scale = 1 / Float(headDim).squareRoot()
+    let output = Tensor(uninitialized: query.shape)
+    let probabilities = Tensor(uninitialized: [batch, heads, length, length])
+    parallelFor(batch * heads) { unit in
+        let (q, k, v) = (query.storage.pointer, key.storage.pointer, value.storage.pointer)
+        let (out, p) = (output.storage.pointer, probabilities.storage.pointer)
+        let mask = keyPaddingMask?.storage.pointer
+        let (item, head) = (unit / heads, unit % heads)
+        let base = item * length * width + head * headDim
+        for row in 0..<length {
+            let weights = p + (unit * length + row) * length
+            var largest = -Float.infinity
+            for column in 0..<length {
+                let visible = (!causal || column <= row) && (mask.map { $0[item * length + column] != 0 } ?? true)
+                guard visible else { weights[column] = -.infinity; continue }
+                var dot: Float = 0
+                for i in 0..<headDim { dot += q[base + row * width + i] * k[base + column * width + i] }
+                weights[column] = dot * scale
+                largest = max(largest, weights[column])
+            }
+            if largest == -.infinity {
+                // No key to attend to: every value alike, as transformers' eager attention's additive mask gives.
+                for column in 0..<length { weights[column] = 1 / Float(length) }
+            } else {
+                var sum: Float = 0
+                for column in 0..<length {
+                    weights[column] = weights[column] == -.infinity ? 0 : exp(weights[column] - largest)
+                    sum += weights[column]
+                }
+                for column in 0..<length { weights[column] /= sum }
+            }
+            let destination = out + base + row * width
+            for i in 0..<headDim { destination[i] = 0 }
+            for column in 0..<length where weights[column] != 0 {
+                for i in 0..<headDim { destination[i] += weights[column] * v[base + column * width + i] }
+            }
+        }
+    }
+    return AttentionForTraining(output: output, probabilities: probabilities)
+}
+
+/// The gradients of self-attention with respect to its query, key and value.
+public struct AttentionGradients: Sendable {
+    public let query: Tensor
+    public let key: Tensor
+    public let value: Tensor
+}
+
+/// The gradients of ``attentionForTraining(query:key:value:heads:causal:keyPaddingMask:)`` from its inputs, its
+/// probabilities and the gradient of its output: per item and head, `dV = Pᵀ·dO`, `dP = dO·Vᵀ`,
+/// `dS = P ⊙ (dP − rowsum(dP ⊙ P))`, `dQ = dS·K·scale`, `dK = dSᵀ·Q·scale`.
+public func attentionBackward(_ outputGradient: Tensor, query: Tensor, key: Tensor, value: Tensor,
+                              probabilities: Tensor, heads: Int) -> AttentionGradients {
+    let (batch, length, width) = (query.shape[0], query.shape[1], query.shape[2])
+    precondition(outputGradient.shape == query.shape && probabilities.shape == [batch, heads, length, length],
+                 "attention gradient \(outputGradient.shape), probabilities \(probabilities.shape) for query \(query.shape)")
+    let headDim = width / heads
+    let scale = 1 / Float(headDim).squareRoot()
+    let dQuery = Tensor(zeros: query.shape), dKey = Tensor(zeros: key.shape), dValue = Tensor(zeros: value.shape)
+    // Each unit writes only its own head's columns of its own item.
+    parallelFor(batch * heads) { unit in
+        let (q, k, v, p, dOut) = (query.storage.pointer, key.storage.pointer, value.storage.pointer,
+                                  probabilities.storage.pointer, outputGradient.storage.pointer)
+        let (dq, dk, dv) = (dQuery.storage.pointer, dKey.storage.pointer, dValue.storage.pointer)
+        let (item, head) = (unit / heads, unit % heads)
+        let base = item * length * width + head * headDim
+        var scoreGradient = [Float](repeating: 0, count: length)
+        for row in 0..<length {
+            let weights = p + (unit * length + row) * length
+            let dRow = dOut + base + row * width
+            var weighted: Float = 0
+            for column in 0..<length {
+                var dot: Float = 0
+                for i in 0..<headDim { dot += dRow[i] * v[base + column * width + i] }
+                scoreGradient[column] = dot
+                weighted += dot * weights[column]
+                if weights[column] != 0 {
+                    for i in 0..<headDim { dv[base + column * width + i] += weights[column] * dRow[i] }
+                }
+            }
+            for column in 0..<length {
+                let ds = weights[column] * (scoreGradient[column] - weighted) * scale
+                guard ds != 0 else { continue }
+                for i in 0..<headDim {
+                    dq[base + row * width + i] += ds * k[base + column * width + i]
+                    dk[base + column * width + i] += ds * q[base + row * width + i]
+                }
+            }
+        }
+    }
+    return AttentionGradients(query: dQuery, key: dKey, value: dValue)
+}

@@ -1,0 +1,109 @@
+import Foundation
+import VLMTensor
+
+/// A tensor training changes: its Hugging Face name, its value (updated in place by the optimizer), the gradient of
+/// the last backward pass, and whether weight decay applies to it.
+public final class Parameter: @unchecked Sendable {
+    public let name: String
+    /// Owned by the parameter: the optimizer writes it in place.
+    public let value: Tensor
+    public internal(set) var gradient: Tensor?
+    /// False for biases and normalization layers' parameters, as transformers' Trainer groups them
+    /// (`get_decay_parameter_names`).
+    public let decays: Bool
+
+    /// A parameter holding a copy of `value`.
+    public init(name: String, value: Tensor, decays: Bool) {
+        self.name = name
+        self.value = Tensor(shape: value.shape, scalars: value.scalars)
+        self.decays = decays
+    }
+}
+
+/// How a training run optimizes: transformers' `TrainingArguments` for its default optimizer and schedule (AdamW,
+/// gradients clipped by their global norm, linear decay after a linear warmup), with its defaults.
+public struct TrainingSettings: Sendable, Equatable {
+    public var learningRate: Float = 5e-5
+    public var weightDecay: Float = 0
+    public var beta1: Float = 0.9
+    public var beta2: Float = 0.999
+    public var epsilon: Float = 1e-8
+    /// Gradients are scaled down when their global L2 norm exceeds this; nil never clips.
+    public var maxGradientNorm: Float? = 1
+    public var warmupSteps = 0
+    /// The steps the schedule decays over.
+    public var totalSteps: Int
+
+    public init(totalSteps: Int) { self.totalSteps = totalSteps }
+
+    /// The learning rate of step `step` (from 0): `get_linear_schedule_with_warmup`'s factor times `learningRate`.
+    public func learningRate(atStep step: Int) -> Float {
+        if step < warmupSteps { return learningRate * Float(step) / Float(max(1, warmupSteps)) }
+        return learningRate * max(0, Float(totalSteps - step) / Float(max(1, totalSteps - warmupSteps)))
+    }
+}
+
+/// `torch.optim.AdamW` (decoupled weight decay, bias-corrected moments) behind `torch.nn.utils.clip_grad_norm_` and a
+/// learning-rate schedule: one ``step()`` is what transformers' Trainer does after each backward pass.
+public final class AdamW: @unchecked Sendable {
+    public let parameters: [Parameter]
+    public let settings: TrainingSettings
+    /// Optimizer steps taken.
+    public private(set) var steps = 0
+    private let firstMoments: [Tensor]
+    private let secondMoments: [Tensor]
+
+    public init(parameters: [Parameter], settings: TrainingSettings) {
+        self.parameters = parameters
+        self.settings = settings
+        firstMoments = parameters.map { Tensor(zeros: $0.value.shape) }
+        secondMoments = parameters.map { Tensor(zeros: $0.value.shape) }
+    }
+
+    /// Clips the parameters' gradients, updates every parameter that has one, and clears them. Returns the gradients'
+    /// global norm before clipping (what Trainer logs as `grad_norm`).
+    @discardableResult
+    public func step() -> Float {
+        let norm = gradientNorm()
+        if let limit = settings.maxGradientNorm {
+            // clip_grad_norm_ scales by min(1, limit / (norm + 1e-6)) whether or not the norm exceeds the limit.
+            let factor = min(1, limit / (norm + 1e-6))
+            for parameter in parameters {
+                guard let gradient = parameter.gradient else { continue }
+                gradient.withUnsafeMutableBufferPointer { g in for i in g.indices { g[i] *= factor } }
+            }
+        }
+        let learningRate = settings.learningRate(atStep: steps)
+        steps += 1
+        let (beta1, beta2, epsilon) = (settings.beta1, settings.beta2, settings.epsilon)
+        let stepSize = learningRate / (1 - pow(beta1, Float(steps)))
+        let correction2 = (1 - pow(beta2, Float(steps))).squareRoot()
+        for (index, parameter) in parameters.enumerated() {
+            guard let gradient = parameter.gradient else { continue }
+            let decay = 1 - learningRate * (parameter.decays ? settings.weightDecay : 0)
+            let p = parameter.value.storage.pointer, g = gradient.storage.pointer
+            let m = firstMoments[index].storage.pointer, v = secondMoments[index].storage.pointer
+            for i in 0..<parameter.value.count {
+                p[i] *= decay
+                m[i] += (g[i] - m[i]) * (1 - beta1)
+                v[i] = v[i] * beta2 + (1 - beta2) * g[i] * g[i]
+                p[i] -= stepSize * (m[i] / (v[i].squareRoot() / correction2 + epsilon))
+            }
+            parameter.gradient = nil
+        }
+        return norm
+    }
+
+    /// The L2 norm of all gradients together: the norm of the per-tensor norms, as `clip_grad_norm_` takes it.
+    public func gradientNorm() -> Float {
+        var total: Float = 0
+        for parameter in parameters {
+            guard let gradient = parameter.gradient else { continue }
+            var squares = 0.0
+            gradient.withUnsafeBufferPointer { g in for x in g { squares += Double(x) * Double(x) } }
+            let norm = Float(squares.squareRoot())
+            total += norm * norm
+        }
+        return total.squareRoot()
+    }
+}
