@@ -42,9 +42,9 @@ let package = Package(
         .target(name: "VLMTokenizers", dependencies: ["VLMTemplates"]),
         .target(name: "VLMImages", dependencies: ["VLMTensor", "CTurboJPEG", "CSPNG", "CWebP", "CZlib", "CTIFF", "CLCMS2", "CJPEGProbe"]),
         .target(name: "VLMModels", dependencies: ["VLMTensor", "VLMCheckpoint", "VLMImages"]),
-        .target(name: "VLMPipelines", dependencies: ["VLMTensor", "VLMCheckpoint", "VLMTemplates", "VLMTokenizers", "VLMImages", "VLMModels"]),
         // Gradients, optimizers and the training recipes (LiT) over the models' parameters.
-        .target(name: "VLMTraining", dependencies: ["VLMTensor", "VLMCheckpoint", "VLMModels"]),
+        .target(name: "VLMTraining", dependencies: ["VLMTensor", "VLMCheckpoint", "VLMTemplates", "VLMModels"]),
+        .target(name: "VLMPipelines", dependencies: ["VLMTensor", "VLMCheckpoint", "VLMTemplates", "VLMTokenizers", "VLMImages", "VLMModels", "VLMTraining"]),
         .target(name: "VLMHub"),
         .target(name: "SwiftVLM", dependencies: ["VLMTensor", "VLMCheckpoint", "VLMTemplates", "VLMTokenizers", "VLMImages", "VLMModels", "VLMPipelines", "VLMTraining", "VLMHub"]),
         // The OpenAI-compatible HTTP server (`vlm serve`).

@@ -125,3 +125,14 @@ struct PythonJSONEncoder {
         output += String(result)
     }
 }
+
+extension JSONValue {
+    /// This value as Python's `json.dumps(value, indent=indent, sort_keys=sortKeys)` writes it (floats by their
+    /// `repr`, so `1.0` stays `1.0`): how transformers writes config.json (`indent=2, sort_keys=True`).
+    public func pythonJSONText(indent: Int? = nil, sortKeys: Bool = false) -> String {
+        let encoder = PythonJSONEncoder(ensureASCII: true, indent: indent.map { String(repeating: " ", count: $0) },
+                                        separators: nil, sortKeys: sortKeys)
+        // A parsed JSON value is always serializable and as deep as the parser allowed.
+        return (try? encoder.encode(VLMTemplates.Value(self))) ?? ""
+    }
+}

@@ -20,8 +20,8 @@ public final class Parameter: @unchecked Sendable {
     }
 }
 
-/// How a training run optimizes: transformers' `TrainingArguments` for its default optimizer and schedule (AdamW,
-/// gradients clipped by their global norm, linear decay after a linear warmup), with its defaults.
+/// How a training run goes: transformers' `TrainingArguments` for its default optimizer and schedule (AdamW,
+/// gradients clipped by their global norm, linear decay after a linear warmup) and its data loop, with its defaults.
 public struct TrainingSettings: Sendable, Equatable {
     public var learningRate: Float = 5e-5
     public var weightDecay: Float = 0
@@ -31,13 +31,25 @@ public struct TrainingSettings: Sendable, Equatable {
     /// Gradients are scaled down when their global L2 norm exceeds this; nil never clips.
     public var maxGradientNorm: Float? = 1
     public var warmupSteps = 0
-    /// The steps the schedule decays over.
-    public var totalSteps: Int
+    /// Pairs per step (`per_device_train_batch_size`).
+    public var batchSize = 8
+    /// Passes over the data when ``maxSteps`` is nil (`num_train_epochs`).
+    public var epochs = 3
+    /// Steps to take whatever the epochs say (`max_steps`), nil for ``epochs`` passes.
+    public var maxSteps: Int?
+    /// The data's order each epoch comes from this seed; nil keeps the order given.
+    public var shuffleSeed: UInt64? = 42
 
-    public init(totalSteps: Int) { self.totalSteps = totalSteps }
+    public init() {}
 
-    /// The learning rate of step `step` (from 0): `get_linear_schedule_with_warmup`'s factor times `learningRate`.
-    public func learningRate(atStep step: Int) -> Float {
+    /// The optimizer steps a run over `examples` examples takes, which the schedule decays over.
+    public func totalSteps(examples: Int) -> Int {
+        maxSteps ?? epochs * ((examples + batchSize - 1) / max(1, batchSize))
+    }
+
+    /// The learning rate of step `step` (from 0) of `totalSteps`: `get_linear_schedule_with_warmup`'s factor times
+    /// `learningRate`.
+    public func learningRate(atStep step: Int, of totalSteps: Int) -> Float {
         if step < warmupSteps { return learningRate * Float(step) / Float(max(1, warmupSteps)) }
         return learningRate * max(0, Float(totalSteps - step) / Float(max(1, totalSteps - warmupSteps)))
     }
@@ -48,17 +60,23 @@ public struct TrainingSettings: Sendable, Equatable {
 public final class AdamW: @unchecked Sendable {
     public let parameters: [Parameter]
     public let settings: TrainingSettings
+    /// The steps the learning rate decays over.
+    public let totalSteps: Int
     /// Optimizer steps taken.
     public private(set) var steps = 0
     private let firstMoments: [Tensor]
     private let secondMoments: [Tensor]
 
-    public init(parameters: [Parameter], settings: TrainingSettings) {
+    public init(parameters: [Parameter], settings: TrainingSettings, totalSteps: Int) {
         self.parameters = parameters
         self.settings = settings
+        self.totalSteps = totalSteps
         firstMoments = parameters.map { Tensor(zeros: $0.value.shape) }
         secondMoments = parameters.map { Tensor(zeros: $0.value.shape) }
     }
+
+    /// The learning rate the next ``step()`` applies.
+    public var learningRate: Float { settings.learningRate(atStep: steps, of: totalSteps) }
 
     /// Clips the parameters' gradients, updates every parameter that has one, and clears them. Returns the gradients'
     /// global norm before clipping (what Trainer logs as `grad_norm`).
@@ -73,7 +91,7 @@ public final class AdamW: @unchecked Sendable {
                 gradient.withUnsafeMutableBufferPointer { g in for i in g.indices { g[i] *= factor } }
             }
         }
-        let learningRate = settings.learningRate(atStep: steps)
+        let learningRate = self.learningRate
         steps += 1
         let (beta1, beta2, epsilon) = (settings.beta1, settings.beta2, settings.epsilon)
         let stepSize = learningRate / (1 - pow(beta1, Float(steps)))

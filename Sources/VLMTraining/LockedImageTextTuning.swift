@@ -1,6 +1,7 @@
 import Foundation
 import VLMCheckpoint
 import VLMModels
+import VLMTemplates
 import VLMTensor
 
 /// Locked-image text tuning (LiT, Zhai et al. 2022) of a CLIP checkpoint: the image tower and its projection stay
@@ -24,6 +25,9 @@ public final class LockedImageTextTuning: @unchecked Sendable {
     public init(directory: ModelDirectory) throws {
         self.directory = directory
         let configFile = directory.url.appendingPathComponent("config.json").path
+        guard try directory.modelType == "clip" else {
+            throw ModelError.unsupportedModelType(try directory.modelType, supported: ["clip"], file: configFile)
+        }
         config = try directory.decode(CLIPConfig.self)
         store = try WeightStore(directory: directory.url)
         frozen = try CLIPModel(config: config, weights: Weights(store), file: configFile)
@@ -53,8 +57,8 @@ public final class LockedImageTextTuning: @unchecked Sendable {
     public func lossAndGradients(imageFeatures: Tensor, inputIds: [[Int]], attentionMask: [[Int]]?) throws -> Float {
         let textConfig = config.textConfig
         let (batch, length, width) = (inputIds.count, inputIds.first?.count ?? 0, textConfig.hiddenSize)
-        guard batch > 1, imageFeatures.shape == [batch, config.projectionDim] else {
-            throw ModelError.invalidInput("a contrastive loss needs at least two pairs, one image embedding [\(config.projectionDim)] per text: got \(batch) texts and image features \(imageFeatures.shape)")
+        guard batch > 0, imageFeatures.shape == [batch, config.projectionDim] else {
+            throw ModelError.invalidInput("a contrastive loss needs pairs, one image embedding [\(config.projectionDim)] per text: got \(batch) texts and image features \(imageFeatures.shape)")
         }
         guard length > 0, length <= textConfig.maxPositionEmbeddings, inputIds.allSatisfy({ $0.count == length }) else {
             throw ModelError.invalidInput("texts must be padded to one length of 1...\(textConfig.maxPositionEmbeddings) tokens")
@@ -127,13 +131,14 @@ public final class LockedImageTextTuning: @unchecked Sendable {
             tensors[name] = try byName[name]?.value ?? store.tensor(name)
         }
         try SafetensorsFile.write(tensors, to: output.appendingPathComponent(WeightStore.singleFileName))
+        // config.json as transformers' save_pretrained writes it, its dtype now the weights' (every member else kept:
+        // a float stays a float, which its strict config classes insist on).
         let configURL = directory.url.appendingPathComponent("config.json")
-        guard var configJSON = try JSONSerialization.jsonObject(with: Data(contentsOf: configURL)) as? [String: Any] else {
+        guard case let .object(members) = try JSONValue(parsing: Data(contentsOf: configURL), file: configURL.path) else {
             throw CheckpointError.invalidJSON(file: configURL.path, reason: "not an object")
         }
-        configJSON["dtype"] = "float32"
-        configJSON.removeValue(forKey: "torch_dtype")
-        let configData = try JSONSerialization.data(withJSONObject: configJSON, options: [.prettyPrinted, .sortedKeys])
+        let config = JSONValue.object(members.filter { $0.0 != "dtype" && $0.0 != "torch_dtype" } + [("dtype", "float32")])
+        let configData = Data((config.pythonJSONText(indent: 2, sortKeys: true) + "\n").utf8)
         let copied = ["tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
                       "preprocessor_config.json", "processor_config.json"]
         do {

@@ -13,7 +13,7 @@ struct VLM: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "vlm",
         abstract: "Run vision-language models from Hugging Face checkpoints.",
-        subcommands: [Classify.self, Segment.self, Detect.self, Embed.self, Caption.self, Ask.self, Match.self, Tokenize.self, Generate.self, Chat.self, PerplexityCommand.self, Serve.self, Bench.self, BenchTokenizer.self, Download.self, Cache.self]
+        subcommands: [Classify.self, Segment.self, Detect.self, Embed.self, Caption.self, Ask.self, Match.self, Tokenize.self, Generate.self, Chat.self, PerplexityCommand.self, Train.self, Serve.self, Bench.self, BenchTokenizer.self, Download.self, Cache.self]
     )
 }
 

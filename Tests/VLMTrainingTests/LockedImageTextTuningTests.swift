@@ -48,7 +48,8 @@ struct LiTFixture {
     }
 
     var settings: TrainingSettings {
-        var settings = TrainingSettings(totalSteps: record.settings.steps)
+        var settings = TrainingSettings()
+        settings.maxSteps = record.settings.steps
         settings.learningRate = record.settings.learning_rate
         settings.weightDecay = record.settings.weight_decay
         settings.beta1 = record.settings.adam_beta1
@@ -78,7 +79,7 @@ private func maxDifference(_ a: Tensor, _ b: Tensor) -> Float {
         #expect(tuning.parameters.filter(\.decays).map(\.name).sorted() == fixture.record.decayed)
         #expect(tuning.parameters.filter { !$0.decays }.map(\.name).sorted() == fixture.record.not_decayed)
         let images = try tuning.imageFeatures(pixelValues: fixture.pixelValues)
-        let optimizer = AdamW(parameters: tuning.parameters, settings: fixture.settings)
+        let optimizer = AdamW(parameters: tuning.parameters, settings: fixture.settings, totalSteps: fixture.record.settings.steps)
         for step in 0..<fixture.record.settings.steps {
             let loss = try tuning.lossAndGradients(imageFeatures: images, inputIds: fixture.inputs.prompt_ids,
                                                    attentionMask: fixture.inputs.prompt_mask)

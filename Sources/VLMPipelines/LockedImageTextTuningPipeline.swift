@@ -1,0 +1,101 @@
+import Foundation
+import VLMCheckpoint
+import VLMImages
+import VLMModels
+import VLMTensor
+import VLMTokenizers
+import VLMTraining
+
+/// One optimizer step of a training run, as transformers' Trainer logs it.
+public struct TrainingLogEntry: Sendable, Equatable {
+    /// 1 for the first step.
+    public let step: Int
+    /// Epochs done at the end of the step: `step / steps per epoch`.
+    public let epoch: Double
+    /// The batch's loss before the step.
+    public let loss: Float
+    /// The gradients' global norm before clipping.
+    public let gradientNorm: Float
+    /// The learning rate the step applied.
+    public let learningRate: Float
+}
+
+/// Locked-image text tuning of a CLIP checkpoint on an image–text dataset (``LockedImageTextTuning``): each image
+/// through the checkpoint's image processor and frozen image tower once, then batches of pairs, their texts tokenized
+/// as CLIP's processor does (`padding=True, truncation=True`), through the text side's loss, gradients and AdamW.
+public final class LockedImageTextTuningPipeline: @unchecked Sendable {
+    public let tuning: LockedImageTextTuning
+    public let tokenizer: Tokenizer
+    public let imageProcessor: any ImageProcessor
+
+    public init(directory: URL) throws {
+        let checkpoint = try ModelDirectory(url: directory)
+        tuning = try LockedImageTextTuning(directory: checkpoint)
+        tokenizer = try Tokenizer(directory: directory)
+        imageProcessor = try ImageProcessorRegistry.load(directory: directory, modelType: checkpoint.modelType)
+    }
+
+    /// Trains on `dataset` as `settings` say, calling `log` after each step; the tuned parameters stay in ``tuning``
+    /// (``save(to:)`` writes them).
+    ///
+    /// Each epoch takes the pairs in an order drawn from `settings.shuffleSeed` (a permutation of its own, not torch's),
+    /// or as given; the last batch of an epoch may be short, as Trainer's data loader leaves it.
+    @discardableResult
+    public func train(_ dataset: ImageTextDataset, settings: TrainingSettings,
+                      log: (TrainingLogEntry) -> Void = { _ in }) throws -> [TrainingLogEntry] {
+        guard settings.batchSize > 0 else { throw ModelError.invalidInput("the batch size must be positive") }
+        let imageFeatures = try encodeImages(dataset)
+        let examples = dataset.pairs.count
+        let totalSteps = settings.totalSteps(examples: examples)
+        let stepsPerEpoch = (examples + settings.batchSize - 1) / settings.batchSize
+        let optimizer = AdamW(parameters: tuning.parameters, settings: settings, totalSteps: totalSteps)
+        var generator = settings.shuffleSeed.map { SeededGenerator(seed: $0) }
+        var history: [TrainingLogEntry] = []
+        var order: [Int] = []
+        while optimizer.steps < totalSteps {
+            if order.isEmpty {
+                order = Array(0..<examples)
+                if generator != nil {
+                    // Fisher–Yates spelled out: the standard library's shuffle may change its algorithm between releases.
+                    for i in stride(from: examples - 1, to: 0, by: -1) {
+                        order.swapAt(i, Int(generator!.next() % UInt64(i + 1)))
+                    }
+                }
+            }
+            let batch = Array(order.prefix(settings.batchSize))
+            order.removeFirst(batch.count)
+            let encodings = tokenizer.encode(batch.map { dataset.pairs[$0].text }, padding: .longest, truncation: true)
+            let loss = try tuning.lossAndGradients(imageFeatures: embedding(imageFeatures, ids: batch), inputIds: encodings.map(\.ids),
+                                                   attentionMask: encodings.map(\.attentionMask))
+            let learningRate = optimizer.learningRate
+            let norm = optimizer.step()
+            let entry = TrainingLogEntry(step: optimizer.steps, epoch: Double(optimizer.steps) / Double(stepsPerEpoch),
+                                         loss: loss, gradientNorm: norm, learningRate: learningRate)
+            history.append(entry)
+            log(entry)
+        }
+        return history
+    }
+
+    /// Writes the tuned checkpoint (``LockedImageTextTuning/save(to:)``).
+    public func save(to directory: URL) throws {
+        try tuning.save(to: directory)
+    }
+
+    /// Every pair's image embedding `[pairs, projection_dim]`, each distinct file decoded and encoded once, 32 at a time.
+    private func encodeImages(_ dataset: ImageTextDataset) throws -> Tensor {
+        var files: [URL] = []
+        var index: [URL: Int] = [:]
+        for pair in dataset.pairs where index[pair.image] == nil {
+            index[pair.image] = files.count
+            files.append(pair.image)
+        }
+        var encoded: [Float] = []
+        for start in stride(from: 0, to: files.count, by: 32) {
+            let images = try files[start..<min(start + 32, files.count)].map { try ImageDecoder.decode(contentsOf: $0) }
+            encoded += try tuning.imageFeatures(pixelValues: imageProcessor.preprocess(images).pixelValues).scalars
+        }
+        let width = tuning.config.projectionDim
+        return embedding(Tensor(shape: [files.count, width], scalars: encoded), ids: dataset.pairs.map { index[$0.image]! })
+    }
+}

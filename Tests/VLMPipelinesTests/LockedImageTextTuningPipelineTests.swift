@@ -1,0 +1,180 @@
+import Foundation
+import Testing
+import VLMCheckpoint
+import VLMModels
+import VLMPipelines
+import VLMTensor
+import VLMTraining
+
+/// An imagefolder dataset of a CLIP fixture's four photos captioned with its templated labels (what oracle/lit.py
+/// trained on), in a temporary directory removed with it.
+final class LiTDatasetDirectory {
+    static let fixtures = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .appendingPathComponent("Fixtures")
+
+    struct Fixture: Decodable {
+        let photos: [String]
+        let labels: [String]
+        let template: String
+    }
+
+    let url = FileManager.default.temporaryDirectory.appendingPathComponent("lit-\(UUID().uuidString)")
+    let captions: [String]
+    let photos: [String]
+
+    /// - Parameter metadata: writes each pair's row given its file name and caption; nil writes metadata.jsonl.
+    init(checkpoint: String, metadata: ((String, String) -> String)? = nil, metadataFile: String = "metadata.jsonl",
+         header: String? = nil) throws {
+        let fixture = try JSONDecoder().decode(Fixture.self, from: Data(contentsOf: Self.fixtures
+            .appendingPathComponent("clip/\(checkpoint)/expected.json")))
+        try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
+        for photo in fixture.photos {
+            try FileManager.default.copyItem(at: Self.fixtures.appendingPathComponent("photos/\(photo)"),
+                                             to: url.appendingPathComponent(photo))
+        }
+        photos = fixture.photos
+        captions = fixture.labels.map { fixture.template.replacingOccurrences(of: "{}", with: $0) }
+        let row = metadata ?? { name, caption in
+            String(decoding: try! JSONSerialization.data(withJSONObject: ["file_name": name, "text": caption]), as: UTF8.self)
+        }
+        let rows = zip(photos, captions).map(row)
+        try ((header.map { [$0] } ?? []) + rows).joined(separator: "\n").write(to: url.appendingPathComponent(metadataFile),
+                                                                               atomically: true, encoding: .utf8)
+    }
+
+    deinit { try? FileManager.default.removeItem(at: url) }
+}
+
+/// oracle/lit.py's record for a fixture: its settings and what each step gave.
+struct LiTRecord: Decodable {
+    struct Settings: Decodable {
+        let learning_rate, weight_decay, max_grad_norm: Float
+        let warmup_steps, steps: Int
+    }
+    let settings: Settings
+    let losses: [Float]
+    let gradient_norms: [Float]
+    let final_loss: Float
+
+    init(_ checkpoint: String) throws {
+        self = try JSONDecoder().decode(Self.self, from: Data(contentsOf: LiTDatasetDirectory.fixtures
+            .appendingPathComponent("lit/\(checkpoint).json")))
+    }
+}
+
+@Suite struct LockedImageTextTuningPipelineTests {
+    /// From the photo files and captions to the saved checkpoint: the processor's pixels and the tokenizer's ids give
+    /// each step the loss transformers' Trainer computed (oracle/lit.py), and the checkpoint written loads as a CLIP
+    /// model whose loss on the pairs is the oracle's after its last step.
+    @Test(arguments: ["tiny-quickgelu-argmax", "tiny-gelu-eos-fp16"])
+    func trainsAndSavesAsTransformersDoes(checkpoint: String) throws {
+        let data = try LiTDatasetDirectory(checkpoint: checkpoint)
+        let record = try LiTRecord(checkpoint)
+        let model = LiTDatasetDirectory.fixtures.appendingPathComponent("clip/\(checkpoint)")
+        let pipeline = try LockedImageTextTuningPipeline(directory: model)
+        var settings = TrainingSettings()
+        settings.batchSize = 4
+        settings.maxSteps = record.settings.steps
+        settings.learningRate = record.settings.learning_rate
+        settings.weightDecay = record.settings.weight_decay
+        settings.maxGradientNorm = record.settings.max_grad_norm
+        settings.warmupSteps = record.settings.warmup_steps
+        settings.shuffleSeed = nil
+        var logged: [TrainingLogEntry] = []
+        let history = try pipeline.train(ImageTextDataset(directory: data.url), settings: settings) { logged.append($0) }
+        #expect(history == logged)
+        #expect(history.map(\.step) == Array(1...record.settings.steps))
+        #expect(history.map(\.epoch) == (1...record.settings.steps).map(Double.init))
+        #expect(history.first?.learningRate == 0)  // the first of one warmup step
+        for (entry, (loss, norm)) in zip(history, zip(record.losses, record.gradient_norms)) {
+            #expect(abs(entry.loss - loss) < 1e-4, "step \(entry.step): loss \(entry.loss) against \(loss)")
+            #expect(abs(entry.gradientNorm - norm) < 1e-4 * max(1, norm), "step \(entry.step): norm \(entry.gradientNorm) against \(norm)")
+        }
+
+        let output = data.url.appendingPathComponent("tuned")
+        try pipeline.save(to: output)
+        let tuned = try CLIPModel(directory: ModelDirectory(url: output))
+        let expected = try SafetensorsFile(url: model.appendingPathComponent("expected.safetensors"))
+        struct Prompts: Decodable { let prompt_ids: [[Int]]; let prompt_mask: [[Int]] }
+        let prompts = try JSONDecoder().decode(Prompts.self, from: Data(contentsOf: model.appendingPathComponent("expected.json")))
+        let logits = try tuned.logitsPerImage(imageFeatures: tuned.imageFeatures(pixelValues: expected.tensor("pixel_values")),
+                                              textFeatures: tuned.textFeatures(inputIds: prompts.prompt_ids, attentionMask: prompts.prompt_mask))
+        let loss = try tuned.contrastiveLoss(logitsPerImage: logits)
+        #expect(abs(loss - record.final_loss) < 1e-4, "saved checkpoint's loss \(loss) against \(record.final_loss)")
+        let config = try String(contentsOf: output.appendingPathComponent("config.json"), encoding: .utf8)
+        #expect(config.contains("\"dtype\": \"float32\""))
+        #expect(!config.contains("float16"))
+        for file in ["tokenizer.json", "vocab.json", "merges.txt", "preprocessor_config.json"] {
+            #expect(FileManager.default.fileExists(atPath: output.appendingPathComponent(file).path), "\(file) not copied")
+        }
+    }
+
+    /// Each epoch visits every pair once, in an order drawn from the seed: the same seed, the same losses.
+    @Test func shuffledEpochsVisitEveryPairOnce() throws {
+        let data = try LiTDatasetDirectory(checkpoint: "tiny-quickgelu-argmax")
+        let model = LiTDatasetDirectory.fixtures.appendingPathComponent("clip/tiny-quickgelu-argmax")
+        var settings = TrainingSettings()
+        settings.batchSize = 3
+        settings.epochs = 2
+        settings.learningRate = 0
+        let dataset = try ImageTextDataset(directory: data.url)
+        let first = try LockedImageTextTuningPipeline(directory: model).train(dataset, settings: settings)
+        let second = try LockedImageTextTuningPipeline(directory: model).train(dataset, settings: settings)
+        #expect(first.map(\.step) == [1, 2, 3, 4])  // 4 pairs in batches of 3: a short batch ends each epoch
+        #expect(first.map(\.epoch) == [0.5, 1, 1.5, 2])
+        #expect(first == second)
+        settings.shuffleSeed = nil
+        let ordered = try LockedImageTextTuningPipeline(directory: model).train(dataset, settings: settings)
+        #expect(ordered.map(\.loss) != first.map(\.loss))
+    }
+}
+
+@Suite struct ImageTextDatasetTests {
+    @Test func csvMetadataReadsAsTheJSONLines() throws {
+        let jsonl = try LiTDatasetDirectory(checkpoint: "tiny-quickgelu-argmax")
+        let csv = try LiTDatasetDirectory(checkpoint: "tiny-quickgelu-argmax", metadata: { name, caption in
+            "\(name),\"\(caption.replacingOccurrences(of: "\"", with: "\"\""))\""
+        }, metadataFile: "metadata.csv", header: "file_name,text")
+        let fromJSON = try ImageTextDataset(directory: jsonl.url), fromCSV = try ImageTextDataset(directory: csv.url)
+        #expect(fromJSON.pairs.map(\.text) == jsonl.captions)
+        #expect(fromCSV.pairs.map(\.text) == fromJSON.pairs.map(\.text))
+        #expect(fromCSV.pairs.map(\.image.lastPathComponent) == jsonl.photos)
+    }
+
+    @Test func quotedCSVFieldsHoldCommasQuotesAndLineBreaks() throws {
+        let data = try LiTDatasetDirectory(checkpoint: "tiny-quickgelu-argmax", metadata: { name, _ in
+            "\"\(name)\",\"a \"\"cat\"\", or two,\nsleeping\",x"
+        }, metadataFile: "metadata.csv", header: "file_name,caption,other\r")
+        let dataset = try ImageTextDataset(directory: data.url, textColumn: "caption")
+        #expect(dataset.pairs.count == 4)
+        #expect(dataset.pairs.allSatisfy { $0.text == "a \"cat\", or two,\nsleeping" })
+    }
+
+    @Test(arguments: [
+        ("metadata.jsonl", #"{"file_name": "chelsea.png"}"#, "line 1 has no text"),
+        ("metadata.jsonl", #"{"text": "a cat"}"#, "line 1 has no file_name"),
+        ("metadata.jsonl", #"{"file_name": "../chelsea.png", "text": "a cat"}"#, "line 1: ../chelsea.png is outside the dataset's directory"),
+        ("metadata.jsonl", #"{"file_name": "dog.png", "text": "a dog"}"#, "line 1: no image file dog.png"),
+        ("metadata.jsonl", "{\"file_name\": \"chelsea.png\", \"text\": \"a cat\"}\n[1, 2]", "line 2 is not a JSON object"),
+        ("metadata.jsonl", "\n  \n", "no rows"),
+        ("metadata.csv", "file_name,text\nchelsea.png,\"a cat", "line 2: a quoted field does not end"),
+        ("metadata.csv", "file_name,text\nchelsea.png,a,cat", "line 2 has 3 fields, the header 2"),
+    ])
+    func badMetadataIsOneLineNamingTheFile(file: String, contents: String, message: String) throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("dataset-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        try FileManager.default.copyItem(at: LiTDatasetDirectory.fixtures.appendingPathComponent("photos/chelsea.png"),
+                                         to: directory.appendingPathComponent("chelsea.png"))
+        try contents.write(to: directory.appendingPathComponent(file), atomically: true, encoding: .utf8)
+        let error = try #require(throws: DatasetError.self) { try ImageTextDataset(directory: directory) }
+        #expect(error.file == directory.appendingPathComponent(file).path)
+        #expect(error.reason.hasPrefix(message), "\(error)")
+    }
+
+    @Test func aDirectoryWithoutMetadataIsRefused() throws {
+        let directory = LiTDatasetDirectory.fixtures.appendingPathComponent("photos")
+        let error = try #require(throws: DatasetError.self) { try ImageTextDataset(directory: directory) }
+        #expect(error.description == "\(directory.path): neither metadata.jsonl nor metadata.csv (an imagefolder dataset's metadata)")
+    }
+}

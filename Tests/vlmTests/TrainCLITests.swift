@@ -1,0 +1,75 @@
+import Foundation
+import Testing
+
+@Suite struct TrainCLITests {
+    struct Record: Decodable {
+        struct Settings: Decodable { let learning_rate, weight_decay, max_grad_norm: Float; let warmup_steps, steps: Int }
+        let settings: Settings
+        let losses: [Float]
+        let gradient_norms: [Float]
+    }
+
+    let model = CLI.fixtures.appendingPathComponent("clip/tiny-quickgelu-argmax")
+    let work = FileManager.default.temporaryDirectory.appendingPathComponent("train-cli-\(UUID().uuidString)")
+
+    /// The CLIP fixture's four photos captioned as oracle/lit.py captioned them, as an imagefolder dataset.
+    func dataset() throws -> URL {
+        struct Fixture: Decodable { let photos: [String]; let labels: [String]; let template: String }
+        let fixture = try JSONDecoder().decode(Fixture.self, from: Data(contentsOf: model.appendingPathComponent("expected.json")))
+        let data = work.appendingPathComponent("data")
+        try FileManager.default.createDirectory(at: data, withIntermediateDirectories: true)
+        var lines: [String] = []
+        for (photo, label) in zip(fixture.photos, fixture.labels) {
+            try FileManager.default.copyItem(at: CLI.fixtures.appendingPathComponent("photos/\(photo)"), to: data.appendingPathComponent(photo))
+            let caption = fixture.template.replacingOccurrences(of: "{}", with: label)
+            lines.append(String(decoding: try JSONSerialization.data(withJSONObject: ["file_name": photo, "text": caption]), as: UTF8.self))
+        }
+        try lines.joined(separator: "\n").write(to: data.appendingPathComponent("metadata.jsonl"), atomically: true, encoding: .utf8)
+        return data
+    }
+
+    @Test func litLogsTrainersLossesAndWritesACheckpoint() throws {
+        defer { try? FileManager.default.removeItem(at: work) }
+        let record = try JSONDecoder().decode(Record.self, from: Data(contentsOf: CLI.fixtures.appendingPathComponent("lit/tiny-quickgelu-argmax.json")))
+        let out = work.appendingPathComponent("tuned").path
+        let arguments = ["train", "lit", "--model", model.path, "--data", try dataset().path, "--out", out,
+                         "--batch-size", "4", "--max-steps", "\(record.settings.steps)", "--no-shuffle",
+                         "--learning-rate", "\(record.settings.learning_rate)", "--weight-decay", "\(record.settings.weight_decay)",
+                         "--warmup-steps", "\(record.settings.warmup_steps)", "--max-grad-norm", "\(record.settings.max_grad_norm)"]
+        let run = try CLI.run(arguments + ["--json"])
+        #expect(run.status == 0, "\(run.stderr)")
+        let log = try #require(try CLI.json(run) as? [[String: Any]])
+        #expect(log.compactMap { $0["step"] as? Int } == Array(1...record.settings.steps))
+        for (entry, (loss, norm)) in zip(log, zip(record.losses, record.gradient_norms)) {
+            let logged = try #require(entry["loss"] as? Double), loggedNorm = try #require(entry["grad_norm"] as? Double)
+            #expect(abs(logged - Double(loss)) < 1e-4, "\(entry)")
+            #expect(abs(loggedNorm - Double(norm)) < 1e-4 * max(1, Double(norm)), "\(entry)")
+        }
+        #expect(FileManager.default.fileExists(atPath: out + "/model.safetensors"))
+
+        // The checkpoint it wrote classifies, and is not overwritten without --force.
+        let classify = try CLI.run(["classify", CLI.fixtures.appendingPathComponent("photos/chelsea.png").path, "--model", out,
+                                    "--labels", "cat,rocket", "--json"])
+        #expect(classify.status == 0, "\(classify.stderr)")
+        let again = try CLI.run(arguments)
+        #expect(again.status == 1)
+        #expect(again.stderr.contains("\(out)/config.json exists; pass --force"), "\(again.stderr)")
+        #expect(again.stderr.split(separator: "\n").count == 1)
+        let forced = try CLI.run(arguments + ["--force"])
+        #expect(forced.status == 0, "\(forced.stderr)")
+        #expect(forced.stdout.hasPrefix("step 1/\(record.settings.steps)  epoch 1.00  loss "), "\(forced.stdout)")
+    }
+
+    @Test func badInputIsOneLine() throws {
+        defer { try? FileManager.default.removeItem(at: work) }
+        let photos = CLI.fixtures.appendingPathComponent("photos").path
+        let noMetadata = try CLI.run(["train", "lit", "--model", model.path, "--data", photos, "--out", work.path])
+        #expect(noMetadata.status == 1)
+        #expect(noMetadata.stderr.contains("\(photos): neither metadata.jsonl nor metadata.csv"), "\(noMetadata.stderr)")
+        let siglip = CLI.fixtures.appendingPathComponent("siglip/tiny-tanh-fp16").path
+        let notCLIP = try CLI.run(["train", "lit", "--model", siglip, "--data", try dataset().path, "--out", work.path + "/out"])
+        #expect(notCLIP.status == 1)
+        #expect(notCLIP.stderr.contains("model_type \"siglip\" is not supported here (supported: clip)"), "\(notCLIP.stderr)")
+        #expect(notCLIP.stderr.split(separator: "\n").count == 1)
+    }
+}
