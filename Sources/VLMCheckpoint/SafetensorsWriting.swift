@@ -1,3 +1,8 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
 import Foundation
 import VLMTensor
 
@@ -19,20 +24,26 @@ extension SafetensorsFile {
         }
         var header = Array(("{" + entries.joined(separator: ",") + "}").utf8)
         header += [UInt8](repeating: 0x20, count: (8 - header.count % 8) % 8)
-        var bytes = [UInt8]()
-        bytes.reserveCapacity(8 + header.count + offset)
-        withUnsafeBytes(of: UInt64(header.count).littleEndian) { bytes += $0 }
-        bytes += header
-        for name in names {
-            tensors[name]!.withUnsafeBufferPointer { values in
-                values.withMemoryRebound(to: UInt32.self) { words in
-                    for word in words { withUnsafeBytes(of: word.littleEndian) { bytes += $0 } }
-                }
-            }
-        }
+        // Written beside the destination and renamed over it; tensors go out straight from their storage (fp32 in
+        // memory is safetensors' little-endian F32 on every platform this builds for).
+        let partial = url.deletingLastPathComponent().appendingPathComponent(".\(url.lastPathComponent).partial")
         do {
-            try Data(bytes).write(to: url, options: .atomic)
+            guard FileManager.default.createFile(atPath: partial.path, contents: nil) else {
+                throw CocoaError(.fileWriteUnknown)
+            }
+            let file = try FileHandle(forWritingTo: partial)
+            defer { try? file.close() }
+            try file.write(contentsOf: withUnsafeBytes(of: UInt64(header.count).littleEndian) { Data($0) })
+            try file.write(contentsOf: Data(header))
+            for name in names {
+                let tensor = tensors[name]!
+                try file.write(contentsOf: Data(bytesNoCopy: tensor.storage.pointer, count: tensor.count * MemoryLayout<Float>.stride,
+                                                deallocator: .none))
+            }
+            try file.close()
+            guard rename(partial.path, url.path) == 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
         } catch {
+            try? FileManager.default.removeItem(at: partial)
             throw CheckpointError.unwritable(path: url.path, reason: error.localizedDescription)
         }
     }

@@ -20,6 +20,19 @@ public struct TrainingLogEntry: Sendable, Equatable {
     public let learningRate: Float
 }
 
+/// What a training run did: each step's log, and how long it took (Trainer's closing `train_runtime` and rates).
+public struct TrainingRun: Sendable {
+    public let history: [TrainingLogEntry]
+    /// Seconds the steps took, from the first batch's tokenization to the last optimizer step.
+    public let runtime: Double
+    /// Seconds spent decoding, preprocessing and encoding the images before the first step.
+    public let imageEncodingTime: Double
+    /// Pairs trained on per second of ``runtime`` (a short last batch counts as its pairs).
+    public let samplesPerSecond: Double
+
+    public var stepsPerSecond: Double { Double(history.count) / runtime }
+}
+
 /// Locked-image text tuning of a CLIP checkpoint on an image–text dataset (``LockedImageTextTuning``): each image
 /// through the checkpoint's image processor and frozen image tower once, then batches of pairs, their texts tokenized
 /// as CLIP's processor does (`padding=True, truncation=True`), through the text side's loss, gradients and AdamW.
@@ -42,9 +55,12 @@ public final class LockedImageTextTuningPipeline: @unchecked Sendable {
     /// or as given; the last batch of an epoch may be short, as Trainer's data loader leaves it.
     @discardableResult
     public func train(_ dataset: ImageTextDataset, settings: TrainingSettings,
-                      log: (TrainingLogEntry) -> Void = { _ in }) throws -> [TrainingLogEntry] {
+                      log: (TrainingLogEntry) -> Void = { _ in }) throws -> TrainingRun {
         guard settings.batchSize > 0 else { throw ModelError.invalidInput("the batch size must be positive") }
+        let encodingStart = DispatchTime.now().uptimeNanoseconds
         let imageFeatures = try encodeImages(dataset)
+        let start = DispatchTime.now().uptimeNanoseconds
+        var samples = 0
         let examples = dataset.pairs.count
         let totalSteps = settings.totalSteps(examples: examples)
         let stepsPerEpoch = (examples + settings.batchSize - 1) / settings.batchSize
@@ -64,6 +80,7 @@ public final class LockedImageTextTuningPipeline: @unchecked Sendable {
             }
             let batch = Array(order.prefix(settings.batchSize))
             order.removeFirst(batch.count)
+            samples += batch.count
             let encodings = tokenizer.encode(batch.map { dataset.pairs[$0].text }, padding: .longest, truncation: true)
             let loss = try tuning.lossAndGradients(imageFeatures: embedding(imageFeatures, ids: batch), inputIds: encodings.map(\.ids),
                                                    attentionMask: encodings.map(\.attentionMask))
@@ -74,7 +91,10 @@ public final class LockedImageTextTuningPipeline: @unchecked Sendable {
             history.append(entry)
             log(entry)
         }
-        return history
+        let end = DispatchTime.now().uptimeNanoseconds
+        let runtime = Double(end - start) / 1e9
+        return TrainingRun(history: history, runtime: runtime, imageEncodingTime: Double(start - encodingStart) / 1e9,
+                           samplesPerSecond: Double(samples) / runtime)
     }
 
     /// Writes the tuned checkpoint (``LockedImageTextTuning/save(to:)``).

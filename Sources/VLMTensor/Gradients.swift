@@ -66,44 +66,64 @@ public func layerNormBackward(_ outputGradient: Tensor, input: Tensor, weight: T
     precondition(input.shape == outputGradient.shape && input.shape.last == features,
                  "layerNorm gradient \(outputGradient.shape) for input \(input.shape), weight \(weight.shape)")
     let inputGradient = Tensor(uninitialized: input.shape)
-    let weightGradient = Tensor(zeros: [features]), biasGradient = Tensor(zeros: [features])
-    let x = input.storage.pointer, dy = outputGradient.storage.pointer, gamma = weight.storage.pointer
-    let dx = inputGradient.storage.pointer, dGamma = weightGradient.storage.pointer, dBeta = biasGradient.storage.pointer
-    var normalized = [Float](repeating: 0, count: features)
-    for row in 0..<(features == 0 ? 0 : input.count / features) {
-        let offset = row * features
-        var sum = 0.0
-        for i in 0..<features { sum += Double(x[offset + i]) }
-        let mean = sum / Double(features)
-        var squares = 0.0
-        for i in 0..<features { squares += (Double(x[offset + i]) - mean) * (Double(x[offset + i]) - mean) }
-        let inverseDeviation = 1 / (squares / Double(features) + Double(eps)).squareRoot()
-        // dx = (dx̂ − mean(dx̂) − x̂·mean(dx̂·x̂)) / σ, with dx̂ = dy·γ.
-        var meanGradient = 0.0, meanProjection = 0.0
-        for i in 0..<features {
-            normalized[i] = Float((Double(x[offset + i]) - mean) * inverseDeviation)
-            let g = Double(dy[offset + i]) * Double(gamma[i])
-            meanGradient += g
-            meanProjection += g * Double(normalized[i])
-            dGamma[i] += dy[offset + i] * normalized[i]
-            dBeta[i] += dy[offset + i]
-        }
-        meanGradient /= Double(features)
-        meanProjection /= Double(features)
-        for i in 0..<features {
-            let g = Double(dy[offset + i]) * Double(gamma[i])
-            dx[offset + i] = Float((g - meanGradient - Double(normalized[i]) * meanProjection) * inverseDeviation)
+    let rows = features == 0 ? 0 : input.count / features
+    let units = (rows + backwardRowsPerUnit - 1) / backwardRowsPerUnit
+    // Each unit's sums for the weight and bias, added up after.
+    let partialWeight = Tensor(zeros: [units, features]), partialBias = Tensor(zeros: [units, features])
+    let run: @Sendable (Int) -> Void = { unit in
+        let x = input.storage.pointer, dy = outputGradient.storage.pointer, gamma = weight.storage.pointer
+        let dx = inputGradient.storage.pointer
+        let dGamma = partialWeight.storage.pointer + unit * features, dBeta = partialBias.storage.pointer + unit * features
+        var normalized = [Float](repeating: 0, count: features)
+        for row in (unit * backwardRowsPerUnit)..<min(rows, (unit + 1) * backwardRowsPerUnit) {
+            let offset = row * features
+            var sum = 0.0
+            for i in 0..<features { sum += Double(x[offset + i]) }
+            let mean = sum / Double(features)
+            var squares = 0.0
+            for i in 0..<features { squares += (Double(x[offset + i]) - mean) * (Double(x[offset + i]) - mean) }
+            let inverseDeviation = 1 / (squares / Double(features) + Double(eps)).squareRoot()
+            // dx = (dx̂ − mean(dx̂) − x̂·mean(dx̂·x̂)) / σ, with dx̂ = dy·γ.
+            var meanGradient = 0.0, meanProjection = 0.0
+            for i in 0..<features {
+                normalized[i] = Float((Double(x[offset + i]) - mean) * inverseDeviation)
+                let g = Double(dy[offset + i]) * Double(gamma[i])
+                meanGradient += g
+                meanProjection += g * Double(normalized[i])
+                dGamma[i] += dy[offset + i] * normalized[i]
+                dBeta[i] += dy[offset + i]
+            }
+            meanGradient /= Double(features)
+            meanProjection /= Double(features)
+            for i in 0..<features {
+                let g = Double(dy[offset + i]) * Double(gamma[i])
+                dx[offset + i] = Float((g - meanGradient - Double(normalized[i]) * meanProjection) * inverseDeviation)
+            }
         }
     }
-    return LayerNormGradients(input: inputGradient, weight: weightGradient, bias: biasGradient)
+    if units <= 1 { (0..<units).forEach(run) } else { parallelFor(units, run) }
+    return LayerNormGradients(input: inputGradient, weight: columnSums(partialWeight), bias: columnSums(partialBias))
 }
+
+/// Rows per parallel unit of a row-wise gradient.
+private let backwardRowsPerUnit = 64
+
+/// Elements per parallel unit of an elementwise gradient.
+private let backwardElementsPerUnit = 1 << 14
 
 /// The gradient of ``activation(_:_:)`` with respect to its input `x`, given the gradient of its output.
 public func activationBackward(_ outputGradient: Tensor, input: Tensor, _ kind: Activation) -> Tensor {
     precondition(input.shape == outputGradient.shape, "activation gradient \(outputGradient.shape) for input \(input.shape)")
     let inputGradient = Tensor(uninitialized: input.shape)
-    let x = input.storage.pointer, dy = outputGradient.storage.pointer, dx = inputGradient.storage.pointer
-    for i in 0..<input.count { dx[i] = dy[i] * kind.derivative(x[i]) }
+    let count = input.count
+    let units = (count + backwardElementsPerUnit - 1) / backwardElementsPerUnit
+    let run: @Sendable (Int) -> Void = { unit in
+        let x = input.storage.pointer, dy = outputGradient.storage.pointer, dx = inputGradient.storage.pointer
+        for i in (unit * backwardElementsPerUnit)..<min(count, (unit + 1) * backwardElementsPerUnit) {
+            dx[i] = dy[i] * kind.derivative(x[i])
+        }
+    }
+    if units <= 1 { (0..<units).forEach(run) } else { parallelFor(units, run) }
     return inputGradient
 }
 
@@ -158,15 +178,23 @@ public func l2NormalizedBackward(_ outputGradient: Tensor, input: Tensor) -> Ten
 /// The gradient of ``embedding(_:ids:)`` with respect to its table `[rows, dim]`: each id's row gets the sum of the
 /// output gradients of the positions that looked it up.
 public func embeddingBackward(_ outputGradient: Tensor, ids: [Int], rows: Int) -> Tensor {
-    let dim = outputGradient.shape.last ?? 0
-    precondition(outputGradient.count == ids.count * dim, "embedding gradient \(outputGradient.shape) for \(ids.count) ids")
-    let tableGradient = Tensor(zeros: [rows, dim])
+    let tableGradient = Tensor(uninitialized: [rows, outputGradient.shape.last ?? 0])
+    embeddingBackward(outputGradient, ids: ids, into: tableGradient)
+    return tableGradient
+}
+
+/// ``embeddingBackward(_:ids:rows:)`` written over `tableGradient`: a large table's gradient buffer kept from step
+/// to step instead of fresh pages every step.
+public func embeddingBackward(_ outputGradient: Tensor, ids: [Int], into tableGradient: Tensor) {
+    let (rows, dim) = (tableGradient.shape[0], tableGradient.shape[1])
+    precondition(tableGradient.rank == 2 && outputGradient.count == ids.count * dim,
+                 "embedding gradient \(outputGradient.shape) for \(ids.count) ids into \(tableGradient.shape)")
     let dy = outputGradient.storage.pointer, dTable = tableGradient.storage.pointer
+    dTable.update(repeating: 0, count: rows * dim)
     for (position, id) in ids.enumerated() {
         precondition(id >= 0 && id < rows, "embedding id \(id) outside a table of \(rows) rows")
         for i in 0..<dim { dTable[id * dim + i] += dy[position * dim + i] }
     }
-    return tableGradient
 }
 
 /// Self-attention's output with the probabilities its gradient needs.

@@ -86,27 +86,17 @@ public final class AdamW: @unchecked Sendable {
         if let limit = settings.maxGradientNorm {
             // clip_grad_norm_ scales by min(1, limit / (norm + 1e-6)) whether or not the norm exceeds the limit.
             let factor = min(1, limit / (norm + 1e-6))
-            for parameter in parameters {
-                guard let gradient = parameter.gradient else { continue }
-                gradient.withUnsafeMutableBufferPointer { g in for i in g.indices { g[i] *= factor } }
-            }
+            for parameter in parameters { parameter.gradient.map { scale($0, inPlaceBy: factor) } }
         }
         let learningRate = self.learningRate
         steps += 1
-        let (beta1, beta2, epsilon) = (settings.beta1, settings.beta2, settings.epsilon)
-        let stepSize = learningRate / (1 - pow(beta1, Float(steps)))
-        let correction2 = (1 - pow(beta2, Float(steps))).squareRoot()
+        let stepSize = learningRate / (1 - pow(settings.beta1, Float(steps)))
+        let correction2 = (1 - pow(settings.beta2, Float(steps))).squareRoot()
         for (index, parameter) in parameters.enumerated() {
             guard let gradient = parameter.gradient else { continue }
-            let decay = 1 - learningRate * (parameter.decays ? settings.weightDecay : 0)
-            let p = parameter.value.storage.pointer, g = gradient.storage.pointer
-            let m = firstMoments[index].storage.pointer, v = secondMoments[index].storage.pointer
-            for i in 0..<parameter.value.count {
-                p[i] *= decay
-                m[i] += (g[i] - m[i]) * (1 - beta1)
-                v[i] = v[i] * beta2 + (1 - beta2) * g[i] * g[i]
-                p[i] -= stepSize * (m[i] / (v[i].squareRoot() / correction2 + epsilon))
-            }
+            adamWUpdate(parameter.value, gradient: gradient, firstMoment: firstMoments[index], secondMoment: secondMoments[index],
+                        decay: 1 - learningRate * (parameter.decays ? settings.weightDecay : 0), beta1: settings.beta1,
+                        beta2: settings.beta2, stepSize: stepSize, correction2: correction2, epsilon: settings.epsilon)
             parameter.gradient = nil
         }
         return norm
@@ -117,9 +107,7 @@ public final class AdamW: @unchecked Sendable {
         var total: Float = 0
         for parameter in parameters {
             guard let gradient = parameter.gradient else { continue }
-            var squares = 0.0
-            gradient.withUnsafeBufferPointer { g in for x in g { squares += Double(x) * Double(x) } }
-            let norm = Float(squares.squareRoot())
+            let norm = Float(sumOfSquares(gradient).squareRoot())
             total += norm * norm
         }
         return total.squareRoot()

@@ -20,6 +20,8 @@ public final class LockedImageTextTuning: @unchecked Sendable {
     private let store: WeightStore
     private let byName: [String: Parameter]
     private let activation: Activation
+    /// The token embedding table's gradient (vocabulary × width, 100 MB for CLIP), written over each step.
+    private let tokenEmbeddingGradient: Tensor
 
     /// Loads a CLIP checkpoint directory (`model_type` `clip`).
     public init(directory: ModelDirectory) throws {
@@ -40,6 +42,7 @@ public final class LockedImageTextTuning: @unchecked Sendable {
             return try Parameter(name: name, value: store.tensor(name), decays: decays)
         }
         byName = Dictionary(uniqueKeysWithValues: parameters.map { ($0.name, $0) })
+        tokenEmbeddingGradient = Tensor(zeros: [config.textConfig.vocabSize, config.textConfig.hiddenSize])
     }
 
     /// The frozen image tower's projected embeddings of `pixelValues` (`get_image_features`), computed once per image.
@@ -109,7 +112,8 @@ public final class LockedImageTextTuning: @unchecked Sendable {
                                       into: &gradients)
         }
         let embeddings = "text_model.embeddings."
-        gradients[embeddings + "token_embedding.weight"] = embeddingBackward(hiddenGradient, ids: ids, rows: textConfig.vocabSize)
+        embeddingBackward(hiddenGradient, ids: ids, into: tokenEmbeddingGradient)
+        gradients[embeddings + "token_embedding.weight"] = tokenEmbeddingGradient
         gradients[embeddings + "position_embedding.weight"] = embeddingBackward(
             hiddenGradient, ids: Array(repeating: positions, count: batch).flatMap { $0 }, rows: textConfig.maxPositionEmbeddings)
 

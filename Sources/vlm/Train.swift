@@ -62,7 +62,7 @@ struct LockedImageTextTuningCommand: AsyncParsableCommand {
     @Flag(help: "Keep the pairs in the metadata's order.")
     var noShuffle = false
 
-    @Flag(help: "Print the log as JSON at the end instead of a line per step.")
+    @Flag(help: "Print the log and the run's times as JSON at the end instead of a line per step.")
     var json = false
 
     func validate() throws {
@@ -92,18 +92,31 @@ struct LockedImageTextTuningCommand: AsyncParsableCommand {
         settings.maxGradientNorm = maxGradNorm > 0 ? maxGradNorm : nil
         settings.shuffleSeed = noShuffle ? nil : seed
         let totalSteps = settings.totalSteps(examples: dataset.pairs.count)
-        let history = try pipeline.train(dataset, settings: settings) { entry in
+        let run = try pipeline.train(dataset, settings: settings) { entry in
             guard !json else { return }
             print("step \(entry.step)/\(totalSteps)  epoch \(String(format: "%.2f", entry.epoch))  loss \(formatted(entry.loss))  grad_norm \(formatted(entry.gradientNorm))  learning_rate \(String(format: "%.3g", Double(entry.learningRate)))")
         }
         try pipeline.save(to: output)
         if json {
-            try printJSON(history.map {
-                LogLine(step: $0.step, epoch: $0.epoch, loss: $0.loss, grad_norm: $0.gradientNorm, learning_rate: $0.learningRate)
-            })
+            try printJSON(Summary(
+                log_history: run.history.map {
+                    LogLine(step: $0.step, epoch: $0.epoch, loss: $0.loss, grad_norm: $0.gradientNorm, learning_rate: $0.learningRate)
+                },
+                train_runtime: run.runtime, train_samples_per_second: run.samplesPerSecond,
+                train_steps_per_second: run.stepsPerSecond, image_encoding_runtime: run.imageEncodingTime))
         } else {
+            print("train_runtime \(String(format: "%.3f", run.runtime)) s (\(String(format: "%.2f", run.stepsPerSecond)) steps/s, \(String(format: "%.1f", run.samplesPerSecond)) samples/s); images encoded in \(String(format: "%.3f", run.imageEncodingTime)) s")
             print("wrote \(out)")
         }
+    }
+
+    /// Trainer's `log_history` and closing metrics.
+    private struct Summary: Encodable {
+        let log_history: [LogLine]
+        let train_runtime: Double
+        let train_samples_per_second: Double
+        let train_steps_per_second: Double
+        let image_encoding_runtime: Double
     }
 
     private struct LogLine: Encodable {

@@ -81,7 +81,9 @@ struct LiTRecord: Decodable {
         settings.warmupSteps = record.settings.warmup_steps
         settings.shuffleSeed = nil
         var logged: [TrainingLogEntry] = []
-        let history = try pipeline.train(ImageTextDataset(directory: data.url), settings: settings) { logged.append($0) }
+        let run = try pipeline.train(ImageTextDataset(directory: data.url), settings: settings) { logged.append($0) }
+        let history = run.history
+        #expect(run.runtime > 0 && run.samplesPerSecond == Double(4 * record.settings.steps) / run.runtime)
         #expect(history == logged)
         #expect(history.map(\.step) == Array(1...record.settings.steps))
         #expect(history.map(\.epoch) == (1...record.settings.steps).map(Double.init))
@@ -118,13 +120,13 @@ struct LiTRecord: Decodable {
         settings.epochs = 2
         settings.learningRate = 0
         let dataset = try ImageTextDataset(directory: data.url)
-        let first = try LockedImageTextTuningPipeline(directory: model).train(dataset, settings: settings)
-        let second = try LockedImageTextTuningPipeline(directory: model).train(dataset, settings: settings)
+        let first = try LockedImageTextTuningPipeline(directory: model).train(dataset, settings: settings).history
+        let second = try LockedImageTextTuningPipeline(directory: model).train(dataset, settings: settings).history
         #expect(first.map(\.step) == [1, 2, 3, 4])  // 4 pairs in batches of 3: a short batch ends each epoch
         #expect(first.map(\.epoch) == [0.5, 1, 1.5, 2])
         #expect(first == second)
         settings.shuffleSeed = nil
-        let ordered = try LockedImageTextTuningPipeline(directory: model).train(dataset, settings: settings)
+        let ordered = try LockedImageTextTuningPipeline(directory: model).train(dataset, settings: settings).history
         #expect(ordered.map(\.loss) != first.map(\.loss))
     }
 }

@@ -38,7 +38,10 @@ import Testing
                          "--warmup-steps", "\(record.settings.warmup_steps)", "--max-grad-norm", "\(record.settings.max_grad_norm)"]
         let run = try CLI.run(arguments + ["--json"])
         #expect(run.status == 0, "\(run.stderr)")
-        let log = try #require(try CLI.json(run) as? [[String: Any]])
+        let summary = try #require(try CLI.json(run) as? [String: Any])
+        let log = try #require(summary["log_history"] as? [[String: Any]])
+        #expect((summary["train_runtime"] as? Double ?? 0) > 0)
+        #expect((summary["train_samples_per_second"] as? Double ?? 0) > 0)
         #expect(log.compactMap { $0["step"] as? Int } == Array(1...record.settings.steps))
         for (entry, (loss, norm)) in zip(log, zip(record.losses, record.gradient_norms)) {
             let logged = try #require(entry["loss"] as? Double), loggedNorm = try #require(entry["grad_norm"] as? Double)

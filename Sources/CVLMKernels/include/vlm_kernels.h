@@ -93,6 +93,11 @@ int vlm_attention_partial(const vlm_attention_problem *problem, ptrdiff_t first_
 /// up projections), with silu(g) = g / (1 + e^-g) to a few ulp.
 void vlm_gated_silu(const float *x, ptrdiff_t rows, ptrdiff_t width, float *y, vlm_kernel_isa isa);
 
+/// One torch.optim.AdamW step over `n` elements in place: p ← p·decay, m ← m + (g − m)(1 − β₁), v ← β₂v + (1 − β₂)g²,
+/// p ← p − step_size · m / (√v / correction2 + ε), rounded after every operation as torch's single-tensor update.
+void vlm_adamw_update(float *p, const float *g, float *m, float *v, ptrdiff_t n, float decay, float beta1, float beta2,
+                      float step_size, float correction2, float epsilon);
+
 /// Layer normalization of `rows` rows of `features` floats: `(x - mean) / sqrt(var + eps) * weight + bias` with the
 /// biased variance, like `torch.nn.functional.layer_norm`. `x` and `y` are contiguous rows.
 void vlm_layer_norm(const float *x, float *y, ptrdiff_t rows, ptrdiff_t features, const float *weight,

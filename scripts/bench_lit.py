@@ -1,0 +1,162 @@
+"""Locked-image text tuning speed: a training step of CLIP ViT-B/32's text side in SwiftVLM (`vlm train lit`) and in
+transformers/PyTorch, in one run.
+
+    python scripts/make_clip_checkpoint.py     # once: the full-size random-weight checkpoint
+    swift build -c release
+    python scripts/bench_lit.py [--pairs 256] [--batch-size 32] [--steps 8] [--rounds 3] [--vlm .build/release/vlm]
+
+Both train the same thing from the same imagefolder dataset (written to a temporary directory: the repository's
+photos, each captioned by seeded random words, 5 to 15 of them): the text transformer, text projection and logit
+scale by CLIP's contrastive loss against image embeddings computed once beforehand, with AdamW, gradient clipping
+and the linear schedule, on 2 threads, in fp32, the pairs in the metadata's order. SwiftVLM's time is `vlm train lit
+--json`'s `train_runtime` (the steps, from tokenizing the first batch to the last optimizer step); PyTorch's is the
+same span of a plain loop: `tokenizer(texts, padding=True, truncation=True)`, `get_text_features`, transformers'
+`image_text_contrastive_loss` on the logits against the cached image embeddings, `backward`, `clip_grad_norm_`, `AdamW.step`,
+the scheduler's step. Per round each engine runs --steps steps once (first step included: both build their kernels
+then); the table gives each engine's median time per step over the rounds, SwiftVLM's relative to PyTorch's as the
+median of the per-round ratios, and the step's FLOPs (three times the forward's multiply-adds, twice) against the
+FMA peak scripts/machine.py measures.
+"""
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+from machine import describe, summary
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_MODEL = os.path.join(ROOT, "models", "clip-vit-base-patch32-random")
+PHOTOS = os.path.join(ROOT, "Tests", "Fixtures", "photos")
+WORDS = ("cat dog coffee rocket camera man woman street night sky tree river house red blue green small large old "
+         "young sitting running on in under beside a the with of photo picture painting close view").split()
+
+
+def write_dataset(directory, pairs, seed):
+    generator = random.Random(seed)
+    photos = sorted(p for p in os.listdir(PHOTOS) if p.endswith((".png", ".jpg")))
+    rows = []
+    for photo in photos:
+        shutil.copy(os.path.join(PHOTOS, photo), os.path.join(directory, photo))
+    for i in range(pairs):
+        caption = " ".join(generator.choice(WORDS) for _ in range(generator.randint(5, 15)))
+        rows.append({"file_name": photos[i % len(photos)], "text": caption})
+    with open(os.path.join(directory, "metadata.jsonl"), "w") as f:
+        f.write("\n".join(json.dumps(r) for r in rows) + "\n")
+    return rows
+
+
+def train_gflop(config, token_rows):
+    """Forward multiply-adds of the text side for `token_rows` padded tokens per batch item, as FLOPs, times 3."""
+    t = config.text_config
+    d, mlp, layers = t.hidden_size, t.intermediate_size, t.num_hidden_layers
+    tokens = sum(token_rows)
+    attention = sum(2 * n * n * d for n in token_rows)
+    macs = layers * (tokens * (4 * d * d + 2 * d * mlp) + attention) + len(token_rows) * d * config.projection_dim
+    return 3 * 2 * macs / 1e9
+
+
+def torch_step_seconds(model_dir, rows, batch_size, steps, settings):
+    from transformers import CLIPImageProcessorPil, CLIPModel, CLIPTokenizer
+    from transformers.models.clip.modeling_clip import image_text_contrastive_loss
+    from transformers.optimization import get_linear_schedule_with_warmup
+    from transformers.trainer_pt_utils import get_parameter_names
+    from PIL import Image
+
+    model = CLIPModel.from_pretrained(model_dir, dtype=torch.float32)
+    model.vision_model.requires_grad_(False)
+    model.visual_projection.requires_grad_(False)
+    tokenizer = CLIPTokenizer.from_pretrained(model_dir)
+    processor = CLIPImageProcessorPil.from_pretrained(model_dir)
+    with torch.no_grad():
+        images = [Image.open(os.path.join(settings["data"], r["file_name"])).convert("RGB") for r in rows]
+        image_embeds = model.get_image_features(**processor(images=images, return_tensors="pt")).pooler_output
+        image_embeds = image_embeds / image_embeds.norm(p=2, dim=-1, keepdim=True)
+    trained = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    decay = set(get_parameter_names(model, [torch.nn.LayerNorm], [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]))
+    optimizer = torch.optim.AdamW(
+        [dict(params=[p for n, p in trained.items() if n in decay], weight_decay=settings["weight_decay"]),
+         dict(params=[p for n, p in trained.items() if n not in decay], weight_decay=0.0)], lr=settings["learning_rate"])
+    schedule = get_linear_schedule_with_warmup(optimizer, 0, steps)
+    model.train()
+    start = time.perf_counter()
+    for step in range(steps):
+        batch = [(step * batch_size + i) % len(rows) for i in range(batch_size)]
+        inputs = tokenizer([rows[i]["text"] for i in batch], padding=True, truncation=True, return_tensors="pt")
+        text = model.get_text_features(**inputs).pooler_output
+        text = text / text.norm(p=2, dim=-1, keepdim=True)
+        loss = image_text_contrastive_loss(text @ image_embeds[batch].t() * model.logit_scale.exp())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(trained.values()), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad()
+    return (time.perf_counter() - start) / steps
+
+
+def vlm_step_seconds(binary, model_dir, data, out, batch_size, steps, settings, threads):
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    command = [binary, "train", "lit", "--model", model_dir, "--data", data, "--out", out, "--force", "--json",
+               "--no-shuffle", "--batch-size", str(batch_size), "--max-steps", str(steps),
+               "--learning-rate", str(settings["learning_rate"]), "--weight-decay", str(settings["weight_decay"])]
+    result = subprocess.run(command, capture_output=True, text=True, env=env)
+    if result.returncode != 0:
+        sys.exit(f"vlm train lit failed: {result.stderr.strip()}")
+    return json.loads(result.stdout)["train_runtime"] / steps
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--vlm", default=os.path.join(ROOT, ".build", "release", "vlm"))
+    parser.add_argument("--pairs", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    machine = describe(args.threads)
+    print(summary(machine))
+
+    from transformers import CLIPConfig, CLIPTokenizer
+    config = CLIPConfig.from_pretrained(args.model)
+    tokenizer = CLIPTokenizer.from_pretrained(args.model)
+    with tempfile.TemporaryDirectory() as work:
+        data = os.path.join(work, "data")
+        os.makedirs(data)
+        rows = write_dataset(data, args.pairs, seed=0)
+        settings = dict(learning_rate=1e-5, weight_decay=0.1, data=data)
+        batches = [[(s * args.batch_size + i) % len(rows) for i in range(args.batch_size)] for s in range(args.steps)]
+        padded = [max(len(tokenizer(rows[i]["text"]).input_ids) for i in b) for b in batches]
+        gflop = statistics.mean(train_gflop(config, [n] * args.batch_size) for n in padded)
+        swift, pytorch = [], []
+        for round_index in range(args.rounds):
+            swift.append(vlm_step_seconds(args.vlm, args.model, data, os.path.join(work, "out"), args.batch_size,
+                                          args.steps, settings, args.threads))
+            pytorch.append(torch_step_seconds(args.model, rows, args.batch_size, args.steps, settings))
+            print(f"round {round_index + 1}: SwiftVLM {swift[-1] * 1e3:.1f} ms/step, PyTorch {pytorch[-1] * 1e3:.1f} ms/step",
+                  file=sys.stderr)
+    ratios = [s / p for s, p in zip(swift, pytorch)]
+    peak = machine.get("fma_peak_gflops")
+    print(f"\nLiT step, CLIP ViT-B/32 text side, batch {args.batch_size}, {args.steps} steps per round, "
+          f"{args.rounds} rounds, {args.threads} threads, fp32; {gflop:.1f} GFLOP per step (3x forward)\n")
+    print("| engine | ms per step (median) | GFLOP/s | of FMA peak | relative to PyTorch (rounds) |")
+    print("|---|---:|---:|---:|---|")
+    for name, times, relative in (("PyTorch " + torch.__version__, pytorch, "1"),
+                                  ("SwiftVLM", swift, f"**{statistics.median(ratios):.2f}** ({', '.join(f'{r:.2f}' for r in ratios)})")):
+        seconds = statistics.median(times)
+        rate = gflop / seconds
+        share = f"{rate / peak:.0%}" if peak else "n/a"
+        print(f"| {name} | {seconds * 1e3:.1f} | {rate:.1f} | {share} | {relative} |")
+
+
+if __name__ == "__main__":
+    main()
