@@ -1,0 +1,116 @@
+import Testing
+@testable import VLMTensor
+
+/// Each operation's gradient against central differences of the operation itself: for `L = Σ f(x) ⊙ r` with fixed
+/// random `r`, the backward function given `r` must return ∂L/∂x. (The CLIP fixtures of VLMTrainingTests compare the
+/// whole chain with torch's autograd; these pin down each piece, including the activations CLIP does not use.)
+@Suite struct GradientTests {
+    /// Deterministic values in [-scale, scale).
+    static func values(_ count: Int, seed: UInt64, scale: Float = 1) -> [Float] {
+        var state = seed
+        return (0..<count).map { _ in
+            state = state &* 6364136223846793005 &+ 1442695040888963407
+            return (Float(state >> 40) / Float(1 << 24) * 2 - 1) * scale
+        }
+    }
+
+    static func tensor(_ shape: [Int], seed: UInt64, scale: Float = 1) -> Tensor {
+        Tensor(shape: shape, scalars: values(Tensor.elementCount(shape), seed: seed, scale: scale))
+    }
+
+    /// ∂/∂x[i] of Σ f(x) ⊙ weights by central differences, in fp32 with step `h`.
+    static func numericGradient(_ f: (Tensor) -> Tensor, at x: Tensor, weights: Tensor, h: Float = 1e-2) -> [Float] {
+        (0..<x.count).map { i in
+            func loss(_ shift: Float) -> Double {
+                var shifted = x.scalars
+                shifted[i] += shift
+                let y = f(Tensor(shape: x.shape, scalars: shifted))
+                return zip(y.scalars, weights.scalars).reduce(0.0) { $0 + Double($1.0) * Double($1.1) }
+            }
+            return Float((loss(h) - loss(-h)) / Double(2 * h))
+        }
+    }
+
+    static func expectGradient(_ analytic: Tensor, _ numeric: [Float], _ what: String, tolerance: Float = 2e-3) {
+        #expect(analytic.count == numeric.count, "\(what)")
+        let worst = zip(analytic.scalars, numeric).map { abs($0 - $1) / max(1, abs($1)) }.max() ?? 0
+        #expect(worst < tolerance, "\(what): off by \(worst)")
+    }
+
+    @Test(arguments: [Activation.identity, .gelu, .geluTanh, .quickGelu, .relu, .silu, .sigmoid, .elu])
+    func activationDerivatives(kind: Activation) {
+        // Away from relu's kink at 0, where the difference quotient is meaningless.
+        let x = Tensor(shape: [64], scalars: (0..<64).map { Float($0) / 8 - 3.95 })
+        let r = Self.tensor([64], seed: 1)
+        let analytic = activationBackward(r, input: x, kind)
+        Self.expectGradient(analytic, Self.numericGradient({ activation($0, kind, backend: .portable) }, at: x, weights: r), "\(kind)")
+    }
+
+    @Test func linearGradients() {
+        let x = Self.tensor([2, 3, 4], seed: 2), w = Self.tensor([5, 4], seed: 3), b = Self.tensor([5], seed: 4)
+        let r = Self.tensor([2, 3, 5], seed: 5)
+        let gradients = linearBackward(r, input: x, weight: w)
+        #expect(gradients.input.shape == x.shape && gradients.weight.shape == w.shape && gradients.bias.shape == b.shape)
+        Self.expectGradient(gradients.input, Self.numericGradient({ linear($0, weight: w, bias: b) }, at: x, weights: r), "input")
+        Self.expectGradient(gradients.weight, Self.numericGradient({ linear(x, weight: $0, bias: b) }, at: w, weights: r), "weight")
+        Self.expectGradient(gradients.bias, Self.numericGradient({ linear(x, weight: w, bias: $0) }, at: b, weights: r), "bias")
+    }
+
+    @Test func layerNormGradients() {
+        // 70 rows: more than one parallel unit of rows.
+        let x = Self.tensor([70, 6], seed: 6, scale: 2), w = Self.tensor([6], seed: 7), b = Self.tensor([6], seed: 8)
+        let r = Self.tensor([70, 6], seed: 9)
+        let gradients = layerNormBackward(r, input: x, weight: w, eps: 1e-5)
+        let rows = Array(0..<6)  // the input's gradient checked on the first row's elements
+        let firstRow = Tensor(shape: [1, 6], scalars: Array(x.scalars[0..<6]))
+        Self.expectGradient(Tensor(shape: [6], scalars: rows.map { gradients.input.scalars[$0] }),
+                            Self.numericGradient({ layerNorm($0, weight: w, bias: b, eps: 1e-5) }, at: firstRow,
+                                                 weights: Tensor(shape: [1, 6], scalars: Array(r.scalars[0..<6]))), "input")
+        Self.expectGradient(gradients.weight, Self.numericGradient({ layerNorm(x, weight: $0, bias: b, eps: 1e-5) }, at: w, weights: r), "weight")
+        Self.expectGradient(gradients.bias, Self.numericGradient({ layerNorm(x, weight: w, bias: $0, eps: 1e-5) }, at: b, weights: r), "bias")
+    }
+
+    @Test func l2NormalizedGradient() {
+        let x = Self.tensor([3, 5], seed: 10), r = Self.tensor([3, 5], seed: 11)
+        Self.expectGradient(l2NormalizedBackward(r, input: x), Self.numericGradient(l2Normalized, at: x, weights: r), "l2Normalized")
+    }
+
+    @Test func embeddingGradientSumsRepeatedIds() {
+        let r = Self.tensor([4, 3], seed: 12)
+        let table = embeddingBackward(r, ids: [2, 0, 2, 3], rows: 5)
+        let g = r.scalars
+        #expect(table.scalars == [g[3], g[4], g[5], 0, 0, 0, g[0] + g[6], g[1] + g[7], g[2] + g[8], g[9], g[10], g[11], 0, 0, 0])
+    }
+
+    /// Causal attention with a padded key, against central differences of the forward pass, which must equal the
+    /// inference kernel's output.
+    @Test(arguments: [false, true])
+    func attentionGradients(causal: Bool) {
+        let shape = [2, 4, 6]  // two items, four positions, two heads of three
+        let q = Self.tensor(shape, seed: 13), k = Self.tensor(shape, seed: 14), v = Self.tensor(shape, seed: 15)
+        let mask = Tensor(shape: [2, 4], scalars: [1, 1, 1, 1, 1, 1, 1, 0])
+        let r = Self.tensor(shape, seed: 16)
+        let forward = attentionForTraining(query: q, key: k, value: v, heads: 2, causal: causal, keyPaddingMask: mask)
+        let inference = attention(query: q, key: k, value: v, heads: 2, causal: causal, keyPaddingMask: mask)
+        #expect(zip(forward.output.scalars, inference.scalars).allSatisfy { abs($0 - $1) < 1e-6 })
+        let gradients = attentionBackward(r, query: q, key: k, value: v, probabilities: forward.probabilities, heads: 2)
+        func output(q: Tensor = q, k: Tensor = k, v: Tensor = v) -> Tensor {
+            attentionForTraining(query: q, key: k, value: v, heads: 2, causal: causal, keyPaddingMask: mask).output
+        }
+        Self.expectGradient(gradients.query, Self.numericGradient({ output(q: $0) }, at: q, weights: r), "query")
+        Self.expectGradient(gradients.key, Self.numericGradient({ output(k: $0) }, at: k, weights: r), "key")
+        Self.expectGradient(gradients.value, Self.numericGradient({ output(v: $0) }, at: v, weights: r), "value")
+    }
+
+    @Test(arguments: Backend.allCases)
+    func matmulWithTransposedLeftOperand(backend: Backend) {
+        let a = Self.tensor([5, 3], seed: 17), b = Self.tensor([5, 4], seed: 18), c = Self.tensor([4, 5], seed: 19)
+        let expected = matmul(transposed(a), b, transposeB: false, backend: .portable)
+        let product = matmul(a, b, transposeA: true, transposeB: false, backend: backend)
+        #expect(product.shape == [3, 4])
+        #expect(zip(product.scalars, expected.scalars).allSatisfy { abs($0 - $1) < 1e-5 })
+        let both = matmul(a, c, transposeA: true, transposeB: true, backend: backend)
+        let bothExpected = matmul(transposed(a), transposed(c), transposeB: false, backend: .portable)
+        #expect(zip(both.scalars, bothExpected.scalars).allSatisfy { abs($0 - $1) < 1e-5 })
+    }
+}
