@@ -69,7 +69,7 @@ let package = Package(
         .testTarget(name: "VLMImagesTests", dependencies: ["VLMImages"]),
         .testTarget(name: "VLMModelsTests", dependencies: ["VLMModels", "VLMCheckpoint", "VLMTensor", "VLMImages"]),
         .testTarget(name: "VLMPipelinesTests", dependencies: ["VLMPipelines", "VLMCheckpoint", "VLMTemplates", "VLMImages", "VLMTensor"]),
-        .testTarget(name: "VLMTrainingTests", dependencies: ["VLMTraining", "VLMModels", "VLMCheckpoint", "VLMTensor"]),
+        .testTarget(name: "VLMTrainingTests", dependencies: ["VLMTraining", "VLMModels", "VLMCheckpoint", "VLMImages", "VLMTensor"]),
         .testTarget(name: "VLMHubTests", dependencies: ["VLMHub", "VLMCheckpoint"]),
         .testTarget(name: "vlmTests", dependencies: ["vlm", "VLMCheckpoint"]),
         .testTarget(name: "VLMServerTests", dependencies: [

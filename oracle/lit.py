@@ -1,46 +1,62 @@
-"""Locked-image text tuning (LiT): what transformers and torch compute when a CLIP model's text side is trained on
-image–text pairs while its image tower stays frozen.
+"""Locked-image text tuning (LiT): what transformers and torch compute when a CLIP or SigLIP model's text side is
+trained on image–text pairs while its image tower stays frozen.
 
-Run by hand from the repository root with the oracle venv (oracle/requirements.txt), after oracle/clip.py has
-written its checkpoints:
+Run by hand from the repository root with the oracle venv (oracle/requirements.txt, plus sentencepiece and protobuf
+for SigLIP's tokenizer, as for oracle/siglip.py), after oracle/clip.py, oracle/siglip.py and oracle/siglip2.py have
+written their checkpoints:
 
-    python oracle/lit.py    # → Tests/Fixtures/lit/<checkpoint>.json and .safetensors
+    python oracle/lit.py    # → Tests/Fixtures/lit/<family>-<checkpoint>.json and .safetensors
 
-For each CLIP fixture: its four photos (the pixel values oracle/clip.py recorded) paired with its four templated
-labels, image i with text i, and `model(input_ids, pixel_values, attention_mask, return_loss=True).loss` minimized
-over `text_model.*`, `text_projection` and `logit_scale` with `vision_model` and `visual_projection` frozen, as
-transformers' Trainer takes a step: torch.optim.AdamW over two groups (weight decay on all but biases and
+For each fixture: its four photos (the pixel values its oracle recorded) paired with its four templated labels,
+image i with text i, the labels tokenized as the model's processor tokenizes texts for training (CLIP:
+`padding=True, truncation=True`; SigLIP: `padding="max_length"`, to the tokenizer's model_max_length; SigLIP 2:
+Siglip2Processor's `padding="max_length", max_length=64, truncation=True`), and `model(..., return_loss=True).loss` (CLIP's softmax
+loss, SigLIP's sigmoid one) minimized over `text_model.*` and `logit_scale` (CLIP: also `text_projection`; SigLIP:
+also `logit_bias`) with `vision_model` (and CLIP's `visual_projection`) frozen, as transformers' Trainer takes a
+step: torch.optim.AdamW over two groups (weight decay on all but biases and
 LayerNorm parameters, Trainer's `get_decay_parameter_names`), `clip_grad_norm_` to `max_grad_norm`, then the
 linear schedule with warmup (`get_linear_schedule_with_warmup`). Recorded: each step's loss and gradient norm
-(before clipping), the first step's gradients and the parameters after the last step.
+(before clipping), the captions and their ids, the first step's gradients and the parameters after the last step.
 """
 import json
 import os
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import CLIPModel
+from transformers import AutoTokenizer, CLIPModel, Siglip2Model, SiglipModel
 from transformers.optimization import get_linear_schedule_with_warmup
 from transformers.trainer_pt_utils import get_parameter_names
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "Tests", "Fixtures")
-CHECKPOINTS = ["tiny-quickgelu-argmax", "tiny-gelu-eos-fp16"]
+CHECKPOINTS = {"clip/tiny-quickgelu-argmax": CLIPModel, "clip/tiny-gelu-eos-fp16": CLIPModel,
+               "siglip/tiny-tanh-fp16": SiglipModel, "siglip/tiny-gelu-bf16": SiglipModel,
+               "siglip2/tiny-naflex-fp16": Siglip2Model}
+TEXT_KWARGS = {CLIPModel: dict(padding=True, truncation=True), SiglipModel: dict(padding="max_length"),
+               Siglip2Model: dict(padding="max_length", max_length=64, truncation=True)}
 SETTINGS = dict(learning_rate=5e-3, weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8,
                 max_grad_norm=1.0, warmup_steps=1, steps=5)
 # transformers.Trainer.get_decay_parameter_names
 NO_DECAY_PATTERNS = [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]
 
 
-def train(name):
-    directory = os.path.join(FIXTURES, "clip", name)
-    model = CLIPModel.from_pretrained(directory, dtype=torch.float32)
+def train(checkpoint, cls):
+    directory = os.path.join(FIXTURES, checkpoint)
+    model = cls.from_pretrained(directory, dtype=torch.float32)
     model.train()
     model.vision_model.requires_grad_(False)
-    model.visual_projection.requires_grad_(False)
+    if hasattr(model, "visual_projection"):
+        model.visual_projection.requires_grad_(False)
     expected = json.load(open(os.path.join(directory, "expected.json")))
-    inputs = dict(pixel_values=load_file(os.path.join(directory, "expected.safetensors"))["pixel_values"],
-                  input_ids=torch.tensor(expected["prompt_ids"]), attention_mask=torch.tensor(expected["prompt_mask"]))
+    tensors = load_file(os.path.join(directory, "expected.safetensors"))
+    captions = [expected["template"].format(label) for label in expected["labels"]]
+    text = AutoTokenizer.from_pretrained(directory)(captions, return_tensors="pt", **TEXT_KWARGS[cls])
+    inputs = dict(pixel_values=tensors["pixel_values"], input_ids=text.input_ids)
+    if "attention_mask" in text:
+        inputs["attention_mask"] = text.attention_mask
+    if "pixel_attention_mask" in tensors:
+        inputs["pixel_attention_mask"] = tensors["pixel_attention_mask"].to(torch.int64)
+        inputs["spatial_shapes"] = torch.tensor(expected["spatial_shapes"])
 
     trained = {n: p for n, p in model.named_parameters() if p.requires_grad}
     decay = set(get_parameter_names(model, [torch.nn.LayerNorm], NO_DECAY_PATTERNS))
@@ -65,12 +81,14 @@ def train(name):
     with torch.no_grad():
         final_loss = model(**inputs, return_loss=True).loss.item()
     out = os.path.join(FIXTURES, "lit")
+    name = checkpoint.replace("/", "-")
     os.makedirs(out, exist_ok=True)
     tensors = dict(first_gradients)
     tensors.update({f"trained.{n}": p.detach().clone().reshape(p.shape or [1]) for n, p in trained.items()})
     save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(out, f"{name}.safetensors"))
     with open(os.path.join(out, f"{name}.json"), "w") as f:
-        json.dump(dict(settings=SETTINGS, losses=losses, gradient_norms=norms, final_loss=final_loss,
+        json.dump(dict(settings=SETTINGS, captions=captions, input_ids=inputs["input_ids"].tolist(),
+                       attention_mask=inputs["attention_mask"].tolist() if "attention_mask" in inputs else None, losses=losses, gradient_norms=norms, final_loss=final_loss,
                        decayed=sorted(n for n in trained if n in decay),
                        not_decayed=sorted(n for n in trained if n not in decay)), f, indent=1)
     print(name, "losses", [round(x, 5) for x in losses], "final", round(final_loss, 5), "norms", [round(x, 4) for x in norms])
@@ -78,8 +96,8 @@ def train(name):
 
 def main():
     torch.manual_seed(0)
-    for name in CHECKPOINTS:
-        train(name)
+    for checkpoint, cls in CHECKPOINTS.items():
+        train(checkpoint, cls)
 
 
 if __name__ == "__main__":

@@ -65,3 +65,20 @@ public func clipContrastiveLossGradient(logitsPerImage: Tensor) throws -> (loss:
     }
     return (Float(total / Double(2 * n)), gradient)
 }
+
+/// ``sigmoidContrastiveLoss(logitsPerImage:)`` and its gradient with respect to `logitsPerImage`: for each pair's
+/// logit x with sign z (+1 for a pair, −1 otherwise), −z·σ(−z·x) / N.
+public func sigmoidContrastiveLossGradient(logitsPerImage: Tensor) throws -> (loss: Float, gradient: Tensor) {
+    let n = try pairCount(logitsPerImage)
+    let logits = logitsPerImage.scalars
+    let gradient = Tensor(uninitialized: [n, n])
+    let g = gradient.storage.pointer
+    var total = 0.0
+    for index in 0..<(n * n) {
+        let sign: Double = index / n == index % n ? 1 : -1
+        let x = sign * Double(logits[index])
+        total -= min(x, 0) - log1p(exp(-abs(x)))
+        g[index] = Float(-sign / (1 + exp(x)) / Double(n))
+    }
+    return (Float(total / Double(n)), gradient)
+}

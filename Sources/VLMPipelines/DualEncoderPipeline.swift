@@ -94,8 +94,23 @@ public final class DualEncoderPipeline: Sendable {
     /// The text embeddings of the zero-shot pipeline's prompts when `zeroShot`, which it tokenizes with a length of
     /// its own for models that pad to one (SigLIP: `max_length=64`, whatever model_max_length says).
     func textEmbeddings(_ texts: [String], zeroShot: Bool) throws -> Tensor {
+        let inputs = try DualEncoderTextInputs(tokenizer: tokenizer, padding: model.textPadding)(texts, zeroShot: zeroShot)
+        return try model.textFeatures(inputIds: inputs.ids, attentionMask: inputs.attentionMask)
+    }
+}
+
+/// Texts as a dual encoder's processor hands them to its text tower: tokenized, padded as the model wants
+/// (``DualEncoderTextPadding``), with the attention mask unless the tokenizer's `model_input_names` leave it out.
+struct DualEncoderTextInputs {
+    let tokenizer: Tokenizer
+    let padding: DualEncoderTextPadding
+
+    /// - Parameter zeroShot: the zero-shot pipeline's prompts, which it tokenizes with a length of its own for
+    ///   models that pad to one (SigLIP: `max_length=64`, whatever model_max_length says).
+    /// - Throws: `PipelineError.textTooLong` for a text longer than the length every text is padded to.
+    func callAsFunction(_ texts: [String], zeroShot: Bool) throws -> (ids: [[Int]], attentionMask: [[Int]]?) {
         // The length every text is padded to, nil for CLIP's padding to the longest.
-        let fixedLength: Int? = switch model.textPadding {
+        let fixedLength: Int? = switch padding {
         case .longest: nil
         case .maxLength(let zeroShotLength): zeroShot ? zeroShotLength : tokenizer.modelMaxLength ?? zeroShotLength
         case .fixed(let length): length
@@ -111,6 +126,6 @@ public final class DualEncoderPipeline: Sendable {
         }
         // A tokenizer whose model_input_names leave out the attention mask (SigLIP's checkpoints) hands the model none.
         let passesMask = tokenizer.modelInputNames?.contains("attention_mask") ?? true
-        return try model.textFeatures(inputIds: encodings.map(\.ids), attentionMask: passesMask ? encodings.map(\.attentionMask) : nil)
+        return (encodings.map(\.ids), passesMask ? encodings.map(\.attentionMask) : nil)
     }
 }

@@ -33,19 +33,25 @@ public struct TrainingRun: Sendable {
     public var stepsPerSecond: Double { Double(history.count) / runtime }
 }
 
-/// Locked-image text tuning of a CLIP checkpoint on an image–text dataset (``LockedImageTextTuning``): each image
-/// through the checkpoint's image processor and frozen image tower once, then batches of pairs, their texts tokenized
-/// as CLIP's processor does (`padding=True, truncation=True`), through the text side's loss, gradients and AdamW.
+/// Locked-image text tuning of a CLIP, SigLIP or SigLIP 2 checkpoint on an image–text dataset
+/// (``LockedImageTextTuning``): each image through the checkpoint's image processor and frozen image tower once, then
+/// batches of pairs, their texts tokenized as the model's processor does (CLIP: `padding=True, truncation=True`;
+/// SigLIP: `padding="max_length"`, SigLIP 2 to 64 tokens, a longer caption refused), through the text side's loss,
+/// gradients and AdamW.
 public final class LockedImageTextTuningPipeline: @unchecked Sendable {
     public let tuning: LockedImageTextTuning
     public let tokenizer: Tokenizer
     public let imageProcessor: any ImageProcessor
+
+    /// The checkpoint's processor's text side: its tokenizer and padding.
+    private let textInputs: DualEncoderTextInputs
 
     public init(directory: URL) throws {
         let checkpoint = try ModelDirectory(url: directory)
         tuning = try LockedImageTextTuning(directory: checkpoint)
         tokenizer = try Tokenizer(directory: directory)
         imageProcessor = try ImageProcessorRegistry.load(directory: directory, modelType: checkpoint.modelType)
+        textInputs = DualEncoderTextInputs(tokenizer: tokenizer, padding: tuning.frozen.textPadding)
     }
 
     /// Trains on `dataset` as `settings` say, calling `log` after each step; the tuned parameters stay in ``tuning``
@@ -81,9 +87,9 @@ public final class LockedImageTextTuningPipeline: @unchecked Sendable {
             let batch = Array(order.prefix(settings.batchSize))
             order.removeFirst(batch.count)
             samples += batch.count
-            let encodings = tokenizer.encode(batch.map { dataset.pairs[$0].text }, padding: .longest, truncation: true)
-            let loss = try tuning.lossAndGradients(imageFeatures: embedding(imageFeatures, ids: batch), inputIds: encodings.map(\.ids),
-                                                   attentionMask: encodings.map(\.attentionMask))
+            let texts = try textInputs(batch.map { dataset.pairs[$0].text }, zeroShot: false)
+            let loss = try tuning.lossAndGradients(imageFeatures: embedding(imageFeatures, ids: batch), inputIds: texts.ids,
+                                                   attentionMask: texts.attentionMask)
             let learningRate = optimizer.learningRate
             let norm = optimizer.step()
             let entry = TrainingLogEntry(step: optimizer.steps, epoch: Double(optimizer.steps) / Double(stepsPerEpoch),
@@ -95,6 +101,22 @@ public final class LockedImageTextTuningPipeline: @unchecked Sendable {
         let runtime = Double(end - start) / 1e9
         return TrainingRun(history: history, runtime: runtime, imageEncodingTime: Double(start - encodingStart) / 1e9,
                            samplesPerSecond: Double(samples) / runtime)
+    }
+
+    /// The contrastive loss over `dataset` under the current parameters, in its order, `batchSize` pairs at a time,
+    /// averaged over the pairs as Trainer's `evaluate` averages `eval_loss` (each batch's loss weighted by its size).
+    public func loss(on dataset: ImageTextDataset, batchSize: Int) throws -> Float {
+        guard batchSize > 0 else { throw ModelError.invalidInput("the batch size must be positive") }
+        let imageFeatures = try encodeImages(dataset)
+        var total = 0.0
+        for start in stride(from: 0, to: dataset.pairs.count, by: batchSize) {
+            let batch = Array(start..<min(start + batchSize, dataset.pairs.count))
+            let texts = try textInputs(batch.map { dataset.pairs[$0].text }, zeroShot: false)
+            let loss = try tuning.loss(imageFeatures: embedding(imageFeatures, ids: batch), inputIds: texts.ids,
+                                       attentionMask: texts.attentionMask)
+            total += Double(loss) * Double(batch.count)
+        }
+        return Float(total / Double(dataset.pairs.count))
     }
 
     /// Writes the tuned checkpoint (``LockedImageTextTuning/save(to:)``).
@@ -113,9 +135,9 @@ public final class LockedImageTextTuningPipeline: @unchecked Sendable {
         var encoded: [Float] = []
         for start in stride(from: 0, to: files.count, by: 32) {
             let images = try files[start..<min(start + 32, files.count)].map { try ImageDecoder.decode(contentsOf: $0) }
-            encoded += try tuning.imageFeatures(pixelValues: imageProcessor.preprocess(images).pixelValues).scalars
+            encoded += try tuning.imageFeatures(imageProcessor.preprocess(images)).scalars
         }
-        let width = tuning.config.projectionDim
+        let width = tuning.frozen.embeddingSize
         return embedding(Tensor(shape: [files.count, width], scalars: encoded), ids: dataset.pairs.map { index[$0.image]! })
     }
 }

@@ -11,11 +11,12 @@ struct Train: AsyncParsableCommand {
 struct LockedImageTextTuningCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "lit",
-        abstract: "Locked-image text tuning: train a CLIP checkpoint's text side on image-text pairs, its image tower frozen.",
+        abstract: "Locked-image text tuning: train a CLIP, SigLIP or SigLIP 2 checkpoint's text side on image-text pairs, its image tower frozen.",
         discussion: """
             The data is a directory laid out as datasets' imagefolder: the images and a metadata.jsonl (or \
             metadata.csv) whose file_name column names each image and whose text column holds its caption. The \
-            text transformer, text projection and logit scale are trained by CLIP's contrastive loss with AdamW as \
+            text transformer, its projection and the logit scale (and SigLIP's logit bias) are trained by the model's \
+            contrastive loss (CLIP's softmax loss, SigLIP's sigmoid loss) with AdamW as \
             transformers' Trainer does it (weight decay on all but biases and LayerNorm parameters, gradients clipped \
             to --max-grad-norm, linear schedule after --warmup-steps); the defaults are TrainingArguments'. The tuned \
             checkpoint (config, fp32 weights, tokenizer and preprocessor files) is written to --out.

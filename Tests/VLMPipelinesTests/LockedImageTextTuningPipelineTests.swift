@@ -6,8 +6,8 @@ import VLMPipelines
 import VLMTensor
 import VLMTraining
 
-/// An imagefolder dataset of a CLIP fixture's four photos captioned with its templated labels (what oracle/lit.py
-/// trained on), in a temporary directory removed with it.
+/// An imagefolder dataset of a CLIP or SigLIP fixture's four photos captioned with its templated labels (what
+/// oracle/lit.py trained on), in a temporary directory removed with it.
 final class LiTDatasetDirectory {
     static let fixtures = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
         .appendingPathComponent("Fixtures")
@@ -22,17 +22,20 @@ final class LiTDatasetDirectory {
     let captions: [String]
     let photos: [String]
 
-    /// - Parameter metadata: writes each pair's row given its file name and caption; nil writes metadata.jsonl.
+    /// - Parameters:
+    ///   - checkpoint: the fixture under Tests/Fixtures, e.g. "clip/tiny-quickgelu-argmax".
+    ///   - metadata: writes each pair's row given its file name and caption; nil writes metadata.jsonl.
     init(checkpoint: String, metadata: ((String, String) -> String)? = nil, metadataFile: String = "metadata.jsonl",
          header: String? = nil) throws {
         let fixture = try JSONDecoder().decode(Fixture.self, from: Data(contentsOf: Self.fixtures
-            .appendingPathComponent("clip/\(checkpoint)/expected.json")))
+            .appendingPathComponent("\(checkpoint)/expected.json")))
         try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
+        // Photos named by file are in Tests/Fixtures/photos, the others by their path under Tests/Fixtures.
         for photo in fixture.photos {
-            try FileManager.default.copyItem(at: Self.fixtures.appendingPathComponent("photos/\(photo)"),
-                                             to: url.appendingPathComponent(photo))
+            try FileManager.default.copyItem(at: Self.fixtures.appendingPathComponent(photo.contains("/") ? photo : "photos/\(photo)"),
+                                             to: url.appendingPathComponent((photo as NSString).lastPathComponent))
         }
-        photos = fixture.photos
+        photos = fixture.photos.map { ($0 as NSString).lastPathComponent }
         captions = fixture.labels.map { fixture.template.replacingOccurrences(of: "{}", with: $0) }
         let row = metadata ?? { name, caption in
             String(decoding: try! JSONSerialization.data(withJSONObject: ["file_name": name, "text": caption]), as: UTF8.self)
@@ -52,25 +55,27 @@ struct LiTRecord: Decodable {
         let warmup_steps, steps: Int
     }
     let settings: Settings
+    let captions: [String]
     let losses: [Float]
     let gradient_norms: [Float]
     let final_loss: Float
 
     init(_ checkpoint: String) throws {
         self = try JSONDecoder().decode(Self.self, from: Data(contentsOf: LiTDatasetDirectory.fixtures
-            .appendingPathComponent("lit/\(checkpoint).json")))
+            .appendingPathComponent("lit/\(checkpoint.replacingOccurrences(of: "/", with: "-")).json")))
     }
 }
 
 @Suite struct LockedImageTextTuningPipelineTests {
     /// From the photo files and captions to the saved checkpoint: the processor's pixels and the tokenizer's ids give
-    /// each step the loss transformers' Trainer computed (oracle/lit.py), and the checkpoint written loads as a CLIP
-    /// model whose loss on the pairs is the oracle's after its last step.
-    @Test(arguments: ["tiny-quickgelu-argmax", "tiny-gelu-eos-fp16"])
+    /// each step the loss transformers' Trainer computed (oracle/lit.py), and the checkpoint written loads as a model
+    /// of its family whose loss on the pairs is the oracle's after its last step.
+    @Test(arguments: ["clip/tiny-quickgelu-argmax", "clip/tiny-gelu-eos-fp16", "siglip/tiny-tanh-fp16",
+                      "siglip/tiny-gelu-bf16", "siglip2/tiny-naflex-fp16"])
     func trainsAndSavesAsTransformersDoes(checkpoint: String) throws {
         let data = try LiTDatasetDirectory(checkpoint: checkpoint)
         let record = try LiTRecord(checkpoint)
-        let model = LiTDatasetDirectory.fixtures.appendingPathComponent("clip/\(checkpoint)")
+        let model = LiTDatasetDirectory.fixtures.appendingPathComponent(checkpoint)
         let pipeline = try LockedImageTextTuningPipeline(directory: model)
         var settings = TrainingSettings()
         settings.batchSize = 4
@@ -88,6 +93,7 @@ struct LiTRecord: Decodable {
         #expect(history.map(\.step) == Array(1...record.settings.steps))
         #expect(history.map(\.epoch) == (1...record.settings.steps).map(Double.init))
         #expect(history.first?.learningRate == 0)  // the first of one warmup step
+        #expect(data.captions == record.captions)
         for (entry, (loss, norm)) in zip(history, zip(record.losses, record.gradient_norms)) {
             #expect(abs(entry.loss - loss) < 1e-4, "step \(entry.step): loss \(entry.loss) against \(loss)")
             #expect(abs(entry.gradientNorm - norm) < 1e-4 * max(1, norm), "step \(entry.step): norm \(entry.gradientNorm) against \(norm)")
@@ -95,25 +101,21 @@ struct LiTRecord: Decodable {
 
         let output = data.url.appendingPathComponent("tuned")
         try pipeline.save(to: output)
-        let tuned = try CLIPModel(directory: ModelDirectory(url: output))
-        let expected = try SafetensorsFile(url: model.appendingPathComponent("expected.safetensors"))
-        struct Prompts: Decodable { let prompt_ids: [[Int]]; let prompt_mask: [[Int]] }
-        let prompts = try JSONDecoder().decode(Prompts.self, from: Data(contentsOf: model.appendingPathComponent("expected.json")))
-        let logits = try tuned.logitsPerImage(imageFeatures: tuned.imageFeatures(pixelValues: expected.tensor("pixel_values")),
-                                              textFeatures: tuned.textFeatures(inputIds: prompts.prompt_ids, attentionMask: prompts.prompt_mask))
-        let loss = try tuned.contrastiveLoss(logitsPerImage: logits)
+        // The saved checkpoint through the same processor: its loss on the pairs.
+        let loss = try LockedImageTextTuningPipeline(directory: output).loss(on: ImageTextDataset(directory: data.url), batchSize: 4)
         #expect(abs(loss - record.final_loss) < 1e-4, "saved checkpoint's loss \(loss) against \(record.final_loss)")
         let config = try String(contentsOf: output.appendingPathComponent("config.json"), encoding: .utf8)
         #expect(config.contains("\"dtype\": \"float32\""))
         #expect(!config.contains("float16"))
-        for file in ["tokenizer.json", "vocab.json", "merges.txt", "preprocessor_config.json"] {
-            #expect(FileManager.default.fileExists(atPath: output.appendingPathComponent(file).path), "\(file) not copied")
+        for file in ["tokenizer.json", "tokenizer_config.json", "spiece.model", "vocab.json", "merges.txt", "preprocessor_config.json"] {
+            #expect(FileManager.default.fileExists(atPath: output.appendingPathComponent(file).path)
+                    == FileManager.default.fileExists(atPath: model.appendingPathComponent(file).path), "\(file)")
         }
     }
 
     /// Each epoch visits every pair once, in an order drawn from the seed: the same seed, the same losses.
     @Test func shuffledEpochsVisitEveryPairOnce() throws {
-        let data = try LiTDatasetDirectory(checkpoint: "tiny-quickgelu-argmax")
+        let data = try LiTDatasetDirectory(checkpoint: "clip/tiny-quickgelu-argmax")
         let model = LiTDatasetDirectory.fixtures.appendingPathComponent("clip/tiny-quickgelu-argmax")
         var settings = TrainingSettings()
         settings.batchSize = 3
@@ -133,8 +135,8 @@ struct LiTRecord: Decodable {
 
 @Suite struct ImageTextDatasetTests {
     @Test func csvMetadataReadsAsTheJSONLines() throws {
-        let jsonl = try LiTDatasetDirectory(checkpoint: "tiny-quickgelu-argmax")
-        let csv = try LiTDatasetDirectory(checkpoint: "tiny-quickgelu-argmax", metadata: { name, caption in
+        let jsonl = try LiTDatasetDirectory(checkpoint: "clip/tiny-quickgelu-argmax")
+        let csv = try LiTDatasetDirectory(checkpoint: "clip/tiny-quickgelu-argmax", metadata: { name, caption in
             "\(name),\"\(caption.replacingOccurrences(of: "\"", with: "\"\""))\""
         }, metadataFile: "metadata.csv", header: "file_name,text")
         let fromJSON = try ImageTextDataset(directory: jsonl.url), fromCSV = try ImageTextDataset(directory: csv.url)
@@ -144,7 +146,7 @@ struct LiTRecord: Decodable {
     }
 
     @Test func quotedCSVFieldsHoldCommasQuotesAndLineBreaks() throws {
-        let data = try LiTDatasetDirectory(checkpoint: "tiny-quickgelu-argmax", metadata: { name, _ in
+        let data = try LiTDatasetDirectory(checkpoint: "clip/tiny-quickgelu-argmax", metadata: { name, _ in
             "\"\(name)\",\"a \"\"cat\"\", or two,\nsleeping\",x"
         }, metadataFile: "metadata.csv", header: "file_name,caption,other\r")
         let dataset = try ImageTextDataset(directory: data.url, textColumn: "caption")

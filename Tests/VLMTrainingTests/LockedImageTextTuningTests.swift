@@ -1,11 +1,13 @@
 import Foundation
 import Testing
 import VLMCheckpoint
+import VLMImages
 import VLMModels
 import VLMTensor
 import VLMTraining
 
-/// oracle/lit.py's record of transformers and torch training a CLIP fixture's text side on its four photos and labels.
+/// oracle/lit.py's record of transformers and torch training a CLIP or SigLIP fixture's text side on its four photos
+/// and labels.
 struct LiTFixture {
     static let fixtures = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
         .appendingPathComponent("Fixtures")
@@ -16,6 +18,9 @@ struct LiTFixture {
             let warmup_steps, steps: Int
         }
         let settings: Settings
+        /// The captions as the model's processor tokenizes them for training.
+        let input_ids: [[Int]]
+        let attention_mask: [[Int]]?
         let losses: [Float]
         let gradient_norms: [Float]
         let final_loss: Float
@@ -24,8 +29,7 @@ struct LiTFixture {
     }
 
     struct Inputs: Decodable {
-        let prompt_ids: [[Int]]
-        let prompt_mask: [[Int]]
+        let photos: [String]
     }
 
     let name: String
@@ -34,17 +38,23 @@ struct LiTFixture {
     /// `gradient.<name>`: the first step's gradients; `trained.<name>`: the parameters after the last step.
     let tensors: SafetensorsFile
     let inputs: Inputs
-    let pixelValues: Tensor
+    /// The fixture's photos through its checkpoint's image processor.
+    let images: ProcessedImages
 
+    /// - Parameter name: the checkpoint under Tests/Fixtures, e.g. "clip/tiny-quickgelu-argmax".
     init(_ name: String) throws {
         self.name = name
-        let directory = Self.fixtures.appendingPathComponent("clip/\(name)")
+        let directory = Self.fixtures.appendingPathComponent(name)
         checkpoint = try ModelDirectory(url: directory)
-        let lit = Self.fixtures.appendingPathComponent("lit/\(name)")
+        let lit = Self.fixtures.appendingPathComponent("lit/" + name.replacingOccurrences(of: "/", with: "-"))
         record = try JSONDecoder().decode(Record.self, from: Data(contentsOf: lit.appendingPathExtension("json")))
         tensors = try SafetensorsFile(url: lit.appendingPathExtension("safetensors"))
         inputs = try JSONDecoder().decode(Inputs.self, from: Data(contentsOf: directory.appendingPathComponent("expected.json")))
-        pixelValues = try SafetensorsFile(url: directory.appendingPathComponent("expected.safetensors")).tensor("pixel_values")
+        let processor = try ImageProcessorRegistry.load(directory: directory, modelType: checkpoint.modelType)
+        // Photos named by file are in Tests/Fixtures/photos, the others by their path under Tests/Fixtures.
+        images = try processor.preprocess(inputs.photos.map {
+            try ImageDecoder.decode(contentsOf: Self.fixtures.appendingPathComponent($0.contains("/") ? $0 : "photos/\($0)"))
+        })
     }
 
     var settings: TrainingSettings {
@@ -68,21 +78,23 @@ private func maxDifference(_ a: Tensor, _ b: Tensor) -> Float {
 }
 
 @Suite struct LockedImageTextTuningTests {
-    static let names = ["tiny-quickgelu-argmax", "tiny-gelu-eos-fp16"]
+    static let names = ["clip/tiny-quickgelu-argmax", "clip/tiny-gelu-eos-fp16", "siglip/tiny-tanh-fp16",
+                        "siglip/tiny-gelu-bf16", "siglip2/tiny-naflex-fp16"]
 
     /// Every step's loss and gradient norm, the first step's gradients of every text-side parameter, and the parameters
     /// after the last step, against torch's autograd and AdamW under transformers' Trainer's grouping, clipping and
-    /// schedule.
+    /// schedule: CLIP's softmax loss through a causal text transformer pooled at its end-of-text token, SigLIP's and
+    /// SigLIP 2's sigmoid loss with its bias through one that attends both ways and pools the last position.
     @Test(arguments: names) func trainingMatchesTransformers(name: String) throws {
         let fixture = try LiTFixture(name)
         let tuning = try LockedImageTextTuning(directory: fixture.checkpoint)
         #expect(tuning.parameters.filter(\.decays).map(\.name).sorted() == fixture.record.decayed)
         #expect(tuning.parameters.filter { !$0.decays }.map(\.name).sorted() == fixture.record.not_decayed)
-        let images = try tuning.imageFeatures(pixelValues: fixture.pixelValues)
+        let images = try tuning.imageFeatures(fixture.images)
         let optimizer = AdamW(parameters: tuning.parameters, settings: fixture.settings, totalSteps: fixture.record.settings.steps)
         for step in 0..<fixture.record.settings.steps {
-            let loss = try tuning.lossAndGradients(imageFeatures: images, inputIds: fixture.inputs.prompt_ids,
-                                                   attentionMask: fixture.inputs.prompt_mask)
+            let loss = try tuning.lossAndGradients(imageFeatures: images, inputIds: fixture.record.input_ids,
+                                                   attentionMask: fixture.record.attention_mask)
             #expect(abs(loss - fixture.record.losses[step]) < 1e-4, "\(name) step \(step): loss \(loss) against \(fixture.record.losses[step])")
             if step == 0 {
                 for parameter in tuning.parameters {
@@ -105,8 +117,8 @@ private func maxDifference(_ a: Tensor, _ b: Tensor) -> Float {
             #expect(roundingOnly == parameter.name.hasSuffix("k_proj.bias"), "\(name): \(parameter.name)")
             #expect(maxDifference(parameter.value, expected) < tolerance, "\(name): \(parameter.name) after training off by \(maxDifference(parameter.value, expected))")
         }
-        let final = try tuning.lossAndGradients(imageFeatures: images, inputIds: fixture.inputs.prompt_ids,
-                                                attentionMask: fixture.inputs.prompt_mask)
+        let final = try tuning.loss(imageFeatures: images, inputIds: fixture.record.input_ids,
+                                    attentionMask: fixture.record.attention_mask)
         #expect(abs(final - fixture.record.final_loss) < 1e-4, "\(name): final loss \(final) against \(fixture.record.final_loss)")
     }
 }
