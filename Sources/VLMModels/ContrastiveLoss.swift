@@ -12,34 +12,16 @@ private func pairCount(_ logitsPerImage: Tensor) throws -> Int {
     return logitsPerImage.shape[0]
 }
 
-/// CLIP's `clip_loss`: the mean of the cross-entropy of each text's row over the images and of each image's row
-/// over the texts, the pair's own entry the target.
+/// CLIP's contrastive loss (transformers' `image_text_contrastive_loss`): the mean of the cross-entropy of each
+/// text's row over the images and of each image's row over the texts, the pair's own entry the target.
 func clipContrastiveLoss(logitsPerImage: Tensor) throws -> Float {
-    let n = try pairCount(logitsPerImage)
-    let perImage = logitsPerImage.scalars
-    let perText = (0..<(n * n)).map { perImage[($0 % n) * n + $0 / n] }
-    func meanCrossEntropy(_ rows: [Float]) -> Float {
-        rows.withUnsafeBufferPointer { scores in
-            (0..<n).reduce(Float(0)) { $0 + crossEntropy(UnsafeBufferPointer(rebasing: scores[($1 * n)..<(($1 + 1) * n)]), label: $1) } / Float(n)
-        }
-    }
-    return (meanCrossEntropy(perText) + meanCrossEntropy(perImage)) / 2
+    try clipContrastiveLossGradient(logitsPerImage: logitsPerImage).loss
 }
 
 /// SigLIP's sigmoid loss: for each text, −Σ log σ(±logit) over the images (+ for its own image, − for the others),
 /// averaged over the texts.
 func sigmoidContrastiveLoss(logitsPerImage: Tensor) throws -> Float {
-    let n = try pairCount(logitsPerImage)
-    let perImage = logitsPerImage.scalars
-    var total: Float = 0
-    for text in 0..<n {
-        for image in 0..<n {
-            let x = (text == image ? 1 : -1) * perImage[image * n + text]
-            // log σ(x) without overflow: min(x, 0) − log(1 + e^−|x|).
-            total -= min(x, 0) - log1pf(expf(-abs(x)))
-        }
-    }
-    return total / Float(n)
+    try sigmoidContrastiveLossGradient(logitsPerImage: logitsPerImage).loss
 }
 
 /// ``clipContrastiveLoss(logitsPerImage:)`` and its gradient with respect to `logitsPerImage`: each cross-entropy's
@@ -54,6 +36,7 @@ public func clipContrastiveLossGradient(logitsPerImage: Tensor) throws -> (loss:
     for imageRows in [true, false] {
         for i in 0..<n {
             let entry = { (j: Int) in imageRows ? i * n + j : j * n + i }
+            // log Σ e^x as its largest term plus the log of the rest relative to it, which cannot overflow.
             let largest = (0..<n).map { Double(logits[entry($0)]) }.max()!
             let sum = (0..<n).reduce(0.0) { $0 + exp(Double(logits[entry($1)]) - largest) }
             total += largest + log(sum) - Double(logits[entry(i)])
@@ -77,6 +60,7 @@ public func sigmoidContrastiveLossGradient(logitsPerImage: Tensor) throws -> (lo
     for index in 0..<(n * n) {
         let sign: Double = index / n == index % n ? 1 : -1
         let x = sign * Double(logits[index])
+        // log σ(x) without overflow: min(x, 0) − log(1 + e^−|x|).
         total -= min(x, 0) - log1p(exp(-abs(x)))
         g[index] = Float(-sign / (1 + exp(x)) / Double(n))
     }
