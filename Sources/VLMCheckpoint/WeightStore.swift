@@ -209,6 +209,12 @@ public struct Weights: Sendable {
         store.contains(fullName(name))
     }
 
+    /// The view under the first of `candidates` that holds `name` (under the first candidate when none does, so that
+    /// the missing-tensor error names it): a checkpoint saved in one of several layouts.
+    public func scoped(firstOf candidates: [String], holding name: String) -> Weights {
+        scoped(candidates.first { contains("\($0).\(name)") } ?? candidates[0])
+    }
+
     /// `prefix.name`, or either alone when the other is empty.
     public func fullName(_ name: String) -> String {
         if prefix.isEmpty { return name }

@@ -204,3 +204,36 @@ extension CausalLanguageModel {
         return Perplexity(tokens: ids.count, windows: windows, negativeLogLikelihood: total)
     }
 }
+
+/// transformers' causal language-model loss on `logits` `[B, T, vocabulary]` (``scoredNegativeLogLikelihood``'s
+/// mean) and its gradient with respect to them: at each position whose next label counts, `(softmax − one-hot) / N`
+/// over the N labels that count, zero elsewhere.
+///
+/// - Throws: `ModelError.invalidInput` for labels of another shape than the logits' rows, outside the vocabulary,
+///   or none that counts.
+public func causalLanguageModelLossGradient(logits: Tensor, labels: [[Int]]) throws -> (loss: Float, gradient: Tensor) {
+    let vocabulary = logits.shape.last ?? 0
+    let length = labels.first?.count ?? 0
+    guard logits.rank == 3, logits.shape[0] == labels.count, logits.shape[1] == length else {
+        throw ModelError.invalidInput("labels must have the shape of the input ids")
+    }
+    try checkLabels(labels, shapedLike: labels, vocabulary: vocabulary)
+    let total = scoredNegativeLogLikelihood(logits, labels: labels, vocabulary: vocabulary)
+    guard total.count > 0 else { throw ModelError.invalidInput("no label counts: every one is \(ignoredLabel) or a row's first") }
+    let gradient = Tensor(zeros: logits.shape)
+    let scores = logits.storage.pointer, g = gradient.storage.pointer
+    for (row, rowLabels) in labels.enumerated() {
+        for position in 0..<max(length - 1, 0) where rowLabels[position + 1] != ignoredLabel {
+            let start = (row * length + position) * vocabulary
+            var largest = -Float.infinity
+            for i in 0..<vocabulary { largest = max(largest, scores[start + i]) }
+            var sum = 0.0
+            for i in 0..<vocabulary { sum += Double(expf(scores[start + i] - largest)) }
+            for i in 0..<vocabulary {
+                g[start + i] = Float(Double(expf(scores[start + i] - largest)) / sum / Double(total.count))
+            }
+            g[start + rowLabels[position + 1]] -= Float(1 / Double(total.count))
+        }
+    }
+    return (Float(total.mean), gradient)
+}

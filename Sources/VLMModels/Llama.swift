@@ -122,10 +122,11 @@ public struct LlamaConfig: Decodable, Sendable {
     /// when ``slidingWindow`` is set.
     public var layerTypes: [String] = []
 
-    var outputProjectionBias: Bool { modelType == "llama" && attentionBias }
+    /// Whether `o_proj` has a bias: Llama's `attention_bias` covers it, Qwen2's q/k/v biases do not.
+    public var outputProjectionBias: Bool { modelType == "llama" && attentionBias }
 
     /// The sliding window of layer `index`, nil where it attends to every earlier position.
-    func attentionWindow(layer index: Int) -> Int? {
+    public func attentionWindow(layer index: Int) -> Int? {
         guard let slidingWindow else { return nil }
         return layerTypes.isEmpty || layerTypes[index] == "sliding_attention" ? slidingWindow : nil
     }
@@ -460,8 +461,9 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
         return rmsNorm(hidden, weight: norm, eps: config.rmsNormEps)
     }
 
-    /// The rotary tables of `positions`, at the frequencies of a pass whose largest position is theirs.
-    private func rotaryTables(positions: [Int]) -> (cos: Tensor, sin: Tensor) {
+    /// The rotary tables of `positions` (`[positions, headDim/2]` each), at the frequencies of a pass whose largest
+    /// position is theirs, as ``applyRotaryEmbedding(_:heads:cos:sin:)`` reads them.
+    public func rotaryTables(positions: [Int]) -> (cos: Tensor, sin: Tensor) {
         let largest = positions.max() ?? 0
         let frequencies = config.rope.ropeType == "dynamic" && largest >= config.maxPositionEmbeddings
             ? config.rope.dynamicInverseFrequencies(headDim: config.headDim, sequenceLength: largest + 1,

@@ -145,11 +145,16 @@ struct LlavaImageEncoder {
 
     /// `[B, features per image, text hiddenSize]` for pixel values `[B, 3, imageSize, imageSize]`.
     func callAsFunction(_ pixelValues: Tensor) throws -> Tensor {
+        projector(try visionFeatures(pixelValues))
+    }
+
+    /// What the projector reads: `[B, features per image, vision hiddenSize × feature layers]`.
+    func visionFeatures(_ pixelValues: Tensor) throws -> Tensor {
         var states = try visionTower.hiddenStates(pixelValues, at: featureLayers)
         if dropsClassToken {
             states = states.map { sequenceSlice($0, 1..<$0.shape[1]) }
         }
-        return projector(states.count == 1 ? states[0] : concatenate(states, axis: 2))
+        return states.count == 1 ? states[0] : concatenate(states, axis: 2)
     }
 }
 
@@ -164,14 +169,6 @@ func llavaLanguageModel(config: LlamaConfig, weights: Weights, file: String) thr
     return try LlamaForCausalLM(config: config, file: file) { name, shape in
         if name == "lm_head.weight" { return try weights(lmHead, shape: shape) }
         return try decoder(String(name.dropFirst("model.".count)), shape: shape)
-    }
-}
-
-extension Weights {
-    /// The view under the first of `candidates` that holds `name` (under the first candidate when none does, so that
-    /// the missing-tensor error names it).
-    func scoped(firstOf candidates: [String], holding name: String) -> Weights {
-        scoped(candidates.first { contains("\($0).\(name)") } ?? candidates[0])
     }
 }
 
@@ -237,6 +234,13 @@ public final class LlavaForConditionalGeneration: ImageChatModel, @unchecked Sen
     /// under `"default"`), concatenated, through the projector.
     public func imageEmbeddings(pixelValues: Tensor) throws -> Tensor {
         try encoder(pixelValues)
+    }
+
+    /// What the projector reads for pixel values `[B, 3, imageSize, imageSize]`: the chosen hidden states of the
+    /// vision tower (class token dropped under `"default"`), concatenated, `[B, imageTokensPerImage, vision
+    /// hiddenSize × feature layers]`. Projector alignment trains the projector on these, computed once per image.
+    public func visionFeatures(pixelValues: Tensor) throws -> Tensor {
+        try encoder.visionFeatures(pixelValues)
     }
 
     /// Per image, the `[imageTokensPerImage, text hiddenSize]` rows that take its image tokens' places, in order.

@@ -306,3 +306,73 @@ public func attentionBackward(_ outputGradient: Tensor, query: Tensor, key: Tens
     }
     return AttentionGradients(query: dQuery, key: dKey, value: dValue)
 }
+
+/// The gradient of ``rmsNorm(_:weight:eps:)`` with respect to its input: with `r = 1/√(mean(x²) + eps)` and
+/// `g = dy·w`, `dx = r·g − x·r³·mean(g·x)`. (The weight's gradient is not needed where the norm is frozen.)
+public func rmsNormBackward(_ outputGradient: Tensor, input: Tensor, weight: Tensor, eps: Float) -> Tensor {
+    let features = weight.count
+    precondition(input.shape == outputGradient.shape && input.shape.last == features,
+                 "rmsNorm gradient \(outputGradient.shape) for input \(input.shape), weight \(weight.shape)")
+    let inputGradient = Tensor(uninitialized: input.shape)
+    let rows = features == 0 ? 0 : input.count / features
+    let units = (rows + backwardRowsPerUnit - 1) / backwardRowsPerUnit
+    let run: @Sendable (Int) -> Void = { unit in
+        let x = input.storage.pointer, dy = outputGradient.storage.pointer, w = weight.storage.pointer
+        let dx = inputGradient.storage.pointer
+        for row in (unit * backwardRowsPerUnit)..<min(rows, (unit + 1) * backwardRowsPerUnit) {
+            let offset = row * features
+            var squares = 0.0, projection = 0.0
+            for i in 0..<features {
+                squares += Double(x[offset + i]) * Double(x[offset + i])
+                projection += Double(dy[offset + i]) * Double(w[i]) * Double(x[offset + i])
+            }
+            let r = 1 / (squares / Double(features) + Double(eps)).squareRoot()
+            let correction = r * r * r * projection / Double(features)
+            for i in 0..<features {
+                dx[offset + i] = Float(r * Double(dy[offset + i]) * Double(w[i]) - Double(x[offset + i]) * correction)
+            }
+        }
+    }
+    if units <= 1 { (0..<units).forEach(run) } else { parallelFor(units, run) }
+    return inputGradient
+}
+
+/// Grouped-query attention's keys or values for every query head: `x [B, T, keyHeads·headDim]` with each key head
+/// repeated for the `heads / keyHeads` query heads that read it, consecutively (transformers' `repeat_kv`).
+public func repeatingKeyValueHeads(_ x: Tensor, keyHeads: Int, heads: Int) -> Tensor {
+    precondition(x.rank == 3 && keyHeads > 0 && heads % keyHeads == 0 && x.shape[2] % keyHeads == 0,
+                 "repeatingKeyValueHeads of \(x.shape) from \(keyHeads) to \(heads) heads")
+    let headDim = x.shape[2] / keyHeads, group = heads / keyHeads
+    let tokens = x.shape[0] * x.shape[1]
+    let output = Tensor(uninitialized: [x.shape[0], x.shape[1], heads * headDim])
+    for token in 0..<tokens {
+        for head in 0..<heads {
+            (output.storage.pointer + (token * heads + head) * headDim)
+                .update(from: x.storage.pointer + (token * keyHeads + head / group) * headDim, count: headDim)
+        }
+    }
+    return output
+}
+
+/// The gradient of ``repeatingKeyValueHeads(_:keyHeads:heads:)``: each key head's gradient is the sum over the query
+/// heads that read it.
+public func repeatingKeyValueHeadsBackward(_ outputGradient: Tensor, keyHeads: Int, heads: Int) -> Tensor {
+    let headDim = outputGradient.shape[2] / heads, group = heads / keyHeads
+    let tokens = outputGradient.shape[0] * outputGradient.shape[1]
+    let inputGradient = Tensor(zeros: [outputGradient.shape[0], outputGradient.shape[1], keyHeads * headDim])
+    let dy = outputGradient.storage.pointer, dx = inputGradient.storage.pointer
+    for token in 0..<tokens {
+        for head in 0..<heads {
+            let source = dy + (token * heads + head) * headDim
+            let destination = dx + (token * keyHeads + head / group) * headDim
+            for i in 0..<headDim { destination[i] += source[i] }
+        }
+    }
+    return inputGradient
+}
+
+/// The gradient of ``applyRotaryEmbedding(_:heads:cos:sin:)`` with respect to its input: the rotation is orthogonal,
+/// so its gradient is the gradient rotated back (by `−sin`).
+public func applyRotaryEmbeddingBackward(_ outputGradient: Tensor, heads: Int, cos: Tensor, sin: Tensor) -> Tensor {
+    applyRotaryEmbedding(outputGradient, heads: heads, cos: cos, sin: scaled(sin, by: -1))
+}

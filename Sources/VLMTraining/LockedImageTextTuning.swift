@@ -2,7 +2,6 @@ import Foundation
 import VLMCheckpoint
 import VLMImages
 import VLMModels
-import VLMTemplates
 import VLMTensor
 
 /// Locked-image text tuning (LiT, Zhai et al. 2022) of a CLIP, SigLIP or SigLIP 2 checkpoint: the image tower (and
@@ -143,38 +142,8 @@ public final class LockedImageTextTuning: @unchecked Sendable {
     /// float32), every tensor of the original with the text side's replaced (all fp32, in one model.safetensors), and
     /// the tokenizer and preprocessor files copied, so that transformers, `vlm classify` and this class load it.
     public func save(to output: URL) throws {
-        do {
-            try FileManager.default.createDirectory(at: output, withIntermediateDirectories: true)
-        } catch {
-            throw CheckpointError.unwritable(path: output.path, reason: error.localizedDescription)
-        }
-        var tensors: [String: Tensor] = [:]
-        for name in store.names {
-            tensors[name] = try byName[name]?.value ?? store.tensor(name)
-        }
-        try SafetensorsFile.write(tensors, to: output.appendingPathComponent(WeightStore.singleFileName))
-        // config.json as transformers' save_pretrained writes it, its dtype now the weights' (every member else kept:
-        // a float stays a float, which its strict config classes insist on).
-        let configURL = directory.url.appendingPathComponent("config.json")
-        guard case let .object(members) = try JSONValue(parsing: Data(contentsOf: configURL), file: configURL.path) else {
-            throw CheckpointError.invalidJSON(file: configURL.path, reason: "not an object")
-        }
-        let config = JSONValue.object(members.filter { $0.0 != "dtype" && $0.0 != "torch_dtype" } + [("dtype", "float32")])
-        let configData = Data((config.pythonJSONText(indent: 2, sortKeys: true) + "\n").utf8)
-        let copied = ["tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "spiece.model",
-                      "special_tokens_map.json", "added_tokens.json", "preprocessor_config.json", "processor_config.json"]
-        do {
-            try configData.write(to: output.appendingPathComponent("config.json"), options: .atomic)
-            for name in copied {
-                guard let source = directory.fileURL(name) else { continue }
-                let destination = output.appendingPathComponent(name)
-                if source.standardizedFileURL == destination.standardizedFileURL { continue }
-                try? FileManager.default.removeItem(at: destination)
-                try FileManager.default.copyItem(at: source, to: destination)
-            }
-        } catch {
-            throw CheckpointError.unwritable(path: output.path, reason: error.localizedDescription)
-        }
+        try writeCheckpoint(from: directory, store: store, replacing: Dictionary(uniqueKeysWithValues: parameters.map { ($0.name, $0.value) }),
+                            to: output)
     }
 
     private func value(_ name: String) -> Tensor { byName[name]!.value }

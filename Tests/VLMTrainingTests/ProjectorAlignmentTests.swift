@@ -1,0 +1,77 @@
+import Foundation
+import Testing
+import VLMCheckpoint
+import VLMImages
+import VLMModels
+import VLMTensor
+import VLMTraining
+
+@Suite struct ProjectorAlignmentTests {
+    /// oracle/projector_alignment.py's record of transformers and torch training a LLaVA fixture's projector.
+    struct Record: Decodable {
+        struct Settings: Decodable {
+            let learning_rate, weight_decay, adam_beta1, adam_beta2, adam_epsilon, max_grad_norm: Float
+            let warmup_steps, steps: Int
+        }
+        let settings: Settings
+        let photos: [String]
+        let input_ids: [[Int]]
+        let attention_mask: [[Int]]
+        let labels: [[Int]]
+        let losses: [Float]
+        let gradient_norms: [Float]
+        let final_loss: Float
+        let decayed: [String]
+        let not_decayed: [String]
+    }
+
+    /// Every step's loss and gradient norm, the first step's gradients and the parameters after the last step, against
+    /// torch's autograd through the frozen language model (a Llama decoder with grouped-query attention and a tied
+    /// head; a Qwen2 decoder with q/k/v biases reading three vision layers) and AdamW as Trainer steps it, on a
+    /// right-padded batch of two images and answers.
+    @Test(arguments: ["llava/llama-default-fp16", "llava/qwen2-layers-full-bf16"])
+    func trainingMatchesTransformers(checkpoint: String) throws {
+        let fixtures = LiTFixture.fixtures
+        let name = checkpoint.replacingOccurrences(of: "/", with: "-")
+        let record = try JSONDecoder().decode(Record.self, from: Data(contentsOf: fixtures.appendingPathComponent("projector-alignment/\(name).json")))
+        let tensors = try SafetensorsFile(url: fixtures.appendingPathComponent("projector-alignment/\(name).safetensors"))
+        let directory = try ModelDirectory(url: fixtures.appendingPathComponent(checkpoint))
+        let alignment = try ProjectorAlignment(directory: directory)
+        #expect(alignment.parameters.filter(\.decays).map(\.name).sorted() == record.decayed)
+        #expect(alignment.parameters.filter { !$0.decays }.map(\.name).sorted() == record.not_decayed)
+
+        let processor = try ImageProcessorRegistry.load(directory: directory.url, modelType: directory.modelType)
+        let pixels = try processor.preprocess(record.photos.map { try ImageDecoder.decode(contentsOf: fixtures.appendingPathComponent($0)) })
+        let features = try alignment.visionFeatures(pixelValues: pixels.pixelValues)
+        var settings = TrainingSettings()
+        settings.learningRate = record.settings.learning_rate
+        settings.weightDecay = record.settings.weight_decay
+        settings.maxGradientNorm = record.settings.max_grad_norm
+        settings.warmupSteps = record.settings.warmup_steps
+        let optimizer = AdamW(parameters: alignment.parameters, settings: settings, totalSteps: record.settings.steps)
+        for step in 0..<record.settings.steps {
+            let loss = try alignment.lossAndGradients(visionFeatures: features, inputIds: record.input_ids,
+                                                      attentionMask: record.attention_mask, labels: record.labels)
+            #expect(abs(loss - record.losses[step]) < 1e-4, "\(name) step \(step): loss \(loss) against \(record.losses[step])")
+            if step == 0 {
+                for parameter in alignment.parameters {
+                    let expected = try tensors.tensor("gradient.\(parameter.name)")
+                    let gradient = try #require(parameter.gradient)
+                    let difference = zip(gradient.scalars, expected.scalars).map { abs($0 - $1) }.max() ?? 0
+                    #expect(gradient.shape == expected.shape && difference < 1e-4, "\(name): gradient of \(parameter.name) off by \(difference)")
+                }
+            }
+            let norm = optimizer.step()
+            #expect(abs(norm - record.gradient_norms[step]) < 1e-4 * max(1, record.gradient_norms[step]),
+                    "\(name) step \(step): gradient norm \(norm) against \(record.gradient_norms[step])")
+        }
+        for parameter in alignment.parameters {
+            let expected = try tensors.tensor("trained.\(parameter.name)")
+            let difference = zip(parameter.value.scalars, expected.scalars).map { abs($0 - $1) }.max() ?? 0
+            #expect(difference < 1e-4, "\(name): \(parameter.name) after training off by \(difference)")
+        }
+        let final = try alignment.loss(visionFeatures: features, inputIds: record.input_ids, attentionMask: record.attention_mask,
+                                       labels: record.labels)
+        #expect(abs(final - record.final_loss) < 1e-4, "\(name): final loss \(final) against \(record.final_loss)")
+    }
+}
