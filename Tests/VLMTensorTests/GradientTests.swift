@@ -70,6 +70,29 @@ import Testing
         Self.expectGradient(gradients.bias, Self.numericGradient({ layerNorm(x, weight: w, bias: $0, eps: 1e-5) }, at: b, weights: r), "bias")
     }
 
+    @Test func rmsNormGradient() {
+        let x = Self.tensor([70, 6], seed: 20, scale: 2), w = Self.tensor([6], seed: 21), r = Self.tensor([70, 6], seed: 22)
+        let analytic = rmsNormBackward(r, input: x, weight: w, eps: 1e-6)
+        let firstRows = Tensor(shape: [2, 6], scalars: Array(x.scalars[0..<12]))
+        Self.expectGradient(Tensor(shape: [12], scalars: Array(analytic.scalars[0..<12])),
+                            Self.numericGradient({ rmsNorm($0, weight: w, eps: 1e-6) }, at: firstRows,
+                                                 weights: Tensor(shape: [2, 6], scalars: Array(r.scalars[0..<12]))), "rmsNorm")
+    }
+
+    @Test func rotaryAndRepeatedHeadGradients() {
+        let x = Self.tensor([2, 3, 8], seed: 23), r = Self.tensor([2, 3, 8], seed: 24)
+        let tables = rotaryTables(positions: [0, 1, 2, 0, 1, 2], inverseFrequencies: [1, 0.1])
+        Self.expectGradient(applyRotaryEmbeddingBackward(r, heads: 2, cos: tables.cos, sin: tables.sin),
+                            Self.numericGradient({ applyRotaryEmbedding($0, heads: 2, cos: tables.cos, sin: tables.sin) }, at: x, weights: r),
+                            "rotary")
+        let keys = Self.tensor([2, 3, 4], seed: 25), repeated = Self.tensor([2, 3, 8], seed: 26)
+        #expect(repeatingKeyValueHeads(keys, keyHeads: 2, heads: 4).scalars[0..<8].elementsEqual(
+            keys.scalars[0..<2] + keys.scalars[0..<2] + keys.scalars[2..<4] + keys.scalars[2..<4]))
+        Self.expectGradient(repeatingKeyValueHeadsBackward(repeated, keyHeads: 2, heads: 4),
+                            Self.numericGradient({ repeatingKeyValueHeads($0, keyHeads: 2, heads: 4) }, at: keys, weights: repeated),
+                            "repeated heads")
+    }
+
     @Test func l2NormalizedGradient() {
         let x = Self.tensor([3, 5], seed: 10), r = Self.tensor([3, 5], seed: 11)
         Self.expectGradient(l2NormalizedBackward(r, input: x), Self.numericGradient(l2Normalized, at: x, weights: r), "l2Normalized")
