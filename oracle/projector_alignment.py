@@ -1,14 +1,16 @@
 """Projector alignment: what transformers and torch compute when a LLaVA checkpoint's multimodal projector is trained
 with its vision tower and language model frozen (LLaVA's first training stage).
 
-Run by hand from the repository root with the oracle venv (oracle/requirements.txt), after oracle/llava.py has
-written its checkpoints:
+Run by hand from the repository root with the oracle venv (oracle/requirements.txt), after oracle/image_chat.py has
+written its checkpoints (LLaVA fixtures with multimodal chat templates):
 
     python oracle/projector_alignment.py    # → Tests/Fixtures/projector-alignment/<checkpoint>.json and .safetensors
 
-For each LLaVA fixture, a batch of its first two requests' photos and prompts with an answer appended to each
-(different lengths, right-padded), tokenized by the checkpoint's processor; labels -100 over each prompt and the
-padding, the answer's ids after. `model(**inputs, labels=labels).loss` minimized over `multi_modal_projector.*` alone,
+For each fixture, a batch of two conversations, each a user turn holding a photo and an instruction and the
+assistant's caption of it (different lengths), rendered and tokenized by the checkpoint's processor
+(`apply_chat_template(..., tokenize=True)`, right-padded); labels -100 over each conversation's prompt (the user turn
+with the generation prompt, as `apply_chat_template(..., add_generation_prompt=True)` gives it) and the padding, the
+reply's ids after. `model(**inputs, labels=labels).loss` minimized over `multi_modal_projector.*` alone,
 as transformers' Trainer takes a step: torch.optim.AdamW over two groups (weight decay on the weights, not the
 biases: Trainer's `get_decay_parameter_names`), `clip_grad_norm_` to `max_grad_norm`, the linear schedule with
 warmup. Recorded: the ids, mask and labels, each step's loss and gradient norm (before clipping), the first step's
@@ -26,8 +28,9 @@ from transformers.trainer_pt_utils import get_parameter_names
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "Tests", "Fixtures")
-CHECKPOINTS = ["llava/llama-default-fp16", "llava/qwen2-layers-full-bf16"]
-ANSWERS = [" A cat is lying on a blanket.", " coffee"]
+CHECKPOINTS = ["image-chat/llava-1.5", "image-chat/chatml"]
+EXAMPLES = [("photos/chelsea.png", "A cat is lying on a blanket."), ("photos/coffee.png", "A cup of coffee on a saucer, seen from above.")]
+INSTRUCTION = "Describe the image briefly."
 SETTINGS = dict(learning_rate=2e-2, weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8,
                 max_grad_norm=1.0, warmup_steps=1, steps=5)
 NO_DECAY_PATTERNS = [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]
@@ -43,20 +46,29 @@ def checkpoint_name(module_name, saved_names):
 
 def train(checkpoint):
     directory = os.path.join(FIXTURES, checkpoint)
-    expected = json.load(open(os.path.join(directory, "expected.json")))
-    requests = expected["requests"][:2]
-    photos = [r["image"] if "/" in r["image"] else "photos/" + r["image"] for r in requests]
-    images = [Image.open(os.path.join(FIXTURES, p)).convert("RGB") for p in photos]
     processor = AutoProcessor.from_pretrained(directory)
     processor.tokenizer.padding_side = "right"
-    prompts = [processor(images=i, text=r["prompt"], return_tensors="pt").input_ids[0].tolist() for i, r in zip(images, requests)]
-    texts = [r["prompt"] + a for r, a in zip(requests, ANSWERS)]
-    inputs = processor(images=images, text=texts, padding=True, return_tensors="pt")
+
+    def conversation(photo, caption=None):
+        turns = [dict(role="user", content=[dict(type="image", path=os.path.join(FIXTURES, photo)),
+                                              dict(type="text", text=INSTRUCTION)])]
+        if caption is not None:
+            turns.append(dict(role="assistant", content=[dict(type="text", text=caption)]))
+        return turns
+
+    prompts = [processor.apply_chat_template(conversation(photo), add_generation_prompt=True, tokenize=True,
+                                             return_dict=True)["input_ids"][0] for photo, _ in EXAMPLES]
+    inputs = processor.apply_chat_template([conversation(photo, caption) for photo, caption in EXAMPLES], tokenize=True,
+                                           return_dict=True, padding=True, return_tensors="pt")
+    texts = processor.apply_chat_template([conversation(photo, caption) for photo, caption in EXAMPLES], tokenize=False)
+    photos = [photo for photo, _ in EXAMPLES]
     labels = []
     for row, prompt in enumerate(prompts):
+        prompt = list(prompt)
         ids, mask = inputs.input_ids[row].tolist(), inputs.attention_mask[row].tolist()
         assert ids[:len(prompt)] == prompt
         labels.append([-100 if i < len(prompt) or not m else t for i, (t, m) in enumerate(zip(ids, mask))])
+    inputs = {k: v for k, v in inputs.items() if k in ("input_ids", "attention_mask", "pixel_values")}
 
     model = LlavaForConditionalGeneration.from_pretrained(directory, dtype=torch.float32)
     model.train()
@@ -95,8 +107,8 @@ def train(checkpoint):
     tensors.update({f"trained.{checkpoint_name(n, saved_names)}": p.detach().clone() for n, p in trained.items()})
     save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(out, f"{name}.safetensors"))
     with open(os.path.join(out, f"{name}.json"), "w") as f:
-        json.dump(dict(settings=SETTINGS, photos=photos, texts=texts, input_ids=inputs.input_ids.tolist(),
-                       attention_mask=inputs.attention_mask.tolist(), labels=labels, losses=losses, gradient_norms=norms,
+        json.dump(dict(settings=SETTINGS, photos=photos, instruction=INSTRUCTION, captions=[c for _, c in EXAMPLES],
+                       texts=texts, input_ids=inputs["input_ids"].tolist(), attention_mask=inputs["attention_mask"].tolist(), labels=labels, losses=losses, gradient_norms=norms,
                        final_loss=final_loss,
                        decayed=sorted(checkpoint_name(n, saved_names) for n in trained if n in decay),
                        not_decayed=sorted(checkpoint_name(n, saved_names) for n in trained if n not in decay)), f, indent=1)

@@ -110,14 +110,16 @@ public final class ImageTextToTextPipeline: Sendable {
         return (ids, embeds, key)
     }
 
-    /// The conversation's prompt ids: the chat template rendered with the generation prompt, its i-th image marker
-    /// expanded into `imageTokenCounts[i]` image tokens, the text tokenized with the tokenizer's special tokens unless
-    /// the template already wrote the bos token (as transformers' processors do).
+    /// The conversation's prompt ids: the chat template rendered with the generation prompt (without it when
+    /// `addGenerationPrompt` is false: a whole conversation to train on), its i-th image marker expanded into
+    /// `imageTokenCounts[i]` image tokens, the text tokenized with the tokenizer's special tokens unless the template
+    /// already wrote the bos token (as transformers' processors do).
     ///
     /// - Throws: `PipelineError.imageCountMismatch` when the template wrote a different number of markers than
     ///   there are images.
-    public func promptIds(_ messages: [JSONValue], imageTokenCounts: [Int]) throws -> [Int] {
-        let rendered = try text.renderChat(imagePartsAsText ? messages.map(contentAsText) : messages)
+    public func promptIds(_ messages: [JSONValue], imageTokenCounts: [Int], addGenerationPrompt: Bool = true) throws -> [Int] {
+        let rendered = try text.renderChat(imagePartsAsText ? messages.map(contentAsText) : messages,
+                                           addGenerationPrompt: addGenerationPrompt)
         let pieces = rendered.components(separatedBy: processor.imageToken)
         guard pieces.count - 1 == imageTokenCounts.count else {
             throw PipelineError.imageCountMismatch(markers: pieces.count - 1, images: imageTokenCounts.count,

@@ -111,9 +111,9 @@ public final class TextGenerationPipeline: Sendable {
     }
 
     /// `apply_chat_template(messages, add_generation_prompt=True, tokenize=False)`.
-    func renderChat(_ messages: [JSONValue]) throws -> String {
+    func renderChat(_ messages: [JSONValue], addGenerationPrompt: Bool = true) throws -> String {
         guard let chatTemplate else { throw PipelineError.noChatTemplate }
-        return try chatTemplate.render(messages: messages, addGenerationPrompt: true,
+        return try chatTemplate.render(messages: messages, addGenerationPrompt: addGenerationPrompt,
                                        bosToken: tokenizer.bosTokenId.flatMap(tokenizer.token),
                                        eosToken: tokenizer.eosTokenId.flatMap(tokenizer.token))
     }

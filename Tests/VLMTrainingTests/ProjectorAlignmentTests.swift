@@ -26,10 +26,10 @@ import VLMTraining
     }
 
     /// Every step's loss and gradient norm, the first step's gradients and the parameters after the last step, against
-    /// torch's autograd through the frozen language model (a Llama decoder with grouped-query attention and a tied
-    /// head; a Qwen2 decoder with q/k/v biases reading three vision layers) and AdamW as Trainer steps it, on a
-    /// right-padded batch of two images and answers.
-    @Test(arguments: ["llava/llama-default-fp16", "llava/qwen2-layers-full-bf16"])
+    /// torch's autograd through the frozen language model (a Llama decoder with grouped-query attention and projector
+    /// biases; a Qwen2 decoder with q/k/v biases reading three vision layers, no projector biases) and AdamW as
+    /// Trainer steps it, on a right-padded batch of two chat-templated conversations about a photo each.
+    @Test(arguments: ["image-chat/llava-1.5", "image-chat/chatml"])
     func trainingMatchesTransformers(checkpoint: String) throws {
         let fixtures = LiTFixture.fixtures
         let name = checkpoint.replacingOccurrences(of: "/", with: "-")
