@@ -34,8 +34,8 @@ func writeCheckpoint(from directory: ModelDirectory, store: WeightStore, replaci
             guard let source = directory.fileURL(name) else { continue }
             let destination = output.appendingPathComponent(name)
             if source.standardizedFileURL == destination.standardizedFileURL { continue }
-            try? FileManager.default.removeItem(at: destination)
-            try FileManager.default.copyItem(at: source, to: destination)
+            // The file's bytes, not a link: a checkpoint's files may be links (the Hugging Face cache's, relative ones).
+            try Data(contentsOf: source.resolvingSymlinksInPath()).write(to: destination, options: .atomic)
         }
     } catch {
         throw CheckpointError.unwritable(path: output.path, reason: error.localizedDescription)

@@ -5,32 +5,19 @@ import SwiftVLM
 struct Train: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Train a checkpoint with one of transformers' training recipes.",
-        subcommands: [LockedImageTextTuningCommand.self])
+        subcommands: [LockedImageTextTuningCommand.self, ProjectorAlignmentCommand.self])
 }
 
-struct LockedImageTextTuningCommand: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(
-        commandName: "lit",
-        abstract: "Locked-image text tuning: train a CLIP, SigLIP or SigLIP 2 checkpoint's text side on image-text pairs, its image tower frozen.",
-        discussion: """
-            The data is a directory laid out as datasets' imagefolder: the images and a metadata.jsonl (or \
-            metadata.csv) whose file_name column names each image and whose text column holds its caption. The \
-            text transformer, its projection and the logit scale (and SigLIP's logit bias) are trained by the model's \
-            contrastive loss (CLIP's softmax loss, SigLIP's sigmoid loss) with AdamW as \
-            transformers' Trainer does it (weight decay on all but biases and LayerNorm parameters, gradients clipped \
-            to --max-grad-norm, linear schedule after --warmup-steps); the defaults are TrainingArguments'. The tuned \
-            checkpoint (config, fp32 weights, tokenizer and preprocessor files) is written to --out.
-            """)
-
-    @OptionGroup var options: ModelOption
-
+/// What every training command takes: the data, where the result goes, and transformers' TrainingArguments for the
+/// optimizer, schedule and loop, with its defaults.
+struct TrainingOptions: ParsableArguments {
     @Option(help: "The dataset directory (imagefolder layout with metadata.jsonl or metadata.csv).")
     var data: String
 
     @Option(help: "The metadata column holding each image's caption.")
     var textColumn = "text"
 
-    @Option(help: "Where to write the tuned checkpoint (a directory).")
+    @Option(help: "Where to write the trained checkpoint (a directory).")
     var out: String
 
     @Flag(help: "Write into --out even if it holds a checkpoint already.")
@@ -75,14 +62,7 @@ struct LockedImageTextTuningCommand: AsyncParsableCommand {
         }
     }
 
-    func run() async throws {
-        let output = URL(fileURLWithPath: out)
-        let existing = output.appendingPathComponent("config.json")
-        if !force, FileManager.default.fileExists(atPath: existing.path) {
-            throw TrainError.exists(existing.path)
-        }
-        let dataset = try ImageTextDataset(directory: URL(fileURLWithPath: data), textColumn: textColumn)
-        let pipeline = try LockedImageTextTuningPipeline(directory: try await options.directory())
+    var settings: TrainingSettings {
         var settings = TrainingSettings()
         settings.batchSize = batchSize
         settings.epochs = epochs
@@ -92,12 +72,26 @@ struct LockedImageTextTuningCommand: AsyncParsableCommand {
         settings.warmupSteps = warmupSteps
         settings.maxGradientNorm = maxGradNorm > 0 ? maxGradNorm : nil
         settings.shuffleSeed = noShuffle ? nil : seed
-        let totalSteps = settings.totalSteps(examples: dataset.pairs.count)
-        let run = try pipeline.train(dataset, settings: settings) { entry in
+        return settings
+    }
+
+    /// The dataset, after refusing an --out that holds a checkpoint unless --force.
+    func dataset() throws -> ImageTextDataset {
+        let existing = URL(fileURLWithPath: out).appendingPathComponent("config.json")
+        if !force, FileManager.default.fileExists(atPath: existing.path) {
+            throw TrainError.exists(existing.path)
+        }
+        return try ImageTextDataset(directory: URL(fileURLWithPath: data), textColumn: textColumn)
+    }
+
+    /// Runs `train` with a line per step (unless --json), saves with `save`, then prints the run.
+    func run(examples: Int, _ train: ((TrainingLogEntry) -> Void) throws -> TrainingRun, save: (URL) throws -> Void) throws {
+        let totalSteps = settings.totalSteps(examples: examples)
+        let run = try train { entry in
             guard !json else { return }
             print("step \(entry.step)/\(totalSteps)  epoch \(String(format: "%.2f", entry.epoch))  loss \(formatted(entry.loss))  grad_norm \(formatted(entry.gradientNorm))  learning_rate \(String(format: "%.3g", Double(entry.learningRate)))")
         }
-        try pipeline.save(to: output)
+        try save(URL(fileURLWithPath: out))
         if json {
             try printJSON(Summary(
                 log_history: run.history.map {
@@ -126,6 +120,59 @@ struct LockedImageTextTuningCommand: AsyncParsableCommand {
         let loss: Float
         let grad_norm: Float
         let learning_rate: Float
+    }
+}
+
+struct LockedImageTextTuningCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "lit",
+        abstract: "Locked-image text tuning: train a CLIP, SigLIP or SigLIP 2 checkpoint's text side on image-text pairs, its image tower frozen.",
+        discussion: """
+            The data is a directory laid out as datasets' imagefolder: the images and a metadata.jsonl (or \
+            metadata.csv) whose file_name column names each image and whose text column holds its caption. The \
+            text transformer, its projection and the logit scale (and SigLIP's logit bias) are trained by the model's \
+            contrastive loss (CLIP's softmax loss, SigLIP's sigmoid loss) with AdamW as \
+            transformers' Trainer does it (weight decay on all but biases and LayerNorm parameters, gradients clipped \
+            to --max-grad-norm, linear schedule after --warmup-steps); the defaults are TrainingArguments'. The tuned \
+            checkpoint (config, fp32 weights, tokenizer and preprocessor files) is written to --out.
+            """)
+
+    @OptionGroup var options: ModelOption
+    @OptionGroup var training: TrainingOptions
+
+    func run() async throws {
+        let dataset = try training.dataset()
+        let pipeline = try LockedImageTextTuningPipeline(directory: try await options.directory())
+        try training.run(examples: dataset.pairs.count, { try pipeline.train(dataset, settings: training.settings, log: $0) },
+                         save: pipeline.save)
+    }
+}
+
+struct ProjectorAlignmentCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "projector",
+        abstract: "Projector alignment: train a LLaVA checkpoint's multimodal projector on image-caption pairs, the vision tower and language model frozen.",
+        discussion: """
+            LLaVA's first training stage. The data is an imagefolder directory as for `vlm train lit`. Each pair \
+            becomes a conversation rendered through the checkpoint's chat template (a user turn holding the image, \
+            and --instruction when given; the caption as the assistant's reply), tokenized as transformers' \
+            processor does, and only the reply's tokens are scored by the language model. Only the projector learns, \
+            by AdamW as transformers' Trainer steps it; the defaults are TrainingArguments'. The aligned checkpoint \
+            (config, fp32 weights, processor, tokenizer and chat template files) is written to --out.
+            """)
+
+    @OptionGroup var options: ModelOption
+    @OptionGroup var training: TrainingOptions
+
+    @Option(help: "The user turn's text beside the image (none by default: the image alone).")
+    var instruction: String?
+
+    func run() async throws {
+        let dataset = try training.dataset()
+        let pipeline = try ProjectorAlignmentPipeline(directory: try await options.directory())
+        try training.run(examples: dataset.pairs.count,
+                         { try pipeline.train(dataset, instruction: instruction, settings: training.settings, log: $0) },
+                         save: pipeline.save)
     }
 }
 

@@ -75,4 +75,45 @@ import Testing
         #expect(notCLIP.stderr.contains("model_type \"owlvit\" is not supported here (supported: clip, siglip, siglip2)"), "\(notCLIP.stderr)")
         #expect(notCLIP.stderr.split(separator: "\n").count == 1)
     }
+
+    @Test func projectorLogsTrainersLossesAndWritesACheckpointThatChats() throws {
+        defer { try? FileManager.default.removeItem(at: work) }
+        struct Record: Decodable {
+            struct Settings: Decodable { let learning_rate, weight_decay: Float; let warmup_steps, steps: Int }
+            let settings: Settings
+            let photos: [String]
+            let instruction: String
+            let captions: [String]
+            let losses: [Float]
+        }
+        let record = try JSONDecoder().decode(Record.self, from: Data(contentsOf: CLI.fixtures.appendingPathComponent("projector-alignment/image-chat-llava-1.5.json")))
+        let data = work.appendingPathComponent("captions")
+        try FileManager.default.createDirectory(at: data, withIntermediateDirectories: true)
+        var rows: [String] = []
+        for (photo, caption) in zip(record.photos, record.captions) {
+            let name = (photo as NSString).lastPathComponent
+            try FileManager.default.copyItem(at: CLI.fixtures.appendingPathComponent(photo), to: data.appendingPathComponent(name))
+            rows.append(String(decoding: try JSONSerialization.data(withJSONObject: ["file_name": name, "text": caption]), as: UTF8.self))
+        }
+        try rows.joined(separator: "\n").write(to: data.appendingPathComponent("metadata.jsonl"), atomically: true, encoding: .utf8)
+        let out = work.appendingPathComponent("aligned").path
+        let run = try CLI.run(["train", "projector", "--model", CLI.fixtures.appendingPathComponent("image-chat/llava-1.5").path,
+                               "--data", data.path, "--out", out, "--instruction", record.instruction, "--batch-size", "2",
+                               "--max-steps", "\(record.settings.steps)", "--learning-rate", "\(record.settings.learning_rate)",
+                               "--weight-decay", "\(record.settings.weight_decay)", "--warmup-steps", "\(record.settings.warmup_steps)",
+                               "--no-shuffle", "--json"])
+        #expect(run.status == 0, "\(run.stderr)")
+        let summary = try #require(try CLI.json(run) as? [String: Any])
+        let losses = try #require((summary["log_history"] as? [[String: Any]])?.compactMap { $0["loss"] as? Double })
+        #expect(losses.count == record.losses.count)
+        for (loss, expected) in zip(losses, record.losses) { #expect(abs(loss - Double(expected)) < 1e-4) }
+
+        // The aligned checkpoint answers through its chat template.
+        let chat = try CLI.run(["generate", "--model", out, "--image", data.appendingPathComponent("chelsea.png").path,
+                                "--prompt", "What is this?", "--max-new-tokens", "3", "--temperature", "0", "--json"])
+        #expect(chat.status == 0, "\(chat.stderr)")
+        let notLlava = try CLI.run(["train", "projector", "--model", model.path, "--data", data.path, "--out", work.path + "/x"])
+        #expect(notLlava.status == 1)
+        #expect(notLlava.stderr.contains("model_type \"clip\" is not supported here (supported: llava)"), "\(notLlava.stderr)")
+    }
 }
