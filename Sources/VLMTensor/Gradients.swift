@@ -1,3 +1,4 @@
+internal import CVLMKernels
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
@@ -207,6 +208,7 @@ public struct AttentionForTraining: Sendable {
 
 /// Multi-head self-attention as ``attention(query:key:value:heads:causal:keyPaddingMask:scale:precision:)`` computes
 /// it with `Tq = Tk = T` and the default scale, keeping the probabilities for ``attentionBackward(_:query:key:value:probabilities:heads:)``.
+/// Each item's heads run in parallel, their products through `vlm_gemm` on the heads' strided columns.
 public func attentionForTraining(query: Tensor, key: Tensor, value: Tensor, heads: Int, causal: Bool,
                                  keyPaddingMask: Tensor?) -> AttentionForTraining {
     precondition(query.rank == 3 && query.shape == key.shape && key.shape == value.shape && query.shape[2] % heads == 0,
@@ -218,39 +220,35 @@ public func attentionForTraining(query: Tensor, key: Tensor, value: Tensor, head
     let output = Tensor(uninitialized: query.shape)
     let probabilities = Tensor(uninitialized: [batch, heads, length, length])
     parallelFor(batch * heads) { unit in
-        let (q, k, v) = (query.storage.pointer, key.storage.pointer, value.storage.pointer)
-        let (out, p) = (output.storage.pointer, probabilities.storage.pointer)
-        let mask = keyPaddingMask?.storage.pointer
         let (item, head) = (unit / heads, unit % heads)
         let base = item * length * width + head * headDim
+        let weights = probabilities.storage.pointer + unit * length * length
+        // Scores q·kᵀ, then per row the scale, the masks and the softmax, in place.
+        precondition(vlm_gemm(length, length, headDim, query.storage.pointer + base, width, key.storage.pointer + base, width, 1,
+                              weights, length) == 0, "out of memory for GEMM scratch")
+        let mask = keyPaddingMask?.storage.pointer
         for row in 0..<length {
-            let weights = p + (unit * length + row) * length
+            let scores = weights + row * length
             var largest = -Float.infinity
             for column in 0..<length {
                 let visible = (!causal || column <= row) && (mask.map { $0[item * length + column] != 0 } ?? true)
-                guard visible else { weights[column] = -.infinity; continue }
-                var dot: Float = 0
-                for i in 0..<headDim { dot += q[base + row * width + i] * k[base + column * width + i] }
-                weights[column] = dot * scale
-                largest = max(largest, weights[column])
+                scores[column] = visible ? scores[column] * scale : -.infinity
+                largest = max(largest, scores[column])
             }
             if largest == -.infinity {
                 // No key to attend to: every value alike, as transformers' eager attention's additive mask gives.
-                for column in 0..<length { weights[column] = 1 / Float(length) }
-            } else {
-                var sum: Float = 0
-                for column in 0..<length {
-                    weights[column] = weights[column] == -.infinity ? 0 : exp(weights[column] - largest)
-                    sum += weights[column]
-                }
-                for column in 0..<length { weights[column] /= sum }
+                for column in 0..<length { scores[column] = 1 / Float(length) }
+                continue
             }
-            let destination = out + base + row * width
-            for i in 0..<headDim { destination[i] = 0 }
-            for column in 0..<length where weights[column] != 0 {
-                for i in 0..<headDim { destination[i] += weights[column] * v[base + column * width + i] }
+            var sum: Float = 0
+            for column in 0..<length {
+                scores[column] = scores[column] == -.infinity ? 0 : exp(scores[column] - largest)
+                sum += scores[column]
             }
+            for column in 0..<length { scores[column] /= sum }
         }
+        precondition(vlm_gemm(length, headDim, length, weights, length, value.storage.pointer + base, width, 0,
+                              output.storage.pointer + base, width) == 0, "out of memory for GEMM scratch")
     }
     return AttentionForTraining(output: output, probabilities: probabilities)
 }
@@ -264,7 +262,8 @@ public struct AttentionGradients: Sendable {
 
 /// The gradients of ``attentionForTraining(query:key:value:heads:causal:keyPaddingMask:)`` from its inputs, its
 /// probabilities and the gradient of its output: per item and head, `dV = Pᵀ·dO`, `dP = dO·Vᵀ`,
-/// `dS = P ⊙ (dP − rowsum(dP ⊙ P))`, `dQ = dS·K·scale`, `dK = dSᵀ·Q·scale`.
+/// `dS = P ⊙ (dP − rowsum(dP ⊙ P))`, `dQ = dS·K·scale`, `dK = dSᵀ·Q·scale`; the heads in parallel, their products
+/// through `vlm_gemm`.
 public func attentionBackward(_ outputGradient: Tensor, query: Tensor, key: Tensor, value: Tensor,
                               probabilities: Tensor, heads: Int) -> AttentionGradients {
     let (batch, length, width) = (query.shape[0], query.shape[1], query.shape[2])
@@ -272,37 +271,42 @@ public func attentionBackward(_ outputGradient: Tensor, query: Tensor, key: Tens
                  "attention gradient \(outputGradient.shape), probabilities \(probabilities.shape) for query \(query.shape)")
     let headDim = width / heads
     let scale = 1 / Float(headDim).squareRoot()
-    let dQuery = Tensor(zeros: query.shape), dKey = Tensor(zeros: key.shape), dValue = Tensor(zeros: value.shape)
+    let dQuery = Tensor(uninitialized: query.shape), dKey = Tensor(uninitialized: key.shape)
+    let dValue = Tensor(uninitialized: value.shape)
     // Each unit writes only its own head's columns of its own item.
     parallelFor(batch * heads) { unit in
-        let (q, k, v, p, dOut) = (query.storage.pointer, key.storage.pointer, value.storage.pointer,
-                                  probabilities.storage.pointer, outputGradient.storage.pointer)
-        let (dq, dk, dv) = (dQuery.storage.pointer, dKey.storage.pointer, dValue.storage.pointer)
-        let (item, head) = (unit / heads, unit % heads)
-        let base = item * length * width + head * headDim
-        var scoreGradient = [Float](repeating: 0, count: length)
-        for row in 0..<length {
-            let weights = p + (unit * length + row) * length
-            let dRow = dOut + base + row * width
-            var weighted: Float = 0
-            for column in 0..<length {
-                var dot: Float = 0
-                for i in 0..<headDim { dot += dRow[i] * v[base + column * width + i] }
-                scoreGradient[column] = dot
-                weighted += dot * weights[column]
-                if weights[column] != 0 {
-                    for i in 0..<headDim { dv[base + column * width + i] += weights[column] * dRow[i] }
-                }
-            }
-            for column in 0..<length {
-                let ds = weights[column] * (scoreGradient[column] - weighted) * scale
-                guard ds != 0 else { continue }
-                for i in 0..<headDim {
-                    dq[base + row * width + i] += ds * k[base + column * width + i]
-                    dk[base + column * width + i] += ds * q[base + row * width + i]
-                }
+        let base = (unit / heads) * length * width + (unit % heads) * headDim
+        let weights = probabilities.storage.pointer + unit * length * length
+        let scratch = UnsafeMutablePointer<Float>.allocate(capacity: 2 * length * length)
+        defer { scratch.deallocate() }
+        let (scoreGradient, transposed) = (scratch, scratch + length * length)
+        func gemm(_ m: Int, _ n: Int, _ k: Int, _ a: UnsafePointer<Float>, _ lda: Int, _ b: UnsafePointer<Float>, _ ldb: Int,
+                  transposeB: Bool, _ c: UnsafeMutablePointer<Float>, _ ldc: Int) {
+            precondition(vlm_gemm(m, n, k, a, lda, b, ldb, transposeB ? 1 : 0, c, ldc) == 0, "out of memory for GEMM scratch")
+        }
+        func transpose(_ source: UnsafePointer<Float>) {
+            for row in 0..<length {
+                for column in 0..<length { transposed[column * length + row] = source[row * length + column] }
             }
         }
+        let dOut = outputGradient.storage.pointer + base
+        // dV = Pᵀ·dO.
+        transpose(weights)
+        gemm(length, headDim, length, transposed, length, dOut, width, transposeB: false, dValue.storage.pointer + base, width)
+        // dP = dO·Vᵀ, then dS = P ⊙ (dP − rowsum(dP ⊙ P)), scaled.
+        gemm(length, length, headDim, dOut, width, value.storage.pointer + base, width, transposeB: true, scoreGradient, length)
+        for row in 0..<length {
+            let p = weights + row * length, d = scoreGradient + row * length
+            var weighted: Float = 0
+            for column in 0..<length { weighted += d[column] * p[column] }
+            for column in 0..<length { d[column] = p[column] * (d[column] - weighted) * scale }
+        }
+        // dQ = dS·K, dK = dSᵀ·Q.
+        gemm(length, headDim, length, scoreGradient, length, key.storage.pointer + base, width, transposeB: false,
+             dQuery.storage.pointer + base, width)
+        transpose(scoreGradient)
+        gemm(length, headDim, length, transposed, length, query.storage.pointer + base, width, transposeB: false,
+             dKey.storage.pointer + base, width)
     }
     return AttentionGradients(query: dQuery, key: dKey, value: dValue)
 }
