@@ -205,9 +205,9 @@ extension CausalLanguageModel {
     }
 }
 
-/// transformers' causal language-model loss on `logits` `[B, T, vocabulary]` (``scoredNegativeLogLikelihood``'s
-/// mean) and its gradient with respect to them: at each position whose next label counts, `(softmax − one-hot) / N`
-/// over the N labels that count, zero elsewhere.
+/// transformers' causal language-model loss on `logits` `[B, T, vocabulary]` (the mean cross-entropy of each position
+/// against the next position's label, over the labels that count) and its gradient with respect to them: at each
+/// position whose next label counts, `(softmax − one-hot) / N` over the N labels that count, zero elsewhere.
 ///
 /// - Throws: `ModelError.invalidInput` for labels of another shape than the logits' rows, outside the vocabulary,
 ///   or none that counts.
@@ -218,22 +218,12 @@ public func causalLanguageModelLossGradient(logits: Tensor, labels: [[Int]]) thr
         throw ModelError.invalidInput("labels must have the shape of the input ids")
     }
     try checkLabels(labels, shapedLike: labels, vocabulary: vocabulary)
-    let total = scoredNegativeLogLikelihood(logits, labels: labels, vocabulary: vocabulary)
-    guard total.count > 0 else { throw ModelError.invalidInput("no label counts: every one is \(ignoredLabel) or a row's first") }
-    let gradient = Tensor(zeros: logits.shape)
-    let scores = logits.storage.pointer, g = gradient.storage.pointer
-    for (row, rowLabels) in labels.enumerated() {
-        for position in 0..<max(length - 1, 0) where rowLabels[position + 1] != ignoredLabel {
-            let start = (row * length + position) * vocabulary
-            var largest = -Float.infinity
-            for i in 0..<vocabulary { largest = max(largest, scores[start + i]) }
-            var sum = 0.0
-            for i in 0..<vocabulary { sum += Double(expf(scores[start + i] - largest)) }
-            for i in 0..<vocabulary {
-                g[start + i] = Float(Double(expf(scores[start + i] - largest)) / sum / Double(total.count))
-            }
-            g[start + rowLabels[position + 1]] -= Float(1 / Double(total.count))
-        }
+    // Position t's target is label t + 1; a row's last position has none.
+    let targets: [Int?] = labels.flatMap { row in
+        row.indices.map { $0 + 1 < row.count && row[$0 + 1] != ignoredLabel ? row[$0 + 1] : nil }
     }
-    return (Float(total.mean), gradient)
+    let counted = targets.compactMap { $0 }.count
+    guard counted > 0 else { throw ModelError.invalidInput("no label counts: every one is \(ignoredLabel) or a row's first") }
+    let (losses, gradient) = crossEntropyBackward(logits: logits, targets: targets, scale: 1 / Float(counted))
+    return (Float(losses.compactMap { $0 }.reduce(0, +) / Double(counted)), gradient)
 }

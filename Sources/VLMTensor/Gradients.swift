@@ -211,6 +211,13 @@ public struct AttentionForTraining: Sendable {
 /// Each item's heads run in parallel, their products through `vlm_gemm` on the heads' strided columns.
 public func attentionForTraining(query: Tensor, key: Tensor, value: Tensor, heads: Int, causal: Bool,
                                  keyPaddingMask: Tensor?) -> AttentionForTraining {
+    attentionForTraining(query: query, key: key, value: value, heads: heads, causal: causal, keyPaddingMask: keyPaddingMask,
+                         longSequence: longSequence)
+}
+
+/// - Parameter longSequence: the length from which each head's products go through oneDNN one head at a time.
+func attentionForTraining(query: Tensor, key: Tensor, value: Tensor, heads: Int, causal: Bool, keyPaddingMask: Tensor?,
+                          longSequence: Int) -> AttentionForTraining {
     precondition(query.rank == 3 && query.shape == key.shape && key.shape == value.shape && query.shape[2] % heads == 0,
                  "attention needs query, key and value [B, T, heads·headDim]; got \(query.shape), \(key.shape), \(value.shape)")
     let (batch, length, width) = (query.shape[0], query.shape[1], query.shape[2])
@@ -219,6 +226,20 @@ public func attentionForTraining(query: Tensor, key: Tensor, value: Tensor, head
     let scale = 1 / Float(headDim).squareRoot()
     let output = Tensor(uninitialized: query.shape)
     let probabilities = Tensor(uninitialized: [batch, heads, length, length])
+    if length >= longSequence {
+        for unit in 0..<(batch * heads) {
+            let (item, head) = (unit / heads, unit % heads)
+            let scores = matmul(headSlice(query, item: item, head: head, heads: heads), headSlice(key, item: item, head: head, heads: heads),
+                                transposeB: true)
+            maskScores(scores.storage.pointer, length: length, item: item, scale: scale, causal: causal, keyPaddingMask: keyPaddingMask)
+            let weights = softmax(scores)
+            uniformWhereNothingIsVisible(weights.storage.pointer, scores: scores.storage.pointer, length: length)
+            (probabilities.storage.pointer + unit * length * length).update(from: weights.storage.pointer, count: length * length)
+            storeHeadSlice(matmul(weights, headSlice(value, item: item, head: head, heads: heads)), into: output, item: item,
+                           head: head, heads: heads)
+        }
+        return AttentionForTraining(output: output, probabilities: probabilities)
+    }
     parallelFor(batch * heads) { unit in
         let (item, head) = (unit / heads, unit % heads)
         let base = item * length * width + head * headDim
@@ -226,15 +247,11 @@ public func attentionForTraining(query: Tensor, key: Tensor, value: Tensor, head
         // Scores q·kᵀ, then per row the scale, the masks and the softmax, in place.
         precondition(vlm_gemm(length, length, headDim, query.storage.pointer + base, width, key.storage.pointer + base, width, 1,
                               weights, length) == 0, "out of memory for GEMM scratch")
-        let mask = keyPaddingMask?.storage.pointer
+        maskScores(weights, length: length, item: item, scale: scale, causal: causal, keyPaddingMask: keyPaddingMask)
         for row in 0..<length {
             let scores = weights + row * length
             var largest = -Float.infinity
-            for column in 0..<length {
-                let visible = (!causal || column <= row) && (mask.map { $0[item * length + column] != 0 } ?? true)
-                scores[column] = visible ? scores[column] * scale : -.infinity
-                largest = max(largest, scores[column])
-            }
+            for column in 0..<length { largest = max(largest, scores[column]) }
             if largest == -.infinity {
                 // No key to attend to: every value alike, as transformers' eager attention's additive mask gives.
                 for column in 0..<length { scores[column] = 1 / Float(length) }
@@ -266,6 +283,13 @@ public struct AttentionGradients: Sendable {
 /// through `vlm_gemm`.
 public func attentionBackward(_ outputGradient: Tensor, query: Tensor, key: Tensor, value: Tensor,
                               probabilities: Tensor, heads: Int) -> AttentionGradients {
+    attentionBackward(outputGradient, query: query, key: key, value: value, probabilities: probabilities, heads: heads,
+                      longSequence: longSequence)
+}
+
+/// - Parameter longSequence: the length from which each head's products go through oneDNN one head at a time.
+func attentionBackward(_ outputGradient: Tensor, query: Tensor, key: Tensor, value: Tensor, probabilities: Tensor, heads: Int,
+                       longSequence: Int) -> AttentionGradients {
     let (batch, length, width) = (query.shape[0], query.shape[1], query.shape[2])
     precondition(outputGradient.shape == query.shape && probabilities.shape == [batch, heads, length, length],
                  "attention gradient \(outputGradient.shape), probabilities \(probabilities.shape) for query \(query.shape)")
@@ -273,6 +297,21 @@ public func attentionBackward(_ outputGradient: Tensor, query: Tensor, key: Tens
     let scale = 1 / Float(headDim).squareRoot()
     let dQuery = Tensor(uninitialized: query.shape), dKey = Tensor(uninitialized: key.shape)
     let dValue = Tensor(uninitialized: value.shape)
+    if length >= longSequence {
+        for unit in 0..<(batch * heads) {
+            let (item, head) = (unit / heads, unit % heads)
+            let weights = Tensor(shape: [length, length], scalars: Array(UnsafeBufferPointer(
+                start: probabilities.storage.pointer + unit * length * length, count: length * length)))
+            let outputGradient = headSlice(outputGradient, item: item, head: head, heads: heads)
+            let (q, k) = (headSlice(query, item: item, head: head, heads: heads), headSlice(key, item: item, head: head, heads: heads))
+            storeHeadSlice(matmul(weights, outputGradient, transposeA: true), into: dValue, item: item, head: head, heads: heads)
+            let scoreGradient = matmul(outputGradient, headSlice(value, item: item, head: head, heads: heads), transposeB: true)
+            softmaxBackward(scoreGradient.storage.pointer, probabilities: weights.storage.pointer, length: length, scale: scale)
+            storeHeadSlice(matmul(scoreGradient, k), into: dQuery, item: item, head: head, heads: heads)
+            storeHeadSlice(matmul(scoreGradient, q, transposeA: true), into: dKey, item: item, head: head, heads: heads)
+        }
+        return AttentionGradients(query: dQuery, key: dKey, value: dValue)
+    }
     // Each unit writes only its own head's columns of its own item.
     parallelFor(batch * heads) { unit in
         let base = (unit / heads) * length * width + (unit % heads) * headDim
@@ -295,12 +334,7 @@ public func attentionBackward(_ outputGradient: Tensor, query: Tensor, key: Tens
         gemm(length, headDim, length, transposed, length, dOut, width, transposeB: false, dValue.storage.pointer + base, width)
         // dP = dO·Vᵀ, then dS = P ⊙ (dP − rowsum(dP ⊙ P)), scaled.
         gemm(length, length, headDim, dOut, width, value.storage.pointer + base, width, transposeB: true, scoreGradient, length)
-        for row in 0..<length {
-            let p = weights + row * length, d = scoreGradient + row * length
-            var weighted: Float = 0
-            for column in 0..<length { weighted += d[column] * p[column] }
-            for column in 0..<length { d[column] = p[column] * (d[column] - weighted) * scale }
-        }
+        softmaxBackward(scoreGradient, probabilities: weights, length: length, scale: scale)
         // dQ = dS·K, dK = dSᵀ·Q.
         gemm(length, headDim, length, scoreGradient, length, key.storage.pointer + base, width, transposeB: false,
              dQuery.storage.pointer + base, width)
@@ -309,6 +343,63 @@ public func attentionBackward(_ outputGradient: Tensor, query: Tensor, key: Tens
              dKey.storage.pointer + base, width)
     }
     return AttentionGradients(query: dQuery, key: dKey, value: dValue)
+}
+
+/// From this many positions on, training attention takes each head's products through oneDNN one head after another
+/// (its own threads splitting each product); shorter sequences' products are too small for that to pay, and their
+/// heads run in parallel through `vlm_gemm` instead.
+private let longSequence = 128
+
+/// Scores `[T, T]` scaled, with the positions a query may not see (later ones when `causal`, padded keys) at −∞.
+private func maskScores(_ scores: UnsafeMutablePointer<Float>, length: Int, item: Int, scale: Float, causal: Bool,
+                        keyPaddingMask: Tensor?) {
+    let mask = keyPaddingMask?.storage.pointer
+    for row in 0..<length {
+        for column in 0..<length {
+            let visible = (!causal || column <= row) && (mask.map { $0[item * length + column] != 0 } ?? true)
+            scores[row * length + column] = visible ? scores[row * length + column] * scale : -.infinity
+        }
+    }
+}
+
+/// Rows of `weights` (a softmax of `scores`) whose scores were all −∞ made uniform, as transformers' eager
+/// attention's additive mask leaves them.
+private func uniformWhereNothingIsVisible(_ weights: UnsafeMutablePointer<Float>, scores: UnsafePointer<Float>, length: Int) {
+    for row in 0..<length where (0..<length).allSatisfy({ scores[row * length + $0] == -.infinity }) {
+        for column in 0..<length { weights[row * length + column] = 1 / Float(length) }
+    }
+}
+
+/// `dP` `[T, T]` turned in place into the scores' gradient `P ⊙ (dP − rowsum(dP ⊙ P))`, scaled.
+private func softmaxBackward(_ gradient: UnsafeMutablePointer<Float>, probabilities: UnsafePointer<Float>, length: Int, scale: Float) {
+    for row in 0..<length {
+        let p = probabilities + row * length, d = gradient + row * length
+        var weighted: Float = 0
+        for column in 0..<length { weighted += d[column] * p[column] }
+        for column in 0..<length { d[column] = p[column] * (d[column] - weighted) * scale }
+    }
+}
+
+/// Head `head`'s columns of item `item` of `x [B, T, heads·headDim]`, copied: `[T, headDim]`.
+private func headSlice(_ x: Tensor, item: Int, head: Int, heads: Int) -> Tensor {
+    let (length, width) = (x.shape[1], x.shape[2])
+    let headDim = width / heads
+    let slice = Tensor(uninitialized: [length, headDim])
+    for row in 0..<length {
+        (slice.storage.pointer + row * headDim).update(from: x.storage.pointer + (item * length + row) * width + head * headDim,
+                                                        count: headDim)
+    }
+    return slice
+}
+
+/// `slice [T, headDim]` written into head `head`'s columns of item `item` of `x`.
+private func storeHeadSlice(_ slice: Tensor, into x: Tensor, item: Int, head: Int, heads: Int) {
+    let (length, width) = (x.shape[1], x.shape[2])
+    let headDim = width / heads
+    for row in 0..<length {
+        (x.storage.pointer + (item * length + row) * width + head * headDim).update(from: slice.storage.pointer + row * headDim,
+                                                                                     count: headDim)
+    }
 }
 
 /// The gradient of ``rmsNorm(_:weight:eps:)`` with respect to its input: with `r = 1/√(mean(x²) + eps)` and
@@ -379,4 +470,35 @@ public func repeatingKeyValueHeadsBackward(_ outputGradient: Tensor, keyHeads: I
 /// so its gradient is the gradient rotated back (by `−sin`).
 public func applyRotaryEmbeddingBackward(_ outputGradient: Tensor, heads: Int, cos: Tensor, sin: Tensor) -> Tensor {
     applyRotaryEmbedding(outputGradient, heads: heads, cos: cos, sin: scaled(sin, by: -1))
+}
+
+/// The cross-entropy of rows of `logits` `[N, V]` against their targets (nil: the row does not count) and its gradient
+/// with respect to the logits, `(softmax − one-hot) · scale` on the counted rows and 0 elsewhere: each row's
+/// exponentials computed once, the rows split over the cores. Returns each counted row's negative log-likelihood
+/// (log Σ e^x − x[target], in Double from fp32 exponentials), nil for the others.
+public func crossEntropyBackward(logits: Tensor, targets: [Int?], scale: Float) -> (negativeLogLikelihoods: [Double?], gradient: Tensor) {
+    let vocabulary = logits.shape.last ?? 0
+    precondition(logits.count == targets.count * vocabulary && targets.allSatisfy { ($0 ?? 0) >= 0 && ($0 ?? 0) < vocabulary },
+                 "cross-entropy of logits \(logits.shape) against \(targets.count) targets")
+    let gradient = Tensor(uninitialized: logits.shape)
+    let losses = Tensor(uninitialized: [targets.count])
+    parallelFor(targets.count) { row in
+        let x = logits.storage.pointer + row * vocabulary, g = gradient.storage.pointer + row * vocabulary
+        guard let target = targets[row] else {
+            g.update(repeating: 0, count: vocabulary)
+            return
+        }
+        var largest = -Float.infinity
+        for i in 0..<vocabulary { largest = max(largest, x[i]) }
+        var sum = 0.0
+        for i in 0..<vocabulary {
+            g[i] = exp(x[i] - largest)
+            sum += Double(g[i])
+        }
+        let factor = Float(1 / sum) * scale
+        for i in 0..<vocabulary { g[i] *= factor }
+        g[target] -= scale
+        losses.storage.pointer[row] = Float(log(sum) + Double(largest) - Double(x[target]))
+    }
+    return (targets.enumerated().map { $0.element == nil ? nil : Double(losses.storage.pointer[$0.offset]) }, gradient)
 }

@@ -1,3 +1,4 @@
+import Foundation
 import Testing
 @testable import VLMTensor
 
@@ -93,6 +94,24 @@ import Testing
                             "repeated heads")
     }
 
+    @Test func crossEntropyGradient() {
+        let logits = Self.tensor([3, 7], seed: 31, scale: 3)
+        let targets: [Int?] = [4, nil, 0]
+        let (losses, gradient) = crossEntropyBackward(logits: logits, targets: targets, scale: 0.5)
+        #expect(losses[1] == nil && gradient.scalars[7..<14].allSatisfy { $0 == 0 })
+        for row in [0, 2] {
+            let x = logits.scalars[(row * 7)..<(row * 7 + 7)].map(Double.init)
+            let logSum = log(x.map { exp($0) }.reduce(0, +))
+            #expect(abs(losses[row]! - (logSum - x[targets[row]!])) < 1e-5)
+        }
+        // The loss 0.5·Σ nll as a function of the logits, by central differences.
+        func loss(_ t: Tensor) -> Tensor {
+            let nll = crossEntropyBackward(logits: t, targets: targets, scale: 1).negativeLogLikelihoods
+            return Tensor(shape: [1], scalars: [Float(0.5 * nll.compactMap { $0 }.reduce(0, +))])
+        }
+        Self.expectGradient(gradient, Self.numericGradient(loss, at: logits, weights: Tensor(shape: [1], scalars: [1])), "cross-entropy")
+    }
+
     @Test func l2NormalizedGradient() {
         let x = Self.tensor([3, 5], seed: 10), r = Self.tensor([3, 5], seed: 11)
         Self.expectGradient(l2NormalizedBackward(r, input: x), Self.numericGradient(l2Normalized, at: x, weights: r), "l2Normalized")
@@ -123,6 +142,24 @@ import Testing
         Self.expectGradient(gradients.query, Self.numericGradient({ output(q: $0) }, at: q, weights: r), "query")
         Self.expectGradient(gradients.key, Self.numericGradient({ output(k: $0) }, at: k, weights: r), "key")
         Self.expectGradient(gradients.value, Self.numericGradient({ output(v: $0) }, at: v, weights: r), "value")
+    }
+
+    /// Long sequences' heads go through oneDNN one at a time, short ones' through vlm_gemm in parallel: both give the
+    /// same probabilities, output and gradients (here on 40 positions, both ways).
+    @Test func bothAttentionSchedulesAgree() {
+        let shape = [2, 40, 12]  // two items, forty positions, three heads of four
+        let q = Self.tensor(shape, seed: 27), k = Self.tensor(shape, seed: 28), v = Self.tensor(shape, seed: 29)
+        let r = Self.tensor(shape, seed: 30)
+        let mask = Tensor(shape: [2, 40], scalars: (0..<80).map { $0 < 40 || $0 % 40 < 33 ? 1 : 0 })
+        let short = attentionForTraining(query: q, key: k, value: v, heads: 3, causal: true, keyPaddingMask: mask, longSequence: 41)
+        let long = attentionForTraining(query: q, key: k, value: v, heads: 3, causal: true, keyPaddingMask: mask, longSequence: 40)
+        func close(_ a: Tensor, _ b: Tensor) -> Bool { a.shape == b.shape && zip(a.scalars, b.scalars).allSatisfy { abs($0 - $1) < 1e-5 } }
+        #expect(close(short.output, long.output) && close(short.probabilities, long.probabilities))
+        let shortGradients = attentionBackward(r, query: q, key: k, value: v, probabilities: short.probabilities, heads: 3, longSequence: 41)
+        let longGradients = attentionBackward(r, query: q, key: k, value: v, probabilities: long.probabilities, heads: 3, longSequence: 40)
+        #expect(close(shortGradients.query, longGradients.query))
+        #expect(close(shortGradients.key, longGradients.key))
+        #expect(close(shortGradients.value, longGradients.value))
     }
 
     @Test(arguments: Backend.allCases)

@@ -1,0 +1,161 @@
+"""Projector alignment speed: a training step of LLaVA's projector, through a frozen Qwen2-0.5B-shaped language model,
+in SwiftVLM (`vlm train projector`) and in transformers/PyTorch, in one run.
+
+    python scripts/make_image_chat_checkpoints.py   # once: models/llava-1.5-qwen2-0.5b-random/checkpoint (ViT-L/14-336)
+    swift build -c release
+    python scripts/bench_projector.py [--pairs 4] [--batch-size 1] [--steps 2] [--rounds 3] [--vlm .build/release/vlm]
+
+The checkpoint's own chat template takes text contents only, so both read a copy of it (links to its files) with
+llava-1.5's multimodal template, the one Tests/Fixtures/image-chat/llava-1.5 has. Both train the same thing from the
+same imagefolder dataset (written to a temporary directory: the repository's
+photos, each captioned by seeded random words, 20 of them): each pair a conversation through the checkpoint's chat
+template (the image, then the caption as the reply: 576 image tokens and about 40 more), only the reply scored, only
+`multi_modal_projector` learning, with AdamW, gradient clipping and the linear schedule, on 2 threads, in fp32, the
+pairs in order. The vision tower is frozen, so both compute its features once per image before the steps (SwiftVLM
+always does; the PyTorch loop is written to, so that the steps compare the same work). SwiftVLM's time is `vlm train
+projector --json`'s `train_runtime`; PyTorch's the same span of a plain loop: the projector on the cached features,
+the embeddings with them in the image tokens' places, the language model's loss on the labels, `backward`,
+`clip_grad_norm_`, `AdamW.step`, the scheduler's step. Per round each engine runs --steps steps once; the table gives
+each engine's median time per step over the rounds and SwiftVLM's relative to PyTorch's as the median of the
+per-round ratios.
+"""
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+from machine import describe, summary
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_MODEL = os.path.join(ROOT, "models", "llava-1.5-qwen2-0.5b-random", "checkpoint")
+PHOTOS = os.path.join(ROOT, "Tests", "Fixtures", "photos")
+WORDS = ("cat dog coffee rocket camera man woman street night sky tree river house red blue green small large old "
+         "young sitting running on in under beside a the with of photo picture painting close view").split()
+
+
+def write_dataset(directory, pairs, seed):
+    generator = random.Random(seed)
+    photos = sorted(p for p in os.listdir(PHOTOS) if p.endswith((".png", ".jpg")))
+    rows = []
+    for photo in photos:
+        shutil.copy(os.path.join(PHOTOS, photo), os.path.join(directory, photo))
+    for i in range(pairs):
+        rows.append({"file_name": photos[i % len(photos)], "text": " ".join(generator.choice(WORDS) for _ in range(20))})
+    with open(os.path.join(directory, "metadata.jsonl"), "w") as f:
+        f.write("\n".join(json.dumps(r) for r in rows) + "\n")
+    return rows
+
+
+def torch_step_seconds(model_dir, data, rows, batch_size, steps, learning_rate):
+    from PIL import Image
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+    from transformers.optimization import get_linear_schedule_with_warmup
+
+    processor = AutoProcessor.from_pretrained(model_dir)
+    processor.tokenizer.padding_side = "right"
+    model = LlavaForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32)
+    model.requires_grad_(False)
+    projector = model.model.multi_modal_projector
+    projector.requires_grad_(True)
+    config = model.config
+
+    def conversation(row, reply=True):
+        turns = [dict(role="user", content=[dict(type="image")])]
+        if reply:
+            turns.append(dict(role="assistant", content=[dict(type="text", text=row["text"])]))
+        return turns
+
+    examples = []
+    with torch.no_grad():
+        for row in rows:
+            image = Image.open(os.path.join(data, row["file_name"])).convert("RGB")
+            prompt = processor(images=image, text=processor.apply_chat_template(conversation(row, False), add_generation_prompt=True),
+                               return_tensors="pt").input_ids[0]
+            full = processor(images=image, text=processor.apply_chat_template(conversation(row)), return_tensors="pt")
+            states = model.model.vision_tower(full.pixel_values, output_hidden_states=True).hidden_states
+            layer = config.vision_feature_layer
+            features = states[layer] if isinstance(layer, int) else torch.cat([states[i] for i in layer], dim=-1)
+            if config.vision_feature_select_strategy == "default":
+                features = features[:, 1:]
+            labels = full.input_ids.clone()
+            labels[:, :len(prompt)] = -100
+            examples.append((full.input_ids, labels, features))
+    optimizer = torch.optim.AdamW([p for p in projector.parameters()], lr=learning_rate)
+    schedule = get_linear_schedule_with_warmup(optimizer, 0, steps)
+    embed = model.get_input_embeddings()
+    start = time.perf_counter()
+    for step in range(steps):
+        batch = [examples[(step * batch_size + i) % len(examples)] for i in range(batch_size)]
+        length = max(ids.shape[1] for ids, _, _ in batch)
+        pad = lambda t, value: torch.nn.functional.pad(t, (0, length - t.shape[1]), value=value)
+        ids = torch.cat([pad(i, processor.tokenizer.pad_token_id or 0) for i, _, _ in batch])
+        labels = torch.cat([pad(l, -100) for _, l, _ in batch])
+        mask = torch.cat([pad(torch.ones_like(i), 0) for i, _, _ in batch])
+        image_rows = projector(torch.cat([f for _, _, f in batch]))
+        embeddings = embed(ids).masked_scatter((ids == config.image_token_id)[..., None], image_rows)
+        loss = model(inputs_embeds=embeddings, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(projector.parameters()), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad()
+    return (time.perf_counter() - start) / steps
+
+
+def vlm_step_seconds(binary, model_dir, data, out, batch_size, steps, learning_rate, threads):
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    command = [binary, "train", "projector", "--model", model_dir, "--data", data, "--out", out, "--force", "--json",
+               "--no-shuffle", "--batch-size", str(batch_size), "--max-steps", str(steps), "--learning-rate", str(learning_rate)]
+    result = subprocess.run(command, capture_output=True, text=True, env=env)
+    if result.returncode != 0:
+        sys.exit(f"vlm train projector failed: {result.stderr.strip()}")
+    return json.loads(result.stdout)["train_runtime"] / steps
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--vlm", default=os.path.join(ROOT, ".build", "release", "vlm"))
+    parser.add_argument("--pairs", type=int, default=4)
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(summary(describe(args.threads)))
+    with tempfile.TemporaryDirectory() as work:
+        model = os.path.join(work, "model")
+        os.makedirs(model)
+        for name in os.listdir(args.model):
+            if name != "chat_template.jinja":
+                os.symlink(os.path.join(os.path.abspath(args.model), name), os.path.join(model, name))
+        shutil.copy(os.path.join(ROOT, "Tests", "Fixtures", "image-chat", "llava-1.5", "chat_template.jinja"), model)
+        data = os.path.join(work, "data")
+        os.makedirs(data)
+        rows = write_dataset(data, args.pairs, seed=0)
+        swift, pytorch = [], []
+        for round_index in range(args.rounds):
+            swift.append(vlm_step_seconds(args.vlm, model, data, os.path.join(work, "out"), args.batch_size,
+                                          args.steps, 1e-3, args.threads))
+            pytorch.append(torch_step_seconds(model, data, rows, args.batch_size, args.steps, 1e-3))
+            print(f"round {round_index + 1}: SwiftVLM {swift[-1]:.2f} s/step, PyTorch {pytorch[-1]:.2f} s/step", file=sys.stderr)
+    ratios = [s / p for s, p in zip(swift, pytorch)]
+    print(f"\nProjector alignment step, LLaVA-1.5 with Qwen2-0.5B shapes (ViT-L/14-336 features cached), batch "
+          f"{args.batch_size}, {args.steps} steps per round, {args.rounds} rounds, {args.threads} threads, fp32\n")
+    print("| engine | s per step (median) | relative to PyTorch (rounds) |")
+    print("|---|---:|---|")
+    print(f"| PyTorch {torch.__version__} | {statistics.median(pytorch):.2f} | 1 |")
+    print(f"| SwiftVLM | {statistics.median(swift):.2f} | **{statistics.median(ratios):.2f}** ({', '.join(f'{r:.2f}' for r in ratios)}) |")
+
+
+if __name__ == "__main__":
+    main()
