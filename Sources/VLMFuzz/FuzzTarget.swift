@@ -22,6 +22,9 @@ enum FuzzTarget: String, CaseIterable {
     case image
     /// A chat-messages JSON file as `vlm generate --chat` reads it, rendered through LLaVA's template, its images read.
     case chat
+    /// An imagefolder dataset's metadata (the first byte picks metadata.jsonl or metadata.csv), read as `vlm train`
+    /// reads it, in a directory holding one image.
+    case dataset
     /// A request body for `vlm serve` (the first byte picks chat completions, completions or embeddings), answered
     /// by a server over tiny fixture models (generation capped at 4 tokens), streamed answers drained.
     case serve
@@ -73,6 +76,13 @@ enum FuzzTarget: String, CaseIterable {
                 where reference.key == "base64" || reference.value.hasPrefix("data:") {
                     _ = try? ChatImages.load(reference)
                 }
+            case .dataset:
+                guard let first = bytes.first else { return nil }
+                let directory = workspace.url("dataset")
+                try? FileManager.default.removeItem(at: directory)
+                try workspace.write([0x89, 0x50, 0x4E, 0x47], to: "dataset/a.png")
+                try workspace.write(Array(bytes.dropFirst()), to: first % 2 == 0 ? "dataset/metadata.jsonl" : "dataset/metadata.csv")
+                _ = try ImageTextDataset(directory: directory)
             case .serve:
                 guard let first = bytes.first else { return nil }
                 let endpoint = Endpoint.allCases[Int(first) % Endpoint.allCases.count]
