@@ -18,12 +18,8 @@ median of the per-round ratios, and the step's FLOPs (three times the forward's 
 FMA peak scripts/machine.py measures.
 """
 import argparse
-import json
 import os
-import random
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,26 +27,10 @@ import time
 import torch
 
 from machine import describe, summary
+from training_bench import vlm_step_seconds, write_dataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_MODEL = os.path.join(ROOT, "models", "clip-vit-base-patch32-random")
-PHOTOS = os.path.join(ROOT, "Tests", "Fixtures", "photos")
-WORDS = ("cat dog coffee rocket camera man woman street night sky tree river house red blue green small large old "
-         "young sitting running on in under beside a the with of photo picture painting close view").split()
-
-
-def write_dataset(directory, pairs, seed):
-    generator = random.Random(seed)
-    photos = sorted(p for p in os.listdir(PHOTOS) if p.endswith((".png", ".jpg")))
-    rows = []
-    for photo in photos:
-        shutil.copy(os.path.join(PHOTOS, photo), os.path.join(directory, photo))
-    for i in range(pairs):
-        caption = " ".join(generator.choice(WORDS) for _ in range(generator.randint(5, 15)))
-        rows.append({"file_name": photos[i % len(photos)], "text": caption})
-    with open(os.path.join(directory, "metadata.jsonl"), "w") as f:
-        f.write("\n".join(json.dumps(r) for r in rows) + "\n")
-    return rows
 
 
 def train_gflop(config, token_rows):
@@ -101,17 +81,6 @@ def torch_step_seconds(model_dir, rows, batch_size, steps, settings):
     return (time.perf_counter() - start) / steps
 
 
-def vlm_step_seconds(binary, model_dir, data, out, batch_size, steps, settings, threads):
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    command = [binary, "train", "lit", "--model", model_dir, "--data", data, "--out", out, "--force", "--json",
-               "--no-shuffle", "--batch-size", str(batch_size), "--max-steps", str(steps),
-               "--learning-rate", str(settings["learning_rate"]), "--weight-decay", str(settings["weight_decay"])]
-    result = subprocess.run(command, capture_output=True, text=True, env=env)
-    if result.returncode != 0:
-        sys.exit(f"vlm train lit failed: {result.stderr.strip()}")
-    return json.loads(result.stdout)["train_runtime"] / steps
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=DEFAULT_MODEL)
@@ -132,15 +101,16 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         data = os.path.join(work, "data")
         os.makedirs(data)
-        rows = write_dataset(data, args.pairs, seed=0)
+        rows = write_dataset(data, args.pairs, words=lambda generator: generator.randint(5, 15), seed=0)
         settings = dict(learning_rate=1e-5, weight_decay=0.1, data=data)
         batches = [[(s * args.batch_size + i) % len(rows) for i in range(args.batch_size)] for s in range(args.steps)]
         padded = [max(len(tokenizer(rows[i]["text"]).input_ids) for i in b) for b in batches]
         gflop = statistics.mean(train_gflop(config, [n] * args.batch_size) for n in padded)
         swift, pytorch = [], []
         for round_index in range(args.rounds):
-            swift.append(vlm_step_seconds(args.vlm, args.model, data, os.path.join(work, "out"), args.batch_size,
-                                          args.steps, settings, args.threads))
+            swift.append(vlm_step_seconds(args.vlm, "lit", args.model, data, os.path.join(work, "out"), args.batch_size,
+                                          args.steps, settings["learning_rate"], args.threads,
+                                          "--weight-decay", str(settings["weight_decay"])))
             pytorch.append(torch_step_seconds(args.model, rows, args.batch_size, args.steps, settings))
             print(f"round {round_index + 1}: SwiftVLM {swift[-1] * 1e3:.1f} ms/step, PyTorch {pytorch[-1] * 1e3:.1f} ms/step",
                   file=sys.stderr)

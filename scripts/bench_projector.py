@@ -20,12 +20,9 @@ each engine's median time per step over the rounds and SwiftVLM's relative to Py
 per-round ratios.
 """
 import argparse
-import json
 import os
-import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,25 +30,10 @@ import time
 import torch
 
 from machine import describe, summary
+from training_bench import vlm_step_seconds, write_dataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_MODEL = os.path.join(ROOT, "models", "llava-1.5-qwen2-0.5b-random", "checkpoint")
-PHOTOS = os.path.join(ROOT, "Tests", "Fixtures", "photos")
-WORDS = ("cat dog coffee rocket camera man woman street night sky tree river house red blue green small large old "
-         "young sitting running on in under beside a the with of photo picture painting close view").split()
-
-
-def write_dataset(directory, pairs, seed):
-    generator = random.Random(seed)
-    photos = sorted(p for p in os.listdir(PHOTOS) if p.endswith((".png", ".jpg")))
-    rows = []
-    for photo in photos:
-        shutil.copy(os.path.join(PHOTOS, photo), os.path.join(directory, photo))
-    for i in range(pairs):
-        rows.append({"file_name": photos[i % len(photos)], "text": " ".join(generator.choice(WORDS) for _ in range(20))})
-    with open(os.path.join(directory, "metadata.jsonl"), "w") as f:
-        f.write("\n".join(json.dumps(r) for r in rows) + "\n")
-    return rows
 
 
 def torch_step_seconds(model_dir, data, rows, batch_size, steps, learning_rate):
@@ -110,16 +92,6 @@ def torch_step_seconds(model_dir, data, rows, batch_size, steps, learning_rate):
     return (time.perf_counter() - start) / steps
 
 
-def vlm_step_seconds(binary, model_dir, data, out, batch_size, steps, learning_rate, threads):
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    command = [binary, "train", "projector", "--model", model_dir, "--data", data, "--out", out, "--force", "--json",
-               "--no-shuffle", "--batch-size", str(batch_size), "--max-steps", str(steps), "--learning-rate", str(learning_rate)]
-    result = subprocess.run(command, capture_output=True, text=True, env=env)
-    if result.returncode != 0:
-        sys.exit(f"vlm train projector failed: {result.stderr.strip()}")
-    return json.loads(result.stdout)["train_runtime"] / steps
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=DEFAULT_MODEL)
@@ -141,10 +113,10 @@ def main():
         shutil.copy(os.path.join(ROOT, "Tests", "Fixtures", "image-chat", "llava-1.5", "chat_template.jinja"), model)
         data = os.path.join(work, "data")
         os.makedirs(data)
-        rows = write_dataset(data, args.pairs, seed=0)
+        rows = write_dataset(data, args.pairs, words=lambda generator: 20, seed=0)
         swift, pytorch = [], []
         for round_index in range(args.rounds):
-            swift.append(vlm_step_seconds(args.vlm, model, data, os.path.join(work, "out"), args.batch_size,
+            swift.append(vlm_step_seconds(args.vlm, "projector", model, data, os.path.join(work, "out"), args.batch_size,
                                           args.steps, 1e-3, args.threads))
             pytorch.append(torch_step_seconds(model, data, rows, args.batch_size, args.steps, 1e-3))
             print(f"round {round_index + 1}: SwiftVLM {swift[-1]:.2f} s/step, PyTorch {pytorch[-1]:.2f} s/step", file=sys.stderr)
