@@ -16,6 +16,10 @@ public struct ImageTextDataset: Sendable {
     /// Reads `directory/metadata.jsonl`, else `directory/metadata.csv`. Every row must name an image file that
     /// exists, inside the directory, and hold a string in `textColumn`; the first that does not is the error.
     public init(directory: URL, textColumn: String = "text") throws {
+        var isDirectory: ObjCBool = false
+        guard FileManager.default.fileExists(atPath: directory.path, isDirectory: &isDirectory), isDirectory.boolValue else {
+            throw DatasetError(file: directory.path, reason: "no such directory (a dataset is a directory of images and their metadata)")
+        }
         let jsonl = directory.appendingPathComponent("metadata.jsonl"), csv = directory.appendingPathComponent("metadata.csv")
         let file: URL
         let rows: [(line: Int, fields: [String: String])]

@@ -176,6 +176,12 @@ struct LiTRecord: Decodable {
         #expect(error.reason.hasPrefix(message), "\(error)")
     }
 
+    @Test func aMissingDirectoryIsRefused() throws {
+        let directory = LiTDatasetDirectory.fixtures.appendingPathComponent("no-such-dataset")
+        let error = try #require(throws: DatasetError.self) { try ImageTextDataset(directory: directory) }
+        #expect(error.description == "\(directory.path): no such directory (a dataset is a directory of images and their metadata)")
+    }
+
     @Test func aDirectoryWithoutMetadataIsRefused() throws {
         let directory = LiTDatasetDirectory.fixtures.appendingPathComponent("photos")
         let error = try #require(throws: DatasetError.self) { try ImageTextDataset(directory: directory) }
