@@ -17,6 +17,9 @@ struct TrainingOptions: ParsableArguments {
     @Option(help: "The metadata column holding each image's caption.")
     var textColumn = "text"
 
+    @Option(help: "A dataset (the same layout) whose loss is reported after training, as Trainer's evaluate reports eval_loss.")
+    var evalData: String?
+
     @Option(help: "Where to write the trained checkpoint (a directory).")
     var out: String
 
@@ -75,31 +78,40 @@ struct TrainingOptions: ParsableArguments {
         return settings
     }
 
-    /// The dataset, after refusing an --out that holds a checkpoint unless --force.
-    func dataset() throws -> ImageTextDataset {
+    /// The training dataset and the evaluation one (nil without --eval-data), after refusing an --out that holds a
+    /// checkpoint unless --force: every input checked before a model is loaded.
+    func datasets() throws -> (training: ImageTextDataset, evaluation: ImageTextDataset?) {
         let existing = URL(fileURLWithPath: out).appendingPathComponent("config.json")
         if !force, FileManager.default.fileExists(atPath: existing.path) {
             throw TrainError.exists(existing.path)
         }
-        return try ImageTextDataset(directory: URL(fileURLWithPath: data), textColumn: textColumn)
+        return (try ImageTextDataset(directory: URL(fileURLWithPath: data), textColumn: textColumn),
+                try evalData.map { try ImageTextDataset(directory: URL(fileURLWithPath: $0), textColumn: textColumn) })
     }
 
-    /// Runs `train` with a line per step (unless --json), saves with `save`, then prints the run.
-    func run(examples: Int, _ train: ((TrainingLogEntry) -> Void) throws -> TrainingRun, save: (URL) throws -> Void) throws {
+    /// Runs `train` with a line per step (unless --json), saves with `save`, reports `evaluate`'s loss on the
+    /// evaluation dataset when there is one, then prints the run.
+    func run(_ datasets: (training: ImageTextDataset, evaluation: ImageTextDataset?),
+             _ train: ((TrainingLogEntry) -> Void) throws -> TrainingRun, save: (URL) throws -> Void,
+             evaluate: (ImageTextDataset) throws -> Float) throws {
+        let examples = datasets.training.pairs.count
         let totalSteps = settings.totalSteps(examples: examples)
         let run = try train { entry in
             guard !json else { return }
             print("step \(entry.step)/\(totalSteps)  epoch \(String(format: "%.2f", entry.epoch))  loss \(formatted(entry.loss))  grad_norm \(formatted(entry.gradientNorm))  learning_rate \(String(format: "%.3g", Double(entry.learningRate)))")
         }
         try save(URL(fileURLWithPath: out))
+        let evaluationLoss = try datasets.evaluation.map(evaluate)
         if json {
             try printJSON(Summary(
                 log_history: run.history.map {
                     LogLine(step: $0.step, epoch: $0.epoch, loss: $0.loss, grad_norm: $0.gradientNorm, learning_rate: $0.learningRate)
                 },
                 train_runtime: run.runtime, train_samples_per_second: run.samplesPerSecond,
-                train_steps_per_second: run.stepsPerSecond, image_encoding_runtime: run.imageEncodingTime))
+                train_steps_per_second: run.stepsPerSecond, image_encoding_runtime: run.imageEncodingTime,
+                eval_loss: evaluationLoss))
         } else {
+            if let evaluationLoss { print("eval_loss \(formatted(evaluationLoss))") }
             print("train_runtime \(String(format: "%.3f", run.runtime)) s (\(String(format: "%.2f", run.stepsPerSecond)) steps/s, \(String(format: "%.1f", run.samplesPerSecond)) samples/s); images encoded in \(String(format: "%.3f", run.imageEncodingTime)) s")
             print("wrote \(out)")
         }
@@ -112,6 +124,7 @@ struct TrainingOptions: ParsableArguments {
         let train_samples_per_second: Double
         let train_steps_per_second: Double
         let image_encoding_runtime: Double
+        let eval_loss: Float?
     }
 
     private struct LogLine: Encodable {
@@ -141,10 +154,10 @@ struct LockedImageTextTuningCommand: AsyncParsableCommand {
     @OptionGroup var training: TrainingOptions
 
     func run() async throws {
-        let dataset = try training.dataset()
+        let datasets = try training.datasets()
         let pipeline = try LockedImageTextTuningPipeline(directory: try await options.directory())
-        try training.run(examples: dataset.pairs.count, { try pipeline.train(dataset, settings: training.settings, log: $0) },
-                         save: pipeline.save)
+        try training.run(datasets, { try pipeline.train(datasets.training, settings: training.settings, log: $0) },
+                         save: pipeline.save, evaluate: { try pipeline.loss(on: $0, batchSize: training.batchSize) })
     }
 }
 
@@ -168,11 +181,11 @@ struct ProjectorAlignmentCommand: AsyncParsableCommand {
     var instruction: String?
 
     func run() async throws {
-        let dataset = try training.dataset()
+        let datasets = try training.datasets()
         let pipeline = try ProjectorAlignmentPipeline(directory: try await options.directory())
-        try training.run(examples: dataset.pairs.count,
-                         { try pipeline.train(dataset, instruction: instruction, settings: training.settings, log: $0) },
-                         save: pipeline.save)
+        try training.run(datasets, { try pipeline.train(datasets.training, instruction: instruction, settings: training.settings, log: $0) },
+                         save: pipeline.save,
+                         evaluate: { try pipeline.loss(on: $0, instruction: instruction, batchSize: training.batchSize) })
     }
 }
 

@@ -7,6 +7,7 @@ import Testing
         let settings: Settings
         let losses: [Float]
         let gradient_norms: [Float]
+        let final_loss: Float
     }
 
     let model = CLI.fixtures.appendingPathComponent("clip/tiny-quickgelu-argmax")
@@ -36,9 +37,12 @@ import Testing
                          "--batch-size", "4", "--max-steps", "\(record.settings.steps)", "--no-shuffle",
                          "--learning-rate", "\(record.settings.learning_rate)", "--weight-decay", "\(record.settings.weight_decay)",
                          "--warmup-steps", "\(record.settings.warmup_steps)", "--max-grad-norm", "\(record.settings.max_grad_norm)"]
-        let run = try CLI.run(arguments + ["--json"])
+        // Evaluated on its own pairs after training: the loss transformers gave after the last step.
+        let run = try CLI.run(arguments + ["--json", "--eval-data", arguments[arguments.firstIndex(of: "--data")! + 1]])
         #expect(run.status == 0, "\(run.stderr)")
         let summary = try #require(try CLI.json(run) as? [String: Any])
+        let evaluationLoss = try #require(summary["eval_loss"] as? Double)
+        #expect(abs(evaluationLoss - Double(record.final_loss)) < 1e-4, "eval_loss \(evaluationLoss) against \(record.final_loss)")
         let log = try #require(summary["log_history"] as? [[String: Any]])
         #expect((summary["train_runtime"] as? Double ?? 0) > 0)
         #expect((summary["train_samples_per_second"] as? Double ?? 0) > 0)
@@ -69,6 +73,11 @@ import Testing
         let noMetadata = try CLI.run(["train", "lit", "--model", model.path, "--data", photos, "--out", work.path])
         #expect(noMetadata.status == 1)
         #expect(noMetadata.stderr.contains("\(photos): neither metadata.jsonl nor metadata.csv"), "\(noMetadata.stderr)")
+        let missing = work.appendingPathComponent("missing").path
+        let noEvaluationData = try CLI.run(["train", "lit", "--model", model.path, "--data", try dataset().path, "--out", work.path + "/out",
+                                            "--eval-data", missing])
+        #expect(noEvaluationData.status == 1)
+        #expect(noEvaluationData.stderr.contains("\(missing): no such directory"), "\(noEvaluationData.stderr)")
         let owlvit = CLI.fixtures.appendingPathComponent("owlvit/tiny-patch32-bf16").path
         let notCLIP = try CLI.run(["train", "lit", "--model", owlvit, "--data", try dataset().path, "--out", work.path + "/out"])
         #expect(notCLIP.status == 1)
