@@ -73,13 +73,14 @@ import Testing
         let noMetadata = try CLI.run(["train", "lit", "--model", model.path, "--data", photos, "--out", work.path])
         #expect(noMetadata.status == 1)
         #expect(noMetadata.stderr.contains("\(photos): neither metadata.jsonl nor metadata.csv"), "\(noMetadata.stderr)")
+        let data = try dataset().path
         let missing = work.appendingPathComponent("missing").path
-        let noEvaluationData = try CLI.run(["train", "lit", "--model", model.path, "--data", try dataset().path, "--out", work.path + "/out",
+        let noEvaluationData = try CLI.run(["train", "lit", "--model", model.path, "--data", data, "--out", work.path + "/out",
                                             "--eval-data", missing])
         #expect(noEvaluationData.status == 1)
         #expect(noEvaluationData.stderr.contains("\(missing): no such directory"), "\(noEvaluationData.stderr)")
         let owlvit = CLI.fixtures.appendingPathComponent("owlvit/tiny-patch32-bf16").path
-        let notCLIP = try CLI.run(["train", "lit", "--model", owlvit, "--data", try dataset().path, "--out", work.path + "/out"])
+        let notCLIP = try CLI.run(["train", "lit", "--model", owlvit, "--data", data, "--out", work.path + "/out"])
         #expect(notCLIP.status == 1)
         #expect(notCLIP.stderr.contains("model_type \"owlvit\" is not supported here (supported: clip, siglip, siglip2)"), "\(notCLIP.stderr)")
         #expect(notCLIP.stderr.split(separator: "\n").count == 1)
