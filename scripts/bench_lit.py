@@ -17,7 +17,6 @@ then); the table gives each engine's median time per step over the rounds, Swift
 median of the per-round ratios, and the step's FLOPs (three times the forward's multiply-adds, twice) against the
 FMA peak scripts/machine.py measures.
 """
-import argparse
 import os
 import statistics
 import sys
@@ -27,7 +26,7 @@ import time
 import torch
 
 from machine import describe, summary
-from training_bench import vlm_step_seconds, write_dataset
+from training_bench import parse_arguments, trainer_step, vlm_step_seconds, write_dataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_MODEL = os.path.join(ROOT, "models", "clip-vit-base-patch32-random")
@@ -73,24 +72,12 @@ def torch_step_seconds(model_dir, rows, batch_size, steps, settings):
         text = model.get_text_features(**inputs).pooler_output
         text = text / text.norm(p=2, dim=-1, keepdim=True)
         loss = image_text_contrastive_loss(text @ image_embeds[batch].t() * model.logit_scale.exp())
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(trained.values()), 1.0)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad()
+        trainer_step(loss, list(trained.values()), optimizer, schedule)
     return (time.perf_counter() - start) / steps
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=DEFAULT_MODEL)
-    parser.add_argument("--vlm", default=os.path.join(ROOT, ".build", "release", "vlm"))
-    parser.add_argument("--pairs", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+    args = parse_arguments(__doc__, DEFAULT_MODEL, pairs=256, batch_size=32, steps=8)
     torch.set_num_threads(args.threads)
     machine = describe(args.threads)
     print(summary(machine))

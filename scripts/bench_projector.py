@@ -19,7 +19,6 @@ the embeddings with them in the image tokens' places, the language model's loss 
 each engine's median time per step over the rounds and SwiftVLM's relative to PyTorch's as the median of the
 per-round ratios.
 """
-import argparse
 import os
 import shutil
 import statistics
@@ -30,7 +29,7 @@ import time
 import torch
 
 from machine import describe, summary
-from training_bench import vlm_step_seconds, write_dataset
+from training_bench import parse_arguments, trainer_step, vlm_step_seconds, write_dataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_MODEL = os.path.join(ROOT, "models", "llava-1.5-qwen2-0.5b-random", "checkpoint")
@@ -84,24 +83,12 @@ def torch_step_seconds(model_dir, data, rows, batch_size, steps, learning_rate):
         image_rows = projector(torch.cat([f for _, _, f in batch]))
         embeddings = embed(ids).masked_scatter((ids == config.image_token_id)[..., None], image_rows)
         loss = model(inputs_embeds=embeddings, attention_mask=mask, labels=labels).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(projector.parameters()), 1.0)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad()
+        trainer_step(loss, list(projector.parameters()), optimizer, schedule)
     return (time.perf_counter() - start) / steps
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=DEFAULT_MODEL)
-    parser.add_argument("--vlm", default=os.path.join(ROOT, ".build", "release", "vlm"))
-    parser.add_argument("--pairs", type=int, default=4)
-    parser.add_argument("--batch-size", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+    args = parse_arguments(__doc__, DEFAULT_MODEL, pairs=4, batch_size=1, steps=2)
     torch.set_num_threads(args.threads)
     print(summary(describe(args.threads)))
     with tempfile.TemporaryDirectory() as work:

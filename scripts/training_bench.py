@@ -37,3 +37,27 @@ def vlm_step_seconds(binary, recipe, model_dir, data, out, batch_size, steps, le
     if result.returncode != 0:
         sys.exit(f"vlm train {recipe} failed: {result.stderr.strip()}")
     return json.loads(result.stdout)["train_runtime"] / steps
+
+
+def parse_arguments(description, model, pairs, batch_size, steps):
+    """The benchmarks' command line, with their own defaults for the model, pairs, batch size and steps."""
+    import argparse
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=model)
+    parser.add_argument("--vlm", default=os.path.join(ROOT, ".build", "release", "vlm"))
+    parser.add_argument("--pairs", type=int, default=pairs)
+    parser.add_argument("--batch-size", type=int, default=batch_size)
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    return parser.parse_args()
+
+
+def trainer_step(loss, parameters, optimizer, schedule):
+    """What transformers' Trainer does with a batch's loss: backward, clip to 1, step, schedule, clear."""
+    import torch
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+    optimizer.step()
+    schedule.step()
+    optimizer.zero_grad()
