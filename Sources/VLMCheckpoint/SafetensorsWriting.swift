@@ -12,13 +12,18 @@ extension SafetensorsFile {
     /// dtype, shape and byte offsets) padded with spaces to a multiple of 8, then the tensors' bytes in name order.
     /// The file appears whole or not at all: it is written beside `url` and renamed over it.
     public static func write(_ tensors: [String: Tensor], to url: URL) throws {
-        let names = tensors.keys.sorted()
+        try write(shapes: tensors.mapValues(\.shape), to: url) { tensors[$0]! }
+    }
+
+    /// ``write(_:to:)`` for tensors of the given shapes that `tensor` produces one at a time, each written and let go
+    /// before the next is asked for: a whole checkpoint written without holding all of it in memory.
+    public static func write(shapes: [String: [Int]], to url: URL, reading tensor: (String) throws -> Tensor) throws {
+        let names = shapes.keys.sorted()
         var entries: [String] = [#""__metadata__":{"format":"pt"}"#]
         var offset = 0
         for name in names {
-            let tensor = tensors[name]!
-            let size = tensor.count * MemoryLayout<Float>.stride
-            let shape = tensor.shape.map(String.init).joined(separator: ",")
+            let size = Tensor.elementCount(shapes[name]!) * MemoryLayout<Float>.stride
+            let shape = shapes[name]!.map(String.init).joined(separator: ",")
             entries.append("\(jsonString(name)):{\"dtype\":\"F32\",\"shape\":[\(shape)],\"data_offsets\":[\(offset),\(offset + size)]}")
             offset += size
         }
@@ -36,7 +41,8 @@ extension SafetensorsFile {
             try file.write(contentsOf: withUnsafeBytes(of: UInt64(header.count).littleEndian) { Data($0) })
             try file.write(contentsOf: Data(header))
             for name in names {
-                let tensor = tensors[name]!
+                let tensor = try tensor(name)
+                precondition(tensor.shape == shapes[name]!, "\(name): a tensor of \(tensor.shape) for a header entry of \(shapes[name]!)")
                 try file.write(contentsOf: Data(bytesNoCopy: tensor.storage.pointer, count: tensor.count * MemoryLayout<Float>.stride,
                                                 deallocator: .none))
             }

@@ -14,11 +14,17 @@ func writeCheckpoint(from directory: ModelDirectory, store: WeightStore, replaci
     } catch {
         throw CheckpointError.unwritable(path: output.path, reason: error.localizedDescription)
     }
-    var tensors: [String: Tensor] = [:]
+    // The original's tensors read one at a time as they are written: a checkpoint's worth of fp32 never in memory.
+    var shapes: [String: [Int]] = [:]
     for name in store.names {
-        tensors[name] = try trained[name] ?? store.tensor(name)
+        guard let shape = trained[name]?.shape ?? store.info(name)?.shape else {
+            throw CheckpointError.missingTensor(file: directory.url.path, tensor: name)
+        }
+        shapes[name] = shape
     }
-    try SafetensorsFile.write(tensors, to: output.appendingPathComponent(WeightStore.singleFileName))
+    try SafetensorsFile.write(shapes: shapes, to: output.appendingPathComponent(WeightStore.singleFileName)) { name in
+        try trained[name] ?? store.tensor(name)
+    }
     let configURL = directory.url.appendingPathComponent("config.json")
     guard case let .object(members) = try JSONValue(parsing: Data(contentsOf: configURL), file: configURL.path) else {
         throw CheckpointError.invalidJSON(file: configURL.path, reason: "not an object")
