@@ -36,12 +36,49 @@ SETTINGS = dict(learning_rate=2e-2, weight_decay=0.1, adam_beta1=0.9, adam_beta2
 NO_DECAY_PATTERNS = [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]
 
 
-def checkpoint_name(module_name, saved_names):
-    """The tensor name the checkpoint stores `model.multi_modal_projector.…` under."""
-    for candidate in (module_name, module_name.replace("model.multi_modal_projector.", "multi_modal_projector.")):
-        if candidate in saved_names:
-            return candidate
-    raise KeyError(module_name)
+def checkpoint_names(directory):
+    """A function from a parameter's module name (`model.language_model.…`) to the name the checkpoint stores it
+    under (`language_model.model.…` in checkpoints saved before transformers 4.52)."""
+    from safetensors import safe_open
+    with safe_open(os.path.join(directory, "model.safetensors"), "pt") as f:
+        saved = set(f.keys())
+    legacy = [("model.language_model.", "language_model.model."), ("lm_head.", "language_model.lm_head."),
+              ("model.multi_modal_projector.", "multi_modal_projector."), ("model.vision_tower.", "vision_tower.")]
+
+    def rename(name):
+        for candidate in [name] + [name.replace(new, old, 1) for new, old in legacy if name.startswith(new)]:
+            if candidate in saved:
+                return candidate
+        raise KeyError(name)
+    return rename
+
+
+def trainer_steps(model, directory, inputs, labels, settings):
+    """`settings["steps"]` steps of transformers' Trainer over the model's parameters that require gradients, on one
+    batch: AdamW over Trainer's two decay groups, `clip_grad_norm_`, the linear schedule with warmup."""
+    rename = checkpoint_names(directory)
+    trained = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    decay = set(get_parameter_names(model, [torch.nn.LayerNorm], NO_DECAY_PATTERNS))
+    groups = [dict(params=[p for n, p in trained.items() if n in decay], weight_decay=settings["weight_decay"]),
+              dict(params=[p for n, p in trained.items() if n not in decay], weight_decay=0.0)]
+    optimizer = torch.optim.AdamW(groups, lr=settings["learning_rate"], eps=settings["adam_epsilon"],
+                                  betas=(settings["adam_beta1"], settings["adam_beta2"]), foreach=False)
+    schedule = get_linear_schedule_with_warmup(optimizer, settings["warmup_steps"], settings["steps"])
+    losses, norms, first_gradients = [], [], {}
+    for step in range(settings["steps"]):
+        optimizer.zero_grad()
+        loss = model(**inputs, labels=labels).loss
+        loss.backward()
+        if step == 0:
+            first_gradients = {n: p.grad.detach().clone() for n, p in trained.items()}
+        norms.append(torch.nn.utils.clip_grad_norm_(list(trained.values()), settings["max_grad_norm"]).item())
+        losses.append(loss.item())
+        optimizer.step()
+        schedule.step()
+    with torch.no_grad():
+        final_loss = model(**inputs, labels=labels).loss.item()
+    return dict(trained=trained, decay=decay, rename=rename, losses=losses, norms=norms,
+                first_gradients=first_gradients, final_loss=final_loss)
 
 
 def train(checkpoint):
@@ -74,44 +111,22 @@ def train(checkpoint):
     model.train()
     model.requires_grad_(False)
     model.model.multi_modal_projector.requires_grad_(True)
-    from safetensors import safe_open
-    with safe_open(os.path.join(directory, "model.safetensors"), "pt") as f:
-        saved_names = set(f.keys())
-    trained = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    decay = set(get_parameter_names(model, [torch.nn.LayerNorm], NO_DECAY_PATTERNS))
-    groups = [dict(params=[p for n, p in trained.items() if n in decay], weight_decay=SETTINGS["weight_decay"]),
-              dict(params=[p for n, p in trained.items() if n not in decay], weight_decay=0.0)]
-    optimizer = torch.optim.AdamW(groups, lr=SETTINGS["learning_rate"], eps=SETTINGS["adam_epsilon"],
-                                  betas=(SETTINGS["adam_beta1"], SETTINGS["adam_beta2"]), foreach=False)
-    schedule = get_linear_schedule_with_warmup(optimizer, SETTINGS["warmup_steps"], SETTINGS["steps"])
-    label_tensor = torch.tensor(labels)
-
-    losses, norms, first_gradients = [], [], {}
-    for step in range(SETTINGS["steps"]):
-        optimizer.zero_grad()
-        loss = model(**inputs, labels=label_tensor).loss
-        loss.backward()
-        if step == 0:
-            first_gradients = {f"gradient.{checkpoint_name(n, saved_names)}": p.grad.detach().clone() for n, p in trained.items()}
-        norms.append(torch.nn.utils.clip_grad_norm_(list(trained.values()), SETTINGS["max_grad_norm"]).item())
-        losses.append(loss.item())
-        optimizer.step()
-        schedule.step()
-    with torch.no_grad():
-        final_loss = model(**inputs, labels=label_tensor).loss.item()
+    run = trainer_steps(model, directory, inputs, torch.tensor(labels), SETTINGS)
+    trained, decay, rename = run["trained"], run["decay"], run["rename"]
+    losses, norms, final_loss = run["losses"], run["norms"], run["final_loss"]
 
     out = os.path.join(FIXTURES, "projector-alignment")
     os.makedirs(out, exist_ok=True)
     name = checkpoint.replace("/", "-")
-    tensors = dict(first_gradients)
-    tensors.update({f"trained.{checkpoint_name(n, saved_names)}": p.detach().clone() for n, p in trained.items()})
+    tensors = {f"gradient.{rename(n)}": g for n, g in run["first_gradients"].items()}
+    tensors.update({f"trained.{rename(n)}": p.detach().clone() for n, p in trained.items()})
     save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(out, f"{name}.safetensors"))
     with open(os.path.join(out, f"{name}.json"), "w") as f:
         json.dump(dict(settings=SETTINGS, photos=photos, instruction=INSTRUCTION, captions=[c for _, c in EXAMPLES],
                        texts=texts, input_ids=inputs["input_ids"].tolist(), attention_mask=inputs["attention_mask"].tolist(), labels=labels, losses=losses, gradient_norms=norms,
                        final_loss=final_loss,
-                       decayed=sorted(checkpoint_name(n, saved_names) for n in trained if n in decay),
-                       not_decayed=sorted(checkpoint_name(n, saved_names) for n in trained if n not in decay)), f, indent=1)
+                       decayed=sorted(rename(n) for n in trained if n in decay),
+                       not_decayed=sorted(rename(n) for n in trained if n not in decay)), f, indent=1)
     print(name, "losses", [round(x, 5) for x in losses], "final", round(final_loss, 5), "norms", [round(x, 4) for x in norms])
 
 

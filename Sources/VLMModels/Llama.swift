@@ -113,6 +113,8 @@ public struct LlamaConfig: Decodable, Sendable {
     public var mlpBias: Bool
     public var rope: RopeParameters
     public var bosTokenId: Int?
+    /// `pad_token_id`: the token embedding's `padding_idx`, the one row training never updates.
+    public var padTokenId: Int?
     /// `eos_token_id`, which checkpoints give as one id or a list.
     public var eosTokenIds: [Int]
     /// Mistral's `sliding_window`, or Qwen2's with `use_sliding_window`: a query at sequence index `i` attends to
@@ -138,7 +140,7 @@ public struct LlamaConfig: Decodable, Sendable {
         case maxPositionEmbeddings = "max_position_embeddings", rmsNormEps = "rms_norm_eps"
         case tieWordEmbeddings = "tie_word_embeddings", attentionBias = "attention_bias", mlpBias = "mlp_bias"
         case ropeParameters = "rope_parameters", ropeScaling = "rope_scaling", ropeTheta = "rope_theta"
-        case bosTokenId = "bos_token_id", eosTokenId = "eos_token_id"
+        case bosTokenId = "bos_token_id", eosTokenId = "eos_token_id", padTokenId = "pad_token_id"
         case modelType = "model_type", slidingWindow = "sliding_window", useSlidingWindow = "use_sliding_window"
         case maxWindowLayers = "max_window_layers", layerTypes = "layer_types"
     }
@@ -185,6 +187,7 @@ public struct LlamaConfig: Decodable, Sendable {
         attentionBias = try modelType == "qwen2" || (modelType == "llama" && c.value(.attentionBias, default: false))
         mlpBias = try modelType == "llama" && c.value(.mlpBias, default: false)
         bosTokenId = c.contains(.bosTokenId) ? try c.decodeIfPresent(Int.self, forKey: .bosTokenId) : defaults.bosTokenId
+        padTokenId = try c.decodeIfPresent(Int.self, forKey: .padTokenId)
         if let list = try? c.decodeIfPresent([Int].self, forKey: .eosTokenId) {
             eosTokenIds = list
         } else {

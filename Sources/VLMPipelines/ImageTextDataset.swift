@@ -16,29 +16,96 @@ public struct ImageTextDataset: Sendable {
     /// Reads `directory/metadata.jsonl`, else `directory/metadata.csv`. Every row must name an image file that
     /// exists, inside the directory, and hold a string in `textColumn`; the first that does not is the error.
     public init(directory: URL, textColumn: String = "text") throws {
+        let metadata = try ImageFolderMetadata(directory: directory)
+        pairs = try metadata.rows.map { row in
+            guard case let .string(text)? = row.fields[textColumn] else {
+                throw DatasetError(file: metadata.file.path, reason: "line \(row.line) has no \(textColumn) (choose the caption column with --text-column)")
+            }
+            return Pair(image: row.image, text: text)
+        }
+    }
+}
+
+/// Image conversations laid out as 🤗 datasets' `imagefolder` with a `metadata.jsonl` whose `file_name` column names
+/// each row's image and whose `messages` column holds the conversation about it in the chat format transformers'
+/// chat templates and TRL's conversational datasets use: a list of `{"role": …, "content": …}` messages, the content
+/// a string or a list of parts, one of them `{"type": "image"}`, where the image goes.
+public struct ImageConversationDataset: Sendable {
+    public struct Conversation: Sendable, Equatable {
+        public let image: URL
+        public let messages: [JSONValue]
+    }
+
+    public let conversations: [Conversation]
+
+    /// Reads `directory/metadata.jsonl` (or a metadata.csv, whose text fields cannot hold messages). Every row must
+    /// name an image file inside the directory and hold in `messagesColumn` a list of messages, each with a string
+    /// role and a string or list-of-parts content, one image part among them all and at least one assistant message;
+    /// the first that does not is the error.
+    public init(directory: URL, messagesColumn: String = "messages") throws {
+        let metadata = try ImageFolderMetadata(directory: directory)
+        conversations = try metadata.rows.map { row in
+            func failure(_ reason: String) -> DatasetError { DatasetError(file: metadata.file.path, reason: "line \(row.line): \(reason)") }
+            guard let column = row.fields[messagesColumn] else {
+                throw failure("no \(messagesColumn) (choose the conversation column with --messages-column)")
+            }
+            guard case let .array(messages) = column, !messages.isEmpty else {
+                throw failure("\(messagesColumn) is not a list of messages")
+            }
+            var imageParts = 0, replies = 0
+            for (index, message) in messages.enumerated() {
+                guard case let .string(role)? = message["role"] else { throw failure("message \(index) has no string role") }
+                if role == "assistant" { replies += 1 }
+                switch message["content"] {
+                case .string?: break
+                case let .array(parts)?:
+                    for part in parts {
+                        guard case let .string(type)? = part["type"] else { throw failure("message \(index) has a content part without a type") }
+                        if type == "image" { imageParts += 1 }
+                    }
+                default: throw failure("message \(index)'s content is neither a string nor a list of parts")
+                }
+            }
+            guard imageParts == 1 else { throw failure("the messages hold \(imageParts) image parts for the row's one image") }
+            guard replies > 0 else { throw failure("no assistant message to learn from") }
+            return Conversation(image: row.image, messages: messages)
+        }
+    }
+}
+
+/// The rows of an imagefolder dataset's metadata (metadata.jsonl, else metadata.csv), each with its image resolved
+/// inside the dataset's directory.
+struct ImageFolderMetadata {
+    struct Row {
+        let line: Int
+        let image: URL
+        let fields: [String: JSONValue]
+    }
+
+    let file: URL
+    let rows: [Row]
+
+    init(directory: URL) throws {
         var isDirectory: ObjCBool = false
         guard FileManager.default.fileExists(atPath: directory.path, isDirectory: &isDirectory), isDirectory.boolValue else {
             throw DatasetError(file: directory.path, reason: "no such directory (a dataset is a directory of images and their metadata)")
         }
         let jsonl = directory.appendingPathComponent("metadata.jsonl"), csv = directory.appendingPathComponent("metadata.csv")
-        let file: URL
-        let rows: [(line: Int, fields: [String: String])]
+        let records: [(line: Int, fields: [String: JSONValue])]
         if FileManager.default.fileExists(atPath: jsonl.path) {
             file = jsonl
-            rows = try Self.jsonLines(Self.read(jsonl), file: jsonl.path)
+            records = try Self.jsonLines(Self.read(jsonl), file: jsonl.path)
         } else if FileManager.default.fileExists(atPath: csv.path) {
             file = csv
-            rows = try Self.csvRows(Self.read(csv), file: csv.path)
+            records = try Self.csvRows(Self.read(csv), file: csv.path).map { ($0.line, $0.fields.mapValues(JSONValue.string)) }
         } else {
             throw DatasetError(file: directory.path, reason: "neither metadata.jsonl nor metadata.csv (an imagefolder dataset's metadata)")
         }
         let root = directory.standardizedFileURL.resolvingSymlinksInPath()
-        pairs = try rows.map { line, fields in
-            guard let name = fields["file_name"] else {
+        let file = self.file
+        rows = try records.map { line, fields in
+            guard case let .string(name)? = fields["file_name"] else {
                 throw DatasetError(file: file.path, reason: "line \(line) has no file_name")
-            }
-            guard let text = fields[textColumn] else {
-                throw DatasetError(file: file.path, reason: "line \(line) has no \(textColumn) (choose the caption column with --text-column)")
             }
             let image = root.appendingPathComponent(name).standardizedFileURL.resolvingSymlinksInPath()
             guard image.path.hasPrefix(root.path + "/") else {
@@ -47,9 +114,9 @@ public struct ImageTextDataset: Sendable {
             guard FileManager.default.fileExists(atPath: image.path) else {
                 throw DatasetError(file: file.path, reason: "line \(line): no image file \(name)")
             }
-            return Pair(image: image, text: text)
+            return Row(line: line, image: image, fields: fields)
         }
-        guard !pairs.isEmpty else { throw DatasetError(file: file.path, reason: "no rows") }
+        guard !rows.isEmpty else { throw DatasetError(file: file.path, reason: "no rows") }
     }
 
     /// A metadata file's text; metadata beyond 256 MiB is refused rather than read.
@@ -63,17 +130,15 @@ public struct ImageTextDataset: Sendable {
         return text
     }
 
-    /// Each non-blank line's object, by its string members.
-    private static func jsonLines(_ text: String, file: String) throws -> [(line: Int, fields: [String: String])] {
-        var rows: [(line: Int, fields: [String: String])] = []
+    /// Each non-blank line's object, by its members.
+    private static func jsonLines(_ text: String, file: String) throws -> [(line: Int, fields: [String: JSONValue])] {
+        var rows: [(line: Int, fields: [String: JSONValue])] = []
         for (index, line) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
             guard !line.allSatisfy(\.isWhitespace) else { continue }
             guard case let .object(members)? = try? JSONValue(parsing: Data(line.utf8)) else {
                 throw DatasetError(file: file, reason: "line \(index + 1) is not a JSON object")
             }
-            var fields: [String: String] = [:]
-            for case let (key, .string(value)) in members { fields[key] = value }
-            rows.append((index + 1, fields))
+            rows.append((index + 1, Dictionary(members, uniquingKeysWith: { _, last in last })))
         }
         return rows
     }

@@ -187,11 +187,17 @@ public func embeddingBackward(_ outputGradient: Tensor, ids: [Int], rows: Int) -
 /// ``embeddingBackward(_:ids:rows:)`` written over `tableGradient`: a large table's gradient buffer kept from step
 /// to step instead of fresh pages every step.
 public func embeddingBackward(_ outputGradient: Tensor, ids: [Int], into tableGradient: Tensor) {
+    tableGradient.storage.pointer.update(repeating: 0, count: tableGradient.count)
+    embeddingBackward(outputGradient, ids: ids, addingInto: tableGradient)
+}
+
+/// ``embeddingBackward(_:ids:rows:)`` added to `tableGradient`: a table that is also a tied output head, whose
+/// gradient holds the head's already.
+public func embeddingBackward(_ outputGradient: Tensor, ids: [Int], addingInto tableGradient: Tensor) {
     let (rows, dim) = (tableGradient.shape[0], tableGradient.shape[1])
     precondition(tableGradient.rank == 2 && outputGradient.count == ids.count * dim,
                  "embedding gradient \(outputGradient.shape) for \(ids.count) ids into \(tableGradient.shape)")
     let dy = outputGradient.storage.pointer, dTable = tableGradient.storage.pointer
-    dTable.update(repeating: 0, count: rows * dim)
     for (position, id) in ids.enumerated() {
         precondition(id >= 0 && id < rows, "embedding id \(id) outside a table of \(rows) rows")
         for i in 0..<dim { dTable[id * dim + i] += dy[position * dim + i] }
@@ -403,7 +409,8 @@ private func storeHeadSlice(_ slice: Tensor, into x: Tensor, item: Int, head: In
 }
 
 /// The gradient of ``rmsNorm(_:weight:eps:)`` with respect to its input: with `r = 1/√(mean(x²) + eps)` and
-/// `g = dy·w`, `dx = r·g − x·r³·mean(g·x)`. (The weight's gradient is not needed where the norm is frozen.)
+/// `g = dy·w`, `dx = r·g − x·r³·mean(g·x)`. (The weight's is ``rmsNormWeightGradient(_:input:eps:)``, needed only
+/// where the norm trains.)
 public func rmsNormBackward(_ outputGradient: Tensor, input: Tensor, weight: Tensor, eps: Float) -> Tensor {
     let features = weight.count
     precondition(input.shape == outputGradient.shape && input.shape.last == features,
@@ -430,6 +437,24 @@ public func rmsNormBackward(_ outputGradient: Tensor, input: Tensor, weight: Ten
     }
     if units <= 1 { (0..<units).forEach(run) } else { parallelFor(units, run) }
     return inputGradient
+}
+
+/// The gradient of ``rmsNorm(_:weight:eps:)`` with respect to its weight: `dw = Σ_rows dy·x·r`, with
+/// `r = 1/√(mean(x²) + eps)` per row.
+public func rmsNormWeightGradient(_ outputGradient: Tensor, input: Tensor, eps: Float) -> Tensor {
+    precondition(input.shape == outputGradient.shape && input.rank > 0, "rmsNorm weight gradient \(outputGradient.shape) for input \(input.shape)")
+    let features = input.shape.last!
+    let rows = features == 0 ? 0 : input.count / features
+    let x = input.storage.pointer, dy = outputGradient.storage.pointer
+    var sums = [Double](repeating: 0, count: features)
+    for row in 0..<rows {
+        let offset = row * features
+        var squares = 0.0
+        for i in 0..<features { squares += Double(x[offset + i]) * Double(x[offset + i]) }
+        let r = 1 / (squares / Double(features) + Double(eps)).squareRoot()
+        for i in 0..<features { sums[i] += Double(dy[offset + i]) * Double(x[offset + i]) * r }
+    }
+    return Tensor(shape: [features], scalars: sums.map(Float.init))
 }
 
 /// Grouped-query attention's keys or values for every query head: `x [B, T, keyHeads·headDim]` with each key head

@@ -5,7 +5,7 @@ import SwiftVLM
 struct Train: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Train a checkpoint with one of transformers' training recipes.",
-        subcommands: [LockedImageTextTuningCommand.self, ProjectorAlignmentCommand.self])
+        subcommands: [LockedImageTextTuningCommand.self, ProjectorAlignmentCommand.self, InstructionTuningCommand.self])
 }
 
 /// What every training command takes: the data, where the result goes, and transformers' TrainingArguments for the
@@ -13,9 +13,6 @@ struct Train: AsyncParsableCommand {
 struct TrainingOptions: ParsableArguments {
     @Option(help: "The dataset directory (imagefolder layout with metadata.jsonl or metadata.csv).")
     var data: String
-
-    @Option(help: "The metadata column holding each image's caption.")
-    var textColumn = "text"
 
     @Option(help: "A dataset (the same layout) whose loss is reported after training, as Trainer's evaluate reports eval_loss.")
     var evalData: String?
@@ -78,30 +75,27 @@ struct TrainingOptions: ParsableArguments {
         return settings
     }
 
-    /// The training dataset and the evaluation one (nil without --eval-data), after refusing an --out that holds a
-    /// checkpoint unless --force: every input checked before a model is loaded.
-    func datasets() throws -> (training: ImageTextDataset, evaluation: ImageTextDataset?) {
+    /// The training dataset and the evaluation one (nil without --eval-data), each read by `read`, after refusing an
+    /// --out that holds a checkpoint unless --force: every input checked before a model is loaded.
+    func datasets<Dataset>(_ read: (URL) throws -> Dataset) throws -> (training: Dataset, evaluation: Dataset?) {
         let existing = URL(fileURLWithPath: out).appendingPathComponent("config.json")
         if !force, FileManager.default.fileExists(atPath: existing.path) {
             throw TrainError.exists(existing.path)
         }
-        return (try ImageTextDataset(directory: URL(fileURLWithPath: data), textColumn: textColumn),
-                try evalData.map { try ImageTextDataset(directory: URL(fileURLWithPath: $0), textColumn: textColumn) })
+        return (try read(URL(fileURLWithPath: data)), try evalData.map { try read(URL(fileURLWithPath: $0)) })
     }
 
-    /// Runs `train` with a line per step (unless --json), saves with `save`, reports `evaluate`'s loss on the
-    /// evaluation dataset when there is one, then prints the run.
-    func run(_ datasets: (training: ImageTextDataset, evaluation: ImageTextDataset?),
-             _ train: ((TrainingLogEntry) -> Void) throws -> TrainingRun, save: (URL) throws -> Void,
-             evaluate: (ImageTextDataset) throws -> Float) throws {
-        let examples = datasets.training.pairs.count
+    /// Runs `train` over `examples` examples with a line per step (unless --json), saves with `save`, reports
+    /// `evaluate`'s loss when there is an evaluation dataset, then prints the run.
+    func run(examples: Int, _ train: ((TrainingLogEntry) -> Void) throws -> TrainingRun, save: (URL) throws -> Void,
+             evaluate: (() throws -> Float)?) throws {
         let totalSteps = settings.totalSteps(examples: examples)
         let run = try train { entry in
             guard !json else { return }
             print("step \(entry.step)/\(totalSteps)  epoch \(String(format: "%.2f", entry.epoch))  loss \(formatted(entry.loss))  grad_norm \(formatted(entry.gradientNorm))  learning_rate \(String(format: "%.3g", Double(entry.learningRate)))")
         }
         try save(URL(fileURLWithPath: out))
-        let evaluationLoss = try datasets.evaluation.map(evaluate)
+        let evaluationLoss = try evaluate?()
         if json {
             try printJSON(Summary(
                 log_history: run.history.map {
@@ -153,11 +147,15 @@ struct LockedImageTextTuningCommand: AsyncParsableCommand {
     @OptionGroup var options: ModelOption
     @OptionGroup var training: TrainingOptions
 
+    @Option(help: "The metadata column holding each image's caption.")
+    var textColumn = "text"
+
     func run() async throws {
-        let datasets = try training.datasets()
+        let datasets = try training.datasets { try ImageTextDataset(directory: $0, textColumn: textColumn) }
         let pipeline = try LockedImageTextTuningPipeline(directory: try await options.directory())
-        try training.run(datasets, { try pipeline.train(datasets.training, settings: training.settings, log: $0) },
-                         save: pipeline.save, evaluate: { try pipeline.loss(on: $0, batchSize: training.batchSize) })
+        try training.run(examples: datasets.training.pairs.count,
+                         { try pipeline.train(datasets.training, settings: training.settings, log: $0) }, save: pipeline.save,
+                         evaluate: datasets.evaluation.map { evaluation in { try pipeline.loss(on: evaluation, batchSize: training.batchSize) } })
     }
 }
 
@@ -177,15 +175,55 @@ struct ProjectorAlignmentCommand: AsyncParsableCommand {
     @OptionGroup var options: ModelOption
     @OptionGroup var training: TrainingOptions
 
+    @Option(help: "The metadata column holding each image's caption.")
+    var textColumn = "text"
+
     @Option(help: "The user turn's text beside the image (none by default: the image alone).")
     var instruction: String?
 
     func run() async throws {
-        let datasets = try training.datasets()
-        let pipeline = try ProjectorAlignmentPipeline(directory: try await options.directory())
-        try training.run(datasets, { try pipeline.train(datasets.training, instruction: instruction, settings: training.settings, log: $0) },
+        let datasets = try training.datasets { try ImageTextDataset(directory: $0, textColumn: textColumn) }
+        let pipeline = try LlavaTrainingPipeline(directory: try await options.directory(), stage: .projectorAlignment)
+        try training.run(examples: datasets.training.pairs.count,
+                         { try pipeline.train(.captions(datasets.training, instruction: instruction), settings: training.settings, log: $0) },
                          save: pipeline.save,
-                         evaluate: { try pipeline.loss(on: $0, instruction: instruction, batchSize: training.batchSize) })
+                         evaluate: datasets.evaluation.map { evaluation in
+                             { try pipeline.loss(on: .captions(evaluation, instruction: instruction), batchSize: training.batchSize) }
+                         })
+    }
+}
+
+struct InstructionTuningCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "sft",
+        abstract: "Visual instruction tuning: fine-tune a LLaVA checkpoint's projector and language model on image conversations, the loss on the assistant's replies.",
+        discussion: """
+            LLaVA's second training stage, as TRL's SFTTrainer runs it with assistant_only_loss. The data is an \
+            imagefolder directory whose metadata.jsonl gives each row a file_name and a messages column: a \
+            conversation in the chat format ({"role": "user", "content": [{"type": "image"}, {"type": "text", \
+            "text": "..."}]}, then the assistant's reply, and so on), with one image part for the row's image. Each \
+            conversation is rendered through the checkpoint's chat template and tokenized as transformers' processor \
+            does; the loss scores the tokens the template's {% generation %} blocks mark (the assistant's replies). \
+            The multimodal projector and every language-model weight learn by AdamW as transformers' Trainer steps it \
+            (the defaults are TrainingArguments'); the vision tower stays frozen. The tuned checkpoint (config, fp32 \
+            weights, processor, tokenizer and chat template files) is written to --out.
+            """)
+
+    @OptionGroup var options: ModelOption
+    @OptionGroup var training: TrainingOptions
+
+    @Option(help: "The metadata column holding each row's conversation.")
+    var messagesColumn = "messages"
+
+    func run() async throws {
+        let datasets = try training.datasets { try ImageConversationDataset(directory: $0, messagesColumn: messagesColumn) }
+        let pipeline = try LlavaTrainingPipeline(directory: try await options.directory(), stage: .instructionTuning)
+        try training.run(examples: datasets.training.conversations.count,
+                         { try pipeline.train(.conversations(datasets.training), settings: training.settings, log: $0) },
+                         save: pipeline.save,
+                         evaluate: datasets.evaluation.map { evaluation in
+                             { try pipeline.loss(on: .conversations(evaluation), batchSize: training.batchSize) }
+                         })
     }
 }
 

@@ -18,6 +18,15 @@ final class LiTDatasetDirectory {
         let template: String
     }
 
+    /// A fresh dataset directory holding chelsea.png and a metadata file `metadata` with `contents`.
+    static func oneImage(metadata: String, contents: String) throws -> URL {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("dataset-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        try FileManager.default.copyItem(at: fixtures.appendingPathComponent("photos/chelsea.png"), to: directory.appendingPathComponent("chelsea.png"))
+        try contents.write(to: directory.appendingPathComponent(metadata), atomically: true, encoding: .utf8)
+        return directory
+    }
+
     let url = FileManager.default.temporaryDirectory.appendingPathComponent("lit-\(UUID().uuidString)")
     let captions: [String]
     let photos: [String]
@@ -165,12 +174,8 @@ struct LiTRecord: Decodable {
         ("metadata.csv", "file_name,text\nchelsea.png,a,cat", "line 2 has 3 fields, the header 2"),
     ])
     func badMetadataIsOneLineNamingTheFile(file: String, contents: String, message: String) throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("dataset-\(UUID().uuidString)")
+        let directory = try LiTDatasetDirectory.oneImage(metadata: file, contents: contents)
         defer { try? FileManager.default.removeItem(at: directory) }
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        try FileManager.default.copyItem(at: LiTDatasetDirectory.fixtures.appendingPathComponent("photos/chelsea.png"),
-                                         to: directory.appendingPathComponent("chelsea.png"))
-        try contents.write(to: directory.appendingPathComponent(file), atomically: true, encoding: .utf8)
         let error = try #require(throws: DatasetError.self) { try ImageTextDataset(directory: directory) }
         #expect(error.file == directory.appendingPathComponent(file).path)
         #expect(error.reason.hasPrefix(message), "\(error)")
@@ -186,67 +191,5 @@ struct LiTRecord: Decodable {
         let directory = LiTDatasetDirectory.fixtures.appendingPathComponent("photos")
         let error = try #require(throws: DatasetError.self) { try ImageTextDataset(directory: directory) }
         #expect(error.description == "\(directory.path): neither metadata.jsonl nor metadata.csv (an imagefolder dataset's metadata)")
-    }
-}
-
-@Suite struct ProjectorAlignmentPipelineTests {
-    /// oracle/projector_alignment.py's record: its settings, photos, instruction, captions and what each step gave.
-    struct Record: Decodable {
-        struct Settings: Decodable { let learning_rate, weight_decay, max_grad_norm: Float; let warmup_steps, steps: Int }
-        let settings: Settings
-        let photos: [String]
-        let instruction: String
-        let captions: [String]
-        let losses: [Float]
-        let gradient_norms: [Float]
-        let final_loss: Float
-    }
-
-    /// From photo files and captions: each pair rendered through the checkpoint's chat template as transformers'
-    /// processor renders the conversation, the replies scored, the batch right-padded; every step's loss and norm are
-    /// the oracle's, and the written checkpoint (its files copied as files, not links) has the oracle's final loss.
-    @Test(arguments: ["image-chat/llava-1.5", "image-chat/chatml"])
-    func alignsAndSavesAsTransformersDoes(checkpoint: String) throws {
-        let fixtures = LiTDatasetDirectory.fixtures
-        let record = try JSONDecoder().decode(Record.self, from: Data(contentsOf: fixtures.appendingPathComponent(
-            "projector-alignment/\(checkpoint.replacingOccurrences(of: "/", with: "-")).json")))
-        let data = FileManager.default.temporaryDirectory.appendingPathComponent("projector-\(UUID().uuidString)")
-        defer { try? FileManager.default.removeItem(at: data) }
-        try FileManager.default.createDirectory(at: data, withIntermediateDirectories: true)
-        var rows: [String] = []
-        for (photo, caption) in zip(record.photos, record.captions) {
-            let name = (photo as NSString).lastPathComponent
-            try FileManager.default.copyItem(at: fixtures.appendingPathComponent(photo), to: data.appendingPathComponent(name))
-            rows.append(String(decoding: try JSONSerialization.data(withJSONObject: ["file_name": name, "text": caption]), as: UTF8.self))
-        }
-        try rows.joined(separator: "\n").write(to: data.appendingPathComponent("metadata.jsonl"), atomically: true, encoding: .utf8)
-
-        let model = fixtures.appendingPathComponent(checkpoint)
-        let pipeline = try ProjectorAlignmentPipeline(directory: model)
-        var settings = TrainingSettings()
-        settings.batchSize = record.photos.count
-        settings.maxSteps = record.settings.steps
-        settings.learningRate = record.settings.learning_rate
-        settings.weightDecay = record.settings.weight_decay
-        settings.maxGradientNorm = record.settings.max_grad_norm
-        settings.warmupSteps = record.settings.warmup_steps
-        settings.shuffleSeed = nil
-        let dataset = try ImageTextDataset(directory: data)
-        let run = try pipeline.train(dataset, instruction: record.instruction, settings: settings)
-        for (entry, (loss, norm)) in zip(run.history, zip(record.losses, record.gradient_norms)) {
-            #expect(abs(entry.loss - loss) < 1e-4, "step \(entry.step): loss \(entry.loss) against \(loss)")
-            #expect(abs(entry.gradientNorm - norm) < 1e-4 * max(1, norm), "step \(entry.step): norm \(entry.gradientNorm) against \(norm)")
-        }
-        #expect(run.history.count == record.settings.steps)
-
-        let output = data.appendingPathComponent("aligned")
-        try pipeline.save(to: output)
-        let loss = try ProjectorAlignmentPipeline(directory: output).loss(on: dataset, instruction: record.instruction, batchSize: 2)
-        #expect(abs(loss - record.final_loss) < 1e-4, "saved checkpoint's loss \(loss) against \(record.final_loss)")
-        for file in try FileManager.default.contentsOfDirectory(atPath: output.path) {
-            let type = try FileManager.default.attributesOfItem(atPath: output.appendingPathComponent(file).path)[.type] as? FileAttributeType
-            #expect(type == .typeRegular, "\(file) is \(String(describing: type))")
-        }
-        #expect(FileManager.default.fileExists(atPath: output.appendingPathComponent("chat_template.jinja").path))
     }
 }

@@ -78,6 +78,8 @@ import Testing
         Self.expectGradient(Tensor(shape: [12], scalars: Array(analytic.scalars[0..<12])),
                             Self.numericGradient({ rmsNorm($0, weight: w, eps: 1e-6) }, at: firstRows,
                                                  weights: Tensor(shape: [2, 6], scalars: Array(r.scalars[0..<12]))), "rmsNorm")
+        Self.expectGradient(rmsNormWeightGradient(r, input: x, eps: 1e-6),
+                            Self.numericGradient({ rmsNorm(x, weight: $0, eps: 1e-6) }, at: w, weights: r), "rmsNorm weight")
     }
 
     @Test func rotaryAndRepeatedHeadGradients() {
@@ -122,6 +124,9 @@ import Testing
         let table = embeddingBackward(r, ids: [2, 0, 2, 3], rows: 5)
         let g = r.scalars
         #expect(table.scalars == [g[3], g[4], g[5], 0, 0, 0, g[0] + g[6], g[1] + g[7], g[2] + g[8], g[9], g[10], g[11], 0, 0, 0])
+        let tied = Tensor(shape: [5, 3], scalars: (0..<15).map(Float.init))
+        embeddingBackward(r, ids: [2, 0, 2, 3], addingInto: tied)
+        #expect(zip(tied.scalars, zip(table.scalars, (0..<15).map(Float.init)).map(+)).allSatisfy { abs($0 - $1) < 1e-6 })
     }
 
     /// Causal attention with a padded key, against central differences of the forward pass, which must equal the

@@ -1,0 +1,199 @@
+import VLMCheckpoint
+import VLMModels
+import VLMTensor
+
+/// A Llama-family decoder (Llama, Mistral, Qwen2) for training: its weights read once as ``Parameter``s (fp32,
+/// unpacked, under the checkpoint's names), run forward keeping what the backward pass reads, and backward to the
+/// input embeddings' gradient and, when it trains, every weight's.
+struct DecoderTraining {
+    struct Projection {
+        let weight: Parameter
+        let bias: Parameter?
+    }
+
+    struct Layer {
+        let inputNorm, postAttentionNorm: Parameter
+        let query, key, value, output: Projection
+        let gate, up, down: Projection
+    }
+
+    let config: LlamaConfig
+    let embedTokens: Parameter
+    let layers: [Layer]
+    let norm: Parameter
+    /// `lm_head.weight`, or ``embedTokens`` itself where the checkpoint ties them.
+    let head: Parameter
+    let activation: Activation
+    /// Every parameter, each once (a tied head is the embedding), in the checkpoint's order of layers.
+    let parameters: [Parameter]
+
+    init(config: LlamaConfig, weights: Weights, file: String) throws {
+        self.config = config
+        let decoder = weights.scoped(firstOf: ["language_model.model", "model.language_model"], holding: "embed_tokens.weight")
+        let (d, heads, keyHeads, headDim, mlp) = (config.hiddenSize, config.numAttentionHeads, config.numKeyValueHeads,
+                                                  config.headDim, config.intermediateSize)
+        func parameter(_ scope: Weights, _ name: String, shape: [Int]) throws -> Parameter {
+            let isNorm = name.hasSuffix("norm.weight")
+            return Parameter(name: scope.fullName(name), value: try scope(name, shape: shape), decays: !(isNorm || name.hasSuffix("bias")))
+        }
+        embedTokens = try parameter(decoder, "embed_tokens.weight", shape: [config.vocabSize, d])
+        layers = try (0..<config.numHiddenLayers).map { index in
+            if config.attentionWindow(layer: index) != nil {
+                throw ModelError.invalidConfig("training does not run sliding-window attention (layer \(index))", file: file)
+            }
+            let layer = decoder.scoped("layers.\(index)")
+            func projection(_ name: String, out: Int, in width: Int, bias: Bool) throws -> Projection {
+                Projection(weight: try parameter(layer, name + ".weight", shape: [out, width]),
+                           bias: bias ? try parameter(layer, name + ".bias", shape: [out]) : nil)
+            }
+            return Layer(
+                inputNorm: try parameter(layer, "input_layernorm.weight", shape: [d]),
+                postAttentionNorm: try parameter(layer, "post_attention_layernorm.weight", shape: [d]),
+                query: try projection("self_attn.q_proj", out: heads * headDim, in: d, bias: config.attentionBias),
+                key: try projection("self_attn.k_proj", out: keyHeads * headDim, in: d, bias: config.attentionBias),
+                value: try projection("self_attn.v_proj", out: keyHeads * headDim, in: d, bias: config.attentionBias),
+                output: try projection("self_attn.o_proj", out: d, in: heads * headDim, bias: config.outputProjectionBias),
+                gate: try projection("mlp.gate_proj", out: mlp, in: d, bias: config.mlpBias),
+                up: try projection("mlp.up_proj", out: mlp, in: d, bias: config.mlpBias),
+                down: try projection("mlp.down_proj", out: d, in: mlp, bias: config.mlpBias))
+        }
+        norm = try parameter(decoder, "norm.weight", shape: [d])
+        if config.tieWordEmbeddings {
+            head = embedTokens
+        } else {
+            let scope = weights.contains("language_model.lm_head.weight") ? weights.scoped("language_model") : weights
+            head = try parameter(scope, "lm_head.weight", shape: [config.vocabSize, d])
+        }
+        activation = try Activation(huggingFaceName: config.hiddenAct, file: file)
+        var parameters = [embedTokens]
+        for layer in layers {
+            parameters += [layer.inputNorm, layer.postAttentionNorm]
+            for projection in [layer.query, layer.key, layer.value, layer.output, layer.gate, layer.up, layer.down] {
+                parameters.append(projection.weight)
+                if let bias = projection.bias { parameters.append(bias) }
+            }
+        }
+        parameters.append(norm)
+        if !config.tieWordEmbeddings { parameters.append(head) }
+        self.parameters = parameters
+    }
+
+    /// The token embeddings of `ids` `[B][T]`, `[B, T, hidden]`.
+    func embed(_ ids: [[Int]]) -> Tensor {
+        embedding(embedTokens.value, ids: ids.flatMap { $0 }).reshaped([ids.count, ids.first?.count ?? 0, config.hiddenSize])
+    }
+
+    struct LayerActivations {
+        let input, normed1, query, key, value: Tensor
+        let attention: AttentionForTraining
+        let afterAttention, normed2, gate, activated, up: Tensor
+    }
+
+    struct Pass {
+        let layers: [LayerActivations]
+        let last: Tensor
+        let normed: Tensor
+        let logits: Tensor
+        let rotary: (cos: Tensor, sin: Tensor)
+    }
+
+    func forward(_ embeddings: Tensor, attentionMask: [[Int]]?, rotary: (cos: Tensor, sin: Tensor)) -> Pass {
+        let (batch, length) = (embeddings.shape[0], embeddings.shape[1])
+        let (heads, keyHeads) = (config.numAttentionHeads, config.numKeyValueHeads)
+        // The rows' tables: positions 0..<T for every row (right padding).
+        let cos = Tensor(shape: [batch * length, rotary.cos.shape[1]], scalars: Array((0..<batch).map { _ in rotary.cos.scalars }.joined()))
+        let sin = Tensor(shape: [batch * length, rotary.sin.shape[1]], scalars: Array((0..<batch).map { _ in rotary.sin.scalars }.joined()))
+        let mask = attentionMask.map { Tensor(shape: [batch, length], scalars: $0.flatMap { $0.map(Float.init) }) }
+        var hidden = embeddings
+        var activations: [LayerActivations] = []
+        for layer in layers {
+            let normed1 = rmsNorm(hidden, weight: layer.inputNorm.value, eps: config.rmsNormEps)
+            let query = applyRotaryEmbedding(apply(layer.query, normed1), heads: heads, cos: cos, sin: sin)
+            let key = applyRotaryEmbedding(apply(layer.key, normed1), heads: keyHeads, cos: cos, sin: sin)
+            let value = apply(layer.value, normed1)
+            let attention = attentionForTraining(query: query, key: repeatingKeyValueHeads(key, keyHeads: keyHeads, heads: heads),
+                                                 value: repeatingKeyValueHeads(value, keyHeads: keyHeads, heads: heads),
+                                                 heads: heads, causal: true, keyPaddingMask: mask)
+            let afterAttention = add(hidden, apply(layer.output, attention.output))
+            let normed2 = rmsNorm(afterAttention, weight: layer.postAttentionNorm.value, eps: config.rmsNormEps)
+            let gate = apply(layer.gate, normed2)
+            let activated = VLMTensor.activation(gate, activation)
+            let up = apply(layer.up, normed2)
+            activations.append(LayerActivations(input: hidden, normed1: normed1, query: query, key: key, value: value,
+                                                attention: attention, afterAttention: afterAttention, normed2: normed2,
+                                                gate: gate, activated: activated, up: up))
+            hidden = add(afterAttention, apply(layer.down, multiply(activated, up)))
+        }
+        let normed = rmsNorm(hidden, weight: norm.value, eps: config.rmsNormEps)
+        return Pass(layers: activations, last: hidden, normed: normed, logits: linear(normed, weight: head.value, bias: nil),
+                    rotary: (cos, sin))
+    }
+
+    /// The gradient of the loss with respect to the input embeddings, from the gradient of the logits; with
+    /// `weightGradients`, every parameter's gradient set as well (the embedding's from the head alone where they are
+    /// tied: ``embeddingBackward(_:ids:)`` adds the lookup's).
+    func backward(_ logitsGradient: Tensor, through pass: Pass, weightGradients: Bool) -> Tensor {
+        let (heads, keyHeads) = (config.numAttentionHeads, config.numKeyValueHeads)
+        let eps = config.rmsNormEps
+        func backward(_ outputGradient: Tensor, _ projection: Projection, input: @autoclosure () -> Tensor) -> Tensor {
+            let weight = projection.weight.value
+            let rows = outputGradient.reshaped([-1, weight.shape[0]])
+            if weightGradients {
+                projection.weight.gradient = matmul(rows, input().reshaped([-1, weight.shape[1]]), transposeA: true)
+                projection.bias?.gradient = columnSums(rows)
+            }
+            return matmul(rows, weight).reshaped(Array(outputGradient.shape.dropLast()) + [weight.shape[1]])
+        }
+        func normBackward(_ outputGradient: Tensor, _ weight: Parameter, input: Tensor) -> Tensor {
+            if weightGradients { weight.gradient = rmsNormWeightGradient(outputGradient, input: input, eps: eps) }
+            return rmsNormBackward(outputGradient, input: input, weight: weight.value, eps: eps)
+        }
+
+        let normedGradient = backward(logitsGradient, Projection(weight: head, bias: nil), input: pass.normed)
+        var hiddenGradient = normBackward(normedGradient, norm, input: pass.last)
+        for (layer, saved) in zip(layers, pass.layers).reversed() {
+            // The MLP: down(act(gate) · up).
+            let productGradient = backward(hiddenGradient, layer.down, input: multiply(saved.activated, saved.up))
+            let gateGradient = activationBackward(multiply(productGradient, saved.up), input: saved.gate, activation)
+            let upGradient = multiply(productGradient, saved.activated)
+            let normed2Gradient = add(backward(gateGradient, layer.gate, input: saved.normed2),
+                                      backward(upGradient, layer.up, input: saved.normed2))
+            let residualGradient = add(hiddenGradient, normBackward(normed2Gradient, layer.postAttentionNorm, input: saved.afterAttention))
+            // Attention over the rotated queries and keys, the key heads repeated for their query heads.
+            let attention = attentionBackward(backward(residualGradient, layer.output, input: saved.attention.output),
+                                              query: saved.query,
+                                              key: repeatingKeyValueHeads(saved.key, keyHeads: keyHeads, heads: heads),
+                                              value: repeatingKeyValueHeads(saved.value, keyHeads: keyHeads, heads: heads),
+                                              probabilities: saved.attention.probabilities, heads: heads)
+            let queryGradient = applyRotaryEmbeddingBackward(attention.query, heads: heads, cos: pass.rotary.cos, sin: pass.rotary.sin)
+            let keyGradient = applyRotaryEmbeddingBackward(repeatingKeyValueHeadsBackward(attention.key, keyHeads: keyHeads, heads: heads),
+                                                           heads: keyHeads, cos: pass.rotary.cos, sin: pass.rotary.sin)
+            let valueGradient = repeatingKeyValueHeadsBackward(attention.value, keyHeads: keyHeads, heads: heads)
+            let normed1Gradient = add(add(backward(queryGradient, layer.query, input: saved.normed1),
+                                          backward(keyGradient, layer.key, input: saved.normed1)),
+                                      backward(valueGradient, layer.value, input: saved.normed1))
+            hiddenGradient = add(residualGradient, normBackward(normed1Gradient, layer.inputNorm, input: saved.input))
+        }
+        return hiddenGradient
+    }
+
+    /// The token embedding's gradient from its lookup of `ids` (flattened as ``embed(_:)`` read them) given the
+    /// embeddings' gradient, the positions `replaced` (whose embeddings were replaced after the lookup) left out, as
+    /// are those of `pad_token_id`, the embedding's `padding_idx`, whose row torch never updates; added to the tied
+    /// head's where there is one (called after ``backward(_:through:weightGradients:)`` with `weightGradients` set
+    /// the head's).
+    func embeddingBackward(_ embeddingsGradient: Tensor, ids: [Int], replaced: [Int]) {
+        let skipped = replaced + (config.padTokenId.map { pad in ids.indices.filter { ids[$0] == pad } } ?? [])
+        let width = embeddingsGradient.shape.last ?? 0
+        let gradient = replacingRows(of: embeddingsGradient, at: skipped.sorted(), with: Tensor(zeros: [skipped.count, width]))
+        if config.tieWordEmbeddings, let headGradient = embedTokens.gradient {
+            VLMTensor.embeddingBackward(gradient, ids: ids, addingInto: headGradient)
+        } else {
+            embedTokens.gradient = VLMTensor.embeddingBackward(gradient, ids: ids, rows: config.vocabSize)
+        }
+    }
+
+    private func apply(_ projection: Projection, _ x: Tensor) -> Tensor {
+        linear(x, weight: projection.weight.value, bias: projection.bias?.value)
+    }
+}

@@ -1,0 +1,139 @@
+import Foundation
+import VLMCheckpoint
+import VLMModels
+import VLMTensor
+
+/// LLaVA's two training stages (Liu et al. 2023) on a LLaVA checkpoint, as transformers computes
+/// `model(input_ids, pixel_values, attention_mask, labels=labels).loss` with the frozen parts' parameters not requiring
+/// gradients and `Trainer` steps the rest: the vision tower always frozen, the multimodal projector always learning,
+/// the language model frozen in projector alignment and learning in instruction tuning. The vision features the
+/// projector reads never change, so each image is encoded once.
+///
+/// The language model (Llama, Mistral or Qwen2) is held a second time here, in fp32 and unpacked, beside the
+/// inference model's weights: it runs forward keeping each layer's activations and backward to the projector's output
+/// (and, when it learns, to its own weights).
+public final class LlavaTraining: @unchecked Sendable {
+    /// What learns.
+    public enum Stage: Sendable {
+        /// Stage 1, feature alignment: the projector alone.
+        case projectorAlignment
+        /// Stage 2, visual instruction tuning: the projector and the language model.
+        case instructionTuning
+    }
+
+    public let directory: ModelDirectory
+    public let config: LlavaConfig
+    public let stage: Stage
+    /// The frozen model the vision features and the rotary tables come from.
+    public let frozen: LlavaForConditionalGeneration
+    /// What the optimizer steps, under the checkpoint's own names: the projector's `linear_1` and `linear_2`, then in
+    /// instruction tuning every tensor of the language model (a head tied to the token embedding once, as the
+    /// embedding).
+    public let parameters: [Parameter]
+    private let store: WeightStore
+    private let projector: [String: Parameter]
+    private let languageModel: DecoderTraining
+    private let activation: Activation
+
+    /// Loads a checkpoint directory of `model_type` `llava` (a Llama, Mistral or Qwen2 language model).
+    public init(directory: ModelDirectory, stage: Stage) throws {
+        self.directory = directory
+        self.stage = stage
+        let file = directory.url.appendingPathComponent("config.json").path
+        frozen = try MatrixPrecision.$forNewLayers.withValue(.float32) { try LlavaForConditionalGeneration(directory: directory) }
+        config = frozen.config
+        store = try WeightStore(directory: directory.url)
+        let weights = Weights(store)
+        let scope = weights.scoped(firstOf: ["multi_modal_projector", "model.multi_modal_projector"], holding: "linear_1.weight")
+        let names = ["linear_1.weight", "linear_2.weight"] + (config.multimodalProjectorBias ? ["linear_1.bias", "linear_2.bias"] : [])
+        projector = try Dictionary(uniqueKeysWithValues: names.map { name in
+            (name, Parameter(name: scope.fullName(name), value: try scope(name), decays: !name.hasSuffix("bias")))
+        })
+        activation = try Activation(huggingFaceName: config.projectorHiddenAct, file: file)
+        let languageModel = try DecoderTraining(config: config.textConfig, weights: weights, file: file)
+        let projector = self.projector
+        parameters = names.map { projector[$0]! } + (stage == .instructionTuning ? languageModel.parameters : [])
+        self.languageModel = languageModel
+    }
+
+    /// The frozen vision tower's features for the projector, per image `[tokens per image, features]`, from pixel values
+    /// `[N, 3, S, S]`.
+    public func visionFeatures(pixelValues: Tensor) throws -> Tensor {
+        try frozen.visionFeatures(pixelValues: pixelValues)
+    }
+
+    /// The language model's loss on `labels` (-100 where nothing is scored; transformers shifts them by one) for
+    /// prompts holding their images' tokens, with the learning parameters' gradients set for the optimizer.
+    ///
+    /// - Parameters:
+    ///   - visionFeatures: `[images, tokens per image, features]` from ``visionFeatures(pixelValues:)``, the images of
+    ///     the rows in order.
+    ///   - inputIds: token sequences of one length, right-padded.
+    ///   - attentionMask: their padding mask (nil: no padding).
+    public func lossAndGradients(visionFeatures: Tensor, inputIds: [[Int]], attentionMask: [[Int]]?, labels: [[Int]]) throws -> Float {
+        try loss(visionFeatures: visionFeatures, inputIds: inputIds, attentionMask: attentionMask, labels: labels, settingGradients: true)
+    }
+
+    /// The loss as ``lossAndGradients(visionFeatures:inputIds:attentionMask:labels:)`` computes it, without the
+    /// backward pass.
+    public func loss(visionFeatures: Tensor, inputIds: [[Int]], attentionMask: [[Int]]?, labels: [[Int]]) throws -> Float {
+        try loss(visionFeatures: visionFeatures, inputIds: inputIds, attentionMask: attentionMask, labels: labels, settingGradients: false)
+    }
+
+    private func loss(visionFeatures: Tensor, inputIds: [[Int]], attentionMask: [[Int]]?, labels: [[Int]],
+                      settingGradients: Bool) throws -> Float {
+        let (batch, length) = (inputIds.count, inputIds.first?.count ?? 0)
+        guard batch > 0, length > 0, inputIds.allSatisfy({ $0.count == length }),
+              labels.count == batch, labels.allSatisfy({ $0.count == length }) else {
+            throw ModelError.invalidInput("LLaVA training needs token ids and labels of one length per row")
+        }
+        let vocabulary = config.textConfig.vocabSize
+        let ids = inputIds.flatMap { $0 }
+        let imageRows = ids.indices.filter { ids[$0] == config.imageTokenIndex }
+        let features = visionFeatures.reshaped([-1, visionFeatures.shape.last ?? 0])
+        guard imageRows.count == features.shape[0] else {
+            throw ModelError.invalidInput("the prompts hold \(imageRows.count) image tokens (id \(config.imageTokenIndex)) for \(features.shape[0]) image feature rows")
+        }
+        if let id = ids.first(where: { ($0 < 0 || $0 >= vocabulary) && $0 != config.imageTokenIndex }) {
+            throw ModelError.invalidInput("token id \(id) is outside the language model's vocabulary of \(vocabulary)")
+        }
+        // The image tokens' own embeddings are replaced, so any row stands in for an id beyond the vocabulary.
+        let lookedUp = ids.map { $0 == config.imageTokenIndex && $0 >= vocabulary ? 0 : $0 }
+        let bias = config.multimodalProjectorBias
+
+        // Forward: the projector, the image rows in their tokens' places, the language model.
+        let first = projector["linear_1.weight"]!, second = projector["linear_2.weight"]!
+        let hidden = linear(features, weight: first.value, bias: bias ? projector["linear_1.bias"]!.value : nil)
+        let activated = VLMTensor.activation(hidden, activation)
+        let projected = linear(activated, weight: second.value, bias: bias ? projector["linear_2.bias"]!.value : nil)
+        let embeddings = replacingRows(of: languageModel.embed([lookedUp]).reshaped([batch, length, -1]), at: imageRows, with: projected)
+        let pass = languageModel.forward(embeddings, attentionMask: attentionMask,
+                                         rotary: frozen.languageModel.rotaryTables(positions: Array(0..<length)))
+        let (loss, logitsGradient) = try causalLanguageModelLossGradient(logits: pass.logits, labels: labels)
+        guard settingGradients else { return loss }
+
+        // Backward through the language model to its input rows: the image rows' gradient goes on through the
+        // projector, the text rows' to the token embedding when it learns.
+        let trainsLanguageModel = stage == .instructionTuning
+        let embeddingGradient = languageModel.backward(logitsGradient, through: pass, weightGradients: trainsLanguageModel)
+        let rows = embeddingGradient.reshaped([-1, embeddingGradient.shape.last ?? 0])
+        if trainsLanguageModel {
+            languageModel.embeddingBackward(rows, ids: lookedUp, replaced: imageRows)
+        }
+        let secondGradients = linearBackward(embedding(rows, ids: imageRows), input: activated, weight: second.value)
+        let firstGradients = linearBackward(activationBackward(secondGradients.input, input: hidden, activation), input: features,
+                                            weight: first.value)
+        first.gradient = firstGradients.weight
+        second.gradient = secondGradients.weight
+        projector["linear_1.bias"]?.gradient = firstGradients.bias
+        projector["linear_2.bias"]?.gradient = secondGradients.bias
+        return loss
+    }
+
+    /// Writes the trained checkpoint to `output` as ``LockedImageTextTuning/save(to:)`` writes one: every tensor of
+    /// the original in fp32 with the trained ones replaced, config.json with `dtype` float32, the processor files.
+    public func save(to output: URL) throws {
+        try writeCheckpoint(from: directory, store: store, replacing: Dictionary(uniqueKeysWithValues: parameters.map { ($0.name, $0.value) }),
+                            to: output)
+    }
+}

@@ -1,0 +1,95 @@
+import Foundation
+import Testing
+import VLMCheckpoint
+import VLMImages
+import VLMModels
+import VLMTensor
+import VLMTraining
+
+@Suite struct LlavaTrainingTests {
+    /// oracle/projector_alignment.py's or oracle/instruction_tuning.py's record of transformers and torch training a
+    /// LLaVA fixture.
+    struct Record: Decodable {
+        struct Settings: Decodable {
+            let learning_rate, weight_decay, adam_beta1, adam_beta2, adam_epsilon, max_grad_norm: Float
+            let warmup_steps, steps: Int
+        }
+        let settings: Settings
+        let photos: [String]
+        let input_ids: [[Int]]
+        let attention_mask: [[Int]]
+        let labels: [[Int]]
+        let losses: [Float]
+        let gradient_norms: [Float]
+        let final_loss: Float
+        let decayed: [String]
+        /// Instruction tuning's: every trained tensor.
+        let trained: [String]?
+        /// Projector alignment's: the trained tensors without weight decay.
+        let not_decayed: [String]?
+    }
+
+    /// Projector alignment: every step's loss and gradient norm, the first step's gradients and the parameters after
+    /// the last step, against torch's autograd through the frozen language model (a Llama decoder with grouped-query
+    /// attention and projector biases; a Qwen2 decoder with q/k/v biases reading three vision layers, no projector
+    /// biases) and AdamW as Trainer steps it, on a right-padded batch of two chat-templated conversations about a
+    /// photo each.
+    @Test(arguments: ["image-chat/llava-1.5", "image-chat/chatml"])
+    func projectorAlignmentMatchesTransformers(checkpoint: String) throws {
+        try trainAsRecorded(checkpoint: checkpoint, stage: .projectorAlignment, fixtures: "projector-alignment")
+    }
+
+    /// Instruction tuning: the same for the projector and every language-model weight (the Llama fixture's head tied
+    /// to its token embedding, whose gradient sums both uses; the Qwen2 fixture's separate), on conversations of one
+    /// and two exchanges whose replies alone are scored.
+    @Test(arguments: ["image-chat/llava-1.5", "image-chat/chatml"])
+    func instructionTuningMatchesTransformers(checkpoint: String) throws {
+        try trainAsRecorded(checkpoint: checkpoint, stage: .instructionTuning, fixtures: "instruction-tuning")
+    }
+
+    private func trainAsRecorded(checkpoint: String, stage: LlavaTraining.Stage, fixtures folder: String) throws {
+        let fixtures = LiTFixture.fixtures
+        let name = checkpoint.replacingOccurrences(of: "/", with: "-")
+        let record = try JSONDecoder().decode(Record.self, from: Data(contentsOf: fixtures.appendingPathComponent("\(folder)/\(name).json")))
+        let tensors = try SafetensorsFile(url: fixtures.appendingPathComponent("\(folder)/\(name).safetensors"))
+        let directory = try ModelDirectory(url: fixtures.appendingPathComponent(checkpoint))
+        let training = try LlavaTraining(directory: directory, stage: stage)
+        #expect(training.parameters.filter(\.decays).map(\.name).sorted() == record.decayed)
+        if let trained = record.trained { #expect(training.parameters.map(\.name).sorted() == trained) }
+        if let notDecayed = record.not_decayed { #expect(training.parameters.filter { !$0.decays }.map(\.name).sorted() == notDecayed) }
+
+        let processor = try ImageProcessorRegistry.load(directory: directory.url, modelType: directory.modelType)
+        let pixels = try processor.preprocess(record.photos.map { try ImageDecoder.decode(contentsOf: fixtures.appendingPathComponent($0)) })
+        let features = try training.visionFeatures(pixelValues: pixels.pixelValues)
+        var settings = TrainingSettings()
+        settings.learningRate = record.settings.learning_rate
+        settings.weightDecay = record.settings.weight_decay
+        settings.maxGradientNorm = record.settings.max_grad_norm
+        settings.warmupSteps = record.settings.warmup_steps
+        let optimizer = AdamW(parameters: training.parameters, settings: settings, totalSteps: record.settings.steps)
+        for step in 0..<record.settings.steps {
+            let loss = try training.lossAndGradients(visionFeatures: features, inputIds: record.input_ids,
+                                                     attentionMask: record.attention_mask, labels: record.labels)
+            #expect(abs(loss - record.losses[step]) < 1e-4, "\(name) step \(step): loss \(loss) against \(record.losses[step])")
+            if step == 0 {
+                for parameter in training.parameters {
+                    let expected = try tensors.tensor("gradient.\(parameter.name)")
+                    let gradient = try #require(parameter.gradient)
+                    let difference = zip(gradient.scalars, expected.scalars).map { abs($0 - $1) }.max() ?? 0
+                    #expect(gradient.shape == expected.shape && difference < 1e-4, "\(name): gradient of \(parameter.name) off by \(difference) (largest \(expected.scalars.map(abs).max() ?? 0))")
+                }
+            }
+            let norm = optimizer.step()
+            #expect(abs(norm - record.gradient_norms[step]) < 1e-4 * max(1, record.gradient_norms[step]),
+                    "\(name) step \(step): gradient norm \(norm) against \(record.gradient_norms[step])")
+        }
+        for parameter in training.parameters {
+            let expected = try tensors.tensor("trained.\(parameter.name)")
+            let difference = zip(parameter.value.scalars, expected.scalars).map { abs($0 - $1) }.max() ?? 0
+            #expect(difference < 1e-4, "\(name): \(parameter.name) after training off by \(difference)")
+        }
+        let final = try training.loss(visionFeatures: features, inputIds: record.input_ids, attentionMask: record.attention_mask,
+                                      labels: record.labels)
+        #expect(abs(final - record.final_loss) < 1e-4, "\(name): final loss \(final) against \(record.final_loss)")
+    }
+}
