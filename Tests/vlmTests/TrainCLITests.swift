@@ -126,4 +126,55 @@ import Testing
         #expect(notLlava.status == 1)
         #expect(notLlava.stderr.contains("model_type \"clip\" is not supported here (supported: llava)"), "\(notLlava.stderr)")
     }
+
+    @Test func sftLogsTrainersLossesAndWritesACheckpointThatChats() throws {
+        defer { try? FileManager.default.removeItem(at: work) }
+        struct Record: Decodable {
+            struct Settings: Decodable { let learning_rate, weight_decay: Float; let warmup_steps, steps: Int }
+            let settings: Settings
+            let photos: [String]
+            let exchanges: [[[String]]]
+            let losses: [Float]
+            let final_loss: Float
+        }
+        let record = try JSONDecoder().decode(Record.self, from: Data(contentsOf: CLI.fixtures.appendingPathComponent("instruction-tuning/image-chat-chatml.json")))
+        let data = work.appendingPathComponent("conversations")
+        try FileManager.default.createDirectory(at: data, withIntermediateDirectories: true)
+        var rows: [String] = []
+        for (photo, exchanges) in zip(record.photos, record.exchanges) {
+            let name = (photo as NSString).lastPathComponent
+            try FileManager.default.copyItem(at: CLI.fixtures.appendingPathComponent(photo), to: data.appendingPathComponent(name))
+            let messages = exchanges.enumerated().flatMap { index, exchange -> [[String: Any]] in
+                let question: [[String: Any]] = (index == 0 ? [["type": "image"]] : []) + [["type": "text", "text": exchange[0]]]
+                return [["role": "user", "content": question], ["role": "assistant", "content": [["type": "text", "text": exchange[1]]]]]
+            }
+            rows.append(String(decoding: try JSONSerialization.data(withJSONObject: ["file_name": name, "messages": messages]), as: UTF8.self))
+        }
+        try rows.joined(separator: "\n").write(to: data.appendingPathComponent("metadata.jsonl"), atomically: true, encoding: .utf8)
+        let out = work.appendingPathComponent("tuned").path
+        let checkpoint = CLI.fixtures.appendingPathComponent("image-chat/chatml").path
+        let run = try CLI.run(["train", "sft", "--model", checkpoint, "--data", data.path, "--eval-data", data.path, "--out", out,
+                               "--batch-size", "2", "--max-steps", "\(record.settings.steps)", "--learning-rate", "\(record.settings.learning_rate)",
+                               "--weight-decay", "\(record.settings.weight_decay)", "--warmup-steps", "\(record.settings.warmup_steps)",
+                               "--no-shuffle", "--json"])
+        #expect(run.status == 0, "\(run.stderr)")
+        let summary = try #require(try CLI.json(run) as? [String: Any])
+        let losses = try #require((summary["log_history"] as? [[String: Any]])?.compactMap { $0["loss"] as? Double })
+        #expect(losses.count == record.losses.count)
+        for (loss, expected) in zip(losses, record.losses) { #expect(abs(loss - Double(expected)) < 1e-4) }
+        // Evaluated on its own conversations after training: the loss transformers gave after the last step.
+        let evaluation = try #require(summary["eval_loss"] as? Double)
+        #expect(abs(evaluation - Double(record.final_loss)) < 1e-4, "eval_loss \(evaluation) against \(record.final_loss)")
+
+        // The tuned checkpoint answers through its chat template.
+        let chat = try CLI.run(["generate", "--model", out, "--image", data.appendingPathComponent("chelsea.png").path,
+                                "--prompt", "What is this?", "--max-new-tokens", "3", "--temperature", "0", "--json"])
+        #expect(chat.status == 0, "\(chat.stderr)")
+        // A caption dataset is not a conversation dataset: one line naming its metadata.
+        try #"{"file_name": "chelsea.png", "text": "A cat."}"#.write(to: data.appendingPathComponent("metadata.jsonl"), atomically: true, encoding: .utf8)
+        let captions = try CLI.run(["train", "sft", "--model", checkpoint, "--data", data.path, "--out", work.path + "/x"])
+        #expect(captions.status == 1)
+        #expect(captions.stderr == "Error: \(data.appendingPathComponent("metadata.jsonl").path): line 1: no messages (choose the conversation column with --messages-column)\n",
+                "\(captions.stderr)")
+    }
 }
