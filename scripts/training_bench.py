@@ -1,4 +1,4 @@
-"""What the training benchmarks (bench_lit.py, bench_projector.py) share: the captioned photos they train on and a
+"""What the training benchmarks (bench_lit.py, bench_llava_training.py) share: the captioned photos they train on and a
 timed `vlm train` run."""
 import json
 import os
@@ -39,8 +39,9 @@ def vlm_step_seconds(binary, recipe, model_dir, data, out, batch_size, steps, le
     return json.loads(result.stdout)["train_runtime"] / steps
 
 
-def parse_arguments(description, model, pairs, batch_size, steps):
-    """The benchmarks' command line, with their own defaults for the model, pairs, batch size and steps."""
+def parse_arguments(description, model, pairs, batch_size, steps, choices=None):
+    """The benchmarks' command line, with their own defaults for the model, pairs, batch size and steps, and their
+    own options each taking one of a few values (the first the default)."""
     import argparse
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=model)
@@ -50,6 +51,8 @@ def parse_arguments(description, model, pairs, batch_size, steps):
     parser.add_argument("--steps", type=int, default=steps)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    for name, values in (choices or {}).items():
+        parser.add_argument(f"--{name}", choices=values, default=values[0])
     return parser.parse_args()
 
 

@@ -40,6 +40,16 @@ public struct TrainingRun: Sendable {
 func runTraining(examples: Int, settings: TrainingSettings, parameters: [Parameter], imageEncodingTime: Double,
                  log: (TrainingLogEntry) -> Void, lossAndGradients: ([Int]) throws -> Float) throws -> TrainingRun {
     guard settings.batchSize > 0 else { throw ModelError.invalidInput("the batch size must be positive") }
+    // Each step's activations and gradients take the blocks the last step freed: up to an eighth of the machine's
+    // memory kept for them.
+    return try TensorStorage.reusingFreedBlocks(upTo: Int(min(ProcessInfo.processInfo.physicalMemory / 8, UInt64(Int.max)))) {
+        try trainingSteps(examples: examples, settings: settings, parameters: parameters, imageEncodingTime: imageEncodingTime,
+                          log: log, lossAndGradients: lossAndGradients)
+    }
+}
+
+private func trainingSteps(examples: Int, settings: TrainingSettings, parameters: [Parameter], imageEncodingTime: Double,
+                           log: (TrainingLogEntry) -> Void, lossAndGradients: ([Int]) throws -> Float) throws -> TrainingRun {
     let start = DispatchTime.now().uptimeNanoseconds
     var samples = 0
     let totalSteps = settings.totalSteps(examples: examples)

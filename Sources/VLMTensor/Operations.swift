@@ -149,19 +149,32 @@ public func matmul(_ a: Tensor, _ b: Tensor, transposeA: Bool = false, transpose
     matmul(a, b, transposeA: transposeA, transposeB: transposeB, backend: .best)
 }
 
+/// ``matmul(_:_:transposeA:transposeB:)`` written over `output` (`[M, N]`): a product whose buffer is kept from one
+/// training step to the next (a weight's gradient) instead of fresh pages every step.
+public func matmul(_ a: Tensor, _ b: Tensor, transposeA: Bool = false, transposeB: Bool = false, into output: Tensor) {
+    matmul(a, b, transposeA: transposeA, transposeB: transposeB, backend: .best, into: output)
+}
+
 func matmul(_ a: Tensor, _ b: Tensor, transposeB: Bool, backend: Backend) -> Tensor {
     matmul(a, b, transposeA: false, transposeB: transposeB, backend: backend)
 }
 
 func matmul(_ a: Tensor, _ b: Tensor, transposeA: Bool, transposeB: Bool, backend: Backend) -> Tensor {
     precondition(a.rank == 2 && b.rank == 2, "matmul needs 2-D tensors, got \(a.shape) and \(b.shape)")
+    let output = Tensor(uninitialized: [transposeA ? a.shape[1] : a.shape[0], transposeB ? b.shape[0] : b.shape[1]])
+    matmul(a, b, transposeA: transposeA, transposeB: transposeB, backend: backend, into: output)
+    return output
+}
+
+private func matmul(_ a: Tensor, _ b: Tensor, transposeA: Bool, transposeB: Bool, backend: Backend, into output: Tensor) {
+    precondition(a.rank == 2 && b.rank == 2, "matmul needs 2-D tensors, got \(a.shape) and \(b.shape)")
     let (m, k) = transposeA ? (a.shape[1], a.shape[0]) : (a.shape[0], a.shape[1])
     let n = transposeB ? b.shape[0] : b.shape[1]
     precondition((transposeB ? b.shape[1] : b.shape[0]) == k,
                  "matmul: \(a.shape)\(transposeA ? "ᵀ" : "") x \(b.shape)\(transposeB ? "ᵀ" : "") do not line up")
-    let output = Tensor(uninitialized: [m, n])
-    if output.count == 0 { return output }
-    if k == 0 { return Tensor(zeros: [m, n]) }
+    precondition(output.shape == [m, n], "matmul: output \(output.shape) for a [\(m), \(n)] product")
+    if output.count == 0 { return }
+    if k == 0 { return output.storage.pointer.update(repeating: 0, count: output.count) }
     switch backend {
     #if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
     case .oneDNN: oneDNNMatmul(a, b, m: m, k: k, n: n, transposeA: transposeA, transposeB: transposeB, into: output)
@@ -170,7 +183,6 @@ func matmul(_ a: Tensor, _ b: Tensor, transposeA: Bool, transposeB: Bool, backen
         let left = transposeA ? transposed(a) : a
         gemm(m: m, n: n, k: k, left.storage.pointer, b.storage.pointer, transposeB: transposeB, into: output.storage.pointer)
     }
-    return output
 }
 
 /// The transpose of a 2-D tensor, copied.

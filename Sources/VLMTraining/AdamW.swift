@@ -12,6 +12,16 @@ public final class Parameter: @unchecked Sendable {
     /// (`get_decay_parameter_names`).
     public let decays: Bool
 
+    /// A buffer shaped like the value that a backward pass may write the gradient into, the same one step after
+    /// step: a language model's weights are gigabytes of fresh pages a step otherwise.
+    var gradientBuffer: Tensor {
+        if let buffer { return buffer }
+        let buffer = Tensor(uninitialized: value.shape)
+        self.buffer = buffer
+        return buffer
+    }
+    private var buffer: Tensor?
+
     /// A parameter holding a copy of `value`.
     public init(name: String, value: Tensor, decays: Bool) {
         self.name = name

@@ -139,7 +139,9 @@ struct DecoderTraining {
             let weight = projection.weight.value
             let rows = outputGradient.reshaped([-1, weight.shape[0]])
             if weightGradients {
-                projection.weight.gradient = matmul(rows, input().reshaped([-1, weight.shape[1]]), transposeA: true)
+                let gradient = projection.weight.gradientBuffer
+                matmul(rows, input().reshaped([-1, weight.shape[1]]), transposeA: true, into: gradient)
+                projection.weight.gradient = gradient
                 projection.bias?.gradient = columnSums(rows)
             }
             return matmul(rows, weight).reshaped(Array(outputGradient.shape.dropLast()) + [weight.shape[1]])
@@ -189,7 +191,9 @@ struct DecoderTraining {
         if config.tieWordEmbeddings, let headGradient = embedTokens.gradient {
             VLMTensor.embeddingBackward(gradient, ids: ids, addingInto: headGradient)
         } else {
-            embedTokens.gradient = VLMTensor.embeddingBackward(gradient, ids: ids, rows: config.vocabSize)
+            let table = embedTokens.gradientBuffer
+            VLMTensor.embeddingBackward(gradient, ids: ids, into: table)
+            embedTokens.gradient = table
         }
     }
 
