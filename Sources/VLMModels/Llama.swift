@@ -127,6 +127,22 @@ public struct LlamaConfig: Decodable, Sendable {
     /// Whether `o_proj` has a bias: Llama's `attention_bias` covers it, Qwen2's q/k/v biases do not.
     public var outputProjectionBias: Bool { modelType == "llama" && attentionBias }
 
+    /// The rotary embedding's inverse frequencies for sequences up to `maxPositionEmbeddings`, as the model's
+    /// forward pass takes them; an incomplete `rope_parameters` is an error naming `file`.
+    public func rotaryInverseFrequencies(file: String) throws -> [Float] {
+        try rope.inverseFrequencies(headDim: headDim, maxPositionEmbeddings: maxPositionEmbeddings, file: file)
+    }
+
+    /// The rotary tables of `positions` from ``rotaryInverseFrequencies(file:)``, "dynamic" scaling's frequencies
+    /// recomputed for a pass reaching past `maxPositionEmbeddings`.
+    public func rotaryTables(positions: [Int], inverseFrequencies: [Float]) -> (cos: Tensor, sin: Tensor) {
+        let largest = positions.max() ?? 0
+        let frequencies = rope.ropeType == "dynamic" && largest >= maxPositionEmbeddings
+            ? rope.dynamicInverseFrequencies(headDim: headDim, sequenceLength: largest + 1, maxPositionEmbeddings: maxPositionEmbeddings)
+            : inverseFrequencies
+        return VLMTensor.rotaryTables(positions: positions, inverseFrequencies: frequencies)
+    }
+
     /// The sliding window of layer `index`, nil where it attends to every earlier position.
     public func attentionWindow(layer index: Int) -> Int? {
         guard let slidingWindow else { return nil }
@@ -319,8 +335,7 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
         try config.validate(file: file)
         self.config = config
         activation = try Activation(huggingFaceName: config.hiddenAct, file: file)
-        inverseFrequencies = try config.rope.inverseFrequencies(headDim: config.headDim, maxPositionEmbeddings: config.maxPositionEmbeddings,
-                                                                file: file)
+        inverseFrequencies = try config.rotaryInverseFrequencies(file: file)
         // The head first, so that a bf16 table does not live beside its fp32 original while the layers load.
         (embedTokens, lmHead) = try {
             let table = try matrix("model.embed_tokens.weight", [config.vocabSize, config.hiddenSize])
@@ -467,12 +482,7 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
     /// The rotary tables of `positions` (`[positions, headDim/2]` each), at the frequencies of a pass whose largest
     /// position is theirs, as ``applyRotaryEmbedding(_:heads:cos:sin:)`` reads them.
     public func rotaryTables(positions: [Int]) -> (cos: Tensor, sin: Tensor) {
-        let largest = positions.max() ?? 0
-        let frequencies = config.rope.ropeType == "dynamic" && largest >= config.maxPositionEmbeddings
-            ? config.rope.dynamicInverseFrequencies(headDim: config.headDim, sequenceLength: largest + 1,
-                                                    maxPositionEmbeddings: config.maxPositionEmbeddings)
-            : inverseFrequencies
-        return VLMTensor.rotaryTables(positions: positions, inverseFrequencies: frequencies)
+        config.rotaryTables(positions: positions, inverseFrequencies: inverseFrequencies)
     }
 
     private func decoderLayer(_ layer: LlamaDecoderLayer, index: Int, hidden: Tensor, rotary: (cos: Tensor, sin: Tensor),

@@ -26,53 +26,6 @@ public struct ImageTextDataset: Sendable {
     }
 }
 
-/// Image conversations laid out as 🤗 datasets' `imagefolder` with a `metadata.jsonl` whose `file_name` column names
-/// each row's image and whose `messages` column holds the conversation about it in the chat format transformers'
-/// chat templates and TRL's conversational datasets use: a list of `{"role": …, "content": …}` messages, the content
-/// a string or a list of parts, one of them `{"type": "image"}`, where the image goes.
-public struct ImageConversationDataset: Sendable {
-    public struct Conversation: Sendable, Equatable {
-        public let image: URL
-        public let messages: [JSONValue]
-    }
-
-    public let conversations: [Conversation]
-
-    /// Reads `directory/metadata.jsonl` (or a metadata.csv, whose text fields cannot hold messages). Every row must
-    /// name an image file inside the directory and hold in `messagesColumn` a list of messages, each with a string
-    /// role and a string or list-of-parts content, one image part among them all and at least one assistant message;
-    /// the first that does not is the error.
-    public init(directory: URL, messagesColumn: String = "messages") throws {
-        let metadata = try ImageFolderMetadata(directory: directory)
-        conversations = try metadata.rows.map { row in
-            func failure(_ reason: String) -> DatasetError { DatasetError(file: metadata.file.path, reason: "line \(row.line): \(reason)") }
-            guard let column = row.fields[messagesColumn] else {
-                throw failure("no \(messagesColumn) (choose the conversation column with --messages-column)")
-            }
-            guard case let .array(messages) = column, !messages.isEmpty else {
-                throw failure("\(messagesColumn) is not a list of messages")
-            }
-            var imageParts = 0, replies = 0
-            for (index, message) in messages.enumerated() {
-                guard case let .string(role)? = message["role"] else { throw failure("message \(index) has no string role") }
-                if role == "assistant" { replies += 1 }
-                switch message["content"] {
-                case .string?: break
-                case let .array(parts)?:
-                    for part in parts {
-                        guard case let .string(type)? = part["type"] else { throw failure("message \(index) has a content part without a type") }
-                        if type == "image" { imageParts += 1 }
-                    }
-                default: throw failure("message \(index)'s content is neither a string nor a list of parts")
-                }
-            }
-            guard imageParts == 1 else { throw failure("the messages hold \(imageParts) image parts for the row's one image") }
-            guard replies > 0 else { throw failure("no assistant message to learn from") }
-            return Conversation(image: row.image, messages: messages)
-        }
-    }
-}
-
 /// The rows of an imagefolder dataset's metadata (metadata.jsonl, else metadata.csv), each with its image resolved
 /// inside the dataset's directory.
 struct ImageFolderMetadata {
@@ -120,7 +73,7 @@ struct ImageFolderMetadata {
     }
 
     /// A metadata file's text; metadata beyond 256 MiB is refused rather than read.
-    private static func read(_ url: URL) throws -> String {
+    static func read(_ url: URL) throws -> String {
         let size = (try? FileManager.default.attributesOfItem(atPath: url.path)[.size] as? Int) ?? 0
         guard size <= 256 << 20 else { throw DatasetError(file: url.path, reason: "\(size) bytes, more than the 256 MiB a metadata file may have") }
         guard let data = FileManager.default.contents(atPath: url.path) else {
@@ -131,7 +84,7 @@ struct ImageFolderMetadata {
     }
 
     /// Each non-blank line's object, by its members.
-    private static func jsonLines(_ text: String, file: String) throws -> [(line: Int, fields: [String: JSONValue])] {
+    static func jsonLines(_ text: String, file: String) throws -> [(line: Int, fields: [String: JSONValue])] {
         var rows: [(line: Int, fields: [String: JSONValue])] = []
         for (index, line) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
             guard !line.allSatisfy(\.isWhitespace) else { continue }

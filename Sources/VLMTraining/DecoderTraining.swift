@@ -24,12 +24,14 @@ struct DecoderTraining {
     /// `lm_head.weight`, or ``embedTokens`` itself where the checkpoint ties them.
     let head: Parameter
     let activation: Activation
+    private let inverseFrequencies: [Float]
     /// Every parameter, each once (a tied head is the embedding), in the checkpoint's order of layers.
     let parameters: [Parameter]
 
     init(config: LlamaConfig, weights: Weights, file: String) throws {
         self.config = config
-        let decoder = weights.scoped(firstOf: ["language_model.model", "model.language_model"], holding: "embed_tokens.weight")
+        let decoder = weights.scoped(firstOf: ["language_model.model", "model.language_model", "model"], holding: "embed_tokens.weight")
+        inverseFrequencies = try config.rotaryInverseFrequencies(file: file)
         let (d, heads, keyHeads, headDim, mlp) = (config.hiddenSize, config.numAttentionHeads, config.numKeyValueHeads,
                                                   config.headDim, config.intermediateSize)
         func parameter(_ scope: Weights, _ name: String, shape: [Int]) throws -> Parameter {
@@ -78,6 +80,30 @@ struct DecoderTraining {
         self.parameters = parameters
     }
 
+    /// Refuses token ids and labels that are not rows of one length, and ids outside the vocabulary other than
+    /// `placeholder` (an image token whose embedding is replaced).
+    func validate(inputIds: [[Int]], labels: [[Int]], placeholder: Int? = nil) throws {
+        let length = inputIds.first?.count ?? 0
+        guard !inputIds.isEmpty, length > 0, inputIds.allSatisfy({ $0.count == length }),
+              labels.count == inputIds.count, labels.allSatisfy({ $0.count == length }) else {
+            throw ModelError.invalidInput("training needs token ids and labels of one length per row")
+        }
+        if let id = inputIds.lazy.flatMap({ $0 }).first(where: { ($0 < 0 || $0 >= config.vocabSize) && $0 != placeholder }) {
+            throw ModelError.invalidInput("token id \(id) is outside the language model's vocabulary of \(config.vocabSize)")
+        }
+    }
+
+    /// transformers' causal LM loss on `labels` (-100 where nothing is scored, shifted by one) for `embeddings`
+    /// `[B, T, hidden]`; with `backward`, also the embeddings' gradient, every weight's gradient set when
+    /// `weightGradients`.
+    func loss(_ embeddings: Tensor, attentionMask: [[Int]]?, labels: [[Int]], backward: Bool,
+              weightGradients: Bool) throws -> (loss: Float, embeddingsGradient: Tensor?) {
+        let pass = forward(embeddings, attentionMask: attentionMask)
+        let (loss, logitsGradient) = try causalLanguageModelLossGradient(logits: pass.logits, labels: labels)
+        guard backward else { return (loss, nil) }
+        return (loss, self.backward(logitsGradient, through: pass, weightGradients: weightGradients))
+    }
+
     /// The token embeddings of `ids` `[B][T]`, `[B, T, hidden]`.
     func embed(_ ids: [[Int]]) -> Tensor {
         embedding(embedTokens.value, ids: ids.flatMap { $0 }).reshaped([ids.count, ids.first?.count ?? 0, config.hiddenSize])
@@ -97,8 +123,9 @@ struct DecoderTraining {
         let rotary: (cos: Tensor, sin: Tensor)
     }
 
-    func forward(_ embeddings: Tensor, attentionMask: [[Int]]?, rotary: (cos: Tensor, sin: Tensor)) -> Pass {
+    private func forward(_ embeddings: Tensor, attentionMask: [[Int]]?) -> Pass {
         let (batch, length) = (embeddings.shape[0], embeddings.shape[1])
+        let rotary = config.rotaryTables(positions: Array(0..<length), inverseFrequencies: inverseFrequencies)
         let (heads, keyHeads) = (config.numAttentionHeads, config.numKeyValueHeads)
         // The rows' tables: positions 0..<T for every row (right padding).
         let cos = Tensor(shape: [batch * length, rotary.cos.shape[1]], scalars: Array((0..<batch).map { _ in rotary.cos.scalars }.joined()))
@@ -132,7 +159,7 @@ struct DecoderTraining {
     /// The gradient of the loss with respect to the input embeddings, from the gradient of the logits; with
     /// `weightGradients`, every parameter's gradient set as well (the embedding's from the head alone where they are
     /// tied: ``embeddingBackward(_:ids:)`` adds the lookup's).
-    func backward(_ logitsGradient: Tensor, through pass: Pass, weightGradients: Bool) -> Tensor {
+    private func backward(_ logitsGradient: Tensor, through pass: Pass, weightGradients: Bool) -> Tensor {
         let (heads, keyHeads) = (config.numAttentionHeads, config.numKeyValueHeads)
         let eps = config.rmsNormEps
         func backward(_ outputGradient: Tensor, _ projection: Projection, input: @autoclosure () -> Tensor) -> Tensor {
@@ -182,8 +209,8 @@ struct DecoderTraining {
     /// The token embedding's gradient from its lookup of `ids` (flattened as ``embed(_:)`` read them) given the
     /// embeddings' gradient, the positions `replaced` (whose embeddings were replaced after the lookup) left out, as
     /// are those of `pad_token_id`, the embedding's `padding_idx`, whose row torch never updates; added to the tied
-    /// head's where there is one (called after ``backward(_:through:weightGradients:)`` with `weightGradients` set
-    /// the head's).
+    /// head's where there is one (called after ``loss(_:attentionMask:labels:backward:weightGradients:)`` with
+    /// `weightGradients` set the head's).
     func embeddingBackward(_ embeddingsGradient: Tensor, ids: [Int], replaced: [Int]) {
         let skipped = replaced + (config.padTokenId.map { pad in ids.indices.filter { ids[$0] == pad } } ?? [])
         let width = embeddingsGradient.shape.last ?? 0

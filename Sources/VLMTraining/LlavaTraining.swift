@@ -24,7 +24,7 @@ public final class LlavaTraining: @unchecked Sendable {
     public let directory: ModelDirectory
     public let config: LlavaConfig
     public let stage: Stage
-    /// The frozen model the vision features and the rotary tables come from.
+    /// The frozen model the vision features come from.
     public let frozen: LlavaForConditionalGeneration
     /// What the optimizer steps, under the checkpoint's own names: the projector's `linear_1` and `linear_2`, then in
     /// instruction tuning every tensor of the language model (a head tied to the token embedding once, as the
@@ -82,20 +82,14 @@ public final class LlavaTraining: @unchecked Sendable {
 
     private func loss(visionFeatures: Tensor, inputIds: [[Int]], attentionMask: [[Int]]?, labels: [[Int]],
                       settingGradients: Bool) throws -> Float {
-        let (batch, length) = (inputIds.count, inputIds.first?.count ?? 0)
-        guard batch > 0, length > 0, inputIds.allSatisfy({ $0.count == length }),
-              labels.count == batch, labels.allSatisfy({ $0.count == length }) else {
-            throw ModelError.invalidInput("LLaVA training needs token ids and labels of one length per row")
-        }
+        try languageModel.validate(inputIds: inputIds, labels: labels, placeholder: config.imageTokenIndex)
+        let (batch, length) = (inputIds.count, inputIds[0].count)
         let vocabulary = config.textConfig.vocabSize
         let ids = inputIds.flatMap { $0 }
         let imageRows = ids.indices.filter { ids[$0] == config.imageTokenIndex }
         let features = visionFeatures.reshaped([-1, visionFeatures.shape.last ?? 0])
         guard imageRows.count == features.shape[0] else {
             throw ModelError.invalidInput("the prompts hold \(imageRows.count) image tokens (id \(config.imageTokenIndex)) for \(features.shape[0]) image feature rows")
-        }
-        if let id = ids.first(where: { ($0 < 0 || $0 >= vocabulary) && $0 != config.imageTokenIndex }) {
-            throw ModelError.invalidInput("token id \(id) is outside the language model's vocabulary of \(vocabulary)")
         }
         // The image tokens' own embeddings are replaced, so any row stands in for an id beyond the vocabulary.
         let lookedUp = ids.map { $0 == config.imageTokenIndex && $0 >= vocabulary ? 0 : $0 }
@@ -107,15 +101,12 @@ public final class LlavaTraining: @unchecked Sendable {
         let activated = VLMTensor.activation(hidden, activation)
         let projected = linear(activated, weight: second.value, bias: bias ? projector["linear_2.bias"]!.value : nil)
         let embeddings = replacingRows(of: languageModel.embed([lookedUp]).reshaped([batch, length, -1]), at: imageRows, with: projected)
-        let pass = languageModel.forward(embeddings, attentionMask: attentionMask,
-                                         rotary: frozen.languageModel.rotaryTables(positions: Array(0..<length)))
-        let (loss, logitsGradient) = try causalLanguageModelLossGradient(logits: pass.logits, labels: labels)
-        guard settingGradients else { return loss }
-
         // Backward through the language model to its input rows: the image rows' gradient goes on through the
         // projector, the text rows' to the token embedding when it learns.
         let trainsLanguageModel = stage == .instructionTuning
-        let embeddingGradient = languageModel.backward(logitsGradient, through: pass, weightGradients: trainsLanguageModel)
+        let (loss, gradient) = try languageModel.loss(embeddings, attentionMask: attentionMask, labels: labels,
+                                                      backward: settingGradients, weightGradients: trainsLanguageModel)
+        guard let embeddingGradient = gradient else { return loss }
         let rows = embeddingGradient.reshaped([-1, embeddingGradient.shape.last ?? 0])
         if trainsLanguageModel {
             languageModel.embeddingBackward(rows, ids: lookedUp, replaced: imageRows)

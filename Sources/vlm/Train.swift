@@ -11,7 +11,7 @@ struct Train: AsyncParsableCommand {
 /// What every training command takes: the data, where the result goes, and transformers' TrainingArguments for the
 /// optimizer, schedule and loop, with its defaults.
 struct TrainingOptions: ParsableArguments {
-    @Option(help: "The dataset directory (imagefolder layout with metadata.jsonl or metadata.csv).")
+    @Option(help: "The dataset: an imagefolder directory (images and a metadata.jsonl or metadata.csv), or for a language model's sft a JSON-lines file.")
     var data: String
 
     @Option(help: "A dataset (the same layout) whose loss is reported after training, as Trainer's evaluate reports eval_loss.")
@@ -23,7 +23,7 @@ struct TrainingOptions: ParsableArguments {
     @Flag(help: "Write into --out even if it holds a checkpoint already.")
     var force = false
 
-    @Option(help: "Pairs per step.")
+    @Option(help: "Examples per step.")
     var batchSize = 8
 
     @Option(help: "Passes over the data.")
@@ -44,10 +44,10 @@ struct TrainingOptions: ParsableArguments {
     @Option(help: "Clip the gradients' global norm to this (0: no clipping).")
     var maxGradNorm: Float = 1
 
-    @Option(help: "The seed of each epoch's order of the pairs.")
+    @Option(help: "The seed of each epoch's order of the examples.")
     var seed: UInt64 = 42
 
-    @Flag(help: "Keep the pairs in the metadata's order.")
+    @Flag(help: "Keep the examples in the dataset's order.")
     var noShuffle = false
 
     @Flag(help: "Print the log and the run's times as JSON at the end instead of a line per step.")
@@ -106,7 +106,8 @@ struct TrainingOptions: ParsableArguments {
                 eval_loss: evaluationLoss))
         } else {
             if let evaluationLoss { print("eval_loss \(formatted(evaluationLoss))") }
-            print("train_runtime \(String(format: "%.3f", run.runtime)) s (\(String(format: "%.2f", run.stepsPerSecond)) steps/s, \(String(format: "%.1f", run.samplesPerSecond)) samples/s); images encoded in \(String(format: "%.3f", run.imageEncodingTime)) s")
+            let images = run.imageEncodingTime > 0 ? "; images encoded in \(String(format: "%.3f", run.imageEncodingTime)) s" : ""
+            print("train_runtime \(String(format: "%.3f", run.runtime)) s (\(String(format: "%.2f", run.stepsPerSecond)) steps/s, \(String(format: "%.1f", run.samplesPerSecond)) samples/s)\(images)")
             print("wrote \(out)")
         }
     }
@@ -196,34 +197,52 @@ struct ProjectorAlignmentCommand: AsyncParsableCommand {
 struct InstructionTuningCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "sft",
-        abstract: "Visual instruction tuning: fine-tune a LLaVA checkpoint's projector and language model on image conversations, the loss on the assistant's replies.",
+        abstract: "Supervised fine-tuning on conversations, the loss on the assistant's replies: a LLaVA checkpoint's projector and language model on image conversations, or a chat language model on text ones.",
         discussion: """
-            LLaVA's second training stage, as TRL's SFTTrainer runs it with assistant_only_loss. The data is an \
-            imagefolder directory whose metadata.jsonl gives each row a file_name and a messages column: a \
-            conversation in the chat format ({"role": "user", "content": [{"type": "image"}, {"type": "text", \
-            "text": "..."}]}, then the assistant's reply, and so on), with one image part for the row's image. Each \
-            conversation is rendered through the checkpoint's chat template and tokenized as transformers' processor \
-            does; the loss scores the tokens the template's {% generation %} blocks mark (the assistant's replies). \
-            The multimodal projector and every language-model weight learn by AdamW as transformers' Trainer steps it \
-            (the defaults are TrainingArguments'); the vision tower stays frozen. The tuned checkpoint (config, fp32 \
-            weights, processor, tokenizer and chat template files) is written to --out.
+            As TRL's SFTTrainer runs it with assistant_only_loss. For a LLaVA checkpoint (its second training stage, \
+            visual instruction tuning) the data is an imagefolder directory whose metadata.jsonl gives each row a \
+            file_name and a messages column: a conversation in the chat format ({"role": "user", "content": \
+            [{"type": "image"}, {"type": "text", "text": "..."}]}, then the assistant's reply, and so on), with one \
+            image part for the row's image; the multimodal projector and every language-model weight learn, the \
+            vision tower stays frozen. For a Llama, Mistral or Qwen2 checkpoint the data is a JSON-lines file whose \
+            messages column holds text conversations; every weight learns. Each conversation is rendered through the \
+            checkpoint's chat template and tokenized as transformers does; the loss scores the tokens the template's \
+            {% generation %} blocks mark (the assistant's replies). AdamW steps as transformers' Trainer steps it (the \
+            defaults are TrainingArguments'). The tuned checkpoint (config, fp32 weights, processor, tokenizer and \
+            chat template files) is written to --out.
             """)
 
     @OptionGroup var options: ModelOption
     @OptionGroup var training: TrainingOptions
 
-    @Option(help: "The metadata column holding each row's conversation.")
+    @Option(help: "The column holding each row's conversation.")
     var messagesColumn = "messages"
 
     func run() async throws {
-        let datasets = try training.datasets { try ImageConversationDataset(directory: $0, messagesColumn: messagesColumn) }
-        let pipeline = try LlavaTrainingPipeline(directory: try await options.directory(), stage: .instructionTuning)
-        try training.run(examples: datasets.training.conversations.count,
-                         { try pipeline.train(.conversations(datasets.training), settings: training.settings, log: $0) },
-                         save: pipeline.save,
-                         evaluate: datasets.evaluation.map { evaluation in
-                             { try pipeline.loss(on: .conversations(evaluation), batchSize: training.batchSize) }
-                         })
+        let directory = try await options.directory()
+        let type = try ModelDirectory(url: directory).modelType
+        if type == "llava" {
+            let datasets = try training.datasets { try ImageConversationDataset(directory: $0, messagesColumn: messagesColumn) }
+            let pipeline = try LlavaTrainingPipeline(directory: directory, stage: .instructionTuning)
+            try training.run(examples: datasets.training.conversations.count,
+                             { try pipeline.train(.conversations(datasets.training), settings: training.settings, log: $0) },
+                             save: pipeline.save,
+                             evaluate: datasets.evaluation.map { evaluation in
+                                 { try pipeline.loss(on: .conversations(evaluation), batchSize: training.batchSize) }
+                             })
+        } else if LlamaConfig.supportedModelTypes.contains(type) {
+            let datasets = try training.datasets { try ConversationDataset(file: $0, messagesColumn: messagesColumn) }
+            let pipeline = try SupervisedFineTuningPipeline(directory: directory)
+            try training.run(examples: datasets.training.conversations.count,
+                             { try pipeline.train(datasets.training, settings: training.settings, log: $0) },
+                             save: pipeline.save,
+                             evaluate: datasets.evaluation.map { evaluation in
+                                 { try pipeline.loss(on: evaluation, batchSize: training.batchSize) }
+                             })
+        } else {
+            throw ModelError.unsupportedModelType(type, supported: ["llava"] + LlamaConfig.supportedModelTypes,
+                                                  file: directory.appendingPathComponent("config.json").path)
+        }
     }
 }
 

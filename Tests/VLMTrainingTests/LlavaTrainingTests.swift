@@ -61,35 +61,48 @@ import VLMTraining
         let processor = try ImageProcessorRegistry.load(directory: directory.url, modelType: directory.modelType)
         let pixels = try processor.preprocess(record.photos.map { try ImageDecoder.decode(contentsOf: fixtures.appendingPathComponent($0)) })
         let features = try training.visionFeatures(pixelValues: pixels.pixelValues)
-        var settings = TrainingSettings()
-        settings.learningRate = record.settings.learning_rate
-        settings.weightDecay = record.settings.weight_decay
-        settings.maxGradientNorm = record.settings.max_grad_norm
-        settings.warmupSteps = record.settings.warmup_steps
-        let optimizer = AdamW(parameters: training.parameters, settings: settings, totalSteps: record.settings.steps)
-        for step in 0..<record.settings.steps {
-            let loss = try training.lossAndGradients(visionFeatures: features, inputIds: record.input_ids,
-                                                     attentionMask: record.attention_mask, labels: record.labels)
-            #expect(abs(loss - record.losses[step]) < 1e-4, "\(name) step \(step): loss \(loss) against \(record.losses[step])")
-            if step == 0 {
-                for parameter in training.parameters {
-                    let expected = try tensors.tensor("gradient.\(parameter.name)")
-                    let gradient = try #require(parameter.gradient)
-                    let difference = zip(gradient.scalars, expected.scalars).map { abs($0 - $1) }.max() ?? 0
-                    #expect(gradient.shape == expected.shape && difference < 1e-4, "\(name): gradient of \(parameter.name) off by \(difference) (largest \(expected.scalars.map(abs).max() ?? 0))")
-                }
-            }
-            let norm = optimizer.step()
-            #expect(abs(norm - record.gradient_norms[step]) < 1e-4 * max(1, record.gradient_norms[step]),
-                    "\(name) step \(step): gradient norm \(norm) against \(record.gradient_norms[step])")
-        }
-        for parameter in training.parameters {
-            let expected = try tensors.tensor("trained.\(parameter.name)")
-            let difference = zip(parameter.value.scalars, expected.scalars).map { abs($0 - $1) }.max() ?? 0
-            #expect(difference < 1e-4, "\(name): \(parameter.name) after training off by \(difference)")
+        try expectTrainingAsRecorded(name: name, parameters: training.parameters, settings: record.settings,
+                                     losses: record.losses, gradientNorms: record.gradient_norms, tensors: tensors) {
+            try training.lossAndGradients(visionFeatures: features, inputIds: record.input_ids,
+                                          attentionMask: record.attention_mask, labels: record.labels)
         }
         let final = try training.loss(visionFeatures: features, inputIds: record.input_ids, attentionMask: record.attention_mask,
                                       labels: record.labels)
         #expect(abs(final - record.final_loss) < 1e-4, "\(name): final loss \(final) against \(record.final_loss)")
     }
 }
+
+/// Steps `parameters` as oracle/projector_alignment.py's `trainer_steps` did (AdamW under `settings`, one batch each
+/// step through `lossAndGradients`) and expects its record: every step's loss and gradient norm, the first step's
+/// gradients (`gradient.<name>` in `tensors`) and the parameters after the last step (`trained.<name>`) within 1e-4.
+func expectTrainingAsRecorded(name: String, parameters: [Parameter], settings recorded: LlavaTrainingTests.Record.Settings,
+                              losses: [Float], gradientNorms: [Float], tensors: SafetensorsFile,
+                              lossAndGradients: () throws -> Float) throws {
+    var settings = TrainingSettings()
+    settings.learningRate = recorded.learning_rate
+    settings.weightDecay = recorded.weight_decay
+    settings.maxGradientNorm = recorded.max_grad_norm
+    settings.warmupSteps = recorded.warmup_steps
+    let optimizer = AdamW(parameters: parameters, settings: settings, totalSteps: recorded.steps)
+    for step in 0..<recorded.steps {
+        let loss = try lossAndGradients()
+        #expect(abs(loss - losses[step]) < 1e-4, "\(name) step \(step): loss \(loss) against \(losses[step])")
+        if step == 0 {
+            for parameter in parameters {
+                let expected = try tensors.tensor("gradient.\(parameter.name)")
+                let gradient = try #require(parameter.gradient)
+                let difference = zip(gradient.scalars, expected.scalars).map { abs($0 - $1) }.max() ?? 0
+                #expect(gradient.shape == expected.shape && difference < 1e-4, "\(name): gradient of \(parameter.name) off by \(difference) (largest \(expected.scalars.map(abs).max() ?? 0))")
+            }
+        }
+        let norm = optimizer.step()
+        #expect(abs(norm - gradientNorms[step]) < 1e-4 * max(1, gradientNorms[step]),
+                "\(name) step \(step): gradient norm \(norm) against \(gradientNorms[step])")
+    }
+    for parameter in parameters {
+        let expected = try tensors.tensor("trained.\(parameter.name)")
+        let difference = zip(parameter.value.scalars, expected.scalars).map { abs($0 - $1) }.max() ?? 0
+        #expect(difference < 1e-4, "\(name): \(parameter.name) after training off by \(difference)")
+    }
+}
+

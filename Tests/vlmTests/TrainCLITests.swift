@@ -177,4 +177,43 @@ import Testing
         #expect(captions.stderr == "Error: \(data.appendingPathComponent("metadata.jsonl").path): line 1: no messages (choose the conversation column with --messages-column)\n",
                 "\(captions.stderr)")
     }
+
+    @Test func sftFineTunesAChatLanguageModelOnTextConversations() throws {
+        defer { try? FileManager.default.removeItem(at: work) }
+        struct Record: Decodable {
+            struct Settings: Decodable { let learning_rate, weight_decay: Float; let warmup_steps, steps: Int }
+            let settings: Settings
+            let conversations: [[[String: String]]]
+            let losses: [Float]
+            let final_loss: Float
+        }
+        let record = try JSONDecoder().decode(Record.self, from: Data(contentsOf: CLI.fixtures.appendingPathComponent("sft/qwen2-chatml.json")))
+        try FileManager.default.createDirectory(at: work, withIntermediateDirectories: true)
+        let data = work.appendingPathComponent("train.jsonl")
+        try record.conversations.map { String(decoding: try JSONSerialization.data(withJSONObject: ["messages": $0]), as: UTF8.self) }
+            .joined(separator: "\n").write(to: data, atomically: true, encoding: .utf8)
+        let out = work.appendingPathComponent("tuned").path
+        let checkpoint = CLI.fixtures.appendingPathComponent("sft/qwen2-chatml").path
+        let run = try CLI.run(["train", "sft", "--model", checkpoint, "--data", data.path, "--eval-data", data.path, "--out", out,
+                               "--batch-size", "2", "--max-steps", "\(record.settings.steps)", "--learning-rate", "\(record.settings.learning_rate)",
+                               "--weight-decay", "\(record.settings.weight_decay)", "--warmup-steps", "\(record.settings.warmup_steps)",
+                               "--no-shuffle", "--json"])
+        #expect(run.status == 0, "\(run.stderr)")
+        let summary = try #require(try CLI.json(run) as? [String: Any])
+        let losses = try #require((summary["log_history"] as? [[String: Any]])?.compactMap { $0["loss"] as? Double })
+        #expect(losses.count == record.losses.count)
+        for (loss, expected) in zip(losses, record.losses) { #expect(abs(loss - Double(expected)) < 1e-4) }
+        let evaluation = try #require(summary["eval_loss"] as? Double)
+        #expect(abs(evaluation - Double(record.final_loss)) < 1e-4, "eval_loss \(evaluation) against \(record.final_loss)")
+
+        // The tuned model chats.
+        let chat = try CLI.run(["generate", "--model", out, "--prompt", "Name a colour.", "--max-new-tokens", "3", "--temperature", "0", "--json"])
+        #expect(chat.status == 0, "\(chat.stderr)")
+        // A family sft does not train: one line naming its config.
+        let clip = try CLI.run(["train", "sft", "--model", model.path, "--data", data.path, "--out", work.path + "/x"])
+        #expect(clip.status == 1)
+        #expect(clip.stderr.contains("model_type \"clip\" is not supported here (supported: llava, llama, mistral, qwen2)"), "\(clip.stderr)")
+        #expect(clip.stderr.split(separator: "\n").count == 1)
+    }
 }
+

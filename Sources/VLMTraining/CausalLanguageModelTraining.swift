@@ -1,0 +1,63 @@
+import Foundation
+import VLMCheckpoint
+import VLMModels
+import VLMTensor
+
+/// Supervised fine-tuning of a Llama, Mistral or Qwen2 checkpoint (`LlamaForCausalLM` and its kin): every parameter
+/// learns from the causal LM loss on `labels`, as transformers computes `model(input_ids, attention_mask,
+/// labels=labels).loss` and `Trainer` (TRL's `SFTTrainer`) steps it. The weights are held once, in fp32 and unpacked.
+public final class CausalLanguageModelTraining: @unchecked Sendable {
+    public let directory: ModelDirectory
+    public let config: LlamaConfig
+    /// Every tensor of the model under the checkpoint's own names (a head tied to the token embedding once, as the
+    /// embedding).
+    public let parameters: [Parameter]
+    private let store: WeightStore
+    private let decoder: DecoderTraining
+
+    /// Loads a checkpoint directory of `model_type` `llama`, `mistral` or `qwen2`.
+    public init(directory: ModelDirectory) throws {
+        self.directory = directory
+        let file = directory.url.appendingPathComponent("config.json").path
+        let type = try directory.modelType
+        guard LlamaConfig.supportedModelTypes.contains(type) else {
+            throw ModelError.unsupportedModelType(type, supported: LlamaConfig.supportedModelTypes, file: file)
+        }
+        config = try directory.decode(LlamaConfig.self)
+        store = try WeightStore(directory: directory.url)
+        decoder = try DecoderTraining(config: config, weights: Weights(store), file: file)
+        parameters = decoder.parameters
+    }
+
+    /// The loss on `labels` (-100 where nothing is scored; transformers shifts them by one) with every parameter's
+    /// gradient set for the optimizer.
+    ///
+    /// - Parameters:
+    ///   - inputIds: token sequences of one length, right-padded.
+    ///   - attentionMask: their padding mask (nil: no padding).
+    public func lossAndGradients(inputIds: [[Int]], attentionMask: [[Int]]?, labels: [[Int]]) throws -> Float {
+        try loss(inputIds: inputIds, attentionMask: attentionMask, labels: labels, settingGradients: true)
+    }
+
+    /// The loss as ``lossAndGradients(inputIds:attentionMask:labels:)`` computes it, without the backward pass.
+    public func loss(inputIds: [[Int]], attentionMask: [[Int]]?, labels: [[Int]]) throws -> Float {
+        try loss(inputIds: inputIds, attentionMask: attentionMask, labels: labels, settingGradients: false)
+    }
+
+    private func loss(inputIds: [[Int]], attentionMask: [[Int]]?, labels: [[Int]], settingGradients: Bool) throws -> Float {
+        try decoder.validate(inputIds: inputIds, labels: labels)
+        let (loss, gradient) = try decoder.loss(decoder.embed(inputIds), attentionMask: attentionMask, labels: labels,
+                                                backward: settingGradients, weightGradients: true)
+        if let gradient {
+            decoder.embeddingBackward(gradient.reshaped([-1, config.hiddenSize]), ids: inputIds.flatMap { $0 }, replaced: [])
+        }
+        return loss
+    }
+
+    /// Writes the fine-tuned checkpoint to `output` as ``LockedImageTextTuning/save(to:)`` writes one: every tensor in
+    /// fp32, config.json with `dtype` float32, the tokenizer, chat template and generation files.
+    public func save(to output: URL) throws {
+        try writeCheckpoint(from: directory, store: store, replacing: Dictionary(uniqueKeysWithValues: parameters.map { ($0.name, $0.value) }),
+                            to: output)
+    }
+}

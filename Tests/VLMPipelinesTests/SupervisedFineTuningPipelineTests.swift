@@ -1,0 +1,78 @@
+import Foundation
+import Testing
+import VLMPipelines
+import VLMTemplates
+import VLMTraining
+
+@Suite struct SupervisedFineTuningPipelineTests {
+    /// oracle/sft.py's record: its settings, conversations and what each step gave.
+    struct Record: Decodable {
+        struct Settings: Decodable { let learning_rate, weight_decay, max_grad_norm: Float; let warmup_steps, steps: Int }
+        let settings: Settings
+        let conversations: [[[String: String]]]
+        let losses: [Float]
+        let gradient_norms: [Float]
+        let final_loss: Float
+    }
+
+    static let fixtures = LiTDatasetDirectory.fixtures
+
+    /// The record's conversations as a JSON-lines file in a fresh directory.
+    static func dataset(_ record: Record) throws -> URL {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("sft-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let lines = try record.conversations.map {
+            String(decoding: try JSONSerialization.data(withJSONObject: ["messages": $0]), as: UTF8.self)
+        }
+        try lines.joined(separator: "\n").write(to: directory.appendingPathComponent("train.jsonl"), atomically: true, encoding: .utf8)
+        return directory
+    }
+
+    /// From a JSON-lines file of chat-format conversations: each rendered through the checkpoint's template and
+    /// tokenized as `tokenizer.apply_chat_template(..., return_assistant_tokens_mask=True)` does, the marked replies
+    /// scored; every step's loss and norm, and the saved checkpoint's loss, are the oracle's.
+    @Test func fineTunesAndSavesAsTransformersDoes() throws {
+        let record = try JSONDecoder().decode(Record.self, from: Data(contentsOf: Self.fixtures.appendingPathComponent("sft/qwen2-chatml.json")))
+        let directory = try Self.dataset(record)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let dataset = try ConversationDataset(file: directory.appendingPathComponent("train.jsonl"))
+        let pipeline = try SupervisedFineTuningPipeline(directory: Self.fixtures.appendingPathComponent("sft/qwen2-chatml"))
+        var settings = TrainingSettings()
+        settings.batchSize = record.conversations.count
+        settings.maxSteps = record.settings.steps
+        settings.learningRate = record.settings.learning_rate
+        settings.weightDecay = record.settings.weight_decay
+        settings.maxGradientNorm = record.settings.max_grad_norm
+        settings.warmupSteps = record.settings.warmup_steps
+        settings.shuffleSeed = nil
+        let run = try pipeline.train(dataset, settings: settings)
+        #expect(run.history.count == record.settings.steps)
+        for (entry, (loss, norm)) in zip(run.history, zip(record.losses, record.gradient_norms)) {
+            #expect(abs(entry.loss - loss) < 1e-4, "step \(entry.step): loss \(entry.loss) against \(loss)")
+            #expect(abs(entry.gradientNorm - norm) < 1e-4 * max(1, norm), "step \(entry.step): norm \(entry.gradientNorm) against \(norm)")
+        }
+        let output = directory.appendingPathComponent("tuned")
+        try pipeline.save(to: output)
+        let loss = try SupervisedFineTuningPipeline(directory: output).loss(on: dataset, batchSize: 2)
+        #expect(abs(loss - record.final_loss) < 1e-4, "saved checkpoint's loss \(loss) against \(record.final_loss)")
+        #expect(FileManager.default.fileExists(atPath: output.appendingPathComponent("chat_template.jinja").path))
+    }
+
+    /// Text conversations for a language model: an image part, a missing file and an empty one are one line naming
+    /// the file.
+    @Test func badConversationFilesAreOneLineNamingTheFile() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("sft-bad-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let file = directory.appendingPathComponent("train.jsonl")
+        try #"{"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is it?"}]}, {"role": "assistant", "content": "A cat."}]}"#
+            .write(to: file, atomically: true, encoding: .utf8)
+        let image = try #require(throws: DatasetError.self) { try ConversationDataset(file: file) }
+        #expect(image.description == "\(file.path): line 1: the messages hold 1 image parts, and a language model reads no images")
+        let missing = try #require(throws: DatasetError.self) { try ConversationDataset(file: directory.appendingPathComponent("none.jsonl")) }
+        #expect(missing.description == "\(directory.appendingPathComponent("none.jsonl").path): no such file (a conversation dataset is a JSON-lines file)")
+        try "\n".write(to: file, atomically: true, encoding: .utf8)
+        let empty = try #require(throws: DatasetError.self) { try ConversationDataset(file: file) }
+        #expect(empty.description == "\(file.path): no rows")
+    }
+}

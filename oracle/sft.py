@@ -1,0 +1,93 @@
+"""Supervised fine-tuning of a chat language model: what transformers and torch compute when a causal language model is
+trained on conversations with the loss on the assistant's replies only (TRL's `SFTTrainer` with
+`assistant_only_loss=True`).
+
+Run by hand from the repository root with the oracle venv (oracle/requirements.txt):
+
+    python oracle/sft.py    # → Tests/Fixtures/sft/qwen2-chatml/ (the checkpoint), Tests/Fixtures/sft/qwen2-chatml.json and .safetensors
+
+The checkpoint: a tiny random-init `Qwen2ForCausalLM` (q/k/v biases, untied head) with SmolLM2's real tokenizer, its
+`<|im_end|>` the pad token (so the embedding's `padding_idx`), and a ChatML template whose `{% generation %}` block
+marks each reply and its `<|im_end|>`. A batch of two conversations (a system turn and two exchanges; one exchange),
+tokenized by `tokenizer.apply_chat_template(..., tokenize=True, return_dict=True, return_assistant_tokens_mask=True)`,
+right-padded; labels -100 where the assistant mask is 0 and over the padding. Trainer's steps as
+oracle/projector_alignment.py takes them, over every parameter. Recorded: the ids, mask and labels, each step's loss
+and gradient norm, the first step's gradients and the parameters after the last step.
+"""
+import json
+import os
+import shutil
+
+import torch
+from safetensors.torch import save_file
+from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+from projector_alignment import FIXTURES, trainer_steps
+
+NAME = "qwen2-chatml"
+TOKENIZER = os.path.join(FIXTURES, "image-chat", "chatml")
+TEMPLATE = os.path.join(FIXTURES, "chat-templates", "assistant-masks", "chatml-generation.jinja")
+CONVERSATIONS = [
+    [dict(role="system", content="You are terse."), dict(role="user", content="Name a colour."),
+     dict(role="assistant", content="Blue."), dict(role="user", content="Another?"),
+     dict(role="assistant", content="Green, like grass.")],
+    [dict(role="user", content="What is two plus two?"), dict(role="assistant", content="Four.")],
+]
+SETTINGS = dict(learning_rate=1e-2, weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8,
+                max_grad_norm=1.0, warmup_steps=1, steps=4)
+
+
+def make_checkpoint(directory):
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
+    tokenizer.chat_template = open(TEMPLATE).read()
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=4, intermediate_size=12, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
+                         tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0, 0.5)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    # The vocabulary as a link to the LLaVA fixtures' copy (3.5 MB), once it is known to be the same.
+    source = os.path.realpath(os.path.join(TOKENIZER, "tokenizer.json"))
+    written = os.path.join(directory, "tokenizer.json")
+    assert json.load(open(written)) == json.load(open(source))
+    os.remove(written)
+    os.symlink(os.path.relpath(source, directory), written)
+    return tokenizer
+
+
+def main():
+    torch.manual_seed(0)
+    out = os.path.join(FIXTURES, "sft")
+    directory = os.path.join(out, NAME)
+    shutil.rmtree(directory, ignore_errors=True)
+    tokenizer = make_checkpoint(directory)
+    tokenizer.padding_side = "right"
+    inputs = tokenizer.apply_chat_template(CONVERSATIONS, tokenize=True, return_dict=True, padding=True,
+                                           return_tensors="pt", return_assistant_tokens_mask=True)
+    ids, attention = inputs["input_ids"], inputs["attention_mask"]
+    labels = torch.where((inputs["assistant_masks"] == 1) & (attention == 1), ids, torch.full_like(ids, -100))
+    model = Qwen2ForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    model.train()
+    run = trainer_steps(model, directory, dict(input_ids=ids, attention_mask=attention), labels, SETTINGS)
+    trained, decay, rename = run["trained"], run["decay"], run["rename"]
+    tensors = {f"gradient.{rename(n)}": g for n, g in run["first_gradients"].items()}
+    tensors.update({f"trained.{rename(n)}": p.detach().clone() for n, p in trained.items()})
+    save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(out, f"{NAME}.safetensors"))
+    with open(os.path.join(out, f"{NAME}.json"), "w") as f:
+        json.dump(dict(settings=SETTINGS, conversations=CONVERSATIONS,
+                       texts=tokenizer.apply_chat_template(CONVERSATIONS, tokenize=False),
+                       input_ids=ids.tolist(), attention_mask=attention.tolist(),
+                       assistant_masks=inputs["assistant_masks"].tolist(), labels=labels.tolist(),
+                       losses=run["losses"], gradient_norms=run["norms"], final_loss=run["final_loss"],
+                       trained=sorted(rename(n) for n in trained), decayed=sorted(rename(n) for n in trained if n in decay)),
+                  f, indent=1)
+    print(NAME, "losses", [round(x, 5) for x in run["losses"]], "final", round(run["final_loss"], 5),
+          "norms", [round(x, 4) for x in run["norms"]], "tensors", len(trained))
+
+
+if __name__ == "__main__":
+    main()
