@@ -22,9 +22,9 @@ enum FuzzTarget: String, CaseIterable {
     case image
     /// A chat-messages JSON file as `vlm generate --chat` reads it, rendered through LLaVA's template, its images read.
     case chat
-    /// An imagefolder dataset's metadata, read as `vlm train` reads it, in a directory holding one image: the first
-    /// byte picks captions in metadata.jsonl or metadata.csv (`lit`, `projector`) or conversations in metadata.jsonl
-    /// (`sft`).
+    /// A dataset's metadata, read as `vlm train` reads it: the first byte picks captions in an imagefolder
+    /// directory's metadata.jsonl or metadata.csv (`lit`, `projector`), image conversations in its metadata.jsonl
+    /// (`sft` of a LLaVA checkpoint), or text conversations in a JSON-lines file (`sft` of a language model).
     case dataset
     /// A request body for `vlm serve` (the first byte picks chat completions, completions or embeddings), answered
     /// by a server over tiny fixture models (generation capped at 4 tokens), streamed answers drained.
@@ -82,11 +82,11 @@ enum FuzzTarget: String, CaseIterable {
                 let directory = workspace.url("dataset")
                 try? FileManager.default.removeItem(at: directory)
                 try workspace.write([0x89, 0x50, 0x4E, 0x47], to: "dataset/a.png")
-                try workspace.write(Array(bytes.dropFirst()), to: first % 3 == 1 ? "dataset/metadata.csv" : "dataset/metadata.jsonl")
-                if first % 3 == 2 {
-                    _ = try ImageConversationDataset(directory: directory)
-                } else {
-                    _ = try ImageTextDataset(directory: directory)
+                try workspace.write(Array(bytes.dropFirst()), to: first % 4 == 1 ? "dataset/metadata.csv" : "dataset/metadata.jsonl")
+                switch first % 4 {
+                case 2: _ = try ImageConversationDataset(directory: directory)
+                case 3: _ = try ConversationDataset(file: directory.appendingPathComponent("metadata.jsonl"))
+                default: _ = try ImageTextDataset(directory: directory)
                 }
             case .serve:
                 guard let first = bytes.first else { return nil }
