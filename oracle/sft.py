@@ -4,7 +4,8 @@ trained on conversations with the loss on the assistant's replies only (TRL's `S
 
 Run by hand from the repository root with the oracle venv (oracle/requirements.txt):
 
-    python oracle/sft.py    # → Tests/Fixtures/sft/qwen2-chatml/ (the checkpoint), Tests/Fixtures/sft/qwen2-chatml.json and .safetensors
+    python oracle/sft.py    # → Tests/Fixtures/sft/qwen2-chatml/ (the checkpoint), Tests/Fixtures/sft/qwen2-chatml.json and .safetensors,
+                            #   Tests/Fixtures/sft/qwen2-chatml-lora.json and .safetensors
 
 The checkpoint: a tiny random-init `Qwen2ForCausalLM` (q/k/v biases, untied head) with SmolLM2's real tokenizer, its
 `<|im_end|>` the pad token (so the embedding's `padding_idx`), and a ChatML template whose `{% generation %}` block
@@ -13,6 +14,11 @@ tokenized by `tokenizer.apply_chat_template(..., tokenize=True, return_dict=True
 right-padded; labels -100 where the assistant mask is 0 and over the padding. Trainer's steps as
 oracle/projector_alignment.py takes them, over every parameter. Recorded: the ids, mask and labels, each step's loss
 and gradient norm, the first step's gradients and the parameters after the last step.
+
+Then the same with LoRA (PEFT's `get_peft_model` with `LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj",
+"v_proj", "down_proj"], lora_dropout=0)`): only the updates learn. Recorded beside the run: each `lora_A` as PEFT drew
+it (the tests start from these; `lora_B` starts at zero), under the names PEFT saves them by, and the adapter PEFT
+saves.
 """
 import json
 import os
@@ -20,6 +26,7 @@ import shutil
 
 import torch
 from safetensors.torch import save_file
+from peft import LoraConfig, get_peft_model
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
 from projector_alignment import FIXTURES, trainer_steps
@@ -33,6 +40,7 @@ CONVERSATIONS = [
      dict(role="assistant", content="Green, like grass.")],
     [dict(role="user", content="What is two plus two?"), dict(role="assistant", content="Four.")],
 ]
+LORA = dict(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj", "down_proj"], lora_dropout=0.0)
 SETTINGS = dict(learning_rate=1e-2, weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8,
                 max_grad_norm=1.0, warmup_steps=1, steps=4)
 
@@ -86,6 +94,24 @@ def main():
                        trained=sorted(rename(n) for n in trained), decayed=sorted(rename(n) for n in trained if n in decay)),
                   f, indent=1)
     print(NAME, "losses", [round(x, 5) for x in run["losses"]], "final", round(run["final_loss"], 5),
+          "norms", [round(x, 4) for x in run["norms"]], "tensors", len(trained))
+
+    model = get_peft_model(Qwen2ForCausalLM.from_pretrained(directory, dtype=torch.float32), LoraConfig(**LORA))
+    model.train()
+    saved = lambda n: n.replace(".default.", ".")
+    initial = {f"initial.{saved(n)}": p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    run = trainer_steps(model, directory, dict(input_ids=ids, attention_mask=attention), labels, SETTINGS)
+    trained = run["trained"]
+    tensors = dict(initial)
+    tensors.update({f"gradient.{saved(n)}": g for n, g in run["first_gradients"].items()})
+    tensors.update({f"trained.{saved(n)}": p.detach().clone() for n, p in trained.items()})
+    save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(out, f"{NAME}-lora.safetensors"))
+    with open(os.path.join(out, f"{NAME}-lora.json"), "w") as f:
+        json.dump(dict(settings=SETTINGS, lora=LORA, input_ids=ids.tolist(), attention_mask=attention.tolist(),
+                       labels=labels.tolist(), losses=run["losses"], gradient_norms=run["norms"],
+                       final_loss=run["final_loss"], trained=sorted(saved(n) for n in trained),
+                       decayed=sorted(saved(n) for n in trained if n in run["decay"])), f, indent=1)
+    print(NAME, "LoRA losses", [round(x, 5) for x in run["losses"]], "final", round(run["final_loss"], 5),
           "norms", [round(x, 4) for x in run["norms"]], "tensors", len(trained))
 
 

@@ -15,9 +15,10 @@ public final class SupervisedFineTuningPipeline: @unchecked Sendable {
     private let tokenizer: Tokenizer
     private let template: ChatTemplate
 
-    /// Loads a Llama, Mistral or Qwen2 checkpoint directory with a tokenizer and a chat template.
-    public init(directory: URL) throws {
-        training = try CausalLanguageModelTraining(directory: try ModelDirectory(url: directory))
+    /// Loads a Llama, Mistral or Qwen2 checkpoint directory with a tokenizer and a chat template; with `lora`, only
+    /// LoRA's updates learn (see ``LoraSettings``).
+    public init(directory: URL, lora: LoraSettings? = nil) throws {
+        training = try CausalLanguageModelTraining(directory: try ModelDirectory(url: directory), lora: lora)
         let loaded = try loadTokenizer(path: directory)
         guard let template = loaded.chatTemplate else { throw PipelineError.noChatTemplate }
         (tokenizer, self.template) = (loaded.tokenizer, template)
@@ -50,9 +51,9 @@ public final class SupervisedFineTuningPipeline: @unchecked Sendable {
         return Float(total / Double(examples.count))
     }
 
-    /// Writes the fine-tuned checkpoint (``CausalLanguageModelTraining/save(to:)``).
-    public func save(to directory: URL) throws {
-        try training.save(to: directory)
+    /// Writes the fine-tuned checkpoint, or the LoRA adapter (``CausalLanguageModelTraining/save(to:mergingLora:)``).
+    public func save(to directory: URL, mergingLora: Bool = false) throws {
+        try training.save(to: directory, mergingLora: mergingLora)
     }
 
     /// Each conversation's ids and labels.

@@ -31,18 +31,52 @@ func writeCheckpoint(from directory: ModelDirectory, store: WeightStore, replaci
     }
     let config = JSONValue.object(members.filter { $0.0 != "dtype" && $0.0 != "torch_dtype" } + [("dtype", "float32")])
     let configData = Data((config.pythonJSONText(indent: 2, sortKeys: true) + "\n").utf8)
-    let copied = ["tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "spiece.model",
-                  "special_tokens_map.json", "added_tokens.json", "preprocessor_config.json", "processor_config.json",
-                  "chat_template.jinja", "chat_template.json", "generation_config.json"]
     do {
         try configData.write(to: output.appendingPathComponent("config.json"), options: .atomic)
-        for name in copied {
-            guard let source = directory.fileURL(name) else { continue }
-            let destination = output.appendingPathComponent(name)
-            if source.standardizedFileURL == destination.standardizedFileURL { continue }
-            // The file's bytes, not a link: a checkpoint's files may be links (the Hugging Face cache's, relative ones).
-            try Data(contentsOf: source.resolvingSymlinksInPath()).write(to: destination, options: .atomic)
-        }
+        try copy(tokenizerFiles + ["preprocessor_config.json", "processor_config.json", "generation_config.json"], from: directory, to: output)
+    } catch {
+        throw CheckpointError.unwritable(path: output.path, reason: error.localizedDescription)
+    }
+}
+
+/// A checkpoint's tokenizer and chat template files, which a trained model or adapter is saved with.
+private let tokenizerFiles = ["tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "spiece.model",
+                              "special_tokens_map.json", "added_tokens.json", "chat_template.jinja", "chat_template.json"]
+
+/// Copies those of `names` that `directory` has into `output`: the files' bytes, not links (a checkpoint's files may
+/// be links: the Hugging Face cache's, relative ones).
+private func copy(_ names: [String], from directory: ModelDirectory, to output: URL) throws {
+    for name in names {
+        guard let source = directory.fileURL(name) else { continue }
+        let destination = output.appendingPathComponent(name)
+        if source.standardizedFileURL == destination.standardizedFileURL { continue }
+        try Data(contentsOf: source.resolvingSymlinksInPath()).write(to: destination, options: .atomic)
+    }
+}
+
+/// Writes a LoRA adapter to `output` as PEFT's `save_pretrained` writes one, which `PeftModel.from_pretrained(base,
+/// output)` loads: adapter_model.safetensors holding `parameters` (`A` and `B` under PEFT's names) and
+/// adapter_config.json with `settings`; the tokenizer and chat template files beside them, as Trainer saves its
+/// processing class.
+func writeLoraAdapter(_ parameters: [Parameter], settings: LoraSettings, taskType: String, base: ModelDirectory, to output: URL) throws {
+    do {
+        try FileManager.default.createDirectory(at: output, withIntermediateDirectories: true)
+    } catch {
+        throw CheckpointError.unwritable(path: output.path, reason: error.localizedDescription)
+    }
+    try SafetensorsFile.write(Dictionary(uniqueKeysWithValues: parameters.map { ($0.name, $0.value) }),
+                              to: output.appendingPathComponent("adapter_model.safetensors"))
+    let alpha: JSONValue = settings.alpha.rounded() == settings.alpha ? .int(Int(settings.alpha)) : .double(Double(settings.alpha))
+    let config: JSONValue = .object([
+        ("base_model_name_or_path", .string(base.url.path)), ("bias", "none"), ("fan_in_fan_out", false),
+        ("inference_mode", true), ("init_lora_weights", true), ("lora_alpha", alpha), ("lora_dropout", .double(0)),
+        ("modules_to_save", .null), ("peft_type", "LORA"), ("r", .int(settings.rank)),
+        ("target_modules", .array(settings.targetModules.map(JSONValue.string))), ("task_type", .string(taskType)),
+        ("use_dora", false), ("use_rslora", false),
+    ])
+    do {
+        try Data((config.pythonJSONText(indent: 2, sortKeys: true) + "\n").utf8).write(to: output.appendingPathComponent("adapter_config.json"), options: .atomic)
+        try copy(tokenizerFiles, from: base, to: output)
     } catch {
         throw CheckpointError.unwritable(path: output.path, reason: error.localizedDescription)
     }

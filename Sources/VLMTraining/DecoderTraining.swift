@@ -2,6 +2,24 @@ import VLMCheckpoint
 import VLMModels
 import VLMTensor
 
+/// LoRA (Hu et al. 2021) as PEFT's `LoraConfig` sets it up for a Llama-family decoder: beside each targeted linear
+/// layer `W` (frozen), a rank-`rank` update `B·A` scaled by `alpha / rank` (`y = W·x + b + (alpha/rank)·B·A·x`), `A`
+/// drawn as `nn.Linear` draws weights (kaiming-uniform with a = √5: uniform in ±1/√in), `B` zero, no dropout, no
+/// bias; everything else frozen. The defaults are PEFT's for these families (r 8, lora_alpha 8, q_proj and v_proj).
+public struct LoraSettings: Sendable, Equatable {
+    public var rank = 8
+    public var alpha: Float = 8
+    /// The projections that get an update, by their names in a decoder layer.
+    public var targetModules = ["q_proj", "v_proj"]
+    /// The seed of `A`'s draw.
+    public var seed: UInt64 = 0
+
+    public init() {}
+
+    /// The projections a decoder layer has, which ``targetModules`` may name.
+    public static let modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+}
+
 /// A Llama-family decoder (Llama, Mistral, Qwen2) for training: its weights read once as ``Parameter``s (fp32,
 /// unpacked, under the checkpoint's names), run forward keeping what the backward pass reads, and backward to the
 /// input embeddings' gradient and, when it trains, every weight's.
@@ -9,6 +27,8 @@ struct DecoderTraining {
     struct Projection {
         let weight: Parameter
         let bias: Parameter?
+        /// LoRA's update beside the frozen weight, when it has one.
+        var lora: (a: Parameter, b: Parameter, scaling: Float)?
     }
 
     struct Layer {
@@ -27,8 +47,13 @@ struct DecoderTraining {
     private let inverseFrequencies: [Float]
     /// Every parameter, each once (a tied head is the embedding), in the checkpoint's order of layers.
     let parameters: [Parameter]
+    /// LoRA's `A` and `B` of every targeted projection, layer by layer, under PEFT's names; empty without LoRA.
+    let loraParameters: [Parameter]
 
-    init(config: LlamaConfig, weights: Weights, file: String) throws {
+    /// - Parameter lora: LoRA's settings, when it trains; `moduleName` turns a projection's checkpoint name
+    ///   (`….q_proj`) into its module path in transformers' model, the name PEFT keys its update by.
+    init(config: LlamaConfig, weights: Weights, file: String, lora: LoraSettings? = nil,
+         moduleName: (String) -> String = { $0 }) throws {
         self.config = config
         let decoder = weights.scoped(firstOf: ["language_model.model", "model.language_model", "model"], holding: "embed_tokens.weight")
         inverseFrequencies = try config.rotaryInverseFrequencies(file: file)
@@ -39,14 +64,24 @@ struct DecoderTraining {
             return Parameter(name: scope.fullName(name), value: try scope(name, shape: shape), decays: !(isNorm || name.hasSuffix("bias")))
         }
         embedTokens = try parameter(decoder, "embed_tokens.weight", shape: [config.vocabSize, d])
+        var generator = SeededGenerator(seed: lora?.seed ?? 0)
         layers = try (0..<config.numHiddenLayers).map { index in
             if config.attentionWindow(layer: index) != nil {
                 throw ModelError.invalidConfig("training does not run sliding-window attention (layer \(index))", file: file)
             }
             let layer = decoder.scoped("layers.\(index)")
             func projection(_ name: String, out: Int, in width: Int, bias: Bool) throws -> Projection {
-                Projection(weight: try parameter(layer, name + ".weight", shape: [out, width]),
-                           bias: bias ? try parameter(layer, name + ".bias", shape: [out]) : nil)
+                var projection = Projection(weight: try parameter(layer, name + ".weight", shape: [out, width]),
+                                            bias: bias ? try parameter(layer, name + ".bias", shape: [out]) : nil)
+                if let lora, lora.targetModules.contains(String(name.split(separator: ".").last!)) {
+                    let module = "base_model.model." + moduleName(layer.fullName(name))
+                    let bound = 1 / Float(width).squareRoot()
+                    let a = (0..<(lora.rank * width)).map { _ in Float.random(in: -bound...bound, using: &generator) }
+                    projection.lora = (Parameter(name: module + ".lora_A.weight", value: Tensor(shape: [lora.rank, width], scalars: a), decays: true),
+                                       Parameter(name: module + ".lora_B.weight", value: Tensor(zeros: [out, lora.rank]), decays: true),
+                                       lora.alpha / Float(lora.rank))
+                }
+                return projection
             }
             return Layer(
                 inputNorm: try parameter(layer, "input_layernorm.weight", shape: [d]),
@@ -78,6 +113,11 @@ struct DecoderTraining {
         parameters.append(norm)
         if !config.tieWordEmbeddings { parameters.append(head) }
         self.parameters = parameters
+        loraParameters = layers.flatMap { layer in
+            [layer.query, layer.key, layer.value, layer.output, layer.gate, layer.up, layer.down].flatMap { projection in
+                projection.lora.map { [$0.a, $0.b] } ?? []
+            }
+        }
     }
 
     /// Refuses token ids and labels that are not rows of one length, and ids outside the vocabulary other than
@@ -102,6 +142,21 @@ struct DecoderTraining {
         let (loss, logitsGradient) = try causalLanguageModelLossGradient(logits: pass.logits, labels: labels)
         guard backward else { return (loss, nil) }
         return (loss, self.backward(logitsGradient, through: pass, weightGradients: weightGradients))
+    }
+
+    /// Each LoRA-updated projection's weight with its update merged in, `W + (alpha/rank)·B·A`, by the weight's
+    /// name (PEFT's `merge_and_unload`).
+    func mergedLoraWeights() -> [String: Tensor] {
+        var merged: [String: Tensor] = [:]
+        for layer in layers {
+            for projection in [layer.query, layer.key, layer.value, layer.output, layer.gate, layer.up, layer.down] {
+                guard let (a, b, scaling) = projection.lora else { continue }
+                let update = matmul(b.value, a.value)
+                scale(update, inPlaceBy: scaling)
+                merged[projection.weight.name] = add(projection.weight.value, update)
+            }
+        }
+        return merged
     }
 
     /// The token embeddings of `ids` `[B][T]`, `[B, T, hidden]`.
@@ -171,7 +226,20 @@ struct DecoderTraining {
                 projection.weight.gradient = gradient
                 projection.bias?.gradient = columnSums(rows)
             }
-            return matmul(rows, weight).reshaped(Array(outputGradient.shape.dropLast()) + [weight.shape[1]])
+            var inputGradient = matmul(rows, weight)
+            if let (a, b, scaling) = projection.lora {
+                // y += s·B·(A·x): dB = s·dyᵀ·(A·x), d(A·x) = s·dy·B, dA = d(A·x)ᵀ·x, dx += d(A·x)·A.
+                let x = input().reshaped([-1, weight.shape[1]])
+                let down = matmul(x, a.value, transposeB: true)
+                let downGradient = matmul(rows, b.value)
+                scale(downGradient, inPlaceBy: scaling)
+                let bGradient = matmul(rows, down, transposeA: true)
+                scale(bGradient, inPlaceBy: scaling)
+                b.gradient = bGradient
+                a.gradient = matmul(downGradient, x, transposeA: true)
+                inputGradient = add(inputGradient, matmul(downGradient, a.value))
+            }
+            return inputGradient.reshaped(Array(outputGradient.shape.dropLast()) + [weight.shape[1]])
         }
         func normBackward(_ outputGradient: Tensor, _ weight: Parameter, input: Tensor) -> Tensor {
             if weightGradients { weight.gradient = rmsNormWeightGradient(outputGradient, input: input, eps: eps) }
@@ -225,6 +293,10 @@ struct DecoderTraining {
     }
 
     private func apply(_ projection: Projection, _ x: Tensor) -> Tensor {
-        linear(x, weight: projection.weight.value, bias: projection.bias?.value)
+        let y = linear(x, weight: projection.weight.value, bias: projection.bias?.value)
+        guard let (a, b, scaling) = projection.lora else { return y }
+        let update = linear(linear(x, weight: a.value, bias: nil), weight: b.value, bias: nil)
+        scale(update, inPlaceBy: scaling)
+        return add(y, update)
     }
 }

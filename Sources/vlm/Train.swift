@@ -218,10 +218,41 @@ struct InstructionTuningCommand: AsyncParsableCommand {
     @Option(help: "The column holding each row's conversation.")
     var messagesColumn = "messages"
 
+    @Option(help: "Train LoRA updates of this rank instead of every weight (a language model's), writing a PEFT adapter.")
+    var loraRank: Int?
+
+    @Option(help: "LoRA's alpha: the updates are scaled by alpha / rank.")
+    var loraAlpha: Float = 8
+
+    @Option(help: "The projections that get LoRA updates (of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj).")
+    var loraTargetModules = "q_proj,v_proj"
+
+    @Flag(help: "Write the model with the LoRA updates merged into its weights instead of the adapter.")
+    var mergeLora = false
+
+    func validate() throws {
+        if let loraRank, loraRank <= 0 { throw ValidationError("--lora-rank must be positive") }
+        guard loraAlpha > 0 else { throw ValidationError("--lora-alpha must be positive") }
+        if mergeLora && loraRank == nil { throw ValidationError("--merge-lora goes with --lora-rank") }
+        let modules = loraTargetModules.split(separator: ",").map(String.init)
+        guard !modules.isEmpty, modules.allSatisfy(LoraSettings.modules.contains) else {
+            throw ValidationError("--lora-target-modules takes names among \(LoraSettings.modules.joined(separator: ", ")), got \(loraTargetModules)")
+        }
+    }
+
     func run() async throws {
         let directory = try await options.directory()
         let type = try ModelDirectory(url: directory).modelType
+        var lora: LoraSettings?
+        if let loraRank {
+            var settings = LoraSettings()
+            (settings.rank, settings.alpha) = (loraRank, loraAlpha)
+            settings.targetModules = loraTargetModules.split(separator: ",").map(String.init)
+            settings.seed = training.seed
+            lora = settings
+        }
         if type == "llava" {
+            guard lora == nil else { throw ValidationError("--lora-rank trains a Llama, Mistral or Qwen2 language model; a LLaVA checkpoint trains whole") }
             let datasets = try training.datasets { try ImageConversationDataset(directory: $0, messagesColumn: messagesColumn) }
             let pipeline = try LlavaTrainingPipeline(directory: directory, stage: .instructionTuning)
             try training.run(examples: datasets.training.conversations.count,
@@ -232,10 +263,10 @@ struct InstructionTuningCommand: AsyncParsableCommand {
                              })
         } else if LlamaConfig.supportedModelTypes.contains(type) {
             let datasets = try training.datasets { try ConversationDataset(file: $0, messagesColumn: messagesColumn) }
-            let pipeline = try SupervisedFineTuningPipeline(directory: directory)
+            let pipeline = try SupervisedFineTuningPipeline(directory: directory, lora: lora)
             try training.run(examples: datasets.training.conversations.count,
                              { try pipeline.train(datasets.training, settings: training.settings, log: $0) },
-                             save: pipeline.save,
+                             save: { try pipeline.save(to: $0, mergingLora: mergeLora) },
                              evaluate: datasets.evaluation.map { evaluation in
                                  { try pipeline.loss(on: evaluation, batchSize: training.batchSize) }
                              })

@@ -37,6 +37,47 @@ import VLMTraining
         #expect(abs(final - record.final_loss) < 1e-4, "final loss \(final) against \(record.final_loss)")
     }
 
+    /// LoRA as PEFT trains it: from the oracle's `A` draws and zero `B`s beside q_proj, v_proj and down_proj, every
+    /// step's loss and norm, the first step's gradients (only `B`'s are non-zero then) and every update after the
+    /// last step; the merged weights' loss is the adapter's.
+    @Test func loraMatchesPEFT() throws {
+        struct LoraRecord: Decodable {
+            struct Lora: Decodable { let r: Int; let lora_alpha: Float; let target_modules: [String] }
+            let lora: Lora
+        }
+        let fixtures = LiTFixture.fixtures
+        let data = try Data(contentsOf: fixtures.appendingPathComponent("sft/qwen2-chatml-lora.json"))
+        let record = try JSONDecoder().decode(Record.self, from: data)
+        let recorded = try JSONDecoder().decode(LoraRecord.self, from: data).lora
+        let tensors = try SafetensorsFile(url: fixtures.appendingPathComponent("sft/qwen2-chatml-lora.safetensors"))
+        var lora = LoraSettings()
+        (lora.rank, lora.alpha, lora.targetModules) = (recorded.r, recorded.lora_alpha, recorded.target_modules)
+        let directory = try ModelDirectory(url: fixtures.appendingPathComponent("sft/qwen2-chatml"))
+        let training = try CausalLanguageModelTraining(directory: directory, lora: lora)
+        #expect(training.parameters.map(\.name).sorted() == record.trained)
+        #expect(training.parameters.filter(\.decays).map(\.name).sorted() == record.decayed)
+        for parameter in training.parameters {
+            let initial = try tensors.tensor("initial.\(parameter.name)")
+            if parameter.name.contains("lora_B") { #expect(parameter.value.scalars.allSatisfy { $0 == 0 } && initial.scalars.allSatisfy { $0 == 0 }) }
+            let bound = 1 / Float(parameter.value.shape[1]).squareRoot()
+            #expect(parameter.value.scalars.allSatisfy { abs($0) <= bound }, "\(parameter.name) drawn outside ±\(bound)")
+            parameter.value.storage.pointer.update(from: initial.scalars, count: initial.count)
+        }
+        try expectTrainingAsRecorded(name: "qwen2-chatml LoRA", parameters: training.parameters, settings: record.settings,
+                                     losses: record.losses, gradientNorms: record.gradient_norms, tensors: tensors) {
+            try training.lossAndGradients(inputIds: record.input_ids, attentionMask: record.attention_mask, labels: record.labels)
+        }
+        let final = try training.loss(inputIds: record.input_ids, attentionMask: record.attention_mask, labels: record.labels)
+        #expect(abs(final - record.final_loss) < 1e-4, "final loss \(final) against \(record.final_loss)")
+
+        let merged = FileManager.default.temporaryDirectory.appendingPathComponent("lora-merged-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: merged) }
+        try training.save(to: merged, mergingLora: true)
+        let reloaded = try CausalLanguageModelTraining(directory: ModelDirectory(url: merged))
+        let mergedLoss = try reloaded.loss(inputIds: record.input_ids, attentionMask: record.attention_mask, labels: record.labels)
+        #expect(abs(mergedLoss - record.final_loss) < 1e-4, "merged checkpoint's loss \(mergedLoss) against \(record.final_loss)")
+    }
+
     @Test func otherFamiliesAreRefused() throws {
         let directory = LiTFixture.fixtures.appendingPathComponent("clip/tiny-quickgelu-argmax")
         let error = try #require(throws: ModelError.self) { try CausalLanguageModelTraining(directory: ModelDirectory(url: directory)) }

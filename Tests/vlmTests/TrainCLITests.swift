@@ -215,5 +215,43 @@ import Testing
         #expect(clip.stderr.contains("model_type \"clip\" is not supported here (supported: llava, llama, mistral, qwen2)"), "\(clip.stderr)")
         #expect(clip.stderr.split(separator: "\n").count == 1)
     }
+
+    /// LoRA through the CLI: an adapter as PEFT saves one (the same losses logged as the library's run gives), or with
+    /// --merge-lora a checkpoint that chats; LoRA of a LLaVA checkpoint refused in one line.
+    @Test func sftWithLoraWritesAnAdapterOrAMergedModel() throws {
+        defer { try? FileManager.default.removeItem(at: work) }
+        struct Record: Decodable { let conversations: [[[String: String]]] }
+        let record = try JSONDecoder().decode(Record.self, from: Data(contentsOf: CLI.fixtures.appendingPathComponent("sft/qwen2-chatml.json")))
+        try FileManager.default.createDirectory(at: work, withIntermediateDirectories: true)
+        let data = work.appendingPathComponent("train.jsonl")
+        try record.conversations.map { String(decoding: try JSONSerialization.data(withJSONObject: ["messages": $0]), as: UTF8.self) }
+            .joined(separator: "\n").write(to: data, atomically: true, encoding: .utf8)
+        let checkpoint = CLI.fixtures.appendingPathComponent("sft/qwen2-chatml").path
+        let options = ["--data", data.path, "--batch-size", "2", "--max-steps", "3", "--learning-rate", "0.05", "--no-shuffle",
+                       "--lora-rank", "2", "--lora-alpha", "4", "--lora-target-modules", "q_proj,v_proj,down_proj"]
+        let adapter = work.appendingPathComponent("adapter")
+        let run = try CLI.run(["train", "sft", "--model", checkpoint, "--out", adapter.path, "--json"] + options)
+        #expect(run.status == 0, "\(run.stderr)")
+        let files = Set(try FileManager.default.contentsOfDirectory(atPath: adapter.path))
+        #expect(files.isSuperset(of: ["adapter_model.safetensors", "adapter_config.json", "tokenizer.json", "chat_template.jinja"]) && !files.contains("config.json"), "\(files)")
+        let config = try #require(try JSONSerialization.jsonObject(with: Data(contentsOf: adapter.appendingPathComponent("adapter_config.json"))) as? [String: Any])
+        #expect(config["peft_type"] as? String == "LORA" && config["r"] as? Int == 2 && config["lora_alpha"] as? Int == 4)
+        #expect(config["target_modules"] as? [String] == ["q_proj", "v_proj", "down_proj"])
+
+        let merged = work.appendingPathComponent("merged")
+        let mergedRun = try CLI.run(["train", "sft", "--model", checkpoint, "--out", merged.path, "--merge-lora", "--json"] + options)
+        #expect(mergedRun.status == 0, "\(mergedRun.stderr)")
+        // The same seed draws the same updates: the same run either way.
+        let losses = { (output: CLI.Run) throws -> [Double] in
+            try #require((try CLI.json(output) as? [String: Any])?["log_history"] as? [[String: Any]]).compactMap { $0["loss"] as? Double }
+        }
+        #expect(try losses(run) == losses(mergedRun))
+        let chat = try CLI.run(["generate", "--model", merged.path, "--prompt", "Name a colour.", "--max-new-tokens", "3", "--temperature", "0"])
+        #expect(chat.status == 0, "\(chat.stderr)")
+
+        let llava = try CLI.run(["train", "sft", "--model", CLI.fixtures.appendingPathComponent("image-chat/chatml").path,
+                                 "--out", work.appendingPathComponent("x").path] + options)
+        #expect(llava.status != 0 && llava.stderr.contains("--lora-rank trains a Llama, Mistral or Qwen2 language model"), "\(llava.stderr)")
+    }
 }
 
