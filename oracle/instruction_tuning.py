@@ -13,12 +13,19 @@ return_assistant_tokens_mask=True)`, right-padded); labels -100 wherever the ass
 `assistant_only_loss=True` computes) and over the padding. Trainer's steps as oracle/projector_alignment.py takes
 them, over every parameter outside `model.vision_tower`. Recorded: the ids, mask and labels, each step's loss and
 gradient norm, the first step's gradients and the parameters after the last step, under the checkpoint's own names.
+
+Then, on the LLaVA-1.5 fixture, the same with LoRA as LLaVA's LoRA recipe runs it through PEFT: `LoraConfig(r=2,
+lora_alpha=4, target_modules=".*language_model.*\\.(q_proj|v_proj|down_proj)", modules_to_save=["multi_modal_projector"])`,
+the updates and the whole projector learning. Recorded beside the run: each `lora_A` as PEFT drew it (the tests start
+from these; `lora_B` starts at zero), the updates under the names PEFT saves them by, the projector under the
+checkpoint's.
 """
 import json
 import os
 
 import torch
 from safetensors.torch import save_file
+from peft import LoraConfig, get_peft_model
 from transformers import AutoProcessor, LlavaForConditionalGeneration
 
 from projector_alignment import FIXTURES, trainer_steps
@@ -28,6 +35,8 @@ CONVERSATIONS = [
     ("photos/chelsea.png", [("What animal is this?", "A cat."), ("What is it lying on?", "A blanket, in the sun.")]),
     ("photos/coffee.png", [("Describe the image briefly.", "A cup of coffee on a saucer, seen from above.")]),
 ]
+LORA = dict(r=2, lora_alpha=4, target_modules=r".*language_model.*\.(q_proj|v_proj|down_proj)", lora_dropout=0.0,
+            modules_to_save=["multi_modal_projector"])
 SETTINGS = dict(learning_rate=1e-2, weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8,
                 max_grad_norm=1.0, warmup_steps=1, steps=4)
 
@@ -44,7 +53,7 @@ def messages(photo, exchanges):
     return turns
 
 
-def train(checkpoint):
+def train(checkpoint, lora=False):
     directory = os.path.join(FIXTURES, checkpoint)
     processor = AutoProcessor.from_pretrained(directory)
     processor.tokenizer.padding_side = "right"
@@ -60,15 +69,27 @@ def train(checkpoint):
 
     model = LlavaForConditionalGeneration.from_pretrained(directory, dtype=torch.float32)
     model.train()
-    model.requires_grad_(True)
-    model.model.vision_tower.requires_grad_(False)
+    initial = {}
+    if lora:
+        model = get_peft_model(model, LoraConfig(**LORA))
+        initial = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_A" in n}
+    else:
+        model.requires_grad_(True)
+        model.model.vision_tower.requires_grad_(False)
     run = trainer_steps(model, directory, inputs, labels, SETTINGS)
-    trained, decay, rename = run["trained"], run["decay"], run["rename"]
+    trained, decay, checkpoint_name = run["trained"], run["decay"], run["rename"]
+
+    def rename(module_name):
+        """An update under the name PEFT saves it by, anything else under the checkpoint's."""
+        if ".lora_" in module_name:
+            return module_name.replace(".default.", ".")
+        return checkpoint_name(module_name.replace("base_model.model.", "", 1).replace(".modules_to_save.default.", "."))
 
     out = os.path.join(FIXTURES, "instruction-tuning")
     os.makedirs(out, exist_ok=True)
-    name = checkpoint.replace("/", "-")
-    tensors = {f"gradient.{rename(n)}": g for n, g in run["first_gradients"].items()}
+    name = checkpoint.replace("/", "-") + ("-lora" if lora else "")
+    tensors = {f"initial.{rename(n)}": p for n, p in initial.items()}
+    tensors.update({f"gradient.{rename(n)}": g for n, g in run["first_gradients"].items()})
     tensors.update({f"trained.{rename(n)}": p.detach().clone() for n, p in trained.items()})
     save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(out, f"{name}.safetensors"))
     with open(os.path.join(out, f"{name}.json"), "w") as f:
@@ -76,9 +97,12 @@ def train(checkpoint):
                        exchanges=[[list(e) for e in exchanges] for _, exchanges in CONVERSATIONS], texts=texts,
                        input_ids=ids.tolist(), attention_mask=attention.tolist(), assistant_masks=assistant_masks,
                        labels=labels.tolist(), losses=run["losses"], gradient_norms=run["norms"],
-                       final_loss=run["final_loss"], trained=sorted(rename(n) for n in trained),
+                       final_loss=run["final_loss"], trained=sorted(rename(n) for n in trained), lora=LORA if lora else None,
                        decayed=sorted(rename(n) for n in trained if n in decay),
                        tied_word_embeddings=model.config.get_text_config().tie_word_embeddings), f, indent=1)
+    if lora:
+        # What PEFT saves, for checking an adapter SwiftVLM writes against by hand.
+        model.save_pretrained(os.path.join("/tmp", f"peft-{name}"))
     print(name, "losses", [round(x, 5) for x in run["losses"]], "final", round(run["final_loss"], 5),
           "norms", [round(x, 4) for x in run["norms"]], "tensors", len(trained))
 
@@ -87,6 +111,7 @@ def main():
     torch.manual_seed(0)
     for checkpoint in CHECKPOINTS:
         train(checkpoint)
+    train("image-chat/llava-1.5", lora=True)
 
 
 if __name__ == "__main__":

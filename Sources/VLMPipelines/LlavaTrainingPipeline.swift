@@ -35,10 +35,11 @@ public final class LlavaTrainingPipeline: @unchecked Sendable {
     /// The checkpoint's processor and chat template, over the training's frozen model.
     private let chat: ImageTextToTextPipeline
 
-    /// Loads a LLaVA checkpoint directory with a chat template.
-    public init(directory: URL, stage: LlavaTraining.Stage) throws {
+    /// Loads a LLaVA checkpoint directory with a chat template; `lora`, for instruction tuning, trains LoRA's updates
+    /// of the language model instead of its weights.
+    public init(directory: URL, stage: LlavaTraining.Stage, lora: LoraSettings? = nil) throws {
         let checkpoint = try ModelDirectory(url: directory)
-        training = try LlavaTraining(directory: checkpoint, stage: stage)
+        training = try LlavaTraining(directory: checkpoint, stage: stage, lora: lora)
         guard let processor = try ImageToTextProcessors.load(checkpoint) as? any ImageChatProcessor else {
             throw ModelError.invalidConfig("this checkpoint's processor does not chat through a chat template",
                                            file: directory.appendingPathComponent("config.json").path)
@@ -79,9 +80,9 @@ public final class LlavaTrainingPipeline: @unchecked Sendable {
         return Float(total / Double(data.count))
     }
 
-    /// Writes the trained checkpoint (``LlavaTraining/save(to:)``).
-    public func save(to directory: URL) throws {
-        try training.save(to: directory)
+    /// Writes the trained checkpoint, or the LoRA adapter (``LlavaTraining/save(to:mergingLora:)``).
+    public func save(to directory: URL, mergingLora: Bool = false) throws {
+        try training.save(to: directory, mergingLora: mergingLora)
     }
 
     /// Every example's conversation ids and labels, and each distinct image's vision features.

@@ -1,6 +1,7 @@
 import Foundation
 import VLMCheckpoint
 import VLMModels
+import VLMTemplates
 import VLMTensor
 
 /// Supervised fine-tuning of a Llama, Mistral or Qwen2 checkpoint (`LlamaForCausalLM` and its kin) from the causal LM
@@ -70,7 +71,9 @@ public final class CausalLanguageModelTraining: @unchecked Sendable {
     /// `save_pretrained` write it.
     public func save(to output: URL, mergingLora: Bool = false) throws {
         if let lora, !mergingLora {
-            return try writeLoraAdapter(parameters, settings: lora, taskType: "CAUSAL_LM", base: directory, to: output)
+            return try writeLoraAdapter(Dictionary(uniqueKeysWithValues: parameters.map { ($0.name, $0.value) }), settings: lora,
+                                        targetModules: .array(lora.targetModules.map(JSONValue.string)), modulesToSave: nil,
+                                        taskType: "CAUSAL_LM", base: directory, to: output)
         }
         let trained = lora == nil ? Dictionary(uniqueKeysWithValues: parameters.map { ($0.name, $0.value) }) : decoder.mergedLoraWeights()
         try writeCheckpoint(from: directory, store: store, replacing: trained, to: output)

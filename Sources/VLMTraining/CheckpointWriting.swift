@@ -55,28 +55,29 @@ private func copy(_ names: [String], from directory: ModelDirectory, to output: 
 }
 
 /// Writes a LoRA adapter to `output` as PEFT's `save_pretrained` writes one, which `PeftModel.from_pretrained(base,
-/// output)` loads: adapter_model.safetensors holding `parameters` (`A` and `B` under PEFT's names) and
-/// adapter_config.json with `settings`; the tokenizer and chat template files beside them, as Trainer saves its
-/// processing class.
-func writeLoraAdapter(_ parameters: [Parameter], settings: LoraSettings, taskType: String, base: ModelDirectory, to output: URL) throws {
+/// output)` loads: adapter_model.safetensors holding `tensors` (`A` and `B`, and the modules saved whole, under
+/// PEFT's names) and adapter_config.json with `settings`, `targetModules` (a list of names, or a regular expression
+/// over module paths), `modulesToSave` and `taskType`; the tokenizer and chat template files beside them, as Trainer
+/// saves its processing class.
+func writeLoraAdapter(_ tensors: [String: Tensor], settings: LoraSettings, targetModules: JSONValue, modulesToSave: [String]?,
+                      taskType: String?, base: ModelDirectory, to output: URL) throws {
     do {
         try FileManager.default.createDirectory(at: output, withIntermediateDirectories: true)
     } catch {
         throw CheckpointError.unwritable(path: output.path, reason: error.localizedDescription)
     }
-    try SafetensorsFile.write(Dictionary(uniqueKeysWithValues: parameters.map { ($0.name, $0.value) }),
-                              to: output.appendingPathComponent("adapter_model.safetensors"))
+    try SafetensorsFile.write(tensors, to: output.appendingPathComponent("adapter_model.safetensors"))
     let alpha: JSONValue = settings.alpha.rounded() == settings.alpha ? .int(Int(settings.alpha)) : .double(Double(settings.alpha))
     let config: JSONValue = .object([
         ("base_model_name_or_path", .string(base.url.path)), ("bias", "none"), ("fan_in_fan_out", false),
         ("inference_mode", true), ("init_lora_weights", true), ("lora_alpha", alpha), ("lora_dropout", .double(0)),
-        ("modules_to_save", .null), ("peft_type", "LORA"), ("r", .int(settings.rank)),
-        ("target_modules", .array(settings.targetModules.map(JSONValue.string))), ("task_type", .string(taskType)),
+        ("modules_to_save", modulesToSave.map { .array($0.map(JSONValue.string)) } ?? .null), ("peft_type", "LORA"),
+        ("r", .int(settings.rank)), ("target_modules", targetModules), ("task_type", taskType.map(JSONValue.string) ?? .null),
         ("use_dora", false), ("use_rslora", false),
     ])
     do {
         try Data((config.pythonJSONText(indent: 2, sortKeys: true) + "\n").utf8).write(to: output.appendingPathComponent("adapter_config.json"), options: .atomic)
-        try copy(tokenizerFiles, from: base, to: output)
+        try copy(tokenizerFiles + ["preprocessor_config.json", "processor_config.json"], from: base, to: output)
     } catch {
         throw CheckpointError.unwritable(path: output.path, reason: error.localizedDescription)
     }

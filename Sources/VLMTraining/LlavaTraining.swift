@@ -1,13 +1,15 @@
 import Foundation
 import VLMCheckpoint
 import VLMModels
+import VLMTemplates
 import VLMTensor
 
 /// LLaVA's two training stages (Liu et al. 2023) on a LLaVA checkpoint, as transformers computes
 /// `model(input_ids, pixel_values, attention_mask, labels=labels).loss` with the frozen parts' parameters not requiring
 /// gradients and `Trainer` steps the rest: the vision tower always frozen, the multimodal projector always learning,
-/// the language model frozen in projector alignment and learning in instruction tuning. The vision features the
-/// projector reads never change, so each image is encoded once.
+/// the language model frozen in projector alignment and learning in instruction tuning, wholly or through LoRA's
+/// updates as LLaVA's LoRA recipe trains them with PEFT (the projector saved whole beside them). The vision features
+/// the projector reads never change, so each image is encoded once.
 ///
 /// The language model (Llama, Mistral or Qwen2) is held a second time here, in fp32 and unpacked, beside the
 /// inference model's weights: it runs forward keeping each layer's activations and backward to the projector's output
@@ -26,19 +28,28 @@ public final class LlavaTraining: @unchecked Sendable {
     public let stage: Stage
     /// The frozen model the vision features come from.
     public let frozen: LlavaForConditionalGeneration
-    /// What the optimizer steps, under the checkpoint's own names: the projector's `linear_1` and `linear_2`, then in
+    /// What the optimizer steps: the projector's `linear_1` and `linear_2` under the checkpoint's own names, then in
     /// instruction tuning every tensor of the language model (a head tied to the token embedding once, as the
-    /// embedding).
+    /// embedding), or with LoRA its updates' `A` and `B` under PEFT's names.
     public let parameters: [Parameter]
+    public let lora: LoraSettings?
     private let store: WeightStore
     private let projector: [String: Parameter]
     private let languageModel: DecoderTraining
     private let activation: Activation
 
-    /// Loads a checkpoint directory of `model_type` `llava` (a Llama, Mistral or Qwen2 language model).
-    public init(directory: ModelDirectory, stage: Stage) throws {
+    /// Loads a checkpoint directory of `model_type` `llava` (a Llama, Mistral or Qwen2 language model); `lora`, for
+    /// instruction tuning, trains LoRA's updates of the language model instead of its weights.
+    public init(directory: ModelDirectory, stage: Stage, lora: LoraSettings? = nil) throws {
         self.directory = directory
         self.stage = stage
+        self.lora = lora
+        if let lora {
+            guard stage == .instructionTuning else { throw ModelError.invalidInput("LoRA trains the language model: instruction tuning, not projector alignment") }
+            guard lora.rank > 0, !lora.targetModules.isEmpty, lora.targetModules.allSatisfy(LoraSettings.modules.contains) else {
+                throw ModelError.invalidInput("LoRA needs a positive rank and target modules among \(LoraSettings.modules.joined(separator: ", ")), got rank \(lora.rank) and \(lora.targetModules)")
+            }
+        }
         let file = directory.url.appendingPathComponent("config.json").path
         frozen = try MatrixPrecision.$forNewLayers.withValue(.float32) { try LlavaForConditionalGeneration(directory: directory) }
         config = frozen.config
@@ -50,9 +61,11 @@ public final class LlavaTraining: @unchecked Sendable {
             (name, Parameter(name: scope.fullName(name), value: try scope(name), decays: !name.hasSuffix("bias")))
         })
         activation = try Activation(huggingFaceName: config.projectorHiddenAct, file: file)
-        let languageModel = try DecoderTraining(config: config.textConfig, weights: weights, file: file)
+        let languageModel = try DecoderTraining(config: config.textConfig, weights: weights, file: file, lora: lora,
+                                                moduleName: Self.moduleName)
         let projector = self.projector
-        parameters = names.map { projector[$0]! } + (stage == .instructionTuning ? languageModel.parameters : [])
+        let learning = stage == .projectorAlignment ? [] : lora == nil ? languageModel.parameters : languageModel.loraParameters
+        parameters = names.map { projector[$0]! } + learning
         self.languageModel = languageModel
     }
 
@@ -103,7 +116,7 @@ public final class LlavaTraining: @unchecked Sendable {
         let embeddings = replacingRows(of: languageModel.embed([lookedUp]).reshaped([batch, length, -1]), at: imageRows, with: projected)
         // Backward through the language model to its input rows: the image rows' gradient goes on through the
         // projector, the text rows' to the token embedding when it learns.
-        let trainsLanguageModel = stage == .instructionTuning
+        let trainsLanguageModel = stage == .instructionTuning && lora == nil
         let (loss, gradient) = try languageModel.loss(embeddings, attentionMask: attentionMask, labels: labels,
                                                       backward: settingGradients, weightGradients: trainsLanguageModel)
         guard let embeddingGradient = gradient else { return loss }
@@ -123,8 +136,31 @@ public final class LlavaTraining: @unchecked Sendable {
 
     /// Writes the trained checkpoint to `output` as ``LockedImageTextTuning/save(to:)`` writes one: every tensor of
     /// the original in fp32 with the trained ones replaced, config.json with `dtype` float32, the processor files.
-    public func save(to output: URL) throws {
-        try writeCheckpoint(from: directory, store: store, replacing: Dictionary(uniqueKeysWithValues: parameters.map { ($0.name, $0.value) }),
-                            to: output)
+    /// With LoRA, the adapter as PEFT saves LLaVA's (the updates, and the projector whole as a module to save), or
+    /// with `mergingLora` the checkpoint with each update merged into its weight (`merge_and_unload()`).
+    public func save(to output: URL, mergingLora: Bool = false) throws {
+        let projected = projector.values.map { ($0.name, $0.value) }
+        guard let lora else {
+            return try writeCheckpoint(from: directory, store: store,
+                                       replacing: Dictionary(uniqueKeysWithValues: parameters.map { ($0.name, $0.value) }), to: output)
+        }
+        if mergingLora {
+            return try writeCheckpoint(from: directory, store: store,
+                                       replacing: languageModel.mergedLoraWeights().merging(projected) { $1 }, to: output)
+        }
+        let updates = languageModel.loraParameters.map { ($0.name, $0.value) }
+        let whole = projected.map { ("base_model.model." + Self.moduleName($0.0), $0.1) }
+        let modules = lora.targetModules.joined(separator: "|")
+        try writeLoraAdapter(Dictionary(uniqueKeysWithValues: updates + whole), settings: lora,
+                             targetModules: .string(#".*language_model.*\.("# + modules + ")"), modulesToSave: ["multi_modal_projector"],
+                             taskType: nil, base: directory, to: output)
+    }
+
+    /// A tensor's module path in transformers' `LlavaForConditionalGeneration` from its name in the checkpoint, which
+    /// may be the layout saved before transformers 4.52 (`language_model.model.…`, `multi_modal_projector.…`).
+    private static func moduleName(_ name: String) -> String {
+        if name.hasPrefix("language_model.model.") { return "model.language_model." + name.dropFirst("language_model.model.".count) }
+        if name.hasPrefix("multi_modal_projector.") { return "model." + name }
+        return name
     }
 }

@@ -187,7 +187,7 @@ struct ProjectorAlignmentCommand: AsyncParsableCommand {
         let pipeline = try LlavaTrainingPipeline(directory: try await options.directory(), stage: .projectorAlignment)
         try training.run(examples: datasets.training.pairs.count,
                          { try pipeline.train(.captions(datasets.training, instruction: instruction), settings: training.settings, log: $0) },
-                         save: pipeline.save,
+                         save: { try pipeline.save(to: $0) },
                          evaluate: datasets.evaluation.map { evaluation in
                              { try pipeline.loss(on: .captions(evaluation, instruction: instruction), batchSize: training.batchSize) }
                          })
@@ -218,7 +218,7 @@ struct InstructionTuningCommand: AsyncParsableCommand {
     @Option(help: "The column holding each row's conversation.")
     var messagesColumn = "messages"
 
-    @Option(help: "Train LoRA updates of this rank instead of every weight (a language model's), writing a PEFT adapter.")
+    @Option(help: "Train LoRA updates of the language model of this rank instead of its weights, writing a PEFT adapter.")
     var loraRank: Int?
 
     @Option(help: "LoRA's alpha: the updates are scaled by alpha / rank.")
@@ -252,12 +252,11 @@ struct InstructionTuningCommand: AsyncParsableCommand {
             lora = settings
         }
         if type == "llava" {
-            guard lora == nil else { throw ValidationError("--lora-rank trains a Llama, Mistral or Qwen2 language model; a LLaVA checkpoint trains whole") }
             let datasets = try training.datasets { try ImageConversationDataset(directory: $0, messagesColumn: messagesColumn) }
-            let pipeline = try LlavaTrainingPipeline(directory: directory, stage: .instructionTuning)
+            let pipeline = try LlavaTrainingPipeline(directory: directory, stage: .instructionTuning, lora: lora)
             try training.run(examples: datasets.training.conversations.count,
                              { try pipeline.train(.conversations(datasets.training), settings: training.settings, log: $0) },
-                             save: pipeline.save,
+                             save: { try pipeline.save(to: $0, mergingLora: mergeLora) },
                              evaluate: datasets.evaluation.map { evaluation in
                                  { try pipeline.loss(on: .conversations(evaluation), batchSize: training.batchSize) }
                              })

@@ -47,13 +47,42 @@ import VLMTraining
         try trainAsRecorded(checkpoint: checkpoint, stage: .instructionTuning, fixtures: "instruction-tuning")
     }
 
-    private func trainAsRecorded(checkpoint: String, stage: LlavaTraining.Stage, fixtures folder: String) throws {
+    /// Instruction tuning with LoRA as PEFT runs LLaVA's recipe: from the oracle's `A` draws and zero `B`s beside the
+    /// language model's q_proj, v_proj and down_proj, the projector learning whole; the merged checkpoint's loss is
+    /// the adapter's.
+    @Test func loraInstructionTuningMatchesPEFT() throws {
+        var lora = LoraSettings()
+        (lora.rank, lora.alpha, lora.targetModules) = (2, 4, ["q_proj", "v_proj", "down_proj"])
+        let training = try trainAsRecorded(checkpoint: "image-chat/llava-1.5", stage: .instructionTuning,
+                                           fixtures: "instruction-tuning", lora: lora)
+        let merged = FileManager.default.temporaryDirectory.appendingPathComponent("llava-lora-merged-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: merged) }
+        try training.save(to: merged, mergingLora: true)
+        let record = try JSONDecoder().decode(Record.self, from: Data(contentsOf: LiTFixture.fixtures.appendingPathComponent(
+            "instruction-tuning/image-chat-llava-1.5-lora.json")))
+        let reloaded = try LlavaTraining(directory: ModelDirectory(url: merged), stage: .projectorAlignment)
+        let features = try reloaded.visionFeatures(pixelValues: ImageProcessorRegistry.load(directory: merged, modelType: "llava")
+            .preprocess(record.photos.map { try ImageDecoder.decode(contentsOf: LiTFixture.fixtures.appendingPathComponent($0)) }).pixelValues)
+        let loss = try reloaded.loss(visionFeatures: features, inputIds: record.input_ids, attentionMask: record.attention_mask, labels: record.labels)
+        #expect(abs(loss - record.final_loss) < 1e-4, "merged checkpoint's loss \(loss) against \(record.final_loss)")
+    }
+
+    @discardableResult
+    private func trainAsRecorded(checkpoint: String, stage: LlavaTraining.Stage, fixtures folder: String,
+                                 lora: LoraSettings? = nil) throws -> LlavaTraining {
         let fixtures = LiTFixture.fixtures
-        let name = checkpoint.replacingOccurrences(of: "/", with: "-")
+        let name = checkpoint.replacingOccurrences(of: "/", with: "-") + (lora == nil ? "" : "-lora")
         let record = try JSONDecoder().decode(Record.self, from: Data(contentsOf: fixtures.appendingPathComponent("\(folder)/\(name).json")))
         let tensors = try SafetensorsFile(url: fixtures.appendingPathComponent("\(folder)/\(name).safetensors"))
         let directory = try ModelDirectory(url: fixtures.appendingPathComponent(checkpoint))
-        let training = try LlavaTraining(directory: directory, stage: stage)
+        let training = try LlavaTraining(directory: directory, stage: stage, lora: lora)
+        if lora != nil {
+            // PEFT's draws of A to start from (B starts at zero in both).
+            for parameter in training.parameters where parameter.name.contains("lora_A") {
+                let initial = try tensors.tensor("initial.\(parameter.name)")
+                parameter.value.storage.pointer.update(from: initial.scalars, count: initial.count)
+            }
+        }
         #expect(training.parameters.filter(\.decays).map(\.name).sorted() == record.decayed)
         if let trained = record.trained { #expect(training.parameters.map(\.name).sorted() == trained) }
         if let notDecayed = record.not_decayed { #expect(training.parameters.filter { !$0.decays }.map(\.name).sorted() == notDecayed) }
@@ -69,6 +98,7 @@ import VLMTraining
         let final = try training.loss(visionFeatures: features, inputIds: record.input_ids, attentionMask: record.attention_mask,
                                       labels: record.labels)
         #expect(abs(final - record.final_loss) < 1e-4, "\(name): final loss \(final) against \(record.final_loss)")
+        return training
     }
 }
 
