@@ -3,12 +3,15 @@ model, in SwiftVLM (`vlm train projector` or `vlm train sft`) and in transformer
 
     python scripts/make_image_chat_checkpoints.py   # once: models/llava-1.5-qwen2-0.5b-random/checkpoint (ViT-L/14-336)
     swift build -c release
-    python scripts/bench_llava_training.py [--stage projector|sft] [--pairs 4] [--batch-size 1] [--steps 2] [--rounds 3]
+    python scripts/bench_llava_training.py [--stage projector|sft|lora] [--pairs 4] [--batch-size 1] [--steps 2] [--rounds 3]
 
 --stage projector (the default) is projector alignment: only `multi_modal_projector` learns, through the frozen
 language model. --stage sft is instruction tuning: the projector and every language-model weight learn (the vision
 tower frozen), the conversation scored where the template's generation blocks mark the reply
-(`return_assistant_tokens_mask`), AdamW over Trainer's two decay groups.
+(`return_assistant_tokens_mask`), AdamW over Trainer's two decay groups. --stage lora is instruction tuning as LLaVA's
+LoRA recipe runs it: rank-16 updates (alpha 32) beside all seven projections of every language-model layer and the
+projector learning whole (PEFT's `get_peft_model` with `modules_to_save=["multi_modal_projector"]` on the PyTorch side,
+which needs `pip install peft`).
 
 The checkpoint's own chat template takes text contents only, so both read a copy of it (links to its files) with
 llava-1.5's multimodal template, the one Tests/Fixtures/image-chat/llava-1.5 has. Both train the same thing from the
@@ -43,6 +46,9 @@ DEFAULT_MODEL = os.path.join(ROOT, "models", "llava-1.5-qwen2-0.5b-random", "che
 
 
 INSTRUCTION = "Describe the image."
+LORA_RANK = 16
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+LORA_TARGETS_REGEX = r".*language_model.*\.(" + "|".join(LORA_TARGETS) + ")"
 
 
 def conversation(row, reply=True, instruction=None, image_path=None):
@@ -67,15 +73,20 @@ def torch_step_seconds(model_dir, data, rows, batch_size, steps, learning_rate, 
     model = LlavaForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32)
     model.requires_grad_(stage == "sft")
     model.model.vision_tower.requires_grad_(False)
-    projector = model.model.multi_modal_projector
-    projector.requires_grad_(True)
+    model.model.multi_modal_projector.requires_grad_(True)
     config = model.config
+    if stage == "lora":
+        from peft import LoraConfig, get_peft_model
+        model = get_peft_model(model, LoraConfig(r=LORA_RANK, lora_alpha=2 * LORA_RANK, target_modules=LORA_TARGETS_REGEX,
+                                                 lora_dropout=0.0, modules_to_save=["multi_modal_projector"]))
+    inner = model.get_base_model() if stage == "lora" else model
+    projector = inner.model.multi_modal_projector
 
     examples = []
     with torch.no_grad():
         for row in rows:
             image = Image.open(os.path.join(data, row["file_name"])).convert("RGB")
-            if stage == "sft":
+            if stage in ("sft", "lora"):
                 chat = [conversation(row, instruction=INSTRUCTION, image_path=os.path.join(data, row["file_name"]))]
                 full = processor.apply_chat_template(chat, tokenize=True, return_dict=True, return_tensors="pt",
                                                      return_assistant_tokens_mask=True)
@@ -86,7 +97,7 @@ def torch_step_seconds(model_dir, data, rows, batch_size, steps, learning_rate, 
                 full = processor(images=image, text=processor.apply_chat_template(conversation(row)), return_tensors="pt")
                 labels = full.input_ids.clone()
                 labels[:, :len(prompt)] = -100
-            states = model.model.vision_tower(full.pixel_values, output_hidden_states=True).hidden_states
+            states = inner.model.vision_tower(full.pixel_values, output_hidden_states=True).hidden_states
             layer = config.vision_feature_layer
             features = states[layer] if isinstance(layer, int) else torch.cat([states[i] for i in layer], dim=-1)
             if config.vision_feature_select_strategy == "default":
@@ -97,7 +108,7 @@ def torch_step_seconds(model_dir, data, rows, batch_size, steps, learning_rate, 
     optimizer = torch.optim.AdamW([dict(params=[p for n, p in trained if n in decay], weight_decay=0.01),
                                    dict(params=[p for n, p in trained if n not in decay], weight_decay=0.0)], lr=learning_rate)
     schedule = get_linear_schedule_with_warmup(optimizer, 0, steps)
-    embed = model.get_input_embeddings()
+    embed = inner.get_input_embeddings()
     start = time.perf_counter()
     for step in range(steps):
         batch = [examples[(step * batch_size + i) % len(examples)] for i in range(batch_size)]
@@ -115,7 +126,7 @@ def torch_step_seconds(model_dir, data, rows, batch_size, steps, learning_rate, 
 
 def main():
     args = parse_arguments(__doc__, DEFAULT_MODEL, pairs=4, batch_size=1, steps=2,
-                           choices=dict(stage=("projector", "sft")))
+                           choices=dict(stage=("projector", "sft", "lora")))
     torch.set_num_threads(args.threads)
     print(summary(describe(args.threads)))
     with tempfile.TemporaryDirectory() as work:
@@ -129,18 +140,21 @@ def main():
         os.makedirs(data)
         rows = write_dataset(data, args.pairs, words=lambda generator: 20, seed=0)
         options = ["--weight-decay", "0.01"]
-        if args.stage == "sft":
+        if args.stage == "lora":
+            options += ["--lora-rank", str(LORA_RANK), "--lora-alpha", str(2 * LORA_RANK), "--lora-target-modules", ",".join(LORA_TARGETS)]
+        if args.stage in ("sft", "lora"):
             with open(os.path.join(data, "metadata.jsonl"), "w") as f:
                 f.write("\n".join(json.dumps(dict(file_name=row["file_name"], messages=conversation(row, instruction=INSTRUCTION)))
                                   for row in rows) + "\n")
         swift, pytorch = [], []
         for round_index in range(args.rounds):
-            swift.append(vlm_step_seconds(args.vlm, args.stage, model, data, os.path.join(work, "out"), args.batch_size,
+            swift.append(vlm_step_seconds(args.vlm, "projector" if args.stage == "projector" else "sft", model, data, os.path.join(work, "out"), args.batch_size,
                                           args.steps, 1e-3, args.threads, *options))
             pytorch.append(torch_step_seconds(model, data, rows, args.batch_size, args.steps, 1e-3, args.stage))
             print(f"round {round_index + 1}: SwiftVLM {swift[-1]:.2f} s/step, PyTorch {pytorch[-1]:.2f} s/step", file=sys.stderr)
     ratios = [s / p for s, p in zip(swift, pytorch)]
-    what = "Instruction tuning (projector and language model)" if args.stage == "sft" else "Projector alignment"
+    what = dict(projector="Projector alignment", sft="Instruction tuning (projector and language model)",
+                lora=f"Instruction tuning with LoRA (rank {LORA_RANK} on every projection, the projector whole)")[args.stage]
     print(f"\n{what} step, LLaVA-1.5 with Qwen2-0.5B shapes (ViT-L/14-336 features cached), batch "
           f"{args.batch_size}, {args.steps} steps per round, {args.rounds} rounds, {args.threads} threads, fp32\n")
     print("| engine | s per step (median) | relative to PyTorch (rounds) |")
