@@ -7,8 +7,7 @@ import VLMTraining
 @Suite struct LlavaTrainingPipelineTests {
     /// What both oracles record of a run beside what each stage's data holds.
     struct Record: Decodable {
-        struct Settings: Decodable { let learning_rate, weight_decay, max_grad_norm: Float; let warmup_steps, steps: Int }
-        let settings: Settings
+        let settings: RecordedTrainingSettings
         let photos: [String]
         let losses: [Float]
         let gradient_norms: [Float]
@@ -50,15 +49,7 @@ import VLMTraining
 
     private func trainAndSave(checkpoint: String, stage: LlavaTraining.Stage, record: Record, data: LlavaTrainingData) throws {
         let pipeline = try LlavaTrainingPipeline(directory: LiTDatasetDirectory.fixtures.appendingPathComponent(checkpoint), stage: stage)
-        var settings = TrainingSettings()
-        settings.batchSize = record.photos.count
-        settings.maxSteps = record.settings.steps
-        settings.learningRate = record.settings.learning_rate
-        settings.weightDecay = record.settings.weight_decay
-        settings.maxGradientNorm = record.settings.max_grad_norm
-        settings.warmupSteps = record.settings.warmup_steps
-        settings.shuffleSeed = nil
-        let run = try pipeline.train(data, settings: settings)
+        let run = try pipeline.train(data, settings: record.settings.inOrder(batchSize: record.photos.count))
         for (entry, (loss, norm)) in zip(run.history, zip(record.losses, record.gradient_norms)) {
             #expect(abs(entry.loss - loss) < 1e-4, "step \(entry.step): loss \(entry.loss) against \(loss)")
             #expect(abs(entry.gradientNorm - norm) < 1e-4 * max(1, norm), "step \(entry.step): norm \(entry.gradientNorm) against \(norm)")
@@ -147,5 +138,24 @@ import VLMTraining
             if index == 0 { question.insert(["type": "image"], at: 0) }
             return [["role": "user", "content": question], ["role": "assistant", "content": [["type": "text", "text": exchange[1]]]]]
         }
+    }
+}
+
+/// The oracles' Trainer settings.
+struct RecordedTrainingSettings: Decodable {
+    let learning_rate, weight_decay, max_grad_norm: Float
+    let warmup_steps, steps: Int
+
+    /// As the oracle stepped: its steps over batches of `batchSize`, the examples in order.
+    func inOrder(batchSize: Int) -> TrainingSettings {
+        var settings = TrainingSettings()
+        settings.batchSize = batchSize
+        settings.maxSteps = steps
+        settings.learningRate = learning_rate
+        settings.weightDecay = weight_decay
+        settings.maxGradientNorm = max_grad_norm
+        settings.warmupSteps = warmup_steps
+        settings.shuffleSeed = nil
+        return settings
     }
 }

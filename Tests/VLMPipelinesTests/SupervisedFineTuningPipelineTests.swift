@@ -7,8 +7,7 @@ import VLMTraining
 @Suite struct SupervisedFineTuningPipelineTests {
     /// oracle/sft.py's record: its settings, conversations and what each step gave.
     struct Record: Decodable {
-        struct Settings: Decodable { let learning_rate, weight_decay, max_grad_norm: Float; let warmup_steps, steps: Int }
-        let settings: Settings
+        let settings: RecordedTrainingSettings
         let conversations: [[[String: String]]]
         let losses: [Float]
         let gradient_norms: [Float]
@@ -37,15 +36,7 @@ import VLMTraining
         defer { try? FileManager.default.removeItem(at: directory) }
         let dataset = try ConversationDataset(file: directory.appendingPathComponent("train.jsonl"))
         let pipeline = try SupervisedFineTuningPipeline(directory: Self.fixtures.appendingPathComponent("sft/qwen2-chatml"))
-        var settings = TrainingSettings()
-        settings.batchSize = record.conversations.count
-        settings.maxSteps = record.settings.steps
-        settings.learningRate = record.settings.learning_rate
-        settings.weightDecay = record.settings.weight_decay
-        settings.maxGradientNorm = record.settings.max_grad_norm
-        settings.warmupSteps = record.settings.warmup_steps
-        settings.shuffleSeed = nil
-        let run = try pipeline.train(dataset, settings: settings)
+        let run = try pipeline.train(dataset, settings: record.settings.inOrder(batchSize: record.conversations.count))
         #expect(run.history.count == record.settings.steps)
         for (entry, (loss, norm)) in zip(run.history, zip(record.losses, record.gradient_norms)) {
             #expect(abs(entry.loss - loss) < 1e-4, "step \(entry.step): loss \(entry.loss) against \(loss)")

@@ -130,8 +130,7 @@ import Testing
     @Test func sftLogsTrainersLossesAndWritesACheckpointThatChats() throws {
         defer { try? FileManager.default.removeItem(at: work) }
         struct Record: Decodable {
-            struct Settings: Decodable { let learning_rate, weight_decay: Float; let warmup_steps, steps: Int }
-            let settings: Settings
+            let settings: SFTSettings
             let photos: [String]
             let exchanges: [[[String]]]
             let losses: [Float]
@@ -153,18 +152,8 @@ import Testing
         try rows.joined(separator: "\n").write(to: data.appendingPathComponent("metadata.jsonl"), atomically: true, encoding: .utf8)
         let out = work.appendingPathComponent("tuned").path
         let checkpoint = CLI.fixtures.appendingPathComponent("image-chat/chatml").path
-        let run = try CLI.run(["train", "sft", "--model", checkpoint, "--data", data.path, "--eval-data", data.path, "--out", out,
-                               "--batch-size", "2", "--max-steps", "\(record.settings.steps)", "--learning-rate", "\(record.settings.learning_rate)",
-                               "--weight-decay", "\(record.settings.weight_decay)", "--warmup-steps", "\(record.settings.warmup_steps)",
-                               "--no-shuffle", "--json"])
-        #expect(run.status == 0, "\(run.stderr)")
-        let summary = try #require(try CLI.json(run) as? [String: Any])
-        let losses = try #require((summary["log_history"] as? [[String: Any]])?.compactMap { $0["loss"] as? Double })
-        #expect(losses.count == record.losses.count)
-        for (loss, expected) in zip(losses, record.losses) { #expect(abs(loss - Double(expected)) < 1e-4) }
-        // Evaluated on its own conversations after training: the loss transformers gave after the last step.
-        let evaluation = try #require(summary["eval_loss"] as? Double)
-        #expect(abs(evaluation - Double(record.final_loss)) < 1e-4, "eval_loss \(evaluation) against \(record.final_loss)")
+        try expectSFTAsRecorded(checkpoint: checkpoint, data: data, out: out, settings: record.settings, losses: record.losses,
+                                finalLoss: record.final_loss)
 
         // The tuned checkpoint answers through its chat template.
         let chat = try CLI.run(["generate", "--model", out, "--image", data.appendingPathComponent("chelsea.png").path,
@@ -181,8 +170,7 @@ import Testing
     @Test func sftFineTunesAChatLanguageModelOnTextConversations() throws {
         defer { try? FileManager.default.removeItem(at: work) }
         struct Record: Decodable {
-            struct Settings: Decodable { let learning_rate, weight_decay: Float; let warmup_steps, steps: Int }
-            let settings: Settings
+            let settings: SFTSettings
             let conversations: [[[String: String]]]
             let losses: [Float]
             let final_loss: Float
@@ -194,17 +182,8 @@ import Testing
             .joined(separator: "\n").write(to: data, atomically: true, encoding: .utf8)
         let out = work.appendingPathComponent("tuned").path
         let checkpoint = CLI.fixtures.appendingPathComponent("sft/qwen2-chatml").path
-        let run = try CLI.run(["train", "sft", "--model", checkpoint, "--data", data.path, "--eval-data", data.path, "--out", out,
-                               "--batch-size", "2", "--max-steps", "\(record.settings.steps)", "--learning-rate", "\(record.settings.learning_rate)",
-                               "--weight-decay", "\(record.settings.weight_decay)", "--warmup-steps", "\(record.settings.warmup_steps)",
-                               "--no-shuffle", "--json"])
-        #expect(run.status == 0, "\(run.stderr)")
-        let summary = try #require(try CLI.json(run) as? [String: Any])
-        let losses = try #require((summary["log_history"] as? [[String: Any]])?.compactMap { $0["loss"] as? Double })
-        #expect(losses.count == record.losses.count)
-        for (loss, expected) in zip(losses, record.losses) { #expect(abs(loss - Double(expected)) < 1e-4) }
-        let evaluation = try #require(summary["eval_loss"] as? Double)
-        #expect(abs(evaluation - Double(record.final_loss)) < 1e-4, "eval_loss \(evaluation) against \(record.final_loss)")
+        try expectSFTAsRecorded(checkpoint: checkpoint, data: data, out: out, settings: record.settings, losses: record.losses,
+                                finalLoss: record.final_loss)
 
         // The tuned model chats.
         let chat = try CLI.run(["generate", "--model", out, "--prompt", "Name a colour.", "--max-new-tokens", "3", "--temperature", "0", "--json"])
@@ -253,5 +232,24 @@ import Testing
                                "--lora-rank", "2", "--lora-target-modules", "q_proj,lm_head"])
         #expect(bad.status != 0 && bad.stderr.contains("--lora-target-modules takes names among q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, got q_proj,lm_head"), "\(bad.stderr)")
     }
-}
 
+    /// The oracles' training settings that `vlm train sft` takes as options.
+    struct SFTSettings: Decodable { let learning_rate, weight_decay: Float; let warmup_steps, steps: Int }
+
+    /// Runs `vlm train sft` on `data` (evaluated on it too) with the oracle's settings and expects its losses, and on
+    /// its own conversations after training the loss transformers gave after the last step as eval_loss.
+    func expectSFTAsRecorded(checkpoint: String, data: URL, out: String, settings: SFTSettings, losses expected: [Float],
+                             finalLoss: Float) throws {
+        let run = try CLI.run(["train", "sft", "--model", checkpoint, "--data", data.path, "--eval-data", data.path, "--out", out,
+                               "--batch-size", "2", "--max-steps", "\(settings.steps)", "--learning-rate", "\(settings.learning_rate)",
+                               "--weight-decay", "\(settings.weight_decay)", "--warmup-steps", "\(settings.warmup_steps)",
+                               "--no-shuffle", "--json"])
+        #expect(run.status == 0, "\(run.stderr)")
+        let summary = try #require(try CLI.json(run) as? [String: Any])
+        let losses = try #require((summary["log_history"] as? [[String: Any]])?.compactMap { $0["loss"] as? Double })
+        #expect(losses.count == expected.count)
+        for (loss, expected) in zip(losses, expected) { #expect(abs(loss - Double(expected)) < 1e-4) }
+        let evaluation = try #require(summary["eval_loss"] as? Double)
+        #expect(abs(evaluation - Double(finalLoss)) < 1e-4, "eval_loss \(evaluation) against \(finalLoss)")
+    }
+}
