@@ -197,6 +197,29 @@ func splitImages(_ embeddings: Tensor) -> [Tensor] {
 ///
 /// A prompt holds ``LlavaConfig/imageTokensPerImage`` image tokens per image where `LlavaProcessor` expands its
 /// `<image>`; the model puts the image's projected features in their place.
+/// A LLaVA checkpoint's vision side alone: the CLIP tower read at `vision_feature_layer`, without the projector's use
+/// or the language model, for training that keeps a language model of its own (``LlavaForConditionalGeneration``
+/// holds both).
+public struct LlavaVisionEncoder: @unchecked Sendable {
+    public let config: LlavaConfig
+    private let encoder: LlavaImageEncoder
+
+    /// Loads the vision tower (and the projector it is stored beside) of a checkpoint directory whose `model_type` is
+    /// `llava`.
+    public init(directory: ModelDirectory) throws {
+        let configPath = directory.url.appendingPathComponent("config.json").path
+        let type = try directory.modelType
+        guard type == "llava" else { throw ModelError.unsupportedModelType(type, supported: ["llava"], file: configPath) }
+        config = try directory.decode(LlavaConfig.self)
+        encoder = try LlavaImageEncoder(config: config, weights: Weights(WeightStore(directory: directory.url)), file: configPath)
+    }
+
+    /// What the projector reads (``LlavaForConditionalGeneration/visionFeatures(pixelValues:)``).
+    public func visionFeatures(pixelValues: Tensor) throws -> Tensor {
+        try encoder.visionFeatures(pixelValues)
+    }
+}
+
 public final class LlavaForConditionalGeneration: ImageChatModel, @unchecked Sendable {
     public let config: LlavaConfig
     let encoder: LlavaImageEncoder

@@ -32,8 +32,8 @@ public enum LlavaTrainingData: Sendable {
 /// through the processor and the frozen vision tower once.
 public final class LlavaTrainingPipeline: @unchecked Sendable {
     public let training: LlavaTraining
-    /// The checkpoint's processor and chat template, over the training's frozen model.
-    private let chat: ImageTextToTextPipeline
+    /// The checkpoint's processor and chat template.
+    private let chat: ImageChatPromptLayout
 
     /// Loads a LLaVA checkpoint directory with a chat template; `lora`, for instruction tuning, trains LoRA's updates
     /// of the language model instead of its weights.
@@ -45,8 +45,7 @@ public final class LlavaTrainingPipeline: @unchecked Sendable {
                                            file: directory.appendingPathComponent("config.json").path)
         }
         guard let template = try ChatTemplate.load(directory: directory) else { throw PipelineError.noChatTemplate }
-        chat = ImageTextToTextPipeline(model: training.frozen, processor: processor, chatTemplate: template,
-                                       config: try GenerationConfig.load(directory: directory))
+        chat = ImageChatPromptLayout(processor: processor, chatTemplate: template)
     }
 
     /// Trains on `data` as `settings` say (Trainer's loop, see ``LockedImageTextTuningPipeline/train(_:settings:log:)``),

@@ -11,9 +11,8 @@ import VLMTensor
 /// updates as LLaVA's LoRA recipe trains them with PEFT (the projector saved whole beside them). The vision features
 /// the projector reads never change, so each image is encoded once.
 ///
-/// The language model (Llama, Mistral or Qwen2) is held a second time here, in fp32 and unpacked, beside the
-/// inference model's weights: it runs forward keeping each layer's activations and backward to the projector's output
-/// (and, when it learns, to its own weights).
+/// The language model (Llama, Mistral or Qwen2) is held once, in fp32 and unpacked: it runs forward keeping each
+/// layer's activations and backward to the projector's output (and, when it learns, to its own weights).
 public final class LlavaTraining: @unchecked Sendable {
     /// What learns.
     public enum Stage: Sendable {
@@ -26,8 +25,8 @@ public final class LlavaTraining: @unchecked Sendable {
     public let directory: ModelDirectory
     public let config: LlavaConfig
     public let stage: Stage
-    /// The frozen model the vision features come from.
-    public let frozen: LlavaForConditionalGeneration
+    /// The frozen vision tower the projector's inputs come from.
+    public let visionEncoder: LlavaVisionEncoder
     /// What the optimizer steps: the projector's `linear_1` and `linear_2` under the checkpoint's own names, then in
     /// instruction tuning every tensor of the language model (a head tied to the token embedding once, as the
     /// embedding), or with LoRA its updates' `A` and `B` under PEFT's names.
@@ -51,8 +50,8 @@ public final class LlavaTraining: @unchecked Sendable {
             }
         }
         let file = directory.url.appendingPathComponent("config.json").path
-        frozen = try MatrixPrecision.$forNewLayers.withValue(.float32) { try LlavaForConditionalGeneration(directory: directory) }
-        config = frozen.config
+        visionEncoder = try MatrixPrecision.$forNewLayers.withValue(.float32) { try LlavaVisionEncoder(directory: directory) }
+        config = visionEncoder.config
         store = try WeightStore(directory: directory.url)
         let weights = Weights(store)
         let scope = weights.scoped(firstOf: ["multi_modal_projector", "model.multi_modal_projector"], holding: "linear_1.weight")
@@ -72,7 +71,7 @@ public final class LlavaTraining: @unchecked Sendable {
     /// The frozen vision tower's features for the projector, per image `[tokens per image, features]`, from pixel values
     /// `[N, 3, S, S]`.
     public func visionFeatures(pixelValues: Tensor) throws -> Tensor {
-        try frozen.visionFeatures(pixelValues: pixelValues)
+        try visionEncoder.visionFeatures(pixelValues: pixelValues)
     }
 
     /// The language model's loss on `labels` (-100 where nothing is scored; transformers shifts them by one) for
