@@ -13,8 +13,11 @@ public struct ConversationDataset: Sendable {
     /// is the error.
     public init(file: URL, messagesColumn: String = "messages") throws {
         var isDirectory: ObjCBool = false
-        guard FileManager.default.fileExists(atPath: file.path, isDirectory: &isDirectory), !isDirectory.boolValue else {
+        guard FileManager.default.fileExists(atPath: file.path, isDirectory: &isDirectory) else {
             throw DatasetError(file: file.path, reason: "no such file (a conversation dataset is a JSON-lines file)")
+        }
+        guard !isDirectory.boolValue else {
+            throw DatasetError(file: file.path, reason: "a directory, not the JSON-lines file of conversations a language model trains on")
         }
         let rows = try ImageFolderMetadata.jsonLines(ImageFolderMetadata.read(file), file: file.path)
         guard !rows.isEmpty else { throw DatasetError(file: file.path, reason: "no rows") }

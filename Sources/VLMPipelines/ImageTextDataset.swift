@@ -40,8 +40,11 @@ struct ImageFolderMetadata {
 
     init(directory: URL) throws {
         var isDirectory: ObjCBool = false
-        guard FileManager.default.fileExists(atPath: directory.path, isDirectory: &isDirectory), isDirectory.boolValue else {
+        guard FileManager.default.fileExists(atPath: directory.path, isDirectory: &isDirectory) else {
             throw DatasetError(file: directory.path, reason: "no such directory (a dataset is a directory of images and their metadata)")
+        }
+        guard isDirectory.boolValue else {
+            throw DatasetError(file: directory.path, reason: "a file, not a directory of images and their metadata (an imagefolder dataset)")
         }
         let jsonl = directory.appendingPathComponent("metadata.jsonl"), csv = directory.appendingPathComponent("metadata.csv")
         let records: [(line: Int, fields: [String: JSONValue])]

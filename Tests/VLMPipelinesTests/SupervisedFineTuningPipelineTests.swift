@@ -49,8 +49,8 @@ import VLMTraining
         #expect(FileManager.default.fileExists(atPath: output.appendingPathComponent("chat_template.jinja").path))
     }
 
-    /// Text conversations for a language model: an image part, a missing file and an empty one are one line naming
-    /// the file.
+    /// Text conversations for a language model: an image part, a missing file, a directory and an empty file are one
+    /// line naming the path (and a file where an image dataset's directory belongs).
     @Test func badConversationFilesAreOneLineNamingTheFile() throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("sft-bad-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: directory) }
@@ -62,6 +62,10 @@ import VLMTraining
         #expect(image.description == "\(file.path): line 1: the messages hold 1 image parts, and a language model reads no images")
         let missing = try #require(throws: DatasetError.self) { try ConversationDataset(file: directory.appendingPathComponent("none.jsonl")) }
         #expect(missing.description == "\(directory.appendingPathComponent("none.jsonl").path): no such file (a conversation dataset is a JSON-lines file)")
+        let folder = try #require(throws: DatasetError.self) { try ConversationDataset(file: directory) }
+        #expect(folder.description == "\(directory.path): a directory, not the JSON-lines file of conversations a language model trains on")
+        let notFolder = try #require(throws: DatasetError.self) { try ImageConversationDataset(directory: file) }
+        #expect(notFolder.description == "\(file.path): a file, not a directory of images and their metadata (an imagefolder dataset)")
         try "\n".write(to: file, atomically: true, encoding: .utf8)
         let empty = try #require(throws: DatasetError.self) { try ConversationDataset(file: file) }
         #expect(empty.description == "\(file.path): no rows")
