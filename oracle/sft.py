@@ -15,6 +15,9 @@ right-padded; labels -100 where the assistant mask is 0 and over the padding. Tr
 oracle/projector_alignment.py takes them, over every parameter. Recorded: the ids, mask and labels, each step's loss
 and gradient norm, the first step's gradients and the parameters after the last step.
 
+Then the same with every token scored but the padding (TRL's default, `assistant_only_loss=False`): the losses and
+norms, in the record's `every_token_*` members.
+
 Then the same with LoRA (PEFT's `get_peft_model` with `LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj",
 "v_proj", "down_proj"], lora_dropout=0)`): only the updates learn. Recorded beside the run: each `lora_A` as PEFT drew
 it (the tests start from these; `lora_B` starts at zero), under the names PEFT saves them by, and the adapter PEFT
@@ -95,6 +98,17 @@ def main():
                   f, indent=1)
     print(NAME, "losses", [round(x, 5) for x in run["losses"]], "final", round(run["final_loss"], 5),
           "norms", [round(x, 4) for x in run["norms"]], "tensors", len(trained))
+
+    every_token = torch.where(attention == 1, ids, torch.full_like(ids, -100))
+    model = Qwen2ForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    model.train()
+    run = trainer_steps(model, directory, dict(input_ids=ids, attention_mask=attention), every_token, SETTINGS)
+    with open(os.path.join(out, f"{NAME}.json")) as f:
+        record = json.load(f)
+    record.update(every_token_losses=run["losses"], every_token_gradient_norms=run["norms"], every_token_final_loss=run["final_loss"])
+    with open(os.path.join(out, f"{NAME}.json"), "w") as f:
+        json.dump(record, f, indent=1)
+    print(NAME, "every token: losses", [round(x, 5) for x in run["losses"]], "final", round(run["final_loss"], 5))
 
     model = get_peft_model(Qwen2ForCausalLM.from_pretrained(directory, dtype=torch.float32), LoraConfig(**LORA))
     model.train()

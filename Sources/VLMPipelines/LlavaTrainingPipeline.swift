@@ -15,13 +15,14 @@ public enum LlavaTrainingData: Sendable {
     case captions(ImageTextDataset, instruction: String?)
     /// Conversations for instruction tuning, scored where the chat template's `{% generation %}` blocks put the
     /// assistant's replies (`apply_chat_template(..., return_assistant_tokens_mask=True)`, TRL's
-    /// `assistant_only_loss`).
-    case conversations(ImageConversationDataset)
+    /// `assistant_only_loss`), or with `assistantOnly` false on every token but the images' and the padding (TRL's
+    /// default, its vision collator masking the image tokens).
+    case conversations(ImageConversationDataset, assistantOnly: Bool = true)
 
     var count: Int {
         switch self {
         case .captions(let dataset, _): dataset.pairs.count
-        case .conversations(let dataset): dataset.conversations.count
+        case .conversations(let dataset, _): dataset.conversations.count
         }
     }
 }
@@ -134,16 +135,19 @@ public final class LlavaTrainingPipeline: @unchecked Sendable {
                 labels.append(Array(repeating: ignoredLabel, count: prompt.count) + conversation.dropFirst(prompt.count))
                 features.append(image)
             }
-        case let .conversations(dataset):
+        case let .conversations(dataset, assistantOnly):
             for (index, conversation) in dataset.conversations.enumerated() {
                 let (image, tokens) = try encoded(conversation.image)
                 let (conversationIds, mask) = try chat.conversationIdsWithAssistantMask(conversation.messages, imageTokenCounts: [tokens])
-                guard mask.contains(1) else {
+                guard !assistantOnly || mask.contains(1) else {
                     throw PipelineError.invalidProcessor(training.directory.url.path,
-                                                         "the chat template marks no assistant tokens in conversation \(index + 1) (instruction tuning scores the replies its {% generation %} blocks mark)")
+                                                         "the chat template marks no assistant tokens in conversation \(index + 1) (instruction tuning scores the replies its {% generation %} blocks mark; --all-tokens scores every token)")
                 }
+                let imageToken = training.config.imageTokenIndex
                 ids.append(conversationIds)
-                labels.append(zip(conversationIds, mask).map { $1 == 1 ? $0 : ignoredLabel })
+                labels.append(zip(conversationIds, mask).map { id, marked in
+                    assistantOnly ? (marked == 1 ? id : ignoredLabel) : (id == imageToken ? ignoredLabel : id)
+                })
                 features.append(image)
             }
         }

@@ -218,6 +218,9 @@ struct InstructionTuningCommand: AsyncParsableCommand {
     @Option(help: "The column holding each row's conversation.")
     var messagesColumn = "messages"
 
+    @Flag(help: "Score every token but the padding (and image tokens), as TRL does by default, instead of the replies the template's generation blocks mark.")
+    var allTokens = false
+
     @Option(help: "Train LoRA updates of the language model of this rank instead of its weights, writing a PEFT adapter.")
     var loraRank: Int?
 
@@ -255,19 +258,19 @@ struct InstructionTuningCommand: AsyncParsableCommand {
             let datasets = try training.datasets { try ImageConversationDataset(directory: $0, messagesColumn: messagesColumn) }
             let pipeline = try LlavaTrainingPipeline(directory: directory, stage: .instructionTuning, lora: lora)
             try training.run(examples: datasets.training.conversations.count,
-                             { try pipeline.train(.conversations(datasets.training), settings: training.settings, log: $0) },
+                             { try pipeline.train(.conversations(datasets.training, assistantOnly: !allTokens), settings: training.settings, log: $0) },
                              save: { try pipeline.save(to: $0, mergingLora: mergeLora) },
                              evaluate: datasets.evaluation.map { evaluation in
-                                 { try pipeline.loss(on: .conversations(evaluation), batchSize: training.batchSize) }
+                                 { try pipeline.loss(on: .conversations(evaluation, assistantOnly: !allTokens), batchSize: training.batchSize) }
                              })
         } else if LlamaConfig.supportedModelTypes.contains(type) {
             let datasets = try training.datasets { try ConversationDataset(file: $0, messagesColumn: messagesColumn) }
             let pipeline = try SupervisedFineTuningPipeline(directory: directory, lora: lora)
             try training.run(examples: datasets.training.conversations.count,
-                             { try pipeline.train(datasets.training, settings: training.settings, log: $0) },
+                             { try pipeline.train(datasets.training, assistantOnly: !allTokens, settings: training.settings, log: $0) },
                              save: { try pipeline.save(to: $0, mergingLora: mergeLora) },
                              evaluate: datasets.evaluation.map { evaluation in
-                                 { try pipeline.loss(on: evaluation, batchSize: training.batchSize) }
+                                 { try pipeline.loss(on: evaluation, assistantOnly: !allTokens, batchSize: training.batchSize) }
                              })
         } else {
             throw ModelError.unsupportedModelType(type, supported: ["llava"] + LlamaConfig.supportedModelTypes,

@@ -90,7 +90,7 @@ import VLMTraining
     }
 
     /// A template without generation blocks marks no reply, so instruction tuning has nothing to score: refused,
-    /// naming the checkpoint, before any step.
+    /// naming the checkpoint, before any step; scoring every token instead (TRL's default) trains.
     @Test func aTemplateWithoutGenerationBlocksIsRefused() throws {
         let fixtures = LiTDatasetDirectory.fixtures
         let model = FileManager.default.temporaryDirectory.appendingPathComponent("llava-plain-template-\(UUID().uuidString)")
@@ -109,7 +109,11 @@ import VLMTraining
         let error = try #require(throws: PipelineError.self) {
             try pipeline.train(.conversations(try ImageConversationDataset(directory: data)), settings: TrainingSettings())
         }
-        #expect(error.description == "\(model.path): the chat template marks no assistant tokens in conversation 1 (instruction tuning scores the replies its {% generation %} blocks mark)")
+        #expect(error.description == "\(model.path): the chat template marks no assistant tokens in conversation 1 (instruction tuning scores the replies its {% generation %} blocks mark; --all-tokens scores every token)")
+        var settings = TrainingSettings()
+        settings.maxSteps = 1
+        let run = try pipeline.train(.conversations(try ImageConversationDataset(directory: data), assistantOnly: false), settings: settings)
+        #expect(run.history.count == 1 && run.history[0].loss.isFinite && run.history[0].loss > 0)
     }
 
     static func record(_ folder: String, _ checkpoint: String) throws -> Record {

@@ -12,6 +12,9 @@ import VLMTraining
         let losses: [Float]
         let gradient_norms: [Float]
         let final_loss: Float
+        let every_token_losses: [Float]
+        let every_token_gradient_norms: [Float]
+        let every_token_final_loss: Float
     }
 
     static let fixtures = LiTDatasetDirectory.fixtures
@@ -47,6 +50,24 @@ import VLMTraining
         let loss = try SupervisedFineTuningPipeline(directory: output).loss(on: dataset, batchSize: 2)
         #expect(abs(loss - record.final_loss) < 1e-4, "saved checkpoint's loss \(loss) against \(record.final_loss)")
         #expect(FileManager.default.fileExists(atPath: output.appendingPathComponent("chat_template.jinja").path))
+    }
+
+    /// Every token scored but the padding, as TRL scores by default (`assistant_only_loss=False`): the oracle's
+    /// losses and norms from the same conversations, and its loss after the last step.
+    @Test func fineTunesOnEveryTokenAsTRLDoesByDefault() throws {
+        let record = try JSONDecoder().decode(Record.self, from: Data(contentsOf: Self.fixtures.appendingPathComponent("sft/qwen2-chatml.json")))
+        let directory = try Self.dataset(record)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let dataset = try ConversationDataset(file: directory.appendingPathComponent("train.jsonl"))
+        let pipeline = try SupervisedFineTuningPipeline(directory: Self.fixtures.appendingPathComponent("sft/qwen2-chatml"))
+        let run = try pipeline.train(dataset, assistantOnly: false, settings: record.settings.inOrder(batchSize: record.conversations.count))
+        #expect(run.history.count == record.every_token_losses.count)
+        for (entry, (loss, norm)) in zip(run.history, zip(record.every_token_losses, record.every_token_gradient_norms)) {
+            #expect(abs(entry.loss - loss) < 1e-4, "step \(entry.step): loss \(entry.loss) against \(loss)")
+            #expect(abs(entry.gradientNorm - norm) < 1e-4 * max(1, norm), "step \(entry.step): norm \(entry.gradientNorm) against \(norm)")
+        }
+        let loss = try pipeline.loss(on: dataset, assistantOnly: false, batchSize: 2)
+        #expect(abs(loss - record.every_token_final_loss) < 1e-4, "loss after training \(loss) against \(record.every_token_final_loss)")
     }
 
     /// Text conversations for a language model: an image part, a missing file, a directory and an empty file are one

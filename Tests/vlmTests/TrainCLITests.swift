@@ -174,6 +174,7 @@ import Testing
             let conversations: [[[String: String]]]
             let losses: [Float]
             let final_loss: Float
+            let every_token_losses: [Float]
         }
         let record = try JSONDecoder().decode(Record.self, from: Data(contentsOf: CLI.fixtures.appendingPathComponent("sft/qwen2-chatml.json")))
         try FileManager.default.createDirectory(at: work, withIntermediateDirectories: true)
@@ -184,6 +185,15 @@ import Testing
         let checkpoint = CLI.fixtures.appendingPathComponent("sft/qwen2-chatml").path
         try expectSFTAsRecorded(checkpoint: checkpoint, data: data, out: out, settings: record.settings, losses: record.losses,
                                 finalLoss: record.final_loss)
+
+        // Every token scored, as TRL does by default.
+        let everyToken = try CLI.run(["train", "sft", "--model", checkpoint, "--data", data.path, "--out", out, "--force", "--all-tokens",
+                                      "--batch-size", "2", "--max-steps", "\(record.settings.steps)", "--learning-rate", "\(record.settings.learning_rate)",
+                                      "--weight-decay", "\(record.settings.weight_decay)", "--warmup-steps", "\(record.settings.warmup_steps)",
+                                      "--no-shuffle", "--json"])
+        let everyTokenLosses = try #require((try CLI.json(everyToken) as? [String: Any])?["log_history"] as? [[String: Any]]).compactMap { $0["loss"] as? Double }
+        #expect(everyTokenLosses.count == record.every_token_losses.count)
+        for (loss, expected) in zip(everyTokenLosses, record.every_token_losses) { #expect(abs(loss - Double(expected)) < 1e-4) }
 
         // The tuned model chats.
         let chat = try CLI.run(["generate", "--model", out, "--prompt", "Name a colour.", "--max-new-tokens", "3", "--temperature", "0", "--json"])
