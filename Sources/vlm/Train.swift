@@ -44,7 +44,7 @@ struct TrainingOptions: ParsableArguments {
     @Option(help: "Clip the gradients' global norm to this (0: no clipping).")
     var maxGradNorm: Float = 1
 
-    @Option(help: "The seed of each epoch's order of the examples.")
+    @Option(help: "The seed of each epoch's order of the examples (and of LoRA's initial updates).")
     var seed: UInt64 = 42
 
     @Flag(help: "Keep the examples in the dataset's order.")
@@ -153,7 +153,7 @@ struct LockedImageTextTuningCommand: AsyncParsableCommand {
 
     func run() async throws {
         let datasets = try training.datasets { try ImageTextDataset(directory: $0, textColumn: textColumn) }
-        let pipeline = try LockedImageTextTuningPipeline(directory: try await options.directory())
+        let pipeline = try LockedImageTextTuningPipeline(directory: try await options.trainableCheckpoint())
         try training.run(examples: datasets.training.pairs.count,
                          { try pipeline.train(datasets.training, settings: training.settings, log: $0) }, save: pipeline.save,
                          evaluate: datasets.evaluation.map { evaluation in { try pipeline.loss(on: evaluation, batchSize: training.batchSize) } })
@@ -184,7 +184,7 @@ struct ProjectorAlignmentCommand: AsyncParsableCommand {
 
     func run() async throws {
         let datasets = try training.datasets { try ImageTextDataset(directory: $0, textColumn: textColumn) }
-        let pipeline = try LlavaTrainingPipeline(directory: try await options.directory(), stage: .projectorAlignment)
+        let pipeline = try LlavaTrainingPipeline(directory: try await options.trainableCheckpoint(), stage: .projectorAlignment)
         try training.run(examples: datasets.training.pairs.count,
                          { try pipeline.train(.captions(datasets.training, instruction: instruction), settings: training.settings, log: $0) },
                          save: { try pipeline.save(to: $0) },
@@ -207,9 +207,12 @@ struct InstructionTuningCommand: AsyncParsableCommand {
             vision tower stays frozen. For a Llama, Mistral or Qwen2 checkpoint the data is a JSON-lines file whose \
             messages column holds text conversations; every weight learns. Each conversation is rendered through the \
             checkpoint's chat template and tokenized as transformers does; the loss scores the tokens the template's \
-            {% generation %} blocks mark (the assistant's replies). AdamW steps as transformers' Trainer steps it (the \
-            defaults are TrainingArguments'). The tuned checkpoint (config, fp32 weights, processor, tokenizer and \
-            chat template files) is written to --out.
+            {% generation %} blocks mark (the assistant's replies), or with --all-tokens every token but the padding \
+            and the image tokens (TRL's default, for templates without generation blocks). AdamW steps as \
+            transformers' Trainer steps it (the defaults are TrainingArguments'). The tuned checkpoint (config, fp32 \
+            weights, processor, tokenizer and chat template files) is written to --out. With --lora-rank only LoRA's \
+            updates of the language model learn, as PEFT's get_peft_model sets them up (and for LLaVA the projector), \
+            and --out gets the adapter as PEFT saves it, or with --merge-lora the model with the updates merged in.
             """)
 
     @OptionGroup var options: ModelOption
@@ -244,7 +247,7 @@ struct InstructionTuningCommand: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let directory = try await options.directory()
+        let directory = try await options.trainableCheckpoint()
         let type = try ModelDirectory(url: directory).modelType
         var lora: LoraSettings?
         if let loraRank {
@@ -279,12 +282,23 @@ struct InstructionTuningCommand: AsyncParsableCommand {
     }
 }
 
+extension ModelOption {
+    /// The checkpoint directory a training command reads; a GGUF file (quantized, for inference) is refused by name.
+    func trainableCheckpoint() async throws -> URL {
+        let url = try await directory()
+        guard url.pathExtension.lowercased() != "gguf" else { throw TrainError.gguf(url.path) }
+        return url
+    }
+}
+
 enum TrainError: Error, CustomStringConvertible {
     case exists(String)
+    case gguf(String)
 
     var description: String {
         switch self {
         case .exists(let path): "\(path) exists; pass --force to overwrite the checkpoint there"
+        case .gguf(let path): "\(path): a GGUF file, which serves inference; training reads a checkpoint directory (config.json and safetensors weights)"
         }
     }
 }

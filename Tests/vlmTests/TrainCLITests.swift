@@ -203,6 +203,11 @@ import Testing
         #expect(clip.status == 1)
         #expect(clip.stderr.contains("model_type \"clip\" is not supported here (supported: llava, llama, mistral, qwen2)"), "\(clip.stderr)")
         #expect(clip.stderr.split(separator: "\n").count == 1)
+        // A GGUF file is quantized for inference: refused by name.
+        let gguf = CLI.fixtures.appendingPathComponent("llama/qwen2-tiny.gguf").path
+        let quantized = try CLI.run(["train", "sft", "--model", gguf, "--data", data.path, "--out", work.path + "/x"])
+        #expect(quantized.status == 1)
+        #expect(quantized.stderr == "Error: \(gguf): a GGUF file, which serves inference; training reads a checkpoint directory (config.json and safetensors weights)\n", "\(quantized.stderr)")
     }
 
     /// LoRA through the CLI: an adapter as PEFT saves one, or with --merge-lora a checkpoint that chats; a target that
