@@ -95,13 +95,9 @@ public final class LlavaTrainingPipeline: @unchecked Sendable {
 
         /// The examples `rows`, right-padded to the longest.
         func batch(_ rows: [Int]) -> (ids: [[Int]], attentionMask: [[Int]], labels: [[Int]], features: Tensor) {
-            let length = rows.map { ids[$0].count }.max() ?? 0
-            func padded(_ row: [Int], with value: Int) -> [Int] { row + Array(repeating: value, count: length - row.count) }
-            let batchFeatures = rows.map { features[$0] }
-            return (rows.map { padded(ids[$0], with: padding) },
-                    rows.map { padded(Array(repeating: 1, count: ids[$0].count), with: 0) },
-                    rows.map { padded(labels[$0], with: ignoredLabel) },
-                    concatenate(batchFeatures.map { $0.reshaped([1] + $0.shape) }, axis: 0))
+            let batch = rightPadded(rows.map { (ids[$0], labels[$0]) }, padding: padding)
+            return (batch.ids, batch.attentionMask, batch.labels,
+                    concatenate(rows.map { features[$0].reshaped([1] + features[$0].shape) }, axis: 0))
         }
     }
 

@@ -76,11 +76,6 @@ public final class SupervisedFineTuningPipeline: @unchecked Sendable {
 
     /// `examples` right-padded to the longest with the pad token (else eos), their padding mask and -100 labels.
     private func padded(_ examples: [(ids: [Int], labels: [Int])]) -> (ids: [[Int]], attentionMask: [[Int]], labels: [[Int]]) {
-        let length = examples.map(\.ids.count).max() ?? 0
-        let padding = tokenizer.padTokenId ?? tokenizer.eosTokenId ?? 0
-        func padded(_ row: [Int], with value: Int) -> [Int] { row + Array(repeating: value, count: length - row.count) }
-        return (examples.map { padded($0.ids, with: padding) },
-                examples.map { padded(Array(repeating: 1, count: $0.ids.count), with: 0) },
-                examples.map { padded($0.labels, with: ignoredLabel) })
+        rightPadded(examples, padding: tokenizer.padTokenId ?? tokenizer.eosTokenId ?? 0)
     }
 }

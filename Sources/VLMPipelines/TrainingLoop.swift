@@ -33,6 +33,16 @@ public struct TrainingRun: Sendable {
     public var stepsPerSecond: Double { Double(history.count) / runtime }
 }
 
+/// Token sequences and their labels right-padded to the longest (with `padding`, and -100 labels), with their
+/// attention mask: a training batch as transformers' collators lay it out with `padding_side="right"`.
+func rightPadded(_ examples: [(ids: [Int], labels: [Int])], padding: Int) -> (ids: [[Int]], attentionMask: [[Int]], labels: [[Int]]) {
+    let length = examples.map(\.ids.count).max() ?? 0
+    func padded(_ row: [Int], with value: Int) -> [Int] { row + Array(repeating: value, count: length - row.count) }
+    return (examples.map { padded($0.ids, with: padding) },
+            examples.map { padded(Array(repeating: 1, count: $0.ids.count), with: 0) },
+            examples.map { padded($0.labels, with: ignoredLabel) })
+}
+
 /// Trainer's loop over `examples` examples: each epoch in an order drawn from `settings.shuffleSeed` (a permutation of
 /// its own, not torch's) or as given, batches of `settings.batchSize` (an epoch's last may be short, as Trainer's data
 /// loader leaves it), `lossAndGradients` setting the parameters' gradients for a batch's example indices, then

@@ -30,11 +30,6 @@ public final class CausalLanguageModelTraining: @unchecked Sendable {
         }
         config = try directory.decode(LlamaConfig.self)
         store = try WeightStore(directory: directory.url)
-        if let lora {
-            guard lora.rank > 0, !lora.targetModules.isEmpty, lora.targetModules.allSatisfy(LoraSettings.modules.contains) else {
-                throw ModelError.invalidInput("LoRA needs a positive rank and target modules among \(LoraSettings.modules.joined(separator: ", ")), got rank \(lora.rank) and \(lora.targetModules)")
-            }
-        }
         decoder = try DecoderTraining(config: config, weights: Weights(store), file: file, lora: lora)
         parameters = lora == nil ? decoder.parameters : decoder.loraParameters
     }

@@ -55,6 +55,11 @@ struct DecoderTraining {
     init(config: LlamaConfig, weights: Weights, file: String, lora: LoraSettings? = nil,
          moduleName: (String) -> String = { $0 }) throws {
         self.config = config
+        if let lora {
+            guard lora.rank > 0, !lora.targetModules.isEmpty, lora.targetModules.allSatisfy(LoraSettings.modules.contains) else {
+                throw ModelError.invalidInput("LoRA needs a positive rank and target modules among \(LoraSettings.modules.joined(separator: ", ")), got rank \(lora.rank) and \(lora.targetModules)")
+            }
+        }
         let decoder = weights.scoped(firstOf: ["language_model.model", "model.language_model", "model"], holding: "embed_tokens.weight")
         inverseFrequencies = try config.rotaryInverseFrequencies(file: file)
         let (d, heads, keyHeads, headDim, mlp) = (config.hiddenSize, config.numAttentionHeads, config.numKeyValueHeads,

@@ -43,11 +43,8 @@ public final class LlavaTraining: @unchecked Sendable {
         self.directory = directory
         self.stage = stage
         self.lora = lora
-        if let lora {
-            guard stage == .instructionTuning else { throw ModelError.invalidInput("LoRA trains the language model: instruction tuning, not projector alignment") }
-            guard lora.rank > 0, !lora.targetModules.isEmpty, lora.targetModules.allSatisfy(LoraSettings.modules.contains) else {
-                throw ModelError.invalidInput("LoRA needs a positive rank and target modules among \(LoraSettings.modules.joined(separator: ", ")), got rank \(lora.rank) and \(lora.targetModules)")
-            }
+        if lora != nil, stage != .instructionTuning {
+            throw ModelError.invalidInput("LoRA trains the language model: instruction tuning, not projector alignment")
         }
         let file = directory.url.appendingPathComponent("config.json").path
         visionEncoder = try MatrixPrecision.$forNewLayers.withValue(.float32) { try LlavaVisionEncoder(directory: directory) }
