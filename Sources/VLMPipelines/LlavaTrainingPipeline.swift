@@ -49,7 +49,7 @@ public final class LlavaTrainingPipeline: @unchecked Sendable {
         chat = ImageChatPromptLayout(processor: processor, chatTemplate: template)
     }
 
-    /// Trains on `data` as `settings` say (Trainer's loop, see ``LockedImageTextTuningPipeline/train(_:settings:log:)``),
+    /// Trains on `data` as `settings` say (Trainer's loop, see ``ContrastiveTrainingPipeline/train(_:settings:log:)``),
     /// calling `log` after each step; the trained parameters stay in ``training`` (``save(to:)`` writes them).
     @discardableResult
     public func train(_ data: LlavaTrainingData, settings: TrainingSettings,

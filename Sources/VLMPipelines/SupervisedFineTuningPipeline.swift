@@ -25,7 +25,7 @@ public final class SupervisedFineTuningPipeline: @unchecked Sendable {
         (tokenizer, self.template) = (loaded.tokenizer, template)
     }
 
-    /// Trains on `dataset` as `settings` say (Trainer's loop, see ``LockedImageTextTuningPipeline/train(_:settings:log:)``),
+    /// Trains on `dataset` as `settings` say (Trainer's loop, see ``ContrastiveTrainingPipeline/train(_:settings:log:)``),
     /// calling `log` after each step; the fine-tuned weights stay in ``training`` (``save(to:)`` writes them).
     @discardableResult
     public func train(_ dataset: ConversationDataset, assistantOnly: Bool = true, settings: TrainingSettings,

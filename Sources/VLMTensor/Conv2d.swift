@@ -71,43 +71,9 @@ public final class Conv2d: @unchecked Sendable {
             return convolution(x, outHeight: outHeight, outWidth: outWidth, channelsLast: channelsLast)
         #endif
         case let .patchProjection(projection):
-            let tokens = projection(patches(x, outHeight: outHeight, outWidth: outWidth))
+            let tokens = projection(convolutionPatches(x, kernelSize: kernelSize, stride: stride, padding: padding))
             return channelsLast ? tokens.reshaped(shape) : channelsFirst(tokens, batch: batch).reshaped(shape)
         }
-    }
-
-    /// `[N·H'·W', C·kh·kw]`: each row the patch under one output pixel, flattened in the weight's (channel, row,
-    /// column) order, with zeros where it overlaps the padding.
-    private func patches(_ x: Tensor, outHeight: Int, outWidth: Int) -> Tensor {
-        let (batch, height, width) = (x.shape[0], x.shape[2], x.shape[3])
-        let (kh, kw) = kernelSize
-        let patchSize = inChannels * kh * kw
-        let rows = Tensor(uninitialized: [batch * outHeight * outWidth, patchSize])
-        parallelFor(batch) { item in
-            let (source, destination) = (x.storage.pointer, rows.storage.pointer)
-            for py in 0..<outHeight {
-                for px in 0..<outWidth {
-                    var target = destination + ((item * outHeight + py) * outWidth + px) * patchSize
-                    let left = px * stride - padding
-                    for channel in 0..<inChannels {
-                        for ky in 0..<kh {
-                            let y = py * stride - padding + ky
-                            let row = source + ((item * inChannels + channel) * height + y) * width + left
-                            if y >= 0 && y < height && left >= 0 && left + kw <= width {
-                                target.initialize(from: row, count: kw)
-                            } else {
-                                for kx in 0..<kw {
-                                    let inside = y >= 0 && y < height && left + kx >= 0 && left + kx < width
-                                    target[kx] = inside ? row[kx] : 0
-                                }
-                            }
-                            target += kw
-                        }
-                    }
-                }
-            }
-        }
-        return rows
     }
 
     /// `[N, C, H', W']` from `tokens [N·H'·W', C]`.
@@ -123,4 +89,44 @@ public final class Conv2d: @unchecked Sendable {
         }
         return output
     }
+}
+
+/// The rows a convolution's matrix product reads (im2col): `[N·H'·W', C·kh·kw]` from `x [N, C, H, W]`, each row the
+/// patch under one output pixel, flattened in a PyTorch weight's (channel, row, column) order, with zeros where it
+/// overlaps the padding. A ViT's patch embedding is these rows times its flattened weight, and the weight's gradient
+/// their product with the output's.
+public func convolutionPatches(_ x: Tensor, kernelSize: (height: Int, width: Int), stride: Int, padding: Int) -> Tensor {
+    precondition(x.rank == 4 && stride >= 1 && padding >= 0, "convolutionPatches needs [N, C, H, W], a positive stride, padding ≥ 0")
+    let (batch, inChannels, height, width) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3])
+    let (kh, kw) = kernelSize
+    precondition(height + 2 * padding >= kh && width + 2 * padding >= kw, "kernel \(kernelSize) larger than padded input \(x.shape)")
+    let outHeight = (height + 2 * padding - kh) / stride + 1
+    let outWidth = (width + 2 * padding - kw) / stride + 1
+    let patchSize = inChannels * kh * kw
+    let rows = Tensor(uninitialized: [batch * outHeight * outWidth, patchSize])
+    parallelFor(batch) { item in
+        let (source, destination) = (x.storage.pointer, rows.storage.pointer)
+        for py in 0..<outHeight {
+            for px in 0..<outWidth {
+                var target = destination + ((item * outHeight + py) * outWidth + px) * patchSize
+                let left = px * stride - padding
+                for channel in 0..<inChannels {
+                    for ky in 0..<kh {
+                        let y = py * stride - padding + ky
+                        let row = source + ((item * inChannels + channel) * height + y) * width + left
+                        if y >= 0 && y < height && left >= 0 && left + kw <= width {
+                            target.initialize(from: row, count: kw)
+                        } else {
+                            for kx in 0..<kw {
+                                let inside = y >= 0 && y < height && left + kx >= 0 && left + kx < width
+                                target[kx] = inside ? row[kx] : 0
+                            }
+                        }
+                        target += kw
+                    }
+                }
+            }
+        }
+    }
+    return rows
 }

@@ -59,7 +59,7 @@ public final class CausalLanguageModelTraining: @unchecked Sendable {
         return loss
     }
 
-    /// Writes the fine-tuned checkpoint to `output` as ``LockedImageTextTuning/save(to:)`` writes one: every tensor in
+    /// Writes the fine-tuned checkpoint to `output` as ``ImageTextContrastiveTraining/save(to:)`` writes one: every tensor in
     /// fp32, config.json with `dtype` float32, the tokenizer, chat template and generation files. With LoRA, the
     /// adapter as PEFT saves one (adapter_model.safetensors, adapter_config.json, the tokenizer files), or with
     /// `mergingLora` the checkpoint with each update merged into its weight, as `merge_and_unload()` then

@@ -130,7 +130,7 @@ public final class LlavaTraining: @unchecked Sendable {
         return loss
     }
 
-    /// Writes the trained checkpoint to `output` as ``LockedImageTextTuning/save(to:)`` writes one: every tensor of
+    /// Writes the trained checkpoint to `output` as ``ImageTextContrastiveTraining/save(to:)`` writes one: every tensor of
     /// the original in fp32 with the trained ones replaced, config.json with `dtype` float32, the processor files.
     /// With LoRA, the adapter as PEFT saves LLaVA's (the updates, and the projector whole as a module to save), or
     /// with `mergingLora` the checkpoint with each update merged into its weight (`merge_and_unload()`).

@@ -5,7 +5,7 @@ import SwiftVLM
 struct Train: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Train a checkpoint with one of transformers' training recipes.",
-        subcommands: [LockedImageTextTuningCommand.self, ProjectorAlignmentCommand.self, InstructionTuningCommand.self])
+        subcommands: [ContrastiveTrainingCommand.self, LockedImageTextTuningCommand.self, ProjectorAlignmentCommand.self, InstructionTuningCommand.self])
 }
 
 /// What every training command takes: the data, where the result goes, and transformers' TrainingArguments for the
@@ -131,6 +131,43 @@ struct TrainingOptions: ParsableArguments {
     }
 }
 
+struct ContrastiveTrainingCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "clip",
+        abstract: "Contrastive training of a CLIP or SigLIP checkpoint on image-text pairs: both towers, their projections and the temperature learn.",
+        discussion: """
+            As transformers' run_clip.py example trains a dual encoder. The data is an imagefolder directory as for \
+            `vlm train lit`. Each batch's images go through the checkpoint's image processor and image tower, its \
+            captions through the tokenizer (padded as the model's processor pads them) and text tower, and the \
+            model's contrastive loss (CLIP's softmax loss, SigLIP's sigmoid loss) trains every weight by AdamW as \
+            transformers' Trainer steps it; the defaults are TrainingArguments'. --freeze-vision-model or \
+            --freeze-text-model leave that tower as it is (its projection still learns), as run_clip.py's flags do. \
+            SigLIP 2's image tower trains only frozen. The trained checkpoint (config, fp32 weights, tokenizer and \
+            preprocessor files) is written to --out.
+            """)
+
+    @OptionGroup var options: ModelOption
+    @OptionGroup var training: TrainingOptions
+
+    @Option(help: "The metadata column holding each image's caption.")
+    var textColumn = "text"
+
+    @Flag(help: "Leave the image tower (vision_model) as it is: each image is encoded once.")
+    var freezeVisionModel = false
+
+    @Flag(help: "Leave the text tower (text_model) as it is.")
+    var freezeTextModel = false
+
+    func run() async throws {
+        let datasets = try training.datasets { try ImageTextDataset(directory: $0, textColumn: textColumn) }
+        let frozen = Set<ImageTextContrastiveTraining.Module>((freezeVisionModel ? [.visionModel] : []) + (freezeTextModel ? [.textModel] : []))
+        let pipeline = try ContrastiveTrainingPipeline(directory: try await options.trainableCheckpoint(), frozen: frozen)
+        try training.run(examples: datasets.training.pairs.count,
+                         { try pipeline.train(datasets.training, settings: training.settings, log: $0) }, save: pipeline.save,
+                         evaluate: datasets.evaluation.map { evaluation in { try pipeline.loss(on: evaluation, batchSize: training.batchSize) } })
+    }
+}
+
 struct LockedImageTextTuningCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "lit",
@@ -153,7 +190,8 @@ struct LockedImageTextTuningCommand: AsyncParsableCommand {
 
     func run() async throws {
         let datasets = try training.datasets { try ImageTextDataset(directory: $0, textColumn: textColumn) }
-        let pipeline = try LockedImageTextTuningPipeline(directory: try await options.trainableCheckpoint())
+        let pipeline = try ContrastiveTrainingPipeline(directory: try await options.trainableCheckpoint(),
+                                                       frozen: ImageTextContrastiveTraining.lockedImage)
         try training.run(examples: datasets.training.pairs.count,
                          { try pipeline.train(datasets.training, settings: training.settings, log: $0) }, save: pipeline.save,
                          evaluate: datasets.evaluation.map { evaluation in { try pipeline.loss(on: evaluation, batchSize: training.batchSize) } })

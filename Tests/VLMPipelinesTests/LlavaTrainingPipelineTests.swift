@@ -48,7 +48,7 @@ import VLMTraining
     }
 
     private func trainAndSave(checkpoint: String, stage: LlavaTraining.Stage, record: Record, data: LlavaTrainingData) throws {
-        let pipeline = try LlavaTrainingPipeline(directory: LiTDatasetDirectory.fixtures.appendingPathComponent(checkpoint), stage: stage)
+        let pipeline = try LlavaTrainingPipeline(directory: CaptionedPhotoDataset.fixtures.appendingPathComponent(checkpoint), stage: stage)
         let run = try pipeline.train(data, settings: record.settings.inOrder(batchSize: record.photos.count))
         for (entry, (loss, norm)) in zip(run.history, zip(record.losses, record.gradient_norms)) {
             #expect(abs(entry.loss - loss) < 1e-4, "step \(entry.step): loss \(entry.loss) against \(loss)")
@@ -83,7 +83,7 @@ import VLMTraining
         (#"{"file_name": "chelsea.png", "messages": [{"role": "user", "content": [{"type": "image"}]}]}"#, "line 1: no assistant message to learn from"),
     ])
     func badConversationsAreOneLineNamingTheFile(line: String, message: String) throws {
-        let data = try LiTDatasetDirectory.oneImage(metadata: "metadata.jsonl", contents: line)
+        let data = try CaptionedPhotoDataset.oneImage(metadata: "metadata.jsonl", contents: line)
         defer { try? FileManager.default.removeItem(at: data) }
         let error = try #require(throws: DatasetError.self) { try ImageConversationDataset(directory: data) }
         #expect(error.description == "\(data.appendingPathComponent("metadata.jsonl").path): \(message)")
@@ -92,7 +92,7 @@ import VLMTraining
     /// A template without generation blocks marks no reply, so instruction tuning has nothing to score: refused,
     /// naming the checkpoint, before any step; scoring every token instead (TRL's default) trains.
     @Test func aTemplateWithoutGenerationBlocksIsRefused() throws {
-        let fixtures = LiTDatasetDirectory.fixtures
+        let fixtures = CaptionedPhotoDataset.fixtures
         let model = FileManager.default.temporaryDirectory.appendingPathComponent("llava-plain-template-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: model) }
         try FileManager.default.createDirectory(at: model, withIntermediateDirectories: true)
@@ -117,7 +117,7 @@ import VLMTraining
     }
 
     static func record(_ folder: String, _ checkpoint: String) throws -> Record {
-        try JSONDecoder().decode(Record.self, from: Data(contentsOf: LiTDatasetDirectory.fixtures.appendingPathComponent(
+        try JSONDecoder().decode(Record.self, from: Data(contentsOf: CaptionedPhotoDataset.fixtures.appendingPathComponent(
             "\(folder)/\(checkpoint.replacingOccurrences(of: "/", with: "-")).json")))
     }
 
@@ -128,7 +128,7 @@ import VLMTraining
         var rows: [String] = []
         for (index, photo) in record.photos.enumerated() {
             let name = (photo as NSString).lastPathComponent
-            try FileManager.default.copyItem(at: LiTDatasetDirectory.fixtures.appendingPathComponent(photo), to: data.appendingPathComponent(name))
+            try FileManager.default.copyItem(at: CaptionedPhotoDataset.fixtures.appendingPathComponent(photo), to: data.appendingPathComponent(name))
             rows.append(String(decoding: try JSONSerialization.data(withJSONObject: row(name, index)), as: UTF8.self))
         }
         try rows.joined(separator: "\n").write(to: data.appendingPathComponent("metadata.jsonl"), atomically: true, encoding: .utf8)

@@ -17,7 +17,7 @@ import VLMTraining
         let every_token_final_loss: Float
     }
 
-    static let fixtures = LiTDatasetDirectory.fixtures
+    static let fixtures = CaptionedPhotoDataset.fixtures
 
     /// The record's conversations as a JSON-lines file in a fresh directory.
     static func dataset(_ record: Record) throws -> URL {

@@ -23,7 +23,7 @@ import VLMTraining
     /// head, on a right-padded batch of two chat-templated conversations whose replies alone are scored, its pad token
     /// `<|im_end|>` inside the replies too (the embedding's `padding_idx`, whose row torch never updates).
     @Test func fineTuningMatchesTransformers() throws {
-        let fixtures = LiTFixture.fixtures
+        let fixtures = ContrastiveTrainingFixture.fixtures
         let record = try JSONDecoder().decode(Record.self, from: Data(contentsOf: fixtures.appendingPathComponent("sft/qwen2-chatml.json")))
         let tensors = try SafetensorsFile(url: fixtures.appendingPathComponent("sft/qwen2-chatml.safetensors"))
         let training = try CausalLanguageModelTraining(directory: ModelDirectory(url: fixtures.appendingPathComponent("sft/qwen2-chatml")))
@@ -45,7 +45,7 @@ import VLMTraining
             struct Lora: Decodable { let r: Int; let lora_alpha: Float; let target_modules: [String] }
             let lora: Lora
         }
-        let fixtures = LiTFixture.fixtures
+        let fixtures = ContrastiveTrainingFixture.fixtures
         let data = try Data(contentsOf: fixtures.appendingPathComponent("sft/qwen2-chatml-lora.json"))
         let record = try JSONDecoder().decode(Record.self, from: data)
         let recorded = try JSONDecoder().decode(LoraRecord.self, from: data).lora
@@ -79,7 +79,7 @@ import VLMTraining
     }
 
     @Test func otherFamiliesAreRefused() throws {
-        let directory = LiTFixture.fixtures.appendingPathComponent("clip/tiny-quickgelu-argmax")
+        let directory = ContrastiveTrainingFixture.fixtures.appendingPathComponent("clip/tiny-quickgelu-argmax")
         let error = try #require(throws: ModelError.self) { try CausalLanguageModelTraining(directory: ModelDirectory(url: directory)) }
         #expect("\(error)".contains("model_type \"clip\" is not supported here (supported: llama, mistral, qwen2)"), "\(error)")
     }

@@ -58,11 +58,11 @@ import VLMTraining
         let merged = FileManager.default.temporaryDirectory.appendingPathComponent("llava-lora-merged-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: merged) }
         try training.save(to: merged, mergingLora: true)
-        let record = try JSONDecoder().decode(Record.self, from: Data(contentsOf: LiTFixture.fixtures.appendingPathComponent(
+        let record = try JSONDecoder().decode(Record.self, from: Data(contentsOf: ContrastiveTrainingFixture.fixtures.appendingPathComponent(
             "instruction-tuning/image-chat-llava-1.5-lora.json")))
         let reloaded = try LlavaTraining(directory: ModelDirectory(url: merged), stage: .projectorAlignment)
         let features = try reloaded.visionFeatures(pixelValues: ImageProcessorRegistry.load(directory: merged, modelType: "llava")
-            .preprocess(record.photos.map { try ImageDecoder.decode(contentsOf: LiTFixture.fixtures.appendingPathComponent($0)) }).pixelValues)
+            .preprocess(record.photos.map { try ImageDecoder.decode(contentsOf: ContrastiveTrainingFixture.fixtures.appendingPathComponent($0)) }).pixelValues)
         let loss = try reloaded.loss(visionFeatures: features, inputIds: record.input_ids, attentionMask: record.attention_mask, labels: record.labels)
         #expect(abs(loss - record.final_loss) < 1e-4, "merged checkpoint's loss \(loss) against \(record.final_loss)")
     }
@@ -70,7 +70,7 @@ import VLMTraining
     @discardableResult
     private func trainAsRecorded(checkpoint: String, stage: LlavaTraining.Stage, fixtures folder: String,
                                  lora: LoraSettings? = nil) throws -> LlavaTraining {
-        let fixtures = LiTFixture.fixtures
+        let fixtures = ContrastiveTrainingFixture.fixtures
         let name = checkpoint.replacingOccurrences(of: "/", with: "-") + (lora == nil ? "" : "-lora")
         let record = try JSONDecoder().decode(Record.self, from: Data(contentsOf: fixtures.appendingPathComponent("\(folder)/\(name).json")))
         let tensors = try SafetensorsFile(url: fixtures.appendingPathComponent("\(folder)/\(name).safetensors"))

@@ -13,7 +13,7 @@ import Testing
     let model = CLI.fixtures.appendingPathComponent("clip/tiny-quickgelu-argmax")
     let work = FileManager.default.temporaryDirectory.appendingPathComponent("train-cli-\(UUID().uuidString)")
 
-    /// The CLIP fixture's four photos captioned as oracle/lit.py captioned them, as an imagefolder dataset.
+    /// The CLIP fixture's four photos captioned as oracle/contrastive_training.py captioned them, as an imagefolder dataset.
     func dataset() throws -> URL {
         struct Fixture: Decodable { let photos: [String]; let labels: [String]; let template: String }
         let fixture = try JSONDecoder().decode(Fixture.self, from: Data(contentsOf: model.appendingPathComponent("expected.json")))
@@ -29,11 +29,14 @@ import Testing
         return data
     }
 
-    @Test func litLogsTrainersLossesAndWritesACheckpoint() throws {
+    /// LiT, run_clip.py's whole model, and with its --freeze_text_model.
+    @Test(arguments: [(["lit"], "lit/clip-tiny-quickgelu-argmax"), (["clip"], "contrastive-training/clip-tiny-quickgelu-argmax"),
+                      (["clip", "--freeze-text-model"], "contrastive-training/clip-tiny-quickgelu-argmax-frozen-text_model")])
+    func contrastiveTrainingLogsTrainersLossesAndWritesACheckpoint(command: [String], run: String) throws {
         defer { try? FileManager.default.removeItem(at: work) }
-        let record = try JSONDecoder().decode(Record.self, from: Data(contentsOf: CLI.fixtures.appendingPathComponent("lit/clip-tiny-quickgelu-argmax.json")))
+        let record = try JSONDecoder().decode(Record.self, from: Data(contentsOf: CLI.fixtures.appendingPathComponent(run + ".json")))
         let out = work.appendingPathComponent("tuned").path
-        let arguments = ["train", "lit", "--model", model.path, "--data", try dataset().path, "--out", out,
+        let arguments = ["train"] + command + ["--model", model.path, "--data", try dataset().path, "--out", out,
                          "--batch-size", "4", "--max-steps", "\(record.settings.steps)", "--no-shuffle",
                          "--learning-rate", "\(record.settings.learning_rate)", "--weight-decay", "\(record.settings.weight_decay)",
                          "--warmup-steps", "\(record.settings.warmup_steps)", "--max-grad-norm", "\(record.settings.max_grad_norm)"]
@@ -84,6 +87,10 @@ import Testing
         #expect(notCLIP.status == 1)
         #expect(notCLIP.stderr.contains("model_type \"owlvit\" is not supported here (supported: clip, siglip, siglip2)"), "\(notCLIP.stderr)")
         #expect(notCLIP.stderr.split(separator: "\n").count == 1)
+        let siglip2 = CLI.fixtures.appendingPathComponent("siglip2/tiny-naflex-fp16").path
+        let naflex = try CLI.run(["train", "clip", "--model", siglip2, "--data", data, "--out", work.path + "/out"])
+        #expect(naflex.status == 1)
+        #expect(naflex.stderr == "Error: \(siglip2)/config.json: SigLIP 2's image tower (NaFlex patches) does not train here; freeze vision_model (vlm train clip --freeze-vision-model, or vlm train lit)\n", "\(naflex.stderr)")
     }
 
     @Test func projectorLogsTrainersLossesAndWritesACheckpointThatChats() throws {

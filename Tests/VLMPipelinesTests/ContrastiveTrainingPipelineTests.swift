@@ -7,8 +7,8 @@ import VLMTensor
 import VLMTraining
 
 /// An imagefolder dataset of a CLIP or SigLIP fixture's four photos captioned with its templated labels (what
-/// oracle/lit.py trained on), in a temporary directory removed with it.
-final class LiTDatasetDirectory {
+/// oracle/contrastive_training.py trained on), in a temporary directory removed with it.
+final class CaptionedPhotoDataset {
     static let fixtures = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
         .appendingPathComponent("Fixtures")
 
@@ -57,8 +57,8 @@ final class LiTDatasetDirectory {
     deinit { try? FileManager.default.removeItem(at: url) }
 }
 
-/// oracle/lit.py's record for a fixture: its settings and what each step gave.
-struct LiTRecord: Decodable {
+/// oracle/contrastive_training.py's record of a run: its settings, frozen modules and what each step gave.
+struct ContrastiveTrainingRecord: Decodable {
     struct Settings: Decodable {
         let learning_rate, weight_decay, max_grad_norm: Float
         let warmup_steps, steps: Int
@@ -68,24 +68,34 @@ struct LiTRecord: Decodable {
     let losses: [Float]
     let gradient_norms: [Float]
     let final_loss: Float
+    let frozen: [String]
 
-    init(_ checkpoint: String) throws {
-        self = try JSONDecoder().decode(Self.self, from: Data(contentsOf: LiTDatasetDirectory.fixtures
-            .appendingPathComponent("lit/\(checkpoint.replacingOccurrences(of: "/", with: "-")).json")))
+    /// - Parameter run: e.g. "lit/clip-tiny-quickgelu-argmax".
+    init(_ run: String) throws {
+        self = try JSONDecoder().decode(Self.self, from: Data(contentsOf: CaptionedPhotoDataset.fixtures
+            .appendingPathComponent(run + ".json")))
+    }
+
+    var frozenModules: Set<ImageTextContrastiveTraining.Module> {
+        Set(frozen.map { ImageTextContrastiveTraining.Module(rawValue: $0)! })
     }
 }
 
-@Suite struct LockedImageTextTuningPipelineTests {
+@Suite struct ContrastiveTrainingPipelineTests {
     /// From the photo files and captions to the saved checkpoint: the processor's pixels and the tokenizer's ids give
-    /// each step the loss transformers' Trainer computed (oracle/lit.py), and the checkpoint written loads as a model
-    /// of its family whose loss on the pairs is the oracle's after its last step.
-    @Test(arguments: ["clip/tiny-quickgelu-argmax", "clip/tiny-gelu-eos-fp16", "siglip/tiny-tanh-fp16",
-                      "siglip/tiny-gelu-bf16", "siglip2/tiny-naflex-fp16"])
-    func trainsAndSavesAsTransformersDoes(checkpoint: String) throws {
-        let data = try LiTDatasetDirectory(checkpoint: checkpoint)
-        let record = try LiTRecord(checkpoint)
-        let model = LiTDatasetDirectory.fixtures.appendingPathComponent(checkpoint)
-        let pipeline = try LockedImageTextTuningPipeline(directory: model)
+    /// each step the loss transformers' Trainer computed (oracle/contrastive_training.py), and the checkpoint written
+    /// loads as a model of its family whose loss on the pairs is the oracle's after its last step.
+    @Test(arguments: [("clip/tiny-quickgelu-argmax", "lit/clip-tiny-quickgelu-argmax"), ("clip/tiny-gelu-eos-fp16", "lit/clip-tiny-gelu-eos-fp16"),
+                      ("siglip/tiny-tanh-fp16", "lit/siglip-tiny-tanh-fp16"), ("siglip/tiny-gelu-bf16", "lit/siglip-tiny-gelu-bf16"),
+                      ("siglip2/tiny-naflex-fp16", "lit/siglip2-tiny-naflex-fp16"),
+                      ("clip/tiny-gelu-eos-fp16", "contrastive-training/clip-tiny-gelu-eos-fp16"),
+                      ("siglip/tiny-tanh-fp16", "contrastive-training/siglip-tiny-tanh-fp16"),
+                      ("clip/tiny-quickgelu-argmax", "contrastive-training/clip-tiny-quickgelu-argmax-frozen-vision_model")])
+    func trainsAndSavesAsTransformersDoes(checkpoint: String, run: String) throws {
+        let data = try CaptionedPhotoDataset(checkpoint: checkpoint)
+        let record = try ContrastiveTrainingRecord(run)
+        let model = CaptionedPhotoDataset.fixtures.appendingPathComponent(checkpoint)
+        let pipeline = try ContrastiveTrainingPipeline(directory: model, frozen: record.frozenModules)
         var settings = TrainingSettings()
         settings.batchSize = 4
         settings.maxSteps = record.settings.steps
@@ -111,7 +121,7 @@ struct LiTRecord: Decodable {
         let output = data.url.appendingPathComponent("tuned")
         try pipeline.save(to: output)
         // The saved checkpoint through the same processor: its loss on the pairs.
-        let loss = try LockedImageTextTuningPipeline(directory: output).loss(on: ImageTextDataset(directory: data.url), batchSize: 4)
+        let loss = try ContrastiveTrainingPipeline(directory: output, frozen: record.frozenModules).loss(on: ImageTextDataset(directory: data.url), batchSize: 4)
         #expect(abs(loss - record.final_loss) < 1e-4, "saved checkpoint's loss \(loss) against \(record.final_loss)")
         let config = try String(contentsOf: output.appendingPathComponent("config.json"), encoding: .utf8)
         #expect(config.contains("\"dtype\": \"float32\""))
@@ -124,28 +134,28 @@ struct LiTRecord: Decodable {
 
     /// Each epoch visits every pair once, in an order drawn from the seed: the same seed, the same losses.
     @Test func shuffledEpochsVisitEveryPairOnce() throws {
-        let data = try LiTDatasetDirectory(checkpoint: "clip/tiny-quickgelu-argmax")
-        let model = LiTDatasetDirectory.fixtures.appendingPathComponent("clip/tiny-quickgelu-argmax")
+        let data = try CaptionedPhotoDataset(checkpoint: "clip/tiny-quickgelu-argmax")
+        let model = CaptionedPhotoDataset.fixtures.appendingPathComponent("clip/tiny-quickgelu-argmax")
         var settings = TrainingSettings()
         settings.batchSize = 3
         settings.epochs = 2
         settings.learningRate = 0
         let dataset = try ImageTextDataset(directory: data.url)
-        let first = try LockedImageTextTuningPipeline(directory: model).train(dataset, settings: settings).history
-        let second = try LockedImageTextTuningPipeline(directory: model).train(dataset, settings: settings).history
+        let first = try ContrastiveTrainingPipeline(directory: model, frozen: ImageTextContrastiveTraining.lockedImage).train(dataset, settings: settings).history
+        let second = try ContrastiveTrainingPipeline(directory: model, frozen: ImageTextContrastiveTraining.lockedImage).train(dataset, settings: settings).history
         #expect(first.map(\.step) == [1, 2, 3, 4])  // 4 pairs in batches of 3: a short batch ends each epoch
         #expect(first.map(\.epoch) == [0.5, 1, 1.5, 2])
         #expect(first == second)
         settings.shuffleSeed = nil
-        let ordered = try LockedImageTextTuningPipeline(directory: model).train(dataset, settings: settings).history
+        let ordered = try ContrastiveTrainingPipeline(directory: model, frozen: ImageTextContrastiveTraining.lockedImage).train(dataset, settings: settings).history
         #expect(ordered.map(\.loss) != first.map(\.loss))
     }
 }
 
 @Suite struct ImageTextDatasetTests {
     @Test func csvMetadataReadsAsTheJSONLines() throws {
-        let jsonl = try LiTDatasetDirectory(checkpoint: "clip/tiny-quickgelu-argmax")
-        let csv = try LiTDatasetDirectory(checkpoint: "clip/tiny-quickgelu-argmax", metadata: { name, caption in
+        let jsonl = try CaptionedPhotoDataset(checkpoint: "clip/tiny-quickgelu-argmax")
+        let csv = try CaptionedPhotoDataset(checkpoint: "clip/tiny-quickgelu-argmax", metadata: { name, caption in
             "\(name),\"\(caption.replacingOccurrences(of: "\"", with: "\"\""))\""
         }, metadataFile: "metadata.csv", header: "file_name,text")
         let fromJSON = try ImageTextDataset(directory: jsonl.url), fromCSV = try ImageTextDataset(directory: csv.url)
@@ -155,7 +165,7 @@ struct LiTRecord: Decodable {
     }
 
     @Test func quotedCSVFieldsHoldCommasQuotesAndLineBreaks() throws {
-        let data = try LiTDatasetDirectory(checkpoint: "clip/tiny-quickgelu-argmax", metadata: { name, _ in
+        let data = try CaptionedPhotoDataset(checkpoint: "clip/tiny-quickgelu-argmax", metadata: { name, _ in
             "\"\(name)\",\"a \"\"cat\"\", or two,\nsleeping\",x"
         }, metadataFile: "metadata.csv", header: "file_name,caption,other\r")
         let dataset = try ImageTextDataset(directory: data.url, textColumn: "caption")
@@ -174,7 +184,7 @@ struct LiTRecord: Decodable {
         ("metadata.csv", "file_name,text\nchelsea.png,a,cat", "line 2 has 3 fields, the header 2"),
     ])
     func badMetadataIsOneLineNamingTheFile(file: String, contents: String, message: String) throws {
-        let directory = try LiTDatasetDirectory.oneImage(metadata: file, contents: contents)
+        let directory = try CaptionedPhotoDataset.oneImage(metadata: file, contents: contents)
         defer { try? FileManager.default.removeItem(at: directory) }
         let error = try #require(throws: DatasetError.self) { try ImageTextDataset(directory: directory) }
         #expect(error.file == directory.appendingPathComponent(file).path)
@@ -182,13 +192,13 @@ struct LiTRecord: Decodable {
     }
 
     @Test func aMissingDirectoryIsRefused() throws {
-        let directory = LiTDatasetDirectory.fixtures.appendingPathComponent("no-such-dataset")
+        let directory = CaptionedPhotoDataset.fixtures.appendingPathComponent("no-such-dataset")
         let error = try #require(throws: DatasetError.self) { try ImageTextDataset(directory: directory) }
         #expect(error.description == "\(directory.path): no such directory (a dataset is a directory of images and their metadata)")
     }
 
     @Test func aDirectoryWithoutMetadataIsRefused() throws {
-        let directory = LiTDatasetDirectory.fixtures.appendingPathComponent("photos")
+        let directory = CaptionedPhotoDataset.fixtures.appendingPathComponent("photos")
         let error = try #require(throws: DatasetError.self) { try ImageTextDataset(directory: directory) }
         #expect(error.description == "\(directory.path): neither metadata.jsonl nor metadata.csv (an imagefolder dataset's metadata)")
     }

@@ -1,0 +1,159 @@
+import Foundation
+import Testing
+import VLMCheckpoint
+import VLMImages
+import VLMModels
+import VLMTensor
+import VLMTraining
+
+/// oracle/contrastive_training.py's record of transformers and torch training a CLIP or SigLIP fixture on its four
+/// photos and labels, some modules frozen.
+struct ContrastiveTrainingFixture {
+    static let fixtures = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .appendingPathComponent("Fixtures")
+
+    struct Record: Decodable {
+        struct Settings: Decodable {
+            let learning_rate, weight_decay, adam_beta1, adam_beta2, adam_epsilon, max_grad_norm: Float
+            let warmup_steps, steps: Int
+        }
+        let settings: Settings
+        /// The captions as the model's processor tokenizes them for training.
+        let input_ids: [[Int]]
+        let attention_mask: [[Int]]?
+        let losses: [Float]
+        let gradient_norms: [Float]
+        let final_loss: Float
+        let frozen: [String]
+        let decayed: [String]
+        let not_decayed: [String]
+    }
+
+    struct Inputs: Decodable {
+        let photos: [String]
+    }
+
+    let name: String
+    let checkpoint: ModelDirectory
+    let record: Record
+    /// `gradient.<name>`: the first step's gradients; `trained.<name>`: the parameters after the last step.
+    let tensors: SafetensorsFile
+    let inputs: Inputs
+    /// The fixture's photos through its checkpoint's image processor.
+    let images: ProcessedImages
+
+    /// - Parameter run: the record under Tests/Fixtures, e.g. "lit/clip-tiny-quickgelu-argmax" for the checkpoint
+    ///   "clip/tiny-quickgelu-argmax", or "contrastive-training/clip-tiny-quickgelu-argmax-frozen-text_model".
+    init(_ run: String) throws {
+        name = run
+        let record = Self.fixtures.appendingPathComponent(run)
+        self.record = try JSONDecoder().decode(Record.self, from: Data(contentsOf: record.appendingPathExtension("json")))
+        tensors = try SafetensorsFile(url: record.appendingPathExtension("safetensors"))
+        // The checkpoint's name: the record's up to its first dash is the family, the rest up to "-frozen" the fixture.
+        let base = record.lastPathComponent.components(separatedBy: "-frozen-")[0]
+        let family = base.prefix { $0 != "-" }
+        let directory = Self.fixtures.appendingPathComponent("\(family)/\(base.dropFirst(family.count + 1))")
+        checkpoint = try ModelDirectory(url: directory)
+        inputs = try JSONDecoder().decode(Inputs.self, from: Data(contentsOf: directory.appendingPathComponent("expected.json")))
+        let processor = try ImageProcessorRegistry.load(directory: directory, modelType: checkpoint.modelType)
+        // Photos named by file are in Tests/Fixtures/photos, the others by their path under Tests/Fixtures.
+        images = try processor.preprocess(inputs.photos.map {
+            try ImageDecoder.decode(contentsOf: Self.fixtures.appendingPathComponent($0.contains("/") ? $0 : "photos/\($0)"))
+        })
+    }
+
+    var frozen: Set<ImageTextContrastiveTraining.Module> {
+        Set(record.frozen.map { ImageTextContrastiveTraining.Module(rawValue: $0)! })
+    }
+
+    var settings: TrainingSettings {
+        var settings = TrainingSettings()
+        settings.maxSteps = record.settings.steps
+        settings.learningRate = record.settings.learning_rate
+        settings.weightDecay = record.settings.weight_decay
+        settings.beta1 = record.settings.adam_beta1
+        settings.beta2 = record.settings.adam_beta2
+        settings.epsilon = record.settings.adam_epsilon
+        settings.maxGradientNorm = record.settings.max_grad_norm
+        settings.warmupSteps = record.settings.warmup_steps
+        return settings
+    }
+}
+
+/// The largest |a − b| over two tensors of one shape (scalars stored as [1] on one side compare with shape []).
+private func maxDifference(_ a: Tensor, _ b: Tensor) -> Float {
+    precondition(a.count == b.count)
+    return zip(a.scalars, b.scalars).map { abs($0 - $1) }.max() ?? 0
+}
+
+/// The elements of a parameter whose gradient is zero but for rounding: the key projections' biases (`k_proj.bias`, and
+/// the key rows of SigLIP's pooling head's `in_proj_bias`) shift every score of a query's row alike, which the softmax
+/// cancels.
+private func keyBiasElements(_ name: String, count: Int) -> Range<Int> {
+    name.hasSuffix("k_proj.bias") ? 0..<count : name.hasSuffix("in_proj_bias") ? (count / 3)..<(2 * count / 3) : 0..<0
+}
+
+@Suite struct ContrastiveTrainingTests {
+    static let runs = ["lit/clip-tiny-quickgelu-argmax", "lit/clip-tiny-gelu-eos-fp16", "lit/siglip-tiny-tanh-fp16",
+                       "lit/siglip-tiny-gelu-bf16", "lit/siglip2-tiny-naflex-fp16",
+                       "contrastive-training/clip-tiny-quickgelu-argmax", "contrastive-training/clip-tiny-gelu-eos-fp16",
+                       "contrastive-training/siglip-tiny-tanh-fp16", "contrastive-training/siglip-tiny-gelu-bf16",
+                       "contrastive-training/clip-tiny-quickgelu-argmax-frozen-vision_model",
+                       "contrastive-training/clip-tiny-quickgelu-argmax-frozen-text_model"]
+
+    /// Every step's loss and gradient norm, the first step's gradients of every learning parameter, and the
+    /// parameters after the last step, against torch's autograd and AdamW under transformers' Trainer's grouping,
+    /// clipping and schedule: CLIP's softmax loss through a causal text transformer pooled at its end-of-text token and
+    /// a vision transformer pooled at its class token, SigLIP's and SigLIP 2's sigmoid loss with its bias through a
+    /// text transformer that attends both ways and pools the last position and (SigLIP) a vision transformer pooled by
+    /// its attention head; LiT with the image tower frozen, run_clip.py's whole model, and each of its frozen towers.
+    @Test(arguments: runs) func trainingMatchesTransformers(run: String) throws {
+        let fixture = try ContrastiveTrainingFixture(run)
+        let training = try ImageTextContrastiveTraining(directory: fixture.checkpoint, frozen: fixture.frozen)
+        #expect(training.parameters.filter(\.decays).map(\.name).sorted() == fixture.record.decayed)
+        #expect(training.parameters.filter { !$0.decays }.map(\.name).sorted() == fixture.record.not_decayed)
+        let images: ContrastiveImages = try training.encodesImagesOnce ? .encoded(training.encodedImages(fixture.images)) : .pixels(fixture.images)
+        let optimizer = AdamW(parameters: training.parameters, settings: fixture.settings, totalSteps: fixture.record.settings.steps)
+        for step in 0..<fixture.record.settings.steps {
+            let loss = try training.lossAndGradients(images: images, inputIds: fixture.record.input_ids,
+                                                     attentionMask: fixture.record.attention_mask)
+            #expect(abs(loss - fixture.record.losses[step]) < 1e-4, "\(run) step \(step): loss \(loss) against \(fixture.record.losses[step])")
+            if step == 0 {
+                for parameter in training.parameters {
+                    let expected = try fixture.tensors.tensor("gradient.\(parameter.name)")
+                    let gradient = try #require(parameter.gradient, "\(parameter.name) has no gradient")
+                    #expect(maxDifference(gradient, expected) < 1e-4, "\(run): gradient of \(parameter.name) off by \(maxDifference(gradient, expected))")
+                }
+            }
+            let norm = optimizer.step()
+            let expectedNorm = fixture.record.gradient_norms[step]
+            #expect(abs(norm - expectedNorm) < 1e-4 * max(1, expectedNorm), "\(run) step \(step): gradient norm \(norm) against \(expectedNorm)")
+        }
+        // AdamW divides each element's running gradient by its own running magnitude: where the gradient is tiny, the
+        // step is a ratio of two tiny numbers carrying fp32 summation-order error of a few percent in either
+        // implementation, and may differ by a part of the learning rate each step. The key projections' biases are
+        // such elements throughout (their gradient is rounding noise, under 1e-8 here in both), and a full model has
+        // a few more by chance; those whose first gradient is under 1e-6 but not zero (an unused token's embedding) are held to steps × learning rate, the rest
+        // (over 99% of every run's elements) to 1e-4.
+        let smallGradientTolerance = fixture.settings.learningRate * Float(fixture.record.settings.steps)
+        var (elements, smallGradients) = (0, 0)
+        for parameter in training.parameters {
+            let expected = try fixture.tensors.tensor("trained.\(parameter.name)").scalars
+            let firstGradient = try fixture.tensors.tensor("gradient.\(parameter.name)").scalars
+            let keyBias = keyBiasElements(parameter.name, count: firstGradient.count)
+            #expect(keyBias.allSatisfy { abs(firstGradient[$0]) < 1e-6 }, "\(run): \(parameter.name)")
+            var worst: (difference: Float, tolerance: Float) = (0, 1e-4)
+            for (index, (value, target)) in zip(parameter.value.scalars, expected).enumerated() {
+                let small = keyBias.contains(index) || (firstGradient[index] != 0 && abs(firstGradient[index]) < 1e-6)
+                smallGradients += small ? 1 : 0
+                let tolerance = small ? smallGradientTolerance : 1e-4
+                if abs(value - target) / tolerance > worst.difference / worst.tolerance { worst = (abs(value - target), tolerance) }
+            }
+            elements += expected.count
+            #expect(worst.difference < worst.tolerance, "\(run): \(parameter.name) after training off by \(worst.difference) (tolerance \(worst.tolerance))")
+        }
+        #expect(smallGradients * 100 < elements, "\(run): \(smallGradients) of \(elements) elements have a first gradient under 1e-6 but not zero")
+        let final = try training.loss(images: images, inputIds: fixture.record.input_ids, attentionMask: fixture.record.attention_mask)
+        #expect(abs(final - fixture.record.final_loss) < 1e-4, "\(run): final loss \(final) against \(fixture.record.final_loss)")
+    }
+}
