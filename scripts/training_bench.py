@@ -1,4 +1,4 @@
-"""What the training benchmarks (bench_lit.py, bench_llava_training.py) share: the captioned photos they train on and a
+"""What the training benchmarks (bench_contrastive_training.py, bench_llava_training.py) share: the captioned photos they train on and a
 timed `vlm train` run."""
 import json
 import os

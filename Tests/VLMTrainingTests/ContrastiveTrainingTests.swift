@@ -157,3 +157,40 @@ private func keyBiasElements(_ name: String, count: Int) -> Range<Int> {
         #expect(abs(final - fixture.record.final_loss) < 1e-4, "\(run): final loss \(final) against \(fixture.record.final_loss)")
     }
 }
+
+@Suite struct ContrastiveTrainingInputTests {
+    let clip = try! ContrastiveTrainingFixture("contrastive-training/clip-tiny-quickgelu-argmax")
+
+    private func message(_ body: () throws -> Any) -> String? {
+        do { _ = try body() } catch { return "\(error)" }
+        return nil
+    }
+
+    /// A batch's images as the recipe takes them, as many as its texts, of the size the tower was built for: anything
+    /// else is one error naming what was expected, not a crash.
+    @Test func batchesOfTheWrongKindAreRefused() throws {
+        let learning = try ImageTextContrastiveTraining(directory: clip.checkpoint)
+        let frozen = try ImageTextContrastiveTraining(directory: clip.checkpoint, frozen: [.visionModel])
+        let ids = clip.record.input_ids, mask = clip.record.attention_mask
+        #expect(message { try learning.loss(images: .encoded(Tensor(zeros: [4, 32])), inputIds: ids, attentionMask: mask) }
+                == "the image tower learns: pass the batch's pixels, not encoded images")
+        #expect(message { try frozen.loss(images: .pixels(clip.images), inputIds: ids, attentionMask: mask) }
+                == "the image tower is frozen: pass the images encoded once (encodedImages), not pixels")
+        #expect(message { try learning.loss(images: .pixels(clip.images), inputIds: Array(ids.prefix(3)), attentionMask: mask.map { Array($0.prefix(3)) }) }
+                == "a contrastive loss needs pairs, one image per text: got 3 texts and images [4, 32]")
+        let small = ProcessedImages(pixelValues: Tensor(zeros: [4, 3, 16, 16]), imageSizes: clip.images.imageSizes)
+        #expect(message { try learning.loss(images: .pixels(small), inputIds: ids, attentionMask: mask) }
+                == "pixel values must be [batch, 3, 32, 32], got [4, 3, 16, 16]")
+        #expect(message { try frozen.loss(images: .encoded(Tensor(zeros: [4, 7])), inputIds: ids, attentionMask: mask) }
+                == "encoded images are [4, 7], not [4, 32]")
+        #expect(message { try learning.loss(images: .pixels(clip.images), inputIds: ids.map { $0.map { _ in 99_999 } }, attentionMask: mask) }
+                == "token id 99999 is outside the vocabulary of 1514")
+    }
+
+    @Test func siglip2sImageTowerTrainsOnlyFrozen() throws {
+        let directory = try ModelDirectory(url: ContrastiveTrainingFixture.fixtures.appendingPathComponent("siglip2/tiny-naflex-fp16"))
+        let error = message { try ImageTextContrastiveTraining(directory: directory) }
+        #expect(error == "\(directory.url.path)/config.json: SigLIP 2's image tower (NaFlex patches) does not train here; freeze vision_model (vlm train clip --freeze-vision-model, or vlm train lit)")
+        #expect(message { try ImageTextContrastiveTraining(directory: directory, frozen: [.visionModel]) } == nil)
+    }
+}

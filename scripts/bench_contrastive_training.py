@@ -1,21 +1,22 @@
-"""Locked-image text tuning speed: a training step of CLIP ViT-B/32's text side in SwiftVLM (`vlm train lit`) and in
-transformers/PyTorch, in one run.
+"""Contrastive training speed: a training step of CLIP ViT-B/32 in SwiftVLM (`vlm train lit`, `vlm train clip`) and
+in transformers/PyTorch, in one run.
 
     python scripts/make_clip_checkpoint.py     # once: the full-size random-weight checkpoint
     swift build -c release
-    python scripts/bench_lit.py [--pairs 256] [--batch-size 32] [--steps 8] [--rounds 3] [--vlm .build/release/vlm]
+    python scripts/bench_contrastive_training.py [--recipe lit|clip] [--pairs 256] [--batch-size 32] [--steps 8] [--rounds 3]
 
 Both train the same thing from the same imagefolder dataset (written to a temporary directory: the repository's
-photos, each captioned by seeded random words, 5 to 15 of them): the text transformer, text projection and logit
-scale by CLIP's contrastive loss against image embeddings computed once beforehand, with AdamW, gradient clipping
-and the linear schedule, on 2 threads, in fp32, the pairs in the metadata's order. SwiftVLM's time is `vlm train lit
---json`'s `train_runtime` (the steps, from tokenizing the first batch to the last optimizer step); PyTorch's is the
-same span of a plain loop: `tokenizer(texts, padding=True, truncation=True)`, `get_text_features`, transformers'
-`image_text_contrastive_loss` on the logits against the cached image embeddings, `backward`, `clip_grad_norm_`, `AdamW.step`,
-the scheduler's step. Per round each engine runs --steps steps once (first step included: both build their kernels
-then); the table gives each engine's median time per step over the rounds, SwiftVLM's relative to PyTorch's as the
-median of the per-round ratios, and the step's FLOPs (three times the forward's multiply-adds, twice) against the
-FMA peak scripts/machine.py measures.
+photos, each captioned by seeded random words, 5 to 15 of them) by CLIP's contrastive loss, with AdamW, gradient
+clipping and the linear schedule, on 2 threads, in fp32, the pairs in the metadata's order. `lit`: the text
+transformer, text projection and logit scale learn against image embeddings computed once beforehand. `clip` (run_clip.py's
+recipe): the whole model learns, each batch's photos read from their files and through the image processor every step.
+SwiftVLM's time is `vlm train RECIPE --json`'s `train_runtime` (the steps, from the first batch's inputs to the last
+optimizer step); PyTorch's is the same span of a plain loop: `tokenizer(texts, padding=True, truncation=True)`
+(`clip`: the photos opened and through `CLIPImageProcessorPil`, then `get_image_features`), `get_text_features`,
+transformers' `image_text_contrastive_loss` on the logits, `backward`, `clip_grad_norm_`, `AdamW.step`, the scheduler's step. Per round
+each engine runs --steps steps once (first step included: both build their kernels then); the table gives each
+engine's median time per step over the rounds, SwiftVLM's relative to PyTorch's as the median of the per-round ratios,
+and the step's FLOPs (three times the forward's multiply-adds, twice) against the FMA peak scripts/machine.py measures.
 """
 import os
 import statistics
@@ -32,17 +33,25 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_MODEL = os.path.join(ROOT, "models", "clip-vit-base-patch32-random")
 
 
-def train_gflop(config, token_rows):
-    """Forward multiply-adds of the text side for `token_rows` padded tokens per batch item, as FLOPs, times 3."""
-    t = config.text_config
-    d, mlp, layers = t.hidden_size, t.intermediate_size, t.num_hidden_layers
-    tokens = sum(token_rows)
-    attention = sum(2 * n * n * d for n in token_rows)
-    macs = layers * (tokens * (4 * d * d + 2 * d * mlp) + attention) + len(token_rows) * d * config.projection_dim
+def encoder_macs(tower, token_rows):
+    """Forward multiply-adds of a tower's encoder layers for `token_rows` tokens per batch item."""
+    d, mlp, layers = tower.hidden_size, tower.intermediate_size, tower.num_hidden_layers
+    return layers * (sum(token_rows) * (4 * d * d + 2 * d * mlp) + sum(2 * n * n * d for n in token_rows))
+
+
+def train_gflop(config, token_rows, recipe):
+    """The step's FLOPs for `token_rows` padded tokens per batch item: three times the forward's multiply-adds, twice
+    (the image tower's and projection's too for `clip`)."""
+    macs = encoder_macs(config.text_config, token_rows) + len(token_rows) * config.text_config.hidden_size * config.projection_dim
+    if recipe == "clip":
+        v = config.vision_config
+        patches = (v.image_size // v.patch_size) ** 2
+        macs += len(token_rows) * (patches * v.num_channels * v.patch_size ** 2 * v.hidden_size + v.hidden_size * config.projection_dim)
+        macs += encoder_macs(v, [patches + 1] * len(token_rows))
     return 3 * 2 * macs / 1e9
 
 
-def torch_step_seconds(model_dir, rows, batch_size, steps, settings):
+def torch_step_seconds(model_dir, rows, batch_size, steps, settings, recipe):
     from transformers import CLIPImageProcessorPil, CLIPModel, CLIPTokenizer
     from transformers.models.clip.modeling_clip import image_text_contrastive_loss
     from transformers.optimization import get_linear_schedule_with_warmup
@@ -50,14 +59,19 @@ def torch_step_seconds(model_dir, rows, batch_size, steps, settings):
     from PIL import Image
 
     model = CLIPModel.from_pretrained(model_dir, dtype=torch.float32)
-    model.vision_model.requires_grad_(False)
-    model.visual_projection.requires_grad_(False)
     tokenizer = CLIPTokenizer.from_pretrained(model_dir)
     processor = CLIPImageProcessorPil.from_pretrained(model_dir)
-    with torch.no_grad():
-        images = [Image.open(os.path.join(settings["data"], r["file_name"])).convert("RGB") for r in rows]
-        image_embeds = model.get_image_features(**processor(images=images, return_tensors="pt")).pooler_output
-        image_embeds = image_embeds / image_embeds.norm(p=2, dim=-1, keepdim=True)
+
+    def image_features(indices):
+        images = [Image.open(os.path.join(settings["data"], rows[i]["file_name"])).convert("RGB") for i in indices]
+        features = model.get_image_features(**processor(images=images, return_tensors="pt")).pooler_output
+        return features / features.norm(p=2, dim=-1, keepdim=True)
+
+    if recipe == "lit":
+        model.vision_model.requires_grad_(False)
+        model.visual_projection.requires_grad_(False)
+        with torch.no_grad():
+            cached = image_features(range(len(rows)))
     trained = {n: p for n, p in model.named_parameters() if p.requires_grad}
     decay = set(get_parameter_names(model, [torch.nn.LayerNorm], [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]))
     optimizer = torch.optim.AdamW(
@@ -71,13 +85,14 @@ def torch_step_seconds(model_dir, rows, batch_size, steps, settings):
         inputs = tokenizer([rows[i]["text"] for i in batch], padding=True, truncation=True, return_tensors="pt")
         text = model.get_text_features(**inputs).pooler_output
         text = text / text.norm(p=2, dim=-1, keepdim=True)
-        loss = image_text_contrastive_loss(text @ image_embeds[batch].t() * model.logit_scale.exp())
+        images = cached[batch] if recipe == "lit" else image_features(batch)
+        loss = image_text_contrastive_loss(text @ images.t() * model.logit_scale.exp())
         trainer_step(loss, list(trained.values()), optimizer, schedule)
     return (time.perf_counter() - start) / steps
 
 
 def main():
-    args = parse_arguments(__doc__, DEFAULT_MODEL, pairs=256, batch_size=32, steps=8)
+    args = parse_arguments(__doc__, DEFAULT_MODEL, pairs=256, batch_size=32, steps=8, choices=dict(recipe=("lit", "clip")))
     torch.set_num_threads(args.threads)
     machine = describe(args.threads)
     print(summary(machine))
@@ -92,18 +107,19 @@ def main():
         settings = dict(learning_rate=1e-5, weight_decay=0.1, data=data)
         batches = [[(s * args.batch_size + i) % len(rows) for i in range(args.batch_size)] for s in range(args.steps)]
         padded = [max(len(tokenizer(rows[i]["text"]).input_ids) for i in b) for b in batches]
-        gflop = statistics.mean(train_gflop(config, [n] * args.batch_size) for n in padded)
+        gflop = statistics.mean(train_gflop(config, [n] * args.batch_size, args.recipe) for n in padded)
         swift, pytorch = [], []
         for round_index in range(args.rounds):
-            swift.append(vlm_step_seconds(args.vlm, "lit", args.model, data, os.path.join(work, "out"), args.batch_size,
+            swift.append(vlm_step_seconds(args.vlm, args.recipe, args.model, data, os.path.join(work, "out"), args.batch_size,
                                           args.steps, settings["learning_rate"], args.threads,
                                           "--weight-decay", str(settings["weight_decay"])))
-            pytorch.append(torch_step_seconds(args.model, rows, args.batch_size, args.steps, settings))
+            pytorch.append(torch_step_seconds(args.model, rows, args.batch_size, args.steps, settings, args.recipe))
             print(f"round {round_index + 1}: SwiftVLM {swift[-1] * 1e3:.1f} ms/step, PyTorch {pytorch[-1] * 1e3:.1f} ms/step",
                   file=sys.stderr)
     ratios = [s / p for s, p in zip(swift, pytorch)]
     peak = machine.get("fma_peak_gflops")
-    print(f"\nLiT step, CLIP ViT-B/32 text side, batch {args.batch_size}, {args.steps} steps per round, "
+    what = "LiT step, CLIP ViT-B/32 text side" if args.recipe == "lit" else "CLIP training step (run_clip.py), ViT-B/32 whole model"
+    print(f"\n{what}, batch {args.batch_size}, {args.steps} steps per round, "
           f"{args.rounds} rounds, {args.threads} threads, fp32; {gflop:.1f} GFLOP per step (3x forward)\n")
     print("| engine | ms per step (median) | GFLOP/s | of FMA peak | relative to PyTorch (rounds) |")
     print("|---|---:|---:|---:|---|")
