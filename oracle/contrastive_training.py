@@ -51,6 +51,7 @@ RUNS = [(checkpoint, cls, LIT, "lit", "", None) for checkpoint, cls in CHECKPOIN
     ("clip/tiny-gelu-eos-fp16", CLIPModel, (), "contrastive-training", "", None),
     ("siglip/tiny-tanh-fp16", SiglipModel, (), "contrastive-training", "", 3e-4),
     ("siglip/tiny-gelu-bf16", SiglipModel, (), "contrastive-training", "", 3e-4),
+    ("siglip2/tiny-naflex-fp16", Siglip2Model, (), "contrastive-training", "", 3e-4),
     ("clip/tiny-quickgelu-argmax", CLIPModel, ("vision_model",), "contrastive-training", "-frozen-vision_model", None),
     ("clip/tiny-quickgelu-argmax", CLIPModel, ("text_model",), "contrastive-training", "-frozen-text_model", None),
 ]

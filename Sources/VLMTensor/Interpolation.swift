@@ -123,6 +123,36 @@ public func interpolateAntialiased(_ x: Tensor, height: Int, width: Int) -> Tens
     return output
 }
 
+/// The gradient of ``interpolateAntialiased(_:height:width:)``'s input from its output's, `[..., height, width]` of
+/// planes resized from `height`×`width`: each output's gradient handed back to the inputs it was summed from, by the
+/// same weights (the resize is linear, so this is its transpose).
+public func interpolateAntialiasedBackward(_ outputGradient: Tensor, height inHeight: Int, width inWidth: Int) -> Tensor {
+    precondition(outputGradient.rank >= 2 && inHeight > 0 && inWidth > 0, "interpolateAntialiasedBackward of \(outputGradient.shape) to \(inHeight)x\(inWidth)")
+    let (height, width) = (outputGradient.shape[outputGradient.rank - 2], outputGradient.shape[outputGradient.rank - 1])
+    let input = Tensor(zeros: outputGradient.shape.dropLast(2) + [inHeight, inWidth])
+    guard height > 0, width > 0 else { return input }
+    let planes = input.count / (inHeight * inWidth)
+    let rows = AntialiasTaps(input: inHeight, output: height)
+    let columns = AntialiasTaps(input: inWidth, output: width)
+    parallelFor(planes) { plane in
+        let gradient = outputGradient.storage.pointer + plane * height * width
+        let destination = input.storage.pointer + plane * inHeight * inWidth
+        // The forward pass's two passes backwards: the columns' resize along the height, then each row's along the width.
+        var resized = [Float](repeating: 0, count: inHeight * width)
+        for y in 0..<height {
+            for column in 0..<width {
+                rows.distribute(y, gradient[y * width + column]) { resized[$0 * width + column] += $1 }
+            }
+        }
+        for y in 0..<inHeight {
+            for column in 0..<width {
+                columns.distribute(column, resized[y * width + column]) { destination[y * inWidth + $0] += $1 }
+            }
+        }
+    }
+    return input
+}
+
 /// PyTorch's `_compute_weights_aa` for the bilinear (triangle) filter along one axis, in float as it computes them
 /// for float tensors; an unchanged size reads each input as is.
 private struct AntialiasTaps {
@@ -160,5 +190,11 @@ private struct AntialiasTaps {
         var sum: Float = 0
         for (k, weight) in weights[i].enumerated() { sum += weight * value(first[i] + k) }
         return sum
+    }
+
+    /// `gradient` of output `i` handed to each input it was summed from, times its weight: `add(index, share)`.
+    @inline(__always)
+    func distribute(_ i: Int, _ gradient: Float, _ add: (Int, Float) -> Void) {
+        for (k, weight) in weights[i].enumerated() { add(first[i] + k, weight * gradient) }
     }
 }

@@ -12,8 +12,7 @@ import VLMTensor
 /// its `--freeze_vision_model` and `--freeze_text_model` freeze one tower; ``lockedImage`` is locked-image text tuning
 /// (LiT, Zhai et al. 2022; SigLiT with SigLIP's loss): the image tower and its projection stay as they are and the text
 /// side learns to place each text where its image already is. A frozen image tower's outputs never change, so they
-/// are computed once per image (``encodedImages(_:)``). SigLIP 2's image tower (NaFlex patches, positions resized per
-/// image) trains only frozen.
+/// are computed once per image (``encodedImages(_:)``).
 public final class ImageTextContrastiveTraining: @unchecked Sendable {
     /// The modules of transformers' `CLIPModel` and `SiglipModel` a recipe may freeze, by their attribute names.
     /// SigLIP has no projections outside its towers (its text projection is `text_model.head`).
@@ -38,9 +37,7 @@ public final class ImageTextContrastiveTraining: @unchecked Sendable {
     public var textPadding: DualEncoderTextPadding { text.padding }
 
     private let text: TextTowerTraining
-    private let vision: VisionTowerTraining?
-    /// SigLIP 2's image features, from the inference model (its image tower only trains frozen).
-    private let frozenImageModel: (any ImageTextDualEncoder)?
+    private let vision: VisionTowerTraining
     private let visualProjection: String?
     private let sigmoidLoss: Bool
     private let store: WeightStore
@@ -60,24 +57,12 @@ public final class ImageTextContrastiveTraining: @unchecked Sendable {
         let type = try directory.modelType
         sigmoidLoss = type != "clip"
         visualProjection = type == "clip" ? "visual_projection.weight" : nil
-        if vision == nil {
-            guard frozen.contains(.visionModel) else {
-                throw ModelError.invalidInput("\(file): SigLIP 2's image tower (NaFlex patches) does not train here; freeze vision_model (vlm train clip --freeze-vision-model, or vlm train lit)")
-            }
-            frozenImageModel = try MatrixPrecision.$forNewLayers.withValue(.float32) { try ModelRegistry.dualEncoder(directory, for: .embed) }
-        } else {
-            frozenImageModel = nil
-        }
         embeddingSize = try type == "clip" ? directory.decode(CLIPConfig.self).projectionDim
                                            : type == "siglip" ? directory.decode(SiglipConfig.self).visionConfig.hiddenSize
                                                               : directory.decode(Siglip2Config.self).visionConfig.hiddenSize
 
-        // The tensors the forward passes read: SigLIP 2's frozen image tower is the inference model's.
         let store = self.store
-        let readsVisionModel = vision != nil
-        let read = store.names.filter { name in
-            !name.hasSuffix(".position_ids") && (readsVisionModel || !name.hasPrefix("vision_model."))
-        }
+        let read = store.names.filter { !$0.hasSuffix(".position_ids") }
         let learning = read.filter { name in !frozen.contains { name.hasPrefix($0.rawValue + ".") } }
         parameters = try learning.map { name in
             // Trainer's get_decay_parameter_names: no decay for biases and for LayerNorm modules' parameters (named
@@ -98,8 +83,7 @@ public final class ImageTextContrastiveTraining: @unchecked Sendable {
     /// The frozen image tower's pooled outputs of the image processor's output, `[B, width]` (CLIP's before its
     /// `visual_projection`; SigLIP's are its image features): what ``ContrastiveImages/encoded(_:)`` takes.
     public func encodedImages(_ images: ProcessedImages) throws -> Tensor {
-        guard let vision else { return try frozenImageModel!.imageFeatures(images) }
-        return try vision.forward(pixelValues: images.pixelValues, keeping: false, weights: value).pooled
+        try vision.forward(images, keeping: false, weights: value).pooled
     }
 
     /// The contrastive loss of the pairs (image `i`, text `i`) under the current parameters, with every parameter's
@@ -127,7 +111,7 @@ public final class ImageTextContrastiveTraining: @unchecked Sendable {
             guard !encodesImagesOnce else {
                 throw ModelError.invalidInput("the image tower is frozen: pass the images encoded once (encodedImages), not pixels")
             }
-            (pooled, visionActivations) = try vision!.forward(pixelValues: processed.pixelValues, keeping: settingGradients, weights: value)
+            (pooled, visionActivations) = try vision.forward(processed, keeping: settingGradients, weights: value)
         case .encoded(let encoded):
             guard encodesImagesOnce else {
                 throw ModelError.invalidInput("the image tower learns: pass the batch's pixels, not encoded images")
@@ -179,7 +163,7 @@ public final class ImageTextContrastiveTraining: @unchecked Sendable {
                 gradients[visualProjection] = projected.weight
                 pooledGradient = projected.input
             }
-            if let visionActivations { vision!.backward(pooledGradient, through: visionActivations, weights: value, into: &gradients) }
+            if let visionActivations { vision.backward(pooledGradient, through: visionActivations, weights: value, into: &gradients) }
         }
         for parameter in parameters { parameter.gradient = gradients[parameter.name] }
         return loss

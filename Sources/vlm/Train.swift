@@ -134,7 +134,7 @@ struct TrainingOptions: ParsableArguments {
 struct ContrastiveTrainingCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "clip",
-        abstract: "Contrastive training of a CLIP or SigLIP checkpoint on image-text pairs: both towers, their projections and the temperature learn.",
+        abstract: "Contrastive training of a CLIP, SigLIP or SigLIP 2 checkpoint on image-text pairs: both towers, their projections and the temperature learn.",
         discussion: """
             As transformers' run_clip.py example trains a dual encoder. The data is an imagefolder directory as for \
             `vlm train lit`. Each batch's images go through the checkpoint's image processor and image tower, its \
@@ -142,7 +142,7 @@ struct ContrastiveTrainingCommand: AsyncParsableCommand {
             model's contrastive loss (CLIP's softmax loss, SigLIP's sigmoid loss) trains every weight by AdamW as \
             transformers' Trainer steps it; the defaults are TrainingArguments'. --freeze-vision-model or \
             --freeze-text-model leave that tower as it is (its projection still learns), as run_clip.py's flags do. \
-            SigLIP 2's image tower trains only frozen. The trained checkpoint (config, fp32 weights, tokenizer and \
+            The trained checkpoint (config, fp32 weights, tokenizer and \
             preprocessor files) is written to --out.
             """)
 

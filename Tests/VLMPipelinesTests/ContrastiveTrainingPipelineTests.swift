@@ -90,6 +90,7 @@ struct ContrastiveTrainingRecord: Decodable {
                       ("siglip2/tiny-naflex-fp16", "lit/siglip2-tiny-naflex-fp16"),
                       ("clip/tiny-gelu-eos-fp16", "contrastive-training/clip-tiny-gelu-eos-fp16"),
                       ("siglip/tiny-tanh-fp16", "contrastive-training/siglip-tiny-tanh-fp16"),
+                      ("siglip2/tiny-naflex-fp16", "contrastive-training/siglip2-tiny-naflex-fp16"),
                       ("clip/tiny-quickgelu-argmax", "contrastive-training/clip-tiny-quickgelu-argmax-frozen-vision_model")])
     func trainsAndSavesAsTransformersDoes(checkpoint: String, run: String) throws {
         let data = try CaptionedPhotoDataset(checkpoint: checkpoint)

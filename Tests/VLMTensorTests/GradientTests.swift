@@ -57,6 +57,17 @@ import Testing
         Self.expectGradient(gradients.bias, Self.numericGradient({ linear(x, weight: w, bias: $0) }, at: b, weights: r), "bias")
     }
 
+    /// The antialiased resize's transpose, shrinking (SigLIP 2's 16×16 position grid to a smaller patch grid), growing
+    /// and keeping an axis: the resize is linear, so central differences are exact up to rounding.
+    @Test(arguments: [(4, 4, 2, 3), (3, 5, 7, 2), (4, 4, 4, 6)])
+    func antialiasedResizeGradients(inHeight: Int, inWidth: Int, height: Int, width: Int) {
+        let x = Self.tensor([2, inHeight, inWidth], seed: 40), r = Self.tensor([2, height, width], seed: 41)
+        let analytic = interpolateAntialiasedBackward(r, height: inHeight, width: inWidth)
+        #expect(analytic.shape == x.shape)
+        Self.expectGradient(analytic, Self.numericGradient({ interpolateAntialiased($0, height: height, width: width) }, at: x, weights: r),
+                            "\(inHeight)×\(inWidth) → \(height)×\(width)")
+    }
+
     @Test func layerNormGradients() {
         // 70 rows: more than one parallel unit of rows.
         let x = Self.tensor([70, 6], seed: 6, scale: 2), w = Self.tensor([6], seed: 7), b = Self.tensor([6], seed: 8)

@@ -98,6 +98,7 @@ private func keyBiasElements(_ name: String, count: Int) -> Range<Int> {
                        "lit/siglip-tiny-gelu-bf16", "lit/siglip2-tiny-naflex-fp16",
                        "contrastive-training/clip-tiny-quickgelu-argmax", "contrastive-training/clip-tiny-gelu-eos-fp16",
                        "contrastive-training/siglip-tiny-tanh-fp16", "contrastive-training/siglip-tiny-gelu-bf16",
+                       "contrastive-training/siglip2-tiny-naflex-fp16",
                        "contrastive-training/clip-tiny-quickgelu-argmax-frozen-vision_model",
                        "contrastive-training/clip-tiny-quickgelu-argmax-frozen-text_model"]
 
@@ -105,8 +106,8 @@ private func keyBiasElements(_ name: String, count: Int) -> Range<Int> {
     /// parameters after the last step, against torch's autograd and AdamW under transformers' Trainer's grouping,
     /// clipping and schedule: CLIP's softmax loss through a causal text transformer pooled at its end-of-text token and
     /// a vision transformer pooled at its class token, SigLIP's and SigLIP 2's sigmoid loss with its bias through a
-    /// text transformer that attends both ways and pools the last position and (SigLIP) a vision transformer pooled by
-    /// its attention head; LiT with the image tower frozen, run_clip.py's whole model, and each of its frozen towers.
+    /// text transformer that attends both ways and pools the last position and a vision transformer pooled by its
+    /// attention head (SigLIP 2's over NaFlex patches, its positions resized to each image's grid, the padding masked); LiT with the image tower frozen, run_clip.py's whole model, and each of its frozen towers.
     @Test(arguments: runs) func trainingMatchesTransformers(run: String) throws {
         let fixture = try ContrastiveTrainingFixture(run)
         let training = try ImageTextContrastiveTraining(directory: fixture.checkpoint, frozen: fixture.frozen)
@@ -187,10 +188,18 @@ private func keyBiasElements(_ name: String, count: Int) -> Range<Int> {
                 == "token id 99999 is outside the vocabulary of 1514")
     }
 
-    @Test func siglip2sImageTowerTrainsOnlyFrozen() throws {
-        let directory = try ModelDirectory(url: ContrastiveTrainingFixture.fixtures.appendingPathComponent("siglip2/tiny-naflex-fp16"))
-        let error = message { try ImageTextContrastiveTraining(directory: directory) }
-        #expect(error == "\(directory.url.path)/config.json: SigLIP 2's image tower (NaFlex patches) does not train here; freeze vision_model (vlm train clip --freeze-vision-model, or vlm train lit)")
-        #expect(message { try ImageTextContrastiveTraining(directory: directory, frozen: [.visionModel]) } == nil)
+    @Test func siglip2TakesTheProcessorsPatchesMaskAndGrids() throws {
+        let fixture = try ContrastiveTrainingFixture("contrastive-training/siglip2-tiny-naflex-fp16")
+        let training = try ImageTextContrastiveTraining(directory: fixture.checkpoint)
+        let (ids, mask) = (fixture.record.input_ids, fixture.record.attention_mask)
+        var unmasked = fixture.images
+        unmasked.pixelAttentionMask = nil
+        let shape = fixture.images.pixelValues.shape
+        #expect(message { try training.loss(images: .pixels(unmasked), inputIds: ids, attentionMask: mask) }
+                == "SigLIP 2 vision model needs a pixel attention mask [\(shape[0]), \(shape[1])] and \(shape[0]) spatial shapes, as Siglip2ImageProcessor makes them")
+        var oversized = fixture.images
+        oversized.spatialShapes = Array(repeating: ImageSize(height: shape[1], width: 2), count: shape[0])
+        #expect(message { try training.loss(images: .pixels(oversized), inputIds: ids, attentionMask: mask) }
+                == "spatial shape \(shape[1])×2 does not fit \(shape[1]) patches")
     }
 }

@@ -87,10 +87,6 @@ import Testing
         #expect(notCLIP.status == 1)
         #expect(notCLIP.stderr.contains("model_type \"owlvit\" is not supported here (supported: clip, siglip, siglip2)"), "\(notCLIP.stderr)")
         #expect(notCLIP.stderr.split(separator: "\n").count == 1)
-        let siglip2 = CLI.fixtures.appendingPathComponent("siglip2/tiny-naflex-fp16").path
-        let naflex = try CLI.run(["train", "clip", "--model", siglip2, "--data", data, "--out", work.path + "/out"])
-        #expect(naflex.status == 1)
-        #expect(naflex.stderr == "Error: \(siglip2)/config.json: SigLIP 2's image tower (NaFlex patches) does not train here; freeze vision_model (vlm train clip --freeze-vision-model, or vlm train lit)\n", "\(naflex.stderr)")
     }
 
     @Test func projectorLogsTrainersLossesAndWritesACheckpointThatChats() throws {
