@@ -42,7 +42,7 @@ public final class ContrastiveTrainingPipeline: @unchecked Sendable {
         return try runTraining(examples: dataset.pairs.count, settings: settings, parameters: training.parameters,
                                imageEncodingTime: encodingTime, log: log) { batch in
             let texts = try textInputs(batch.map { dataset.pairs[$0].text }, zeroShot: false)
-            return try training.lossAndGradients(images: images(batch), inputIds: texts.ids, attentionMask: texts.attentionMask)
+            return BatchLoss(try training.lossAndGradients(images: images(batch), inputIds: texts.ids, attentionMask: texts.attentionMask))
         }
     }
 

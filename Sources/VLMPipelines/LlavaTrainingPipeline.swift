@@ -60,8 +60,9 @@ public final class LlavaTrainingPipeline: @unchecked Sendable {
         return try runTraining(examples: data.count, settings: settings, parameters: training.parameters,
                                imageEncodingTime: encodingTime, log: log) { batch in
             let inputs = prepared.batch(batch)
-            return try training.lossAndGradients(visionFeatures: inputs.features, inputIds: inputs.ids,
-                                                 attentionMask: inputs.attentionMask, labels: inputs.labels)
+            return BatchLoss(try training.lossAndGradients(visionFeatures: inputs.features, inputIds: inputs.ids,
+                                                           attentionMask: inputs.attentionMask, labels: inputs.labels),
+                             labels: inputs.labels)
         }
     }
 

@@ -34,7 +34,8 @@ public final class SupervisedFineTuningPipeline: @unchecked Sendable {
         return try runTraining(examples: examples.count, settings: settings, parameters: training.parameters,
                                imageEncodingTime: 0, log: log) { rows in
             let batch = padded(rows.map { examples[$0] })
-            return try training.lossAndGradients(inputIds: batch.ids, attentionMask: batch.attentionMask, labels: batch.labels)
+            return BatchLoss(try training.lossAndGradients(inputIds: batch.ids, attentionMask: batch.attentionMask, labels: batch.labels),
+                             labels: batch.labels)
         }
     }
 

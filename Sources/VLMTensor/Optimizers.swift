@@ -35,6 +35,23 @@ public func scale(_ x: Tensor, inPlaceBy factor: Float) {
     if units <= 1 { run(0) } else { parallelFor(units, run) }
 }
 
+/// `sum ← sum + factor·x` in place (`sum ← factor·x` when `overwriting`): a gradient added to a running sum.
+public func accumulate(_ x: Tensor, into sum: Tensor, scaledBy factor: Float, overwriting: Bool = false) {
+    let count = x.count
+    precondition(sum.count == count, "accumulating \(x.shape) into \(sum.shape)")
+    let run: @Sendable (Int) -> Void = { unit in
+        let (source, destination) = (x.storage.pointer, sum.storage.pointer)
+        let range = (unit * updateUnit)..<min(count, (unit + 1) * updateUnit)
+        if overwriting {
+            for i in range { destination[i] = factor * source[i] }
+        } else {
+            for i in range { destination[i] += factor * source[i] }
+        }
+    }
+    let units = (count + updateUnit - 1) / updateUnit
+    if units <= 1 { run(0) } else { parallelFor(units, run) }
+}
+
 /// The sum of the squares of `x`'s elements, accumulated in Double.
 public func sumOfSquares(_ x: Tensor) -> Double {
     x.withUnsafeBufferPointer { values in values.reduce(0.0) { $0 + Double($1) * Double($1) } }

@@ -41,8 +41,11 @@ public struct TrainingSettings: Sendable, Equatable {
     /// Gradients are scaled down when their global L2 norm exceeds this; nil never clips.
     public var maxGradientNorm: Float? = 1
     public var warmupSteps = 0
-    /// Pairs per step (`per_device_train_batch_size`).
+    /// Examples per batch (`per_device_train_batch_size`).
     public var batchSize = 8
+    /// Batches whose gradients each optimizer step sums (`gradient_accumulation_steps`); an epoch's last step may
+    /// have fewer.
+    public var gradientAccumulationSteps = 1
     /// Passes over the data when ``maxSteps`` is nil (`num_train_epochs`).
     public var epochs = 3
     /// Steps to take whatever the epochs say (`max_steps`), nil for ``epochs`` passes.
@@ -52,9 +55,20 @@ public struct TrainingSettings: Sendable, Equatable {
 
     public init() {}
 
+    /// The batches of an epoch over `examples` examples (Trainer's `len(train_dataloader)`).
+    public func batchesPerEpoch(examples: Int) -> Int {
+        (examples + batchSize - 1) / max(1, batchSize)
+    }
+
+    /// The optimizer steps of an epoch: its batches in groups of ``gradientAccumulationSteps``, the last group
+    /// possibly short.
+    public func stepsPerEpoch(examples: Int) -> Int {
+        max(1, (batchesPerEpoch(examples: examples) + gradientAccumulationSteps - 1) / max(1, gradientAccumulationSteps))
+    }
+
     /// The optimizer steps a run over `examples` examples takes, which the schedule decays over.
     public func totalSteps(examples: Int) -> Int {
-        maxSteps ?? epochs * ((examples + batchSize - 1) / max(1, batchSize))
+        maxSteps ?? epochs * stepsPerEpoch(examples: examples)
     }
 
     /// The learning rate of step `step` (from 0) of `totalSteps`: `get_linear_schedule_with_warmup`'s factor times
@@ -121,5 +135,48 @@ public final class AdamW: @unchecked Sendable {
             total += norm * norm
         }
         return total.squareRoot()
+    }
+}
+
+/// Sums the gradients of an optimizer step's batches, as Trainer's `gradient_accumulation_steps` lets backward passes
+/// add into `.grad`: after each batch's backward pass ``add(weight:)`` adds every parameter's gradient, times the
+/// weight that batch's loss carries in the step's, to a sum kept per parameter (between steps too), and ``finish()``
+/// hands the sums to the parameters for ``AdamW/step()``.
+public final class GradientAccumulator {
+    private let parameters: [Parameter]
+    private var sums: [Tensor?]
+    /// Whether a batch was added since the last ``finish()``, per parameter.
+    private var started: [Bool]
+
+    public init(parameters: [Parameter]) {
+        self.parameters = parameters
+        sums = Array(repeating: nil, count: parameters.count)
+        started = Array(repeating: false, count: parameters.count)
+    }
+
+    /// Adds each parameter's gradient times `weight` to its sum and clears the gradient (a parameter without one adds
+    /// nothing, and a weight of 0 adds nothing: a batch without scored tokens).
+    public func add(weight: Float) {
+        for (index, parameter) in parameters.enumerated() {
+            guard let gradient = parameter.gradient else { continue }
+            parameter.gradient = nil
+            guard weight != 0 else { continue }
+            let sum = sums[index] ?? Tensor(uninitialized: gradient.shape)
+            sums[index] = sum
+            accumulate(gradient, into: sum, scaledBy: weight, overwriting: !started[index])
+            started[index] = true
+        }
+    }
+
+    /// Sets each parameter's gradient to its sum over the batches added since the last call, times `scale` (none
+    /// where no batch gave it one).
+    public func finish(scale factor: Float) {
+        for (index, parameter) in parameters.enumerated() {
+            if started[index], let sum = sums[index] {
+                scale(sum, inPlaceBy: factor)
+                parameter.gradient = sum
+            }
+            started[index] = false
+        }
     }
 }

@@ -26,6 +26,9 @@ struct TrainingOptions: ParsableArguments {
     @Option(help: "Examples per step.")
     var batchSize = 8
 
+    @Option(help: "Batches whose gradients each optimizer step sums (the effective batch is this times --batch-size).")
+    var gradientAccumulationSteps = 1
+
     @Option(help: "Passes over the data.")
     var epochs = 3
 
@@ -55,6 +58,7 @@ struct TrainingOptions: ParsableArguments {
 
     func validate() throws {
         guard batchSize > 0 else { throw ValidationError("--batch-size must be positive") }
+        guard gradientAccumulationSteps > 0 else { throw ValidationError("--gradient-accumulation-steps must be positive") }
         guard epochs > 0 else { throw ValidationError("--epochs must be positive") }
         if let maxSteps, maxSteps <= 0 { throw ValidationError("--max-steps must be positive") }
         guard learningRate >= 0, weightDecay >= 0, maxGradNorm >= 0, warmupSteps >= 0 else {
@@ -65,6 +69,7 @@ struct TrainingOptions: ParsableArguments {
     var settings: TrainingSettings {
         var settings = TrainingSettings()
         settings.batchSize = batchSize
+        settings.gradientAccumulationSteps = gradientAccumulationSteps
         settings.epochs = epochs
         settings.maxSteps = maxSteps
         settings.learningRate = learningRate

@@ -70,6 +70,37 @@ import Testing
         #expect(forced.stdout.hasPrefix("step 1/\(record.settings.steps)  epoch 1.00  loss "), "\(forced.stdout)")
     }
 
+    /// --gradient-accumulation-steps as transformers' Trainer runs it (oracle/gradient_accumulation.py): three batches
+    /// asked for a step, two in each epoch, so each step averages two.
+    @Test func gradientAccumulationLogsTrainersSteps() throws {
+        defer { try? FileManager.default.removeItem(at: work) }
+        struct Record: Decodable {
+            struct Settings: Decodable { let learning_rate, weight_decay: Float; let warmup_steps, batch_size, gradient_accumulation_steps, epochs: Int }
+            struct Step: Decodable { let step: Int; let epoch: Double; let loss, grad_norm: Float }
+            let settings: Settings
+            let log_history: [Step]
+        }
+        let record = try JSONDecoder().decode(Record.self, from: Data(contentsOf: CLI.fixtures.appendingPathComponent(
+            "gradient-accumulation/clip-tiny-quickgelu-argmax.json")))
+        let s = record.settings
+        let data = try dataset().path
+        let run = try CLI.run(["train", "clip", "--model", model.path, "--data", data, "--out", work.appendingPathComponent("out").path,
+                               "--batch-size", "\(s.batch_size)", "--gradient-accumulation-steps", "\(s.gradient_accumulation_steps)",
+                               "--epochs", "\(s.epochs)", "--no-shuffle", "--learning-rate", "\(s.learning_rate)",
+                               "--weight-decay", "\(s.weight_decay)", "--warmup-steps", "\(s.warmup_steps)", "--json"])
+        #expect(run.status == 0, "\(run.stderr)")
+        let log = try #require((try CLI.json(run) as? [String: Any])?["log_history"] as? [[String: Any]])
+        #expect(log.count == record.log_history.count)
+        for (entry, expected) in zip(log, record.log_history) {
+            #expect(entry["epoch"] as? Double == expected.epoch, "\(entry)")
+            #expect(abs((entry["loss"] as? Double ?? 0) - Double(expected.loss)) < 1e-4, "\(entry)")
+            #expect(abs((entry["grad_norm"] as? Double ?? 0) - Double(expected.grad_norm)) < 1e-4 * Double(max(1, expected.grad_norm)), "\(entry)")
+        }
+        let zero = try CLI.run(["train", "clip", "--model", model.path, "--data", data, "--out", work.path,
+                                "--gradient-accumulation-steps", "0"])
+        #expect(zero.status != 0 && zero.stderr.contains("--gradient-accumulation-steps must be positive"), "\(zero.stderr)")
+    }
+
     @Test func badInputIsOneLine() throws {
         defer { try? FileManager.default.removeItem(at: work) }
         let photos = CLI.fixtures.appendingPathComponent("photos").path
