@@ -28,11 +28,9 @@ import os
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer, CLIPModel, Siglip2Model, SiglipModel
-from transformers.optimization import get_linear_schedule_with_warmup
-from transformers.trainer_pt_utils import get_parameter_names
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIXTURES = os.path.join(ROOT, "Tests", "Fixtures")
+from projector_alignment import FIXTURES, trainer_steps
+
 CHECKPOINTS = {"clip/tiny-quickgelu-argmax": CLIPModel, "clip/tiny-gelu-eos-fp16": CLIPModel,
                "siglip/tiny-tanh-fp16": SiglipModel, "siglip/tiny-gelu-bf16": SiglipModel,
                "siglip2/tiny-naflex-fp16": Siglip2Model}
@@ -56,7 +54,6 @@ RUNS = [(checkpoint, cls, LIT, "lit", "", None) for checkpoint, cls in CHECKPOIN
     ("clip/tiny-quickgelu-argmax", CLIPModel, ("text_model",), "contrastive-training", "-frozen-text_model", None),
 ]
 # transformers.Trainer.get_decay_parameter_names
-NO_DECAY_PATTERNS = [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]
 
 
 def train(checkpoint, cls, frozen, directory_name, suffix, learning_rate):
@@ -78,28 +75,10 @@ def train(checkpoint, cls, frozen, directory_name, suffix, learning_rate):
         inputs["pixel_attention_mask"] = tensors["pixel_attention_mask"].to(torch.int64)
         inputs["spatial_shapes"] = torch.tensor(expected["spatial_shapes"])
 
-    trained = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    decay = set(get_parameter_names(model, [torch.nn.LayerNorm], NO_DECAY_PATTERNS))
-    groups = [dict(params=[p for n, p in trained.items() if n in decay], weight_decay=settings["weight_decay"]),
-              dict(params=[p for n, p in trained.items() if n not in decay], weight_decay=0.0)]
-    optimizer = torch.optim.AdamW(groups, lr=settings["learning_rate"], eps=settings["adam_epsilon"],
-                                  betas=(settings["adam_beta1"], settings["adam_beta2"]), foreach=False)
-    schedule = get_linear_schedule_with_warmup(optimizer, settings["warmup_steps"], settings["steps"])
-
-    losses, norms, first_gradients = [], [], {}
-    for step in range(settings["steps"]):
-        optimizer.zero_grad()
-        loss = model(**inputs, return_loss=True).loss
-        loss.backward()
-        if step == 0:
-            first_gradients = {f"gradient.{n}": p.grad.detach().clone() for n, p in trained.items()}
-        norms.append(torch.nn.utils.clip_grad_norm_(list(trained.values()), settings["max_grad_norm"]).item())
-        losses.append(loss.item())
-        optimizer.step()
-        schedule.step()
-
-    with torch.no_grad():
-        final_loss = model(**inputs, return_loss=True).loss.item()
+    inputs["return_loss"] = True
+    run = trainer_steps(model, directory, inputs, None, settings)
+    trained, decay, losses, norms, final_loss = run["trained"], run["decay"], run["losses"], run["norms"], run["final_loss"]
+    first_gradients = {f"gradient.{n}": g for n, g in run["first_gradients"].items()}
     out = os.path.join(FIXTURES, directory_name)
     name = checkpoint.replace("/", "-") + suffix
     os.makedirs(out, exist_ok=True)

@@ -55,8 +55,11 @@ def checkpoint_names(directory):
 
 def trainer_steps(model, directory, inputs, labels, settings):
     """`settings["steps"]` steps of transformers' Trainer over the model's parameters that require gradients, on one
-    batch: AdamW over Trainer's two decay groups, `clip_grad_norm_`, the linear schedule with warmup."""
+    batch: AdamW over Trainer's two decay groups, `clip_grad_norm_`, the linear schedule with warmup. Without `labels`
+    the inputs ask for the loss themselves (`return_loss=True`)."""
     rename = checkpoint_names(directory)
+    if labels is not None:
+        inputs = dict(inputs, labels=labels)
     trained = {n: p for n, p in model.named_parameters() if p.requires_grad}
     decay = set(get_parameter_names(model, [torch.nn.LayerNorm], NO_DECAY_PATTERNS))
     groups = [dict(params=[p for n, p in trained.items() if n in decay], weight_decay=settings["weight_decay"]),
@@ -67,7 +70,7 @@ def trainer_steps(model, directory, inputs, labels, settings):
     losses, norms, first_gradients = [], [], {}
     for step in range(settings["steps"]):
         optimizer.zero_grad()
-        loss = model(**inputs, labels=labels).loss
+        loss = model(**inputs).loss
         loss.backward()
         if step == 0:
             first_gradients = {n: p.grad.detach().clone() for n, p in trained.items()}
@@ -76,7 +79,7 @@ def trainer_steps(model, directory, inputs, labels, settings):
         optimizer.step()
         schedule.step()
     with torch.no_grad():
-        final_loss = model(**inputs, labels=labels).loss.item()
+        final_loss = model(**inputs).loss.item()
     return dict(trained=trained, decay=decay, rename=rename, losses=losses, norms=norms,
                 first_gradients=first_gradients, final_loss=final_loss)
 
