@@ -59,11 +59,7 @@ final class CaptionedPhotoDataset {
 
 /// oracle/contrastive_training.py's record of a run: its settings, frozen modules and what each step gave.
 struct ContrastiveTrainingRecord: Decodable {
-    struct Settings: Decodable {
-        let learning_rate, weight_decay, max_grad_norm: Float
-        let warmup_steps, steps: Int
-    }
-    let settings: Settings
+    let settings: RecordedTrainingSettings
     let captions: [String]
     let losses: [Float]
     let gradient_norms: [Float]
@@ -97,14 +93,7 @@ struct ContrastiveTrainingRecord: Decodable {
         let record = try ContrastiveTrainingRecord(run)
         let model = CaptionedPhotoDataset.fixtures.appendingPathComponent(checkpoint)
         let pipeline = try ContrastiveTrainingPipeline(directory: model, frozen: record.frozenModules)
-        var settings = TrainingSettings()
-        settings.batchSize = 4
-        settings.maxSteps = record.settings.steps
-        settings.learningRate = record.settings.learning_rate
-        settings.weightDecay = record.settings.weight_decay
-        settings.maxGradientNorm = record.settings.max_grad_norm
-        settings.warmupSteps = record.settings.warmup_steps
-        settings.shuffleSeed = nil
+        let settings = record.settings.inOrder(batchSize: 4)
         var logged: [TrainingLogEntry] = []
         let run = try pipeline.train(ImageTextDataset(directory: data.url), settings: settings) { logged.append($0) }
         let history = run.history
