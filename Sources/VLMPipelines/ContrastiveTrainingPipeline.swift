@@ -35,7 +35,7 @@ public final class ContrastiveTrainingPipeline: @unchecked Sendable {
     /// or as given; the last batch of an epoch may be short, as Trainer's data loader leaves it.
     @discardableResult
     public func train(_ dataset: ImageTextDataset, settings: TrainingSettings,
-                      log: (TrainingLogEntry) -> Void = { _ in }) throws -> TrainingRun {
+                      log: (TrainingLogEntry) throws -> Void = { _ in }) throws -> TrainingRun {
         let encodingStart = DispatchTime.now().uptimeNanoseconds
         let images = try BatchImages(dataset, pipeline: self)
         let encodingTime = Double(DispatchTime.now().uptimeNanoseconds - encodingStart) / 1e9

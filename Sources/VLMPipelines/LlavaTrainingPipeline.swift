@@ -53,7 +53,7 @@ public final class LlavaTrainingPipeline: @unchecked Sendable {
     /// calling `log` after each step; the trained parameters stay in ``training`` (``save(to:)`` writes them).
     @discardableResult
     public func train(_ data: LlavaTrainingData, settings: TrainingSettings,
-                      log: (TrainingLogEntry) -> Void = { _ in }) throws -> TrainingRun {
+                      log: (TrainingLogEntry) throws -> Void = { _ in }) throws -> TrainingRun {
         let encodingStart = DispatchTime.now().uptimeNanoseconds
         let prepared = try prepare(data)
         let encodingTime = Double(DispatchTime.now().uptimeNanoseconds - encodingStart) / 1e9

@@ -29,7 +29,7 @@ public final class SupervisedFineTuningPipeline: @unchecked Sendable {
     /// calling `log` after each step; the fine-tuned weights stay in ``training`` (``save(to:)`` writes them).
     @discardableResult
     public func train(_ dataset: ConversationDataset, assistantOnly: Bool = true, settings: TrainingSettings,
-                      log: (TrainingLogEntry) -> Void = { _ in }) throws -> TrainingRun {
+                      log: (TrainingLogEntry) throws -> Void = { _ in }) throws -> TrainingRun {
         let examples = try prepare(dataset, assistantOnly: assistantOnly)
         return try runTraining(examples: examples.count, settings: settings, parameters: training.parameters,
                                imageEncodingTime: 0, log: log) { rows in

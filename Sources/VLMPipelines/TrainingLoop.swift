@@ -71,7 +71,7 @@ func rightPadded(_ examples: [(ids: [Int], labels: [Int])], padding: Int) -> (id
 /// weighs them (``BatchLoss``), and logs the step's loss: the scored tokens' mean over its batches, or the batches'
 /// mean loss.
 func runTraining(examples: Int, settings: TrainingSettings, parameters: [Parameter], imageEncodingTime: Double,
-                 log: (TrainingLogEntry) -> Void, lossAndGradients: ([Int]) throws -> BatchLoss) throws -> TrainingRun {
+                 log: (TrainingLogEntry) throws -> Void, lossAndGradients: ([Int]) throws -> BatchLoss) throws -> TrainingRun {
     guard settings.batchSize > 0, settings.gradientAccumulationSteps > 0 else {
         throw ModelError.invalidInput("the batch size and gradient accumulation steps must be positive")
     }
@@ -84,7 +84,7 @@ func runTraining(examples: Int, settings: TrainingSettings, parameters: [Paramet
 }
 
 private func trainingSteps(examples: Int, settings: TrainingSettings, parameters: [Parameter], imageEncodingTime: Double,
-                           log: (TrainingLogEntry) -> Void, lossAndGradients: ([Int]) throws -> BatchLoss) throws -> TrainingRun {
+                           log: (TrainingLogEntry) throws -> Void, lossAndGradients: ([Int]) throws -> BatchLoss) throws -> TrainingRun {
     let start = DispatchTime.now().uptimeNanoseconds
     var samples = 0
     let totalSteps = settings.totalSteps(examples: examples)
@@ -135,7 +135,7 @@ private func trainingSteps(examples: Int, settings: TrainingSettings, parameters
         let entry = TrainingLogEntry(step: optimizer.steps, epoch: Double(epochs) + Double(batchesDone) / Double(batchesPerEpoch),
                                      loss: loss, gradientNorm: norm, learningRate: learningRate)
         history.append(entry)
-        log(entry)
+        try log(entry)
     }
     let runtime = Double(DispatchTime.now().uptimeNanoseconds - start) / 1e9
     return TrainingRun(history: history, runtime: runtime, imageEncodingTime: imageEncodingTime,

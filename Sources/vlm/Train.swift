@@ -44,6 +44,9 @@ struct TrainingOptions: ParsableArguments {
     @Option(help: "Steps over which the learning rate rises from 0.")
     var warmupSteps = 0
 
+    @Option(help: "Also write the model every this many steps, and after the last, to --out/checkpoint-STEP (the model's files only: no optimizer state to resume from).")
+    var saveSteps: Int?
+
     @Option(help: "Clip the gradients' global norm to this (0: no clipping).")
     var maxGradNorm: Float = 1
 
@@ -61,6 +64,7 @@ struct TrainingOptions: ParsableArguments {
         guard gradientAccumulationSteps > 0 else { throw ValidationError("--gradient-accumulation-steps must be positive") }
         guard epochs > 0 else { throw ValidationError("--epochs must be positive") }
         if let maxSteps, maxSteps <= 0 { throw ValidationError("--max-steps must be positive") }
+        if let saveSteps, saveSteps <= 0 { throw ValidationError("--save-steps must be positive") }
         guard learningRate >= 0, weightDecay >= 0, maxGradNorm >= 0, warmupSteps >= 0 else {
             throw ValidationError("--learning-rate, --weight-decay, --max-grad-norm and --warmup-steps must not be negative")
         }
@@ -92,10 +96,14 @@ struct TrainingOptions: ParsableArguments {
 
     /// Runs `train` over `examples` examples with a line per step (unless --json), saves with `save`, reports
     /// `evaluate`'s loss when there is an evaluation dataset, then prints the run.
-    func run(examples: Int, _ train: ((TrainingLogEntry) -> Void) throws -> TrainingRun, save: (URL) throws -> Void,
+    func run(examples: Int, _ train: ((TrainingLogEntry) throws -> Void) throws -> TrainingRun, save: @escaping (URL) throws -> Void,
              evaluate: (() throws -> Float)?) throws {
         let totalSteps = settings.totalSteps(examples: examples)
         let run = try train { entry in
+            // Trainer's save_steps: every multiple, and the last step.
+            if let saveSteps, entry.step % saveSteps == 0 || entry.step == totalSteps {
+                try save(URL(fileURLWithPath: out).appendingPathComponent("checkpoint-\(entry.step)"))
+            }
             guard !json else { return }
             print("step \(entry.step)/\(totalSteps)  epoch \(String(format: "%.2f", entry.epoch))  loss \(formatted(entry.loss))  grad_norm \(formatted(entry.gradientNorm))  learning_rate \(String(format: "%.3g", Double(entry.learningRate)))")
         }

@@ -101,6 +101,32 @@ import Testing
         #expect(zero.status != 0 && zero.stderr.contains("--gradient-accumulation-steps must be positive"), "\(zero.stderr)")
     }
 
+    /// --save-steps writes the model as it stands after every second step and the last, as Trainer's save_steps
+    /// does: the checkpoint after step 4, trained on, gives the loss the oracle logged at step 5.
+    @Test func saveStepsWritesCheckpointsAlongTheWay() throws {
+        defer { try? FileManager.default.removeItem(at: work) }
+        let record = try JSONDecoder().decode(Record.self, from: Data(contentsOf: CLI.fixtures.appendingPathComponent("lit/clip-tiny-quickgelu-argmax.json")))
+        let data = try dataset().path
+        let out = work.appendingPathComponent("tuned")
+        func arguments(model: String, out: URL, steps: Int, learningRate: Float, warmup: Int) -> [String] {
+            ["train", "lit", "--model", model, "--data", data, "--out", out.path, "--batch-size", "4", "--max-steps", "\(steps)",
+             "--no-shuffle", "--learning-rate", "\(learningRate)", "--weight-decay", "\(record.settings.weight_decay)",
+             "--warmup-steps", "\(warmup)", "--max-grad-norm", "\(record.settings.max_grad_norm)", "--json"]
+        }
+        let run = try CLI.run(arguments(model: model.path, out: out, steps: record.settings.steps, learningRate: record.settings.learning_rate,
+                                        warmup: record.settings.warmup_steps) + ["--save-steps", "2"])
+        #expect(run.status == 0, "\(run.stderr)")
+        let saved = try FileManager.default.contentsOfDirectory(atPath: out.path).filter { $0.hasPrefix("checkpoint-") }.sorted()
+        #expect(saved == ["checkpoint-2", "checkpoint-4", "checkpoint-5"])
+        #expect(FileManager.default.contents(atPath: out.appendingPathComponent("checkpoint-5/model.safetensors").path)
+                == FileManager.default.contents(atPath: out.appendingPathComponent("model.safetensors").path))
+        let resumed = try CLI.run(arguments(model: out.appendingPathComponent("checkpoint-4").path, out: work.appendingPathComponent("again"),
+                                            steps: 1, learningRate: 0, warmup: 0))
+        #expect(resumed.status == 0, "\(resumed.stderr)")
+        let loss = try #require(((try CLI.json(resumed) as? [String: Any])?["log_history"] as? [[String: Any]])?.first?["loss"] as? Double)
+        #expect(abs(loss - Double(record.losses[4])) < 1e-4, "checkpoint-4's loss \(loss) against the oracle's step 5 \(record.losses[4])")
+    }
+
     @Test func badInputIsOneLine() throws {
         defer { try? FileManager.default.removeItem(at: work) }
         let photos = CLI.fixtures.appendingPathComponent("photos").path
