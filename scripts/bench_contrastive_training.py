@@ -1,9 +1,10 @@
 """Contrastive training speed: a training step of CLIP ViT-B/32 in SwiftVLM (`vlm train lit`, `vlm train clip`) and
-in transformers/PyTorch, in one run.
+in transformers/PyTorch, in one run; with `--model` a SigLIP checkpoint, its whole-model step (`--recipe clip`).
 
     python scripts/make_clip_checkpoint.py     # once: the full-size random-weight checkpoint
+    python scripts/make_vision_checkpoints.py --models siglip-base-patch16-224    # for SigLIP B/16
     swift build -c release
-    python scripts/bench_contrastive_training.py [--recipe lit|clip] [--pairs 256] [--batch-size 32] [--steps 8] [--rounds 3]
+    python scripts/bench_contrastive_training.py [--recipe lit|clip] [--model DIR] [--pairs 256] [--batch-size 32] [--steps 8] [--rounds 3]
 
 Both train the same thing from the same imagefolder dataset (written to a temporary directory: the repository's
 photos, each captioned by seeded random words, 5 to 15 of them) by CLIP's contrastive loss, with AdamW, gradient
@@ -13,7 +14,8 @@ recipe): the whole model learns, each batch's photos read from their files and t
 SwiftVLM's time is `vlm train RECIPE --json`'s `train_runtime` (the steps, from the first batch's inputs to the last
 optimizer step); PyTorch's is the same span of a plain loop: `tokenizer(texts, padding=True, truncation=True)`
 (`clip`: the photos opened and through `CLIPImageProcessorPil`, then `get_image_features`), `get_text_features`,
-transformers' `image_text_contrastive_loss` on the logits, `backward`, `clip_grad_norm_`, `AdamW.step`, the scheduler's step. Per round
+transformers' `image_text_contrastive_loss` on the logits (`clip`: the model's own `return_loss=True`, CLIP's or
+SigLIP's loss, SigLIP's texts padded to 64 tokens as its processor pads them), `backward`, `clip_grad_norm_`, `AdamW.step`, the scheduler's step. Per round
 each engine runs --steps steps once (first step included: both build their kernels then); the table gives each
 engine's median time per step over the rounds, SwiftVLM's relative to PyTorch's as the median of the per-round ratios,
 and the step's FLOPs (three times the forward's multiply-adds, twice) against the FMA peak scripts/machine.py measures.
@@ -41,30 +43,40 @@ def encoder_macs(tower, token_rows):
 
 def train_gflop(config, token_rows, recipe):
     """The step's FLOPs for `token_rows` padded tokens per batch item: three times the forward's multiply-adds, twice
-    (the image tower's and projection's too for `clip`)."""
-    macs = encoder_macs(config.text_config, token_rows) + len(token_rows) * config.text_config.hidden_size * config.projection_dim
+    (the image tower's and projection's too for `clip`; SigLIP's pooling head counted as one more layer's worth per
+    image, about what its probe's attention and MLP take)."""
+    siglip = config.model_type == "siglip"
+    t = config.text_config
+    projection = t.hidden_size if siglip else config.projection_dim
+    macs = encoder_macs(t, token_rows) + len(token_rows) * t.hidden_size * projection
     if recipe == "clip":
         v = config.vision_config
         patches = (v.image_size // v.patch_size) ** 2
-        macs += len(token_rows) * (patches * v.num_channels * v.patch_size ** 2 * v.hidden_size + v.hidden_size * config.projection_dim)
-        macs += encoder_macs(v, [patches + 1] * len(token_rows))
+        head = 4 * v.hidden_size ** 2 + 2 * v.hidden_size * v.intermediate_size if siglip else v.hidden_size * projection
+        macs += len(token_rows) * (patches * v.num_channels * v.patch_size ** 2 * v.hidden_size + head)
+        macs += encoder_macs(v, [patches + (0 if siglip else 1)] * len(token_rows))
     return 3 * 2 * macs / 1e9
 
 
 def torch_step_seconds(model_dir, rows, batch_size, steps, settings, recipe):
-    from transformers import CLIPImageProcessorPil, CLIPModel, CLIPTokenizer
+    from transformers import AutoModel, AutoTokenizer, CLIPImageProcessorPil, SiglipImageProcessorPil
     from transformers.models.clip.modeling_clip import image_text_contrastive_loss
     from transformers.optimization import get_linear_schedule_with_warmup
     from transformers.trainer_pt_utils import get_parameter_names
     from PIL import Image
 
-    model = CLIPModel.from_pretrained(model_dir, dtype=torch.float32)
-    tokenizer = CLIPTokenizer.from_pretrained(model_dir)
-    processor = CLIPImageProcessorPil.from_pretrained(model_dir)
+    model = AutoModel.from_pretrained(model_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    siglip = model.config.model_type == "siglip"
+    processor = (SiglipImageProcessorPil if siglip else CLIPImageProcessorPil).from_pretrained(model_dir)
+    text_kwargs = dict(padding="max_length") if siglip else dict(padding=True, truncation=True)
+
+    def pixels(indices):
+        images = [Image.open(os.path.join(settings["data"], rows[i]["file_name"])).convert("RGB") for i in indices]
+        return processor(images=images, return_tensors="pt")
 
     def image_features(indices):
-        images = [Image.open(os.path.join(settings["data"], rows[i]["file_name"])).convert("RGB") for i in indices]
-        features = model.get_image_features(**processor(images=images, return_tensors="pt")).pooler_output
+        features = model.get_image_features(**pixels(indices)).pooler_output
         return features / features.norm(p=2, dim=-1, keepdim=True)
 
     if recipe == "lit":
@@ -82,11 +94,13 @@ def torch_step_seconds(model_dir, rows, batch_size, steps, settings, recipe):
     start = time.perf_counter()
     for step in range(steps):
         batch = [(step * batch_size + i) % len(rows) for i in range(batch_size)]
-        inputs = tokenizer([rows[i]["text"] for i in batch], padding=True, truncation=True, return_tensors="pt")
-        text = model.get_text_features(**inputs).pooler_output
-        text = text / text.norm(p=2, dim=-1, keepdim=True)
-        images = cached[batch] if recipe == "lit" else image_features(batch)
-        loss = image_text_contrastive_loss(text @ images.t() * model.logit_scale.exp())
+        inputs = tokenizer([rows[i]["text"] for i in batch], return_tensors="pt", **text_kwargs)
+        if recipe == "clip":
+            loss = model(**pixels(batch), **inputs, return_loss=True).loss
+        else:
+            text = model.get_text_features(**inputs).pooler_output
+            text = text / text.norm(p=2, dim=-1, keepdim=True)
+            loss = image_text_contrastive_loss(text @ cached[batch].t() * model.logit_scale.exp())
         trainer_step(loss, list(trained.values()), optimizer, schedule)
     return (time.perf_counter() - start) / steps
 
@@ -97,16 +111,17 @@ def main():
     machine = describe(args.threads)
     print(summary(machine))
 
-    from transformers import CLIPConfig, CLIPTokenizer
-    config = CLIPConfig.from_pretrained(args.model)
-    tokenizer = CLIPTokenizer.from_pretrained(args.model)
+    from transformers import AutoConfig, AutoTokenizer
+    config = AutoConfig.from_pretrained(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    text_kwargs = dict(padding="max_length") if config.model_type == "siglip" else {}
     with tempfile.TemporaryDirectory() as work:
         data = os.path.join(work, "data")
         os.makedirs(data)
         rows = write_dataset(data, args.pairs, words=lambda generator: generator.randint(5, 15), seed=0)
         settings = dict(learning_rate=1e-5, weight_decay=0.1, data=data)
         batches = [[(s * args.batch_size + i) % len(rows) for i in range(args.batch_size)] for s in range(args.steps)]
-        padded = [max(len(tokenizer(rows[i]["text"]).input_ids) for i in b) for b in batches]
+        padded = [max(len(tokenizer(rows[i]["text"], **text_kwargs).input_ids) for i in b) for b in batches]
         gflop = statistics.mean(train_gflop(config, [n] * args.batch_size, args.recipe) for n in padded)
         swift, pytorch = [], []
         for round_index in range(args.rounds):
@@ -118,7 +133,8 @@ def main():
                   file=sys.stderr)
     ratios = [s / p for s, p in zip(swift, pytorch)]
     peak = machine.get("fma_peak_gflops")
-    what = "LiT step, CLIP ViT-B/32 text side" if args.recipe == "lit" else "CLIP training step (run_clip.py), ViT-B/32 whole model"
+    name = os.path.basename(os.path.normpath(args.model))
+    what = f"LiT step, {name} text side" if args.recipe == "lit" else f"whole-model contrastive training step (run_clip.py), {name}"
     print(f"\n{what}, batch {args.batch_size}, {args.steps} steps per round, "
           f"{args.rounds} rounds, {args.threads} threads, fp32; {gflop:.1f} GFLOP per step (3x forward)\n")
     print("| engine | ms per step (median) | GFLOP/s | of FMA peak | relative to PyTorch (rounds) |")
