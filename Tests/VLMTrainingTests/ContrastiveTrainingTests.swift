@@ -202,4 +202,24 @@ private func keyBiasElements(_ name: String, count: Int) -> Range<Int> {
         #expect(message { try training.loss(images: .pixels(oversized), inputIds: ids, attentionMask: mask) }
                 == "spatial shape \(shape[1])×2 does not fit \(shape[1]) patches")
     }
+
+    /// A checkpoint missing a tensor, or holding one of the wrong shape, is one error naming the file and the tensor.
+    @Test func malformedCheckpointsAreRefusedByName() throws {
+        let source = ContrastiveTrainingFixture.fixtures.appendingPathComponent("clip/tiny-quickgelu-argmax")
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("malformed-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        try FileManager.default.copyItem(at: source.appendingPathComponent("config.json"), to: directory.appendingPathComponent("config.json"))
+        let original = try WeightStore(directory: source)
+        var tensors = try Dictionary(uniqueKeysWithValues: original.names.map { ($0, try original.tensor($0)) })
+        tensors["vision_model.post_layernorm.weight"] = nil
+        let weights = directory.appendingPathComponent("model.safetensors")
+        try SafetensorsFile.write(tensors, to: weights)
+        let missing = message { try ImageTextContrastiveTraining(directory: ModelDirectory(url: directory)) }
+        #expect(missing?.contains("vision_model.post_layernorm.weight") == true, "\(missing ?? "no error")")
+        tensors["vision_model.post_layernorm.weight"] = Tensor(zeros: [7])
+        try SafetensorsFile.write(tensors, to: weights)
+        let misshapen = message { try ImageTextContrastiveTraining(directory: ModelDirectory(url: directory)) }
+        #expect(misshapen?.contains("vision_model.post_layernorm.weight") == true, "\(misshapen ?? "no error")")
+    }
 }
