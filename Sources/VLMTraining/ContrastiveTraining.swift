@@ -51,11 +51,11 @@ public final class ImageTextContrastiveTraining: @unchecked Sendable {
         self.directory = directory
         self.frozen = frozen
         let file = directory.url.appendingPathComponent("config.json").path
+        text = try TextTowerTraining(directory, file: file)
+        vision = try VisionTowerTraining(directory, file: file)
         // The inference model's loading checks every tensor's presence and shape against the config, so that the
         // training passes below meet only well-formed weights; it is built and let go before the parameters load.
         _ = try MatrixPrecision.$forNewLayers.withValue(.float32) { try ModelRegistry.dualEncoder(directory, for: .embed) }
-        text = try TextTowerTraining(directory, file: file)
-        vision = try VisionTowerTraining(directory, file: file)
         store = try WeightStore(directory: directory.url)
         let type = try directory.modelType
         sigmoidLoss = type != "clip"

@@ -172,12 +172,19 @@ struct ContrastiveTrainingCommand: AsyncParsableCommand {
     var freezeTextModel = false
 
     func run() async throws {
-        let datasets = try training.datasets { try ImageTextDataset(directory: $0, textColumn: textColumn) }
         let frozen = Set<ImageTextContrastiveTraining.Module>((freezeVisionModel ? [.visionModel] : []) + (freezeTextModel ? [.textModel] : []))
-        let pipeline = try ContrastiveTrainingPipeline(directory: try await options.trainableCheckpoint(), frozen: frozen)
-        try training.run(examples: datasets.training.pairs.count,
-                         { try pipeline.train(datasets.training, settings: training.settings, log: $0) }, save: pipeline.save,
-                         evaluate: datasets.evaluation.map { evaluation in { try pipeline.loss(on: evaluation, batchSize: training.batchSize) } })
+        try await training.runContrastive(model: options, textColumn: textColumn, frozen: frozen)
+    }
+}
+
+extension TrainingOptions {
+    /// `vlm train clip` and `vlm train lit`: contrastive training on an imagefolder dataset, `frozen` left as they are.
+    func runContrastive(model: ModelOption, textColumn: String, frozen: Set<ImageTextContrastiveTraining.Module>) async throws {
+        let datasets = try datasets { try ImageTextDataset(directory: $0, textColumn: textColumn) }
+        let pipeline = try ContrastiveTrainingPipeline(directory: try await model.trainableCheckpoint(), frozen: frozen)
+        try run(examples: datasets.training.pairs.count,
+                { try pipeline.train(datasets.training, settings: settings, log: $0) }, save: pipeline.save,
+                evaluate: datasets.evaluation.map { evaluation in { try pipeline.loss(on: evaluation, batchSize: batchSize) } })
     }
 }
 
@@ -202,12 +209,7 @@ struct LockedImageTextTuningCommand: AsyncParsableCommand {
     var textColumn = "text"
 
     func run() async throws {
-        let datasets = try training.datasets { try ImageTextDataset(directory: $0, textColumn: textColumn) }
-        let pipeline = try ContrastiveTrainingPipeline(directory: try await options.trainableCheckpoint(),
-                                                       frozen: ImageTextContrastiveTraining.lockedImage)
-        try training.run(examples: datasets.training.pairs.count,
-                         { try pipeline.train(datasets.training, settings: training.settings, log: $0) }, save: pipeline.save,
-                         evaluate: datasets.evaluation.map { evaluation in { try pipeline.loss(on: evaluation, batchSize: training.batchSize) } })
+        try await training.runContrastive(model: options, textColumn: textColumn, frozen: ImageTextContrastiveTraining.lockedImage)
     }
 }
 
