@@ -1,9 +1,11 @@
-"""Visual instruction tuning: what transformers and torch compute when a LLaVA checkpoint is fine-tuned on image
-conversations with the loss on the assistant's replies only (LLaVA's second training stage: projector and language
-model learn, the vision tower stays frozen).
+"""Visual instruction tuning: what transformers and torch compute when a LLaVA, LLaVA-NeXT or LLaVA-OneVision
+checkpoint is fine-tuned on image conversations with the loss on the assistant's replies only (LLaVA's second
+training stage: projector, language model and the tiling families' `image_newline` learn, the vision tower stays
+frozen).
 
-Run by hand from the repository root with the oracle venv (oracle/requirements.txt), after oracle/image_chat.py has
-written its checkpoints (LLaVA fixtures whose chat templates mark the replies with `{% generation %}`):
+Run by hand from the repository root with the oracle venv (oracle/requirements.txt), after
+oracle/projector_alignment.py (which links the LLaVA-NeXT chat checkpoint; the others' templates mark the replies
+with `{% generation %}` too):
 
     python oracle/instruction_tuning.py    # → Tests/Fixtures/instruction-tuning/<checkpoint>.json and .safetensors
 
@@ -26,11 +28,10 @@ import os
 import torch
 from safetensors.torch import save_file
 from peft import LoraConfig, get_peft_model
-from transformers import AutoProcessor, LlavaForConditionalGeneration
+from transformers import AutoModelForImageTextToText
 
-from projector_alignment import FIXTURES, trainer_steps
+from projector_alignment import CHECKPOINTS, FIXTURES, MODEL_INPUTS, chat_processor, trainer_steps
 
-CHECKPOINTS = ["image-chat/llava-1.5", "image-chat/chatml"]
 CONVERSATIONS = [
     ("photos/chelsea.png", [("What animal is this?", "A cat."), ("What is it lying on?", "A blanket, in the sun.")]),
     ("photos/coffee.png", [("Describe the image briefly.", "A cup of coffee on a saucer, seen from above.")]),
@@ -55,8 +56,7 @@ def messages(photo, exchanges):
 
 def train(checkpoint, lora=False):
     directory = os.path.join(FIXTURES, checkpoint)
-    processor = AutoProcessor.from_pretrained(directory)
-    processor.tokenizer.padding_side = "right"
+    processor = chat_processor(directory)
     conversations = [messages(photo, exchanges) for photo, exchanges in CONVERSATIONS]
     inputs = processor.apply_chat_template(conversations, tokenize=True, return_dict=True, padding=True,
                                            return_tensors="pt", return_assistant_tokens_mask=True)
@@ -65,9 +65,9 @@ def train(checkpoint, lora=False):
     ids, attention = inputs["input_ids"], inputs["attention_mask"]
     labels = torch.where((inputs["assistant_masks"] == 1) & (attention == 1), ids, torch.full_like(ids, -100))
     assert (labels != -100).any(dim=1).all(), "every conversation scores some tokens"
-    inputs = {k: v for k, v in inputs.items() if k in ("input_ids", "attention_mask", "pixel_values")}
+    inputs = {k: v for k, v in inputs.items() if k in MODEL_INPUTS}
 
-    model = LlavaForConditionalGeneration.from_pretrained(directory, dtype=torch.float32)
+    model = AutoModelForImageTextToText.from_pretrained(directory, dtype=torch.float32)
     model.train()
     initial = {}
     if lora:

@@ -1,8 +1,13 @@
-"""Projector alignment: what transformers and torch compute when a LLaVA checkpoint's multimodal projector is trained
-with its vision tower and language model frozen (LLaVA's first training stage).
+"""Projector alignment: what transformers and torch compute when a LLaVA, LLaVA-NeXT or LLaVA-OneVision checkpoint's
+multimodal projector is trained with its vision tower and language model frozen (LLaVA's first training stage; the
+tiling families' `image_newline` frozen too, as LLaVA-NeXT's pretraining leaves it).
 
-Run by hand from the repository root with the oracle venv (oracle/requirements.txt), after oracle/image_chat.py has
-written its checkpoints (LLaVA fixtures with multimodal chat templates):
+Run by hand from the repository root with the oracle venv (oracle/requirements.txt), after oracle/image_chat.py,
+oracle/llava_next.py and oracle/llava_onevision.py have written their checkpoints (LLaVA fixtures with multimodal
+chat templates; this script links two more: "llava-next/mistral-chat", llava-next/mistral-layers-bf16 with an
+`[INST]` template in the form of llava-hf/llava-v1.6-mistral-7b-hf's, its replies marked with `{% generation %}`, and
+"llava-onevision/qwen2-layers-chat", llava-onevision/qwen2-layers-fp16 with qwen2-smollm2-bf16's ChatML template,
+whose anyres_max_4 shrinks the photos' tile grids bilinearly):
 
     python oracle/projector_alignment.py    # → Tests/Fixtures/projector-alignment/<checkpoint>.json and .safetensors
 
@@ -18,17 +23,28 @@ gradients and the parameters after the last step, under the checkpoint's own ten
 """
 import json
 import os
+import shutil
 
 import torch
 from PIL import Image
 from safetensors.torch import save_file
-from transformers import AutoProcessor, LlavaForConditionalGeneration
+from transformers import AutoModelForImageTextToText, AutoProcessor
 from transformers.optimization import get_linear_schedule_with_warmup
 from transformers.trainer_pt_utils import get_parameter_names
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "Tests", "Fixtures")
-CHECKPOINTS = ["image-chat/llava-1.5", "image-chat/chatml"]
+CHECKPOINTS = ["image-chat/llava-1.5", "image-chat/chatml", "llava-next/mistral-chat", "llava-onevision/qwen2-smollm2-bf16",
+               "llava-onevision/qwen2-layers-chat"]
+MISTRAL_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] ' }}{# Render all images first #}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>\n' }}{% endfor %}"
+    "{# Render all text next #}{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
+    "{{ content['text'] }}{% endfor %}{{ ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ ' ' }}"
+    "{% generation %}{{ message['content'][0]['text'] + '</s>' }}{% endgeneration %}{% else %}"
+    "{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}")
+# Inputs the models' forward reads (the tiling families' image sizes too).
+MODEL_INPUTS = ("input_ids", "attention_mask", "pixel_values", "image_sizes")
 EXAMPLES = [("photos/chelsea.png", "A cat is lying on a blanket."), ("photos/coffee.png", "A cup of coffee on a saucer, seen from above.")]
 INSTRUCTION = "Describe the image briefly."
 SETTINGS = dict(learning_rate=2e-2, weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8,
@@ -43,7 +59,8 @@ def checkpoint_names(directory):
     with safe_open(os.path.join(directory, "model.safetensors"), "pt") as f:
         saved = set(f.keys())
     legacy = [("model.language_model.", "language_model.model."), ("lm_head.", "language_model.lm_head."),
-              ("model.multi_modal_projector.", "multi_modal_projector."), ("model.vision_tower.", "vision_tower.")]
+              ("model.multi_modal_projector.", "multi_modal_projector."), ("model.vision_tower.", "vision_tower."),
+              ("model.image_newline", "image_newline")]
 
     def rename(name):
         for candidate in [name] + [name.replace(new, old, 1) for new, old in legacy if name.startswith(new)]:
@@ -84,10 +101,42 @@ def trainer_steps(model, directory, inputs, labels, settings):
                 first_gradients=first_gradients, final_loss=final_loss)
 
 
+def link_chat_checkpoints():
+    """A checkpoint's files, linked, with a chat template: llava-next/mistral-chat and llava-onevision/qwen2-layers-chat."""
+    with open(os.path.join(FIXTURES, "llava-onevision", "qwen2-smollm2-bf16", "chat_template.jinja")) as f:
+        chatml = f.read()
+    for family, name, source, template in [("llava-next", "mistral-chat", "mistral-layers-bf16", MISTRAL_CHAT_TEMPLATE),
+                                           ("llava-onevision", "qwen2-layers-chat", "qwen2-layers-fp16", chatml)]:
+        directory = os.path.join(FIXTURES, family, name)
+        shutil.rmtree(directory, ignore_errors=True)
+        os.makedirs(directory)
+        for file in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                     "generation_config.json", "processor_config.json"]:
+            os.symlink(os.path.join("..", source, file), os.path.join(directory, file))
+        with open(os.path.join(directory, "chat_template.jinja"), "w") as f:
+            f.write(template)
+
+
+def chat_processor(directory):
+    """The checkpoint's processor padding on the right, with the end-of-sequence token where its tokenizer has no
+    padding token (as TRL's trainers set it). LLaVA-OneVision's is built as oracle/llava_onevision.py builds it,
+    without the video processor the oracle venv cannot load."""
+    with open(os.path.join(directory, "config.json")) as f:
+        onevision = json.load(f)["model_type"] == "llava_onevision"
+    if onevision:
+        from llava_onevision import load_processor
+        processor = load_processor(directory)
+    else:
+        processor = AutoProcessor.from_pretrained(directory)
+    processor.tokenizer.padding_side = "right"
+    if processor.tokenizer.pad_token is None:
+        processor.tokenizer.pad_token = processor.tokenizer.eos_token
+    return processor
+
+
 def train(checkpoint):
     directory = os.path.join(FIXTURES, checkpoint)
-    processor = AutoProcessor.from_pretrained(directory)
-    processor.tokenizer.padding_side = "right"
+    processor = chat_processor(directory)
 
     def conversation(photo, caption=None):
         turns = [dict(role="user", content=[dict(type="image", path=os.path.join(FIXTURES, photo)),
@@ -108,9 +157,9 @@ def train(checkpoint):
         ids, mask = inputs.input_ids[row].tolist(), inputs.attention_mask[row].tolist()
         assert ids[:len(prompt)] == prompt
         labels.append([-100 if i < len(prompt) or not m else t for i, (t, m) in enumerate(zip(ids, mask))])
-    inputs = {k: v for k, v in inputs.items() if k in ("input_ids", "attention_mask", "pixel_values")}
+    inputs = {k: v for k, v in inputs.items() if k in MODEL_INPUTS}
 
-    model = LlavaForConditionalGeneration.from_pretrained(directory, dtype=torch.float32)
+    model = AutoModelForImageTextToText.from_pretrained(directory, dtype=torch.float32)
     model.train()
     model.requires_grad_(False)
     model.model.multi_modal_projector.requires_grad_(True)
@@ -135,6 +184,7 @@ def train(checkpoint):
 
 def main():
     torch.manual_seed(0)
+    link_chat_checkpoints()
     for checkpoint in CHECKPOINTS:
         train(checkpoint)
 

@@ -192,34 +192,144 @@ func splitImages(_ embeddings: Tensor) -> [Tensor] {
     return (0..<count).map { sequenceSlice(rows, $0 * tokens..<($0 + 1) * tokens).reshaped([tokens, width]) }
 }
 
+/// One image as a LLaVA-family model reads it up to its projector: what the projector reads, and how the projected
+/// rows (followed by `image_newline`, in the families that have one) become the rows that take the image's tokens'
+/// places.
+public struct LlavaImageRows: @unchecked Sendable {
+    /// `[rows, vision hiddenSize × feature layers]`: every view's patch features, view after view.
+    public let visionFeatures: Tensor
+    /// From the projected rows, then `image_newline` where the family has one, to the image tokens' rows.
+    public let layout: RowCombination
+
+    /// The image tokens' rows: the features through `projector`, laid out with `newline` after them.
+    func projected(by projector: LlavaMultiModalProjector, newline: Tensor) -> Tensor {
+        let rows = projector(visionFeatures)
+        return layout(concatenate([rows, newline.reshaped([1, rows.shape[1]])], axis: 0))
+    }
+}
+
+/// How a LLaVA family cuts processed images into views for its vision tower and lays out their projected features.
+enum LlavaImageLayout: Sendable {
+    /// LLaVA: one view per image, its features in order.
+    case whole
+    /// LLaVA-NeXT: the base view and the anyres tiles, packed with newlines.
+    case anyres(LlavaNextConfig)
+    /// LLaVA-OneVision: LLaVA-NeXT's packing under the anyres_max rule; an image of several read whole.
+    case anyresMax(LlavaOnevisionConfig, maxNumPatches: Int)
+
+    /// Each image's views through the tower (read at the feature layers) and its layout. `images` holds pixel values
+    /// `[N, 3, S, S]` for LLaVA, `[N, patches, 3, S, S]` for the tiling families (each image's base view and tiles,
+    /// or OneVision's one whole view, padded with unused patches to the batch's largest count), with each image's
+    /// original size and which were tiled, as the families' image processors make them.
+    ///
+    /// - Throws: `ModelError.invalidInput` when the pixel values do not have that shape or hold fewer patches than an
+    ///   image's size asks for.
+    func imageRows(_ images: ProcessedImages, encoder: LlavaImageEncoder) throws -> [LlavaImageRows] {
+        let side: Int, perSide: Int, family: String
+        switch self {
+        case .whole:
+            let features = try encoder.visionFeatures(images.pixelValues)
+            let tokens = features.shape[1]
+            return splitImages(features).map {
+                LlavaImageRows(visionFeatures: $0, layout: RowCombination(inputRows: tokens, gathering: Array(0..<tokens)))
+            }
+        case .anyres(let config):
+            (side, perSide, family) = (config.llava.visionConfig.imageSize, config.llava.visionConfig.patchesPerSide, "LLaVA-NeXT")
+        case .anyresMax(let config, _):
+            (side, perSide, family) = (config.visionConfig.imageSize, config.visionConfig.patchesPerSide, "LLaVA-OneVision")
+        }
+        let pixels = images.pixelValues, count = images.imageSizes.count
+        guard pixels.rank == 5, pixels.shape[0] == count, Array(pixels.shape[2...]) == [3, side, side],
+              images.imageSizes.allSatisfy({ $0.height > 0 && $0.width > 0 }), (images.tiled?.count ?? count) == count else {
+            throw ModelError.invalidInput("\(family) takes pixel values [images, patches, 3, \(side), \(side)] with one positive size (and tiling flag) per image, got \(pixels.shape) and \(count) sizes")
+        }
+        let available = pixels.shape[1], perView = perSide * perSide
+        let all = pixels.reshaped([1, count * available, 3, side, side])
+        return try images.imageSizes.enumerated().map { index, size in
+            let layout = tiledLayout(size: size, tiled: images.tiled?[index] ?? true)
+            // The layout reads every view's rows, then the newline.
+            let patches = (layout.inputRows - 1) / perView
+            guard patches <= available else {
+                throw ModelError.invalidInput("image \(index) (\(size.width)x\(size.height)) is \(patches) patches, but the pixel values hold \(available)")
+            }
+            let views = sequenceSlice(all, index * available..<(index * available + patches)).reshaped([patches, 3, side, side])
+            let features = try encoder.visionFeatures(views)
+            return LlavaImageRows(visionFeatures: features.reshaped([patches * perView, features.shape[2]]), layout: layout)
+        }
+    }
+
+    /// A tiling family's layout for an image of `size`, cut into tiles or (OneVision) read whole.
+    private func tiledLayout(size: ImageSize, tiled: Bool) -> RowCombination {
+        switch self {
+        case .whole: preconditionFailure("LLaVA's images are not tiled")
+        case .anyres(let config): config.packing(grid: config.tileGrid(size), originalSize: size)
+        case let .anyresMax(config, maxNumPatches):
+            tiled ? config.packing(grid: config.tileGrid(size), originalSize: size, maxNumPatches: maxNumPatches) : config.wholeImagePacking
+        }
+    }
+}
+
+/// A LLaVA-family checkpoint's image side alone (LLaVA, LLaVA-NeXT, LLaVA-OneVision): the vision tower read at
+/// `vision_feature_layer` and the family's layout of the projected rows, without the projector's use or the
+/// language model, for training that keeps a language model and projector of its own.
+public struct LlavaVisionEncoder: @unchecked Sendable {
+    /// The language model's config, its head tied as the family ties it.
+    public let textConfig: LlamaConfig
+    /// The token id that marks where image features go.
+    public let imageTokenIndex: Int
+    /// The activation between the projector's two linear layers, and whether they have biases.
+    public let projectorHiddenAct: String
+    public let multimodalProjectorBias: Bool
+    /// Whether the family's layouts read `image_newline` after the projected rows (LLaVA-NeXT, LLaVA-OneVision).
+    public let readsImageNewline: Bool
+    private let encoder: LlavaImageEncoder
+    private let layout: LlavaImageLayout
+
+    /// Model types whose image side this loads.
+    public static let modelTypes = ["llava", "llava_next", "llava_onevision"]
+
+    /// Loads the vision tower (and the projector it is stored beside) of a checkpoint directory of one of
+    /// ``modelTypes``.
+    public init(directory: ModelDirectory) throws {
+        let file = directory.url.appendingPathComponent("config.json").path
+        let weights = Weights(try WeightStore(directory: directory.url))
+        switch try directory.modelType {
+        case "llava":
+            let config = try directory.decode(LlavaConfig.self)
+            (textConfig, imageTokenIndex) = (config.textConfig, config.imageTokenIndex)
+            (projectorHiddenAct, multimodalProjectorBias) = (config.projectorHiddenAct, config.multimodalProjectorBias)
+            encoder = try LlavaImageEncoder(config: config, weights: weights, file: file)
+            layout = .whole
+        case "llava_next":
+            let config = try directory.decode(LlavaNextConfig.self)
+            (textConfig, imageTokenIndex) = (config.languageModelConfig, config.llava.imageTokenIndex)
+            (projectorHiddenAct, multimodalProjectorBias) = (config.llava.projectorHiddenAct, config.llava.multimodalProjectorBias)
+            encoder = try LlavaNextForConditionalGeneration.imageEncoder(config: config, weights: weights, file: file)
+            layout = .anyres(config)
+        case "llava_onevision":
+            let config = try directory.decode(LlavaOnevisionConfig.self)
+            (textConfig, imageTokenIndex) = (config.languageModelConfig, config.imageTokenIndex)
+            (projectorHiddenAct, multimodalProjectorBias) = (config.projectorHiddenAct, config.multimodalProjectorBias)
+            let (encoder, maxNumPatches) = try LlavaOnevisionForConditionalGeneration.imageEncoder(config: config, weights: weights, file: file)
+            self.encoder = encoder
+            layout = .anyresMax(config, maxNumPatches: maxNumPatches)
+        case let type:
+            throw ModelError.unsupportedModelType(type, supported: Self.modelTypes, file: file)
+        }
+        if case .whole = layout { readsImageNewline = false } else { readsImageNewline = true }
+    }
+
+    /// Each image's vision features and layout, for the family's processed images.
+    public func imageRows(_ images: ProcessedImages) throws -> [LlavaImageRows] {
+        try layout.imageRows(images, encoder: encoder)
+    }
+}
+
 /// transformers' `LlavaForConditionalGeneration` with a Llama, Mistral or Qwen2 language model: image chat, captioning
 /// and visual question answering.
 ///
 /// A prompt holds ``LlavaConfig/imageTokensPerImage`` image tokens per image where `LlavaProcessor` expands its
 /// `<image>`; the model puts the image's projected features in their place.
-/// A LLaVA checkpoint's vision side alone: the CLIP tower read at `vision_feature_layer`, without the projector's use
-/// or the language model, for training that keeps a language model of its own (``LlavaForConditionalGeneration``
-/// holds both).
-public struct LlavaVisionEncoder: @unchecked Sendable {
-    public let config: LlavaConfig
-    private let encoder: LlavaImageEncoder
-
-    /// Loads the vision tower (and the projector it is stored beside) of a checkpoint directory whose `model_type` is
-    /// `llava`.
-    public init(directory: ModelDirectory) throws {
-        let configPath = directory.url.appendingPathComponent("config.json").path
-        let type = try directory.modelType
-        guard type == "llava" else { throw ModelError.unsupportedModelType(type, supported: ["llava"], file: configPath) }
-        config = try directory.decode(LlavaConfig.self)
-        encoder = try LlavaImageEncoder(config: config, weights: Weights(WeightStore(directory: directory.url)), file: configPath)
-    }
-
-    /// What the projector reads (``LlavaForConditionalGeneration/visionFeatures(pixelValues:)``).
-    public func visionFeatures(pixelValues: Tensor) throws -> Tensor {
-        try encoder.visionFeatures(pixelValues)
-    }
-}
-
 public final class LlavaForConditionalGeneration: ImageChatModel, @unchecked Sendable {
     public let config: LlavaConfig
     let encoder: LlavaImageEncoder

@@ -72,6 +72,15 @@ public final class LlavaNextForConditionalGeneration: ImageChatModel, @unchecked
     /// - Throws: `ModelError.invalidConfig` for a `"full"` feature selection (a tile's class token breaks its grid of
     ///   patch features; transformers fails on it too) and for pinpoints that are not whole tiles.
     public init(config: LlavaNextConfig, weights: Weights, file: String = "config.json") throws {
+        self.config = config
+        encoder = try Self.imageEncoder(config: config, weights: weights, file: file)
+        let width = config.llava.textConfig.hiddenSize
+        imageNewline = try weights(weights.contains("model.image_newline") ? "model.image_newline" : "image_newline", shape: [width])
+        languageModel = try llavaLanguageModel(config: config.languageModelConfig, weights: weights, file: file)
+    }
+
+    /// The vision tower and projector of `weights`, after `config`'s checks (see ``init(config:weights:file:)``).
+    static func imageEncoder(config: LlavaNextConfig, weights: Weights, file: String) throws -> LlavaImageEncoder {
         guard config.llava.visionFeatureSelectStrategy == "default" else {
             throw ModelError.invalidConfig("vision_feature_select_strategy \"\(config.llava.visionFeatureSelectStrategy)\": LLaVA-NeXT lays each tile's patch features out as a grid, so only \"default\" (class token dropped) works", file: file)
         }
@@ -79,25 +88,12 @@ public final class LlavaNextForConditionalGeneration: ImageChatModel, @unchecked
         guard tile > 0, config.imageGridPinpoints.allSatisfy({ $0.height % tile == 0 && $0.width % tile == 0 }) else {
             throw ModelError.invalidConfig("image_grid_pinpoints \(config.imageGridPinpoints.map { [$0.height, $0.width] }) must be multiples of the vision tower's image_size \(tile)", file: file)
         }
-        self.config = config
-        encoder = try LlavaImageEncoder(config: config.llava, weights: weights, file: file)
-        let width = config.llava.textConfig.hiddenSize
-        imageNewline = try weights(weights.contains("model.image_newline") ? "model.image_newline" : "image_newline", shape: [width])
-        var textConfig = config.llava.textConfig
-        textConfig.tieWordEmbeddings = config.tieWordEmbeddings
-        languageModel = try llavaLanguageModel(config: textConfig, weights: weights, file: file)
+        return try LlavaImageEncoder(config: config.llava, weights: weights, file: file)
     }
 
     /// The model over parts already built (from a GGUF pair, LlavaGGUF.swift).
     init(config: LlavaNextConfig, encoder: LlavaImageEncoder, imageNewline: Tensor, languageModel: LlamaForCausalLM) {
         (self.config, self.encoder, self.imageNewline, self.languageModel) = (config, encoder, imageNewline, languageModel)
-    }
-
-    /// `get_anyres_image_grid_shape`: the (rows, columns) of tiles an image of `size` is cut into.
-    public func tileGrid(_ size: ImageSize) -> (rows: Int, columns: Int) {
-        let best = selectBestResolution(size, among: config.imageGridPinpoints)
-        let tile = config.llava.visionConfig.imageSize
-        return (best.height / tile, best.width / tile)
     }
 
     /// `get_image_features` with `pack_image_features`: per image, the `[tokens, text hiddenSize]` rows that take its
@@ -108,44 +104,7 @@ public final class LlavaNextForConditionalGeneration: ImageChatModel, @unchecked
     /// - Throws: `ModelError.invalidInput` when the pixel values do not have that shape or hold fewer patches than an
     ///   image's size asks for.
     public func imageFeatures(_ images: ProcessedImages) throws -> [Tensor] {
-        let pixels = images.pixelValues, side = config.llava.visionConfig.imageSize
-        guard pixels.rank == 5, pixels.shape[0] == images.imageSizes.count, Array(pixels.shape[2...]) == [3, side, side],
-              images.imageSizes.allSatisfy({ $0.height > 0 && $0.width > 0 }) else {
-            throw ModelError.invalidInput("LLaVA-NeXT takes pixel values [images, patches, 3, \(side), \(side)] with one positive size per image, got \(pixels.shape) and \(images.imageSizes.count) sizes")
-        }
-        let available = pixels.shape[1]
-        let all = pixels.reshaped([1, pixels.shape[0] * available, 3, side, side])
-        return try images.imageSizes.enumerated().map { index, size in
-            let grid = tileGrid(size)
-            let patches = grid.rows * grid.columns + 1
-            guard patches <= available else {
-                throw ModelError.invalidInput("image \(index) (\(size.width)x\(size.height)) is \(patches) patches, but the pixel values hold \(available)")
-            }
-            let views = sequenceSlice(all, index * available..<(index * available + patches)).reshaped([patches, 3, side, side])
-            return packed(try encoder(views), grid: grid, originalSize: size)
-        }
-    }
-
-    /// `pack_image_features` for one image's projected features `[patches, (S/p)², D]` (base view first): the base
-    /// view's rows, then the tiles' features as one grid (tile row by tile row, each tile's patches row by row),
-    /// unpadded, each grid row followed by `image_newline`. The layout is a list of rows to gather, the newline being
-    /// one more row after the features.
-    func packed(_ features: Tensor, grid: (rows: Int, columns: Int), originalSize: ImageSize) -> Tensor {
-        let side = config.llava.visionConfig.patchesPerSide, perView = side * side
-        let width = features.shape[2]
-        let newline = features.shape[0] * perView
-        let kept = Self.unpaddedGrid(height: grid.rows * side, width: grid.columns * side, originalSize: originalSize)
-        var order = Array(0..<perView)
-        order.reserveCapacity(perView + kept.rows.count * (kept.columns.count + 1))
-        for y in kept.rows {
-            for x in kept.columns {
-                let tile = (y / side) * grid.columns + x / side
-                order.append((1 + tile) * perView + (y % side) * side + x % side)
-            }
-            order.append(newline)
-        }
-        let table = concatenate([features.reshaped([newline, width]), imageNewline.reshaped([1, width])], axis: 0)
-        return embedding(table, ids: order)
+        try LlavaImageLayout.anyres(config).imageRows(images, encoder: encoder).map { $0.projected(by: encoder.projector, newline: imageNewline) }
     }
 
     /// `unpad_image` on a `height`×`width` grid of features for an image of `originalSize`: the rows (when the image
@@ -232,4 +191,41 @@ public final class LlavaNextForConditionalGeneration: ImageChatModel, @unchecked
 
     /// Rotary positions do not run out.
     public func positionsLeft(promptLength: Int?) -> Int? { nil }
+}
+
+extension LlavaNextConfig {
+    /// The language model's config with the head tied as LLaVA-NeXT ties it (the top-level `tie_word_embeddings`).
+    var languageModelConfig: LlamaConfig {
+        var text = llava.textConfig
+        text.tieWordEmbeddings = tieWordEmbeddings
+        return text
+    }
+
+    /// `get_anyres_image_grid_shape`: the (rows, columns) of tiles an image of `size` is cut into.
+    func tileGrid(_ size: ImageSize) -> (rows: Int, columns: Int) {
+        let best = selectBestResolution(size, among: imageGridPinpoints)
+        let tile = llava.visionConfig.imageSize
+        return (best.height / tile, best.width / tile)
+    }
+
+    /// `pack_image_features` for one image of `originalSize` tiled `grid`, as rows to gather from its views'
+    /// projected features `[(1 + tiles) · (S/p)², D]` (base view first) followed by `image_newline`: the base view's
+    /// rows, then the tiles' features as one grid (tile row by tile row, each tile's patches row by row), unpadded,
+    /// each grid row followed by the newline.
+    func packing(grid: (rows: Int, columns: Int), originalSize: ImageSize) -> RowCombination {
+        let side = llava.visionConfig.patchesPerSide, perView = side * side
+        let newline = (1 + grid.rows * grid.columns) * perView
+        let kept = LlavaNextForConditionalGeneration.unpaddedGrid(height: grid.rows * side, width: grid.columns * side,
+                                                                 originalSize: originalSize)
+        var order = Array(0..<perView)
+        order.reserveCapacity(perView + kept.rows.count * (kept.columns.count + 1))
+        for y in kept.rows {
+            for x in kept.columns {
+                let tile = (y / side) * grid.columns + x / side
+                order.append((1 + tile) * perView + (y % side) * side + x % side)
+            }
+            order.append(newline)
+        }
+        return RowCombination(inputRows: newline + 1, gathering: order)
+    }
 }

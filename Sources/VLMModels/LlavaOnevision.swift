@@ -136,6 +136,16 @@ public final class LlavaOnevisionForConditionalGeneration: ImageChatModel, @unch
     ///   has no class token, and breaks the tile grid), pinpoints that are not whole tiles, a `vision_aspect_ratio`
     ///   that is not "anyres_max_N".
     public init(config: LlavaOnevisionConfig, weights: Weights, file: String = "config.json") throws {
+        self.config = config
+        (encoder, maxNumPatches) = try Self.imageEncoder(config: config, weights: weights, file: file)
+        let width = config.textConfig.hiddenSize
+        imageNewline = try weights(weights.contains("model.image_newline") ? "model.image_newline" : "image_newline", shape: [width])
+        languageModel = try llavaLanguageModel(config: config.languageModelConfig, weights: weights, file: file)
+    }
+
+    /// The vision tower and projector of `weights` and the anyres_max rule's N, after `config`'s checks (see
+    /// ``init(config:weights:file:)``).
+    static func imageEncoder(config: LlavaOnevisionConfig, weights: Weights, file: String) throws -> (LlavaImageEncoder, maxNumPatches: Int) {
         guard config.visionFeatureSelectStrategy == "full" else {
             throw ModelError.invalidConfig("vision_feature_select_strategy \"\(config.visionFeatureSelectStrategy)\": LLaVA-OneVision lays each tile's patch features out as a grid, and SigLIP has no class token to drop, so only \"full\" works", file: file)
         }
@@ -148,31 +158,17 @@ public final class LlavaOnevisionForConditionalGeneration: ImageChatModel, @unch
         }
         try LlavaImageEncoder.validate(strategy: config.visionFeatureSelectStrategy, layers: config.visionFeatureLayers,
                                        towerLayers: config.visionConfig.numHiddenLayers, file: file)
-        self.config = config
-        self.maxNumPatches = maxNumPatches
         let tower = try SiglipVisionTransformer(
             config.visionConfig,
             weights: weights.scoped(firstOf: ["vision_tower", "vision_tower.vision_model", "model.vision_tower", "model.vision_tower.vision_model"],
                                     holding: "embeddings.patch_embedding.weight"),
             file: file)
-        let width = config.textConfig.hiddenSize
         let projector = try LlavaMultiModalProjector(
             weights.scoped(firstOf: ["multi_modal_projector", "model.multi_modal_projector"], holding: "linear_1.weight"),
-            inWidth: config.visionConfig.hiddenSize * config.visionFeatureLayers.count, width: width,
+            inWidth: config.visionConfig.hiddenSize * config.visionFeatureLayers.count, width: config.textConfig.hiddenSize,
             bias: config.multimodalProjectorBias, activation: config.projectorHiddenAct, file: file)
-        encoder = LlavaImageEncoder(visionTower: tower, projector: projector, featureLayers: config.visionFeatureLayers,
-                                    dropsClassToken: false)
-        imageNewline = try weights(weights.contains("model.image_newline") ? "model.image_newline" : "image_newline", shape: [width])
-        var textConfig = config.textConfig
-        textConfig.tieWordEmbeddings = config.tieWordEmbeddings
-        languageModel = try llavaLanguageModel(config: textConfig, weights: weights, file: file)
-    }
-
-    /// `get_anyres_image_grid_shape`: the (rows, columns) of tiles an image of `size` is cut into.
-    public func tileGrid(_ size: ImageSize) -> (rows: Int, columns: Int) {
-        let best = selectBestResolution(size, among: config.imageGridPinpoints)
-        let tile = config.visionConfig.imageSize
-        return (best.height / tile, best.width / tile)
+        return (LlavaImageEncoder(visionTower: tower, projector: projector, featureLayers: config.visionFeatureLayers,
+                                  dropsClassToken: false), maxNumPatches)
     }
 
     /// `get_image_features` with `pack_image_features`: per image, the `[tokens, text hiddenSize]` rows that take its
@@ -184,70 +180,8 @@ public final class LlavaOnevisionForConditionalGeneration: ImageChatModel, @unch
     /// - Throws: `ModelError.invalidInput` when the pixel values do not have that shape or hold fewer patches than an
     ///   image's size asks for.
     public func imageFeatures(_ images: ProcessedImages) throws -> [Tensor] {
-        let pixels = images.pixelValues, side = config.visionConfig.imageSize, count = images.imageSizes.count
-        guard pixels.rank == 5, pixels.shape[0] == count, Array(pixels.shape[2...]) == [3, side, side],
-              images.imageSizes.allSatisfy({ $0.height > 0 && $0.width > 0 }), (images.tiled?.count ?? count) == count else {
-            throw ModelError.invalidInput("LLaVA-OneVision takes pixel values [images, patches, 3, \(side), \(side)] with one positive size (and tiling flag) per image, got \(pixels.shape) and \(count) sizes")
-        }
-        let available = pixels.shape[1]
-        let all = pixels.reshaped([1, pixels.shape[0] * available, 3, side, side])
-        return try images.imageSizes.enumerated().map { index, size in
-            let tiled = images.tiled?[index] ?? true
-            let grid = tiled ? tileGrid(size) : (rows: 0, columns: 0)
-            let patches = grid.rows * grid.columns + 1
-            guard patches <= available else {
-                throw ModelError.invalidInput("image \(index) (\(size.width)x\(size.height)) is \(patches) patches, but the pixel values hold \(available)")
-            }
-            let views = sequenceSlice(all, index * available..<(index * available + patches)).reshaped([patches, 3, side, side])
-            let features = try encoder(views)
-            return tiled ? packed(features, grid: grid, originalSize: size) : baseOnly(features)
-        }
-    }
-
-    /// An image read whole: its view's features, then the newline.
-    func baseOnly(_ features: Tensor) -> Tensor {
-        let width = features.shape[2]
-        return concatenate([features.reshaped([features.shape[1], width]), imageNewline.reshaped([1, width])], axis: 0)
-    }
-
-    /// `pack_image_features` for one tiled image's projected features `[patches, (S/p)², D]` (base view first): the
-    /// base view's rows, then the tiles' features as one grid, unpadded, shrunk bilinearly when the anyres_max rule
-    /// says so, each grid row followed by `image_newline`.
-    func packed(_ features: Tensor, grid: (rows: Int, columns: Int), originalSize: ImageSize) -> Tensor {
-        let side = config.visionConfig.patchesPerSide, perView = side * side
-        let width = features.shape[2]
-        let rows = features.reshaped([features.shape[0] * perView, width])
-        let kept = LlavaNextForConditionalGeneration.unpaddedGrid(height: grid.rows * side, width: grid.columns * side,
-                                                                 originalSize: originalSize)
-        var order: [Int] = []
-        order.reserveCapacity(kept.rows.count * kept.columns.count)
-        for y in kept.rows {
-            for x in kept.columns {
-                let tile = (y / side) * grid.columns + x / side
-                order.append((1 + tile) * perView + (y % side) * side + x % side)
-            }
-        }
-        var tileFeatures = embedding(rows, ids: order)
-        let shrunk = Self.anyresMaxGrid(height: kept.rows.count, width: kept.columns.count, patchesPerSide: side,
-                                        maxNumPatches: maxNumPatches)
-        if shrunk.height != kept.rows.count || shrunk.width != kept.columns.count {
-            // interpolate reads planes: the grid's channels first, [1, D, H, W], and back.
-            let planes = channelsFirst(tileFeatures.reshaped([1, order.count, width]))
-                .reshaped([1, width, kept.rows.count, kept.columns.count])
-            let resized = interpolate(planes, height: shrunk.height, width: shrunk.width, mode: .bilinear)
-            tileFeatures = channelsFirst(resized.reshaped([1, width, shrunk.height * shrunk.width]))
-                .reshaped([shrunk.height * shrunk.width, width])
-        }
-        let gridStart = perView, newline = perView + shrunk.height * shrunk.width
-        var layout = Array(0..<perView)
-        layout.reserveCapacity(newline + shrunk.height)
-        for y in 0..<shrunk.height {
-            layout += (gridStart + y * shrunk.width)..<(gridStart + (y + 1) * shrunk.width)
-            layout.append(newline)
-        }
-        let table = concatenate([sequenceSlice(rows.reshaped([1, rows.shape[0], width]), 0..<perView).reshaped([perView, width]),
-                                 tileFeatures, imageNewline.reshaped([1, width])], axis: 0)
-        return embedding(table, ids: layout)
+        try LlavaImageLayout.anyresMax(config, maxNumPatches: maxNumPatches).imageRows(images, encoder: encoder)
+            .map { $0.projected(by: encoder.projector, newline: imageNewline) }
     }
 
     /// The anyres_max rule on an unpadded grid of `height`×`width` features: unchanged when it holds at most about
@@ -332,4 +266,59 @@ public final class LlavaOnevisionForConditionalGeneration: ImageChatModel, @unch
 
     /// Rotary positions do not run out.
     public func positionsLeft(promptLength: Int?) -> Int? { nil }
+}
+
+extension LlavaOnevisionConfig {
+    /// The language model's config with the head tied as LLaVA-OneVision ties it (either `tie_word_embeddings`).
+    var languageModelConfig: LlamaConfig {
+        var text = textConfig
+        text.tieWordEmbeddings = tieWordEmbeddings
+        return text
+    }
+
+    /// `get_anyres_image_grid_shape`: the (rows, columns) of tiles an image of `size` is cut into.
+    func tileGrid(_ size: ImageSize) -> (rows: Int, columns: Int) {
+        let best = selectBestResolution(size, among: imageGridPinpoints)
+        let tile = visionConfig.imageSize
+        return (best.height / tile, best.width / tile)
+    }
+
+    /// An image read whole, as rows of its view's projected features `[(S/p)², D]` followed by `image_newline`: the
+    /// view's rows, then the newline.
+    var wholeImagePacking: RowCombination {
+        let perView = visionConfig.patchesPerSide * visionConfig.patchesPerSide
+        return RowCombination(inputRows: perView + 1, gathering: Array(0...perView))
+    }
+
+    /// `pack_image_features` for one tiled image of `originalSize` tiled `grid`, as rows of its views' projected
+    /// features `[(1 + tiles) · (S/p)², D]` (base view first) followed by `image_newline`: the base view's rows, then
+    /// the tiles' features as one grid, unpadded, shrunk bilinearly when the anyres_max rule says so (`F.interpolate`
+    /// of the grid's channels), each grid row followed by the newline.
+    func packing(grid: (rows: Int, columns: Int), originalSize: ImageSize, maxNumPatches: Int) -> RowCombination {
+        let side = visionConfig.patchesPerSide, perView = side * side
+        let newline = (1 + grid.rows * grid.columns) * perView
+        let kept = LlavaNextForConditionalGeneration.unpaddedGrid(height: grid.rows * side, width: grid.columns * side,
+                                                                 originalSize: originalSize)
+        var order: [Int] = []
+        order.reserveCapacity(kept.rows.count * kept.columns.count)
+        for y in kept.rows {
+            for x in kept.columns {
+                let tile = (y / side) * grid.columns + x / side
+                order.append((1 + tile) * perView + (y % side) * side + x % side)
+            }
+        }
+        let shrunk = LlavaOnevisionForConditionalGeneration.anyresMaxGrid(height: kept.rows.count, width: kept.columns.count,
+                                                                         patchesPerSide: side, maxNumPatches: maxNumPatches)
+        let resize = RowCombination.bilinearResize(height: kept.rows.count, width: kept.columns.count,
+                                                   toHeight: shrunk.height, toWidth: shrunk.width)
+        var rows = (0..<perView).map { [(row: $0, weight: Float(1))] }
+        rows.reserveCapacity(perView + shrunk.height * (shrunk.width + 1))
+        for y in 0..<shrunk.height {
+            for x in 0..<shrunk.width {
+                rows.append(resize.terms(ofRow: y * shrunk.width + x).map { (order[$0.row], $0.weight) })
+            }
+            rows.append([(newline, 1)])
+        }
+        return RowCombination(inputRows: newline + 1, rows: rows)
+    }
 }

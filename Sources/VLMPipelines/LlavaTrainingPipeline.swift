@@ -60,7 +60,7 @@ public final class LlavaTrainingPipeline: @unchecked Sendable {
         return try runTraining(examples: data.count, settings: settings, parameters: training.parameters,
                                imageEncodingTime: encodingTime, log: log) { batch in
             let inputs = prepared.batch(batch)
-            return BatchLoss(try training.lossAndGradients(visionFeatures: inputs.features, inputIds: inputs.ids,
+            return BatchLoss(try training.lossAndGradients(images: inputs.images, inputIds: inputs.ids,
                                                            attentionMask: inputs.attentionMask, labels: inputs.labels),
                              labels: inputs.labels)
         }
@@ -74,7 +74,7 @@ public final class LlavaTrainingPipeline: @unchecked Sendable {
         var total = 0.0
         for start in stride(from: 0, to: data.count, by: batchSize) {
             let inputs = prepared.batch(Array(start..<min(start + batchSize, data.count)))
-            let loss = try training.loss(visionFeatures: inputs.features, inputIds: inputs.ids,
+            let loss = try training.loss(images: inputs.images, inputIds: inputs.ids,
                                          attentionMask: inputs.attentionMask, labels: inputs.labels)
             total += Double(loss) * Double(inputs.ids.count)
         }
@@ -90,30 +90,28 @@ public final class LlavaTrainingPipeline: @unchecked Sendable {
     private struct Prepared {
         let ids: [[Int]]
         let labels: [[Int]]
-        /// Per example, its image's features `[tokens, features]`.
-        let features: [Tensor]
+        /// Per example, its image's features and their layout.
+        let images: [LlavaImageRows]
         let padding: Int
 
         /// The examples `rows`, right-padded to the longest.
-        func batch(_ rows: [Int]) -> (ids: [[Int]], attentionMask: [[Int]], labels: [[Int]], features: Tensor) {
+        func batch(_ rows: [Int]) -> (ids: [[Int]], attentionMask: [[Int]], labels: [[Int]], images: [LlavaImageRows]) {
             let batch = rightPadded(rows.map { (ids[$0], labels[$0]) }, padding: padding)
-            return (batch.ids, batch.attentionMask, batch.labels,
-                    concatenate(rows.map { features[$0].reshaped([1] + features[$0].shape) }, axis: 0))
+            return (batch.ids, batch.attentionMask, batch.labels, rows.map { images[$0] })
         }
     }
 
     private func prepare(_ data: LlavaTrainingData) throws -> Prepared {
         let processor = chat.processor
-        var featuresByImage: [URL: (features: Tensor, tokens: Int)] = [:]
-        func encoded(_ url: URL) throws -> (features: Tensor, tokens: Int) {
+        var featuresByImage: [URL: (features: LlavaImageRows, tokens: Int)] = [:]
+        func encoded(_ url: URL) throws -> (features: LlavaImageRows, tokens: Int) {
             if let known = featuresByImage[url] { return known }
             let processed = try processor.preprocess([ImageDecoder.decode(contentsOf: url)], conversationImageCount: 1)
-            let vision = try training.visionFeatures(pixelValues: processed.pixelValues)
-            let image = (vision.reshaped(Array(vision.shape.dropFirst())), processor.imageTokenCounts(processed)[0])
+            let image = (try training.imageRows(processed)[0], processor.imageTokenCounts(processed)[0])
             featuresByImage[url] = image
             return image
         }
-        var ids: [[Int]] = [], labels: [[Int]] = [], features: [Tensor] = []
+        var ids: [[Int]] = [], labels: [[Int]] = [], features: [LlavaImageRows] = []
         switch data {
         case let .captions(dataset, instruction):
             for pair in dataset.pairs {
@@ -140,7 +138,7 @@ public final class LlavaTrainingPipeline: @unchecked Sendable {
                     throw PipelineError.invalidProcessor(training.directory.url.path,
                                                          "the chat template marks no assistant tokens in conversation \(index + 1) (instruction tuning scores the replies its {% generation %} blocks mark; --all-tokens scores every token)")
                 }
-                let imageToken = training.config.imageTokenIndex
+                let imageToken = training.visionEncoder.imageTokenIndex
                 ids.append(conversationIds)
                 labels.append(zip(conversationIds, mask).map { id, marked in
                     assistantOnly ? (marked == 1 ? id : ignoredLabel) : (id == imageToken ? ignoredLabel : id)
@@ -149,6 +147,6 @@ public final class LlavaTrainingPipeline: @unchecked Sendable {
             }
         }
         let tokenizer = processor.tokenizer
-        return Prepared(ids: ids, labels: labels, features: features, padding: tokenizer.padTokenId ?? tokenizer.eosTokenId ?? 0)
+        return Prepared(ids: ids, labels: labels, images: features, padding: tokenizer.padTokenId ?? tokenizer.eosTokenId ?? 0)
     }
 }

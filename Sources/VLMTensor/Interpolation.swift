@@ -53,7 +53,7 @@ public func interpolate(_ x: Tensor, height: Int, width: Int, mode: Interpolatio
 }
 
 /// For each output index along one axis, the source indices it reads (clamped into the input) and their weights.
-private struct InterpolationTaps {
+struct InterpolationTaps {
     let count: Int
     var indices: [Int]
     var weights: [Float]

@@ -45,6 +45,9 @@ struct DecoderTraining {
     let head: Parameter
     let activation: Activation
     private let inverseFrequencies: [Float]
+    /// The narrowest sliding window of any layer (Mistral's `sliding_window`): sequences no longer than it attend as
+    /// fully causal ones do, the only ones training runs.
+    private let attentionWindow: Int?
     /// Every parameter, each once (a tied head is the embedding), in the checkpoint's order of layers.
     let parameters: [Parameter]
     /// LoRA's `A` and `B` of every targeted projection, layer by layer, under PEFT's names; empty without LoRA.
@@ -70,10 +73,8 @@ struct DecoderTraining {
         }
         embedTokens = try parameter(decoder, "embed_tokens.weight", shape: [config.vocabSize, d])
         var generator = SeededGenerator(seed: lora?.seed ?? 0)
+        attentionWindow = (0..<config.numHiddenLayers).compactMap { config.attentionWindow(layer: $0) }.min()
         layers = try (0..<config.numHiddenLayers).map { index in
-            if config.attentionWindow(layer: index) != nil {
-                throw ModelError.invalidConfig("training does not run sliding-window attention (layer \(index))", file: file)
-            }
             let layer = decoder.scoped("layers.\(index)")
             func projection(_ name: String, out: Int, in width: Int, bias: Bool) throws -> Projection {
                 var projection = Projection(weight: try parameter(layer, name + ".weight", shape: [out, width]),
@@ -132,6 +133,9 @@ struct DecoderTraining {
         guard !inputIds.isEmpty, length > 0, inputIds.allSatisfy({ $0.count == length }),
               labels.count == inputIds.count, labels.allSatisfy({ $0.count == length }) else {
             throw ModelError.invalidInput("training needs token ids and labels of one length per row")
+        }
+        if let attentionWindow, length > attentionWindow {
+            throw ModelError.invalidInput("a batch of \(length) tokens is longer than the language model's sliding window of \(attentionWindow), which training does not run")
         }
         if let id = inputIds.lazy.flatMap({ $0 }).first(where: { ($0 < 0 || $0 >= config.vocabSize) && $0 != placeholder }) {
             throw ModelError.invalidInput("token id \(id) is outside the language model's vocabulary of \(config.vocabSize)")

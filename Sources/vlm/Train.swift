@@ -310,7 +310,7 @@ struct InstructionTuningCommand: AsyncParsableCommand {
             settings.seed = training.seed
             lora = settings
         }
-        if type == "llava" {
+        if LlavaVisionEncoder.modelTypes.contains(type) {
             let datasets = try training.datasets { try ImageConversationDataset(directory: $0, messagesColumn: messagesColumn) }
             let pipeline = try LlavaTrainingPipeline(directory: directory, stage: .instructionTuning, lora: lora)
             try training.run(examples: datasets.training.conversations.count,
@@ -329,7 +329,7 @@ struct InstructionTuningCommand: AsyncParsableCommand {
                                  { try pipeline.loss(on: evaluation, assistantOnly: !allTokens, batchSize: training.batchSize) }
                              })
         } else {
-            throw ModelError.unsupportedModelType(type, supported: ["llava"] + LlamaConfig.supportedModelTypes,
+            throw ModelError.unsupportedModelType(type, supported: LlavaVisionEncoder.modelTypes + LlamaConfig.supportedModelTypes,
                                                   file: directory.appendingPathComponent("config.json").path)
         }
     }

@@ -21,11 +21,16 @@ import VLMTraining
         let labels: [[Int]]
     }
 
-    /// Projector alignment from photo files and captions: each pair rendered through the checkpoint's chat template
+    /// LLaVA's, LLaVA-NeXT's and LLaVA-OneVision's fixtures with chat templates (VLMTrainingTests' LlavaTrainingTests).
+    static let checkpoints = ["image-chat/llava-1.5", "image-chat/chatml", "llava-next/mistral-chat",
+                              "llava-onevision/qwen2-smollm2-bf16", "llava-onevision/qwen2-layers-chat"]
+
+    /// Projector alignment from photo files and captions (tiled and packed as each family's processor and model
+    /// do): each pair rendered through the checkpoint's chat template
     /// as transformers' processor renders the conversation, the replies scored, the batch right-padded; every step's
     /// loss and norm are the oracle's, and the written checkpoint (its files copied as files, not links) has the
     /// oracle's final loss.
-    @Test(arguments: ["image-chat/llava-1.5", "image-chat/chatml"])
+    @Test(arguments: checkpoints)
     func alignsAndSavesAsTransformersDoes(checkpoint: String) throws {
         let record = try Self.record("projector-alignment", checkpoint)
         let data = try Self.dataset(record) { name, index in ["file_name": name, "text": record.captions![index]] }
@@ -38,7 +43,7 @@ import VLMTraining
     /// template's generation blocks give the scored tokens exactly as transformers' processor's assistant masks
     /// give them, the images' markers expanded before them; every step's loss and norm, and the saved checkpoint's
     /// loss, are the oracle's.
-    @Test(arguments: ["image-chat/llava-1.5", "image-chat/chatml"])
+    @Test(arguments: checkpoints)
     func instructionTunesAndSavesAsTransformersDoes(checkpoint: String) throws {
         let record = try Self.record("instruction-tuning", checkpoint)
         let data = try Self.dataset(record) { name, index in ["file_name": name, "messages": Self.messages(record.exchanges![index])] }

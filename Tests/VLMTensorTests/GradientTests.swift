@@ -68,6 +68,29 @@ import Testing
                             "\(inHeight)×\(inWidth) → \(height)×\(width)")
     }
 
+    /// A row combination (LLaVA-OneVision's packing: rows gathered from a table, a grid of them resized bilinearly)
+    /// reads rows as `interpolate` reads the grid's channels, and its backward is its transpose.
+    @Test(arguments: [(4, 6, 2, 3), (3, 5, 3, 5), (2, 3, 5, 4)])
+    func rowCombinationGradients(height: Int, width: Int, toHeight: Int, toWidth: Int) {
+        let channels = 3
+        let grid = Self.tensor([height * width, channels], seed: 50)
+        let resize = RowCombination.bilinearResize(height: height, width: width, toHeight: toHeight, toWidth: toWidth)
+        let planes = channelsFirst(grid.reshaped([1, height * width, channels])).reshaped([1, channels, height, width])
+        let expected = channelsFirst(interpolate(planes, height: toHeight, width: toWidth, mode: .bilinear)
+            .reshaped([1, channels, toHeight * toWidth])).reshaped([toHeight * toWidth, channels])
+        let difference = zip(resize(grid).scalars, expected.scalars).map { abs($0 - $1) }.max() ?? 0
+        #expect(difference < 1e-6, "\(height)×\(width) → \(toHeight)×\(toWidth): off interpolate's by \(difference)")
+
+        // Gathered rows (one twice), the resized grid, a row of the table after them.
+        let table = Self.tensor([height * width + 1, channels], seed: 51)
+        let rows = [[(row: height * width, weight: Float(1))], [(row: 1, weight: 1)], [(row: 1, weight: 1)]]
+            + (0..<resize.outputRows).map { resize.terms(ofRow: $0) }
+        let combination = RowCombination(inputRows: table.shape[0], rows: rows)
+        let r = Self.tensor([combination.outputRows, channels], seed: 52)
+        Self.expectGradient(combination.backward(r), Self.numericGradient({ combination($0) }, at: table, weights: r),
+                            "\(height)×\(width) → \(toHeight)×\(toWidth)")
+    }
+
     @Test func layerNormGradients() {
         // 70 rows: more than one parallel unit of rows.
         let x = Self.tensor([70, 6], seed: 6, scale: 2), w = Self.tensor([6], seed: 7), b = Self.tensor([6], seed: 8)

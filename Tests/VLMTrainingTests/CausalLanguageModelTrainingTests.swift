@@ -78,6 +78,23 @@ import VLMTraining
         #expect(abs(mergedLoss - record.final_loss) < 1e-4, "merged checkpoint's loss \(mergedLoss) against \(record.final_loss)")
     }
 
+    /// A Mistral checkpoint with a sliding window trains on batches no longer than the window, where attention is
+    /// fully causal (its loss the inference model's, which the decoder fixtures check against transformers with the
+    /// window); a longer batch is refused in one line.
+    @Test func slidingWindowBoundsTheBatchLength() throws {
+        let directory = try ModelDirectory(url: ContrastiveTrainingFixture.fixtures.appendingPathComponent("decoders/mistral-sliding"))
+        let training = try CausalLanguageModelTraining(directory: directory)
+        let model = try LlamaForCausalLM(directory: directory)
+        let window = [[5, 17, 42, 99, 3]], labels = [[5, 17, 42, 99, 3]]
+        let loss = try training.lossAndGradients(inputIds: window, attentionMask: nil, labels: labels)
+        let expected = try model.loss(inputIds: window, labels: labels)
+        #expect(abs(loss - expected) < 1e-5, "loss \(loss) against the inference model's \(expected)")
+        let error = try #require(throws: ModelError.self) {
+            try training.lossAndGradients(inputIds: [window[0] + [7]], attentionMask: nil, labels: [labels[0] + [7]])
+        }
+        #expect("\(error)".contains("a batch of 6 tokens is longer than the language model's sliding window of 5"), "\(error)")
+    }
+
     @Test func otherFamiliesAreRefused() throws {
         let directory = ContrastiveTrainingFixture.fixtures.appendingPathComponent("clip/tiny-quickgelu-argmax")
         let error = try #require(throws: ModelError.self) { try CausalLanguageModelTraining(directory: ModelDirectory(url: directory)) }

@@ -130,30 +130,10 @@ private func keyBiasElements(_ name: String, count: Int) -> Range<Int> {
             let expectedNorm = fixture.record.gradient_norms[step]
             #expect(abs(norm - expectedNorm) < 1e-4 * max(1, expectedNorm), "\(run) step \(step): gradient norm \(norm) against \(expectedNorm)")
         }
-        // AdamW divides each element's running gradient by its own running magnitude: where the gradient is tiny, the
-        // step is a ratio of two tiny numbers carrying fp32 summation-order error of a few percent in either
-        // implementation, and may differ by a part of the learning rate each step. The key projections' biases are
-        // such elements throughout (their gradient is rounding noise, under 1e-8 here in both), and a full model has
-        // a few more by chance; those whose first gradient is under 1e-6 but not zero (an unused token's embedding) are held to steps × learning rate, the rest
-        // (over 99% of every run's elements) to 1e-4.
-        let smallGradientTolerance = fixture.settings.learningRate * Float(fixture.record.settings.steps)
-        var (elements, smallGradients) = (0, 0)
-        for parameter in training.parameters {
-            let expected = try fixture.tensors.tensor("trained.\(parameter.name)").scalars
-            let firstGradient = try fixture.tensors.tensor("gradient.\(parameter.name)").scalars
-            let keyBias = keyBiasElements(parameter.name, count: firstGradient.count)
-            #expect(keyBias.allSatisfy { abs(firstGradient[$0]) < 1e-6 }, "\(run): \(parameter.name)")
-            var worst: (difference: Float, tolerance: Float) = (0, 1e-4)
-            for (index, (value, target)) in zip(parameter.value.scalars, expected).enumerated() {
-                let small = keyBias.contains(index) || (firstGradient[index] != 0 && abs(firstGradient[index]) < 1e-6)
-                smallGradients += small ? 1 : 0
-                let tolerance = small ? smallGradientTolerance : 1e-4
-                if abs(value - target) / tolerance > worst.difference / worst.tolerance { worst = (abs(value - target), tolerance) }
-            }
-            elements += expected.count
-            #expect(worst.difference < worst.tolerance, "\(run): \(parameter.name) after training off by \(worst.difference) (tolerance \(worst.tolerance))")
+        try expectTrainedAsRecorded(name: run, parameters: training.parameters, tensors: fixture.tensors,
+                                    learningRate: fixture.settings.learningRate, steps: fixture.record.settings.steps) { name, count in
+            keyBiasElements(name, count: count)
         }
-        #expect(smallGradients * 100 < elements, "\(run): \(smallGradients) of \(elements) elements have a first gradient under 1e-6 but not zero")
         let final = try training.loss(images: images, inputIds: fixture.record.input_ids, attentionMask: fixture.record.attention_mask)
         #expect(abs(final - fixture.record.final_loss) < 1e-4, "\(run): final loss \(final) against \(fixture.record.final_loss)")
     }

@@ -29,20 +29,25 @@ import VLMTraining
         let not_decayed: [String]?
     }
 
+    /// The LLaVA fixtures, and LLaVA-NeXT's and LLaVA-OneVision's whose images are tiled and packed (OneVision's
+    /// layers fixture shrinking its tile grids bilinearly under anyres_max_4), with chat templates.
+    static let checkpoints = ["image-chat/llava-1.5", "image-chat/chatml", "llava-next/mistral-chat",
+                              "llava-onevision/qwen2-smollm2-bf16", "llava-onevision/qwen2-layers-chat"]
+
     /// Projector alignment: every step's loss and gradient norm, the first step's gradients and the parameters after
     /// the last step, against torch's autograd through the frozen language model (a Llama decoder with grouped-query
-    /// attention and projector biases; a Qwen2 decoder with q/k/v biases reading three vision layers, no projector
-    /// biases) and AdamW as Trainer steps it, on a right-padded batch of two chat-templated conversations about a
-    /// photo each.
-    @Test(arguments: ["image-chat/llava-1.5", "image-chat/chatml"])
+    /// attention and projector biases; Qwen2 decoders with q/k/v biases, one reading three vision layers without
+    /// projector biases; a Mistral one reading two of LLaVA-NeXT's tiled CLIP layers) and AdamW as Trainer steps it,
+    /// on a right-padded batch of two chat-templated conversations about a photo each.
+    @Test(arguments: checkpoints)
     func projectorAlignmentMatchesTransformers(checkpoint: String) throws {
         try trainAsRecorded(checkpoint: checkpoint, stage: .projectorAlignment, fixtures: "projector-alignment")
     }
 
-    /// Instruction tuning: the same for the projector and every language-model weight (the Llama fixture's head tied
-    /// to its token embedding, whose gradient sums both uses; the Qwen2 fixture's separate), on conversations of one
-    /// and two exchanges whose replies alone are scored.
-    @Test(arguments: ["image-chat/llava-1.5", "image-chat/chatml"])
+    /// Instruction tuning: the same for the projector, every language-model weight (the Llama fixture's head tied
+    /// to its token embedding, whose gradient sums both uses; the Qwen2 fixture's separate) and the tiling families'
+    /// `image_newline`, on conversations of one and two exchanges whose replies alone are scored.
+    @Test(arguments: checkpoints)
     func instructionTuningMatchesTransformers(checkpoint: String) throws {
         try trainAsRecorded(checkpoint: checkpoint, stage: .instructionTuning, fixtures: "instruction-tuning")
     }
@@ -61,9 +66,9 @@ import VLMTraining
         let record = try JSONDecoder().decode(Record.self, from: Data(contentsOf: ContrastiveTrainingFixture.fixtures.appendingPathComponent(
             "instruction-tuning/image-chat-llava-1.5-lora.json")))
         let reloaded = try LlavaTraining(directory: ModelDirectory(url: merged), stage: .projectorAlignment)
-        let features = try reloaded.visionFeatures(pixelValues: ImageProcessorRegistry.load(directory: merged, modelType: "llava")
-            .preprocess(record.photos.map { try ImageDecoder.decode(contentsOf: ContrastiveTrainingFixture.fixtures.appendingPathComponent($0)) }).pixelValues)
-        let loss = try reloaded.loss(visionFeatures: features, inputIds: record.input_ids, attentionMask: record.attention_mask, labels: record.labels)
+        let images = try reloaded.imageRows(ImageProcessorRegistry.load(directory: merged, modelType: "llava")
+            .preprocess(record.photos.map { try ImageDecoder.decode(contentsOf: ContrastiveTrainingFixture.fixtures.appendingPathComponent($0)) }))
+        let loss = try reloaded.loss(images: images, inputIds: record.input_ids, attentionMask: record.attention_mask, labels: record.labels)
         #expect(abs(loss - record.final_loss) < 1e-4, "merged checkpoint's loss \(loss) against \(record.final_loss)")
     }
 
@@ -89,13 +94,13 @@ import VLMTraining
 
         let processor = try ImageProcessorRegistry.load(directory: directory.url, modelType: directory.modelType)
         let pixels = try processor.preprocess(record.photos.map { try ImageDecoder.decode(contentsOf: fixtures.appendingPathComponent($0)) })
-        let features = try training.visionFeatures(pixelValues: pixels.pixelValues)
+        let images = try training.imageRows(pixels)
         try expectTrainingAsRecorded(name: name, parameters: training.parameters, settings: record.settings,
                                      losses: record.losses, gradientNorms: record.gradient_norms, tensors: tensors) {
-            try training.lossAndGradients(visionFeatures: features, inputIds: record.input_ids,
+            try training.lossAndGradients(images: images, inputIds: record.input_ids,
                                           attentionMask: record.attention_mask, labels: record.labels)
         }
-        let final = try training.loss(visionFeatures: features, inputIds: record.input_ids, attentionMask: record.attention_mask,
+        let final = try training.loss(images: images, inputIds: record.input_ids, attentionMask: record.attention_mask,
                                       labels: record.labels)
         #expect(abs(final - record.final_loss) < 1e-4, "\(name): final loss \(final) against \(record.final_loss)")
         return training
@@ -129,10 +134,40 @@ func expectTrainingAsRecorded(name: String, parameters: [Parameter], settings re
         #expect(abs(norm - gradientNorms[step]) < 1e-4 * max(1, gradientNorms[step]),
                 "\(name) step \(step): gradient norm \(norm) against \(gradientNorms[step])")
     }
+    try expectTrainedAsRecorded(name: name, parameters: parameters, tensors: tensors, learningRate: recorded.learning_rate,
+                                steps: recorded.steps)
+}
+
+/// Expects every parameter as the record has it after training (`trained.<name>` in `tensors`) within 1e-4, but for
+/// the elements whose first gradient (`gradient.<name>`) is tiny.
+///
+/// AdamW divides each element's running gradient by its own running magnitude: where the gradient is tiny, the step
+/// is a ratio of two tiny numbers carrying fp32 summation-order error of a few percent in either implementation, and
+/// may differ by a part of the learning rate each step. Such are the elements whose first gradient is under 1e-6 but
+/// not zero (a few in a whole model, by chance; an unused token's embedding row is zero, not tiny), and those
+/// `alsoTiny` names for a parameter of its count (the key projections' biases, whose gradient is rounding noise);
+/// they are held to steps × learning rate, and those that need it (off by more than 1e-4) must be under 1% of the
+/// elements (a language model has many more tiny first gradients, the head's for tokens the batch never predicts,
+/// nearly all within 1e-4).
+func expectTrainedAsRecorded(name run: String, parameters: [Parameter], tensors: SafetensorsFile, learningRate: Float,
+                             steps: Int, alsoTiny: (_ name: String, _ count: Int) -> Range<Int> = { _, _ in 0..<0 }) throws {
+    let smallGradientTolerance = learningRate * Float(steps)
+    var (elements, widened) = (0, 0)
     for parameter in parameters {
-        let expected = try tensors.tensor("trained.\(parameter.name)")
-        let difference = zip(parameter.value.scalars, expected.scalars).map { abs($0 - $1) }.max() ?? 0
-        #expect(difference < 1e-4, "\(name): \(parameter.name) after training off by \(difference)")
+        let expected = try tensors.tensor("trained.\(parameter.name)").scalars
+        let firstGradient = try tensors.tensor("gradient.\(parameter.name)").scalars
+        let noise = alsoTiny(parameter.name, firstGradient.count)
+        #expect(noise.allSatisfy { abs(firstGradient[$0]) < 1e-6 }, "\(run): \(parameter.name)")
+        var worst: (difference: Float, tolerance: Float) = (0, 1e-4)
+        for (index, (value, target)) in zip(parameter.value.scalars, expected).enumerated() {
+            let small = noise.contains(index) || (firstGradient[index] != 0 && abs(firstGradient[index]) < 1e-6)
+            widened += small && abs(value - target) >= 1e-4 ? 1 : 0
+            let tolerance = small ? max(smallGradientTolerance, 1e-4) : 1e-4
+            if abs(value - target) / tolerance > worst.difference / worst.tolerance { worst = (abs(value - target), tolerance) }
+        }
+        elements += expected.count
+        #expect(worst.difference < worst.tolerance, "\(run): \(parameter.name) after training off by \(worst.difference) (tolerance \(worst.tolerance))")
     }
+    #expect(widened * 100 < elements, "\(run): \(widened) of \(elements) elements with a first gradient under 1e-6 are off by more than 1e-4")
 }
 

@@ -146,7 +146,9 @@ import Testing
         #expect(notCLIP.stderr.split(separator: "\n").count == 1)
     }
 
-    @Test func projectorLogsTrainersLossesAndWritesACheckpointThatChats() throws {
+    /// LLaVA's projector alignment, and LLaVA-OneVision's (its tile grids shrunk under anyres_max_4).
+    @Test(arguments: ["image-chat/llava-1.5", "llava-onevision/qwen2-layers-chat"])
+    func projectorLogsTrainersLossesAndWritesACheckpointThatChats(checkpoint: String) throws {
         defer { try? FileManager.default.removeItem(at: work) }
         struct Record: Decodable {
             struct Settings: Decodable { let learning_rate, weight_decay: Float; let warmup_steps, steps: Int }
@@ -156,7 +158,7 @@ import Testing
             let captions: [String]
             let losses: [Float]
         }
-        let record = try JSONDecoder().decode(Record.self, from: Data(contentsOf: CLI.fixtures.appendingPathComponent("projector-alignment/image-chat-llava-1.5.json")))
+        let record = try JSONDecoder().decode(Record.self, from: Data(contentsOf: CLI.fixtures.appendingPathComponent("projector-alignment/\(checkpoint.replacingOccurrences(of: "/", with: "-")).json")))
         let data = work.appendingPathComponent("captions")
         try FileManager.default.createDirectory(at: data, withIntermediateDirectories: true)
         var rows: [String] = []
@@ -167,7 +169,7 @@ import Testing
         }
         try rows.joined(separator: "\n").write(to: data.appendingPathComponent("metadata.jsonl"), atomically: true, encoding: .utf8)
         let out = work.appendingPathComponent("aligned").path
-        let run = try CLI.run(["train", "projector", "--model", CLI.fixtures.appendingPathComponent("image-chat/llava-1.5").path,
+        let run = try CLI.run(["train", "projector", "--model", CLI.fixtures.appendingPathComponent(checkpoint).path,
                                "--data", data.path, "--out", out, "--instruction", record.instruction, "--batch-size", "2",
                                "--max-steps", "\(record.settings.steps)", "--learning-rate", "\(record.settings.learning_rate)",
                                "--weight-decay", "\(record.settings.weight_decay)", "--warmup-steps", "\(record.settings.warmup_steps)",
@@ -184,10 +186,12 @@ import Testing
         #expect(chat.status == 0, "\(chat.stderr)")
         let notLlava = try CLI.run(["train", "projector", "--model", model.path, "--data", data.path, "--out", work.path + "/x"])
         #expect(notLlava.status == 1)
-        #expect(notLlava.stderr.contains("model_type \"clip\" is not supported here (supported: llava)"), "\(notLlava.stderr)")
+        #expect(notLlava.stderr.contains("model_type \"clip\" is not supported here (supported: llava, llava_next, llava_onevision)"), "\(notLlava.stderr)")
     }
 
-    @Test func sftLogsTrainersLossesAndWritesACheckpointThatChats() throws {
+    /// Visual instruction tuning of LLaVA and of LLaVA-NeXT (its images tiled and packed, `image_newline` learning).
+    @Test(arguments: ["image-chat/chatml", "llava-next/mistral-chat"])
+    func sftLogsTrainersLossesAndWritesACheckpointThatChats(checkpoint name: String) throws {
         defer { try? FileManager.default.removeItem(at: work) }
         struct Record: Decodable {
             let settings: SFTSettings
@@ -196,7 +200,7 @@ import Testing
             let losses: [Float]
             let final_loss: Float
         }
-        let record = try JSONDecoder().decode(Record.self, from: Data(contentsOf: CLI.fixtures.appendingPathComponent("instruction-tuning/image-chat-chatml.json")))
+        let record = try JSONDecoder().decode(Record.self, from: Data(contentsOf: CLI.fixtures.appendingPathComponent("instruction-tuning/\(name.replacingOccurrences(of: "/", with: "-")).json")))
         let data = work.appendingPathComponent("conversations")
         try FileManager.default.createDirectory(at: data, withIntermediateDirectories: true)
         var rows: [String] = []
@@ -211,7 +215,7 @@ import Testing
         }
         try rows.joined(separator: "\n").write(to: data.appendingPathComponent("metadata.jsonl"), atomically: true, encoding: .utf8)
         let out = work.appendingPathComponent("tuned").path
-        let checkpoint = CLI.fixtures.appendingPathComponent("image-chat/chatml").path
+        let checkpoint = CLI.fixtures.appendingPathComponent(name).path
         try expectSFTAsRecorded(checkpoint: checkpoint, data: data, out: out, settings: record.settings, losses: record.losses,
                                 finalLoss: record.final_loss)
 
@@ -261,7 +265,7 @@ import Testing
         // A family sft does not train: one line naming its config.
         let clip = try CLI.run(["train", "sft", "--model", model.path, "--data", data.path, "--out", work.path + "/x"])
         #expect(clip.status == 1)
-        #expect(clip.stderr.contains("model_type \"clip\" is not supported here (supported: llava, llama, mistral, qwen2)"), "\(clip.stderr)")
+        #expect(clip.stderr.contains("model_type \"clip\" is not supported here (supported: llava, llava_next, llava_onevision, llama, mistral, qwen2)"), "\(clip.stderr)")
         #expect(clip.stderr.split(separator: "\n").count == 1)
         // A GGUF file is quantized for inference: refused by name.
         let gguf = CLI.fixtures.appendingPathComponent("llama/qwen2-tiny.gguf").path
