@@ -30,13 +30,14 @@ public enum LlavaTrainingData: Sendable {
 /// LLaVA training (``LlavaTraining``) on a dataset: each example a conversation laid out as transformers' processor
 /// lays it out (`apply_chat_template(..., tokenize=True)`: the checkpoint's chat template, each image marker expanded
 /// into the image's tokens), right-padded in batches, labelled -100 where the loss does not score it. Each image goes
-/// through the processor and the frozen vision tower once.
+/// through the processor (LLaVA-NeXT's and LLaVA-OneVision's tiling it, as the row's only image) and the frozen vision
+/// tower once.
 public final class LlavaTrainingPipeline: @unchecked Sendable {
     public let training: LlavaTraining
     /// The checkpoint's processor and chat template.
     private let chat: ImageChatPromptLayout
 
-    /// Loads a LLaVA checkpoint directory with a chat template; `lora`, for instruction tuning, trains LoRA's updates
+    /// Loads a LLaVA, LLaVA-NeXT or LLaVA-OneVision checkpoint directory with a chat template; `lora`, for instruction tuning, trains LoRA's updates
     /// of the language model instead of its weights.
     public init(directory: URL, stage: LlavaTraining.Stage, lora: LoraSettings? = nil) throws {
         let checkpoint = try ModelDirectory(url: directory)
