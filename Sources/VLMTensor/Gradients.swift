@@ -114,9 +114,20 @@ private let backwardElementsPerUnit = 1 << 14
 
 /// The gradient of ``activation(_:_:)`` with respect to its input `x`, given the gradient of its output.
 public func activationBackward(_ outputGradient: Tensor, input: Tensor, _ kind: Activation) -> Tensor {
+    activationBackward(outputGradient, input: input, kind, backend: .best)
+}
+
+func activationBackward(_ outputGradient: Tensor, input: Tensor, _ kind: Activation, backend: Backend) -> Tensor {
     precondition(input.shape == outputGradient.shape, "activation gradient \(outputGradient.shape) for input \(input.shape)")
     let inputGradient = Tensor(uninitialized: input.shape)
     let count = input.count
+    if count == 0 { return inputGradient }
+    #if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
+    if backend == .oneDNN && kind != .identity {
+        oneDNNActivationBackward(outputGradient, input: input, kind, into: inputGradient)
+        return inputGradient
+    }
+    #endif
     let units = (count + backwardElementsPerUnit - 1) / backwardElementsPerUnit
     let run: @Sendable (Int) -> Void = { unit in
         let x = input.storage.pointer, dy = outputGradient.storage.pointer, dx = inputGradient.storage.pointer

@@ -167,13 +167,16 @@ final class Primitive: @unchecked Sendable {
     private let scratchpad: (descriptor: dnnl_memory_desc_t, bytes: Int)
 
     /// Creates the primitive for an operation descriptor (a `dnnl_*_desc_t`), or nil when oneDNN has no
-    /// implementation for it.
-    init?<OperationDescriptor>(_ name: String, operation: OperationDescriptor, attributes: PrimitiveAttributes = PrimitiveAttributes()) {
+    /// implementation for it; a backward operation names the forward one it is the gradient of (`forward`).
+    init?<OperationDescriptor>(_ name: String, operation: OperationDescriptor, attributes: PrimitiveAttributes = PrimitiveAttributes(),
+                               forward: Primitive? = nil) {
         let runtime = OneDNNRuntime.shared
         var operation = operation
         var pd: dnnl_primitive_desc_t?
         let status = attributes.withHandle { attr in
-            withUnsafePointer(to: &operation) { dnnl_primitive_desc_create(&pd, UnsafeRawPointer($0), attr, runtime.engine, nil) }
+            withUnsafePointer(to: &operation) {
+                dnnl_primitive_desc_create(&pd, UnsafeRawPointer($0), attr, runtime.engine, forward?.descriptor)
+            }
         }
         if status == dnnl_unimplemented { return nil }
         checkDNNL(status, "\(name) primitive descriptor")

@@ -27,6 +27,7 @@ extension Activation {
 /// Shapes of the ops without weights; one cache serves them all.
 private enum OperationKey: Hashable {
     case eltwise(count: Int, Activation)
+    case eltwiseBackward(count: Int, Activation)
     case scale(count: Int, factor: Float)
     case add(rows: Int, columns: Int, broadcast: Bool)
     case softmax(rows: Int, columns: Int)
@@ -36,8 +37,14 @@ private enum OperationKey: Hashable {
 private let operationPrimitives = PrimitiveCache<OperationKey>(capacity: 512)
 
 private func cachedPrimitive<Operation>(_ key: OperationKey, _ name: String, operation: () -> Operation) -> Primitive {
+    cachedPrimitive(key, name) { (operation(), nil) }
+}
+
+/// A backward operation's primitive, created with the forward primitive it is the gradient of.
+private func cachedPrimitive<Operation>(_ key: OperationKey, _ name: String, operation: () -> (Operation, forward: Primitive?)) -> Primitive {
     operationPrimitives.primitive(for: key) {
-        guard let primitive = Primitive(name, operation: operation()) else {
+        let (descriptor, forward) = operation()
+        guard let primitive = Primitive(name, operation: descriptor, forward: forward) else {
             fatalError("oneDNN has no implementation of \(name) for \(key)")
         }
         return primitive
@@ -49,6 +56,27 @@ func oneDNNActivation(_ x: Tensor, _ kind: Activation, into output: Tensor) {
     let eltwise = kind.eltwise!
     oneDNNEltwise(x, into: output, key: .eltwise(count: x.count, kind), name: "\(kind) activation",
                   algorithm: eltwise.algorithm, alpha: eltwise.alpha, beta: eltwise.beta)
+}
+
+/// The gradient of `kind` at the non-empty `x`, given its output's `outputGradient`, written to `inputGradient`;
+/// `kind` is not identity. oneDNN computes the derivative from the input (`use_src_for_bwd` algorithms' rule).
+func oneDNNActivationBackward(_ outputGradient: Tensor, input x: Tensor, _ kind: Activation, into inputGradient: Tensor) {
+    let eltwise = kind.eltwise!
+    let primitive = cachedPrimitive(.eltwiseBackward(count: x.count, kind), "\(kind) activation gradient") {
+        var data = memoryDescriptor([x.count])
+        var forward = dnnl_eltwise_desc_t()
+        checkDNNL(dnnl_eltwise_forward_desc_init(&forward, dnnl_forward_training, eltwise.algorithm, &data, eltwise.alpha, eltwise.beta),
+                  "\(kind) activation descriptor [\(x.count)]")
+        guard let hint = Primitive("\(kind) activation", operation: forward) else {
+            fatalError("oneDNN has no implementation of the \(kind) activation for training")
+        }
+        var operation = dnnl_eltwise_desc_t()
+        checkDNNL(dnnl_eltwise_backward_desc_init(&operation, eltwise.algorithm, &data, &data, eltwise.alpha, eltwise.beta),
+                  "\(kind) activation gradient descriptor [\(x.count)]")
+        return (operation, hint)
+    }
+    primitive.execute([(DNNL_ARG_SRC, x.rawPointer), (DNNL_ARG_DIFF_DST, outputGradient.rawPointer),
+                       (DNNL_ARG_DIFF_SRC, inputGradient.rawPointer)])
 }
 
 func oneDNNScaled(_ x: Tensor, by factor: Float, into output: Tensor) {

@@ -38,13 +38,29 @@ import Testing
         #expect(worst < tolerance, "\(what): off by \(worst)")
     }
 
-    @Test(arguments: [Activation.identity, .gelu, .geluTanh, .quickGelu, .relu, .silu, .sigmoid, .elu])
-    func activationDerivatives(kind: Activation) {
+    @Test(arguments: [Activation.identity, .gelu, .geluTanh, .quickGelu, .relu, .silu, .sigmoid, .elu], Backend.allCases)
+    func activationDerivatives(kind: Activation, backend: Backend) {
         // Away from relu's kink at 0, where the difference quotient is meaningless.
         let x = Tensor(shape: [64], scalars: (0..<64).map { Float($0) / 8 - 3.95 })
         let r = Self.tensor([64], seed: 1)
-        let analytic = activationBackward(r, input: x, kind)
-        Self.expectGradient(analytic, Self.numericGradient({ activation($0, kind, backend: .portable) }, at: x, weights: r), "\(kind)")
+        let analytic = activationBackward(r, input: x, kind, backend: backend)
+        Self.expectGradient(analytic, Self.numericGradient({ activation($0, kind, backend: .portable) }, at: x, weights: r),
+                            "\(kind) \(backend)")
+    }
+
+    /// Every backend's derivative is the closed form's (libm's erf, exp and tanh in plain Swift) to fp32 rounding,
+    /// far into both tails and over more elements than one parallel unit.
+    @Test(arguments: [Activation.gelu, .geluTanh, .quickGelu, .relu, .silu, .sigmoid, .elu])
+    func activationDerivativeBackendsAgree(kind: Activation) {
+        let count = 40_000
+        let x = Tensor(shape: [count], scalars: (0..<count).map { Float($0 - count / 2) / 1000 + 0.0005 })
+        let r = Self.tensor([count], seed: 3)
+        let reference = activationBackward(r, input: x, kind, backend: .portable).scalars
+        for backend in Backend.allCases {
+            let gradient = activationBackward(r, input: x, kind, backend: backend).scalars
+            let worst = zip(gradient, reference).map { abs($0 - $1) / max(1, abs($1)) }.max() ?? 0
+            #expect(worst < 1e-5, "\(kind) \(backend): off the closed form by \(worst)")
+        }
     }
 
     @Test func linearGradients() {
