@@ -32,15 +32,17 @@ public final class ContrastiveTrainingPipeline: @unchecked Sendable {
     /// ``training`` (``save(to:)`` writes them).
     ///
     /// Each epoch takes the pairs in an order drawn from `settings.shuffleSeed` (a permutation of its own, not torch's),
-    /// or as given; the last batch of an epoch may be short, as Trainer's data loader leaves it.
+    /// or as given; the last batch of an epoch may be short, as Trainer's data loader leaves it. `checkpoints` writes
+    /// Trainer's checkpoints along the way and resumes from one (``TrainingCheckpoints``).
     @discardableResult
     public func train(_ dataset: ImageTextDataset, settings: TrainingSettings,
+                      checkpoints: TrainingCheckpoints? = nil,
                       log: (TrainingLogEntry) throws -> Void = { _ in }) throws -> TrainingRun {
         let encodingStart = DispatchTime.now().uptimeNanoseconds
         let images = try BatchImages(dataset, pipeline: self)
         let encodingTime = Double(DispatchTime.now().uptimeNanoseconds - encodingStart) / 1e9
         return try runTraining(examples: dataset.pairs.count, settings: settings, parameters: training.parameters,
-                               imageEncodingTime: encodingTime, log: log) { batch in
+                               imageEncodingTime: encodingTime, checkpoints: checkpoints, log: log) { batch in
             let texts = try textInputs(batch.map { dataset.pairs[$0].text }, zeroShot: false)
             return BatchLoss(try training.lossAndGradients(images: images(batch), inputIds: texts.ids, attentionMask: texts.attentionMask))
         }

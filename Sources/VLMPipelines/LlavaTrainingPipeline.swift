@@ -50,16 +50,17 @@ public final class LlavaTrainingPipeline: @unchecked Sendable {
         chat = ImageChatPromptLayout(processor: processor, chatTemplate: template)
     }
 
-    /// Trains on `data` as `settings` say (Trainer's loop, see ``ContrastiveTrainingPipeline/train(_:settings:log:)``),
+    /// Trains on `data` as `settings` say (Trainer's loop, see ``ContrastiveTrainingPipeline/train(_:settings:checkpoints:log:)``),
     /// calling `log` after each step; the trained parameters stay in ``training`` (``save(to:)`` writes them).
     @discardableResult
     public func train(_ data: LlavaTrainingData, settings: TrainingSettings,
+                      checkpoints: TrainingCheckpoints? = nil,
                       log: (TrainingLogEntry) throws -> Void = { _ in }) throws -> TrainingRun {
         let encodingStart = DispatchTime.now().uptimeNanoseconds
         let prepared = try prepare(data)
         let encodingTime = Double(DispatchTime.now().uptimeNanoseconds - encodingStart) / 1e9
         return try runTraining(examples: data.count, settings: settings, parameters: training.parameters,
-                               imageEncodingTime: encodingTime, log: log) { batch in
+                               imageEncodingTime: encodingTime, checkpoints: checkpoints, log: log) { batch in
             let inputs = prepared.batch(batch)
             return BatchLoss(try training.lossAndGradients(images: inputs.images, inputIds: inputs.ids,
                                                            attentionMask: inputs.attentionMask, labels: inputs.labels),

@@ -25,14 +25,15 @@ public final class SupervisedFineTuningPipeline: @unchecked Sendable {
         (tokenizer, self.template) = (loaded.tokenizer, template)
     }
 
-    /// Trains on `dataset` as `settings` say (Trainer's loop, see ``ContrastiveTrainingPipeline/train(_:settings:log:)``),
+    /// Trains on `dataset` as `settings` say (Trainer's loop, see ``ContrastiveTrainingPipeline/train(_:settings:checkpoints:log:)``),
     /// calling `log` after each step; the fine-tuned weights stay in ``training`` (``save(to:)`` writes them).
     @discardableResult
     public func train(_ dataset: ConversationDataset, assistantOnly: Bool = true, settings: TrainingSettings,
+                      checkpoints: TrainingCheckpoints? = nil,
                       log: (TrainingLogEntry) throws -> Void = { _ in }) throws -> TrainingRun {
         let examples = try prepare(dataset, assistantOnly: assistantOnly)
         return try runTraining(examples: examples.count, settings: settings, parameters: training.parameters,
-                               imageEncodingTime: 0, log: log) { rows in
+                               imageEncodingTime: 0, checkpoints: checkpoints, log: log) { rows in
             let batch = padded(rows.map { examples[$0] })
             return BatchLoss(try training.lossAndGradients(inputIds: batch.ids, attentionMask: batch.attentionMask, labels: batch.labels),
                              labels: batch.labels)

@@ -1,4 +1,5 @@
 import Foundation
+import VLMCheckpoint
 import VLMModels
 import VLMTensor
 import VLMTraining
@@ -31,6 +32,52 @@ public struct TrainingRun: Sendable {
     public let samplesPerSecond: Double
 
     public var stepsPerSecond: Double { Double(history.count) / runtime }
+}
+
+/// Trainer's checkpoints of a run: where and how often it writes them (`save_steps`), and the one it continues from
+/// (`resume_from_checkpoint`).
+public struct TrainingCheckpoints {
+    /// Where `checkpoint-STEP` directories go (Trainer's `output_dir`).
+    public var directory: URL
+    /// A checkpoint after every this many steps and after the last; nil: none.
+    public var saveSteps: Int?
+    /// Writes the model into a checkpoint directory (the pipeline's `save(to:)`).
+    public var saveModel: (URL) throws -> Void
+    /// A checkpoint directory a run with the same data and settings wrote, to continue from: its
+    /// `trainer_state.json` gives the steps taken and their log, its `training_state.safetensors` the learning
+    /// parameters and AdamW's moments; the frozen ones come from the model as loaded.
+    public var resumeFrom: URL?
+
+    public init(directory: URL, saveSteps: Int?, resumeFrom: URL? = nil, saveModel: @escaping (URL) throws -> Void) {
+        (self.directory, self.saveSteps, self.resumeFrom, self.saveModel) = (directory, saveSteps, resumeFrom, saveModel)
+    }
+
+    /// The file in a checkpoint that holds the learning parameters and the optimizer's moments.
+    public static let trainingStateFile = "training_state.safetensors"
+    /// Trainer's file of the steps taken and their log.
+    public static let trainerStateFile = "trainer_state.json"
+}
+
+/// `trainer_state.json` as transformers' `TrainerState` writes it, the fields a resumed run reads and checks.
+struct TrainerState: Codable {
+    struct LogLine: Codable {
+        let step: Int
+        let epoch: Double
+        let loss: Float
+        let grad_norm: Float
+        let learning_rate: Float
+    }
+    let global_step: Int
+    let epoch: Double
+    let max_steps: Int
+    let num_train_epochs: Int
+    let train_batch_size: Int
+    let save_steps: Int?
+    let log_history: [LogLine]
+
+    var history: [TrainingLogEntry] {
+        log_history.map { TrainingLogEntry(step: $0.step, epoch: $0.epoch, loss: $0.loss, gradientNorm: $0.grad_norm, learningRate: $0.learning_rate) }
+    }
 }
 
 /// A batch's loss as a training recipe computes it, with what Trainer needs to weigh it in a step of several batches.
@@ -69,9 +116,12 @@ func rightPadded(_ examples: [(ids: [Int], labels: [Int])], padding: Int) -> (id
 /// ``AdamW/step()`` and `log`, until `settings.totalSteps(examples:)` steps are taken. With gradient accumulation each
 /// step sums the gradients of up to `settings.gradientAccumulationSteps` batches of one epoch, weighed as Trainer
 /// weighs them (``BatchLoss``), and logs the step's loss: the scored tokens' mean over its batches, or the batches'
-/// mean loss.
+/// mean loss. With `checkpoints`, Trainer's checkpoints are written (the model, the training state and
+/// trainer_state.json, `checkpoint-STEP`) and one is resumed from: its steps' batches skipped in the same orders, as
+/// Trainer skips them, their log entries kept at the head of the run's.
 func runTraining(examples: Int, settings: TrainingSettings, parameters: [Parameter], imageEncodingTime: Double,
-                 log: (TrainingLogEntry) throws -> Void, lossAndGradients: ([Int]) throws -> BatchLoss) throws -> TrainingRun {
+                 checkpoints: TrainingCheckpoints?, log: (TrainingLogEntry) throws -> Void,
+                 lossAndGradients: ([Int]) throws -> BatchLoss) throws -> TrainingRun {
     guard settings.batchSize > 0, settings.gradientAccumulationSteps > 0 else {
         throw ModelError.invalidInput("the batch size and gradient accumulation steps must be positive")
     }
@@ -79,12 +129,13 @@ func runTraining(examples: Int, settings: TrainingSettings, parameters: [Paramet
     // memory kept for them.
     return try TensorStorage.reusingFreedBlocks(upTo: Int(min(ProcessInfo.processInfo.physicalMemory / 8, UInt64(Int.max)))) {
         try trainingSteps(examples: examples, settings: settings, parameters: parameters, imageEncodingTime: imageEncodingTime,
-                          log: log, lossAndGradients: lossAndGradients)
+                          checkpoints: checkpoints, log: log, lossAndGradients: lossAndGradients)
     }
 }
 
 private func trainingSteps(examples: Int, settings: TrainingSettings, parameters: [Parameter], imageEncodingTime: Double,
-                           log: (TrainingLogEntry) throws -> Void, lossAndGradients: ([Int]) throws -> BatchLoss) throws -> TrainingRun {
+                           checkpoints: TrainingCheckpoints?, log: (TrainingLogEntry) throws -> Void,
+                           lossAndGradients: ([Int]) throws -> BatchLoss) throws -> TrainingRun {
     let start = DispatchTime.now().uptimeNanoseconds
     var samples = 0
     let totalSteps = settings.totalSteps(examples: examples)
@@ -93,9 +144,12 @@ private func trainingSteps(examples: Int, settings: TrainingSettings, parameters
     let accumulator = settings.gradientAccumulationSteps > 1 ? GradientAccumulator(parameters: parameters) : nil
     var generator = settings.shuffleSeed.map { SeededGenerator(seed: $0) }
     var history: [TrainingLogEntry] = []
+    if let resumed = checkpoints?.resumeFrom {
+        history = try resume(optimizer, from: resumed, settings: settings, totalSteps: totalSteps)
+    }
     var order: [Int] = []
-    var (epochs, batchesDone) = (-1, 0)
-    while optimizer.steps < totalSteps {
+    var (epochs, batchesDone, stepsPlanned) = (-1, 0, 0)
+    while stepsPlanned < totalSteps {
         if order.isEmpty {
             order = Array(0..<examples)
             if generator != nil {
@@ -111,8 +165,11 @@ private func trainingSteps(examples: Int, settings: TrainingSettings, parameters
             batches.append(Array(order.prefix(settings.batchSize)))
             order.removeFirst(batches[batches.count - 1].count)
         }
-        samples += batches.reduce(0) { $0 + $1.count }
         batchesDone += batches.count
+        stepsPlanned += 1
+        // A resumed run's steps: their batches drawn and skipped.
+        if stepsPlanned <= optimizer.steps { continue }
+        samples += batches.reduce(0) { $0 + $1.count }
         let loss: Float
         if let accumulator {
             // Each batch's gradient is of its mean loss: times its scored tokens it is of their sum, which Trainer
@@ -135,9 +192,51 @@ private func trainingSteps(examples: Int, settings: TrainingSettings, parameters
         let entry = TrainingLogEntry(step: optimizer.steps, epoch: Double(epochs) + Double(batchesDone) / Double(batchesPerEpoch),
                                      loss: loss, gradientNorm: norm, learningRate: learningRate)
         history.append(entry)
+        if let checkpoints, let every = checkpoints.saveSteps, entry.step % every == 0 || entry.step == totalSteps {
+            try saveCheckpoint(checkpoints, optimizer: optimizer, history: history, settings: settings, totalSteps: totalSteps)
+        }
         try log(entry)
     }
     let runtime = Double(DispatchTime.now().uptimeNanoseconds - start) / 1e9
     return TrainingRun(history: history, runtime: runtime, imageEncodingTime: imageEncodingTime,
                        samplesPerSecond: Double(samples) / runtime)
+}
+
+/// Trainer's `checkpoint-STEP` after the optimizer's latest step: the model, the training state and trainer_state.json.
+private func saveCheckpoint(_ checkpoints: TrainingCheckpoints, optimizer: AdamW, history: [TrainingLogEntry],
+                            settings: TrainingSettings, totalSteps: Int) throws {
+    let directory = checkpoints.directory.appendingPathComponent("checkpoint-\(optimizer.steps)")
+    try checkpoints.saveModel(directory)
+    try optimizer.writeState(to: directory.appendingPathComponent(TrainingCheckpoints.trainingStateFile))
+    let state = TrainerState(
+        global_step: optimizer.steps, epoch: history.last?.epoch ?? 0, max_steps: totalSteps, num_train_epochs: settings.epochs,
+        train_batch_size: settings.batchSize, save_steps: checkpoints.saveSteps,
+        log_history: history.map {
+            TrainerState.LogLine(step: $0.step, epoch: $0.epoch, loss: $0.loss, grad_norm: $0.gradientNorm, learning_rate: $0.learningRate)
+        })
+    let encoder = JSONEncoder()
+    encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+    let file = directory.appendingPathComponent(TrainingCheckpoints.trainerStateFile)
+    do {
+        try encoder.encode(state).write(to: file)
+    } catch {
+        throw CheckpointError.unwritable(path: file.path, reason: error.localizedDescription)
+    }
+}
+
+/// Restores `optimizer` from a checkpoint a run with the same settings wrote, returning the log of its steps.
+private func resume(_ optimizer: AdamW, from directory: URL, settings: TrainingSettings, totalSteps: Int) throws -> [TrainingLogEntry] {
+    let file = directory.appendingPathComponent(TrainingCheckpoints.trainerStateFile)
+    guard let data = FileManager.default.contents(atPath: file.path) else { throw CheckpointError.missingFile(path: file.path) }
+    let state: TrainerState
+    do {
+        state = try JSONDecoder().decode(TrainerState.self, from: data)
+    } catch {
+        throw CheckpointError.unreadable(file: file.path, reason: "not a trainer state: \(error)")
+    }
+    guard state.train_batch_size == settings.batchSize, state.max_steps == totalSteps, (0...totalSteps).contains(state.global_step) else {
+        throw ModelError.invalidInput("\(file.path): a run of \(state.max_steps) steps of batch size \(state.train_batch_size) wrote this checkpoint; this run is \(totalSteps) steps of batch size \(settings.batchSize)")
+    }
+    try optimizer.resume(from: directory.appendingPathComponent(TrainingCheckpoints.trainingStateFile), steps: state.global_step)
+    return state.history
 }

@@ -1,4 +1,5 @@
 import Foundation
+import VLMCheckpoint
 import VLMTensor
 
 /// A tensor training changes: its Hugging Face name, its value (updated in place by the optimizer), the gradient of
@@ -124,6 +125,39 @@ public final class AdamW: @unchecked Sendable {
             parameter.gradient = nil
         }
         return norm
+    }
+
+    /// Writes what a run needs to continue after ``steps`` steps beside its model: each parameter's value under its
+    /// name and AdamW's moments under `exp_avg.<name>` and `exp_avg_sq.<name>` (torch's names for them), in one
+    /// safetensors file. The values are kept here because a checkpoint's model may not hold them as they are (a LoRA
+    /// update merged into its weight, a projector under PEFT's module name).
+    public func writeState(to url: URL) throws {
+        var tensors: [String: Tensor] = [:]
+        for (index, parameter) in parameters.enumerated() {
+            tensors[parameter.name] = parameter.value
+            tensors["exp_avg." + parameter.name] = firstMoments[index]
+            tensors["exp_avg_sq." + parameter.name] = secondMoments[index]
+        }
+        try SafetensorsFile.write(tensors, to: url)
+    }
+
+    /// Continues a run from the state ``writeState(to:)`` wrote after `steps` steps: every parameter's value and
+    /// moments read back, the schedule at that step.
+    ///
+    /// - Throws: `CheckpointError` when the file lacks a parameter's tensors or holds them in another shape.
+    public func resume(from url: URL, steps: Int) throws {
+        let file = try SafetensorsFile(url: url)
+        for (index, parameter) in parameters.enumerated() {
+            for (name, tensor) in [(parameter.name, parameter.value), ("exp_avg." + parameter.name, firstMoments[index]),
+                                   ("exp_avg_sq." + parameter.name, secondMoments[index])] {
+                let saved = try file.tensor(name)
+                guard saved.shape == tensor.shape else {
+                    throw CheckpointError.shapeMismatch(file: url.path, tensor: name, expected: tensor.shape, actual: saved.shape)
+                }
+                saved.scalars.withUnsafeBufferPointer { tensor.storage.pointer.update(from: $0.baseAddress!, count: $0.count) }
+            }
+        }
+        self.steps = steps
     }
 
     /// The L2 norm of all gradients together: the norm of the per-tensor norms, as `clip_grad_norm_` takes it.

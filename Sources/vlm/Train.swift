@@ -44,8 +44,11 @@ struct TrainingOptions: ParsableArguments {
     @Option(help: "Steps over which the learning rate rises from 0.")
     var warmupSteps = 0
 
-    @Option(help: "Also write the model every this many steps, and after the last, to --out/checkpoint-STEP (the model's files only: no optimizer state to resume from).")
+    @Option(help: "Also write a checkpoint every this many steps, and after the last, to --out/checkpoint-STEP: the model, the learning parameters with AdamW's moments (training_state.safetensors) and trainer_state.json.")
     var saveSteps: Int?
+
+    @Option(help: "Continue the run that wrote this checkpoint-STEP directory (--save-steps), with the same data and settings: its steps are skipped, its parameters and optimizer state taken up.")
+    var resumeFromCheckpoint: String?
 
     @Option(help: "Clip the gradients' global norm to this (0: no clipping).")
     var maxGradNorm: Float = 1
@@ -94,16 +97,15 @@ struct TrainingOptions: ParsableArguments {
         return (try read(URL(fileURLWithPath: data)), try evalData.map { try read(URL(fileURLWithPath: $0)) })
     }
 
-    /// Runs `train` over `examples` examples with a line per step (unless --json), saves with `save`, reports
-    /// `evaluate`'s loss when there is an evaluation dataset, then prints the run.
-    func run(examples: Int, _ train: ((TrainingLogEntry) throws -> Void) throws -> TrainingRun, save: @escaping (URL) throws -> Void,
-             evaluate: (() throws -> Float)?) throws {
+    /// Runs `train` over `examples` examples with a line per step (unless --json) and the checkpoints --save-steps
+    /// and --resume-from-checkpoint ask for, saves with `save`, reports `evaluate`'s loss when there is an evaluation
+    /// dataset, then prints the run.
+    func run(examples: Int, _ train: (TrainingCheckpoints, (TrainingLogEntry) throws -> Void) throws -> TrainingRun,
+             save: @escaping (URL) throws -> Void, evaluate: (() throws -> Float)?) throws {
         let totalSteps = settings.totalSteps(examples: examples)
-        let run = try train { entry in
-            // Trainer's save_steps: every multiple, and the last step.
-            if let saveSteps, entry.step % saveSteps == 0 || entry.step == totalSteps {
-                try save(URL(fileURLWithPath: out).appendingPathComponent("checkpoint-\(entry.step)"))
-            }
+        let checkpoints = TrainingCheckpoints(directory: URL(fileURLWithPath: out), saveSteps: saveSteps,
+                                              resumeFrom: resumeFromCheckpoint.map { URL(fileURLWithPath: $0) }, saveModel: save)
+        let run = try train(checkpoints) { entry in
             guard !json else { return }
             print("step \(entry.step)/\(totalSteps)  epoch \(String(format: "%.2f", entry.epoch))  loss \(formatted(entry.loss))  grad_norm \(formatted(entry.gradientNorm))  learning_rate \(String(format: "%.3g", Double(entry.learningRate)))")
         }
@@ -183,7 +185,7 @@ extension TrainingOptions {
         let datasets = try datasets { try ImageTextDataset(directory: $0, textColumn: textColumn) }
         let pipeline = try ContrastiveTrainingPipeline(directory: try await model.trainableCheckpoint(), frozen: frozen)
         try run(examples: datasets.training.pairs.count,
-                { try pipeline.train(datasets.training, settings: settings, log: $0) }, save: pipeline.save,
+                { try pipeline.train(datasets.training, settings: settings, checkpoints: $0, log: $1) }, save: pipeline.save,
                 evaluate: datasets.evaluation.map { evaluation in { try pipeline.loss(on: evaluation, batchSize: batchSize) } })
     }
 }
@@ -239,7 +241,7 @@ struct ProjectorAlignmentCommand: AsyncParsableCommand {
         let datasets = try training.datasets { try ImageTextDataset(directory: $0, textColumn: textColumn) }
         let pipeline = try LlavaTrainingPipeline(directory: try await options.trainableCheckpoint(), stage: .projectorAlignment)
         try training.run(examples: datasets.training.pairs.count,
-                         { try pipeline.train(.captions(datasets.training, instruction: instruction), settings: training.settings, log: $0) },
+                         { try pipeline.train(.captions(datasets.training, instruction: instruction), settings: training.settings, checkpoints: $0, log: $1) },
                          save: { try pipeline.save(to: $0) },
                          evaluate: datasets.evaluation.map { evaluation in
                              { try pipeline.loss(on: .captions(evaluation, instruction: instruction), batchSize: training.batchSize) }
@@ -314,7 +316,7 @@ struct InstructionTuningCommand: AsyncParsableCommand {
             let datasets = try training.datasets { try ImageConversationDataset(directory: $0, messagesColumn: messagesColumn) }
             let pipeline = try LlavaTrainingPipeline(directory: directory, stage: .instructionTuning, lora: lora)
             try training.run(examples: datasets.training.conversations.count,
-                             { try pipeline.train(.conversations(datasets.training, assistantOnly: !allTokens), settings: training.settings, log: $0) },
+                             { try pipeline.train(.conversations(datasets.training, assistantOnly: !allTokens), settings: training.settings, checkpoints: $0, log: $1) },
                              save: { try pipeline.save(to: $0, mergingLora: mergeLora) },
                              evaluate: datasets.evaluation.map { evaluation in
                                  { try pipeline.loss(on: .conversations(evaluation, assistantOnly: !allTokens), batchSize: training.batchSize) }
@@ -323,7 +325,7 @@ struct InstructionTuningCommand: AsyncParsableCommand {
             let datasets = try training.datasets { try ConversationDataset(file: $0, messagesColumn: messagesColumn) }
             let pipeline = try SupervisedFineTuningPipeline(directory: directory, lora: lora)
             try training.run(examples: datasets.training.conversations.count,
-                             { try pipeline.train(datasets.training, assistantOnly: !allTokens, settings: training.settings, log: $0) },
+                             { try pipeline.train(datasets.training, assistantOnly: !allTokens, settings: training.settings, checkpoints: $0, log: $1) },
                              save: { try pipeline.save(to: $0, mergingLora: mergeLora) },
                              evaluate: datasets.evaluation.map { evaluation in
                                  { try pipeline.loss(on: evaluation, assistantOnly: !allTokens, batchSize: training.batchSize) }

@@ -102,7 +102,8 @@ import Testing
     }
 
     /// --save-steps writes the model as it stands after every second step and the last, as Trainer's save_steps
-    /// does: the checkpoint after step 4, trained on, gives the loss the oracle logged at step 5.
+    /// does: the checkpoint after step 4, trained on, gives the loss the oracle logged at step 5; a run resumed from
+    /// the one after step 2 finishes as the first did.
     @Test func saveStepsWritesCheckpointsAlongTheWay() throws {
         defer { try? FileManager.default.removeItem(at: work) }
         let record = try JSONDecoder().decode(Record.self, from: Data(contentsOf: CLI.fixtures.appendingPathComponent("lit/clip-tiny-quickgelu-argmax.json")))
@@ -125,6 +126,24 @@ import Testing
         #expect(resumed.status == 0, "\(resumed.stderr)")
         let loss = try #require(((try CLI.json(resumed) as? [String: Any])?["log_history"] as? [[String: Any]])?.first?["loss"] as? Double)
         #expect(abs(loss - Double(record.losses[4])) < 1e-4, "checkpoint-4's loss \(loss) against the oracle's step 5 \(record.losses[4])")
+
+        // --resume-from-checkpoint continues the run from checkpoint-2: the oracle's five losses in its log (the first
+        // two from trainer_state.json), and the model the uninterrupted run wrote, byte for byte.
+        let state = try #require(try JSONSerialization.jsonObject(with: Data(contentsOf: out.appendingPathComponent("checkpoint-2/trainer_state.json"))) as? [String: Any])
+        #expect(state["global_step"] as? Int == 2 && (state["log_history"] as? [Any])?.count == 2, "\(state)")
+        let continued = work.appendingPathComponent("continued")
+        let resumedRun = try CLI.run(arguments(model: model.path, out: continued, steps: record.settings.steps, learningRate: record.settings.learning_rate,
+                                               warmup: record.settings.warmup_steps) + ["--resume-from-checkpoint", out.appendingPathComponent("checkpoint-2").path])
+        #expect(resumedRun.status == 0, "\(resumedRun.stderr)")
+        let losses = try #require(((try CLI.json(resumedRun) as? [String: Any])?["log_history"] as? [[String: Any]])?.compactMap { $0["loss"] as? Double })
+        #expect(losses.count == record.losses.count)
+        for (loss, expected) in zip(losses, record.losses) { #expect(abs(loss - Double(expected)) < 1e-4, "\(losses)") }
+        #expect(FileManager.default.contents(atPath: continued.appendingPathComponent("model.safetensors").path)
+                == FileManager.default.contents(atPath: out.appendingPathComponent("model.safetensors").path))
+        let missing = try CLI.run(arguments(model: model.path, out: continued, steps: 5, learningRate: 0, warmup: 0)
+                                  + ["--force", "--resume-from-checkpoint", work.path])
+        #expect(missing.status == 1 && missing.stderr.split(separator: "\n").count == 1, "\(missing.stderr)")
+        #expect(missing.stderr.contains(work.appendingPathComponent("trainer_state.json").path), "\(missing.stderr)")
     }
 
     @Test func badInputIsOneLine() throws {
