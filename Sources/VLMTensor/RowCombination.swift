@@ -64,16 +64,8 @@ public struct RowCombination: Sendable, Equatable {
     /// The output rows of `table [inputRows, D]`: `[outputRows, D]`. A row with one source of weight 1 is a copy.
     public func callAsFunction(_ table: Tensor) -> Tensor {
         precondition(table.rank == 2 && table.shape[0] == inputRows, "a row combination of \(inputRows) rows applied to \(table.shape)")
-        let width = table.shape[1]
-        let output = Tensor(zeros: [outputRows, width])
-        let input = table.storage.pointer, destination = output.storage.pointer
-        for row in 0..<outputRows {
-            let out = destination + row * width
-            for term in offsets[row]..<offsets[row + 1] {
-                let source = input + sources[term] * width, weight = weights[term]
-                for i in 0..<width { out[i] += weight * source[i] }
-            }
-        }
+        let output = Tensor(zeros: [outputRows, table.shape[1]])
+        accumulate(table, into: output, transposed: false)
         return output
     }
 
@@ -81,17 +73,23 @@ public struct RowCombination: Sendable, Equatable {
     /// handed back to its sources by their weights (the transpose).
     public func backward(_ outputGradient: Tensor) -> Tensor {
         precondition(outputGradient.rank == 2 && outputGradient.shape[0] == outputRows, "a row combination's backward of \(outputRows) rows given \(outputGradient.shape)")
-        let width = outputGradient.shape[1]
-        let input = Tensor(zeros: [inputRows, width])
-        let gradient = outputGradient.storage.pointer, destination = input.storage.pointer
+        let input = Tensor(zeros: [inputRows, outputGradient.shape[1]])
+        accumulate(outputGradient, into: input, transposed: true)
+        return input
+    }
+
+    /// Adds each term's weighted row of `source` to its row of `destination`: a table row to its output row, or
+    /// (`transposed`) an output row to its table row.
+    private func accumulate(_ source: Tensor, into destination: Tensor, transposed: Bool) {
+        let width = source.shape[1]
         for row in 0..<outputRows {
-            let source = gradient + row * width
             for term in offsets[row]..<offsets[row + 1] {
-                let out = destination + sources[term] * width, weight = weights[term]
-                for i in 0..<width { out[i] += weight * source[i] }
+                let (read, write) = transposed ? (row, sources[term]) : (sources[term], row)
+                let input = source.storage.pointer + read * width, output = destination.storage.pointer + write * width
+                let weight = weights[term]
+                for i in 0..<width { output[i] += weight * input[i] }
             }
         }
-        return input
     }
 
     /// `parts`' output rows one after the other, each part reading table rows through `placement` (its own row →
