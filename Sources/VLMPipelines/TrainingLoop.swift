@@ -7,8 +7,8 @@ import VLMTraining
 // transformers' Trainer's loop, which every training pipeline runs: epochs over the examples in seeded orders,
 // batches, a loss and its gradients per batch, an optimizer step, a log line.
 
-/// One optimizer step of a training run, as transformers' Trainer logs it.
-public struct TrainingLogEntry: Sendable, Equatable {
+/// One optimizer step of a training run, as transformers' Trainer logs it (and names its fields in JSON).
+public struct TrainingLogEntry: Sendable, Equatable, Codable {
     /// 1 for the first step.
     public let step: Int
     /// Epochs done at the end of the step: `step / steps per epoch`.
@@ -19,6 +19,10 @@ public struct TrainingLogEntry: Sendable, Equatable {
     public let gradientNorm: Float
     /// The learning rate the step applied.
     public let learningRate: Float
+
+    enum CodingKeys: String, CodingKey {
+        case step, epoch, loss, gradientNorm = "grad_norm", learningRate = "learning_rate"
+    }
 }
 
 /// What a training run did: each step's log, and how long it took (Trainer's closing `train_runtime` and rates).
@@ -60,24 +64,13 @@ public struct TrainingCheckpoints {
 
 /// `trainer_state.json` as transformers' `TrainerState` writes it, the fields a resumed run reads and checks.
 struct TrainerState: Codable {
-    struct LogLine: Codable {
-        let step: Int
-        let epoch: Double
-        let loss: Float
-        let grad_norm: Float
-        let learning_rate: Float
-    }
     let global_step: Int
     let epoch: Double
     let max_steps: Int
     let num_train_epochs: Int
     let train_batch_size: Int
     let save_steps: Int?
-    let log_history: [LogLine]
-
-    var history: [TrainingLogEntry] {
-        log_history.map { TrainingLogEntry(step: $0.step, epoch: $0.epoch, loss: $0.loss, gradientNorm: $0.grad_norm, learningRate: $0.learning_rate) }
-    }
+    let log_history: [TrainingLogEntry]
 }
 
 /// A batch's loss as a training recipe computes it, with what Trainer needs to weigh it in a step of several batches.
@@ -210,10 +203,7 @@ private func saveCheckpoint(_ checkpoints: TrainingCheckpoints, optimizer: AdamW
     try optimizer.writeState(to: directory.appendingPathComponent(TrainingCheckpoints.trainingStateFile))
     let state = TrainerState(
         global_step: optimizer.steps, epoch: history.last?.epoch ?? 0, max_steps: totalSteps, num_train_epochs: settings.epochs,
-        train_batch_size: settings.batchSize, save_steps: checkpoints.saveSteps,
-        log_history: history.map {
-            TrainerState.LogLine(step: $0.step, epoch: $0.epoch, loss: $0.loss, grad_norm: $0.gradientNorm, learning_rate: $0.learningRate)
-        })
+        train_batch_size: settings.batchSize, save_steps: checkpoints.saveSteps, log_history: history)
     let encoder = JSONEncoder()
     encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
     let file = directory.appendingPathComponent(TrainingCheckpoints.trainerStateFile)
@@ -238,5 +228,5 @@ private func resume(_ optimizer: AdamW, from directory: URL, settings: TrainingS
         throw ModelError.invalidInput("\(file.path): a run of \(state.max_steps) steps of batch size \(state.train_batch_size) wrote this checkpoint; this run is \(totalSteps) steps of batch size \(settings.batchSize)")
     }
     try optimizer.resume(from: directory.appendingPathComponent(TrainingCheckpoints.trainingStateFile), steps: state.global_step)
-    return state.history
+    return state.log_history
 }

@@ -113,9 +113,7 @@ struct TrainingOptions: ParsableArguments {
         let evaluationLoss = try evaluate?()
         if json {
             try printJSON(Summary(
-                log_history: run.history.map {
-                    LogLine(step: $0.step, epoch: $0.epoch, loss: $0.loss, grad_norm: $0.gradientNorm, learning_rate: $0.learningRate)
-                },
+                log_history: run.history,
                 train_runtime: run.runtime, train_samples_per_second: run.samplesPerSecond,
                 train_steps_per_second: run.stepsPerSecond, image_encoding_runtime: run.imageEncodingTime,
                 eval_loss: evaluationLoss))
@@ -129,20 +127,12 @@ struct TrainingOptions: ParsableArguments {
 
     /// Trainer's `log_history` and closing metrics.
     private struct Summary: Encodable {
-        let log_history: [LogLine]
+        let log_history: [TrainingLogEntry]
         let train_runtime: Double
         let train_samples_per_second: Double
         let train_steps_per_second: Double
         let image_encoding_runtime: Double
         let eval_loss: Float?
-    }
-
-    private struct LogLine: Encodable {
-        let step: Int
-        let epoch: Double
-        let loss: Float
-        let grad_norm: Float
-        let learning_rate: Float
     }
 }
 
