@@ -205,25 +205,31 @@ extension CausalLanguageModel {
     }
 }
 
-/// transformers' causal language-model loss on `logits` `[B, T, vocabulary]` (the mean cross-entropy of each position
-/// against the next position's label, over the labels that count) and its gradient with respect to them: at each
-/// position whose next label counts, `(softmax − one-hot) / N` over the N labels that count, zero elsewhere.
+/// The positions transformers' causal language-model loss scores in `labels` `[B][T]`, in order (flat indices
+/// `b · T + t` into the rows of logits `[B, T, vocabulary]`), and each one's target: position t is scored against
+/// label t + 1 where that is not -100; a row's last position never is. Only these rows' logits matter to the loss
+/// and its gradient, so training computes no others.
 ///
-/// - Throws: `ModelError.invalidInput` for labels of another shape than the logits' rows, outside the vocabulary,
-///   or none that counts.
-public func causalLanguageModelLossGradient(logits: Tensor, labels: [[Int]]) throws -> (loss: Float, gradient: Tensor) {
-    let vocabulary = logits.shape.last ?? 0
+/// - Throws: `ModelError.invalidInput` for rows of different lengths, labels outside the vocabulary, or none that
+///   counts.
+public func causalLanguageModelTargets(labels: [[Int]], vocabulary: Int) throws -> (positions: [Int], targets: [Int]) {
     let length = labels.first?.count ?? 0
-    guard logits.rank == 3, logits.shape[0] == labels.count, logits.shape[1] == length else {
-        throw ModelError.invalidInput("labels must have the shape of the input ids")
+    try checkLabels(labels, shapedLike: labels.map { _ in Array(repeating: 0, count: length) }, vocabulary: vocabulary)
+    var (positions, targets) = ([Int](), [Int]())
+    for (row, rowLabels) in labels.enumerated() {
+        for t in 0..<max(length - 1, 0) where rowLabels[t + 1] != ignoredLabel {
+            positions.append(row * length + t)
+            targets.append(rowLabels[t + 1])
+        }
     }
-    try checkLabels(labels, shapedLike: labels, vocabulary: vocabulary)
-    // Position t's target is label t + 1; a row's last position has none.
-    let targets: [Int?] = labels.flatMap { row in
-        row.indices.map { $0 + 1 < row.count && row[$0 + 1] != ignoredLabel ? row[$0 + 1] : nil }
-    }
-    let counted = targets.compactMap { $0 }.count
-    guard counted > 0 else { throw ModelError.invalidInput("no label counts: every one is \(ignoredLabel) or a row's first") }
-    let (losses, gradient) = crossEntropyBackward(logits: logits, targets: targets, scale: 1 / Float(counted))
-    return (Float(losses.compactMap { $0 }.reduce(0, +) / Double(counted)), gradient)
+    guard !positions.isEmpty else { throw ModelError.invalidInput("no label counts: every one is \(ignoredLabel) or a row's first") }
+    return (positions, targets)
+}
+
+/// transformers' causal language-model loss from the logits of the positions it scores, `[N, vocabulary]` for the N
+/// targets of ``causalLanguageModelTargets(labels:vocabulary:)`` (the mean cross-entropy of each against its
+/// target), and its gradient with respect to them: `(softmax − one-hot) / N`.
+public func causalLanguageModelLossGradient(scoredLogits logits: Tensor, targets: [Int]) -> (loss: Float, gradient: Tensor) {
+    let (losses, gradient) = crossEntropyBackward(logits: logits, targets: targets, scale: 1 / Float(targets.count))
+    return (Float(losses.compactMap { $0 }.reduce(0, +) / Double(targets.count)), gradient)
 }

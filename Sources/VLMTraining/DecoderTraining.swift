@@ -145,10 +145,15 @@ struct DecoderTraining {
     /// transformers' causal LM loss on `labels` (-100 where nothing is scored, shifted by one) for `embeddings`
     /// `[B, T, hidden]`; with `backward`, also the embeddings' gradient, every weight's gradient set when
     /// `weightGradients`.
+    ///
+    /// The head runs on the scored positions alone: the others' logits take no part in the loss, and their gradient
+    /// is zero (transformers computes every position's; with a prompt or an image left unscored, that is most of
+    /// them, and the head over a large vocabulary is a large part of a step).
     func loss(_ embeddings: Tensor, attentionMask: [[Int]]?, labels: [[Int]], backward: Bool,
               weightGradients: Bool) throws -> (loss: Float, embeddingsGradient: Tensor?) {
-        let pass = forward(embeddings, attentionMask: attentionMask)
-        let (loss, logitsGradient) = try causalLanguageModelLossGradient(logits: pass.logits, labels: labels)
+        let scored = try causalLanguageModelTargets(labels: labels, vocabulary: config.vocabSize)
+        let pass = forward(embeddings, attentionMask: attentionMask, scoredPositions: scored.positions)
+        let (loss, logitsGradient) = causalLanguageModelLossGradient(scoredLogits: pass.logits, targets: scored.targets)
         guard backward else { return (loss, nil) }
         return (loss, self.backward(logitsGradient, through: pass, weightGradients: weightGradients))
     }
@@ -182,12 +187,15 @@ struct DecoderTraining {
     struct Pass {
         let layers: [LayerActivations]
         let last: Tensor
-        let normed: Tensor
+        /// The final norm's output at the scored positions, `[N, hidden]`, and those positions (flat `b · T + t`).
+        let scoredNormed: Tensor
+        let scoredPositions: [Int]
+        /// The head's logits there, `[N, vocabulary]`.
         let logits: Tensor
         let rotary: (cos: Tensor, sin: Tensor)
     }
 
-    private func forward(_ embeddings: Tensor, attentionMask: [[Int]]?) -> Pass {
+    private func forward(_ embeddings: Tensor, attentionMask: [[Int]]?, scoredPositions: [Int]) -> Pass {
         let (batch, length) = (embeddings.shape[0], embeddings.shape[1])
         let rotary = config.rotaryTables(positions: Array(0..<length), inverseFrequencies: inverseFrequencies)
         let (heads, keyHeads) = (config.numAttentionHeads, config.numKeyValueHeads)
@@ -216,8 +224,9 @@ struct DecoderTraining {
             hidden = add(afterAttention, apply(layer.down, multiply(activated, up)))
         }
         let normed = rmsNorm(hidden, weight: norm.value, eps: config.rmsNormEps)
-        return Pass(layers: activations, last: hidden, normed: normed, logits: linear(normed, weight: head.value, bias: nil),
-                    rotary: (cos, sin))
+        let scoredNormed = embedding(normed.reshaped([-1, config.hiddenSize]), ids: scoredPositions)
+        return Pass(layers: activations, last: hidden, scoredNormed: scoredNormed, scoredPositions: scoredPositions,
+                    logits: linear(scoredNormed, weight: head.value, bias: nil), rotary: (cos, sin))
     }
 
     /// The gradient of the loss with respect to the input embeddings, from the gradient of the logits; with
@@ -255,7 +264,10 @@ struct DecoderTraining {
             return rmsNormBackward(outputGradient, input: input, weight: weight.value, eps: eps)
         }
 
-        let normedGradient = backward(logitsGradient, Projection(weight: head, bias: nil), input: pass.normed)
+        // The scored positions' gradient back through the head, zero at every other position.
+        let scoredGradient = backward(logitsGradient, Projection(weight: head, bias: nil), input: pass.scoredNormed)
+        let normedGradient = VLMTensor.embeddingBackward(scoredGradient, ids: pass.scoredPositions, rows: pass.last.count / config.hiddenSize)
+            .reshaped(pass.last.shape)
         var hiddenGradient = normBackward(normedGradient, norm, input: pass.last)
         for (layer, saved) in zip(layers, pass.layers).reversed() {
             // The MLP: down(act(gate) · up).
