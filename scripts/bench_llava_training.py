@@ -1,7 +1,7 @@
 """LLaVA training speed: a training step of either stage on a LLaVA-1.5 checkpoint with a Qwen2-0.5B-shaped language
 model, in SwiftVLM (`vlm train projector` or `vlm train sft`) and in transformers/PyTorch, in one run.
 
-    python scripts/make_image_chat_checkpoints.py   # once: models/llava-1.5-qwen2-0.5b-random/checkpoint (ViT-L/14-336)
+    python scripts/make_llava_gguf_pair.py --checkpoint-only   # once: models/llava-1.5-qwen2-0.5b-random/checkpoint (ViT-L/14-336)
     swift build -c release
     python scripts/bench_llava_training.py [--stage projector|sft|lora] [--pairs 4] [--batch-size 1] [--steps 2] [--rounds 3]
 

@@ -3,6 +3,7 @@ make of it, for benchmarking SwiftVLM against llama-mtmd-cli on the same files (
 --llama-cpp).
 
     LLAMA_CPP_PYTHON=/path/to/venv/bin/python python scripts/make_llava_gguf_pair.py
+    python scripts/make_llava_gguf_pair.py --checkpoint-only    # the checkpoint alone (scripts/bench_llava_training.py)
 
 Run with a python that has transformers 5.23 and torch (the oracle venv, oracle/requirements.txt); LLAMA_CPP_PYTHON is
 a venv with what llama.cpp pins for its legacy LLaVA scripts (tools/mtmd/requirements.txt: transformers==4.57.6,
@@ -133,6 +134,14 @@ def mmproj(tree, checkpoint_directory, work, out):
 
 
 def main():
+    if sys.argv[1:] == ["--checkpoint-only"]:
+        ckpt = os.path.join(OUT, "checkpoint")
+        if os.path.exists(os.path.join(ckpt, "model.safetensors")):
+            print(f"{ckpt}: already written")
+        else:
+            shutil.rmtree(ckpt, ignore_errors=True)
+            checkpoint(ckpt)
+        return
     lm_file, mmproj_file = os.path.join(OUT, "lm-q4_k_m.gguf"), os.path.join(OUT, "mmproj-f16.gguf")
     if os.path.exists(lm_file) and os.path.exists(mmproj_file):
         print(f"{OUT}: already written")
