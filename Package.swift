@@ -40,13 +40,14 @@ let package = Package(
         // The Jinja chat-template interpreter and the strict JSON reader it shares with the tokenizers.
         .target(name: "VLMTemplates"),
         .target(name: "VLMTokenizers", dependencies: ["VLMTemplates"]),
+        .target(name: "VLMGrammar", dependencies: ["VLMTemplates", "VLMModels"]),
         .target(name: "VLMImages", dependencies: ["VLMTensor", "CTurboJPEG", "CSPNG", "CWebP", "CZlib", "CTIFF", "CLCMS2", "CJPEGProbe"]),
         .target(name: "VLMModels", dependencies: ["VLMTensor", "VLMCheckpoint", "VLMImages"]),
         // Gradients, optimizers and the training recipes (LiT) over the models' parameters.
         .target(name: "VLMTraining", dependencies: ["VLMTensor", "VLMCheckpoint", "VLMTemplates", "VLMModels"]),
-        .target(name: "VLMPipelines", dependencies: ["VLMTensor", "VLMCheckpoint", "VLMTemplates", "VLMTokenizers", "VLMImages", "VLMModels", "VLMTraining"]),
+        .target(name: "VLMPipelines", dependencies: ["VLMTensor", "VLMCheckpoint", "VLMTemplates", "VLMTokenizers", "VLMImages", "VLMModels", "VLMTraining", "VLMGrammar"]),
         .target(name: "VLMHub"),
-        .target(name: "SwiftVLM", dependencies: ["VLMTensor", "VLMCheckpoint", "VLMTemplates", "VLMTokenizers", "VLMImages", "VLMModels", "VLMPipelines", "VLMTraining", "VLMHub"]),
+        .target(name: "SwiftVLM", dependencies: ["VLMTensor", "VLMCheckpoint", "VLMTemplates", "VLMTokenizers", "VLMImages", "VLMModels", "VLMPipelines", "VLMTraining", "VLMGrammar", "VLMHub"]),
         // The OpenAI-compatible HTTP server (`vlm serve`).
         .target(name: "VLMServer", dependencies: [
             "SwiftVLM",
@@ -66,9 +67,10 @@ let package = Package(
         .testTarget(name: "VLMCheckpointTests", dependencies: ["VLMCheckpoint"]),
         .testTarget(name: "VLMTemplatesTests", dependencies: ["VLMTemplates"]),
         .testTarget(name: "VLMTokenizersTests", dependencies: ["VLMTokenizers"]),
+        .testTarget(name: "VLMGrammarTests", dependencies: ["VLMGrammar", "VLMTemplates"]),
         .testTarget(name: "VLMImagesTests", dependencies: ["VLMImages"]),
         .testTarget(name: "VLMModelsTests", dependencies: ["VLMModels", "VLMCheckpoint", "VLMTensor", "VLMImages"]),
-        .testTarget(name: "VLMPipelinesTests", dependencies: ["VLMPipelines", "VLMCheckpoint", "VLMTemplates", "VLMImages", "VLMTensor"]),
+        .testTarget(name: "VLMPipelinesTests", dependencies: ["VLMPipelines", "VLMCheckpoint", "VLMTemplates", "VLMImages", "VLMTensor", "VLMGrammar"]),
         .testTarget(name: "VLMTrainingTests", dependencies: ["VLMTraining", "VLMModels", "VLMCheckpoint", "VLMImages", "VLMTensor"]),
         .testTarget(name: "VLMHubTests", dependencies: ["VLMHub", "VLMCheckpoint"]),
         .testTarget(name: "vlmTests", dependencies: ["vlm", "VLMCheckpoint"]),

@@ -7,4 +7,5 @@
 @_exported import VLMModels
 @_exported import VLMPipelines
 @_exported import VLMTraining
+@_exported import VLMGrammar
 @_exported import VLMHub
