@@ -18,10 +18,12 @@ public struct BatchRequest: Sendable {
     public var topLogprobs: Int?
     /// Generation stops, reason ``BatchFinishReason/timeout``, once this time has passed.
     public var deadline: ContinuousClock.Instant?
+    /// What the tokens must follow (a grammar); the sequence stops when it allows no token.
+    public var constraint: (any GenerationConstraint)?
 
     public init(promptIds: [Int], inputsEmbeds: Tensor? = nil, prefixKey: [Int]? = nil, config: GenerationConfig,
                 stoppingCriteria: [any StoppingCriterion] = [], seed: UInt64 = 0, topLogprobs: Int? = nil,
-                deadline: ContinuousClock.Instant? = nil) {
+                deadline: ContinuousClock.Instant? = nil, constraint: (any GenerationConstraint)? = nil) {
         self.promptIds = promptIds
         self.inputsEmbeds = inputsEmbeds
         self.prefixKey = prefixKey
@@ -30,6 +32,7 @@ public struct BatchRequest: Sendable {
         self.seed = seed
         self.topLogprobs = topLogprobs
         self.deadline = deadline
+        self.constraint = constraint
     }
 }
 
@@ -358,6 +361,7 @@ private final class TokenTally: @unchecked Sendable {
 private final class Row {
     let submission: Submission
     private let processors: [any LogitsProcessor]
+    private let constraint: (any TokenConstraint)?
     private var generator: SeededGenerator
     private var history: TokenHistory
     private let eos: Set<Int>
@@ -376,6 +380,7 @@ private final class Row {
         self.submission = submission
         let config = submission.request.config
         processors = config.logitsProcessors
+        constraint = submission.request.constraint?.start()
         generator = SeededGenerator(seed: submission.request.seed)
         history = TokenHistory(tokens: submission.request.promptIds, promptLength: submission.request.promptIds.count)
         eos = Set(config.eosTokenIds)
@@ -392,8 +397,11 @@ private final class Row {
         }
         var scores = Array(logits)
         let raw = request.topLogprobs != nil ? logSoftmax(scores) : []
-        for processor in processors { processor.process(&scores, history: history) }
-        let token = request.config.doSample ? generator.sample(scores: scores) : argmax(scores)
+        guard let token = chooseToken(&scores, processors: processors, constraint: constraint, history: history,
+                                      sampling: request.config.doSample, generator: &generator) else {
+            finish(.stop)
+            return
+        }
         history.tokens.append(token)
         generated += 1
         submission.tally.add()

@@ -102,11 +102,14 @@ extension CausalLanguageModel {
     ///   - seed: seeds the ``SeededGenerator`` that sampling draws from.
     ///   - onStep: called after each step of greedy decoding or sampling with every row's new token (nil for rows
     ///     already finished); throwing from it ends generation with that error. Beam search does not call it.
+    ///   - constraint: what each row's tokens must follow (a grammar); a row stops where it allows no token. Not
+    ///     with beam search.
     public func generate(inputIds: [[Int]], attentionMask: [[Int]]? = nil, config: GenerationConfig,
                          stoppingCriteria: [any StoppingCriterion] = [], seed: UInt64 = 0,
+                         constraint: (any GenerationConstraint)? = nil,
                          onStep: ((_ tokens: [Int?]) throws -> Void)? = nil) throws -> GenerationOutput {
         try generate(inputsEmbeds: embed(inputIds), promptIds: inputIds, attentionMask: attentionMask, config: config,
-                     stoppingCriteria: stoppingCriteria, seed: seed, onStep: onStep)
+                     stoppingCriteria: stoppingCriteria, seed: seed, constraint: constraint, onStep: onStep)
     }
 
     /// ``generate(inputIds:attentionMask:config:stoppingCriteria:seed:onStep:)`` from input embeddings
@@ -116,6 +119,7 @@ extension CausalLanguageModel {
     ///   strings see as transformers does; nil means they see only new tokens.
     public func generate(inputsEmbeds: Tensor, promptIds: [[Int]]? = nil, attentionMask: [[Int]]? = nil,
                          config: GenerationConfig, stoppingCriteria: [any StoppingCriterion] = [], seed: UInt64 = 0,
+                         constraint: (any GenerationConstraint)? = nil,
                          onStep: ((_ tokens: [Int?]) throws -> Void)? = nil) throws -> GenerationOutput {
         guard inputsEmbeds.rank == 3, inputsEmbeds.shape[0] > 0, inputsEmbeds.shape[1] > 0 else {
             throw ModelError.invalidInput("generation needs a non-empty prompt, got inputs_embeds \(inputsEmbeds.shape)")
@@ -147,9 +151,13 @@ extension CausalLanguageModel {
             guard !config.doSample else {
                 throw ModelError.invalidInput("beam sampling (do_sample with num_beams > 1) is not supported")
             }
+            guard constraint == nil else {
+                throw ModelError.invalidInput("beam search under a grammar (num_beams > 1 with a grammar) is not supported")
+            }
             return try beamSearch(prompt: prompt, batch: batch, newTokens: newTokens, config: config, criteria: stoppingCriteria)
         }
-        return try sample(prompt: prompt, newTokens: newTokens, config: config, criteria: stoppingCriteria, seed: seed, onStep: onStep)
+        return try sample(prompt: prompt, newTokens: newTokens, config: config, criteria: stoppingCriteria, seed: seed,
+                          constraint: constraint, onStep: onStep)
     }
 
     /// Continues one prompt of which `cache` already holds the first `cache.length` tokens (a conversation's
@@ -163,6 +171,7 @@ extension CausalLanguageModel {
     ///   `inputIds`.
     public func generate(continuing cache: KVCache, inputIds: [Int], inputsEmbeds: Tensor? = nil, config: GenerationConfig,
                          stoppingCriteria: [any StoppingCriterion] = [], seed: UInt64 = 0,
+                         constraint: (any GenerationConstraint)? = nil,
                          onStep: ((_ tokens: [Int?]) throws -> Void)? = nil) throws -> GenerationOutput {
         try config.validate()
         guard config.numBeams == 1, config.numReturnSequences == 1 else {
@@ -187,15 +196,17 @@ extension CausalLanguageModel {
                                       mask: [Array(repeating: 1, count: inputIds.count)], ids: [inputIds],
                                       length: inputIds.count)
         return try sample(prompt: prompt, newTokens: newTokens, config: config, criteria: stoppingCriteria, seed: seed,
-                          cache: cache, onStep: onStep)
+                          constraint: constraint, cache: cache, onStep: onStep)
     }
 
     /// Greedy decoding, or sampling with `config.doSample` (transformers' `_sample`). With `cache`, the prompt's
     /// embeddings are those of its positions after the ones the cache holds.
     private func sample(prompt: GenerationPrompt, newTokens: Int, config: GenerationConfig, criteria: [any StoppingCriterion],
-                        seed: UInt64, cache: KVCache? = nil, onStep: (([Int?]) throws -> Void)?) throws -> GenerationOutput {
+                        seed: UInt64, constraint: (any GenerationConstraint)?, cache: KVCache? = nil,
+                        onStep: (([Int?]) throws -> Void)?) throws -> GenerationOutput {
         let rows = prompt.mask.count
         let processors = config.logitsProcessors
+        let constraints = (0..<rows).map { _ in constraint?.start() }
         var generator = SeededGenerator(seed: seed)
         var step = try DecodingState(model: self, prompt: prompt, rows: rows, capacity: prompt.length + newTokens, cache: cache)
         var histories = prompt.histories
@@ -207,8 +218,11 @@ extension CausalLanguageModel {
             for row in 0..<rows where !finished[row] {
                 var scores = step.scores(row: row)
                 if index == 0 { GenerationRecorder.current?.recordFirstStep(scores) }
-                for processor in processors { processor.process(&scores, history: histories[row]) }
-                let token = config.doSample ? generator.sample(scores: scores) : argmax(scores)
+                guard let token = chooseToken(&scores, processors: processors, constraint: constraints[row],
+                                              history: histories[row], sampling: config.doSample, generator: &generator) else {
+                    finished[row] = true
+                    continue
+                }
                 tokens[row] = token
                 generated[row].append(token)
                 histories[row].tokens.append(token)
@@ -217,7 +231,8 @@ extension CausalLanguageModel {
             try onStep?(tokens)
             if index == newTokens - 1 || !finished.contains(false) { break }
             // Finished rows keep being fed their last token; rows never attend to each other, so it changes nothing.
-            try step.advance(tokens: generated.map { $0.last! })
+            // (A row the constraint ended before its first token is fed token 0, as unused.)
+            try step.advance(tokens: generated.map { $0.last ?? 0 })
         }
         return GenerationOutput(sequences: generated, scores: [])
     }

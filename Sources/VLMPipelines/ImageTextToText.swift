@@ -1,6 +1,7 @@
 import Foundation
 import VLMCheckpoint
 import VLMImages
+import VLMGrammar
 import VLMModels
 import VLMTemplates
 import VLMTokenizers
@@ -65,14 +66,15 @@ public final class ImageTextToTextPipeline: Sendable {
     /// out as ``promptIds(_:imageTokenCounts:)`` does, then greedy decoding, sampling or beam search by `settings`.
     /// `onText` receives the reply piece by piece as it is generated (not with beam search).
     public func generate(messages: [JSONValue], settings: GenerationConfig? = nil, seed: UInt64 = 0,
-                         onText: ((String) throws -> Void)? = nil) throws -> TextGenerationResult {
+                         grammar: Grammar? = nil, onText: ((String) throws -> Void)? = nil) throws -> TextGenerationResult {
         let images = try ChatImages.references(in: messages).map(ChatImages.load)
         // One conversation's images, read as transformers reads them together (LLaVA-OneVision: whole when several).
         let processed = try images.isEmpty ? nil : processor.preprocess(images, conversationImageCount: images.count)
         let features = try processed.map(model.imageFeatures) ?? []
         let prompt = try promptIds(messages, imageTokenCounts: processed.map(processor.imageTokenCounts) ?? [])
-        return try run(promptTokens: prompt, imageFeatures: features, settings: settings ?? text.config, seed: seed,
-                       onText: onText)
+        let settings = settings ?? text.config
+        return try run(promptTokens: prompt, imageFeatures: features, settings: settings, seed: seed,
+                       constraint: grammar.map { text.constraint($0, settings: settings) }, onText: onText)
     }
 
     /// A conversation as a language model's prompt: its ids, and, when it holds images, the input embeddings with
@@ -119,11 +121,12 @@ public final class ImageTextToTextPipeline: Sendable {
     /// Generates from a prompt holding the image tokens of `imageFeatures` (one tensor per image of the whole
     /// prompt); with `cache`, from where the cache's tokens (the prompt's first ones) end.
     func run(promptTokens: [Int], imageFeatures: [Tensor], settings: GenerationConfig, seed: UInt64,
-             cache: KVCache? = nil, onText: ((String) throws -> Void)?) throws -> TextGenerationResult {
+             cache: KVCache? = nil, constraint: GrammarConstraint? = nil,
+             onText: ((String) throws -> Void)?) throws -> TextGenerationResult {
         try text.run(promptTokens: promptTokens, settings: settings, seed: seed, cache: cache,
                      embeddings: { [model] start in
                          try model.inputsEmbeds(inputIds: promptTokens, from: start, imageFeatures: imageFeatures)
                      },
-                     onText: onText)
+                     constraint: constraint, onText: onText)
     }
 }

@@ -22,7 +22,7 @@ public final class ImageToTextPipeline: Sendable {
     /// The settings used when a call gives none: the checkpoint's generation config, and at most 256 new tokens
     /// where it sets no length (the pipeline's default).
     public let config: GenerationConfig
-    private let stopStrings = StopStringCriteria()
+    private let tokenTable = TokenTable()
 
     public init(model: any ImageToTextModel, processor: any ImageToTextProcessor, config: GenerationConfig) {
         self.model = model
@@ -111,7 +111,7 @@ public final class ImageToTextPipeline: Sendable {
     }
 
     private func stopCriteria(_ settings: GenerationConfig) -> [any StoppingCriterion] {
-        stopStrings.criteria(settings, tokenizer: processor.tokenizer, vocabularySize: model.vocabularySize)
+        tokenTable.stoppingCriteria(settings, tokenizer: processor.tokenizer, count: model.vocabularySize)
     }
 
     private func result(_ ids: [Int]) -> ImageToTextResult {

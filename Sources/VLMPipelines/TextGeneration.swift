@@ -1,5 +1,6 @@
 import Foundation
 import Synchronization
+import VLMGrammar
 import VLMModels
 import VLMTensor
 import VLMTemplates
@@ -24,7 +25,7 @@ public final class TextGenerationPipeline: Sendable {
     public let config: GenerationConfig
     /// Renders ``generate(messages:settings:seed:)``'s conversations; nil when the checkpoint has none.
     public let chatTemplate: ChatTemplate?
-    private let stopStrings = StopStringCriteria()
+    private let tokenTable = TokenTable()
 
     public init(model: any CausalLanguageModel, tokenizer: Tokenizer, config: GenerationConfig, chatTemplate: ChatTemplate? = nil) {
         self.model = model
@@ -34,32 +35,45 @@ public final class TextGenerationPipeline: Sendable {
     }
 
     /// Continues `prompt`, tokenized as `tokenizer(prompt)` does (special tokens included).
-    public func generate(prompt: String, settings: GenerationConfig? = nil, seed: UInt64 = 0) throws -> TextGenerationResult {
-        try run(promptTokens: tokenizer.encode(prompt).ids, settings: settings ?? config, seed: seed, onText: nil)
+    ///
+    /// - Parameter grammar: what the new text must follow (llama.cpp's grammar-constrained sampling): only tokens
+    ///   the grammar can read are chosen, an eos token only once the text is a whole match, and generation stops
+    ///   where the grammar allows nothing more.
+    public func generate(prompt: String, settings: GenerationConfig? = nil, seed: UInt64 = 0,
+                         grammar: Grammar? = nil) throws -> TextGenerationResult {
+        let settings = settings ?? config
+        return try run(promptTokens: tokenizer.encode(prompt).ids, settings: settings, seed: seed,
+                       constraint: grammar.map { constraint($0, settings: settings) }, onText: nil)
     }
 
     /// Answers a conversation: `apply_chat_template(messages, add_generation_prompt=True)`, then generation.
-    public func generate(messages: [JSONValue], settings: GenerationConfig? = nil, seed: UInt64 = 0) throws -> TextGenerationResult {
-        try run(promptTokens: chatPrompt(messages), settings: settings ?? config, seed: seed, onText: nil)
+    public func generate(messages: [JSONValue], settings: GenerationConfig? = nil, seed: UInt64 = 0,
+                         grammar: Grammar? = nil) throws -> TextGenerationResult {
+        let settings = settings ?? config
+        return try run(promptTokens: chatPrompt(messages), settings: settings, seed: seed,
+                       constraint: grammar.map { constraint($0, settings: settings) }, onText: nil)
     }
 
-    /// ``generate(prompt:settings:seed:)`` as a stream of text pieces, each yielded as soon as the tokens that make it
-    /// are generated (never a broken character). Cancelling the consuming task stops generation.
-    public func stream(prompt: String, settings: GenerationConfig? = nil, seed: UInt64 = 0) -> AsyncThrowingStream<String, any Error> {
-        stream(settings: settings ?? config, seed: seed) { $0.tokenizer.encode(prompt).ids }
+    /// ``generate(prompt:settings:seed:grammar:)`` as a stream of text pieces, each yielded as soon as the tokens
+    /// that make it are generated (never a broken character). Cancelling the consuming task stops generation.
+    public func stream(prompt: String, settings: GenerationConfig? = nil, seed: UInt64 = 0,
+                       grammar: Grammar? = nil) -> AsyncThrowingStream<String, any Error> {
+        stream(settings: settings ?? config, seed: seed, grammar: grammar) { $0.tokenizer.encode(prompt).ids }
     }
 
-    /// ``generate(messages:settings:seed:)`` as a stream of text pieces.
-    public func stream(messages: [JSONValue], settings: GenerationConfig? = nil, seed: UInt64 = 0) -> AsyncThrowingStream<String, any Error> {
-        stream(settings: settings ?? config, seed: seed) { try $0.chatPrompt(messages) }
+    /// ``generate(messages:settings:seed:grammar:)`` as a stream of text pieces.
+    public func stream(messages: [JSONValue], settings: GenerationConfig? = nil, seed: UInt64 = 0,
+                       grammar: Grammar? = nil) -> AsyncThrowingStream<String, any Error> {
+        stream(settings: settings ?? config, seed: seed, grammar: grammar) { try $0.chatPrompt(messages) }
     }
 
-    private func stream(settings: GenerationConfig, seed: UInt64,
+    private func stream(settings: GenerationConfig, seed: UInt64, grammar: Grammar?,
                         promptTokens: @escaping @Sendable (TextGenerationPipeline) throws -> [Int]) -> AsyncThrowingStream<String, any Error> {
         AsyncThrowingStream { continuation in
             let task = Task.detached { [self] in
                 do {
-                    _ = try run(promptTokens: promptTokens(self), settings: settings, seed: seed) { piece in
+                    _ = try run(promptTokens: promptTokens(self), settings: settings, seed: seed,
+                                constraint: grammar.map { constraint($0, settings: settings) }) { piece in
                         try Task.checkCancellation()
                         if !piece.isEmpty { continuation.yield(piece) }
                     }
@@ -80,7 +94,13 @@ public final class TextGenerationPipeline: Sendable {
     /// The stopping criteria `settings` ask for beyond eos tokens and lengths (its stop strings), for driving the
     /// model through something other than this pipeline (a ``ContinuousBatcher``).
     public func stoppingCriteria(_ settings: GenerationConfig) -> [any StoppingCriterion] {
-        stopStrings.criteria(settings, tokenizer: tokenizer, vocabularySize: model.vocabularySize)
+        tokenTable.stoppingCriteria(settings, tokenizer: tokenizer, count: model.vocabularySize)
+    }
+
+    /// `grammar` over this pipeline's vocabulary, ending where `settings`' eos tokens end generation (for driving
+    /// the model through a ``ContinuousBatcher``; the `generate` and `stream` calls build it themselves).
+    public func constraint(_ grammar: Grammar, settings: GenerationConfig) -> GrammarConstraint {
+        GrammarConstraint(grammar: grammar, vocabulary: tokenTable.vocabulary(tokenizer, count: model.vocabularySize), endTokens: Set(settings.eosTokenIds))
     }
 
     func chatPrompt(_ messages: [JSONValue]) throws -> [Int] {
@@ -123,39 +143,55 @@ public final class TextGenerationPipeline: Sendable {
     /// - Parameter embeddings: the input embeddings of the prompt's positions from the given one on, for prompts
     ///   whose embeddings carry image features; nil embeds the tokens.
     func run(promptTokens: [Int], settings: GenerationConfig, seed: UInt64, cache: KVCache? = nil,
-             embeddings: ((_ from: Int) throws -> Tensor)? = nil,
+             embeddings: ((_ from: Int) throws -> Tensor)? = nil, constraint: GrammarConstraint? = nil,
              onText: ((String) throws -> Void)?) throws -> TextGenerationResult {
         guard !promptTokens.isEmpty else { throw PipelineError.emptyPrompt }
-        let criteria = stopStrings.criteria(settings, tokenizer: tokenizer, vocabularySize: model.vocabularySize)
+        let criteria = stoppingCriteria(settings)
         var detokenizer = StreamingDetokenizer(tokenizer: tokenizer)
         let onStep: ([Int?]) throws -> Void = { tokens in
             if let onText, let token = tokens[0] { try onText(detokenizer.append(token)) }
         }
         let output = try cache.map {
             try model.generate(continuing: $0, inputIds: promptTokens, inputsEmbeds: embeddings?($0.length),
-                               config: settings, stoppingCriteria: criteria, seed: seed, onStep: onStep)
+                               config: settings, stoppingCriteria: criteria, seed: seed, constraint: constraint,
+                               onStep: onStep)
         } ?? model.generate(inputsEmbeds: embeddings?(0) ?? model.embed([promptTokens]), promptIds: [promptTokens],
-                            config: settings, stoppingCriteria: criteria, seed: seed, onStep: onStep)
+                            config: settings, stoppingCriteria: criteria, seed: seed, constraint: constraint,
+                            onStep: onStep)
         try onText?(detokenizer.finish())
         let ids = output.sequences.first ?? []
         return TextGenerationResult(text: tokenizer.decode(ids, skipSpecialTokens: true), ids: ids, promptTokens: promptTokens)
     }
 }
 
-/// The stop-string criterion of a pipeline's settings. Matching needs every token's bytes, one decode per token, so
-/// the table is built on the first call with stop strings and kept.
-final class StopStringCriteria: Sendable {
-    private let tokenBytes = Mutex<[[UInt8]]?>(nil)
+/// Each token's bytes, for stop strings and grammars: one decode per token, so built on first use and kept, with
+/// the grammar trie over them.
+final class TokenTable: Sendable {
+    private let tables = Mutex<(bytes: [[UInt8]]?, vocabulary: GrammarVocabulary?)>((nil, nil))
 
-    func criteria(_ settings: GenerationConfig, tokenizer: Tokenizer, vocabularySize: Int) -> [any StoppingCriterion] {
-        guard !settings.stopStrings.isEmpty else { return [] }
-        let bytes = tokenBytes.withLock { cached in
-            if let cached { return cached }
-            let bytes = tokenizer.tokenBytes(count: vocabularySize)
-            cached = bytes
+    func bytes(_ tokenizer: Tokenizer, count: Int) -> [[UInt8]] {
+        tables.withLock { tables in
+            if let bytes = tables.bytes { return bytes }
+            let bytes = tokenizer.tokenBytes(count: count)
+            tables.bytes = bytes
             return bytes
         }
-        return [StopStringCriterion(stopStrings: settings.stopStrings, tokenBytes: bytes)]
+    }
+
+    func vocabulary(_ tokenizer: Tokenizer, count: Int) -> GrammarVocabulary {
+        let bytes = bytes(tokenizer, count: count)
+        return tables.withLock { tables in
+            if let vocabulary = tables.vocabulary { return vocabulary }
+            let vocabulary = GrammarVocabulary(tokenBytes: bytes, specialTokens: tokenizer.specialTokenIds)
+            tables.vocabulary = vocabulary
+            return vocabulary
+        }
+    }
+
+    /// The stop-string criterion of `settings`, if it has stop strings.
+    func stoppingCriteria(_ settings: GenerationConfig, tokenizer: Tokenizer, count: Int) -> [any StoppingCriterion] {
+        guard !settings.stopStrings.isEmpty else { return [] }
+        return [StopStringCriterion(stopStrings: settings.stopStrings, tokenBytes: bytes(tokenizer, count: count))]
     }
 }
 

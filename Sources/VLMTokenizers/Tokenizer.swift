@@ -252,6 +252,9 @@ public final class Tokenizer: Sendable {
         addedTokenIds[TokenKey(token)] ?? model.tokenId(token)
     }
 
+    /// The ids of the added tokens marked special (control tokens such as bos, eos and chat markers): not text.
+    public var specialTokenIds: Set<Int> { Set(addedTokens.values.filter(\.special).map(\.id)) }
+
     /// The token string of an id, if the vocabulary has it.
     public func token(_ id: Int) -> String? {
         addedTokens[id]?.content ?? model.token(id)
