@@ -83,24 +83,53 @@ public struct Grammar: Sendable {
         var inProgress = Array(repeating: false, count: alternatives.count)
         var visited = Array(repeating: false, count: alternatives.count)
         var mayBeEmpty = Array(repeating: false, count: alternatives.count)
-        func recurses(_ rule: Int) -> Bool {
-            if inProgress[rule] { return true }
+        // Depth first with an explicit stack, as a chain of thousands of rules would overflow a thread's: per rule
+        // being walked, the alternative and element it is at, and whether it waits for the rule referenced there.
+        struct Frame {
+            var rule: Int
+            var alternative = 0
+            var index: Int
+            var waiting = false
+        }
+        func enter(_ rule: Int) -> Frame {
             inProgress[rule] = true
             if alternatives[rule].contains(where: { elements[Int($0)] == .end }) { mayBeEmpty[rule] = true }
-            for start in alternatives[rule] {
-                var index = Int(start)
-                while case .rule(let other) = elements[index] {
-                    if recurses(other) { return true }
-                    guard mayBeEmpty[other] else { break }
-                    index += 1
-                }
-            }
-            inProgress[rule] = false
-            visited[rule] = true
-            return false
+            return Frame(rule: rule, index: Int(alternatives[rule].first ?? 0))
         }
-        for rule in alternatives.indices where !visited[rule] {
-            if recurses(rule) { return rule }
+        for root in alternatives.indices where !visited[root] {
+            var frames = [enter(root)]
+            while var frame = frames.popLast() {
+                if frame.waiting, case .rule(let other) = elements[frame.index] {
+                    frame.waiting = false
+                    // Past the reference only when its rule may be empty; on to the next alternative otherwise.
+                    if mayBeEmpty[other] {
+                        frame.index += 1
+                    } else {
+                        frame.alternative += 1
+                        if frame.alternative < alternatives[frame.rule].count {
+                            frame.index = Int(alternatives[frame.rule][frame.alternative])
+                        }
+                    }
+                }
+                while frame.alternative < alternatives[frame.rule].count {
+                    if case .rule(let other) = elements[frame.index] {
+                        if inProgress[other] { return frame.rule }
+                        break
+                    }
+                    frame.alternative += 1
+                    if frame.alternative < alternatives[frame.rule].count {
+                        frame.index = Int(alternatives[frame.rule][frame.alternative])
+                    }
+                }
+                guard frame.alternative < alternatives[frame.rule].count, case .rule(let other) = elements[frame.index] else {
+                    inProgress[frame.rule] = false
+                    visited[frame.rule] = true
+                    continue
+                }
+                frame.waiting = true
+                frames.append(frame)
+                frames.append(enter(other))
+            }
         }
         return nil
     }
@@ -217,6 +246,9 @@ private struct GBNFParser {
 
     /// llama.cpp's bound on the rules one repetition may generate.
     static let repetitionLimit = 2000
+    /// Groups within groups: parsing recurses into each, and a thread's stack is finite.
+    static let groupDepthLimit = 200
+    var groupDepth = 0
 
     init(_ text: String) { bytes = Array(text.utf8) }
 
@@ -431,6 +463,9 @@ private struct GBNFParser {
                 rulesInLastItem = 1
                 sequence.append(.rule(symbol(name)))
             } else if byte == UInt8(ascii: "(") {
+                guard groupDepth < Self.groupDepthLimit else { throw error("groups nested deeper than \(Self.groupDepthLimit)") }
+                groupDepth += 1
+                defer { groupDepth -= 1 }
                 position += 1
                 skipSpace(newlines: true)
                 let before = symbols.count

@@ -71,12 +71,19 @@ private struct Builder {
     var references: [ExactString: JSONSchemaNode] = [:]
     /// `$ref`s whose target is being built: a cycle back to one of them stops there.
     var pending: Set<ExactString> = []
+    /// Schemas within schemas being built, `$ref` targets included: building (and converting) recurses into each,
+    /// and a chain of thousands of `$ref`s would overflow a thread's stack, where llama.cpp crashes.
+    var depth = 0
+    static let depthLimit = 512
 
     private func fail(_ path: String, _ message: String) -> Failure {
         Failure(message: "JSON schema error at \(path): \(message)")
     }
 
     mutating func node(_ schema: JSONValue, path: String) throws(Failure) -> JSONSchemaNode {
+        depth += 1
+        defer { depth -= 1 }
+        guard depth <= Self.depthLimit else { throw fail(path, "schemas nested deeper than \(Self.depthLimit), $ref targets included") }
         guard case let .object(members) = schema else { throw fail(path, "schema must be an object") }
         if let reference = schema["$ref"] { return try self.reference(reference, path: path) }
         for key in ["oneOf", "anyOf"] {

@@ -156,3 +156,29 @@ struct CorpusError: Error, CustomStringConvertible {
     var description: String
     init(_ description: String) { self.description = description }
 }
+
+/// Grammars and schemas from strangers (a server's requests) end in a grammar or a one-line error, never in a
+/// recursion that overflows a thread's stack: llama.cpp's limits where it has them, bounds of our own where it
+/// would crash.
+struct GrammarLimitTests {
+    @Test func deepAndLongGrammars() throws {
+        let nested = "root ::= " + String(repeating: "(", count: 201) + "\"a\"" + String(repeating: ")", count: 201)
+        #expect(throws: GrammarError.self) { try Grammar(gbnf: nested) }
+        let chain = "root ::= r0\n" + (0..<50_000).map { "r\($0) ::= r\($0 + 1)\n" }.joined() + "r50000 ::= \"a\"\n"
+        let grammar = try Grammar(gbnf: chain)
+        #expect(grammar.accept(bytes: Array("a".utf8), from: grammar.initialState).map(grammar.isComplete) == true)
+        // llama.cpp's repetition limits: more than 2,000 required repetitions, or rules that would multiply past it.
+        #expect(throws: GrammarError.self) { try Grammar(gbnf: "root ::= \"a\"{2001}") }
+        #expect(throws: GrammarError.self) { try Grammar(gbnf: "root ::= (\"a\"{0,100}){0,100}") }
+    }
+
+    @Test func deepSchemasAreRefused() throws {
+        var definitions: [(String, JSONValue)] = (0..<600).map { ("d\($0)", ["$ref": .string("#/$defs/d\($0 + 1)")]) }
+        definitions.append(("d600", ["type": "integer"]))
+        let chain: JSONValue = ["$ref": "#/$defs/d0", "$defs": .object(definitions)]
+        #expect(throws: GrammarError.self) { try JSONSchemaGrammar.convert(chain) }
+        var nested: JSONValue = ["type": "string"]
+        for _ in 0..<300 { nested = ["type": "array", "items": nested] }
+        _ = try Grammar(gbnf: JSONSchemaGrammar.convert(nested).grammar)
+    }
+}
