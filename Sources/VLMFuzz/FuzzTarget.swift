@@ -26,6 +26,10 @@ enum FuzzTarget: String, CaseIterable {
     /// directory's metadata.jsonl or metadata.csv (`lit`, `projector`), image conversations in its metadata.jsonl
     /// (`sft` of a LLaVA checkpoint), or text conversations in a JSON-lines file (`sft` of a language model).
     case dataset
+    /// A GBNF grammar (first byte even) or a JSON schema (odd) as `vlm serve` reads `grammar` and `response_format`,
+    /// then decoding under it over a small vocabulary: at each of up to 32 steps the mask of allowed tokens, and the
+    /// allowed token the input's bytes pick taken.
+    case grammar
     /// A request body for `vlm serve` (the first byte picks chat completions, completions or embeddings), answered
     /// by a server over tiny fixture models (generation capped at 4 tokens), streamed answers drained.
     case serve
@@ -88,6 +92,13 @@ enum FuzzTarget: String, CaseIterable {
                 case 3: _ = try ConversationDataset(file: directory.appendingPathComponent("metadata.jsonl"))
                 default: _ = try ImageTextDataset(directory: directory)
                 }
+            case .grammar:
+                guard let first = bytes.first else { return nil }
+                let text = Data(bytes.dropFirst())
+                let grammar = first % 2 == 0
+                    ? try Grammar(gbnf: String(decoding: text, as: UTF8.self))
+                    : try Grammar(gbnf: JSONSchemaGrammar.convert(JSONValue(parsing: text, file: "schema.json")).grammar)
+                FuzzWorkspace.decode(under: grammar, picks: bytes.suffix(32))
             case .serve:
                 guard let first = bytes.first else { return nil }
                 let endpoint = Endpoint.allCases[Int(first) % Endpoint.allCases.count]

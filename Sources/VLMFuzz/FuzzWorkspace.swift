@@ -168,3 +168,27 @@ final class FuzzWorkspace {
 private final class AnswerBox: @unchecked Sendable {
     var value: APIResponse?
 }
+
+extension FuzzWorkspace {
+    /// Every byte as a token, pieces of JSON and text, and a few cut UTF-8 sequences; token 0 ends generation.
+    static let grammarVocabulary = GrammarVocabulary(
+        tokenBytes: [[]] + (0...255).map { [UInt8($0)] }
+            + ["{\"", "\":", "\": ", ", \"", "true", "false", "null", "\n  ", "  ", "é", "→", "12", "-0.5e+3", "abc", "\\u00"].map { Array($0.utf8) }
+            + [[0xC3], [0xE2, 0x86], [0xF0, 0x9F]],
+        specialTokens: [0])
+
+    /// Decoding under `grammar`: per step the allowed tokens, then the one `picks` selects among them (or an end).
+    static func decode(under grammar: Grammar, picks: some Sequence<UInt8>) {
+        let constraint = GrammarConstraint(grammar: grammar, vocabulary: grammarVocabulary, endTokens: [0])
+        var state = grammar.initialState
+        for pick in picks {
+            let allowed = constraint.allowedTokens(state).enumerated().filter(\.element).map(\.offset)
+            guard !allowed.isEmpty else { return }
+            let token = allowed[Int(pick) % allowed.count]
+            precondition(constraint.allows(token, after: state), "the mask and the single-token check disagree")
+            state = constraint.state(after: token, from: state)
+            if state.isDead { return }
+        }
+    }
+}
+
