@@ -86,9 +86,10 @@ public final class TextGenerationPipeline: Sendable {
         }
     }
 
-    /// A conversation's prompt ids: `apply_chat_template(messages, add_generation_prompt=True, tokenize=True)`.
-    public func promptIds(messages: [JSONValue]) throws -> [Int] {
-        try chatPrompt(messages)
+    /// A conversation's prompt ids: `apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+    /// tokenize=True)` (`tools`: OpenAI-style function descriptions, for the templates that show them to the model).
+    public func promptIds(messages: [JSONValue], tools: [JSONValue]? = nil) throws -> [Int] {
+        try chatPrompt(messages, tools: tools)
     }
 
     /// The stopping criteria `settings` ask for beyond eos tokens and lengths (its stop strings), for driving the
@@ -103,12 +104,12 @@ public final class TextGenerationPipeline: Sendable {
         GrammarConstraint(grammar: grammar, vocabulary: tokenTable.vocabulary(tokenizer, count: model.vocabularySize), endTokens: Set(settings.eosTokenIds))
     }
 
-    func chatPrompt(_ messages: [JSONValue]) throws -> [Int] {
+    func chatPrompt(_ messages: [JSONValue], tools: [JSONValue]? = nil) throws -> [Int] {
         if let index = ChatImages.firstMessageWithImages(messages) {
             throw PipelineError.imagesNotSupported(message: index)
         }
         // The template writes the special tokens itself, as apply_chat_template(tokenize=True) assumes.
-        return tokenizer.encode(try renderChat(messages), addSpecialTokens: false).ids
+        return tokenizer.encode(try renderChat(messages, tools: tools), addSpecialTokens: false).ids
     }
 
     /// transformers' `apply_chat_template(messages, tokenize=True, return_dict=True,
@@ -131,11 +132,12 @@ public final class TextGenerationPipeline: Sendable {
     }
 
     /// `apply_chat_template(messages, add_generation_prompt=True, tokenize=False)`.
-    func renderChat(_ messages: [JSONValue], addGenerationPrompt: Bool = true) throws -> String {
+    func renderChat(_ messages: [JSONValue], addGenerationPrompt: Bool = true, tools: [JSONValue]? = nil) throws -> String {
         guard let chatTemplate else { throw PipelineError.noChatTemplate }
         return try chatTemplate.render(messages: messages, addGenerationPrompt: addGenerationPrompt,
                                        bosToken: tokenizer.bosTokenId.flatMap(tokenizer.token),
-                                       eosToken: tokenizer.eosTokenId.flatMap(tokenizer.token))
+                                       eosToken: tokenizer.eosTokenId.flatMap(tokenizer.token),
+                                       extraContext: tools.map { ["tools": .array($0)] } ?? [:])
     }
 
     /// Generates from `promptTokens`; with `cache`, from where the cache's tokens (the prompt's first ones) end.

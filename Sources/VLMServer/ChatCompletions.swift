@@ -15,6 +15,13 @@ extension VLMServer {
         let top = try fields.int("top_logprobs", in: 0...20)
         if top != nil && !wantsLogprobs { throw APIError.invalid("'top_logprobs' requires 'logprobs' to be true", param: "top_logprobs") }
         requested.logprobs = wantsLogprobs ? top ?? 0 : nil
+        let toolRequest = try ToolRequest(fields)
+        if let forced = try toolRequest?.grammar() {
+            guard requested.grammar == nil else {
+                throw APIError.invalid("a forced tool call constrains the reply itself: no 'response_format', 'json_schema' or 'grammar' with it", param: "tool_choice")
+            }
+            requested.grammar = forced
+        }
         let sampling = requested
         guard case .array(let raw)? = fields["messages"], !raw.isEmpty else {
             throw APIError.invalid("'messages' must be a non-empty array", param: "messages")
@@ -27,11 +34,14 @@ extension VLMServer {
         let prompt: (ids: [Int], inputsEmbeds: Tensor?, prefixKey: [Int]?)
         switch model.role {
         case let .text(text, textBatcher):
-            let messages = try await chatMessages(raw, readsImages: false)
+            let messages = templateToolCalls(try await chatMessages(raw, readsImages: false))
             (pipeline, batcher) = (text, textBatcher)
-            let ids = try preparing { try text.promptIds(messages: messages) }
+            let ids = try preparing { try text.promptIds(messages: messages, tools: toolRequest?.tools) }
             prompt = (ids, nil, ids)
         case let .imageChat(imageChat, chatBatcher):
+            guard toolRequest == nil else {
+                throw APIError.invalid("The model `\(model.id)` reads images; tools are served for text models", param: "tools")
+            }
             let messages = try await chatMessages(raw, readsImages: true)
             (pipeline, batcher) = (imageChat.text, chatBatcher)
             // Reading and encoding images is heavy: off the server's event loops.
@@ -67,6 +77,7 @@ extension VLMServer {
         if sampling.stream {
             return .events { send in
                 var progress = RunProgress(run, choices: sampling.n, stops: stops, metrics: metrics, start: start)
+                var heldText = Array(repeating: "", count: sampling.n)
                 for choice in 0..<sampling.n {
                     try await send(chunk([["index": .int(choice), "delta": ["role": "assistant", "content": ""],
                                            "logprobs": .null, "finish_reason": .null]]))
@@ -75,13 +86,26 @@ extension VLMServer {
                     switch progress.take(choice, event) {
                     case nil: continue
                     case .token(let token, let piece)?:
-                        if !piece.isEmpty || sampling.logprobs != nil {
+                        if let toolRequest, toolRequest.choice != .none {
+                            // A forced call is sent whole once it is complete.
+                            heldText[choice] += piece
+                        } else if !piece.isEmpty || sampling.logprobs != nil {
                             let logprob: JSONValue = sampling.logprobs != nil ? ["content": [logprobs(token)]] : .null
                             try await send(chunk([["index": .int(choice), "delta": ["content": .string(piece)],
                                                    "logprobs": logprob, "finish_reason": .null]]))
                         }
                     case .finished(let rest, let reason)?:
-                        if !rest.isEmpty {
+                        if let toolRequest, toolRequest.choice != .none {
+                            let text = heldText[choice] + rest
+                            let delta: JSONValue = toolRequest.calls(in: text).map { calls in
+                                ["tool_calls": .array(calls.enumerated().map { index, call in
+                                    guard case .object(let fields) = call else { return call }
+                                    return .object([("index", .int(index))] + fields)
+                                })]
+                            } ?? ["content": .string(text)]
+                            try await send(chunk([["index": .int(choice), "delta": delta, "logprobs": .null,
+                                                   "finish_reason": .null]]))
+                        } else if !rest.isEmpty {
                             try await send(chunk([["index": .int(choice), "delta": ["content": .string(rest)],
                                                    "logprobs": .null, "finish_reason": .null]]))
                         }
@@ -114,9 +138,13 @@ extension VLMServer {
         }
         run.countTokens(metrics, completion: progress.completionTokens)
         let choices: [JSONValue] = (0..<sampling.n).map { choice in
-            ["index": .int(choice), "message": ["role": "assistant", "content": .string(contents[choice])],
-             "logprobs": sampling.logprobs != nil ? ["content": .array(tokenLogprobs[choice])] : .null,
-             "finish_reason": .string(reasons[choice])]
+            // A forced call that came out whole is the message's tool_calls (content null, as OpenAI sends it).
+            let message: JSONValue = toolRequest?.calls(in: contents[choice]).map {
+                ["role": "assistant", "content": .null, "tool_calls": .array($0)]
+            } ?? ["role": "assistant", "content": .string(contents[choice])]
+            return ["index": .int(choice), "message": message,
+                    "logprobs": sampling.logprobs != nil ? ["content": .array(tokenLogprobs[choice])] : .null,
+                    "finish_reason": .string(reasons[choice])]
         }
         return .json(["id": .string(id), "object": "chat.completion", "created": .int(created), "model": .string(model.id),
                       "system_fingerprint": .null, "choices": .array(choices),

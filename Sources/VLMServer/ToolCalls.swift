@@ -1,0 +1,147 @@
+import Foundation
+import SwiftVLM
+
+/// A chat request's `tools` and `tool_choice`, served as vLLM serves them without a tool-call parser: the tools go to
+/// the chat template (as `apply_chat_template(tools=…)`), and a call is made only when the request forces one, by
+/// constraining the reply to JSON of the tools' schemas (structured outputs), so that it parses whatever the
+/// model's own tool-call format. `"auto"` would need that format recognized in free text, which this server does not
+/// do: it is refused rather than answered as if no tools had been given.
+struct ToolRequest {
+    enum Choice: Equatable {
+        /// The tools are shown to the model, which answers in text.
+        case none
+        /// At least one call to any of the tools: a JSON array of `{"name", "parameters"}`.
+        case required
+        /// One call to this function: its arguments as JSON of its parameters' schema.
+        case function(String)
+    }
+
+    /// The tools as given (`{"type": "function", "function": {"name", "description", "parameters"}}`).
+    let tools: [JSONValue]
+    let choice: Choice
+
+    /// Reads `tools` and `tool_choice`; nil when the request has no tools.
+    init?(_ fields: RequestFields) throws {
+        let choiceField = fields["tool_choice"]
+        guard let toolsField = fields["tools"] else {
+            if choiceField != nil { throw APIError.invalid("'tool_choice' is only allowed when 'tools' are given", param: "tool_choice") }
+            return nil
+        }
+        guard case .array(let tools) = toolsField, !tools.isEmpty else {
+            throw APIError.invalid("'tools' must be a non-empty array", param: "tools")
+        }
+        var names: [String] = []
+        for (index, tool) in tools.enumerated() {
+            guard tool["type"] == .string("function"), case .object? = tool["function"],
+                  case .string(let name)? = tool["function"]?["name"], !name.isEmpty else {
+                throw APIError.invalid("tools[\(index)] must be {\"type\": \"function\", \"function\": {\"name\": …}}", param: "tools")
+            }
+            switch tool["function"]?["parameters"] {
+            case nil, .object?: break
+            default: throw APIError.invalid("tools[\(index)].function.parameters must be a JSON schema object", param: "tools")
+            }
+            names.append(name)
+        }
+        self.tools = tools
+        switch choiceField {
+        case .string("none")?:
+            choice = .none
+        case .string("required")?:
+            choice = .required
+        case nil, .string("auto")?:
+            throw APIError.invalid(
+                "tool_choice \"auto\" (the default with tools) needs the model's tool-call format recognized in its text, which this server does not do: ask for \"required\" or a named function (the reply is then constrained to the tools' schemas), or \"none\"",
+                param: "tool_choice")
+        case .object?:
+            guard choiceField?["type"] == .string("function"), case .string(let name)? = choiceField?["function"]?["name"] else {
+                throw APIError.invalid("'tool_choice' must be \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": …}}", param: "tool_choice")
+            }
+            guard names.contains(name) else { throw APIError.invalid("tool_choice names '\(name)', which is not among the tools", param: "tool_choice") }
+            choice = .function(name)
+        default:
+            throw APIError.invalid("'tool_choice' must be \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": …}}", param: "tool_choice")
+        }
+    }
+
+    /// A function's parameters, or an object without properties where it declares none.
+    private func parameters(of tool: JSONValue) -> JSONValue {
+        tool["function"]?["parameters"] ?? ["type": "object", "properties": .object([])]
+    }
+
+    /// The JSON schema a forced call's reply follows (vLLM's): a function's parameters, or for `required` an array
+    /// of at least one `{"name": one of the tools, "parameters": its parameters}`.
+    var schema: JSONValue? {
+        switch choice {
+        case .none:
+            return nil
+        case .function(let name):
+            return tools.first { $0["function"]?["name"] == .string(name) }.map(parameters)
+        case .required:
+            let calls: [JSONValue] = tools.map { tool in
+                ["properties": ["name": ["type": "string", "enum": [tool["function"]?["name"] ?? .null]],
+                                "parameters": parameters(of: tool)],
+                 "required": ["name", "parameters"]]
+            }
+            return ["type": "array", "minItems": 1, "items": ["type": "object", "anyOf": .array(calls)]]
+        }
+    }
+
+    /// The grammar of ``schema``, converted as llama.cpp converts schemas.
+    func grammar() throws -> Grammar? {
+        guard let schema else { return nil }
+        do { return try Grammar(gbnf: JSONSchemaGrammar.convert(schema).grammar) } catch {
+            throw APIError.invalid("\(error)", param: "tools")
+        }
+    }
+
+    /// The calls a forced reply makes, as OpenAI's `tool_calls` (arguments as JSON text); nil when the reply is not
+    /// a whole call (generation was cut short).
+    func calls(in text: String) -> [JSONValue]? {
+        switch choice {
+        case .none:
+            return nil
+        case .function(let name):
+            guard (try? JSONValue(parsing: Data(text.utf8))) != nil else { return nil }
+            return [Self.call(name: name, arguments: text.trimmingCharacters(in: .whitespacesAndNewlines))]
+        case .required:
+            guard case .array(let items)? = try? JSONValue(parsing: Data(text.utf8)) else { return nil }
+            return items.compactMap { item in
+                guard case .string(let name)? = item["name"], let parameters = item["parameters"] else { return nil }
+                return Self.call(name: name, arguments: String(decoding: JSONWriter.data(parameters), as: UTF8.self))
+            }
+        }
+    }
+
+    static func call(name: String, arguments: String) -> JSONValue {
+        ["id": .string("call_" + UUID().uuidString.replacingOccurrences(of: "-", with: "").lowercased().prefix(24)),
+         "type": "function", "function": ["name": .string(name), "arguments": .string(arguments)]]
+    }
+}
+
+extension VLMServer {
+    /// Earlier turns' `tool_calls` as chat templates read them (transformers' format: `arguments` an object, where
+    /// OpenAI sends JSON text), as vLLM passes them on; such a turn's null content becomes "" (OpenAI sends null,
+    /// and a null key is dropped before rendering, which templates that read every message's content refuse).
+    func templateToolCalls(_ messages: [JSONValue]) -> [JSONValue] {
+        messages.map { message in
+            guard case .object(var pairs) = message, case .array(let calls)? = message["tool_calls"],
+                  let at = pairs.firstIndex(where: { $0.0 == "tool_calls" }) else { return message }
+            if let content = pairs.firstIndex(where: { $0.0 == "content" }) {
+                if pairs[content].1 == .null { pairs[content].1 = "" }
+            } else {
+                pairs.append(("content", ""))
+            }
+            pairs[at].1 = .array(calls.map { call in
+                guard case .object(var fields) = call, case .object(var function)? = call["function"],
+                      case .string(let text)? = call["function"]?["arguments"],
+                      let arguments = try? JSONValue(parsing: Data(text.utf8)),
+                      let functionAt = fields.firstIndex(where: { $0.0 == "function" }),
+                      let argumentsAt = function.firstIndex(where: { $0.0 == "arguments" }) else { return call }
+                function[argumentsAt].1 = arguments
+                fields[functionAt].1 = .object(function)
+                return .object(fields)
+            })
+            return .object(pairs)
+        }
+    }
+}
