@@ -2,7 +2,8 @@
 """Serving throughput of `vlm serve` beside llama.cpp's `llama-server` on the same GGUF file, same load, one run.
 
 Usage:  python3 scripts/bench_serve.py [--model FILE.gguf] [--vlm .build/release/vlm] [--llama-server PATH]
-                                      [--clients 1,8] [--tokens 128] [--requests 2] [--rounds 3] [--threads 2] [--json]
+                                      [--clients 1,8] [--tokens 128] [--requests 2] [--rounds 3] [--threads 2]
+                                      [--grammar FILE.gbnf] [--json]
 
 Each server is started on a free loopback port with --threads threads and 8 parallel sequences (`vlm serve
 --max-batch 8`; `llama-server -np 8 -cb`). For each client count, that many clients each send --requests streaming
@@ -11,6 +12,10 @@ Each server is started on a free loopback port with --threads threads and 8 para
 tokens over the wall time of the load; time to first token is measured per request, from sending it to the first
 chunk holding text. The servers take turns for --rounds rounds (order alternating): a shared machine's speed
 drifts, and loads run side by side drift together. The table gives the median over rounds.
+
+With --grammar, every request carries that GBNF grammar (the `grammar` field both servers read): decoding under a
+grammar, as structured outputs run. `ignore_eos` keeps every request at --tokens tokens only if the grammar never
+forbids every token, so give one that can always go on (scripts/bench_grammar.gbnf: JSON records without end).
 
 llama-server is built from the llama.cpp that PyPI's llama-cpp-python 0.3.36 source package vendors (the file
 .ci/run also fetches, sha256-pinned) into .build-llama-server/ the first time (cmake, -DGGML_NATIVE=ON; about 10
@@ -102,10 +107,16 @@ class Server:
         self.process.wait()
 
 
+GRAMMAR = None
+
+
 def one_request(port: int, model: str, prompt: str, tokens: int) -> tuple[float, float, int]:
     """Streams one completion; (seconds to the first text, total seconds, tokens)."""
-    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
-                       "stream": True, "stream_options": {"include_usage": True}})
+    request = {"model": model, "prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
+               "stream": True, "stream_options": {"include_usage": True}}
+    if GRAMMAR is not None:
+        request["grammar"] = GRAMMAR
+    body = json.dumps(request)
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     start = time.perf_counter()
     connection.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
@@ -170,8 +181,11 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--engines", default="vlm serve,llama-server", help="which servers to run, comma-separated")
+    parser.add_argument("--grammar", type=Path, help="a GBNF grammar every request is decoded under")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    global GRAMMAR
+    GRAMMAR = args.grammar.read_text() if args.grammar else None
     clients = [int(c) for c in args.clients.split(",")]
     engines = args.engines.split(",")
     llama = (args.llama_server or ensure_llama_server()) if "llama-server" in engines else None
@@ -200,7 +214,8 @@ def main():
             finally:
                 server.stop()
 
-    summary = {"machine": describe(args.threads), "threads": args.threads, "model": args.model.name, "tokens": args.tokens,
+    summary = {"machine": describe(args.threads), "threads": args.threads, "model": args.model.name,
+               "grammar": args.grammar.name if args.grammar else None, "tokens": args.tokens,
                "requests_per_client": args.requests, "rounds": args.rounds, "results": {}}
     for name, by_clients in measured.items():
         summary["results"][name] = {
@@ -210,7 +225,8 @@ def main():
         print(json.dumps(summary, indent=2))
         return
     print(machine_summary(summary["machine"]))
-    print(f"{args.threads} threads; {args.model.name}; {args.tokens} tokens per request, "
+    print(f"{args.threads} threads; {args.model.name}; {'under ' + args.grammar.name + '; ' if args.grammar else ''}"
+          f"{args.tokens} tokens per request, "
           f"{args.requests} requests per client; median of {args.rounds} rounds")
     print(f"{'server':<14}{'clients':>8}{'tok/s':>10}{'TTFT p50 ms':>13}{'TTFT p99 ms':>13}")
     for name, by_clients in summary["results"].items():

@@ -41,6 +41,9 @@ public struct Grammar: Sendable {
     /// Rule ids by name (helper rules for groups and repetitions are named `name_N`, as llama.cpp names them).
     public let ruleIds: [String: Int]
     let root: Int
+    /// The GBNF text and start rule it was parsed from: what identifies it, for caches of compiled grammars.
+    public let source: String
+    public let rootName: String
 
     /// Parses GBNF text. `root` names the start rule.
     public init(gbnf text: String, root: String = "root") throws(GrammarError) {
@@ -68,6 +71,8 @@ public struct Grammar: Sendable {
         self.alternatives = alternatives
         self.ruleIds = parser.symbols
         self.root = rootId
+        source = text
+        rootName = root
         if let recursive = leftRecursiveRule() {
             let name = parser.symbols.first { $0.value == recursive }?.key ?? "#\(recursive)"
             throw .invalidGrammar("left recursion in rule '\(name)', which llama.cpp's grammars do not allow")

@@ -100,8 +100,12 @@ public final class TextGenerationPipeline: Sendable {
 
     /// `grammar` over this pipeline's vocabulary, ending where `settings`' eos tokens end generation (for driving
     /// the model through a ``ContinuousBatcher``; the `generate` and `stream` calls build it themselves).
+    ///
+    /// The last few grammars' constraints are kept and handed out again for the same grammar text and eos tokens
+    /// (a server sees the same `response_format` request after request), with the states their masks were worked
+    /// out for.
     public func constraint(_ grammar: Grammar, settings: GenerationConfig) -> GrammarConstraint {
-        GrammarConstraint(grammar: grammar, vocabulary: tokenTable.vocabulary(tokenizer, count: model.vocabularySize), endTokens: Set(settings.eosTokenIds))
+        tokenTable.constraint(grammar, endTokens: Set(settings.eosTokenIds), tokenizer: tokenizer, count: model.vocabularySize)
     }
 
     func chatPrompt(_ messages: [JSONValue], tools: [JSONValue]? = nil) throws -> [Int] {
@@ -170,6 +174,33 @@ public final class TextGenerationPipeline: Sendable {
 /// the grammar trie over them.
 final class TokenTable: Sendable {
     private let tables = Mutex<(bytes: [[UInt8]]?, vocabulary: GrammarVocabulary?)>((nil, nil))
+    /// Recent grammars' constraints, most recent last.
+    private let constraints = Mutex<[(key: ConstraintKey, constraint: GrammarConstraint)]>([])
+    private static let keptConstraints = 8
+
+    private struct ConstraintKey: Equatable {
+        var source: String
+        var root: String
+        var endTokens: Set<Int>
+    }
+
+    func constraint(_ grammar: Grammar, endTokens: Set<Int>, tokenizer: Tokenizer, count: Int) -> GrammarConstraint {
+        let key = ConstraintKey(source: grammar.source, root: grammar.rootName, endTokens: endTokens)
+        if let kept = constraints.withLock({ kept -> GrammarConstraint? in
+            guard let index = kept.firstIndex(where: { $0.key == key }) else { return nil }
+            let entry = kept.remove(at: index)
+            kept.append(entry)
+            return entry.constraint
+        }) {
+            return kept
+        }
+        let made = GrammarConstraint(grammar: grammar, vocabulary: vocabulary(tokenizer, count: count), endTokens: endTokens)
+        constraints.withLock { kept in
+            kept.append((key, made))
+            if kept.count > Self.keptConstraints { kept.removeFirst() }
+        }
+        return made
+    }
 
     func bytes(_ tokenizer: Tokenizer, count: Int) -> [[UInt8]] {
         tables.withLock { tables in
