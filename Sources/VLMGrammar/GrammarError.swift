@@ -5,10 +5,16 @@ public enum GrammarError: Error, Equatable, CustomStringConvertible {
     /// A JSON schema that cannot be turned into a grammar.
     case invalidSchema(String)
 
+    /// The reason on one line: a schema's property names (in the paths llama.cpp's messages give) may hold line
+    /// breaks, shown escaped.
     public var description: String {
         switch self {
-        case .invalidGrammar(let reason): "invalid grammar: \(reason)"
-        case .invalidSchema(let reason): "invalid JSON schema: \(reason)"
+        case .invalidGrammar(let reason): "invalid grammar: \(Self.oneLine(reason))"
+        case .invalidSchema(let reason): "invalid JSON schema: \(Self.oneLine(reason))"
         }
+    }
+
+    private static func oneLine(_ text: String) -> String {
+        text.replacingOccurrences(of: "\r", with: "\\r").replacingOccurrences(of: "\n", with: "\\n")
     }
 }
