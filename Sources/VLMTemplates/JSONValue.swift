@@ -86,10 +86,14 @@ enum TemplateJSON: JSONReadingPolicy {
 
     static func object(_ members: [(key: String, value: JSONValue)]) -> JSONValue {
         var pairs: [(String, JSONValue)] = []
+        // Keyed by the UTF-8 bytes: Swift's String equality would merge canonically equivalent keys Python keeps apart.
+        var positions: [[UInt8]: Int] = [:]
         for (key, value) in members {
-            if let index = pairs.firstIndex(where: { $0.0.utf8.elementsEqual(key.utf8) }) {
+            let bytes = Array(key.utf8)
+            if let index = positions[bytes] {
                 pairs[index].1 = value
             } else {
+                positions[bytes] = pairs.count
                 pairs.append((key, value))
             }
         }
