@@ -25,12 +25,12 @@ public final class ImageTextToTextPipeline: Sendable {
     /// - Parameter imagePartsAsText: messages reach the chat template with text contents, each image part written as
     ///   the image token (see ``ImageChatPromptLayout/init(processor:chatTemplate:imagePartsAsText:)``).
     public init(model: any ImageChatModel, processor: any ImageChatProcessor, chatTemplate: ChatTemplate,
-                config: GenerationConfig, imagePartsAsText: Bool = false) {
+                config: GenerationConfig, imagePartsAsText: Bool = false, responseTemplate: ResponseTemplate? = nil) {
         self.model = model
         self.processor = processor
         layout = ImageChatPromptLayout(processor: processor, chatTemplate: chatTemplate, imagePartsAsText: imagePartsAsText)
         text = TextGenerationPipeline(model: model.textDecoder, tokenizer: processor.tokenizer, config: config,
-                                      chatTemplate: chatTemplate)
+                                      chatTemplate: chatTemplate, responseTemplate: responseTemplate)
     }
 
     /// Loads the model, its processor, chat template and generation settings from a checkpoint directory, refusing a
@@ -59,7 +59,8 @@ public final class ImageTextToTextPipeline: Sendable {
     private convenience init(model: any ImageChatModel, processor: any ImageChatProcessor, directory: URL,
                              config: GenerationConfig) throws {
         guard let template = try ChatTemplate.load(directory: directory) else { throw PipelineError.noChatTemplate }
-        self.init(model: model, processor: processor, chatTemplate: template, config: config)
+        self.init(model: model, processor: processor, chatTemplate: template, config: config,
+                  responseTemplate: try ResponseTemplate.load(directory: directory))
     }
 
     /// Answers a conversation: its images read from their parts' references (see ``ChatImages``), the prompt laid

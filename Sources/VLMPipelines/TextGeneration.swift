@@ -25,13 +25,31 @@ public final class TextGenerationPipeline: Sendable {
     public let config: GenerationConfig
     /// Renders ``generate(messages:settings:seed:)``'s conversations; nil when the checkpoint has none.
     public let chatTemplate: ChatTemplate?
+    /// How the model's replies are laid out (tokenizer_config.json's `response_template`), to split a reply into
+    /// content, reasoning and tool calls; nil when the checkpoint declares none.
+    public let responseTemplate: ResponseTemplate?
     private let tokenTable = TokenTable()
 
-    public init(model: any CausalLanguageModel, tokenizer: Tokenizer, config: GenerationConfig, chatTemplate: ChatTemplate? = nil) {
+    public init(model: any CausalLanguageModel, tokenizer: Tokenizer, config: GenerationConfig, chatTemplate: ChatTemplate? = nil,
+                responseTemplate: ResponseTemplate? = nil) {
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
         self.chatTemplate = chatTemplate
+        self.responseTemplate = responseTemplate
+    }
+
+    /// A chat reply as the assistant message transformers' text-generation pipeline returns for a chat when the
+    /// tokenizer has a response template: `tokenizer.parse_response(reply, prefix=prompt, tools=tools)`, the reply's
+    /// and the prompt's ids decoded with their special tokens (the template's delimiters are often special tokens).
+    ///
+    /// - Parameter template: the template to parse with (default: the checkpoint's ``responseTemplate``).
+    /// - Returns: nil when there is no template.
+    public func message(replyIds: [Int], promptIds: [Int], tools: [JSONValue]? = nil,
+                        template: ResponseTemplate? = nil) throws -> JSONValue? {
+        guard let template = template ?? responseTemplate else { return nil }
+        return try template.parse(tokenizer.decode(replyIds, skipSpecialTokens: false),
+                                  prefix: tokenizer.decode(promptIds, skipSpecialTokens: false), tools: tools)
     }
 
     /// Continues `prompt`, tokenized as `tokenizer(prompt)` does (special tokens included).
@@ -46,11 +64,12 @@ public final class TextGenerationPipeline: Sendable {
                        constraint: grammar.map { constraint($0, settings: settings) }, onText: nil)
     }
 
-    /// Answers a conversation: `apply_chat_template(messages, add_generation_prompt=True)`, then generation.
-    public func generate(messages: [JSONValue], settings: GenerationConfig? = nil, seed: UInt64 = 0,
+    /// Answers a conversation: `apply_chat_template(messages, tools=tools, add_generation_prompt=True)`, then
+    /// generation (``message(replyIds:promptIds:tools:template:)`` parses the reply into an assistant message).
+    public func generate(messages: [JSONValue], tools: [JSONValue]? = nil, settings: GenerationConfig? = nil, seed: UInt64 = 0,
                          grammar: Grammar? = nil) throws -> TextGenerationResult {
         let settings = settings ?? config
-        return try run(promptTokens: chatPrompt(messages), settings: settings, seed: seed,
+        return try run(promptTokens: chatPrompt(messages, tools: tools), settings: settings, seed: seed,
                        constraint: grammar.map { constraint($0, settings: settings) }, onText: nil)
     }
 
@@ -61,10 +80,10 @@ public final class TextGenerationPipeline: Sendable {
         stream(settings: settings ?? config, seed: seed, grammar: grammar) { $0.tokenizer.encode(prompt).ids }
     }
 
-    /// ``generate(messages:settings:seed:grammar:)`` as a stream of text pieces.
-    public func stream(messages: [JSONValue], settings: GenerationConfig? = nil, seed: UInt64 = 0,
+    /// ``generate(messages:tools:settings:seed:grammar:)`` as a stream of text pieces.
+    public func stream(messages: [JSONValue], tools: [JSONValue]? = nil, settings: GenerationConfig? = nil, seed: UInt64 = 0,
                        grammar: Grammar? = nil) -> AsyncThrowingStream<String, any Error> {
-        stream(settings: settings ?? config, seed: seed, grammar: grammar) { try $0.chatPrompt(messages) }
+        stream(settings: settings ?? config, seed: seed, grammar: grammar) { try $0.chatPrompt(messages, tools: tools) }
     }
 
     private func stream(settings: GenerationConfig, seed: UInt64, grammar: Grammar?,

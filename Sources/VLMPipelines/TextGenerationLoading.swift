@@ -1,6 +1,7 @@
 import Foundation
 import VLMCheckpoint
 import VLMModels
+import VLMTemplates
 
 extension TextGenerationPipeline {
     /// Loads a language model with its tokenizer, chat template and generation settings, as transformers'
@@ -24,7 +25,8 @@ extension TextGenerationPipeline {
             let model = try ModelRegistry.causalLanguageModel(checkpoint)
             let config = try GenerationConfig.load(directory: path)
             self.init(model: model, tokenizer: tokenizer,
-                      config: Self.withPipelineDefaults(config, setKeys: generationKeys(directory: path)), chatTemplate: chatTemplate)
+                      config: Self.withPipelineDefaults(config, setKeys: generationKeys(directory: path)), chatTemplate: chatTemplate,
+                      responseTemplate: try ResponseTemplate.load(directory: path))
         } else {
             // One parse of the file serves the tokenizer and the model.
             let file = try GGUFFile(url: path)

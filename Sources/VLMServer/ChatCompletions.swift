@@ -50,6 +50,21 @@ extension VLMServer {
         case .embeddings:
             throw APIError.invalid("The model `\(model.id)` computes embeddings; it does not chat", param: "model")
         }
+        // Replies are parsed with the model's response template (content, reasoning, tool calls), as transformers serve
+        // parses them, unless the request forces a call (its reply is the call) or asks for no tools.
+        let forced = toolRequest?.forcesCall ?? false
+        let template = forced || toolRequest?.choice == ToolRequest.Choice.none ? nil : model.responseTemplate
+        if toolRequest?.choice == .auto && template == nil {
+            throw APIError.invalid(
+                "tool_choice \"auto\" (the default with tools) needs the model's tool-call format, which `\(model.id)` does not declare (no response_template in its tokenizer_config.json, and transformers serve has none for its model type; start the server with --response-template FILE): ask for \"required\" or a named function (the reply is then constrained to the tools' schemas), or \"none\"",
+                param: "tool_choice")
+        }
+        let promptText = template == nil ? "" : pipeline.tokenizer.decode(prompt.ids, skipSpecialTokens: false)
+        func replyParsers() throws -> [ReplyParser]? {
+            try template.map { template in
+                try (0..<sampling.n).map { _ in try ReplyParser(template: template, prompt: promptText, tools: toolRequest?.tools) }
+            }
+        }
         let run = try GenerationRun(model: model, pipeline: pipeline, batcher: batcher, prompt: prompt, fields: sampling,
                                     configuration: configuration)
         let id = "chatcmpl-" + UUID().uuidString.replacingOccurrences(of: "-", with: "").lowercased()
@@ -75,9 +90,29 @@ extension VLMServer {
         }
 
         if sampling.stream {
+            let startingReplies = try replyParsers()
             return .events { send in
-                var progress = RunProgress(run, choices: sampling.n, stops: stops, metrics: metrics, start: start)
+                var replies = startingReplies
+                var progress = RunProgress(run, choices: sampling.n, stops: stops, metrics: metrics, start: start,
+                                           keepSpecialTokens: template != nil)
                 var heldText = Array(repeating: "", count: sampling.n)
+                /// Sends what a parsed piece adds: reasoning, then content (with the token's logprobs), then each call.
+                func sendReply(_ delta: ReplyDelta, choice: Int, calls: Int, logprob: JSONValue?) async throws {
+                    if !delta.reasoning.isEmpty {
+                        try await send(chunk([["index": .int(choice), "delta": ["reasoning_content": .string(delta.reasoning)],
+                                               "logprobs": .null, "finish_reason": .null]]))
+                    }
+                    if !delta.content.isEmpty || logprob != nil {
+                        try await send(chunk([["index": .int(choice), "delta": ["content": .string(delta.content)],
+                                               "logprobs": logprob ?? .null, "finish_reason": .null]]))
+                    }
+                    for (offset, call) in delta.toolCalls.enumerated() {
+                        guard case .object(let fields) = call else { continue }
+                        let indexed: JSONValue = .object([("index", .int(calls - delta.toolCalls.count + offset))] + fields)
+                        try await send(chunk([["index": .int(choice), "delta": ["tool_calls": [indexed]],
+                                               "logprobs": .null, "finish_reason": .null]]))
+                    }
+                }
                 for choice in 0..<sampling.n {
                     try await send(chunk([["index": .int(choice), "delta": ["role": "assistant", "content": ""],
                                            "logprobs": .null, "finish_reason": .null]]))
@@ -86,16 +121,28 @@ extension VLMServer {
                     switch progress.take(choice, event) {
                     case nil: continue
                     case .token(let token, let piece)?:
-                        if let toolRequest, toolRequest.choice != .none {
+                        if forced {
                             // A forced call is sent whole once it is complete.
                             heldText[choice] += piece
+                        } else if replies != nil {
+                            let delta = try replies![choice].take(piece)
+                            try await sendReply(delta, choice: choice, calls: replies![choice].callCount,
+                                                logprob: sampling.logprobs != nil ? ["content": [logprobs(token)]] : nil)
                         } else if !piece.isEmpty || sampling.logprobs != nil {
                             let logprob: JSONValue = sampling.logprobs != nil ? ["content": [logprobs(token)]] : .null
                             try await send(chunk([["index": .int(choice), "delta": ["content": .string(piece)],
                                                    "logprobs": logprob, "finish_reason": .null]]))
                         }
-                    case .finished(let rest, let reason)?:
-                        if let toolRequest, toolRequest.choice != .none {
+                    case .finished(let rest, var reason)?:
+                        if replies != nil {
+                            var delta = try replies![choice].take(rest)
+                            let (last, _) = try replies![choice].finish()
+                            delta.content += last.content
+                            delta.reasoning += last.reasoning
+                            delta.toolCalls += last.toolCalls
+                            try await sendReply(delta, choice: choice, calls: replies![choice].callCount, logprob: nil)
+                            if replies![choice].callCount > 0 { reason = "tool_calls" }
+                        } else if let toolRequest, forced {
                             let text = heldText[choice] + rest
                             let delta: JSONValue = toolRequest.calls(in: text).map { calls in
                                 ["tool_calls": .array(calls.enumerated().map { index, call in
@@ -121,7 +168,8 @@ extension VLMServer {
             }
         }
 
-        var progress = RunProgress(run, choices: sampling.n, stops: stops, metrics: metrics, start: start)
+        var progress = RunProgress(run, choices: sampling.n, stops: stops, metrics: metrics, start: start,
+                                   keepSpecialTokens: template != nil)
         var contents = Array(repeating: "", count: sampling.n)
         var reasons = Array(repeating: "length", count: sampling.n)
         var tokenLogprobs = Array(repeating: [JSONValue](), count: sampling.n)
@@ -137,11 +185,27 @@ extension VLMServer {
             }
         }
         run.countTokens(metrics, completion: progress.completionTokens)
-        let choices: [JSONValue] = (0..<sampling.n).map { choice in
-            // A forced call that came out whole is the message's tool_calls (content null, as OpenAI sends it).
-            let message: JSONValue = toolRequest?.calls(in: contents[choice]).map {
-                ["role": "assistant", "content": .null, "tool_calls": .array($0)]
-            } ?? ["role": "assistant", "content": .string(contents[choice])]
+        var replies = try replyParsers()
+        let choices: [JSONValue] = try (0..<sampling.n).map { choice in
+            let message: JSONValue
+            if replies != nil {
+                _ = try replies![choice].take(contents[choice])
+                let reply = try replies![choice].finish().message
+                var fields: [(String, JSONValue)] = [("role", "assistant")]
+                // Content null beside tool calls, as OpenAI sends it.
+                fields.append(("content", reply.content.isEmpty && !reply.toolCalls.isEmpty ? .null : .string(reply.content)))
+                if !reply.reasoning.isEmpty { fields.append(("reasoning_content", .string(reply.reasoning))) }
+                if !reply.toolCalls.isEmpty {
+                    fields.append(("tool_calls", .array(reply.toolCalls)))
+                    reasons[choice] = "tool_calls"
+                }
+                message = .object(fields)
+            } else {
+                // A forced call that came out whole is the message's tool_calls (content null, as OpenAI sends it).
+                message = toolRequest?.calls(in: contents[choice]).map {
+                    ["role": "assistant", "content": .null, "tool_calls": .array($0)]
+                } ?? ["role": "assistant", "content": .string(contents[choice])]
+            }
             return ["index": .int(choice), "message": message,
                     "logprobs": sampling.logprobs != nil ? ["content": .array(tokenLogprobs[choice])] : .null,
                     "finish_reason": .string(reasons[choice])]

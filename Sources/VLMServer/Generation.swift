@@ -113,8 +113,9 @@ struct ChoiceText {
     private var held = ""
     private(set) var stopped = false
 
-    init(tokenizer: Tokenizer, stops: [String]) {
-        detokenizer = StreamingDetokenizer(tokenizer: tokenizer)
+    /// - Parameter keepSpecialTokens: the text holds special tokens' text too (a response template's delimiters).
+    init(tokenizer: Tokenizer, stops: [String], keepSpecialTokens: Bool = false) {
+        detokenizer = StreamingDetokenizer(tokenizer: tokenizer, skipSpecialTokens: !keepSpecialTokens)
         self.stops = stops.filter { !$0.isEmpty }
     }
 
@@ -176,11 +177,13 @@ struct RunProgress {
     private(set) var completionTokens = 0
     private(set) var cachedTokens = 0
 
-    init(_ run: GenerationRun, choices: Int, stops: [String], metrics: PrometheusMetrics, start: ContinuousClock.Instant) {
+    init(_ run: GenerationRun, choices: Int, stops: [String], metrics: PrometheusMetrics, start: ContinuousClock.Instant,
+         keepSpecialTokens: Bool = false) {
         self.run = run
         self.metrics = metrics
         self.start = start
-        texts = Array(repeating: ChoiceText(tokenizer: run.pipeline.tokenizer, stops: stops), count: choices)
+        texts = Array(repeating: ChoiceText(tokenizer: run.pipeline.tokenizer, stops: stops, keepSpecialTokens: keepSpecialTokens),
+                      count: choices)
     }
 
     /// What `event` of `choice` changes for the client; nil for a choice's start.

@@ -20,11 +20,15 @@ public final class ServedModel: Sendable {
     public let role: Role
     /// Unix time it was loaded (the models list's `created`).
     public let created: Int
+    /// How the model's chat replies are parsed into content, `reasoning_content` and `tool_calls` (what
+    /// `tool_choice: "auto"` needs); nil: replies are text.
+    public let responseTemplate: ResponseTemplate?
 
-    public init(id: String, aliases: [String] = [], role: Role) {
+    public init(id: String, aliases: [String] = [], role: Role, responseTemplate: ResponseTemplate? = nil) {
         self.id = id
         self.aliases = aliases
         self.role = role
+        self.responseTemplate = responseTemplate
         created = Int(Date().timeIntervalSince1970)
     }
 
@@ -35,13 +39,33 @@ public final class ServedModel: Sendable {
     ///   - name: how the user named it (a repo id, a path); the listed id.
     ///   - mmproj: llama.cpp's image encoder file for a GGUF language model (LLaVA-1.5/NeXT as its GGUF pair).
     ///   - precision: the linear layers' precision; nil for fp32, or for an embedding model its checkpoint's own.
+    ///   - responseTemplate: how its chat replies are laid out; by default the checkpoint's own
+    ///     (tokenizer_config.json's `response_template`), else the one transformers serve uses for its model type.
     public static func load(name: String, path: URL, mmproj: URL? = nil, precision: MatrixPrecision? = nil,
-                            configuration: ServerConfiguration) throws -> ServedModel {
+                            responseTemplate: ResponseTemplate? = nil, configuration: ServerConfiguration) throws -> ServedModel {
         // Embedding models follow their checkpoint's stored dtype unless told otherwise, as `vlm embed` does; the
         // generating ones run fp32 unless told otherwise, as `vlm chat` does.
-        try MatrixPrecision.$forNewLayers.withValue(precision ?? .float32) {
+        let model = try MatrixPrecision.$forNewLayers.withValue(precision ?? .float32) {
             try build(name: name, path: path, mmproj: mmproj, precision: precision, configuration: configuration)
         }
+        let template: ResponseTemplate?
+        switch model.role {
+        case .text(let pipeline, _):
+            template = responseTemplate ?? pipeline.responseTemplate ?? modelType(path).flatMap(ResponseTemplate.servingFallback)
+        case .imageChat(let pipeline, _):
+            template = responseTemplate ?? pipeline.text.responseTemplate ?? modelType(path).flatMap(ResponseTemplate.servingFallback)
+        case .embeddings:
+            template = nil
+        }
+        return ServedModel(id: model.id, aliases: model.aliases, role: model.role, responseTemplate: template)
+    }
+
+    /// config.json's `model_type`, or a GGUF file's `general.architecture` (llama.cpp's names for the same types).
+    private static func modelType(_ path: URL) -> String? {
+        var isDirectory: ObjCBool = false
+        guard FileManager.default.fileExists(atPath: path.path, isDirectory: &isDirectory) else { return nil }
+        if isDirectory.boolValue { return try? ModelDirectory(url: path).modelType }
+        return (try? GGUFFile(url: path))?.metadata["general.architecture"]?.string
     }
 
     private static func build(name: String, path: URL, mmproj: URL?, precision: MatrixPrecision?,

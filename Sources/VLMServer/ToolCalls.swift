@@ -1,15 +1,17 @@
 import Foundation
 import SwiftVLM
 
-/// A chat request's `tools` and `tool_choice`, served as vLLM serves them without a tool-call parser: the tools go to
-/// the chat template (as `apply_chat_template(tools=…)`), and a call is made only when the request forces one, by
-/// constraining the reply to JSON of the tools' schemas (structured outputs), so that it parses whatever the
-/// model's own tool-call format. `"auto"` would need that format recognized in free text, which this server does not
-/// do: it is refused rather than answered as if no tools had been given.
+/// A chat request's `tools` and `tool_choice`. The tools go to the chat template (as `apply_chat_template(tools=…)`).
+/// `"auto"` (the default) lets the model call them in its own format, recognized in its reply by the model's
+/// response template (as transformers serve does; the server refuses `"auto"` for a model without one, as vLLM does
+/// without a tool-call parser). A forced call (`"required"` or a named function) constrains the reply to JSON of
+/// the tools' schemas (structured outputs, as vLLM forces one), whatever the model's own format.
 struct ToolRequest {
     enum Choice: Equatable {
         /// The tools are shown to the model, which answers in text.
         case none
+        /// The model calls tools in its own format, or answers in text.
+        case auto
         /// At least one call to any of the tools: a JSON array of `{"name", "parameters"}`.
         case required
         /// One call to this function: its arguments as JSON of its parameters' schema.
@@ -49,17 +51,15 @@ struct ToolRequest {
         case .string("required")?:
             choice = .required
         case nil, .string("auto")?:
-            throw APIError.invalid(
-                "tool_choice \"auto\" (the default with tools) needs the model's tool-call format recognized in its text, which this server does not do: ask for \"required\" or a named function (the reply is then constrained to the tools' schemas), or \"none\"",
-                param: "tool_choice")
+            choice = .auto
         case .object?:
             guard choiceField?["type"] == .string("function"), case .string(let name)? = choiceField?["function"]?["name"] else {
-                throw APIError.invalid("'tool_choice' must be \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": …}}", param: "tool_choice")
+                throw APIError.invalid("'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": …}}", param: "tool_choice")
             }
             guard names.contains(name) else { throw APIError.invalid("tool_choice names '\(name)', which is not among the tools", param: "tool_choice") }
             choice = .function(name)
         default:
-            throw APIError.invalid("'tool_choice' must be \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": …}}", param: "tool_choice")
+            throw APIError.invalid("'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": …}}", param: "tool_choice")
         }
     }
 
@@ -72,7 +72,7 @@ struct ToolRequest {
     /// of at least one `{"name": one of the tools, "parameters": its parameters}`.
     var schema: JSONValue? {
         switch choice {
-        case .none:
+        case .none, .auto:
             return nil
         case .function(let name):
             return tools.first { $0["function"]?["name"] == .string(name) }.map(parameters)
@@ -98,7 +98,7 @@ struct ToolRequest {
     /// a whole call (generation was cut short).
     func calls(in text: String) -> [JSONValue]? {
         switch choice {
-        case .none:
+        case .none, .auto:
             return nil
         case .function(let name):
             guard (try? JSONValue(parsing: Data(text.utf8))) != nil else { return nil }
@@ -109,6 +109,14 @@ struct ToolRequest {
                 guard case .string(let name)? = item["name"], let parameters = item["parameters"] else { return nil }
                 return Self.call(name: name, arguments: String(decoding: JSONWriter.data(parameters), as: UTF8.self))
             }
+        }
+    }
+
+    /// Whether the reply is constrained to a call.
+    var forcesCall: Bool {
+        switch choice {
+        case .required, .function: true
+        case .none, .auto: false
         }
     }
 

@@ -72,7 +72,10 @@ struct Generate: AsyncParsableCommand {
     @Option(help: "llama.cpp's image encoder file for a GGUF --model (LLaVA-1.5 or LLaVA-NeXT: the CLIP tower and projector, as llama-mtmd-cli's --mmproj).")
     var mmproj: String?
 
-    @Flag(help: "Print {\"text\", \"ids\", \"prompt_tokens\"} as JSON at the end instead of streaming text.")
+    @Option(help: "A JSON file holding a list of tools ({\"type\": \"function\", \"function\": {\"name\", \"description\", \"parameters\"}}) for --chat: shown to the model through its chat template (as apply_chat_template(tools=…)); with --json and a checkpoint that has a response template, the reply's tool calls are parsed, their arguments cast to the parameters' types.")
+    var tools: String?
+
+    @Flag(help: "Print {\"text\", \"ids\", \"prompt_tokens\"} as JSON at the end instead of streaming text; for --chat with a checkpoint that has a response template, also \"message\": the reply parsed into content, reasoning_content and tool_calls.")
     var json = false
 
     @Option(help: "A GBNF grammar file (llama.cpp's notation) the new text must follow, as llama-cli's --grammar-file.")
@@ -85,14 +88,29 @@ struct Generate: AsyncParsableCommand {
         guard (prompt == nil) != (chat == nil) else { throw ValidationError("give either --prompt TEXT or --chat MESSAGES.json") }
         guard grammarFile == nil || jsonSchema == nil else { throw ValidationError("give --grammar-file or --json-schema, not both") }
         guard image.isEmpty || prompt != nil else { throw ValidationError("--image goes with --prompt TEXT (with --chat, put image parts in the messages)") }
+        guard tools == nil || chat != nil else { throw ValidationError("--tools goes with --chat") }
     }
 
     private struct Result: Encodable {
         let text: String
         let ids: [Int]
         let promptTokens: Int
+        /// A chat's reply as the assistant message the checkpoint's response template makes of it.
+        var message: EncodableJSON?
 
-        enum CodingKeys: String, CodingKey { case text, ids, promptTokens = "prompt_tokens" }
+        enum CodingKeys: String, CodingKey { case text, ids, promptTokens = "prompt_tokens", message }
+    }
+
+    /// The JSON result; for a chat with a checkpoint that declares a response template, also the reply parsed into
+    /// the assistant message (content, reasoning_content, tool_calls), as transformers' text-generation pipeline
+    /// returns a chat's answer.
+    private func result(_ generated: TextGenerationResult, pipeline: TextGenerationPipeline) throws -> Result {
+        var result = Result(text: generated.text, ids: generated.ids, promptTokens: generated.promptTokens.count)
+        if chat != nil, let message = try pipeline.message(replyIds: generated.ids, promptIds: generated.promptTokens,
+                                                           tools: try tools.map(readTools)) {
+            result.message = EncodableJSON(message)
+        }
+        return result
     }
 
     func run() async throws {
@@ -110,19 +128,20 @@ struct Generate: AsyncParsableCommand {
         guard image.isEmpty else { throw ChatError.readsNoImages(path.path) }
         let config = try settings.apply(to: pipeline.config)
         let messages = try chat.map(readMessages)
+        let toolList = try tools.map(readTools)
         let seed = settings.samplerSeed
         let grammar = try outputGrammar()
         if json || config.numBeams > 1 {
-            let result = try messages.map { try pipeline.generate(messages: $0, settings: config, seed: seed, grammar: grammar) }
+            let result = try messages.map { try pipeline.generate(messages: $0, tools: toolList, settings: config, seed: seed, grammar: grammar) }
                 ?? pipeline.generate(prompt: prompt ?? "", settings: config, seed: seed, grammar: grammar)
             if json {
-                try printJSON(Result(text: result.text, ids: result.ids, promptTokens: result.promptTokens.count))
+                try printJSON(self.result(result, pipeline: pipeline))
             } else {
                 print(result.text)
             }
             return
         }
-        let pieces = messages.map { pipeline.stream(messages: $0, settings: config, seed: seed, grammar: grammar) }
+        let pieces = messages.map { pipeline.stream(messages: $0, tools: toolList, settings: config, seed: seed, grammar: grammar) }
             ?? pipeline.stream(prompt: prompt ?? "", settings: config, seed: seed, grammar: grammar)
         for try await piece in pieces { writeToStandardOutput(piece) }
         writeToStandardOutput("\n")
@@ -131,6 +150,7 @@ struct Generate: AsyncParsableCommand {
     /// The image-text-to-text pipeline's answer to --chat's messages, or to one user turn of --image and --prompt
     /// (a prompt alone is that turn without images: chat models that read images answer conversations).
     private func answer(with pipeline: ImageTextToTextPipeline) throws {
+        guard tools == nil else { throw ValidationError("--tools: models that read images take no tools here (their prompts are laid out without them)") }
         let config = try settings.apply(to: pipeline.text.config)
         let messages: [JSONValue] = try chat.map(readMessages) ?? [[
             "role": "user",
@@ -140,7 +160,7 @@ struct Generate: AsyncParsableCommand {
         let result = try pipeline.generate(messages: messages, settings: config, seed: settings.samplerSeed,
                                            grammar: try outputGrammar(), onText: streams ? { writeToStandardOutput($0) } : nil)
         if json {
-            try printJSON(Result(text: result.text, ids: result.ids, promptTokens: result.promptTokens.count))
+            try printJSON(self.result(result, pipeline: pipeline.text))
         } else {
             writeToStandardOutput(streams ? "\n" : result.text + "\n")
         }
@@ -191,6 +211,23 @@ enum GrammarFileError: Error, CustomStringConvertible {
 /// Writes `text` and flushes, so a stream shows each piece as it comes.
 func writeToStandardOutput(_ text: String) {
     FileHandle.standardOutput.write(Data(text.utf8))
+}
+
+/// A JSON list of tools (`[{"type": "function", "function": {…}}, …]`).
+func readTools(_ file: String) throws -> [JSONValue] {
+    let data: Data
+    do { data = try Data(contentsOf: URL(fileURLWithPath: file)) } catch { throw TokenizeError.unreadable(file) }
+    guard case let .array(tools) = try JSONValue(parsing: data, file: file) else { throw ToolsFileError.notAList(file) }
+    return tools
+}
+
+enum ToolsFileError: Error, CustomStringConvertible {
+    case notAList(String)
+    var description: String {
+        switch self {
+        case .notAList(let file): "\(file): expected a JSON list of tools"
+        }
+    }
 }
 
 /// A JSON list of chat messages (`[{"role": …, "content": …}, …]`).

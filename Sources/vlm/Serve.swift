@@ -15,6 +15,9 @@ struct Serve: AsyncParsableCommand {
 
     @OptionGroup var precision: PrecisionOption
 
+    @Option(help: "A JSON file holding a response template (transformers' tokenizer_config.json \"response_template\", or a file with that key): how the models' chat replies are split into content, reasoning_content and tool_calls, for models that ship none. Default: the checkpoint's own, else transformers serve's for its model type (Qwen 2/3/3.5, Gemma 4).")
+    var responseTemplate: String?
+
     @Option(help: "Address to listen on.")
     var host = "127.0.0.1"
 
@@ -92,16 +95,29 @@ struct Serve: AsyncParsableCommand {
         configuration.maxBodyBytes = maxBodyMb << 20
         configuration.maxImagePixels = maxImagePixels
         configuration.requestTimeout = .seconds(timeout)
+        let template = try responseTemplate.map(Self.loadResponseTemplate)
         var served: [ServedModel] = []
         for name in models {
             let path = try await modelPath(name)
             served.append(try ServedModel.load(name: name, path: path, mmproj: mmproj.map { URL(fileURLWithPath: $0) },
-                                               precision: precision.dtype, configuration: configuration))
+                                               precision: precision.dtype, responseTemplate: template, configuration: configuration))
         }
         let server = try VLMServer(models: served, configuration: configuration)
         let names = served.map(\.id).joined(separator: ", ")
         try await server.run { port in
             writeToStandardError("vlm serve: listening on http://\(host):\(port) (\(names))\n")
+        }
+    }
+
+    /// The template in a JSON file: the object itself, or the `response_template` of a tokenizer_config.json.
+    private static func loadResponseTemplate(_ path: String) throws -> ResponseTemplate {
+        let data: Data
+        do { data = try Data(contentsOf: URL(fileURLWithPath: path)) } catch {
+            throw ValidationError("--response-template: \(path): cannot read: \(error.localizedDescription)")
+        }
+        let json = try JSONValue(parsing: data, file: path)
+        do { return try ResponseTemplate(json["response_template"] ?? json) } catch {
+            throw ValidationError("--response-template: \(path): \(error)")
         }
     }
 

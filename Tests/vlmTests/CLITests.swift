@@ -195,6 +195,58 @@ struct CLI {
         #expect(withoutJSON.status == 64 && withoutJSON.stderr.contains("--assistant-mask goes with --chat and --json"))
     }
 
+    /// `vlm generate --chat --json` with a checkpoint whose tokenizer_config.json has a `response_template`: the reply
+    /// also as the assistant message it parses into, as transformers' text-generation pipeline returns a chat's
+    /// answer (a grammar holds the tiny random model to a reply in the template's format); a broken template is a
+    /// one-line error naming the file.
+    @Test func generateParsesChatRepliesWithTheResponseTemplate() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("vlm-response-template-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let checkpoint = CLI.fixtures.appendingPathComponent("sft/qwen2-chatml")
+        // Files copied through their links (the fixture's tokenizer.json links to another fixture's).
+        for name in try FileManager.default.contentsOfDirectory(atPath: checkpoint.path) {
+            try FileManager.default.copyItem(at: checkpoint.appendingPathComponent(name).resolvingSymlinksInPath(),
+                                             to: directory.appendingPathComponent(name))
+        }
+        let configURL = directory.appendingPathComponent("tokenizer_config.json")
+        var config = try #require(try JSONSerialization.jsonObject(with: Data(contentsOf: configURL)) as? [String: Any])
+        config["response_template"] = [
+            "defaults": ["role": "assistant"], "start_anchor": "<|im_start|>assistant\n",
+            "fields": ["reasoning_content": ["open": "<think>", "close": "</think>"],
+                       "tool_calls": ["open_pattern": #"\s*<tool_call>"#, "close": "</tool_call>", "repeats": true, "content": "json",
+                                      "transform": ["type": "function", "function": "{content}"]],
+                       "content": ["close_pattern": #"\s*<\|im_end\|>"#]]] as [String: Any]
+        try JSONSerialization.data(withJSONObject: config).write(to: configURL)
+        let messages = directory.appendingPathComponent("messages.json")
+        try Data(#"[{"role": "user", "content": "Weather in Oslo?"}]"#.utf8).write(to: messages)
+        let grammar = directory.appendingPathComponent("reply.gbnf")
+        try Data(#"root ::= "<think>Look it up.</think>On it.<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"days\": \"3\"}}</tool_call>""#.utf8).write(to: grammar)
+        // The tools reach the template, and the string "3" becomes the integer the schema declares.
+        let tools = directory.appendingPathComponent("tools.json")
+        try Data(#"[{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}]"#.utf8).write(to: tools)
+        let run = try CLI.run(["generate", "--model", directory.path, "--chat", messages.path, "--tools", tools.path,
+                               "--grammar-file", grammar.path, "--temperature", "0", "--max-new-tokens", "80", "--json"])
+        #expect(run.status == 0, "\(run.stderr)")
+        let got = try #require(try CLI.json(run) as? [String: Any])
+        let message = try #require(got["message"] as? [String: Any], "\(run.stdout)")
+        #expect(message["role"] as? String == "assistant")
+        #expect(message["reasoning_content"] as? String == "Look it up.")
+        #expect(message["content"] as? String == "On it.")
+        let call = try #require((message["tool_calls"] as? [[String: Any]])?.first)
+        #expect(call["type"] as? String == "function")
+        let function = try #require(call["function"] as? [String: Any])
+        #expect(function["name"] as? String == "get_weather")
+        let arguments = try #require(function["arguments"] as? [String: Any])
+        #expect(arguments["city"] as? String == "Oslo")
+        #expect(arguments["days"] as? Int == 3)
+
+        config["response_template"] = ["start_anchor": "x", "fields": ["content": ["content": "yaml"]]] as [String: Any]
+        try JSONSerialization.data(withJSONObject: config).write(to: configURL)
+        try CLIBadInputTests().expectOneLineError(["generate", "--model", directory.path, "--chat", messages.path, "--json"],
+                                                  mentioning: "tokenizer_config.json: invalid response_template: Field 'content': unknown content parser 'yaml'")
+    }
+
     @Test func tokenizeEncodesPairsLikeTokenizers() throws {
         struct Pairs: Decodable {
             /// Indices into the shared strings.
