@@ -30,6 +30,10 @@ enum FuzzTarget: String, CaseIterable {
     /// then decoding under it over a small vocabulary: at each of up to 32 steps the mask of allowed tokens, and the
     /// allowed token the input's bytes pick taken.
     case grammar
+    /// A response template (tokenizer_config.json's `response_template`) and a reply, split at the first NUL byte
+    /// (without one, the whole input is a reply to one of transformers serve's templates): the reply parsed whole,
+    /// and streamed in chunks of sizes the input's bytes pick, as `vlm serve` parses replies.
+    case response
     /// A request body for `vlm serve` (the first byte picks chat completions, completions or embeddings), answered
     /// by a server over tiny fixture models (generation capped at 4 tokens), streamed answers drained.
     case serve
@@ -99,6 +103,23 @@ enum FuzzTarget: String, CaseIterable {
                     ? try Grammar(gbnf: String(decoding: text, as: UTF8.self))
                     : try Grammar(gbnf: JSONSchemaGrammar.convert(JSONValue(parsing: text, file: "schema.json")).grammar)
                 FuzzWorkspace.decode(under: grammar, picks: bytes.suffix(32))
+            case .response:
+                let parts = bytes.split(separator: 0, maxSplits: 1, omittingEmptySubsequences: false)
+                let template = parts.count == 2
+                    ? try ResponseTemplate(JSONValue(parsing: Data(parts[0]), file: "response_template"))
+                    : ResponseTemplate.servingFallback(modelType: ["qwen2", "qwen3_5", "gemma4"][bytes.count % 3])!
+                let reply = Array(parts.last ?? [])
+                let text = String(decoding: reply, as: UTF8.self)
+                _ = try? template.parse(text, prefix: "<|im_start|>assistant\n<|turn>model\n", tools: FuzzWorkspace.replyTools)
+                var parser = try ResponseParser(template: template, prefix: "", tools: FuzzWorkspace.replyTools)
+                var rest = Array(text.unicodeScalars)[...]
+                var pick = reply.makeIterator()
+                while !rest.isEmpty {
+                    let size = 1 + Int(pick.next() ?? 0) % 7
+                    _ = try parser.feed(String(String.UnicodeScalarView(rest.prefix(size))))
+                    rest = rest.dropFirst(size)
+                }
+                _ = try parser.finalize()
             case .serve:
                 guard let first = bytes.first else { return nil }
                 let endpoint = Endpoint.allCases[Int(first) % Endpoint.allCases.count]

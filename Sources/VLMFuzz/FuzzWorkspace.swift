@@ -162,6 +162,13 @@ final class FuzzWorkspace {
 
     static let tools: JSONValue = [["type": "function", "function": ["name": "look", "description": "Looks.",
                                                                      "parameters": ["type": "object", "properties": ["x": ["type": "integer"]]]]]]
+
+    /// Tools whose parameters a parsed reply's arguments are cast to (the seeds call these names).
+    static let replyTools: [JSONValue] = ["look", "get_weather", "set_alarm", "fn", "special_function"].map { name in
+        ["type": "function", "function": ["name": .string(name), "parameters": ["type": "object", "properties": [
+            "x": ["type": "integer"], "city": ["type": ["string", "null"]], "days": ["type": "number"],
+            "hour": ["anyOf": [["type": "integer"], ["type": "boolean"]]], "tags": ["type": "array"], "flag": ["type": "boolean"]]]]]
+    }
 }
 
 /// Carries an answer out of the task that produced it.

@@ -113,11 +113,11 @@ struct Serve: AsyncParsableCommand {
     private static func loadResponseTemplate(_ path: String) throws -> ResponseTemplate {
         let data: Data
         do { data = try Data(contentsOf: URL(fileURLWithPath: path)) } catch {
-            throw ValidationError("--response-template: \(path): cannot read: \(error.localizedDescription)")
+            throw ResponseTemplateError.file(path, "cannot read: \(error.localizedDescription)")
         }
         let json = try JSONValue(parsing: data, file: path)
         do { return try ResponseTemplate(json["response_template"] ?? json) } catch {
-            throw ValidationError("--response-template: \(path): \(error)")
+            throw ResponseTemplateError.file(path, "\(error)")
         }
     }
 
