@@ -27,12 +27,15 @@ public struct ImageChatPromptLayout: Sendable {
     ///
     /// - Throws: `PipelineError.imageCountMismatch` when the template wrote a different number of markers than
     ///   there are images.
-    public func promptIds(_ messages: [JSONValue], imageTokenCounts: [Int], addGenerationPrompt: Bool = true) throws -> [Int] {
+    /// - Parameter templateArguments: more template variables (`apply_chat_template(**kwargs)`).
+    public func promptIds(_ messages: [JSONValue], imageTokenCounts: [Int], addGenerationPrompt: Bool = true,
+                          templateArguments: [String: JSONValue] = [:]) throws -> [Int] {
         let tokenizer = processor.tokenizer
         let rendered = try chatTemplate.render(messages: imagePartsAsText ? messages.map(contentAsText) : messages,
                                                addGenerationPrompt: addGenerationPrompt,
                                                bosToken: tokenizer.bosTokenId.flatMap(tokenizer.token),
-                                               eosToken: tokenizer.eosTokenId.flatMap(tokenizer.token))
+                                               eosToken: tokenizer.eosTokenId.flatMap(tokenizer.token),
+                                               extraContext: templateArguments)
         return try encode(expandingImageMarkers(in: rendered, imageTokenCounts: imageTokenCounts).text, rendered: rendered).ids
     }
 

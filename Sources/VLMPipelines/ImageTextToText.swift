@@ -82,15 +82,17 @@ public final class ImageTextToTextPipeline: Sendable {
     /// the images' features in place of their tokens and the key under which its prefix may be reused (the ids with
     /// each image's tokens standing for that image's pixels). What ``generate(messages:settings:seed:onText:)``
     /// runs, for driving the language model through something else (a ``ContinuousBatcher``).
-    public func prompt(messages: [JSONValue]) throws -> (ids: [Int], inputsEmbeds: Tensor?, prefixKey: [Int]) {
+    ///
+    /// - Parameter templateArguments: more chat template variables (`apply_chat_template(**kwargs)`).
+    public func prompt(messages: [JSONValue], templateArguments: [String: JSONValue] = [:]) throws -> (ids: [Int], inputsEmbeds: Tensor?, prefixKey: [Int]) {
         let images = try ChatImages.references(in: messages).map(ChatImages.load)
         guard !images.isEmpty else {
-            let ids = try promptIds(messages, imageTokenCounts: [])
+            let ids = try layout.promptIds(messages, imageTokenCounts: [], templateArguments: templateArguments)
             return (ids, nil, ids)
         }
         let processed = try processor.preprocess(images, conversationImageCount: images.count)
         let counts = processor.imageTokenCounts(processed)
-        let ids = try promptIds(messages, imageTokenCounts: counts)
+        let ids = try layout.promptIds(messages, imageTokenCounts: counts, templateArguments: templateArguments)
         let embeds = try model.inputsEmbeds(inputIds: ids, imageFeatures: model.imageFeatures(processed))
         // Each image's run of image tokens becomes a value derived from its pixels (and its layout), never a token id.
         var key = ids

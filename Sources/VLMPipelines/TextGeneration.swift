@@ -106,9 +106,10 @@ public final class TextGenerationPipeline: Sendable {
     }
 
     /// A conversation's prompt ids: `apply_chat_template(messages, tools=tools, add_generation_prompt=True,
-    /// tokenize=True)` (`tools`: OpenAI-style function descriptions, for the templates that show them to the model).
-    public func promptIds(messages: [JSONValue], tools: [JSONValue]? = nil) throws -> [Int] {
-        try chatPrompt(messages, tools: tools)
+    /// tokenize=True, **templateArguments)` (`tools`: OpenAI-style function descriptions, for the templates that show
+    /// them to the model; `templateArguments`: more template variables, such as Qwen 3's `enable_thinking`).
+    public func promptIds(messages: [JSONValue], tools: [JSONValue]? = nil, templateArguments: [String: JSONValue] = [:]) throws -> [Int] {
+        try chatPrompt(messages, tools: tools, templateArguments: templateArguments)
     }
 
     /// The stopping criteria `settings` ask for beyond eos tokens and lengths (its stop strings), for driving the
@@ -127,12 +128,12 @@ public final class TextGenerationPipeline: Sendable {
         tokenTable.constraint(grammar, endTokens: Set(settings.eosTokenIds), tokenizer: tokenizer, count: model.vocabularySize)
     }
 
-    func chatPrompt(_ messages: [JSONValue], tools: [JSONValue]? = nil) throws -> [Int] {
+    func chatPrompt(_ messages: [JSONValue], tools: [JSONValue]? = nil, templateArguments: [String: JSONValue] = [:]) throws -> [Int] {
         if let index = ChatImages.firstMessageWithImages(messages) {
             throw PipelineError.imagesNotSupported(message: index)
         }
         // The template writes the special tokens itself, as apply_chat_template(tokenize=True) assumes.
-        return tokenizer.encode(try renderChat(messages, tools: tools), addSpecialTokens: false).ids
+        return tokenizer.encode(try renderChat(messages, tools: tools, templateArguments: templateArguments), addSpecialTokens: false).ids
     }
 
     /// transformers' `apply_chat_template(messages, tokenize=True, return_dict=True,
@@ -155,12 +156,14 @@ public final class TextGenerationPipeline: Sendable {
     }
 
     /// `apply_chat_template(messages, add_generation_prompt=True, tokenize=False)`.
-    func renderChat(_ messages: [JSONValue], addGenerationPrompt: Bool = true, tools: [JSONValue]? = nil) throws -> String {
+    func renderChat(_ messages: [JSONValue], addGenerationPrompt: Bool = true, tools: [JSONValue]? = nil,
+                    templateArguments: [String: JSONValue] = [:]) throws -> String {
         guard let chatTemplate else { throw PipelineError.noChatTemplate }
+        var context = templateArguments
+        if let tools { context["tools"] = .array(tools) }
         return try chatTemplate.render(messages: messages, addGenerationPrompt: addGenerationPrompt,
                                        bosToken: tokenizer.bosTokenId.flatMap(tokenizer.token),
-                                       eosToken: tokenizer.eosTokenId.flatMap(tokenizer.token),
-                                       extraContext: tools.map { ["tools": .array($0)] } ?? [:])
+                                       eosToken: tokenizer.eosTokenId.flatMap(tokenizer.token), extraContext: context)
     }
 
     /// Generates from `promptTokens`; with `cache`, from where the cache's tokens (the prompt's first ones) end.

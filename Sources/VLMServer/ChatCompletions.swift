@@ -16,6 +16,8 @@ extension VLMServer {
         if top != nil && !wantsLogprobs { throw APIError.invalid("'top_logprobs' requires 'logprobs' to be true", param: "top_logprobs") }
         requested.logprobs = wantsLogprobs ? top ?? 0 : nil
         let toolRequest = try ToolRequest(fields)
+        let templateArguments = try fields.chatTemplateArguments()
+        let parallelToolCalls = try fields.bool("parallel_tool_calls") ?? true
         if let forced = try toolRequest?.grammar() {
             guard requested.grammar == nil else {
                 throw APIError.invalid("a forced tool call constrains the reply itself: no 'response_format', 'json_schema' or 'grammar' with it", param: "tool_choice")
@@ -36,7 +38,7 @@ extension VLMServer {
         case let .text(text, textBatcher):
             let messages = templateToolCalls(try await chatMessages(raw, readsImages: false))
             (pipeline, batcher) = (text, textBatcher)
-            let ids = try preparing { try text.promptIds(messages: messages, tools: toolRequest?.tools) }
+            let ids = try preparing { try text.promptIds(messages: messages, tools: toolRequest?.tools, templateArguments: templateArguments) }
             prompt = (ids, nil, ids)
         case let .imageChat(imageChat, chatBatcher):
             guard toolRequest == nil else {
@@ -45,7 +47,9 @@ extension VLMServer {
             let messages = try await chatMessages(raw, readsImages: true)
             (pipeline, batcher) = (imageChat.text, chatBatcher)
             // Reading and encoding images is heavy: off the server's event loops.
-            let prepared = try await heavyWork.run(maxImagePixels: configuration.maxImagePixels) { try preparing { try imageChat.prompt(messages: messages) } }
+            let prepared = try await heavyWork.run(maxImagePixels: configuration.maxImagePixels) {
+                try preparing { try imageChat.prompt(messages: messages, templateArguments: templateArguments) }
+            }
             prompt = (prepared.ids, prepared.inputsEmbeds, prepared.prefixKey)
         case .embeddings:
             throw APIError.invalid("The model `\(model.id)` computes embeddings; it does not chat", param: "model")
@@ -62,7 +66,9 @@ extension VLMServer {
         let promptText = template == nil ? "" : pipeline.tokenizer.decode(prompt.ids, skipSpecialTokens: false)
         func replyParsers() throws -> [ReplyParser]? {
             try template.map { template in
-                try (0..<sampling.n).map { _ in try ReplyParser(template: template, prompt: promptText, tools: toolRequest?.tools) }
+                try (0..<sampling.n).map { _ in
+                    try ReplyParser(template: template, prompt: promptText, tools: toolRequest?.tools, parallelToolCalls: parallelToolCalls)
+                }
             }
         }
         let run = try GenerationRun(model: model, pipeline: pipeline, batcher: batcher, prompt: prompt, fields: sampling,

@@ -21,9 +21,12 @@ struct ReplyParser {
     private static let reasoningFields = ["reasoning_content", "thinking", "reasoning"]
 
     private var parser: ResponseParser
+    /// The calls kept: one when the request says `parallel_tool_calls: false` (the first, as vLLM keeps it).
+    private let callLimit: Int
     private(set) var callCount = 0
 
-    init(template: ResponseTemplate, prompt: String, tools: [JSONValue]?) throws {
+    init(template: ResponseTemplate, prompt: String, tools: [JSONValue]?, parallelToolCalls: Bool = true) throws {
+        callLimit = parallelToolCalls ? .max : 1
         do { parser = try ResponseParser(template: template, prefix: prompt, tools: tools) } catch {
             throw APIError.invalid("\(error)", param: "messages")
         }
@@ -50,7 +53,7 @@ struct ReplyParser {
                 break
             }
         }
-        if case let .array(calls)? = message["tool_calls"] { whole.toolCalls = calls.flatMap(Self.calls) }
+        if case let .array(calls)? = message["tool_calls"] { whole.toolCalls = Array(calls.flatMap(Self.calls).prefix(callLimit)) }
         return (last, whole)
     }
 
@@ -67,7 +70,7 @@ struct ReplyParser {
             case let .chunk(field, text, dirty) where !dirty:
                 if field == "content" { delta.content += text } else if Self.reasoningFields.contains(field) { delta.reasoning += text }
             case let .close(field, value) where field == "tool_calls":
-                for call in Self.calls(in: value) {
+                for call in Self.calls(in: value) where callCount < callLimit {
                     delta.toolCalls.append(call)
                     callCount += 1
                 }

@@ -153,3 +153,23 @@ extension VLMServer {
         }
     }
 }
+
+extension RequestFields {
+    /// `chat_template_kwargs` (vLLM's, llama-server's and transformers serve's): more variables for the chat template,
+    /// as `apply_chat_template(**kwargs)` takes them (Qwen 3's `enable_thinking`, …). The variables the server sets
+    /// itself may not be overridden.
+    func chatTemplateArguments() throws -> [String: JSONValue] {
+        guard let value = self["chat_template_kwargs"], value != .null else { return [:] }
+        guard case .object(let pairs) = value else {
+            throw APIError.invalid("'chat_template_kwargs' must be an object", param: "chat_template_kwargs")
+        }
+        var arguments: [String: JSONValue] = [:]
+        for (key, argument) in pairs {
+            guard !["messages", "tools", "documents", "add_generation_prompt"].contains(key) else {
+                throw APIError.invalid("chat_template_kwargs may not set '\(key)' (the request's own fields set it)", param: "chat_template_kwargs")
+            }
+            arguments[key] = argument
+        }
+        return arguments
+    }
+}

