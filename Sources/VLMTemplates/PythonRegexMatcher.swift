@@ -246,14 +246,8 @@ struct PythonRegexMatcher: ~Copyable {
                     pc = resumePC
                     position = resumePosition
                     continue execution
-                case let .restoreSpan(group, start, end):
-                    spans[2 * group] = start
-                    spans[2 * group + 1] = end
-                case let .restoreOpen(group, position):
-                    opens[group] = position
-                case let .restoreCounter(counter, count, start):
-                    counts[counter] = count
-                    iterationStarts[counter] = start
+                case .restoreSpan, .restoreOpen, .restoreCounter:
+                    restore(entry)
                 case let .enterLoopBody(loopPC, resumePosition):
                     guard case let .repeatLoop(loop) = instructions[loopPC] else { preconditionFailure() }
                     beginIteration(loop.counter, at: resumePosition)
@@ -461,18 +455,23 @@ struct PythonRegexMatcher: ~Copyable {
     /// Undoes everything above the marker at `marker`, and the marker.
     private mutating func unwind(to marker: Int) {
         while stack.count > marker {
-            switch stack.removeLast() {
-            case let .restoreSpan(group, start, end):
-                spans[2 * group] = start
-                spans[2 * group + 1] = end
-            case let .restoreOpen(group, position):
-                opens[group] = position
-            case let .restoreCounter(counter, count, start):
-                counts[counter] = count
-                iterationStarts[counter] = start
-            default:
-                break
-            }
+            restore(stack.removeLast())
+        }
+    }
+
+    /// Puts back the group or counter state a backtrack entry saved; other entries are choices, not state.
+    private mutating func restore(_ entry: Backtrack) {
+        switch entry {
+        case let .restoreSpan(group, start, end):
+            spans[2 * group] = start
+            spans[2 * group + 1] = end
+        case let .restoreOpen(group, position):
+            opens[group] = position
+        case let .restoreCounter(counter, count, start):
+            counts[counter] = count
+            iterationStarts[counter] = start
+        default:
+            break
         }
     }
 
