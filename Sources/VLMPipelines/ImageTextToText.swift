@@ -66,13 +66,16 @@ public final class ImageTextToTextPipeline: Sendable {
     /// Answers a conversation: its images read from their parts' references (see ``ChatImages``), the prompt laid
     /// out as ``promptIds(_:imageTokenCounts:)`` does, then greedy decoding, sampling or beam search by `settings`.
     /// `onText` receives the reply piece by piece as it is generated (not with beam search).
-    public func generate(messages: [JSONValue], settings: GenerationConfig? = nil, seed: UInt64 = 0,
+    ///
+    /// - Parameter tools: OpenAI-style function descriptions for the chat template (`apply_chat_template(tools=…)`).
+    public func generate(messages: [JSONValue], tools: [JSONValue]? = nil, settings: GenerationConfig? = nil, seed: UInt64 = 0,
                          grammar: Grammar? = nil, onText: ((String) throws -> Void)? = nil) throws -> TextGenerationResult {
         let images = try ChatImages.references(in: messages).map(ChatImages.load)
         // One conversation's images, read as transformers reads them together (LLaVA-OneVision: whole when several).
         let processed = try images.isEmpty ? nil : processor.preprocess(images, conversationImageCount: images.count)
         let features = try processed.map(model.imageFeatures) ?? []
-        let prompt = try promptIds(messages, imageTokenCounts: processed.map(processor.imageTokenCounts) ?? [])
+        let prompt = try layout.promptIds(messages, imageTokenCounts: processed.map(processor.imageTokenCounts) ?? [],
+                                          templateArguments: tools.map { ["tools": .array($0)] } ?? [:])
         let settings = settings ?? text.config
         return try run(promptTokens: prompt, imageFeatures: features, settings: settings, seed: seed,
                        constraint: grammar.map { text.constraint($0, settings: settings) }, onText: onText)

@@ -41,14 +41,13 @@ extension VLMServer {
             let ids = try preparing { try text.promptIds(messages: messages, tools: toolRequest?.tools, templateArguments: templateArguments) }
             prompt = (ids, nil, ids)
         case let .imageChat(imageChat, chatBatcher):
-            guard toolRequest == nil else {
-                throw APIError.invalid("The model `\(model.id)` reads images; tools are served for text models", param: "tools")
-            }
-            let messages = try await chatMessages(raw, readsImages: true)
+            let messages = templateToolCalls(try await chatMessages(raw, readsImages: true))
             (pipeline, batcher) = (imageChat.text, chatBatcher)
+            var arguments = templateArguments
+            if let tools = toolRequest?.tools { arguments["tools"] = .array(tools) }
             // Reading and encoding images is heavy: off the server's event loops.
-            let prepared = try await heavyWork.run(maxImagePixels: configuration.maxImagePixels) {
-                try preparing { try imageChat.prompt(messages: messages, templateArguments: templateArguments) }
+            let prepared = try await heavyWork.run(maxImagePixels: configuration.maxImagePixels) { [arguments] in
+                try preparing { try imageChat.prompt(messages: messages, templateArguments: arguments) }
             }
             prompt = (prepared.ids, prepared.inputsEmbeds, prepared.prefixKey)
         case .embeddings:

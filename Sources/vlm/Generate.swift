@@ -150,14 +150,13 @@ struct Generate: AsyncParsableCommand {
     /// The image-text-to-text pipeline's answer to --chat's messages, or to one user turn of --image and --prompt
     /// (a prompt alone is that turn without images: chat models that read images answer conversations).
     private func answer(with pipeline: ImageTextToTextPipeline) throws {
-        guard tools == nil else { throw ValidationError("--tools: models that read images take no tools here (their prompts are laid out without them)") }
         let config = try settings.apply(to: pipeline.text.config)
         let messages: [JSONValue] = try chat.map(readMessages) ?? [[
             "role": "user",
             "content": .array(image.map { ["type": "image", "path": .string($0)] } + [["type": "text", "text": .string(prompt ?? "")]]),
         ]]
         let streams = !json && config.numBeams == 1
-        let result = try pipeline.generate(messages: messages, settings: config, seed: settings.samplerSeed,
+        let result = try pipeline.generate(messages: messages, tools: try tools.map(readTools), settings: config, seed: settings.samplerSeed,
                                            grammar: try outputGrammar(), onText: streams ? { writeToStandardOutput($0) } : nil)
         if json {
             try printJSON(self.result(result, pipeline: pipeline.text))

@@ -124,6 +124,40 @@ import SwiftVLM
         }
     }
 
+    /// Tools with a model that reads images: they reach its chat template, a forced call comes back as
+    /// `tool_calls` of the function's schema (structured extraction from a photo); `"auto"` needs a response
+    /// template, which this checkpoint does not declare.
+    @Test func imageChatModelsCallForcedTools() async throws {
+        let server = try await RunningServer(models: Self.models())
+        defer { Task { await server.stop() } }
+        let describe: JSONValue = ["type": "function", "function": ["name": "describe", "parameters": [
+            "type": "object", "properties": ["animal": ["enum": ["cat", "dog", "bird"]], "count": ["type": "integer", "minimum": 0, "maximum": 9]],
+            "required": ["animal", "count"], "additionalProperties": false]]]
+        let messages: JSONValue = [["role": "user", "content": [
+            ["type": "image_url", "image_url": ["url": .string(try ServerFixtures.dataURL("photos/chelsea.png"))]],
+            ["type": "text", "text": "Which animal, how many?"]]]]
+        let (status, body) = try await server.post("/v1/chat/completions", [
+            "model": "llava-tiny", "messages": messages, "max_tokens": 40, "temperature": 0, "tools": [describe],
+            "tool_choice": ["type": "function", "function": ["name": "describe"]]])
+        #expect(status == 200, "\(String(describing: body))")
+        let message = body["choices"]?.first?["message"]
+        #expect(message?["content"] == .null)
+        guard case .string(let arguments)? = message?["tool_calls"]?.first?["function"]?["arguments"] else {
+            Issue.record("no tool call: \(String(describing: body))")
+            return
+        }
+        let parsed = try JSONValue(parsing: Data(arguments.utf8))
+        guard case .string(let animal)? = parsed["animal"], case .int(let count)? = parsed["count"] else {
+            Issue.record("arguments not of the schema's shape: \(arguments)")
+            return
+        }
+        #expect(["cat", "dog", "bird"].contains(animal) && (0...9).contains(count))
+        let (autoStatus, autoBody) = try await server.post("/v1/chat/completions", [
+            "model": "llava-tiny", "messages": messages, "max_tokens": 4, "tools": [describe]])
+        #expect(autoStatus == 400)
+        #expect(autoBody["error"]?["param"] == .string("tool_choice"))
+    }
+
     /// The same conversation with the same image asked twice: the second time its prompt comes from the kept
     /// cache (OpenAI's `prompt_tokens_details.cached_tokens`) and the answer is the same.
     @Test func repeatedImagePromptIsReusedFromTheCache() async throws {
