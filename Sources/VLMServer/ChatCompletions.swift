@@ -140,12 +140,8 @@ extension VLMServer {
                         }
                     case .finished(let rest, var reason)?:
                         if replies != nil {
-                            var delta = try replies![choice].take(rest)
-                            let (last, _) = try replies![choice].finish()
-                            delta.content += last.content
-                            delta.reasoning += last.reasoning
-                            delta.toolCalls += last.toolCalls
-                            try await sendReply(delta, choice: choice, calls: replies![choice].callCount, logprob: nil)
+                            let last = try replies![choice].finish(rest).last
+                            try await sendReply(last, choice: choice, calls: replies![choice].callCount, logprob: nil)
                             if replies![choice].callCount > 0 { reason = "tool_calls" }
                         } else if let toolRequest, forced {
                             let text = heldText[choice] + rest
@@ -194,8 +190,7 @@ extension VLMServer {
         let choices: [JSONValue] = try (0..<sampling.n).map { choice in
             let message: JSONValue
             if replies != nil {
-                _ = try replies![choice].take(contents[choice])
-                let reply = try replies![choice].finish().message
+                let reply = try replies![choice].finish(contents[choice]).message
                 var fields: [(String, JSONValue)] = [("role", "assistant")]
                 // Content null beside tool calls, as OpenAI sends it.
                 fields.append(("content", reply.content.isEmpty && !reply.toolCalls.isEmpty ? .null : .string(reply.content)))

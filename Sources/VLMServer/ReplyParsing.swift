@@ -39,12 +39,17 @@ struct ReplyParser {
         return delta(events)
     }
 
-    /// The end of the reply: what the stream still gets (held-back text, the open region closed), and the whole
-    /// message as transformers serve answers it unstreamed: the parsed content ("" when none), reasoning and calls.
-    mutating func finish() throws -> (last: ReplyDelta, message: ReplyDelta) {
+    /// The reply's last text and its end: what the stream still gets (that text, what was held back, the open
+    /// region closed), and the whole message as transformers serve answers it unstreamed: the parsed content ("" when
+    /// none), reasoning and calls.
+    mutating func finish(_ text: String) throws -> (last: ReplyDelta, message: ReplyDelta) {
+        var last = try take(text)
         let message: JSONValue, events: [ResponseEvent]
         do { (message, events) = try parser.finalize() } catch { throw Self.failure(error) }
-        let last = delta(events)
+        let closing = delta(events)
+        last.content += closing.content
+        last.reasoning += closing.reasoning
+        last.toolCalls += closing.toolCalls
         var whole = ReplyDelta()
         if case let .string(content)? = message["content"] { whole.content = content }
         for field in Self.reasoningFields {

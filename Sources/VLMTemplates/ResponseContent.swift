@@ -9,6 +9,8 @@ struct ResponseContentError: Error {
 /// transformers' content parsers (`utils/chat_parsing/content_parsers.py`): each turns a region's text into one
 /// value of the message, with Python's own conversions (`int()`, `float()`, `json.loads`).
 enum ResponseContent {
+    /// The content parsers' names.
+    static let parsers = ["text", "int", "float", "bool", "json", "xml-inline", "kv-lines"]
     /// Parsers whose value is the region's text itself: their chunks are part of the final value.
     static let streamable: Set<String> = ["text", "int", "float", "bool"]
 
@@ -177,7 +179,7 @@ enum ResponseContent {
         guard let valueParser, valueParser != .null else { return raw.map(JSONValue.string) ?? .null }
         guard let raw else { throw ResponseContentError("'NoneType' object has no attribute 'strip'") }
         let name = valueParser["name"].flatMap { if case let .string(s) = $0 { s } else { nil } } ?? "text"
-        guard ["text", "int", "float", "bool", "json", "xml-inline", "kv-lines"].contains(name) else {
+        guard parsers.contains(name) else {
             throw ResponseContentError("unknown value_parser \(pythonStringRepr(name))")
         }
         return try parse(raw, parser: name, arguments: valueParser["args"] ?? .object([]))

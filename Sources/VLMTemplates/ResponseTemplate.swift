@@ -88,8 +88,6 @@ public struct ResponseTemplate: Sendable {
         return ResponseTemplate(spec: spec, defaults: defaults, fields: fields, implicit: implicitFields.first, startAnchor: anchor)
     }
 
-    private static let contentParsers = ["text", "int", "float", "bool", "json", "xml-inline", "kv-lines"]
-
     private static func field(_ name: String, _ field: JSONValue) throws -> Field {
         let scope = "Field \(pythonStringRepr(name))"
         guard case let .object(pairs) = field else { throw ResponseTemplateError.invalid("\(scope) must be a dict") }
@@ -98,8 +96,8 @@ public struct ResponseTemplate: Sendable {
         let unknown = pairs.map(\.0).filter { !allowed.contains($0) }
         if !unknown.isEmpty { throw ResponseTemplateError.invalid("\(scope): unknown keys \(pythonList(unknown.sorted(by: pythonLess)))") }
         let contentValue = field["content"] ?? .string("text")
-        guard case let .string(content) = contentValue, contentParsers.contains(content) else {
-            throw ResponseTemplateError.invalid("\(scope): unknown content parser \(pythonRepr(contentValue)). Available: \(pythonList(contentParsers.sorted(by: pythonLess)))")
+        guard case let .string(content) = contentValue, ResponseContent.parsers.contains(content) else {
+            throw ResponseTemplateError.invalid("\(scope): unknown content parser \(pythonRepr(contentValue)). Available: \(pythonList(ResponseContent.parsers.sorted(by: pythonLess)))")
         }
         let open = try delimiter(scope, field, literalKey: "open", patternKey: "open_pattern")
         let close = try delimiter(scope, field, literalKey: "close", patternKey: "close_pattern")
