@@ -97,13 +97,31 @@ TOOLS = [
 ]
 TOOL_CONVERSATIONS = ["system-user", "tool-call"]
 
+# Replies begun by the caller, rendered with `continue_final_message=True` (no generation prompt): the text ends where
+# the last message's does, trailing whitespace and all when the template keeps it.
+CONTINUATIONS = {
+    "prefill": [
+        {"role": "user", "content": "What's the weather in Paris?"},
+        {"role": "assistant", "content": "The weather in Paris is"},
+    ],
+    "prefill-call": [
+        {"role": "user", "content": "What's the weather in Paris?"},
+        {"role": "assistant", "content": "<tool_call>\n"},
+    ],
+    "prefill-parts": [
+        {"role": "user", "content": "Describe Paris."},
+        {"role": "assistant", "content": [{"type": "text", "text": "Paris is"}]},
+    ],
+}
 
-def render(template, messages, tools, add_generation_prompt):
+
+def render(template, messages, tools, add_generation_prompt, continue_final_message=False):
     messages = [{key: value for key, value in message.items() if value is not None} for message in messages]
     try:
         rendered, _ = chat_template_utils.render_jinja_template(
             conversations=[messages], tools=tools, documents=None, chat_template=template,
-            add_generation_prompt=add_generation_prompt, bos_token=BOS_TOKEN, eos_token=EOS_TOKEN)
+            add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
+            bos_token=BOS_TOKEN, eos_token=EOS_TOKEN)
         return {"expected": rendered[0]}
     except Exception as error:  # jinja2's errors, and the TypeErrors and ValueErrors of Python code it runs
         return {"error": f"{type(error).__name__}: {error}"}
@@ -123,6 +141,10 @@ def main():
                 case = {"conversation": name, "tools": with_tools, "add_generation_prompt": add_generation_prompt}
                 case.update(render(template, CONVERSATIONS[name], TOOLS if with_tools else None, add_generation_prompt))
                 cases.append(case)
+        for name, messages in CONTINUATIONS.items():
+            case = {"conversation": name, "tools": False, "add_generation_prompt": False, "continue_final_message": True}
+            case.update(render(template, messages, None, False, continue_final_message=True))
+            cases.append(case)
         templates.append({"name": path.name, "cases": cases})
 
     llama = next(t for t in templates if t["name"] == "meta-llama-Llama-3.2-3B-Instruct.jinja")
@@ -132,7 +154,7 @@ def main():
         "bos_token": BOS_TOKEN,
         "eos_token": EOS_TOKEN,
         "now": NOW.isoformat(),
-        "conversations": CONVERSATIONS,
+        "conversations": {**CONVERSATIONS, **CONTINUATIONS},
         "tools": TOOLS,
         "templates": templates,
     }

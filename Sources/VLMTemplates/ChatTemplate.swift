@@ -46,11 +46,14 @@ public struct ChatTemplate: Sendable {
     ///   - bosToken: the `bos_token` variable; left undefined when nil.
     ///   - eosToken: the `eos_token` variable; left undefined when nil.
     ///   - extraContext: more variables (other special tokens, `tools`, `date_string`, …); they override the above.
+    ///   - continueFinalMessage: `continue_final_message=True`: the text ends where the last message's text does, so
+    ///     that the model continues that message (a reply "prefilled"); not with `addGenerationPrompt`.
     public func render(messages: [JSONValue], addGenerationPrompt: Bool = false, bosToken: String? = nil,
-                       eosToken: String? = nil, extraContext: [String: JSONValue] = [:]) throws(ChatTemplateError) -> String
+                       eosToken: String? = nil, extraContext: [String: JSONValue] = [:],
+                       continueFinalMessage: Bool = false) throws(ChatTemplateError) -> String
     {
         try render(messages: messages, addGenerationPrompt: addGenerationPrompt, bosToken: bosToken, eosToken: eosToken,
-                   extraContext: extraContext, now: nil)
+                   extraContext: extraContext, now: nil, continueFinalMessage: continueFinalMessage)
     }
 
     /// ``render(messages:addGenerationPrompt:bosToken:eosToken:extraContext:)`` with where the template's
@@ -67,10 +70,78 @@ public struct ChatTemplate: Sendable {
     /// `render` with `strftime_now` formatting `now` instead of the time of the call, so that templates printing
     /// today's date render reproducibly in tests.
     func render(messages: [JSONValue], addGenerationPrompt: Bool, bosToken: String?, eosToken: String?,
-                extraContext: [String: JSONValue], now: Date?) throws(ChatTemplateError) -> String
+                extraContext: [String: JSONValue], now: Date?, continueFinalMessage: Bool = false) throws(ChatTemplateError) -> String
     {
-        try renderedChat(messages: messages, addGenerationPrompt: addGenerationPrompt, bosToken: bosToken,
-                         eosToken: eosToken, extraContext: extraContext, now: now).text
+        guard continueFinalMessage else {
+            return try renderedChat(messages: messages, addGenerationPrompt: addGenerationPrompt, bosToken: bosToken,
+                                    eosToken: eosToken, extraContext: extraContext, now: now).text
+        }
+        if addGenerationPrompt {
+            throw .cannotContinue(file: file, message: "continue_final_message and add_generation_prompt are not compatible. Use continue_final_message when you want the model to continue the final message, and add_generation_prompt when you want to add a header that will prompt it to start a new assistant message instead.")
+        }
+        let (tagged, final) = try taggingFinalMessage(messages)
+        let rendered = try renderedChat(messages: tagged, addGenerationPrompt: false, bosToken: bosToken, eosToken: eosToken,
+                                        extraContext: extraContext, now: now).text
+        return try cutAtFinalMessage(rendered, final: final)
+    }
+
+    /// transformers' marker of where the final message's text ends, for `continue_final_message`.
+    private static let continuationTag = Array("CONTINUE_FINAL_MESSAGE_TAG ".unicodeScalars)
+
+    /// The conversation with the marker after the last message's text (its content, or the last text part of it),
+    /// and that text, as `render_jinja_template` marks it.
+    private func taggingFinalMessage(_ messages: [JSONValue]) throws(ChatTemplateError) -> ([JSONValue], String) {
+        guard case let .object(pairs)? = messages.last else {
+            throw .cannotContinue(file: file, message: "continue_final_message is set but the conversation is empty!")
+        }
+        var fields = pairs.filter { $0.1 != .null }
+        guard let at = fields.lastIndex(where: { $0.0 == "content" }) else {
+            throw .cannotContinue(file: file, message: #"continue_final_message is set but the final message has no "content" to continue!"#)
+        }
+        guard source.contains("content") else {
+            throw .cannotContinue(file: file, message: #"continue_final_message is set to "content" but this is not an accepted field in the chat_template"#)
+        }
+        let tag = String(String.UnicodeScalarView(Self.continuationTag))
+        let final: String
+        switch fields[at].1 {
+        case let .string(text):
+            final = text
+            fields[at].1 = .string(text + tag)
+        case var .array(parts):
+            guard let part = parts.lastIndex(where: { if case .object = $0 { $0["text"] != nil } else { false } }),
+                  case var .object(partFields) = parts[part], let textAt = partFields.lastIndex(where: { $0.0 == "text" }),
+                  case let .string(text) = partFields[textAt].1 else {
+                throw .cannotContinue(file: file, message: "continue_final_message is set but we could not find any text to continue in the final message!")
+            }
+            final = text
+            partFields[textAt].1 = .string(text + tag)
+            parts[part] = .object(partFields)
+            fields[at].1 = .array(parts)
+        default:
+            throw .cannotContinue(file: file, message: "continue_final_message is set but the final message's content is not text")
+        }
+        return (messages.dropLast() + [.object(fields)], final)
+    }
+
+    /// The rendering cut where the marker is (and the whitespace before it, when the template trimmed the text).
+    private func cutAtFinalMessage(_ rendered: String, final: String) throws(ChatTemplateError) -> String {
+        let text = Array(rendered.unicodeScalars)
+        let tagWord = Array(Self.continuationTag.dropLast())
+        let stripped = Array(PythonStrings.strip(final, nil, leading: true, trailing: true).unicodeScalars)
+        guard Self.lastIndex(of: stripped, in: text) != nil, let at = Self.lastIndex(of: tagWord, in: text) else {
+            throw .cannotContinue(file: file, message: "continue_final_message is set but the final message does not appear in the chat after applying the chat template! This can happen if the chat template deletes portions of the final message. Please verify the chat template and final message in your chat to ensure they are compatible.")
+        }
+        let before = String(String.UnicodeScalarView(text[..<at]))
+        if text[at...].starts(with: Self.continuationTag) { return before }
+        return PythonStrings.strip(before, nil, leading: false, trailing: true)
+    }
+
+    /// Python's `str.rindex` over code points (nil where it raises).
+    private static func lastIndex(of needle: [Unicode.Scalar], in text: [Unicode.Scalar]) -> Int? {
+        guard needle.count <= text.count else { return nil }
+        return stride(from: text.count - needle.count, through: 0, by: -1).first { start in
+            text[start..<start + needle.count].elementsEqual(needle)
+        }
     }
 
     private func renderedChat(messages: [JSONValue], addGenerationPrompt: Bool, bosToken: String?, eosToken: String?,

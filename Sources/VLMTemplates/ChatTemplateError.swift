@@ -12,6 +12,8 @@ public enum ChatTemplateError: Error, CustomStringConvertible, Equatable {
     case invalidTemplateFile(file: String, message: String)
     /// A file could not be read.
     case unreadable(file: String, message: String)
+    /// The conversation's final message cannot be continued (`continue_final_message`), in transformers' words.
+    case cannotContinue(file: String, message: String)
 
     public var description: String {
         switch self {
@@ -27,6 +29,8 @@ public enum ChatTemplateError: Error, CustomStringConvertible, Equatable {
             "\(file): \(message)"
         case let .unreadable(file, message):
             "\(file): cannot read: \(message)"
+        case let .cannotContinue(file, message):
+            "\(file): \(message)"
         }
     }
 }

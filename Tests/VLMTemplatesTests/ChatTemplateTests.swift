@@ -97,3 +97,26 @@ func languageFeature(name: String) throws {
         #expect(Array(rendered.utf8) == Array(expected.utf8), "\(name): \(rendered.debugDescription) != \(expected.debugDescription)")
     }
 }
+
+/// `continue_final_message` refuses what transformers refuses, in its words (the renderings themselves are
+/// published.json's continuation cases).
+@Test func continuingTheFinalMessageRefusesWhatTransformersRefuses() throws {
+    let template = try ChatTemplate(source: "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}", file: "t.jinja")
+    let reply: [JSONValue] = [["role": "user", "content": "Hi"], ["role": "assistant", "content": "Hel"]]
+    #expect(try template.render(messages: reply, continueFinalMessage: true) == "<user>Hi</user><assistant>Hel")
+    func refusal(_ messages: [JSONValue], addGenerationPrompt: Bool = false, _ template: ChatTemplate = template) -> String? {
+        do {
+            _ = try template.render(messages: messages, addGenerationPrompt: addGenerationPrompt, continueFinalMessage: true)
+            return nil
+        } catch {
+            guard case let .cannotContinue(file, message) = error, file == template.file else { return "\(error)" }
+            return message
+        }
+    }
+    #expect(refusal(reply, addGenerationPrompt: true)?.hasPrefix("continue_final_message and add_generation_prompt are not compatible.") == true)
+    #expect(refusal([]) == "continue_final_message is set but the conversation is empty!")
+    #expect(refusal([["role": "assistant", "content": .null]]) == #"continue_final_message is set but the final message has no "content" to continue!"#)
+    #expect(refusal([["role": "assistant", "content": [["type": "image"]]]]) == "continue_final_message is set but we could not find any text to continue in the final message!")
+    let dropping = try ChatTemplate(source: "{% for m in messages %}{{ m.role }}{% endfor %}{{ messages[0].content }}", file: "d.jinja")
+    #expect(refusal(reply, dropping)?.hasPrefix("continue_final_message is set but the final message does not appear in the chat") == true)
+}

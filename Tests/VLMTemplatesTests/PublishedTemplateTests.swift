@@ -50,11 +50,14 @@ func publishedTemplate(name: String) throws {
             continue
         }
         let withTools = testCase["tools"] == .bool(true)
+        let continuing = testCase["continue_final_message"] == .bool(true)
         let label = "\(name) \(conversation)\(withTools ? " with tools" : "") add_generation_prompt=\(addGenerationPrompt)"
+            + (continuing ? " continue_final_message" : "")
         let extraContext = withTools ? ["tools": try #require(fixture["tools"])] : [:]
         let render = { () throws(ChatTemplateError) -> String in
             try template.render(messages: messages, addGenerationPrompt: addGenerationPrompt, bosToken: text(fixture["bos_token"]),
-                                eosToken: text(fixture["eos_token"]), extraContext: extraContext, now: now)
+                                eosToken: text(fixture["eos_token"]), extraContext: extraContext, now: now,
+                                continueFinalMessage: continuing)
         }
         try check(testCase, file: name, label: label, render: render)
     }
@@ -75,6 +78,10 @@ private func check(_ testCase: JSONValue, file: String, label: String, render: (
             case let .raised(errorFile, swiftMessage) where raisedByTemplate, let .render(errorFile, _, _, swiftMessage) where !raisedByTemplate:
                 #expect(errorFile == file)
                 #expect(swiftMessage == message, "\(label)")
+            case let .cannotContinue(errorFile, swiftMessage) where kind == "ValueError":
+                // transformers goes on with the final message and the whole rendering, on lines of their own.
+                #expect(errorFile == file)
+                #expect(message.hasPrefix(swiftMessage), "\(label): \(swiftMessage)")
             default:
                 Issue.record("\(label): jinja2 raises \(raised), but the Swift error is \(error)")
             }
