@@ -31,7 +31,8 @@ enum FuzzTarget: String, CaseIterable {
     /// allowed token the input's bytes pick taken.
     case grammar
     /// A response template (tokenizer_config.json's `response_template`) and a reply, split at the first NUL byte
-    /// (without one, the whole input is a reply to one of transformers serve's templates): the reply parsed whole,
+    /// (without one, the whole input is a reply to one of transformers serve's templates): the reply generated under
+    /// the template's tool-call constraint (its bytes where allowed, else an allowed token they pick), parsed whole,
     /// and streamed in chunks of sizes the input's bytes pick, as `vlm serve` parses replies.
     case response
     /// A request body for `vlm serve` (the first byte picks chat completions, completions or embeddings), answered
@@ -109,6 +110,7 @@ enum FuzzTarget: String, CaseIterable {
                     ? try ResponseTemplate(JSONValue(parsing: Data(parts[0]), file: "response_template"))
                     : ResponseTemplate.servingFallback(modelType: ["qwen2", "qwen3_5", "gemma4"][bytes.count % 3])!
                 let reply = Array(parts.last ?? [])
+                try FuzzWorkspace.decodeToolCalls(template, reply: reply)
                 let text = String(decoding: reply, as: UTF8.self)
                 _ = try? template.parse(text, prefix: "<|im_start|>assistant\n<|turn>model\n", tools: FuzzWorkspace.replyTools)
                 var parser = try ResponseParser(template: template, prefix: "", tools: FuzzWorkspace.replyTools)

@@ -177,12 +177,12 @@ private final class AnswerBox: @unchecked Sendable {
 }
 
 extension FuzzWorkspace {
-    /// Every byte as a token, pieces of JSON and text, and a few cut UTF-8 sequences; token 0 ends generation.
-    static let grammarVocabulary = GrammarVocabulary(
-        tokenBytes: [[]] + (0...255).map { [UInt8($0)] }
-            + ["{\"", "\":", "\": ", ", \"", "true", "false", "null", "\n  ", "  ", "é", "→", "12", "-0.5e+3", "abc", "\\u00"].map { Array($0.utf8) }
-            + [[0xC3], [0xE2, 0x86], [0xF0, 0x9F]],
-        specialTokens: [0])
+    /// Every byte as a token (byte b is token b + 1), pieces of JSON and text, and a few cut UTF-8 sequences; token 0
+    /// ends generation.
+    static let grammarTokenBytes: [[UInt8]] = [[]] + (0...255).map { [UInt8($0)] }
+        + ["{\"", "\":", "\": ", ", \"", "true", "false", "null", "\n  ", "  ", "é", "→", "12", "-0.5e+3", "abc", "\\u00"].map { Array($0.utf8) }
+        + [[0xC3], [0xE2, 0x86], [0xF0, 0x9F]]
+    static let grammarVocabulary = GrammarVocabulary(tokenBytes: grammarTokenBytes, specialTokens: [0])
 
     /// Decoding under `grammar`: per step the allowed tokens, then the one `picks` selects among them (or an end).
     static func decode(under grammar: Grammar, picks: some Sequence<UInt8>) {
@@ -195,6 +195,26 @@ extension FuzzWorkspace {
             precondition(constraint.allows(token, after: state), "the mask and the single-token check disagree")
             state = constraint.state(after: token, from: state)
             if state.isDead { return }
+        }
+    }
+
+    /// Decoding a reply under `template`'s tool-call constraint: each byte of `reply` where it is allowed, else the
+    /// allowed token the byte selects (or an end).
+    static func decodeToolCalls(_ template: ResponseTemplate, reply: [UInt8]) throws {
+        guard let constraint = try ToolCallConstraint(template: template, tools: replyTools, prompt: "", tokenBytes: grammarTokenBytes,
+                                                      vocabulary: grammarVocabulary, endTokens: [0]) else { return }
+        let sequence = constraint.start()
+        for byte in reply {
+            var token = Int(byte) + 1
+            if !sequence.allows(token) {
+                var scores = [Float](repeating: 0, count: grammarTokenBytes.count)
+                guard sequence.restrict(&scores) else { return }
+                let allowed = scores.indices.filter { scores[$0] == 0 }
+                precondition(!allowed.contains(token), "the mask and the single-token check disagree")
+                token = allowed[Int(byte) % allowed.count]
+                if token == 0 { return }
+            }
+            sequence.accept(token)
         }
     }
 }

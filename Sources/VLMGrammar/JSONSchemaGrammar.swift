@@ -186,9 +186,9 @@ private struct GrammarWriter {
         case let .allOf(children):
             return visitAllOf(children, name: name, ruleName: ruleName)
         case let .constant(value):
-            return addRule(ruleName, Self.literal(value.compactText))
+            return addRule(ruleName, Grammar.literal(value.compactText))
         case let .enumeration(values):
-            return addRule(ruleName, "(" + values.map { Self.literal($0.compactText) }.joined(separator: " | ") + ")")
+            return addRule(ruleName, "(" + values.map { Grammar.literal($0.compactText) }.joined(separator: " | ") + ")")
         case let .object(properties, additional):
             if properties.isEmpty, case .any? = additional {
                 return addRule(ruleName, addBuiltin("object", .object))
@@ -274,7 +274,7 @@ private struct GrammarWriter {
                     if isRequired { required.insert(ExactString(property.name)) }
                 }
             case let .enumeration(values):
-                for value in values { enumCounts[ExactString(Self.literal(value.compactText)), default: 0] += 1 }
+                for value in values { enumCounts[ExactString(Grammar.literal(value.compactText)), default: 0] += 1 }
             default:
                 break
             }
@@ -308,7 +308,7 @@ private struct GrammarWriter {
         for (propertyName, schema) in properties {
             let valueRule = visit(schema, name: prefix + propertyName)
             keyValueRules[ExactString(propertyName)] = addRule(prefix + propertyName + "-kv",
-                                                               Self.literal(JSONValue.string(propertyName).compactText)
+                                                               Grammar.literal(JSONValue.string(propertyName).compactText)
                                                                    + #" space ":" space "# + valueRule)
             if required.contains(ExactString(propertyName)) {
                 requiredNames.append(propertyName)
@@ -423,20 +423,6 @@ private struct GrammarWriter {
         return min == 0 ? "(" + result + ")?" : result
     }
 
-    /// A GBNF literal of `text`: quotes, backslashes, CR and LF escaped.
-    static func literal(_ text: String) -> String {
-        var escaped = "\""
-        for scalar in text.unicodeScalars {
-            switch scalar {
-            case "\r": escaped += #"\r"#
-            case "\n": escaped += #"\n"#
-            case "\"": escaped += #"\""#
-            case "\\": escaped += #"\\"#
-            default: escaped.unicodeScalars.append(scalar)
-            }
-        }
-        return escaped + "\""
-    }
 }
 
 private enum PatternFailure: Error {
@@ -1068,5 +1054,22 @@ private enum Grisu2 {
             digits[digits.count - 1] -= 1
             rest += unit
         }
+    }
+}
+
+extension Grammar {
+    /// A GBNF literal of `text`: quotes, backslashes, CR and LF escaped.
+    static func literal(_ text: String) -> String {
+        var escaped = "\""
+        for scalar in text.unicodeScalars {
+            switch scalar {
+            case "\r": escaped += #"\r"#
+            case "\n": escaped += #"\n"#
+            case "\"": escaped += #"\""#
+            case "\\": escaped += #"\\"#
+            default: escaped.unicodeScalars.append(scalar)
+            }
+        }
+        return escaped + "\""
     }
 }

@@ -27,15 +27,18 @@ public struct ImageChatPromptLayout: Sendable {
     ///
     /// - Throws: `PipelineError.imageCountMismatch` when the template wrote a different number of markers than
     ///   there are images.
-    /// - Parameter templateArguments: more template variables (`apply_chat_template(**kwargs)`).
+    /// - Parameters:
+    ///   - templateArguments: more template variables (`apply_chat_template(**kwargs)`).
+    ///   - continueFinalMessage: `continue_final_message=True`, no generation prompt: the prompt ends inside the last
+    ///     message, for the model to continue it.
     public func promptIds(_ messages: [JSONValue], imageTokenCounts: [Int], addGenerationPrompt: Bool = true,
-                          templateArguments: [String: JSONValue] = [:]) throws -> [Int] {
+                          templateArguments: [String: JSONValue] = [:], continueFinalMessage: Bool = false) throws -> [Int] {
         let tokenizer = processor.tokenizer
         let rendered = try chatTemplate.render(messages: imagePartsAsText ? messages.map(contentAsText) : messages,
-                                               addGenerationPrompt: addGenerationPrompt,
+                                               addGenerationPrompt: addGenerationPrompt && !continueFinalMessage,
                                                bosToken: tokenizer.bosTokenId.flatMap(tokenizer.token),
                                                eosToken: tokenizer.eosTokenId.flatMap(tokenizer.token),
-                                               extraContext: templateArguments)
+                                               extraContext: templateArguments, continueFinalMessage: continueFinalMessage)
         return try encode(expandingImageMarkers(in: rendered, imageTokenCounts: imageTokenCounts).text, rendered: rendered).ids
     }
 

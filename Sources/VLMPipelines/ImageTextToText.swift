@@ -67,18 +67,25 @@ public final class ImageTextToTextPipeline: Sendable {
     /// out as ``promptIds(_:imageTokenCounts:)`` does, then greedy decoding, sampling or beam search by `settings`.
     /// `onText` receives the reply piece by piece as it is generated (not with beam search).
     ///
-    /// - Parameter tools: OpenAI-style function descriptions for the chat template (`apply_chat_template(tools=…)`).
+    /// - Parameter tools: OpenAI-style function descriptions for the chat template (`apply_chat_template(tools=…)`);
+    ///   without a grammar, the reply's calls to them are held to their schemas as
+    ///   ``TextGenerationPipeline/generate(messages:tools:settings:seed:grammar:continueFinalMessage:)`` holds them.
+    /// - Parameter continueFinalMessage: continue the last message (`continue_final_message=True`) instead of starting
+    ///   a new one; by default when it is the assistant's, as transformers' pipeline decides.
     public func generate(messages: [JSONValue], tools: [JSONValue]? = nil, settings: GenerationConfig? = nil, seed: UInt64 = 0,
-                         grammar: Grammar? = nil, onText: ((String) throws -> Void)? = nil) throws -> TextGenerationResult {
+                         grammar: Grammar? = nil, continueFinalMessage: Bool? = nil,
+                         onText: ((String) throws -> Void)? = nil) throws -> TextGenerationResult {
         let images = try ChatImages.references(in: messages).map(ChatImages.load)
         // One conversation's images, read as transformers reads them together (LLaVA-OneVision: whole when several).
         let processed = try images.isEmpty ? nil : processor.preprocess(images, conversationImageCount: images.count)
         let features = try processed.map(model.imageFeatures) ?? []
         let prompt = try layout.promptIds(messages, imageTokenCounts: processed.map(processor.imageTokenCounts) ?? [],
-                                          templateArguments: tools.map { ["tools": .array($0)] } ?? [:])
+                                          templateArguments: tools.map { ["tools": .array($0)] } ?? [:],
+                                          continueFinalMessage: continueFinalMessage ?? endsWithAssistantMessage(messages))
         let settings = settings ?? text.config
         return try run(promptTokens: prompt, imageFeatures: features, settings: settings, seed: seed,
-                       constraint: grammar.map { text.constraint($0, settings: settings) }, onText: onText)
+                       constraint: text.chatConstraint(grammar: grammar, tools: tools, promptIds: prompt, settings: settings),
+                       onText: onText)
     }
 
     /// A conversation as a language model's prompt: its ids, and, when it holds images, the input embeddings with
@@ -86,16 +93,23 @@ public final class ImageTextToTextPipeline: Sendable {
     /// each image's tokens standing for that image's pixels). What ``generate(messages:settings:seed:onText:)``
     /// runs, for driving the language model through something else (a ``ContinuousBatcher``).
     ///
-    /// - Parameter templateArguments: more chat template variables (`apply_chat_template(**kwargs)`).
-    public func prompt(messages: [JSONValue], templateArguments: [String: JSONValue] = [:]) throws -> (ids: [Int], inputsEmbeds: Tensor?, prefixKey: [Int]) {
+    /// - Parameters:
+    ///   - templateArguments: more chat template variables (`apply_chat_template(**kwargs)`).
+    ///   - addGenerationPrompt: false ends the prompt with the last message.
+    ///   - continueFinalMessage: the prompt ends inside the last message, for the model to continue it
+    ///     (`continue_final_message=True`) instead of with the generation prompt.
+    public func prompt(messages: [JSONValue], templateArguments: [String: JSONValue] = [:], addGenerationPrompt: Bool = true,
+                       continueFinalMessage: Bool = false) throws -> (ids: [Int], inputsEmbeds: Tensor?, prefixKey: [Int]) {
         let images = try ChatImages.references(in: messages).map(ChatImages.load)
         guard !images.isEmpty else {
-            let ids = try layout.promptIds(messages, imageTokenCounts: [], templateArguments: templateArguments)
+            let ids = try layout.promptIds(messages, imageTokenCounts: [], addGenerationPrompt: addGenerationPrompt,
+                                           templateArguments: templateArguments, continueFinalMessage: continueFinalMessage)
             return (ids, nil, ids)
         }
         let processed = try processor.preprocess(images, conversationImageCount: images.count)
         let counts = processor.imageTokenCounts(processed)
-        let ids = try layout.promptIds(messages, imageTokenCounts: counts, templateArguments: templateArguments)
+        let ids = try layout.promptIds(messages, imageTokenCounts: counts, addGenerationPrompt: addGenerationPrompt,
+                                       templateArguments: templateArguments, continueFinalMessage: continueFinalMessage)
         let embeds = try model.inputsEmbeds(inputIds: ids, imageFeatures: model.imageFeatures(processed))
         // Each image's run of image tokens becomes a value derived from its pixels (and its layout), never a token id.
         var key = ids
@@ -127,7 +141,7 @@ public final class ImageTextToTextPipeline: Sendable {
     /// Generates from a prompt holding the image tokens of `imageFeatures` (one tensor per image of the whole
     /// prompt); with `cache`, from where the cache's tokens (the prompt's first ones) end.
     func run(promptTokens: [Int], imageFeatures: [Tensor], settings: GenerationConfig, seed: UInt64,
-             cache: KVCache? = nil, constraint: GrammarConstraint? = nil,
+             cache: KVCache? = nil, constraint: (any GenerationConstraint)? = nil,
              onText: ((String) throws -> Void)?) throws -> TextGenerationResult {
         try text.run(promptTokens: promptTokens, settings: settings, seed: seed, cache: cache,
                      embeddings: { [model] start in

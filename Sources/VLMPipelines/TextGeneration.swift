@@ -66,33 +66,76 @@ public final class TextGenerationPipeline: Sendable {
 
     /// Answers a conversation: `apply_chat_template(messages, tools=tools, add_generation_prompt=True)`, then
     /// generation (``message(replyIds:promptIds:tools:template:)`` parses the reply into an assistant message).
+    /// With tools and no grammar, the tool calls the reply makes are held to the tools' schemas in the model's own
+    /// format, the rest of it free (``toolCallConstraint(tools:promptIds:settings:template:parallelCalls:)``).
+    /// `continueFinalMessage` continues the last message (a reply the caller began, `continue_final_message=True`)
+    /// instead of starting a new one; by default, as transformers' pipeline decides, when that message is the
+    /// assistant's.
     public func generate(messages: [JSONValue], tools: [JSONValue]? = nil, settings: GenerationConfig? = nil, seed: UInt64 = 0,
-                         grammar: Grammar? = nil) throws -> TextGenerationResult {
+                         grammar: Grammar? = nil, continueFinalMessage: Bool? = nil) throws -> TextGenerationResult {
         let settings = settings ?? config
-        return try run(promptTokens: chatPrompt(messages, tools: tools), settings: settings, seed: seed,
-                       constraint: grammar.map { constraint($0, settings: settings) }, onText: nil)
+        let prompt = try chatPrompt(messages, tools: tools,
+                                    continueFinalMessage: continueFinalMessage ?? endsWithAssistantMessage(messages))
+        return try run(promptTokens: prompt, settings: settings, seed: seed,
+                       constraint: chatConstraint(grammar: grammar, tools: tools, promptIds: prompt, settings: settings), onText: nil)
+    }
+
+    /// A chat reply's constraint: the grammar, else with tools their calls' (when the response template has a format
+    /// for them).
+    func chatConstraint(grammar: Grammar?, tools: [JSONValue]?, promptIds: [Int], settings: GenerationConfig) throws -> (any GenerationConstraint)? {
+        if let grammar { return constraint(grammar, settings: settings) }
+        guard let tools else { return nil }
+        return try toolCallConstraint(tools: tools, promptIds: promptIds, settings: settings)
+    }
+
+    /// What holds a chat reply's tool calls to `tools` while leaving the rest of it free, llama.cpp's lazy grammars
+    /// with the calls found by the response template (see ``ToolCallConstraint``).
+    ///
+    /// - Parameters:
+    ///   - promptIds: the chat's prompt, whose text the template's parser reads first.
+    ///   - template: the template that says where calls go (default: the checkpoint's ``responseTemplate``).
+    ///   - parallelCalls: false ends the reply after its first call.
+    /// - Returns: nil without a template, or where its calls are not JSON between literal delimiters.
+    public func toolCallConstraint(tools: [JSONValue], promptIds: [Int], settings: GenerationConfig,
+                                   template: ResponseTemplate? = nil, parallelCalls: Bool = true) throws -> ToolCallConstraint? {
+        guard let template = template ?? responseTemplate else { return nil }
+        let count = model.vocabularySize
+        return try ToolCallConstraint(template: template, tools: tools, prompt: tokenizer.decode(promptIds, skipSpecialTokens: false),
+                                      tokenBytes: tokenTable.bytes(tokenizer, count: count),
+                                      vocabulary: tokenTable.vocabulary(tokenizer, count: count),
+                                      endTokens: Set(settings.eosTokenIds), parallelCalls: parallelCalls)
     }
 
     /// ``generate(prompt:settings:seed:grammar:)`` as a stream of text pieces, each yielded as soon as the tokens
     /// that make it are generated (never a broken character). Cancelling the consuming task stops generation.
     public func stream(prompt: String, settings: GenerationConfig? = nil, seed: UInt64 = 0,
                        grammar: Grammar? = nil) -> AsyncThrowingStream<String, any Error> {
-        stream(settings: settings ?? config, seed: seed, grammar: grammar) { $0.tokenizer.encode(prompt).ids }
+        let settings = settings ?? config
+        return stream(settings: settings, seed: seed) { pipeline in
+            let ids = pipeline.tokenizer.encode(prompt).ids
+            return (ids, grammar.map { pipeline.constraint($0, settings: settings) })
+        }
     }
 
-    /// ``generate(messages:tools:settings:seed:grammar:)`` as a stream of text pieces.
+    /// ``generate(messages:tools:settings:seed:grammar:continueFinalMessage:)`` as a stream of text pieces.
     public func stream(messages: [JSONValue], tools: [JSONValue]? = nil, settings: GenerationConfig? = nil, seed: UInt64 = 0,
-                       grammar: Grammar? = nil) -> AsyncThrowingStream<String, any Error> {
-        stream(settings: settings ?? config, seed: seed, grammar: grammar) { try $0.chatPrompt(messages, tools: tools) }
+                       grammar: Grammar? = nil, continueFinalMessage: Bool? = nil) -> AsyncThrowingStream<String, any Error> {
+        let settings = settings ?? config
+        return stream(settings: settings, seed: seed) { pipeline in
+            let ids = try pipeline.chatPrompt(messages, tools: tools,
+                                              continueFinalMessage: continueFinalMessage ?? endsWithAssistantMessage(messages))
+            return (ids, try pipeline.chatConstraint(grammar: grammar, tools: tools, promptIds: ids, settings: settings))
+        }
     }
 
-    private func stream(settings: GenerationConfig, seed: UInt64, grammar: Grammar?,
-                        promptTokens: @escaping @Sendable (TextGenerationPipeline) throws -> [Int]) -> AsyncThrowingStream<String, any Error> {
+    private func stream(settings: GenerationConfig, seed: UInt64,
+                        prompt: @escaping @Sendable (TextGenerationPipeline) throws -> (ids: [Int], constraint: (any GenerationConstraint)?))
+        -> AsyncThrowingStream<String, any Error> {
         AsyncThrowingStream { continuation in
             let task = Task.detached { [self] in
                 do {
-                    _ = try run(promptTokens: promptTokens(self), settings: settings, seed: seed,
-                                constraint: grammar.map { constraint($0, settings: settings) }) { piece in
+                    let (ids, constraint) = try prompt(self)
+                    _ = try run(promptTokens: ids, settings: settings, seed: seed, constraint: constraint) { piece in
                         try Task.checkCancellation()
                         if !piece.isEmpty { continuation.yield(piece) }
                     }
@@ -108,8 +151,13 @@ public final class TextGenerationPipeline: Sendable {
     /// A conversation's prompt ids: `apply_chat_template(messages, tools=tools, add_generation_prompt=True,
     /// tokenize=True, **templateArguments)` (`tools`: OpenAI-style function descriptions, for the templates that show
     /// them to the model; `templateArguments`: more template variables, such as Qwen 3's `enable_thinking`).
-    public func promptIds(messages: [JSONValue], tools: [JSONValue]? = nil, templateArguments: [String: JSONValue] = [:]) throws -> [Int] {
-        try chatPrompt(messages, tools: tools, templateArguments: templateArguments)
+    /// `addGenerationPrompt` false ends the prompt with the last message; `continueFinalMessage`
+    /// (`continue_final_message=True`, instead of the generation prompt) ends it inside the last message, a reply
+    /// begun by the caller for the model to continue.
+    public func promptIds(messages: [JSONValue], tools: [JSONValue]? = nil, templateArguments: [String: JSONValue] = [:],
+                          addGenerationPrompt: Bool = true, continueFinalMessage: Bool = false) throws -> [Int] {
+        try chatPrompt(messages, tools: tools, templateArguments: templateArguments, addGenerationPrompt: addGenerationPrompt,
+                       continueFinalMessage: continueFinalMessage)
     }
 
     /// The stopping criteria `settings` ask for beyond eos tokens and lengths (its stop strings), for driving the
@@ -128,12 +176,15 @@ public final class TextGenerationPipeline: Sendable {
         tokenTable.constraint(grammar, endTokens: Set(settings.eosTokenIds), tokenizer: tokenizer, count: model.vocabularySize)
     }
 
-    func chatPrompt(_ messages: [JSONValue], tools: [JSONValue]? = nil, templateArguments: [String: JSONValue] = [:]) throws -> [Int] {
+    func chatPrompt(_ messages: [JSONValue], tools: [JSONValue]? = nil, templateArguments: [String: JSONValue] = [:],
+                    addGenerationPrompt: Bool = true, continueFinalMessage: Bool = false) throws -> [Int] {
         if let index = ChatImages.firstMessageWithImages(messages) {
             throw PipelineError.imagesNotSupported(message: index)
         }
         // The template writes the special tokens itself, as apply_chat_template(tokenize=True) assumes.
-        return tokenizer.encode(try renderChat(messages, tools: tools, templateArguments: templateArguments), addSpecialTokens: false).ids
+        let text = try renderChat(messages, addGenerationPrompt: addGenerationPrompt, tools: tools, templateArguments: templateArguments,
+                                  continueFinalMessage: continueFinalMessage)
+        return tokenizer.encode(text, addSpecialTokens: false).ids
     }
 
     /// transformers' `apply_chat_template(messages, tokenize=True, return_dict=True,
@@ -155,15 +206,17 @@ public final class TextGenerationPipeline: Sendable {
         return (encoding.ids, encoding.mask(covering: rendered.generations))
     }
 
-    /// `apply_chat_template(messages, add_generation_prompt=True, tokenize=False)`.
+    /// `apply_chat_template(messages, add_generation_prompt=True, tokenize=False)` (with `continueFinalMessage`,
+    /// `continue_final_message=True` and no generation prompt).
     func renderChat(_ messages: [JSONValue], addGenerationPrompt: Bool = true, tools: [JSONValue]? = nil,
-                    templateArguments: [String: JSONValue] = [:]) throws -> String {
+                    templateArguments: [String: JSONValue] = [:], continueFinalMessage: Bool = false) throws -> String {
         guard let chatTemplate else { throw PipelineError.noChatTemplate }
         var context = templateArguments
         if let tools { context["tools"] = .array(tools) }
-        return try chatTemplate.render(messages: messages, addGenerationPrompt: addGenerationPrompt,
+        return try chatTemplate.render(messages: messages, addGenerationPrompt: addGenerationPrompt && !continueFinalMessage,
                                        bosToken: tokenizer.bosTokenId.flatMap(tokenizer.token),
-                                       eosToken: tokenizer.eosTokenId.flatMap(tokenizer.token), extraContext: context)
+                                       eosToken: tokenizer.eosTokenId.flatMap(tokenizer.token), extraContext: context,
+                                       continueFinalMessage: continueFinalMessage)
     }
 
     /// Generates from `promptTokens`; with `cache`, from where the cache's tokens (the prompt's first ones) end.
@@ -171,7 +224,7 @@ public final class TextGenerationPipeline: Sendable {
     /// - Parameter embeddings: the input embeddings of the prompt's positions from the given one on, for prompts
     ///   whose embeddings carry image features; nil embeds the tokens.
     func run(promptTokens: [Int], settings: GenerationConfig, seed: UInt64, cache: KVCache? = nil,
-             embeddings: ((_ from: Int) throws -> Tensor)? = nil, constraint: GrammarConstraint? = nil,
+             embeddings: ((_ from: Int) throws -> Tensor)? = nil, constraint: (any GenerationConstraint)? = nil,
              onText: ((String) throws -> Void)?) throws -> TextGenerationResult {
         guard !promptTokens.isEmpty else { throw PipelineError.emptyPrompt }
         let criteria = stoppingCriteria(settings)
@@ -256,4 +309,10 @@ extension TextGenerationPipeline {
     public func perplexity(of text: String, context: Int, stride: Int) throws -> Perplexity {
         try model.perplexity(of: tokenizer.encode(text).ids, context: context, stride: stride)
     }
+}
+
+/// Whether a conversation ends with the assistant's message: a reply begun for the model to continue, as transformers'
+/// chat pipelines take it (`continue_final_message` by default).
+func endsWithAssistantMessage(_ messages: [JSONValue]) -> Bool {
+    messages.last?["role"] == .string("assistant")
 }

@@ -17,6 +17,7 @@ extension VLMServer {
         requested.logprobs = wantsLogprobs ? top ?? 0 : nil
         let toolRequest = try ToolRequest(fields)
         let templateArguments = try fields.chatTemplateArguments()
+        let ending = try fields.promptEnding()
         let parallelToolCalls = try fields.bool("parallel_tool_calls") ?? true
         if let forced = try toolRequest?.grammar() {
             guard requested.grammar == nil else {
@@ -38,7 +39,10 @@ extension VLMServer {
         case let .text(text, textBatcher):
             let messages = templateToolCalls(try await chatMessages(raw, readsImages: false))
             (pipeline, batcher) = (text, textBatcher)
-            let ids = try preparing { try text.promptIds(messages: messages, tools: toolRequest?.tools, templateArguments: templateArguments) }
+            let ids = try preparing {
+                try text.promptIds(messages: messages, tools: toolRequest?.tools, templateArguments: templateArguments,
+                                   addGenerationPrompt: ending.addGenerationPrompt, continueFinalMessage: ending.continueFinalMessage)
+            }
             prompt = (ids, nil, ids)
         case let .imageChat(imageChat, chatBatcher):
             let messages = templateToolCalls(try await chatMessages(raw, readsImages: true))
@@ -47,7 +51,10 @@ extension VLMServer {
             if let tools = toolRequest?.tools { arguments["tools"] = .array(tools) }
             // Reading and encoding images is heavy: off the server's event loops.
             let prepared = try await heavyWork.run(maxImagePixels: configuration.maxImagePixels) { [arguments] in
-                try preparing { try imageChat.prompt(messages: messages, templateArguments: arguments) }
+                try preparing {
+                    try imageChat.prompt(messages: messages, templateArguments: arguments, addGenerationPrompt: ending.addGenerationPrompt,
+                                         continueFinalMessage: ending.continueFinalMessage)
+                }
             }
             prompt = (prepared.ids, prepared.inputsEmbeds, prepared.prefixKey)
         case .embeddings:
@@ -70,8 +77,23 @@ extension VLMServer {
                 }
             }
         }
+        // Calls the model makes on its own are held to the tools' schemas in its format, the rest of the reply free (as
+        // llama-server's lazy grammars hold them), unless the request constrains the whole reply.
+        let toolCalls: ((GenerationConfig) throws -> (any GenerationConstraint)?)?
+        if let toolRequest, toolRequest.choice == .auto, let template {
+            toolCalls = { settings in
+                do {
+                    return try pipeline.toolCallConstraint(tools: toolRequest.tools, promptIds: prompt.ids, settings: settings,
+                                                           template: template, parallelCalls: parallelToolCalls)
+                } catch {
+                    throw APIError.invalid("\(error)", param: "messages")
+                }
+            }
+        } else {
+            toolCalls = nil
+        }
         let run = try GenerationRun(model: model, pipeline: pipeline, batcher: batcher, prompt: prompt, fields: sampling,
-                                    configuration: configuration)
+                                    configuration: configuration, otherConstraint: toolCalls)
         let id = "chatcmpl-" + UUID().uuidString.replacingOccurrences(of: "-", with: "").lowercased()
         let created = Int(Date().timeIntervalSince1970)
         let stops = sampling.stop

@@ -212,8 +212,12 @@ struct GenerationRun {
     let streams: [AsyncThrowingStream<BatchEvent, any Error>]
 
     /// Submits `n` sequences (seeds seed, seed + 1, …), all at once or none.
+    ///
+    /// - Parameter otherConstraint: what constrains the reply when the request sets no grammar (a chat's tool calls),
+    ///   given the settings the request runs with.
     init(model: ServedModel, pipeline: TextGenerationPipeline, batcher: ContinuousBatcher, prompt: (ids: [Int], inputsEmbeds: Tensor?, prefixKey: [Int]?),
-         fields: SamplingFields, configuration: ServerConfiguration) throws {
+         fields: SamplingFields, configuration: ServerConfiguration,
+         otherConstraint: ((GenerationConfig) throws -> (any GenerationConstraint)?)? = nil) throws {
         self.model = model
         self.pipeline = pipeline
         self.batcher = batcher
@@ -229,7 +233,7 @@ struct GenerationRun {
         let room = min(batcher.budgetPositions, pipeline.model.contextLength ?? .max) - prompt.ids.count
         let settings = try fields.settings(base: pipeline.config, room: room, configuration: configuration)
         let criteria = pipeline.stoppingCriteria(settings)
-        let constraint = fields.grammar.map { pipeline.constraint($0, settings: settings) }
+        let constraint = try fields.grammar.map { pipeline.constraint($0, settings: settings) } ?? otherConstraint?(settings)
         let seed = fields.seed ?? UInt64.random(in: .min ... .max)
         let deadline = ContinuousClock.now + configuration.requestTimeout
         var streams: [AsyncThrowingStream<BatchEvent, any Error>] = []

@@ -155,6 +155,32 @@ extension VLMServer {
 }
 
 extension RequestFields {
+    /// How the prompt ends: vLLM's `add_generation_prompt` (default true) and `continue_final_message` (default
+    /// false); with neither set, a conversation whose last message is the assistant's is continued, a reply the client
+    /// began (llama-server's assistant prefill).
+    func promptEnding() throws -> (addGenerationPrompt: Bool, continueFinalMessage: Bool) {
+        let addGenerationPrompt = try bool("add_generation_prompt")
+        let continueFinalMessage = try bool("continue_final_message")
+        guard case let .array(messages)? = self["messages"], let last = messages.last else {
+            return (addGenerationPrompt ?? true, continueFinalMessage ?? false)
+        }
+        var ending = (addGenerationPrompt: addGenerationPrompt ?? true, continueFinalMessage: continueFinalMessage ?? false)
+        if addGenerationPrompt == nil && continueFinalMessage == nil && last["role"] == .string("assistant") {
+            if messages.count >= 2 && messages[messages.count - 2]["role"] == .string("assistant") {
+                throw APIError.invalid("Cannot have 2 or more assistant messages at the end of the list.", param: "messages")
+            }
+            ending = (false, true)
+        }
+        guard ending.continueFinalMessage else { return ending }
+        if ending.addGenerationPrompt {
+            throw APIError.invalid("Cannot set both add_generation_prompt and continue_final_message to true.", param: "continue_final_message")
+        }
+        if case let .array(calls)? = last["tool_calls"], !calls.isEmpty {
+            throw APIError.invalid("Cannot continue an assistant message that contains tool calls.", param: "messages")
+        }
+        return ending
+    }
+
     /// `chat_template_kwargs` (vLLM's, llama-server's and transformers serve's): more variables for the chat template,
     /// as `apply_chat_template(**kwargs)` takes them (Qwen 3's `enable_thinking`, …). The variables the server sets
     /// itself may not be overridden.

@@ -34,6 +34,11 @@ public struct ResponseParser: Sendable {
     private let toolParameters: [String: [(String, JSONValue)]]
     public private(set) var initialEvents: [ResponseEvent] = []
 
+    /// The named groups the open region's delimiter captured (a tool's name in `<call:(?P<name>\w+)>`).
+    public var openCaptures: [String: String] {
+        Dictionary(captures, uniquingKeysWith: { _, last in last })
+    }
+
     /// - Parameters:
     ///   - prefix: the prompt the reply continues ("" when the reply holds the whole message).
     ///   - tools: the request's tools (`{"type": "function", "function": {"name", "parameters"}}`); when given,

