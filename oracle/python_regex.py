@@ -306,6 +306,13 @@ PATTERNS = [
                                     partial("hello <tool", 11), partial("a <tool_call> b <tool", 3),
                                     partial("😀 <tool"), partial("<tool_cal"), partial("<tool_calx <tool")])),
     (r"\s*<x>", True, flat([both("abc   "), both("abc   <"), both("abc < x"), partial("a<x b"), partial("  <x> ")])),
+    # inkling's delimiters: optional items, then a run no item can start inside (searches go on at the run's end).
+    (r"(?:<\|message_model\|>)?[^<]*<\|content_text\|>", True,
+     flat([both("word " * 40), both("ab <x cd <|content_text|>"), both("ab<|message_model|>cd<|content_text|>e"),
+           both("a<<|content_text|>"), both("<|message_model|><|message_model|>x<|content_text|>"),
+           both("xy<|message_model|>z<|content_te"), search("abc<|content_text|>", 2), both("<|content_tex")])),
+    (r"(?:ab)?(?:c|d)?x+y", True, flat([both("xxxz abxy"), both("zxxcxxy"), both("dxxx"), finditer("xy abxxy cxy")])),
+    (r"(?i)(?:K)?[^k]*z", True, flat([both("abKcz"), both("ab kz"), both("k" * 3)])),
     ("abc|b", True, flat([both("ab"), both("abx"), both("xab")])),
     ("ab|abc", True, [partial("ab"), partial("ab c"), partial("xabc")]),
     ("abc|ab", True, [partial("ab"), partial("abc")]),

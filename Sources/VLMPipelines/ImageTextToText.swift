@@ -33,6 +33,12 @@ public final class ImageTextToTextPipeline: Sendable {
                                       chatTemplate: chatTemplate, responseTemplate: responseTemplate)
     }
 
+    /// The same model and processor with another chat template (llama-server's `--chat-template-file`).
+    public func withChatTemplate(_ template: ChatTemplate) -> ImageTextToTextPipeline {
+        ImageTextToTextPipeline(model: model, processor: processor, chatTemplate: template, config: text.config,
+                                imagePartsAsText: layout.imagePartsAsText, responseTemplate: text.responseTemplate)
+    }
+
     /// Loads the model, its processor, chat template and generation settings from a checkpoint directory, refusing a
     /// family that does not serve `task` before reading anything else.
     ///

@@ -39,6 +39,13 @@ public final class TextGenerationPipeline: Sendable {
         self.responseTemplate = responseTemplate
     }
 
+    /// The same model and tokenizer with another chat template (llama-server's `--chat-template-file`, vLLM's
+    /// `--chat-template`): for a checkpoint whose own template does not show tools, or that has none.
+    public func withChatTemplate(_ template: ChatTemplate) -> TextGenerationPipeline {
+        TextGenerationPipeline(model: model, tokenizer: tokenizer, config: config, chatTemplate: template,
+                               responseTemplate: responseTemplate)
+    }
+
     /// A chat reply as the assistant message transformers' text-generation pipeline returns for a chat when the
     /// tokenizer has a response template: `tokenizer.parse_response(reply, prefix=prompt, tools=tools)`, the reply's
     /// and the prompt's ids decoded with their special tokens (the template's delimiters are often special tokens).
@@ -81,10 +88,10 @@ public final class TextGenerationPipeline: Sendable {
     }
 
     /// A chat reply's constraint: the grammar, else with tools their calls' (when the response template has a format
-    /// for them).
+    /// for them; not under beam search, which takes no constraint).
     func chatConstraint(grammar: Grammar?, tools: [JSONValue]?, promptIds: [Int], settings: GenerationConfig) throws -> (any GenerationConstraint)? {
         if let grammar { return constraint(grammar, settings: settings) }
-        guard let tools else { return nil }
+        guard let tools, settings.numBeams == 1 else { return nil }
         return try toolCallConstraint(tools: tools, promptIds: promptIds, settings: settings)
     }
 

@@ -39,14 +39,26 @@ public final class ServedModel: Sendable {
     ///   - name: how the user named it (a repo id, a path); the listed id.
     ///   - mmproj: llama.cpp's image encoder file for a GGUF language model (LLaVA-1.5/NeXT as its GGUF pair).
     ///   - precision: the linear layers' precision; nil for fp32, or for an embedding model its checkpoint's own.
+    ///   - chatTemplate: the chat template of a model that chats, in place of its own.
     ///   - responseTemplate: how its chat replies are laid out; by default the checkpoint's own
     ///     (tokenizer_config.json's `response_template`), else the one transformers serve uses for its model type.
     public static func load(name: String, path: URL, mmproj: URL? = nil, precision: MatrixPrecision? = nil,
-                            responseTemplate: ResponseTemplate? = nil, configuration: ServerConfiguration) throws -> ServedModel {
+                            chatTemplate: ChatTemplate? = nil, responseTemplate: ResponseTemplate? = nil,
+                            configuration: ServerConfiguration) throws -> ServedModel {
         // Embedding models follow their checkpoint's stored dtype unless told otherwise, as `vlm embed` does; the
         // generating ones run fp32 unless told otherwise, as `vlm chat` does.
-        let model = try MatrixPrecision.$forNewLayers.withValue(precision ?? .float32) {
+        var model = try MatrixPrecision.$forNewLayers.withValue(precision ?? .float32) {
             try build(name: name, path: path, mmproj: mmproj, precision: precision, configuration: configuration)
+        }
+        if let chatTemplate {
+            switch model.role {
+            case let .text(pipeline, batcher):
+                model = ServedModel(id: model.id, aliases: model.aliases, role: .text(pipeline.withChatTemplate(chatTemplate), batcher))
+            case let .imageChat(pipeline, batcher):
+                model = ServedModel(id: model.id, aliases: model.aliases, role: .imageChat(pipeline.withChatTemplate(chatTemplate), batcher))
+            case .embeddings:
+                break
+            }
         }
         let template: ResponseTemplate?
         switch model.role {

@@ -195,38 +195,53 @@ public struct ChatTemplate: Sendable {
     /// - Returns: nil if the directory holds no chat template.
     public static func load(directory: URL) throws(ChatTemplateError) -> ChatTemplate? {
         let jinja = directory.appendingPathComponent("chat_template.jinja")
-        if FileManager.default.fileExists(atPath: jinja.path) {
-            let data = try read(jinja)
-            guard let text = String(data: data, encoding: .utf8) else {
-                throw .invalidTemplateFile(file: jinja.path, message: "not valid UTF-8")
-            }
-            return try ChatTemplate(source: text, file: jinja.path)
-        }
+        if FileManager.default.fileExists(atPath: jinja.path) { return try jinjaFile(jinja) }
         for name in ["chat_template.json", "tokenizer_config.json"] {
             let url = directory.appendingPathComponent(name)
             guard FileManager.default.fileExists(atPath: url.path) else { continue }
-            let json = try JSONValue(parsing: try read(url), file: url.path)
-            guard case .object = json else { throw .invalidTemplateFile(file: url.path, message: "the top level is not an object") }
-            switch json["chat_template"] {
-            case nil, .null?:
-                if name == "chat_template.json" {
-                    throw .invalidTemplateFile(file: url.path, message: "no \"chat_template\" field")
-                }
-            case let .string(text)?:
-                return try ChatTemplate(source: text, file: url.path + ": chat_template")
-            case let .array(entries)?:
-                for entry in entries {
-                    guard case let .string(entryName)? = entry["name"], case let .string(text)? = entry["template"] else {
-                        throw .invalidTemplateFile(file: url.path, message: "each \"chat_template\" entry needs a string \"name\" and \"template\"")
-                    }
-                    if entryName == "default" { return try ChatTemplate(source: text, file: url.path + ": chat_template[default]") }
-                }
-                throw .invalidTemplateFile(file: url.path, message: "\"chat_template\" lists no template named \"default\"")
-            default:
-                throw .invalidTemplateFile(file: url.path, message: "\"chat_template\" is neither a string nor a list of named templates")
-            }
+            if let template = try jsonFile(url, requiringTemplate: name == "chat_template.json") { return template }
         }
         return nil
+    }
+
+    /// A chat template given as a file, as llama-server's `--chat-template-file` and vLLM's `--chat-template` take
+    /// one: Jinja text, or (a `.json` file) JSON holding a "chat_template", as chat_template.json and
+    /// tokenizer_config.json hold it.
+    public static func load(file url: URL) throws(ChatTemplateError) -> ChatTemplate {
+        guard url.pathExtension.lowercased() == "json" else { return try jinjaFile(url) }
+        // A JSON file without a template is refused here: it was named to give one.
+        return try jsonFile(url, requiringTemplate: true)!
+    }
+
+    private static func jinjaFile(_ url: URL) throws(ChatTemplateError) -> ChatTemplate {
+        guard let text = String(data: try read(url), encoding: .utf8) else {
+            throw .invalidTemplateFile(file: url.path, message: "not valid UTF-8")
+        }
+        return try ChatTemplate(source: text, file: url.path)
+    }
+
+    /// The "chat_template" of a JSON file: a string, or the one named "default" of a list of `{"name", "template"}`;
+    /// nil when the file has none and none is required.
+    private static func jsonFile(_ url: URL, requiringTemplate: Bool) throws(ChatTemplateError) -> ChatTemplate? {
+        let json = try JSONValue(parsing: try read(url), file: url.path)
+        guard case .object = json else { throw .invalidTemplateFile(file: url.path, message: "the top level is not an object") }
+        switch json["chat_template"] {
+        case nil, .null?:
+            if requiringTemplate { throw .invalidTemplateFile(file: url.path, message: "no \"chat_template\" field") }
+            return nil
+        case let .string(text)?:
+            return try ChatTemplate(source: text, file: url.path + ": chat_template")
+        case let .array(entries)?:
+            for entry in entries {
+                guard case let .string(entryName)? = entry["name"], case let .string(text)? = entry["template"] else {
+                    throw .invalidTemplateFile(file: url.path, message: "each \"chat_template\" entry needs a string \"name\" and \"template\"")
+                }
+                if entryName == "default" { return try ChatTemplate(source: text, file: url.path + ": chat_template[default]") }
+            }
+            throw .invalidTemplateFile(file: url.path, message: "\"chat_template\" lists no template named \"default\"")
+        default:
+            throw .invalidTemplateFile(file: url.path, message: "\"chat_template\" is neither a string nor a list of named templates")
+        }
     }
 
     private static func read(_ url: URL) throws(ChatTemplateError) -> Data {

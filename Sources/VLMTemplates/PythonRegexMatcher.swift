@@ -38,6 +38,7 @@ struct PythonRegexMatcher: ~Copyable {
     private let pattern: String
     private let budget: Int
     private var steps = 0
+    private let runAfterOptionalItems: PythonRegexCharacterTest?
     /// Start and end of group 0 (the match) and of each group, -1 when unset.
     private(set) var spans: [Int]
     private var opens: [Int]
@@ -67,6 +68,7 @@ struct PythonRegexMatcher: ~Copyable {
     init(program: PythonRegexProgram, groupCount: Int, text: UnsafeBufferPointer<Unicode.Scalar>, pattern: String,
          budget: Int) {
         instructions = program.instructions
+        runAfterOptionalItems = program.plan.runAfterOptionalItems
         self.text = text
         end = text.count
         self.pattern = pattern
@@ -84,12 +86,20 @@ struct PythonRegexMatcher: ~Copyable {
     /// Where to try next after an attempt at `start` failed. Like the module, when the pattern starts with a
     /// character repeat, skip the run of characters it would take there (from inside that run the rest of the
     /// pattern would be tried at the same place again), unless the run is cut by the repeat's maximum.
+    /// Behind optional items that cannot start inside the run (``PythonRegexSearchPlan/runAfterOptionalItems``), a
+    /// complete search goes on at the run's end, where those items may start.
     mutating func nextStart(afterFailureAt start: Int) -> Int {
-        guard case let .repeatCharacter(repeated) = instructions[0], !repeated.backward else { return start + 1 }
+        if case let .repeatCharacter(repeated) = instructions[0], !repeated.backward {
+            var run = 0
+            while run < repeated.max, start + run < end, repeated.test.matches(text[start + run].value) { run += 1 }
+            steps += run
+            return run < repeated.max ? start + run + 1 : start + 1
+        }
+        guard !allowsPartial, let test = runAfterOptionalItems else { return start + 1 }
         var run = 0
-        while run < repeated.max, start + run < end, repeated.test.matches(text[start + run].value) { run += 1 }
+        while start + run < end, test.matches(text[start + run].value) { run += 1 }
         steps += run
-        return run < repeated.max ? start + run + 1 : start + 1
+        return start + max(run, 1)
     }
 
     /// One attempt at matching from `start`.
@@ -261,6 +271,13 @@ struct PythonRegexMatcher: ~Copyable {
                     if !repeated.backward, case let .literal(tail) = repeated.tail, tail.count > 1 {
                         fewer = min(fewer, end - tail.count - start)
                         if fewer < repeated.min { continue }
+                    }
+                    // Where the text holds a character the tail cannot start with, the tail fails at once: give back
+                    // past it (a repeat ahead of a delimiter backtracks to the delimiter's first characters only).
+                    if !repeated.backward, case let .literal(tail) = repeated.tail, let first = tail.first {
+                        let before = fewer
+                        while fewer > repeated.min, start + fewer < end, !first.matches(text[start + fewer].value) { fewer -= 1 }
+                        steps += before - fewer
                     }
                     if fewer > repeated.min { stack.append(.giveBack(pc: repeatPC, start: start, count: fewer)) }
                     position = repeated.backward ? start - fewer : start + fewer

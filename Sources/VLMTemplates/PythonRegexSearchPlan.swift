@@ -21,6 +21,11 @@ struct PythonRegexSearchPlan: Sendable {
     /// The assertion the pattern starts with, which the module searches for: a partial search that tried the end of
     /// the text because the assertion holds there, and failed, reports an empty partial match there.
     let startAssertion: PythonRegexAssertion?
+    /// The pattern is optional items, none of which can begin with a character of the repeat without maximum that
+    /// follows them (`(?:<\|model\|>)?[^<]*<\|text\|>`): after a complete attempt fails at a position holding one
+    /// of the repeat's characters, each start inside that run of characters would try only what the failed attempt
+    /// tried already (the repeat taking more), so a complete search goes on at the run's end.
+    let runAfterOptionalItems: PythonRegexCharacterTest?
 
     init(_ tree: PythonRegexNode) {
         anchoredAtStart = Self.isAnchored(tree)
@@ -31,6 +36,36 @@ struct PythonRegexSearchPlan: Sendable {
         filtersPartialSearch = firstCharacters != nil && (usesFirstSet || startsSimply)
         reportsPartialAtEnd = !anchoredAtStart && (usesFirstSet || Self.startsWithLookbehindsThenAnyCharacter(tree))
         startAssertion = anchoredAtStart || usesFirstSet ? nil : Self.leadingAssertion(tree)
+        runAfterOptionalItems = Self.runAfterOptionalItems(tree)
+    }
+
+    private static func runAfterOptionalItems(_ tree: PythonRegexNode) -> PythonRegexCharacterTest? {
+        guard case let .sequence(items) = tree,
+              let at = items.firstIndex(where: { if case .repetition(.character, _, nil, _) = $0 { true } else { false } }),
+              at > 0, case let .repetition(.character(run), _, nil, _) = items[at] else { return nil }
+        for item in items[..<at] {
+            guard case let .repetition(body, 0, _, _) = item, isPlain(body) else { return nil }
+            for test in firstSet(of: body).tests {
+                let scalars: [UInt32]
+                switch test {
+                case let .scalar(scalar): scalars = [scalar]
+                case let .caseless(cases): scalars = cases
+                default: return nil
+                }
+                if scalars.contains(where: run.matches) { return nil }
+            }
+        }
+        return run
+    }
+
+    /// Characters, sequences, alternations, groups and repeats: nothing whose matching depends on the text around it.
+    private static func isPlain(_ node: PythonRegexNode) -> Bool {
+        switch node {
+        case .empty, .character: true
+        case let .sequence(items), let .alternation(items): items.allSatisfy(isPlain)
+        case let .capture(_, body), let .repetition(body, _, _, _): isPlain(body)
+        case .assertion, .lookaround, .atomic, .backreference: false
+        }
     }
 
     private static func leadingAssertion(_ node: PythonRegexNode) -> PythonRegexAssertion? {

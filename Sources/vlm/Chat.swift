@@ -15,6 +15,7 @@ struct Chat: AsyncParsableCommand {
     @OptionGroup var options: ModelOption
     @OptionGroup var settings: GenerationSettings
     @OptionGroup var precision: PrecisionOption
+    @OptionGroup var chatTemplate: ChatTemplateOption
 
     @Option(help: "A system message opening the conversation.")
     var system: String?
@@ -26,24 +27,28 @@ struct Chat: AsyncParsableCommand {
     var mmproj: String?
 
     func run() async throws {
+        let template = try chatTemplate.template()
         let path = try await options.fileOrDirectory()
         if let mmproj {
-            try chatAboutImages(precision.building { try ImageTextToTextPipeline(gguf: path, mmproj: URL(fileURLWithPath: mmproj)) })
+            let pipeline = try precision.building { try ImageTextToTextPipeline(gguf: path, mmproj: URL(fileURLWithPath: mmproj)) }
+            try chatAboutImages(template.map(pipeline.withChatTemplate) ?? pipeline)
             return
         }
         let checkpoint = try? ModelDirectory(url: path)
         if let checkpoint, case .imageToText = try ModelRegistry.family(of: checkpoint, for: .chat).builder {
             let pipeline = try precision.building(storedIn: path) { try ImageToTextPipeline(directory: path, task: .chat) }
             if let chat = try ImageTextToTextPipeline.chatting(with: pipeline, directory: path) {
-                try chatAboutImages(chat)
+                try chatAboutImages(template.map(chat.withChatTemplate) ?? chat)
             } else {
+                guard template == nil else { throw ChatError.noChatTemplates(path.path) }
                 guard let image else { throw ChatError.needsImage(path.path) }
                 try chat(about: image, pipeline: pipeline)
             }
             return
         }
         guard image == nil else { throw ChatError.readsNoImages(path.path) }
-        let pipeline = try precision.building { try TextGenerationPipeline(path: path) }
+        let loaded = try precision.building { try TextGenerationPipeline(path: path) }
+        let pipeline = template.map(loaded.withChatTemplate) ?? loaded
         guard pipeline.chatTemplate != nil else { throw TokenizeError.noChatTemplate(path.path) }
         let config = try settings.apply(to: pipeline.config)
         let session = try ChatSession(pipeline: pipeline, system: system)
@@ -109,12 +114,14 @@ enum ChatError: Error, CustomStringConvertible {
     case needsImage(String)
     case systemAboutAnImage
     case readsNoImages(String)
+    case noChatTemplates(String)
 
     var description: String {
         switch self {
         case .needsImage(let model): "\(model): an image-to-text model talks about an image: give it with --image FILE"
         case .systemAboutAnImage: "--system is for chat models: a conversation about an image has no system message"
         case .readsNoImages(let model): "\(model): this model reads no images (it has no vision tower); --image is for models such as LLaVA and BLIP-2"
+        case .noChatTemplates(let model): "\(model): this model's chat is BLIP-2's question-and-answer prompt, not a chat template: --chat-template is for models that chat through one"
         }
     }
 }

@@ -59,6 +59,7 @@ struct Generate: AsyncParsableCommand {
     @OptionGroup var options: ModelOption
     @OptionGroup var settings: GenerationSettings
     @OptionGroup var precision: PrecisionOption
+    @OptionGroup var chatTemplate: ChatTemplateOption
 
     @Option(help: "The text to continue, tokenized as the model's tokenizer does by default (special tokens added).")
     var prompt: String?
@@ -114,17 +115,21 @@ struct Generate: AsyncParsableCommand {
     }
 
     func run() async throws {
+        let template = try chatTemplate.template()
         let path = try await options.fileOrDirectory()
         if let mmproj {
-            try answer(with: precision.building { try ImageTextToTextPipeline(gguf: path, mmproj: URL(fileURLWithPath: mmproj)) })
+            let pipeline = try precision.building { try ImageTextToTextPipeline(gguf: path, mmproj: URL(fileURLWithPath: mmproj)) }
+            try answer(with: template.map(pipeline.withChatTemplate) ?? pipeline)
             return
         }
         if let checkpoint = try? ModelDirectory(url: path),
            case .imageToText = try ModelRegistry.family(of: checkpoint, for: .generate).builder {
-            try answer(with: precision.building { try ImageTextToTextPipeline(directory: path) })
+            let pipeline = try precision.building { try ImageTextToTextPipeline(directory: path) }
+            try answer(with: template.map(pipeline.withChatTemplate) ?? pipeline)
             return
         }
-        let pipeline = try precision.building { try TextGenerationPipeline(path: path) }
+        let loaded = try precision.building { try TextGenerationPipeline(path: path) }
+        let pipeline = template.map(loaded.withChatTemplate) ?? loaded
         guard image.isEmpty else { throw ChatError.readsNoImages(path.path) }
         let config = try settings.apply(to: pipeline.config)
         let messages = try chat.map(readMessages)

@@ -14,6 +14,7 @@ struct Serve: AsyncParsableCommand {
     var mmproj: String?
 
     @OptionGroup var precision: PrecisionOption
+    @OptionGroup var chatTemplate: ChatTemplateOption
 
     @Option(help: "A JSON file holding a response template (transformers' tokenizer_config.json \"response_template\", or a file with that key): how the models' chat replies are split into content, reasoning_content and tool_calls, for models that ship none. Default: the checkpoint's own, else transformers serve's for its model type (Qwen 2/3/3.5, Gemma 4).")
     var responseTemplate: String?
@@ -96,11 +97,13 @@ struct Serve: AsyncParsableCommand {
         configuration.maxImagePixels = maxImagePixels
         configuration.requestTimeout = .seconds(timeout)
         let template = try responseTemplate.map(Self.loadResponseTemplate)
+        let chatTemplate = try chatTemplate.template()
         var served: [ServedModel] = []
         for name in models {
             let path = try await modelPath(name)
             served.append(try ServedModel.load(name: name, path: path, mmproj: mmproj.map { URL(fileURLWithPath: $0) },
-                                               precision: precision.dtype, responseTemplate: template, configuration: configuration))
+                                               precision: precision.dtype, chatTemplate: chatTemplate, responseTemplate: template,
+                                               configuration: configuration))
         }
         let server = try VLMServer(models: served, configuration: configuration)
         let names = served.map(\.id).joined(separator: ", ")

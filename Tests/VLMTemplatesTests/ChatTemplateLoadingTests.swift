@@ -113,3 +113,28 @@ private let user: [JSONValue] = [["role": "user", "content": "hi"]]
         #expect(throws: ChatTemplateError.self, "\(bad.prefix(20))") { try JSONValue(parsing: Data(bad.utf8)) }
     }
 }
+
+/// A template named by a file (llama-server's `--chat-template-file`, vLLM's `--chat-template`): Jinja text, or a
+/// `.json` file holding "chat_template" as chat_template.json or tokenizer_config.json hold it.
+@Test func loadsATemplateFile() throws {
+    let url = try directory([
+        "plain.jinja": "J{{ messages[0].content }}",
+        "named.json": #"{"chat_template": [{"name": "default", "template": "N{{ messages|length }}"}]}"#,
+        "empty.json": #"{"model_max_length": 77}"#,
+    ])
+    defer { try? FileManager.default.removeItem(at: url) }
+    #expect(try ChatTemplate.load(file: url.appendingPathComponent("plain.jinja")).render(messages: user) == "Jhi")
+    #expect(try ChatTemplate.load(file: url.appendingPathComponent("named.json")).render(messages: user) == "N1")
+    for (name, expected) in [("empty.json", ChatTemplateError.invalidTemplateFile(file: url.appendingPathComponent("empty.json").path, message: #"no "chat_template" field"#)),
+                             ("missing.jinja", nil)] {
+        do {
+            _ = try ChatTemplate.load(file: url.appendingPathComponent(name))
+            Issue.record("\(name) loaded")
+        } catch {
+            if let expected { #expect(error == expected) } else {
+                guard case let .unreadable(file, _) = error else { Issue.record("\(error)"); continue }
+                #expect(file.hasSuffix(name))
+            }
+        }
+    }
+}

@@ -247,6 +247,32 @@ struct CLI {
                                                   mentioning: "tokenizer_config.json: invalid response_template: Field 'content': unknown content parser 'yaml'")
     }
 
+    /// `--chat-template FILE` renders the chat with that template in place of the checkpoint's (llama-cli's
+    /// `--chat-template-file`); a file that does not parse is a one-line error naming it.
+    @Test func generateTakesAChatTemplateFile() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("vlm-chat-template-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let checkpoint = CLI.fixtures.appendingPathComponent("sft/qwen2-chatml")
+        let messages = directory.appendingPathComponent("messages.json")
+        try Data(#"[{"role": "user", "content": "Weather in Oslo?"}]"#.utf8).write(to: messages)
+        let template = directory.appendingPathComponent("plain.jinja")
+        try Data("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}[assistant] {% endif %}".utf8)
+            .write(to: template)
+        let run = try CLI.run(["generate", "--model", checkpoint.path, "--chat", messages.path, "--chat-template", template.path,
+                               "--temperature", "0", "--max-new-tokens", "1", "--json"])
+        #expect(run.status == 0, "\(run.stderr)")
+        let got = try #require(try CLI.json(run) as? [String: Any])
+        let tokenized = try CLI.run(["tokenize", "--model", checkpoint.path, "--no-special-tokens", "--json", "[user] Weather in Oslo?\n[assistant] "])
+        let ids = try #require(((try CLI.json(tokenized) as? [[String: Any]])?.first)?["ids"] as? [Int])
+        #expect(got["prompt_tokens"] as? Int == ids.count)
+
+        let broken = directory.appendingPathComponent("broken.jinja")
+        try Data("{% for m in messages %}".utf8).write(to: broken)
+        try CLIBadInputTests().expectOneLineError(["generate", "--model", checkpoint.path, "--chat", messages.path, "--chat-template", broken.path],
+                                                  mentioning: broken.path)
+    }
+
     @Test func tokenizeEncodesPairsLikeTokenizers() throws {
         struct Pairs: Decodable {
             /// Indices into the shared strings.
