@@ -42,29 +42,33 @@ public final class ImageTextToTextPipeline: Sendable {
     /// Loads the model, its processor, chat template and generation settings from a checkpoint directory, refusing a
     /// family that does not serve `task` before reading anything else.
     ///
-    /// - Throws: the loaders' errors; `PipelineError.noChatTemplate` when the checkpoint has no chat template;
+    /// - Parameter chatTemplate: a template in place of the checkpoint's own.
+    /// - Throws: the loaders' errors; `PipelineError.noChatTemplate` when there is no chat template;
     ///   `ModelError.invalidConfig` for an image-to-text model that does not chat through a chat template.
-    public convenience init(directory: URL, task: ModelTask = .generate) throws {
+    public convenience init(directory: URL, task: ModelTask = .generate, chatTemplate: ChatTemplate? = nil) throws {
         let pipeline = try ImageToTextPipeline(directory: directory, task: task)
         guard let model = pipeline.model as? any ImageChatModel, let processor = pipeline.processor as? any ImageChatProcessor else {
             throw ModelError.invalidConfig("this image-to-text model does not chat through a chat template",
                                            file: directory.appendingPathComponent("config.json").path)
         }
-        try self.init(model: model, processor: processor, directory: directory, config: pipeline.config)
+        try self.init(model: model, processor: processor, directory: directory, config: pipeline.config, chatTemplate: chatTemplate)
     }
 
     /// The image chat pipeline over an image-to-text pipeline's model and processor when they chat through a chat
-    /// template (LLaVA); nil for those that do not (BLIP-2, whose chat is ``VisualChatSession``'s prompting).
-    public static func chatting(with pipeline: ImageToTextPipeline, directory: URL) throws -> ImageTextToTextPipeline? {
+    /// template (LLaVA; `chatTemplate` in place of the checkpoint's); nil for those that do not (BLIP-2, whose chat
+    /// is ``VisualChatSession``'s prompting).
+    public static func chatting(with pipeline: ImageToTextPipeline, directory: URL,
+                                chatTemplate: ChatTemplate? = nil) throws -> ImageTextToTextPipeline? {
         guard let model = pipeline.model as? any ImageChatModel, let processor = pipeline.processor as? any ImageChatProcessor else {
             return nil
         }
-        return try ImageTextToTextPipeline(model: model, processor: processor, directory: directory, config: pipeline.config)
+        return try ImageTextToTextPipeline(model: model, processor: processor, directory: directory, config: pipeline.config,
+                                           chatTemplate: chatTemplate)
     }
 
     private convenience init(model: any ImageChatModel, processor: any ImageChatProcessor, directory: URL,
-                             config: GenerationConfig) throws {
-        guard let template = try ChatTemplate.load(directory: directory) else { throw PipelineError.noChatTemplate }
+                             config: GenerationConfig, chatTemplate: ChatTemplate?) throws {
+        guard let template = try chatTemplate ?? ChatTemplate.load(directory: directory) else { throw PipelineError.noChatTemplate }
         self.init(model: model, processor: processor, chatTemplate: template, config: config,
                   responseTemplate: try ResponseTemplate.load(directory: directory))
     }

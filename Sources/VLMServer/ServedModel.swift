@@ -47,18 +47,8 @@ public final class ServedModel: Sendable {
                             configuration: ServerConfiguration) throws -> ServedModel {
         // Embedding models follow their checkpoint's stored dtype unless told otherwise, as `vlm embed` does; the
         // generating ones run fp32 unless told otherwise, as `vlm chat` does.
-        var model = try MatrixPrecision.$forNewLayers.withValue(precision ?? .float32) {
-            try build(name: name, path: path, mmproj: mmproj, precision: precision, configuration: configuration)
-        }
-        if let chatTemplate {
-            switch model.role {
-            case let .text(pipeline, batcher):
-                model = ServedModel(id: model.id, aliases: model.aliases, role: .text(pipeline.withChatTemplate(chatTemplate), batcher))
-            case let .imageChat(pipeline, batcher):
-                model = ServedModel(id: model.id, aliases: model.aliases, role: .imageChat(pipeline.withChatTemplate(chatTemplate), batcher))
-            case .embeddings:
-                break
-            }
+        let model = try MatrixPrecision.$forNewLayers.withValue(precision ?? .float32) {
+            try build(name: name, path: path, mmproj: mmproj, precision: precision, chatTemplate: chatTemplate, configuration: configuration)
         }
         let template: ResponseTemplate?
         switch model.role {
@@ -80,7 +70,7 @@ public final class ServedModel: Sendable {
         return (try? GGUFFile(url: path))?.metadata["general.architecture"]?.string
     }
 
-    private static func build(name: String, path: URL, mmproj: URL?, precision: MatrixPrecision?,
+    private static func build(name: String, path: URL, mmproj: URL?, precision: MatrixPrecision?, chatTemplate: ChatTemplate?,
                               configuration: ServerConfiguration) throws -> ServedModel {
         let aliases = [path.lastPathComponent, path.deletingPathExtension().lastPathComponent].filter { $0 != name }
         func batcher(_ model: any CausalLanguageModel) throws -> ContinuousBatcher {
@@ -88,7 +78,8 @@ public final class ServedModel: Sendable {
                                   cacheBytes: configuration.kvCacheBytes)
         }
         if let mmproj {
-            let pipeline = try ImageTextToTextPipeline(gguf: path, mmproj: mmproj)
+            let loaded = try ImageTextToTextPipeline(gguf: path, mmproj: mmproj)
+            let pipeline = chatTemplate.map(loaded.withChatTemplate) ?? loaded
             return ServedModel(id: name, aliases: aliases, role: .imageChat(pipeline, try batcher(pipeline.text.model)))
         }
         var isDirectory: ObjCBool = false
@@ -100,7 +91,7 @@ public final class ServedModel: Sendable {
             case .imageTextDualEncoder:
                 return ServedModel(id: name, aliases: aliases, role: .embeddings(try DualEncoderPipeline(directory: path, task: .embed, precision: precision)))
             case .imageToText:
-                let pipeline = try ImageTextToTextPipeline(directory: path, task: .generate)
+                let pipeline = try ImageTextToTextPipeline(directory: path, task: .generate, chatTemplate: chatTemplate)
                 return ServedModel(id: name, aliases: aliases, role: .imageChat(pipeline, try batcher(pipeline.text.model)))
             case .causalLanguageModel:
                 break
@@ -108,7 +99,8 @@ public final class ServedModel: Sendable {
                 throw ServerError.unservable(path.path, family: family.name)
             }
         }
-        let pipeline = try TextGenerationPipeline(path: path)
+        let loaded = try TextGenerationPipeline(path: path)
+        let pipeline = chatTemplate.map(loaded.withChatTemplate) ?? loaded
         return ServedModel(id: name, aliases: aliases, role: .text(pipeline, try batcher(pipeline.model)))
     }
 

@@ -37,8 +37,8 @@ struct Chat: AsyncParsableCommand {
         let checkpoint = try? ModelDirectory(url: path)
         if let checkpoint, case .imageToText = try ModelRegistry.family(of: checkpoint, for: .chat).builder {
             let pipeline = try precision.building(storedIn: path) { try ImageToTextPipeline(directory: path, task: .chat) }
-            if let chat = try ImageTextToTextPipeline.chatting(with: pipeline, directory: path) {
-                try chatAboutImages(template.map(chat.withChatTemplate) ?? chat)
+            if let chat = try ImageTextToTextPipeline.chatting(with: pipeline, directory: path, chatTemplate: template) {
+                try chatAboutImages(chat)
             } else {
                 guard template == nil else { throw ChatError.noChatTemplates(path.path) }
                 guard let image else { throw ChatError.needsImage(path.path) }

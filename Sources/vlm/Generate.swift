@@ -124,8 +124,7 @@ struct Generate: AsyncParsableCommand {
         }
         if let checkpoint = try? ModelDirectory(url: path),
            case .imageToText = try ModelRegistry.family(of: checkpoint, for: .generate).builder {
-            let pipeline = try precision.building { try ImageTextToTextPipeline(directory: path) }
-            try answer(with: template.map(pipeline.withChatTemplate) ?? pipeline)
+            try answer(with: precision.building { try ImageTextToTextPipeline(directory: path, chatTemplate: template) })
             return
         }
         let loaded = try precision.building { try TextGenerationPipeline(path: path) }
