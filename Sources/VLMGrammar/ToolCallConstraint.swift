@@ -1,5 +1,4 @@
 import Foundation
-import Synchronization
 import VLMModels
 import VLMTemplates
 
@@ -22,14 +21,12 @@ public final class ToolCallConstraint: GenerationConstraint {
     private let format: ToolCallFormat
     /// The parser after the prompt, copied for each sequence.
     private let parser: ResponseParser
-    private let vocabulary: GrammarVocabulary
     /// Each token's bytes as the parser reads them (special tokens' text included).
     private let tokenBytes: [[UInt8]]
     private let endTokens: Set<Int>
     private let callLimit: Int
-    /// Each content schema's grammar (keyed by the tool a capture named, "" when the JSON names it), nil when the
-    /// schema has none.
-    private let grammars = Mutex<[String: GrammarConstraint?]>([:])
+    /// The grammar of a call region's rest, by ``ToolCallFormat/schemaKey(captures:)``.
+    private let grammars: [String: GrammarConstraint]
 
     /// - Parameters:
     ///   - prompt: the prompt's text (special tokens included), which the parser reads first.
@@ -37,13 +34,26 @@ public final class ToolCallConstraint: GenerationConstraint {
     ///   - vocabulary: the grammar vocabulary of the same tokens.
     /// - Returns: nil when the template's calls cannot be written as JSON between literal delimiters
     ///   (``ResponseTemplate/toolCallFormat(tools:)``).
+    /// - Throws: `GrammarError` for a tool's parameters that are not a schema llama.cpp converts (as a forced call
+    ///   of it would be refused); the template's errors parsing the prompt.
     public init?(template: ResponseTemplate, tools: [JSONValue], prompt: String, tokenBytes: [[UInt8]],
                  vocabulary: GrammarVocabulary, endTokens: Set<Int>, parallelCalls: Bool = true) throws {
         guard let format = template.toolCallFormat(tools: tools) else { return nil }
         self.format = format
+        var grammars: [String: GrammarConstraint] = [:]
+        for (key, schema) in format.contentSchemas {
+            let conversion = try JSONSchemaGrammar.convert(schema)
+            // The converter's rules are `root` and names it derives from `root` or its built-ins; these two are new.
+            let closing = format.close.map(Grammar.literal).joined(separator: " | ")
+            let text = conversion.grammar
+                + "tool-call-region ::= tool-call-space root tool-call-space (\(closing))\n"
+                + #"tool-call-space ::= | " " | "\n"{1,2} [ \t]{0,20}"# + "\n"
+            grammars[key] = GrammarConstraint(grammar: try Grammar(gbnf: text, root: "tool-call-region"), vocabulary: vocabulary,
+                                              endTokens: [])
+        }
+        self.grammars = grammars
         parser = try ResponseParser(template: template, prefix: prompt, tools: tools)
         self.tokenBytes = tokenBytes
-        self.vocabulary = vocabulary
         self.endTokens = endTokens
         callLimit = parallelCalls ? .max : 1
     }
@@ -54,22 +64,7 @@ public final class ToolCallConstraint: GenerationConstraint {
 
     /// The grammar of a call region's rest for its captures, nil when it has none (a captured name no tool has).
     fileprivate func grammar(captures: [String: String]) -> GrammarConstraint? {
-        let key = format.nameCapture.flatMap { captures[$0] } ?? ""
-        if let known = grammars.withLock({ $0[key] }) { return known }
-        let made = format.contentSchema(captures: captures).flatMap(regionGrammar)
-        grammars.withLock { $0[key] = made }
-        return made
-    }
-
-    private func regionGrammar(_ schema: JSONValue) -> GrammarConstraint? {
-        guard let conversion = try? JSONSchemaGrammar.convert(schema) else { return nil }
-        // The converter's rules are `root` and names it derives from `root` or its built-ins; these two are new.
-        let closing = format.close.map(Grammar.literal).joined(separator: " | ")
-        let text = conversion.grammar
-            + "tool-call-region ::= tool-call-space root tool-call-space (\(closing))\n"
-            + #"tool-call-space ::= | " " | "\n"{1,2} [ \t]{0,20}"# + "\n"
-        guard let grammar = try? Grammar(gbnf: text, root: "tool-call-region") else { return nil }
-        return GrammarConstraint(grammar: grammar, vocabulary: vocabulary, endTokens: [])
+        format.schemaKey(captures: captures).flatMap { grammars[$0] }
     }
 
     fileprivate func bytes(_ token: Int) -> [UInt8] { token >= 0 && token < tokenBytes.count ? tokenBytes[token] : [] }

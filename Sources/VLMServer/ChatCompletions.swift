@@ -85,6 +85,8 @@ extension VLMServer {
                 do {
                     return try pipeline.toolCallConstraint(tools: toolRequest.tools, promptIds: prompt.ids, settings: settings,
                                                            template: template, parallelCalls: parallelToolCalls)
+                } catch let error as GrammarError {
+                    throw APIError.invalid("\(error)", param: "tools")
                 } catch {
                     throw APIError.invalid("\(error)", param: "messages")
                 }

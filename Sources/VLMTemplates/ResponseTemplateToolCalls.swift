@@ -11,13 +11,17 @@ public struct ToolCallFormat: Sendable {
     /// Each tool's name and the schema of the JSON that calls it.
     let calls: [(name: String, schema: JSONValue)]
 
-    /// The JSON schema of a call region's content, given its open delimiter's captures; nil when they name no tool.
-    public func contentSchema(captures: [String: String]) -> JSONValue? {
-        if let nameCapture {
-            guard let name = captures[nameCapture] else { return nil }
-            return calls.first { $0.name == name }?.schema
-        }
-        return calls.count == 1 ? calls[0].schema : ["anyOf": .array(calls.map(\.schema))]
+    /// The JSON schemas of a call region's content: by tool name where the open delimiter captures the name
+    /// (``nameCapture``), else one under "" for every tool.
+    public var contentSchemas: [String: JSONValue] {
+        guard nameCapture == nil else { return Dictionary(calls.map { ($0.name, $0.schema) }, uniquingKeysWith: { first, _ in first }) }
+        return ["": calls.count == 1 ? calls[0].schema : ["anyOf": .array(calls.map(\.schema))]]
+    }
+
+    /// Which of ``contentSchemas`` a region opened with `captures` holds ("" when the JSON names the tool).
+    public func schemaKey(captures: [String: String]) -> String? {
+        guard let nameCapture else { return "" }
+        return captures[nameCapture]
     }
 }
 

@@ -108,6 +108,14 @@ struct ToolCallConstraintTests {
         #expect(Self.feed(unknown, "<|channel|>commentary to=functions.get_stock <|message|>{\"ticker\": 3}<|call|>") == nil)
     }
 
+    @Test func parametersThatAreNoSchemaAreRefused() {
+        let broken: JSONValue = ["type": "function", "function": ["name": "f", "parameters": ["type": "strnig"]]]
+        #expect(throws: GrammarError.self) {
+            _ = try ToolCallConstraint(template: Self.qwen, tools: [broken], prompt: Self.qwenPrompt, tokenBytes: Self.tokenBytes,
+                                       vocabulary: Self.vocabulary, endTokens: [Self.end])
+        }
+    }
+
     @Test func formatsTheTemplateCannotExpressAreNotConstrained() throws {
         // Qwen 3.5's XML-like parameters and Gemma 4's JSON dialect: parsed, not constrained.
         for modelType in ["qwen3_5", "gemma4"] {

@@ -521,6 +521,9 @@ import SwiftVLM
               "continue_final_message": true, "add_generation_prompt": true], "continue_final_message"),
             (["model": "qwen3-template", "messages": [["role": "user", "content": "Hi"], ["role": "assistant", "content": "A"],
                                                      ["role": "assistant", "content": "B"]]], "messages"),
+            // Parameters llama.cpp's converter refuses, as a forced call of the tool is refused.
+            (["model": "qwen3-template", "messages": [["role": "user", "content": "Hi"]],
+              "tools": [["type": "function", "function": ["name": "f", "parameters": ["type": "strnig"]]]]], "tools"),
         ]
         for (refused, param) in refusals {
             let (refusedStatus, refusedBody) = try await server.post("/v1/chat/completions", refused)
