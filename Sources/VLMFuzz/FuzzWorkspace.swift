@@ -202,7 +202,8 @@ extension FuzzWorkspace {
     /// allowed token the byte selects (or an end).
     static func decodeToolCalls(_ template: ResponseTemplate, reply: [UInt8]) throws {
         guard let constraint = try ToolCallConstraint(template: template, tools: replyTools, prompt: "", tokenBytes: grammarTokenBytes,
-                                                      vocabulary: grammarVocabulary, endTokens: [0]) else { return }
+                                                      grammarConstraint: { GrammarConstraint(grammar: $0, vocabulary: grammarVocabulary, endTokens: []) },
+                                                      endTokens: [0]) else { return }
         let sequence = constraint.start()
         for byte in reply {
             var token = Int(byte) + 1

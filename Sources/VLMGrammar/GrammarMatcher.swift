@@ -238,6 +238,16 @@ public final class GrammarConstraint: GenerationConstraint {
         }
     }
 
+    /// Sets the score of every token that may not follow `state` to -infinity; false when none may.
+    public func restrict(_ scores: inout [Float], after state: GrammarState) -> Bool {
+        let allowed = allowedTokens(state)
+        var any = false
+        for index in scores.indices {
+            if index >= allowed.count || !allowed[index] { scores[index] = -.infinity } else { any = true }
+        }
+        return any
+    }
+
     /// The state after `token`; a dead one (nothing may follow) after an end token or a refused one.
     public func state(after token: Int, from state: GrammarState) -> GrammarState {
         guard !endTokens.contains(token), token >= 0, token < vocabulary.tokenBytes.count,
@@ -260,14 +270,7 @@ final class GrammarTokenConstraint: TokenConstraint {
 
     func allows(_ token: Int) -> Bool { constraint.allows(token, after: state) }
 
-    func restrict(_ scores: inout [Float]) -> Bool {
-        let allowed = constraint.allowedTokens(state)
-        var any = false
-        for index in scores.indices {
-            if index >= allowed.count || !allowed[index] { scores[index] = -.infinity } else { any = true }
-        }
-        return any
-    }
+    func restrict(_ scores: inout [Float]) -> Bool { constraint.restrict(&scores, after: state) }
 
     func accept(_ token: Int) { state = constraint.state(after: token, from: state) }
 }

@@ -18,26 +18,27 @@ import VLMTemplates
 /// is one piece of text after it (the parser holds a pattern's match back while more text could lengthen it);
 /// text already generated in the region that the grammar does not read leaves that region free.
 public final class ToolCallConstraint: GenerationConstraint {
-    private let format: ToolCallFormat
+    fileprivate let format: ToolCallFormat
     /// The parser after the prompt, copied for each sequence.
     private let parser: ResponseParser
     /// Each token's bytes as the parser reads them (special tokens' text included).
     private let tokenBytes: [[UInt8]]
-    private let endTokens: Set<Int>
-    private let callLimit: Int
+    fileprivate let endTokens: Set<Int>
+    fileprivate let callLimit: Int
     /// The grammar of a call region's rest, by ``ToolCallFormat/schemaKey(captures:)``.
     private let grammars: [String: GrammarConstraint]
 
     /// - Parameters:
     ///   - prompt: the prompt's text (special tokens included), which the parser reads first.
     ///   - tokenBytes: each token's bytes (`Tokenizer.tokenBytes(count:)`).
-    ///   - vocabulary: the grammar vocabulary of the same tokens.
+    ///   - grammarConstraint: a grammar's constraint over the same tokens, allowing no end token (the pipelines hand
+    ///     out the ones they keep, so that requests with the same tools reuse the masks worked out before).
     /// - Returns: nil when the template's calls cannot be written as JSON between literal delimiters
     ///   (``ResponseTemplate/toolCallFormat(tools:)``).
     /// - Throws: `GrammarError` for a tool's parameters that are not a schema llama.cpp converts (as a forced call
     ///   of it would be refused); the template's errors parsing the prompt.
     public init?(template: ResponseTemplate, tools: [JSONValue], prompt: String, tokenBytes: [[UInt8]],
-                 vocabulary: GrammarVocabulary, endTokens: Set<Int>, parallelCalls: Bool = true) throws {
+                 grammarConstraint: (Grammar) -> GrammarConstraint, endTokens: Set<Int>, parallelCalls: Bool = true) throws {
         guard let format = template.toolCallFormat(tools: tools) else { return nil }
         self.format = format
         var grammars: [String: GrammarConstraint] = [:]
@@ -48,8 +49,7 @@ public final class ToolCallConstraint: GenerationConstraint {
             let text = conversion.grammar
                 + "tool-call-region ::= tool-call-space root tool-call-space (\(closing))\n"
                 + #"tool-call-space ::= | " " | "\n"{1,2} [ \t]{0,20}"# + "\n"
-            grammars[key] = GrammarConstraint(grammar: try Grammar(gbnf: text, root: "tool-call-region"), vocabulary: vocabulary,
-                                              endTokens: [])
+            grammars[key] = grammarConstraint(try Grammar(gbnf: text, root: "tool-call-region"))
         }
         self.grammars = grammars
         parser = try ResponseParser(template: template, prefix: prompt, tools: tools)
@@ -68,9 +68,6 @@ public final class ToolCallConstraint: GenerationConstraint {
     }
 
     fileprivate func bytes(_ token: Int) -> [UInt8] { token >= 0 && token < tokenBytes.count ? tokenBytes[token] : [] }
-    fileprivate var field: String { format.field }
-    fileprivate var limit: Int { callLimit }
-    fileprivate var ends: Set<Int> { endTokens }
 }
 
 /// One sequence's progress: free text, a call region held to its grammar, a region left free, or (calls used up)
@@ -102,7 +99,7 @@ final class ToolCallTokenConstraint: TokenConstraint {
         switch phase {
         case .free, .unconstrainedCall: true
         case let .call(grammar, state): grammar.allows(token, after: state)
-        case .ended: owner.ends.contains(token)
+        case .ended: owner.endTokens.contains(token)
         }
     }
 
@@ -111,16 +108,11 @@ final class ToolCallTokenConstraint: TokenConstraint {
         case .free, .unconstrainedCall:
             return true
         case let .call(grammar, state):
-            let allowed = grammar.allowedTokens(state)
-            var any = false
-            for index in scores.indices {
-                if index >= allowed.count || !allowed[index] { scores[index] = -.infinity } else { any = true }
-            }
-            return any
+            return grammar.restrict(&scores, after: state)
         case .ended:
             var any = false
             for index in scores.indices {
-                if owner.ends.contains(index) { any = true } else { scores[index] = -.infinity }
+                if owner.endTokens.contains(index) { any = true } else { scores[index] = -.infinity }
             }
             return any
         }
@@ -131,7 +123,7 @@ final class ToolCallTokenConstraint: TokenConstraint {
             let next = grammar.state(after: token, from: state)
             if grammar.grammar.isComplete(next) {
                 calls += 1
-                phase = calls >= owner.limit ? .ended : .free
+                phase = calls >= owner.callLimit ? .ended : .free
             } else {
                 phase = .call(grammar, next)
             }
@@ -149,12 +141,12 @@ final class ToolCallTokenConstraint: TokenConstraint {
         var body = ""
         for event in events {
             switch event {
-            case let .open(field) where field == owner.field:
+            case let .open(field) where field == owner.format.field:
                 opened = true
                 body = ""
-            case let .chunk(field, text, _) where field == owner.field && opened:
+            case let .chunk(field, text, _) where field == owner.format.field && opened:
                 body += text
-            case let .close(field, _) where field == owner.field, let .malformed(field, _) where field == owner.field:
+            case let .close(field, _) where field == owner.format.field, let .malformed(field, _) where field == owner.format.field:
                 opened = false
                 switch phase {
                 case .call, .unconstrainedCall: phase = .free

@@ -109,7 +109,7 @@ public final class TextGenerationPipeline: Sendable {
         let count = model.vocabularySize
         return try ToolCallConstraint(template: template, tools: tools, prompt: tokenizer.decode(promptIds, skipSpecialTokens: false),
                                       tokenBytes: tokenTable.bytes(tokenizer, count: count),
-                                      vocabulary: tokenTable.vocabulary(tokenizer, count: count),
+                                      grammarConstraint: { tokenTable.constraint($0, endTokens: [], tokenizer: tokenizer, count: count) },
                                       endTokens: Set(settings.eosTokenIds), parallelCalls: parallelCalls)
     }
 

@@ -10,6 +10,9 @@ struct ToolCallConstraintTests {
     static let end = 256
     static let tokenBytes: [[UInt8]] = (0..<256).map { [UInt8($0)] } + [Array("<|im_end|>".utf8)]
     static let vocabulary = GrammarVocabulary(tokenBytes: tokenBytes, specialTokens: [end])
+    static func held(_ grammar: Grammar) -> GrammarConstraint {
+        GrammarConstraint(grammar: grammar, vocabulary: vocabulary, endTokens: [])
+    }
     static let weather: JSONValue = ["type": "function", "function": [
         "name": "get_weather",
         "parameters": ["type": "object", "properties": ["city": ["type": "string"], "days": ["type": "integer"]],
@@ -21,7 +24,7 @@ struct ToolCallConstraintTests {
     static func constraint(_ template: ResponseTemplate, tools: [JSONValue] = [weather, time], prompt: String = qwenPrompt,
                            parallelCalls: Bool = true) throws -> any TokenConstraint {
         let made = try ToolCallConstraint(template: template, tools: tools, prompt: prompt, tokenBytes: tokenBytes,
-                                          vocabulary: vocabulary, endTokens: [end], parallelCalls: parallelCalls)
+                                          grammarConstraint: held, endTokens: [end], parallelCalls: parallelCalls)
         return try #require(made).start()
     }
 
@@ -112,7 +115,7 @@ struct ToolCallConstraintTests {
         let broken: JSONValue = ["type": "function", "function": ["name": "f", "parameters": ["type": "strnig"]]]
         #expect(throws: GrammarError.self) {
             _ = try ToolCallConstraint(template: Self.qwen, tools: [broken], prompt: Self.qwenPrompt, tokenBytes: Self.tokenBytes,
-                                       vocabulary: Self.vocabulary, endTokens: [Self.end])
+                                       grammarConstraint: Self.held, endTokens: [Self.end])
         }
     }
 
