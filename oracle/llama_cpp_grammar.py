@@ -1,10 +1,10 @@
 """llama.cpp's grammar-constrained greedy decoding of SmolLM2, for GrammarDecodingTests.
 
 transformers has no grammar-constrained sampling; llama.cpp's (`llama_sampler_init_grammar` before the greedy
-sampler, as llama-server and llama-cli chain them) is the reference. Each case is a chat question and a JSON schema;
-the schema becomes GBNF by llama-cpp-python's own converter (the grammar text is recorded, so the Swift side decodes
+sampler, as llama-server and llama-cli chain them) is the reference. Each case is a chat question and a JSON schema,
+which becomes GBNF by llama-cpp-python's own converter (the grammar text is recorded, so the Swift side decodes
 under exactly the same grammar; VLMGrammar's converter is held to llama.cpp's C++ one by llama.cpp's own test suite
-instead), the prompt ids are `vlm tokenize --chat … --add-generation-prompt`'s (SmolLM2's chat template), and
+instead), or a grammar written by hand that names special tokens by their text; the prompt ids are `vlm tokenize --chat … --add-generation-prompt`'s (SmolLM2's chat template), and
 llama.cpp decodes greedily under the grammar with `Llama.generate(temp=0.0, grammar=…)`, up to 80 tokens or an
 end-of-generation token. Recorded per case: the grammar, prompt ids, the new ids and text, and at each step llama.cpp's
 logits of its 8 best tokens (to tell a near tie, where two engines' arithmetic may pick differently, from a
@@ -45,6 +45,14 @@ CASES = [
       "required": ["answer", "confidence"], "additionalProperties": False}),
     ("Write a JSON object about a cat.", {"type": "object"}),
 ]
+# Grammars written by hand, naming special tokens by their text as llama.cpp's grammars/README.md shows (`<think>`):
+# llama.cpp looks each up in the model's vocabulary. SmolLM2's `<|im_start|>` (id 1) is no end-of-generation token,
+# so the grammar may ask for it (llama.cpp masks end-of-generation tokens until the grammar is complete).
+GBNF_CASES = [
+    ("Is the sky blue? Answer, then give a reason.",
+     'root ::= ("Yes" | "No") "." <|im_start|> "reason: " [a-z ,]{1,40} "."\n'),
+    ("Say anything.", 'root ::= <|im_start|> "assistant" !<|im_start|>{2,5} <|im_start|>\n'),
+]
 MAX_TOKENS = 80
 
 
@@ -54,14 +62,14 @@ def main():
         if hasattr(llm._model, "token_is_eog") else {llm.token_eos()}
     records = []
     with tempfile.TemporaryDirectory() as scratch:
-        for question, schema in CASES:
+        for question, schema, gbnf in [(q, s, json_schema_to_gbnf(json.dumps(s))) for q, s in CASES] + \
+                [(q, None, g) for q, g in GBNF_CASES]:
             messages = [{"role": "user", "content": question}]
             path = os.path.join(scratch, "messages.json")
             with open(path, "w") as f:
                 json.dump(messages, f)
             prompt = json.loads(subprocess.check_output(
                 [VLM, "tokenize", "--model", MODEL, "--chat", path, "--add-generation-prompt", "--json"]))["ids"]
-            gbnf = json_schema_to_gbnf(json.dumps(schema))
             llm.reset()
             ids, top = [], []
             for token in llm.generate(prompt, temp=0.0, grammar=LlamaGrammar.from_string(gbnf, verbose=False)):

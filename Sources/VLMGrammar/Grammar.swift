@@ -2,7 +2,8 @@
 ///
 /// The notation and its meaning are llama.cpp's (grammars/README.md there): `name ::= alternatives` rules, `#`
 /// comments, `"literals"`, `[character classes]` with `^` negation and ranges, `.` for any character, `( groups )`,
-/// the repetitions `*`, `+`, `?`, `{m}`, `{m,}`, `{m,n}`, and tokens by id `<[id]>` or, negated, `!<[id]>`.
+/// the repetitions `*`, `+`, `?`, `{m}`, `{m,}`, `{m,n}`, and tokens by id `<[id]>` or by text `<think>` (text the
+/// model's tokenizer encodes as one token, special tokens included), each negated by a leading `!`.
 /// Repetitions become helper rules as llama.cpp rewrites them, with its limit of 2,000 repeated rules, so that a
 /// grammar llama.cpp refuses is refused here; left recursion is refused too (the matcher would loop on it).
 ///
@@ -45,9 +46,11 @@ public struct Grammar: Sendable {
     public let source: String
     public let rootName: String
 
-    /// Parses GBNF text. `root` names the start rule.
-    public init(gbnf text: String, root: String = "root") throws(GrammarError) {
-        var parser = GBNFParser(text)
+    /// Parses GBNF text. `root` names the start rule. `tokenize` is how the model's tokenizer encodes text with its
+    /// special tokens and without added ones (what llama.cpp's `tokenize(text, add_special: false, parse_special:
+    /// true)` gives); tokens by text (`<think>`) need it and must encode to exactly one token.
+    public init(gbnf text: String, root: String = "root", tokenize: ((String) -> [Int])? = nil) throws(GrammarError) {
+        var parser = GBNFParser(text, tokenize: tokenize)
         try parser.parseRules()
         guard let rootId = parser.symbols[root] else {
             throw .invalidGrammar("no rule named '\(root)' to start from")
@@ -255,7 +258,12 @@ private struct GBNFParser {
     static let groupDepthLimit = 200
     var groupDepth = 0
 
-    init(_ text: String) { bytes = Array(text.utf8) }
+    let tokenize: ((String) -> [Int])?
+
+    init(_ text: String, tokenize: ((String) -> [Int])?) {
+        bytes = Array(text.utf8)
+        self.tokenize = tokenize
+    }
 
     var current: UInt8 { position < bytes.count ? bytes[position] : 0 }
     func byte(at offset: Int) -> UInt8 { position + offset < bytes.count ? bytes[position + offset] : 0 }
@@ -560,11 +568,26 @@ private struct GBNFParser {
         generated *= total
     }
 
+    /// `<[id]>`, or `<text>` as the one token the tokenizer makes of it (angle brackets included).
     mutating func parseTokenId() throws(GrammarError) -> Int {
         guard current == UInt8(ascii: "<") else { throw error("expecting '<'") }
+        let start = position
         position += 1
         guard current == UInt8(ascii: "[") else {
-            throw error("tokens by text (<name>) need a vocabulary; write them by id, <[id]>")
+            while position < bytes.count && bytes[position] != UInt8(ascii: ">") { position += 1 }
+            guard position < bytes.count else { throw error("expecting '>'") }
+            position += 1
+            let text = String(decoding: bytes[start..<position], as: UTF8.self)
+            guard let tokenize else {
+                position = start
+                throw error("tokens by text (\(text)) need the model's vocabulary; write them by id, <[id]>")
+            }
+            let ids = tokenize(text)
+            guard ids.count == 1 else {
+                position = start
+                throw error("invalid token '\(text)': the tokenizer makes \(ids.count) tokens of it, not one")
+            }
+            return ids[0]
         }
         position += 1
         let id = try parseInteger()

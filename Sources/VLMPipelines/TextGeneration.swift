@@ -173,6 +173,12 @@ public final class TextGenerationPipeline: Sendable {
         tokenTable.stoppingCriteria(settings, tokenizer: tokenizer, count: model.vocabularySize)
     }
 
+    /// GBNF text as a grammar for this pipeline's model: a token written by text (`<think>`) is the one token this
+    /// tokenizer makes of it, special tokens included, as llama.cpp resolves it against the model's vocabulary.
+    public func grammar(gbnf text: String, root: String = "root") throws(GrammarError) -> Grammar {
+        try Grammar(gbnf: text, root: root) { [tokenizer] in tokenizer.encode($0, addSpecialTokens: false).ids }
+    }
+
     /// `grammar` over this pipeline's vocabulary, ending where `settings`' eos tokens end generation (for driving
     /// the model through a ``ContinuousBatcher``; the `generate` and `stream` calls build it themselves).
     ///

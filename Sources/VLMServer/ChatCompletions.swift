@@ -10,7 +10,8 @@ extension VLMServer {
     func chatCompletion(_ body: Data) async throws -> APIResponse {
         let fields = try RequestFields(body)
         let model = try model(named: try fields.requiredString("model"))
-        var requested = try SamplingFields(fields, configuration: configuration, maxTokensKeys: ["max_completion_tokens", "max_tokens"])
+        var requested = try SamplingFields(fields, configuration: configuration, maxTokensKeys: ["max_completion_tokens", "max_tokens"],
+                                        pipeline: model.generationPipeline)
         let wantsLogprobs = try fields.bool("logprobs") ?? false
         let top = try fields.int("top_logprobs", in: 0...20)
         if top != nil && !wantsLogprobs { throw APIError.invalid("'top_logprobs' requires 'logprobs' to be true", param: "top_logprobs") }

@@ -9,7 +9,8 @@ extension VLMServer {
     func completion(_ body: Data) async throws -> APIResponse {
         let fields = try RequestFields(body)
         let model = try model(named: try fields.requiredString("model"))
-        var requested = try SamplingFields(fields, configuration: configuration, maxTokensKeys: ["max_tokens"])
+        var requested = try SamplingFields(fields, configuration: configuration, maxTokensKeys: ["max_tokens"],
+                                        pipeline: model.generationPipeline)
         requested.logprobs = try fields.int("logprobs", in: 0...20)
         let sampling = requested
         let echo = try fields.bool("echo") ?? false

@@ -21,7 +21,8 @@ struct SamplingFields {
     /// What the output must follow: `response_format`'s JSON schema, or llama-server's `json_schema` or `grammar`.
     var grammar: Grammar?
 
-    init(_ fields: RequestFields, configuration: ServerConfiguration, maxTokensKeys: [String]) throws {
+    /// `pipeline` resolves a GBNF grammar's tokens by text (nil for a model that does not generate).
+    init(_ fields: RequestFields, configuration: ServerConfiguration, maxTokensKeys: [String], pipeline: TextGenerationPipeline?) throws {
         maxTokens = try maxTokensKeys.lazy.compactMap { try fields.int($0, in: 1...configuration.maxTokens) }.first
         temperature = try fields.double("temperature", in: 0...2)
         topP = try fields.double("top_p", in: 0...1)
@@ -30,7 +31,7 @@ struct SamplingFields {
         n = try fields.int("n", in: 1...configuration.maxChoices) ?? 1
         stream = try fields.bool("stream") ?? false
         ignoreEos = try fields.bool("ignore_eos") ?? false
-        grammar = try fields.outputGrammar()
+        grammar = try fields.outputGrammar(pipeline: pipeline)
         includeUsage = false
         if let options = fields["stream_options"] {
             guard case .object = options else { throw APIError.invalid("'stream_options' must be an object", param: "stream_options") }
@@ -67,9 +68,10 @@ struct SamplingFields {
 extension RequestFields {
     /// The grammar the output must follow, as llama-server reads a request: OpenAI's `response_format`
     /// (`{"type": "json_object"}` for any JSON object, or with a `schema`; `{"type": "json_schema", "json_schema":
-    /// {"schema": …}}`), or llama-server's own `json_schema` (a schema) or `grammar` (GBNF text), not both. An empty
-    /// schema means any object. Schemas become grammars as llama.cpp converts them (``JSONSchemaGrammar``).
-    func outputGrammar() throws -> Grammar? {
+    /// {"schema": …}}`), or llama-server's own `json_schema` (a schema) or `grammar` (GBNF text, its tokens by text
+    /// resolved in `pipeline`'s vocabulary), not both. An empty schema means any object. Schemas become grammars as
+    /// llama.cpp converts them (``JSONSchemaGrammar``).
+    func outputGrammar(pipeline: TextGenerationPipeline?) throws -> Grammar? {
         var schema = self["json_schema"]
         let gbnf = try string("grammar")
         if schema != nil && gbnf != nil {
@@ -101,7 +103,11 @@ extension RequestFields {
             }
         }
         guard let gbnf, !gbnf.isEmpty else { return nil }
-        do { return try Grammar(gbnf: gbnf) } catch { throw APIError.invalid("\(error)", param: "grammar") }
+        do {
+            return try pipeline?.grammar(gbnf: gbnf) ?? Grammar(gbnf: gbnf)
+        } catch {
+            throw APIError.invalid("\(error)", param: "grammar")
+        }
     }
 }
 

@@ -32,6 +32,15 @@ public final class ServedModel: Sendable {
         created = Int(Date().timeIntervalSince1970)
     }
 
+    /// The pipeline that generates its text; nil for a model that does not generate.
+    var generationPipeline: TextGenerationPipeline? {
+        switch role {
+        case let .text(pipeline, _): pipeline
+        case let .imageChat(pipeline, _): pipeline.text
+        case .embeddings: nil
+        }
+    }
+
     /// Loads what `path` holds (a checkpoint directory or a GGUF file) for the role its family plays, with a
     /// continuous batcher for language models.
     ///

@@ -134,7 +134,7 @@ struct Generate: AsyncParsableCommand {
         let messages = try chat.map(readMessages)
         let toolList = try tools.map(readTools)
         let seed = settings.samplerSeed
-        let grammar = try outputGrammar()
+        let grammar = try outputGrammar(for: pipeline)
         if json || config.numBeams > 1 {
             let result = try messages.map { try pipeline.generate(messages: $0, tools: toolList, settings: config, seed: seed, grammar: grammar) }
                 ?? pipeline.generate(prompt: prompt ?? "", settings: config, seed: seed, grammar: grammar)
@@ -161,7 +161,7 @@ struct Generate: AsyncParsableCommand {
         ]]
         let streams = !json && config.numBeams == 1
         let result = try pipeline.generate(messages: messages, tools: try tools.map(readTools), settings: config, seed: settings.samplerSeed,
-                                           grammar: try outputGrammar(), onText: streams ? { writeToStandardOutput($0) } : nil)
+                                           grammar: try outputGrammar(for: pipeline.text), onText: streams ? { writeToStandardOutput($0) } : nil)
         if json {
             try printJSON(self.result(result, pipeline: pipeline.text))
         } else {
@@ -171,14 +171,15 @@ struct Generate: AsyncParsableCommand {
 }
 
 extension Generate {
-    /// --grammar-file's grammar, or --json-schema's converted as llama.cpp converts schemas; nil without either.
-    func outputGrammar() throws -> Grammar? {
+    /// --grammar-file's grammar (its tokens by text resolved in `pipeline`'s vocabulary), or --json-schema's converted
+    /// as llama.cpp converts schemas; nil without either.
+    func outputGrammar(for pipeline: TextGenerationPipeline) throws -> Grammar? {
         if let grammarFile {
             let text: String
             do { text = try String(contentsOf: URL(fileURLWithPath: grammarFile), encoding: .utf8) } catch {
                 throw GrammarFileError.unreadable(grammarFile)
             }
-            do { return try Grammar(gbnf: text) } catch { throw GrammarFileError.invalid(grammarFile, error) }
+            do { return try pipeline.grammar(gbnf: text) } catch { throw GrammarFileError.invalid(grammarFile, error) }
         }
         guard let jsonSchema else { return nil }
         let (data, source): (Data, String)
