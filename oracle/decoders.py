@@ -1,4 +1,4 @@
-"""Decoder fixtures: tiny random-init Qwen2, Mistral, dynamic-RoPE Llama, OPT and GPT-2 checkpoints and what
+"""Decoder fixtures: tiny random-init Qwen2, Qwen3, Mistral, dynamic-RoPE Llama, OPT and GPT-2 checkpoints and what
 transformers computes with them.
 
 Run by hand from the repository root with the oracle venv (oracle/requirements.txt):
@@ -29,7 +29,8 @@ import sys
 
 import torch
 from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
-                          MistralConfig, MistralForCausalLM, OPTConfig, OPTForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+                          MistralConfig, MistralForCausalLM, OPTConfig, OPTForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                          Qwen3Config, Qwen3ForCausalLM)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "Tests", "Fixtures", "decoders")
@@ -49,6 +50,11 @@ GPT2_BASE = dict(vocab_size=VOCAB, n_embd=64, n_inner=64, n_layer=2, n_head=4, n
 CASES = {
     # q/k/v biases without an o_proj bias; the second layer slides over a 4-token window (max_window_layers=1).
     "qwen2": (Qwen2ForCausalLM, Qwen2Config, dict(LLAMA_BASE, tie_word_embeddings=False, use_sliding_window=True,
+                                                  sliding_window=4, max_window_layers=1, rope_theta=1000000.0)),
+    # Qwen3: each query and key head RMS-normalized before the rotation, a head_dim (24) that is not hidden_size /
+    # num_attention_heads, biases on all four attention projections (attention_bias), tied embeddings; the second
+    # layer slides over a 4-token window.
+    "qwen3": (Qwen3ForCausalLM, Qwen3Config, dict(LLAMA_BASE, head_dim=24, attention_bias=True, use_sliding_window=True,
                                                   sliding_window=4, max_window_layers=1, rope_theta=1000000.0)),
     # Every layer slides over a 5-token window; prompts of 7 and 16 new tokens exceed it.
     "mistral-sliding": (MistralForCausalLM, MistralConfig, dict(LLAMA_BASE, sliding_window=5)),
@@ -127,10 +133,22 @@ class NearTie(Exception):
     pass
 
 
+def randomize_norms(model):
+    # Norm weights start at one and biases at zero; drawn instead, a weight or bias read from the wrong place shows.
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name:
+                parameter.normal_(1.0, 0.3)
+            elif name.endswith(".bias"):
+                parameter.normal_(0.0, 0.3)
+
+
 def build_case(name, model_class, config_class, settings, seed):
     torch.manual_seed(seed)
     config = config_class(**settings)
     model = model_class(config).eval()
+    if name == "qwen3":
+        randomize_norms(model)
     directory = os.path.join(FIXTURES, name)
     shutil.rmtree(directory, ignore_errors=True)
     model.half().save_pretrained(directory)

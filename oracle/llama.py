@@ -8,9 +8,10 @@ Run by hand from the repository root with the oracle venv (oracle/requirements.t
 gqa-untied.gguf is that case converted as llama.cpp does (permuted Q/K, quantized MLP), with gqa-untied.gguf.json the
 logits transformers computes from the GGUF; qwen2-tiny.gguf(.json) likewise for a tiny random Qwen2 written as
 llama.cpp writes qwen2 (see qwen2_tiny_gguf), and qwen2-mixed.gguf(.json) one with every projection quantized (see
-qwen2_mixed_gguf). To remake only those, without touching the other fixtures:
+qwen2_mixed_gguf), and qwen3-mixed.gguf(.json) a tiny random Qwen3 the same way (see qwen3_mixed_gguf). To remake only
+those, without touching the other fixtures:
 
-    python -c 'import sys; sys.path.insert(0, "oracle"); import llama; llama.qwen2_tiny_gguf(); llama.qwen2_mixed_gguf()'
+    python -c 'import sys; sys.path.insert(0, "oracle"); import llama; llama.qwen2_tiny_gguf(); llama.qwen2_mixed_gguf(); llama.qwen3_mixed_gguf()'
 
 Each tiny case directory is a checkpoint SwiftVLM loads as is (config.json + model.safetensors) plus expected.json:
 full-sequence logits for a forward pass (with the attention mask and position ids given), and greedy continuations
@@ -158,11 +159,16 @@ def write_gguf(model, path, arch, types, permute, name=None):
     if arch == "llama":
         # LlamaModel's converter adds the rotary width; Qwen2's does not (and transformers ignores it for qwen2).
         writer.add_rope_dimension_count(config.head_dim)
+    if arch == "qwen3":
+        # The converter writes a config's head_dim as the key and value widths.
+        writer.add_key_length(config.head_dim)
+        writer.add_value_length(config.head_dim)
     writer.add_uint32("tokenizer.ggml.eos_token_id", 2)
     names = {"model.embed_tokens.weight": "token_embd", "model.norm.weight": "output_norm", "lm_head.weight": "output"}
     modules = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
                "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-               "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+               "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+               "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
     tied = config.tie_word_embeddings
     stored = {}
     for hf_name, tensor in model.state_dict().items():
@@ -286,6 +292,41 @@ def qwen2_mixed_gguf():
     json.dump(expected, open(os.path.join(FIXTURES, "qwen2-mixed.gguf.json"), "w"))
 
 
+def qwen3_mixed_gguf():
+    """qwen3-mixed.gguf: a tiny random Qwen3 (2 query heads over 1 key/value head of 128, the width transformers
+    always gives a Qwen3 GGUF) whose every projection is quantized, each in another block format (so SwiftVLM's fused
+    decoding step runs them, with each query and key head normalized before the rotation), q_norm and k_norm drawn
+    around 1, an untied F16 head, 256 positions; what transformers computes from the GGUF as for qwen2-mixed.gguf."""
+    from gguf import GGMLQuantizationType as Q
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    torch.manual_seed(5)
+    config = Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=1, head_dim=128, max_position_embeddings=256, rms_norm_eps=1e-6,
+                         tie_word_embeddings=False, rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+                         initializer_range=0.2)
+    model = Qwen3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_norm.weight.normal_(1.0, 0.3)
+            layer.self_attn.k_norm.weight.normal_(1.0, 0.3)
+    types = {"model.embed_tokens": Q.F16, "lm_head": Q.F16, "self_attn.q_proj": Q.Q8_0, "self_attn.k_proj": Q.Q5_0,
+             "self_attn.v_proj": Q.Q4_1, "self_attn.o_proj": Q.Q5_1, "mlp.gate_proj": Q.Q4_0, "mlp.up_proj": Q.Q8_0,
+             "mlp.down_proj": Q.Q4_1}
+    rounded = write_gguf(model, os.path.join(FIXTURES, "qwen3-mixed.gguf"), "qwen3", types, permute=False, name="qwen3-mixed")
+    loaded, expected = gguf_logits(rounded, "qwen3-mixed")
+    assert loaded.config.head_dim == 128 and not loaded.config.tie_word_embeddings
+    prompt = torch.tensor([PROMPTS[0]])
+    new_tokens, margin = greedy(loaded, prompt, torch.ones_like(prompt), None)
+    assert margin > 1e-3, margin
+    sequence = PROMPTS[0] + torch.randint(3, VOCAB, (160 - len(PROMPTS[0]),), generator=torch.Generator().manual_seed(4)).tolist()
+    positions = [len(PROMPTS[0]), 63, 64, 127, 128, 129, 159]
+    with torch.no_grad():
+        logits = loaded(input_ids=torch.tensor([sequence])).logits[0]
+    expected.update(new_tokens=new_tokens[0], max_new_tokens=NEW_TOKENS, min_margin=margin, sequence=sequence,
+                    positions=positions, position_logits=[logits[p].tolist() for p in positions])
+    json.dump(expected, open(os.path.join(FIXTURES, "qwen3-mixed.gguf.json"), "w"))
+
+
 # transformers' bar for the real model: 64 greedy tokens, plain prompts and chats.
 MAX_NEW_TOKENS = 64
 
@@ -341,6 +382,7 @@ def main():
     tiny_gguf("gqa-untied")
     qwen2_tiny_gguf()
     qwen2_mixed_gguf()
+    qwen3_mixed_gguf()
     if args.smollm2:
         smollm2(args.smollm2)
 

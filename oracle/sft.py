@@ -6,6 +6,7 @@ Run by hand from the repository root with the oracle venv (oracle/requirements.t
 
     python oracle/sft.py    # → Tests/Fixtures/sft/qwen2-chatml/ (the checkpoint), Tests/Fixtures/sft/qwen2-chatml.json and .safetensors,
                             #   Tests/Fixtures/sft/qwen2-chatml-lora.json and .safetensors
+    python oracle/sft.py qwen3   # → Tests/Fixtures/sft/qwen3-chatml/, qwen3-chatml.json and .safetensors alone
 
 The checkpoint: a tiny random-init `Qwen2ForCausalLM` (q/k/v biases, untied head) with SmolLM2's real tokenizer, its
 `<|im_end|>` the pad token (so the embedding's `padding_idx`), and a ChatML template whose `{% generation %}` block
@@ -18,6 +19,10 @@ and gradient norm, the first step's gradients and the parameters after the last 
 Then the same with every token scored but the padding (TRL's default, `assistant_only_loss=False`): the losses and
 norms, in the record's `every_token_*` members.
 
+A Qwen3 checkpoint (`qwen3` argument) is trained the same way on the same batch, assistant tokens only: each query
+and key head RMS-normalized before the rotation (q_norm, k_norm drawn like every other weight), a head_dim of 6 that
+is not hidden_size / num_attention_heads, no biases, the head tied to the embedding.
+
 Then the same with LoRA (PEFT's `get_peft_model` with `LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj",
 "v_proj", "down_proj"], lora_dropout=0)`): only the updates learn. Recorded beside the run: each `lora_A` as PEFT drew
 it (the tests start from these; `lora_B` starts at zero), under the names PEFT saves them by, and the adapter PEFT
@@ -26,11 +31,12 @@ saves.
 import json
 import os
 import shutil
+import sys
 
 import torch
 from safetensors.torch import save_file
 from peft import LoraConfig, get_peft_model
-from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from projector_alignment import FIXTURES, trainer_steps
 
@@ -48,14 +54,17 @@ SETTINGS = dict(learning_rate=1e-2, weight_decay=0.1, adam_beta1=0.9, adam_beta2
                 max_grad_norm=1.0, warmup_steps=1, steps=4)
 
 
-def make_checkpoint(directory):
+def make_checkpoint(directory, family="qwen2"):
     tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
     tokenizer.chat_template = open(TEMPLATE).read()
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=4, intermediate_size=12, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
-                         tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    model = Qwen2ForCausalLM(config)
+    shape = dict(vocab_size=len(tokenizer), hidden_size=4, intermediate_size=12, num_hidden_layers=2,
+                 num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
+                 bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                 pad_token_id=tokenizer.pad_token_id)
+    if family == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(**shape, head_dim=6, tie_word_embeddings=True))
+    else:
+        model = Qwen2ForCausalLM(Qwen2Config(**shape, tie_word_embeddings=False))
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.normal_(0, 0.5)
@@ -70,7 +79,37 @@ def make_checkpoint(directory):
     return tokenizer
 
 
+def qwen3():
+    name = "qwen3-chatml"
+    torch.manual_seed(0)
+    out = os.path.join(FIXTURES, "sft")
+    directory = os.path.join(out, name)
+    shutil.rmtree(directory, ignore_errors=True)
+    tokenizer = make_checkpoint(directory, "qwen3")
+    tokenizer.padding_side = "right"
+    inputs = tokenizer.apply_chat_template(CONVERSATIONS, tokenize=True, return_dict=True, padding=True,
+                                           return_tensors="pt", return_assistant_tokens_mask=True)
+    ids, attention = inputs["input_ids"], inputs["attention_mask"]
+    labels = torch.where((inputs["assistant_masks"] == 1) & (attention == 1), ids, torch.full_like(ids, -100))
+    model = Qwen3ForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    model.train()
+    run = trainer_steps(model, directory, dict(input_ids=ids, attention_mask=attention), labels, SETTINGS)
+    trained, decay, rename = run["trained"], run["decay"], run["rename"]
+    tensors = {f"gradient.{rename(n)}": g for n, g in run["first_gradients"].items()}
+    tensors.update({f"trained.{rename(n)}": p.detach().clone() for n, p in trained.items()})
+    save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(out, f"{name}.safetensors"))
+    with open(os.path.join(out, f"{name}.json"), "w") as f:
+        json.dump(dict(settings=SETTINGS, input_ids=ids.tolist(), attention_mask=attention.tolist(), labels=labels.tolist(),
+                       losses=run["losses"], gradient_norms=run["norms"], final_loss=run["final_loss"],
+                       trained=sorted(rename(n) for n in trained), decayed=sorted(rename(n) for n in trained if n in decay)),
+                  f, indent=1)
+    print(name, "losses", [round(x, 5) for x in run["losses"]], "final", round(run["final_loss"], 5),
+          "norms", [round(x, 4) for x in run["norms"]], "tensors", len(trained))
+
+
 def main():
+    if sys.argv[1:] == ["qwen3"]:
+        return qwen3()
     torch.manual_seed(0)
     out = os.path.join(FIXTURES, "sft")
     directory = os.path.join(out, NAME)

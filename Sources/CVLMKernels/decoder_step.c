@@ -18,7 +18,7 @@
 #pragma STDC FP_CONTRACT OFF
 
 typedef struct thread_scratch {
-    float *normed, *query, *attended, *gated;
+    float *normed, *query, *key, *attended, *gated;
     void *activation;
     size_t bytes;
 } thread_scratch;
@@ -53,10 +53,10 @@ ptrdiff_t vlm_decoder_step_scratch_floats(const vlm_decoder_step *s) {
 /// This thread's private buffers, grown to the step's sizes; 0, or -1 when they cannot be allocated.
 static int prepare_thread_scratch(const vlm_decoder_step *s) {
     const ptrdiff_t width = s->heads * s->head_dim;
-    const ptrdiff_t normed = round_up(s->hidden_size * 4), query = round_up(width * 4), attended = query,
-                    gated = round_up(s->intermediate_size * 4),
+    const ptrdiff_t normed = round_up(s->hidden_size * 4), query = round_up(width * 4), key = round_up(s->head_dim * 4),
+                    attended = query, gated = round_up(s->intermediate_size * 4),
                     activation = round_up(vlm_quant_activation_size(widest_input(s)));
-    const size_t bytes = (size_t)(normed + query + attended + gated + activation);
+    const size_t bytes = (size_t)(normed + query + key + attended + gated + activation);
     thread_scratch *t = &scratch_of_thread;
     if (bytes > t->bytes) {
         char *grown = aligned_alloc(64, bytes);
@@ -65,9 +65,10 @@ static int prepare_thread_scratch(const vlm_decoder_step *s) {
         t->bytes = bytes;
         t->normed = (float *)grown;
         t->query = (float *)(grown + normed);
-        t->attended = (float *)(grown + normed + query);
-        t->gated = (float *)(grown + normed + query + attended);
-        t->activation = grown + normed + query + attended + gated;
+        t->key = (float *)(grown + normed + query);
+        t->attended = (float *)(grown + normed + query + key);
+        t->gated = (float *)(grown + normed + query + key + attended);
+        t->activation = grown + normed + query + key + attended + gated;
     }
     return 0;
 }
@@ -165,8 +166,10 @@ static void run_products(step_run *run, const vlm_decoder_product *products, ptr
 }
 
 /// Claims (key head, part) items: each writes its head's new key and value to the cache when its range holds
-/// them (no other part reads that position), then runs its part for the head's group of query heads.
-static void run_attention(step_run *run, atomic_ptrdiff_t *claim, float *keys, float *values) {
+/// them (no other part reads that position), then runs its part for the head's group of query heads. Heads are
+/// normalized (Qwen3) before they are rotated, as the layer-by-layer path does it.
+static void run_attention(step_run *run, const vlm_decoder_layer *layer, atomic_ptrdiff_t *claim, float *keys,
+                          float *values) {
     const vlm_decoder_step *s = run->step;
     const ptrdiff_t hd = s->head_dim, group = run->group, key_length = s->position + 1;
     const float *q = run->qkv, *k = q + s->heads * hd, *v = k + s->key_heads * hd;
@@ -179,10 +182,21 @@ static void run_attention(step_run *run, atomic_ptrdiff_t *claim, float *keys, f
         const ptrdiff_t first = part * run->part_length;
         const ptrdiff_t count = run->part_length < key_length - first ? run->part_length : key_length - first;
         if (first + count == key_length) {
-            vlm_rotate_half(k + head * hd, 1, 1, hd, s->cos, s->sin, head_keys + s->position * hd);
+            const float *key = k + head * hd;
+            if (layer->key_norm) {
+                vlm_rms_norm(key, layer->key_norm, 1, hd, s->eps, t->key);
+                key = t->key;
+            }
+            vlm_rotate_half(key, 1, 1, hd, s->cos, s->sin, head_keys + s->position * hd);
             memcpy(head_values + s->position * hd, v + head * hd, (size_t)hd * sizeof(float));
         }
-        vlm_rotate_half(q + head * group * hd, 1, group, hd, s->cos, s->sin, t->query);
+        const float *query = q + head * group * hd;
+        if (layer->query_norm) {
+            // Rotated in place below: each pair is read before it is written.
+            vlm_rms_norm(query, layer->query_norm, group, hd, s->eps, t->query);
+            query = t->query;
+        }
+        vlm_rotate_half(query, 1, group, hd, s->cos, s->sin, t->query);
         const vlm_attention_problem problem = {
             .query = t->query, .key = head_keys, .value = head_values, .query_stride = hd, .key_stride = hd,
             .value_stride = hd, .output_stride = hd, .query_length = group, .key_length = key_length, .head_dim = hd,
@@ -225,7 +239,7 @@ static void run_step(void *context, int thread, int threads) {
         run_products(run, layer->attention, layer->attention_products, t->activation, run->qkv, WRITE,
                      thread, threads);
         vlm_parallel_barrier();
-        run_attention(run, &run->claims[l % 2], s->keys[l], s->values[l]);
+        run_attention(run, layer, &run->claims[l % 2], s->keys[l], s->values[l]);
         vlm_parallel_barrier();
         vlm_attention_merge(run->maxima, run->sums, run->partials, s->key_heads, s->parts, run->group, s->head_dim,
                             t->attended);

@@ -4,8 +4,9 @@ import VLMTensor
 
 // The Llama decoder as transformers' models/llama/modeling_llama.py builds it: RMSNorm, rotary position embeddings,
 // grouped-query attention and a SwiGLU MLP, pre-norm residual blocks. Llama 2/3 and SmolLM2 checkpoints are this;
-// Mistral (modeling_mistral.py) and Qwen2 (modeling_qwen2.py) are the same network with their own biases, defaults
-// and sliding-window attention.
+// Mistral (modeling_mistral.py), Qwen2 (modeling_qwen2.py) and Qwen3 (modeling_qwen3.py) are the same network with
+// their own biases, defaults and sliding-window attention; Qwen3 also RMS-normalizes each query and key head before
+// the rotation.
 
 /// transformers' RoPE parameters (`rope_parameters`, or the legacy `rope_theta` + `rope_scaling`), for the types
 /// this decoder computes: "default", "linear", "llama3" and "dynamic".
@@ -88,12 +89,13 @@ public struct RopeParameters: Sendable, Equatable {
     }
 }
 
-/// transformers' `LlamaConfig`, `MistralConfig` or `Qwen2Config` (by `model_type`), with that class's defaults.
+/// transformers' `LlamaConfig`, `MistralConfig`, `Qwen2Config` or `Qwen3Config` (by `model_type`), with that class's
+/// defaults.
 public struct LlamaConfig: Decodable, Sendable {
     /// The `model_type`s this config and ``LlamaForCausalLM`` read.
-    public static let supportedModelTypes = ["llama", "mistral", "qwen2"]
+    public static let supportedModelTypes = ["llama", "mistral", "qwen2", "qwen3"]
 
-    /// "llama", "mistral" or "qwen2".
+    /// "llama", "mistral", "qwen2" or "qwen3".
     public var modelType = "llama"
     public var vocabSize: Int
     public var hiddenSize: Int
@@ -106,8 +108,8 @@ public struct LlamaConfig: Decodable, Sendable {
     public var maxPositionEmbeddings: Int
     public var rmsNormEps: Float
     public var tieWordEmbeddings: Bool
-    /// Biases on the q, k and v projections (Llama's `attention_bias`, always on for Qwen2, off for Mistral); the o
-    /// projection has one only in Llama with `attention_bias`.
+    /// Biases on the q, k and v projections (Llama's and Qwen3's `attention_bias`, always on for Qwen2, off for
+    /// Mistral); the o projection has one only in Llama and Qwen3 with `attention_bias`.
     public var attentionBias: Bool
     /// Biases on the gate, up and down projections.
     public var mlpBias: Bool
@@ -117,15 +119,19 @@ public struct LlamaConfig: Decodable, Sendable {
     public var padTokenId: Int?
     /// `eos_token_id`, which checkpoints give as one id or a list.
     public var eosTokenIds: [Int]
-    /// Mistral's `sliding_window`, or Qwen2's with `use_sliding_window`: a query at sequence index `i` attends to
+    /// Mistral's `sliding_window`, or Qwen2's and Qwen3's with `use_sliding_window`: a query at sequence index `i` attends to
     /// keys `i - slidingWindow + 1 ... i` only (indices count padding, as transformers' masks do). Nil: full causal.
     public var slidingWindow: Int? = nil
-    /// Qwen2's per-layer `layer_types` ("full_attention" or "sliding_attention"); empty means every layer slides
+    /// Qwen2's and Qwen3's per-layer `layer_types` ("full_attention" or "sliding_attention"); empty means every layer slides
     /// when ``slidingWindow`` is set.
     public var layerTypes: [String] = []
 
-    /// Whether `o_proj` has a bias: Llama's `attention_bias` covers it, Qwen2's q/k/v biases do not.
-    public var outputProjectionBias: Bool { modelType == "llama" && attentionBias }
+    /// Whether `o_proj` has a bias: Llama's and Qwen3's `attention_bias` cover it, Qwen2's q/k/v biases do not.
+    public var outputProjectionBias: Bool { (modelType == "llama" || modelType == "qwen3") && attentionBias }
+
+    /// Whether each query and key head is RMS-normalized (`self_attn.q_norm`, `self_attn.k_norm`, over `head_dim`)
+    /// before the rotation: Qwen3's.
+    public var normalizesQueryKeyHeads: Bool { modelType == "qwen3" }
 
     /// The rotary embedding's inverse frequencies for sequences up to `maxPositionEmbeddings`, as the model's
     /// forward pass takes them; an incomplete `rope_parameters` is an error naming `file`.
@@ -164,7 +170,7 @@ public struct LlamaConfig: Decodable, Sendable {
     /// The defaults in which the three config classes differ.
     private struct Defaults {
         var vocabSize = 32000, intermediateSize = 11008, numKeyValueHeads: Int?, maxPositionEmbeddings = 2048
-        var bosTokenId: Int? = 1, eosTokenIds = [2], slidingWindow: Int?
+        var bosTokenId: Int? = 1, eosTokenIds = [2], slidingWindow: Int?, headDim: Int?
     }
 
     /// One `rope_parameters` / `rope_scaling` dict; the legacy form says `type` where the new one says `rope_type`.
@@ -184,8 +190,11 @@ public struct LlamaConfig: Decodable, Sendable {
         modelType = try c.value(.modelType, default: "llama")
         let defaults = switch modelType {
         case "mistral": Defaults(intermediateSize: 14336, numKeyValueHeads: 8, maxPositionEmbeddings: 4096 * 32, slidingWindow: 4096)
-        case "qwen2": Defaults(vocabSize: 151936, intermediateSize: 22016, maxPositionEmbeddings: 32768, bosTokenId: nil, eosTokenIds: [],
-                               slidingWindow: 4096)
+        case "qwen2": Defaults(vocabSize: 151936, intermediateSize: 22016, numKeyValueHeads: 32, maxPositionEmbeddings: 32768,
+                               bosTokenId: nil, eosTokenIds: [], slidingWindow: 4096)
+        // Qwen3Config has a head_dim of its own rather than hidden_size / num_attention_heads.
+        case "qwen3": Defaults(vocabSize: 151936, intermediateSize: 22016, numKeyValueHeads: 32, maxPositionEmbeddings: 32768,
+                               bosTokenId: nil, eosTokenIds: [], slidingWindow: 4096, headDim: 128)
         default: Defaults()
         }
         vocabSize = try c.value(.vocabSize, default: defaults.vocabSize)
@@ -194,13 +203,14 @@ public struct LlamaConfig: Decodable, Sendable {
         numHiddenLayers = try c.value(.numHiddenLayers, default: 32)
         numAttentionHeads = try c.value(.numAttentionHeads, default: 32)
         numKeyValueHeads = try c.value(.numKeyValueHeads, default: defaults.numKeyValueHeads ?? numAttentionHeads)
-        headDim = try c.value(.headDim, default: numAttentionHeads > 0 ? hiddenSize / numAttentionHeads : 0)
+        headDim = try c.value(.headDim, default: defaults.headDim ?? (numAttentionHeads > 0 ? hiddenSize / numAttentionHeads : 0))
         hiddenAct = try c.value(.hiddenAct, default: "silu")
         maxPositionEmbeddings = try c.value(.maxPositionEmbeddings, default: defaults.maxPositionEmbeddings)
         rmsNormEps = try c.value(.rmsNormEps, default: 1e-6)
         tieWordEmbeddings = try c.value(.tieWordEmbeddings, default: false)
-        // Mistral and Qwen2 hard-code their projections' biases and ignore these keys.
-        attentionBias = try modelType == "qwen2" || (modelType == "llama" && c.value(.attentionBias, default: false))
+        // Mistral and Qwen2 hard-code their projections' biases and ignore these keys; Qwen3 reads attention_bias.
+        attentionBias = try modelType == "qwen2"
+            || ((modelType == "llama" || modelType == "qwen3") && c.value(.attentionBias, default: false))
         mlpBias = try modelType == "llama" && c.value(.mlpBias, default: false)
         bosTokenId = c.contains(.bosTokenId) ? try c.decodeIfPresent(Int.self, forKey: .bosTokenId) : defaults.bosTokenId
         padTokenId = try c.decodeIfPresent(Int.self, forKey: .padTokenId)
@@ -215,8 +225,8 @@ public struct LlamaConfig: Decodable, Sendable {
         switch modelType {
         case "mistral":
             slidingWindow = window
-        case "qwen2":
-            // Qwen2Config.__post_init__: the window only with use_sliding_window, on layers from max_window_layers on.
+        case "qwen2", "qwen3":
+            // Qwen2Config.__post_init__ (and Qwen3Config's): the window only with use_sliding_window, on layers from max_window_layers on.
             let sliding = try c.value(.useSlidingWindow, default: false) ? window : nil
             let firstSlidingLayer = try c.value(.maxWindowLayers, default: 28)
             slidingWindow = sliding
@@ -277,6 +287,8 @@ final class LlamaDecoderLayer: @unchecked Sendable {
     let inputNorm: Tensor, postAttentionNorm: Tensor
     /// q_proj, k_proj, v_proj.
     let queryKeyValue: StackedProjections
+    /// Qwen3's q_norm and k_norm, each `[headDim]`.
+    let queryNorm: Tensor?, keyNorm: Tensor?
     let output: Linear
     /// gate_proj, up_proj.
     let gateUp: StackedProjections
@@ -294,6 +306,9 @@ final class LlamaDecoderLayer: @unchecked Sendable {
         inputNorm = try tensor("\(prefix).input_layernorm.weight", [c.hiddenSize])
         postAttentionNorm = try tensor("\(prefix).post_attention_layernorm.weight", [c.hiddenSize])
         let attention = [("q_proj", queryWidth), ("k_proj", keyWidth), ("v_proj", keyWidth)]
+        (queryNorm, keyNorm) = c.normalizesQueryKeyHeads
+            ? (try tensor("\(prefix).self_attn.q_norm.weight", [c.headDim]), try tensor("\(prefix).self_attn.k_norm.weight", [c.headDim]))
+            : (nil, nil)
         queryKeyValue = try StackedProjections(
             weights: attention.map { try weight("self_attn.\($0.0)", $0.1, c.hiddenSize) },
             biases: attention.map { try bias("self_attn.\($0.0)", $0.1, c.attentionBias) })
@@ -307,8 +322,8 @@ final class LlamaDecoderLayer: @unchecked Sendable {
     }
 }
 
-/// A Llama-family causal language model (transformers' `LlamaForCausalLM`), from a Hugging Face checkpoint
-/// directory or a llama.cpp GGUF file.
+/// A Llama-family causal language model (transformers' `LlamaForCausalLM`, and `MistralForCausalLM`,
+/// `Qwen2ForCausalLM`, `Qwen3ForCausalLM`), from a Hugging Face checkpoint directory or a llama.cpp GGUF file.
 ///
 /// Inputs are batches of equal-length rows, left-padded, with transformers' `attention_mask` (1 for tokens, 0 for
 /// padding) and `position_ids`. With a ``KVCache`` a pass sees the cached positions as well as its own, so a
@@ -351,7 +366,7 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
         fusedStep = activation == .silu ? FusedDecoderStep(
             layers: layers.map {
                 .init(inputNorm: $0.inputNorm, postAttentionNorm: $0.postAttentionNorm, attention: $0.queryKeyValue.linears,
-                      output: $0.output, gateUp: $0.gateUp.linears, down: $0.down)
+                      queryNorm: $0.queryNorm, keyNorm: $0.keyNorm, output: $0.output, gateUp: $0.gateUp.linears, down: $0.down)
             },
             finalNorm: norm, head: lmHead, hiddenSize: config.hiddenSize, heads: config.numAttentionHeads,
             keyHeads: config.numKeyValueHeads, headDim: config.headDim, intermediateSize: config.intermediateSize,
@@ -359,7 +374,7 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
     }
 
     /// Loads config.json and the safetensors weights of a checkpoint directory whose `model_type` is `llama`,
-    /// `mistral` or `qwen2`.
+    /// `mistral`, `qwen2` or `qwen3`.
     public convenience init(directory: ModelDirectory) throws {
         let configPath = directory.url.appendingPathComponent("config.json").path
         let type = try directory.modelType
@@ -490,8 +505,12 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
         let heads = config.numAttentionHeads, keyHeads = config.numKeyValueHeads
         let normed = rmsNorm(hidden, weight: layer.inputNorm, eps: config.rmsNormEps)
         let projected = layer.queryKeyValue(normed)
-        let query = applyRotaryEmbedding(projected[0], heads: heads, cos: rotary.cos, sin: rotary.sin)
-        let key = applyRotaryEmbedding(projected[1], heads: keyHeads, cos: rotary.cos, sin: rotary.sin)
+        func eachHeadNormalized(_ x: Tensor, _ weight: Tensor?) -> Tensor {
+            guard let weight else { return x }
+            return rmsNorm(x.reshaped([-1, config.headDim]), weight: weight, eps: config.rmsNormEps).reshaped(x.shape)
+        }
+        let query = applyRotaryEmbedding(eachHeadNormalized(projected[0], layer.queryNorm), heads: heads, cos: rotary.cos, sin: rotary.sin)
+        let key = applyRotaryEmbedding(eachHeadNormalized(projected[1], layer.keyNorm), heads: keyHeads, cos: rotary.cos, sin: rotary.sin)
         let value = projected[2]
         var (keys, values, layout) = (key, value, KeyValueLayout.tokenMajor)
         if let cache {

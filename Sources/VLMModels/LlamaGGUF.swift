@@ -2,18 +2,20 @@ import Foundation
 import VLMCheckpoint
 import VLMTensor
 
-// Llama-family decoders from llama.cpp GGUF files: the config from `llama.*` or `qwen2.*` metadata, tensors renamed
+// Llama-family decoders from llama.cpp GGUF files: the config from `llama.*`, `qwen2.*` or `qwen3.*` metadata, tensors renamed
 // to Hugging Face's names, as transformers' GGUF loader (modeling_gguf_pytorch_utils.py, integrations/ggml.py) does.
 
 extension LlamaConfig {
     /// The `general.architecture`s ``init(gguf:)`` reads; each is also the `model_type` it gives the config.
-    static let ggufArchitectures = ["llama", "qwen2"]
+    static let ggufArchitectures = ["llama", "qwen2", "qwen3"]
 
     /// The config transformers builds from a GGUF file's `llama.*` or `qwen2.*` metadata (integrations/ggml.py): the
     /// architecture is the model type, with that config class's defaults where a key is missing; tied embeddings when
     /// the file has no `output.weight`; the vocabulary from `<arch>.vocab_size` or the tokenizer's token list.
     /// Qwen2's head width is always `embedding_length / head_count` (transformers ignores `rope.dimension_count`
-    /// there) and it has q/k/v biases; Llama from GGUF has no biases, since no metadata turns them on.
+    /// there) and it has q/k/v biases; Llama from GGUF has no biases, since no metadata turns them on. Qwen3's head
+    /// width is `attention.key_length`, as llama.cpp reads it, else Qwen3Config's 128 (transformers always takes
+    /// 128, the width of every published Qwen3: its GGUF table maps no key to `head_dim`); no biases.
     public init(gguf file: GGUFFile) throws {
         let path = file.url.path
         func invalid(_ reason: String) -> CheckpointError { .invalidGGUF(file: path, tensor: nil, reason: reason) }
@@ -26,7 +28,7 @@ extension LlamaConfig {
             let note = architecture == "mistral" ? ", which llama.cpp does not write (it converts Mistral as llama) and transformers cannot load" : ""
             throw invalid("general.architecture is \"\(architecture)\"\(note); supported: \(Self.ggufArchitectures.joined(separator: ", "))")
         }
-        let qwen2 = architecture == "qwen2"
+        let qwen2 = architecture == "qwen2", qwen = qwen2 || architecture == "qwen3"
         modelType = architecture
         func integer(_ key: String) throws -> Int? {
             guard let value = file.metadata["\(architecture).\(key)"] else { return nil }
@@ -42,9 +44,13 @@ extension LlamaConfig {
         numAttentionHeads = try requiredInteger("attention.head_count")
         numKeyValueHeads = try integer("attention.head_count_kv") ?? numAttentionHeads
         intermediateSize = try requiredInteger("feed_forward_length")
-        maxPositionEmbeddings = try integer("context_length") ?? (qwen2 ? 32768 : 2048)
+        maxPositionEmbeddings = try integer("context_length") ?? (qwen ? 32768 : 2048)
         let evenSplit = numAttentionHeads > 0 ? hiddenSize / numAttentionHeads : 0
-        headDim = qwen2 ? evenSplit : try integer("rope.dimension_count") ?? evenSplit
+        headDim = switch architecture {
+        case "qwen2": evenSplit
+        case "qwen3": try integer("attention.key_length") ?? 128
+        default: try integer("rope.dimension_count") ?? evenSplit
+        }
         rmsNormEps = Float(file.metadata["\(architecture).attention.layer_norm_rms_epsilon"]?.number ?? 1e-6)
         let theta = file.metadata["\(architecture).rope.freq_base"]?.number ?? 10000
         rope = RopeParameters(theta: theta)
@@ -59,16 +65,16 @@ extension LlamaConfig {
         tieWordEmbeddings = file.info("output.weight") == nil
         attentionBias = qwen2
         mlpBias = false
-        // Qwen2Config has no default bos/eos ids; LlamaConfig's are 1 and 2.
-        bosTokenId = file.metadata["tokenizer.ggml.bos_token_id"]?.integer ?? (qwen2 ? nil : 1)
-        eosTokenIds = file.metadata["tokenizer.ggml.eos_token_id"]?.integer.map { [$0] } ?? (qwen2 ? [] : [2])
+        // Qwen2Config and Qwen3Config have no default bos/eos ids; LlamaConfig's are 1 and 2.
+        bosTokenId = file.metadata["tokenizer.ggml.bos_token_id"]?.integer ?? (qwen ? nil : 1)
+        eosTokenIds = file.metadata["tokenizer.ggml.eos_token_id"]?.integer.map { [$0] } ?? (qwen ? [] : [2])
     }
 }
 
 extension LlamaForCausalLM {
-    /// Loads a llama.cpp GGUF file whose `general.architecture` is `llama` or `qwen2`: config from its metadata, and,
-    /// for llama, the query and key rows put back in Hugging Face's order (llama.cpp's converter interleaves each
-    /// head's rotary halves there; this undoes it as transformers' `LlamaTensorProcessor` does; qwen2 files keep
+    /// Loads a llama.cpp GGUF file whose `general.architecture` is `llama`, `qwen2` or `qwen3`: config from its
+    /// metadata, and, for llama, the query and key rows put back in Hugging Face's order (llama.cpp's converter
+    /// interleaves each head's rotary halves there; this undoes it as transformers' `LlamaTensorProcessor` does; qwen files keep
     /// Hugging Face's order). Quantized matrices stay quantized and are read from the mapped file (the query and key
     /// rows are reordered in a quantized copy); norms, biases and float matrices are fp32. As in transformers, a
     /// llama file's bias tensors are not used, and a q/k/v bias a qwen2 file lacks is zero.
@@ -113,7 +119,7 @@ extension LlamaForCausalLM {
         let modules = ["input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
                        "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
                        "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-                       "mlp.down_proj": "ffn_down"]
+                       "mlp.down_proj": "ffn_down", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"]
         if parts.count == 4, parts[0] == "model", parts[1] == "layers", let rest = parts.last {
             let module = rest.split(separator: ".").dropLast().joined(separator: ".")
             let kind = rest.split(separator: ".").last.map(String.init) ?? ""

@@ -127,7 +127,7 @@ public enum ModelRegistry {
                     builder: .zeroShotObjectDetection { try OwlViTForObjectDetection(directory: $0) }),
         ModelFamily("GroupViT", modelTypes: ["groupvit"], tasks: [.segment],
                     builder: .zeroShotSegmentation { try GroupViTModel(directory: $0) }),
-        ModelFamily("Llama", modelTypes: ["llama", "mistral", "qwen2"], tasks: [.generate, .chat],
+        ModelFamily("Llama", modelTypes: LlamaConfig.supportedModelTypes, tasks: [.generate, .chat],
                     builder: .causalLanguageModel { try LlamaForCausalLM(directory: $0) }),
         ModelFamily("OPT", modelTypes: ["opt"], tasks: [.generate, .chat],
                     builder: .causalLanguageModel { try OPTForCausalLM(directory: $0) }),
@@ -211,7 +211,7 @@ public enum ModelRegistry {
         return try build(directory)
     }
 
-    /// The decoder-only language model in `directory` (a ``LlamaForCausalLM`` for llama, mistral and qwen2, an
+    /// The decoder-only language model in `directory` (a ``LlamaForCausalLM`` for llama, mistral, qwen2 and qwen3, an
     /// ``OPTForCausalLM`` for opt, a ``GPT2LMHeadModel`` for gpt2); see ``family(of:for:)`` for the errors.
     public static func causalLanguageModel(_ directory: ModelDirectory, for task: ModelTask = .generate) throws -> any CausalLanguageModel {
         guard case .causalLanguageModel(let build) = try family(of: directory, for: task).builder else {

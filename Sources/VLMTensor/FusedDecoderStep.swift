@@ -1,7 +1,8 @@
 internal import CVLMKernels
 
 /// One decoding step (one new token of one sequence) of a pre-norm decoder with RMSNorm, rotary grouped-query
-/// attention over a head-major KV cache and a SiLU-gated MLP (Llama, Mistral, Qwen2) whose products are all
+/// attention over a head-major KV cache and a SiLU-gated MLP (Llama, Mistral, Qwen2; Qwen3 with its query and key
+/// heads normalized) whose products are all
 /// GGUF-quantized, run as one parallel region in which the threads meet at barriers between stages
 /// (vlm_decoder_step in vlm_kernels.h). It computes what the layer-by-layer path computes, bit for bit, without a
 /// region per product and the serial work between them.
@@ -11,15 +12,18 @@ package final class FusedDecoderStep: @unchecked Sendable {
         package let inputNorm: Tensor, postAttentionNorm: Tensor
         /// q, k and v, or fewer layers stacking them, in that order.
         package let attention: [Linear]
+        /// The RMS norm weights of each query and key head (Qwen3's q_norm and k_norm), `[headDim]`, or nil.
+        package let queryNorm: Tensor?, keyNorm: Tensor?
         package let output: Linear
         /// gate and up, or one layer stacking them.
         package let gateUp: [Linear]
         package let down: Linear
 
-        package init(inputNorm: Tensor, postAttentionNorm: Tensor, attention: [Linear], output: Linear, gateUp: [Linear],
-                     down: Linear) {
+        package init(inputNorm: Tensor, postAttentionNorm: Tensor, attention: [Linear], queryNorm: Tensor? = nil,
+                     keyNorm: Tensor? = nil, output: Linear, gateUp: [Linear], down: Linear) {
             (self.inputNorm, self.postAttentionNorm, self.attention, self.output, self.gateUp, self.down) =
                 (inputNorm, postAttentionNorm, attention, output, gateUp, down)
+            (self.queryNorm, self.keyNorm) = (queryNorm, keyNorm)
         }
     }
 
@@ -58,6 +62,8 @@ package final class FusedDecoderStep: @unchecked Sendable {
         var descriptors: [vlm_decoder_layer] = []
         for layer in layers {
             guard layer.inputNorm.shape == [hiddenSize], layer.postAttentionNorm.shape == [hiddenSize],
+                  (layer.queryNorm == nil) == (layer.keyNorm == nil),
+                  [layer.queryNorm, layer.keyNorm].allSatisfy({ $0 == nil || $0!.shape == [headDim] }),
                   (1...3).contains(layer.attention.count), (1...2).contains(layer.gateUp.count),
                   let attention = products(layer.attention, inFeatures: hiddenSize, outFeatures: width + 2 * keyWidth),
                   let output = products([layer.output], inFeatures: width, outFeatures: hiddenSize),
@@ -69,6 +75,8 @@ package final class FusedDecoderStep: @unchecked Sendable {
             descriptor.post_attention_norm = UnsafePointer(layer.postAttentionNorm.storage.pointer)
             Self.place(attention, in: &descriptor.attention)
             descriptor.attention_products = attention.count
+            descriptor.query_norm = layer.queryNorm.map { UnsafePointer($0.storage.pointer) }
+            descriptor.key_norm = layer.keyNorm.map { UnsafePointer($0.storage.pointer) }
             descriptor.output = output[0]
             Self.place(gateUp, in: &descriptor.gate_up)
             descriptor.gate_up_products = gateUp.count

@@ -20,7 +20,7 @@ public struct LoraSettings: Sendable, Equatable {
     public static let modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 }
 
-/// A Llama-family decoder (Llama, Mistral, Qwen2) for training: its weights read once as ``Parameter``s (fp32,
+/// A Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) for training: its weights read once as ``Parameter``s (fp32,
 /// unpacked, under the checkpoint's names), run forward keeping what the backward pass reads, and backward to the
 /// input embeddings' gradient and, when it trains, every weight's.
 struct DecoderTraining {
@@ -34,6 +34,8 @@ struct DecoderTraining {
     struct Layer {
         let inputNorm, postAttentionNorm: Parameter
         let query, key, value, output: Projection
+        /// Qwen3's RMS norms of each query and key head.
+        let queryNorm, keyNorm: Parameter?
         let gate, up, down: Projection
     }
 
@@ -96,6 +98,8 @@ struct DecoderTraining {
                 key: try projection("self_attn.k_proj", out: keyHeads * headDim, in: d, bias: config.attentionBias),
                 value: try projection("self_attn.v_proj", out: keyHeads * headDim, in: d, bias: config.attentionBias),
                 output: try projection("self_attn.o_proj", out: d, in: heads * headDim, bias: config.outputProjectionBias),
+                queryNorm: config.normalizesQueryKeyHeads ? try parameter(layer, "self_attn.q_norm.weight", shape: [headDim]) : nil,
+                keyNorm: config.normalizesQueryKeyHeads ? try parameter(layer, "self_attn.k_norm.weight", shape: [headDim]) : nil,
                 gate: try projection("mlp.gate_proj", out: mlp, in: d, bias: config.mlpBias),
                 up: try projection("mlp.up_proj", out: mlp, in: d, bias: config.mlpBias),
                 down: try projection("mlp.down_proj", out: d, in: mlp, bias: config.mlpBias))
@@ -115,6 +119,7 @@ struct DecoderTraining {
                 parameters.append(projection.weight)
                 if let bias = projection.bias { parameters.append(bias) }
             }
+            parameters += [layer.queryNorm, layer.keyNorm].compactMap { $0 }
         }
         parameters.append(norm)
         if !config.tieWordEmbeddings { parameters.append(head) }
@@ -179,6 +184,8 @@ struct DecoderTraining {
     }
 
     struct LayerActivations {
+        /// The query and key projections before their heads' norms (Qwen3), for the norms' backward pass.
+        let projectedQuery, projectedKey: Tensor?
         let input, normed1, query, key, value: Tensor
         let attention: AttentionForTraining
         let afterAttention, normed2, gate, activated, up: Tensor
@@ -207,8 +214,9 @@ struct DecoderTraining {
         var activations: [LayerActivations] = []
         for layer in layers {
             let normed1 = rmsNorm(hidden, weight: layer.inputNorm.value, eps: config.rmsNormEps)
-            let query = applyRotaryEmbedding(apply(layer.query, normed1), heads: heads, cos: cos, sin: sin)
-            let key = applyRotaryEmbedding(apply(layer.key, normed1), heads: keyHeads, cos: cos, sin: sin)
+            let projectedQuery = apply(layer.query, normed1), projectedKey = apply(layer.key, normed1)
+            let query = applyRotaryEmbedding(eachHeadNormalized(projectedQuery, layer.queryNorm), heads: heads, cos: cos, sin: sin)
+            let key = applyRotaryEmbedding(eachHeadNormalized(projectedKey, layer.keyNorm), heads: keyHeads, cos: cos, sin: sin)
             let value = apply(layer.value, normed1)
             let attention = attentionForTraining(query: query, key: repeatingKeyValueHeads(key, keyHeads: keyHeads, heads: heads),
                                                  value: repeatingKeyValueHeads(value, keyHeads: keyHeads, heads: heads),
@@ -218,7 +226,10 @@ struct DecoderTraining {
             let gate = apply(layer.gate, normed2)
             let activated = VLMTensor.activation(gate, activation)
             let up = apply(layer.up, normed2)
-            activations.append(LayerActivations(input: hidden, normed1: normed1, query: query, key: key, value: value,
+            let normalized = layer.queryNorm != nil
+            activations.append(LayerActivations(projectedQuery: normalized ? projectedQuery : nil,
+                                                projectedKey: normalized ? projectedKey : nil,
+                                                input: hidden, normed1: normed1, query: query, key: key, value: value,
                                                 attention: attention, afterAttention: afterAttention, normed2: normed2,
                                                 gate: gate, activated: activated, up: up))
             hidden = add(afterAttention, apply(layer.down, multiply(activated, up)))
@@ -263,6 +274,13 @@ struct DecoderTraining {
             if weightGradients { weight.gradient = rmsNormWeightGradient(outputGradient, input: input, eps: eps) }
             return rmsNormBackward(outputGradient, input: input, weight: weight.value, eps: eps)
         }
+        /// Through a norm of each head, where there is one.
+        func headNormBackward(_ outputGradient: Tensor, _ weight: Parameter?, input: Tensor?) -> Tensor {
+            guard let weight, let input else { return outputGradient }
+            let width = config.headDim
+            return normBackward(outputGradient.reshaped([-1, width]), weight, input: input.reshaped([-1, width]))
+                .reshaped(outputGradient.shape)
+        }
 
         // The scored positions' gradient back through the head, zero at every other position.
         let scoredGradient = backward(logitsGradient, Projection(weight: head, bias: nil), input: pass.scoredNormed)
@@ -283,9 +301,13 @@ struct DecoderTraining {
                                               key: repeatingKeyValueHeads(saved.key, keyHeads: keyHeads, heads: heads),
                                               value: repeatingKeyValueHeads(saved.value, keyHeads: keyHeads, heads: heads),
                                               probabilities: saved.attention.probabilities, heads: heads)
-            let queryGradient = applyRotaryEmbeddingBackward(attention.query, heads: heads, cos: pass.rotary.cos, sin: pass.rotary.sin)
-            let keyGradient = applyRotaryEmbeddingBackward(repeatingKeyValueHeadsBackward(attention.key, keyHeads: keyHeads, heads: heads),
-                                                           heads: keyHeads, cos: pass.rotary.cos, sin: pass.rotary.sin)
+            let queryGradient = headNormBackward(
+                applyRotaryEmbeddingBackward(attention.query, heads: heads, cos: pass.rotary.cos, sin: pass.rotary.sin),
+                layer.queryNorm, input: saved.projectedQuery)
+            let keyGradient = headNormBackward(
+                applyRotaryEmbeddingBackward(repeatingKeyValueHeadsBackward(attention.key, keyHeads: keyHeads, heads: heads),
+                                             heads: keyHeads, cos: pass.rotary.cos, sin: pass.rotary.sin),
+                layer.keyNorm, input: saved.projectedKey)
             let valueGradient = repeatingKeyValueHeadsBackward(attention.value, keyHeads: keyHeads, heads: heads)
             let normed1Gradient = add(add(backward(queryGradient, layer.query, input: saved.normed1),
                                           backward(keyGradient, layer.key, input: saved.normed1)),
@@ -311,6 +333,12 @@ struct DecoderTraining {
             VLMTensor.embeddingBackward(gradient, ids: ids, into: table)
             embedTokens.gradient = table
         }
+    }
+
+    /// `x` with each head RMS-normalized by `weight` (Qwen3's q_norm, k_norm); `x` itself without one.
+    private func eachHeadNormalized(_ x: Tensor, _ weight: Parameter?) -> Tensor {
+        guard let weight else { return x }
+        return rmsNorm(x.reshaped([-1, config.headDim]), weight: weight.value, eps: config.rmsNormEps).reshaped(x.shape)
     }
 
     private func apply(_ projection: Projection, _ x: Tensor) -> Tensor {

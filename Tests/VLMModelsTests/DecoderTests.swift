@@ -37,7 +37,7 @@ struct DecoderFixture {
         let sequences_scores: [Float]
     }
 
-    static let names = ["qwen2", "mistral-sliding", "llama-dynamic", "opt-pre", "opt-post-proj", "opt-plain", "gpt2", "gpt2-cross"]
+    static let names = ["qwen2", "qwen3", "mistral-sliding", "llama-dynamic", "opt-pre", "opt-post-proj", "opt-plain", "gpt2", "gpt2-cross"]
     static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
         .appendingPathComponent("Fixtures/decoders")
 
@@ -125,7 +125,7 @@ func unpaddedRows(_ logits: Tensor, mask: [[Int]]) -> [[Float]] {
 
     /// A prefill longer than Mistral's window (per-query windows), then single steps, against full recomputation;
     /// likewise for OPT's and GPT-2's caches.
-    @Test(arguments: ["mistral-sliding", "qwen2", "opt-post-proj", "gpt2"])
+    @Test(arguments: ["mistral-sliding", "qwen2", "qwen3", "opt-post-proj", "gpt2"])
     func cachedDecodingEqualsFullRecomputation(_ name: String) throws {
         let model = try DecoderFixture(name).model
         let prompt = [1, 17, 45, 99, 3, 150, 12]
@@ -163,6 +163,7 @@ func unpaddedRows(_ logits: Tensor, mask: [[Int]]) -> [[Float]] {
 
     @Test func loaderDispatchesOnModelType() throws {
         #expect(try DecoderFixture("qwen2").model is LlamaForCausalLM)
+        #expect(try DecoderFixture("qwen3").model is LlamaForCausalLM)
         #expect(try DecoderFixture("mistral-sliding").model is LlamaForCausalLM)
         #expect(try DecoderFixture("opt-pre").model is OPTForCausalLM)
         #expect(try DecoderFixture("gpt2").model is GPT2LMHeadModel)
@@ -178,7 +179,7 @@ func unpaddedRows(_ logits: Tensor, mask: [[Int]]) -> [[Float]] {
         let error = try #require(throws: ModelError.self) { try ModelRegistry.causalLanguageModel(ModelDirectory(url: directory)) }
         // Every family `vlm generate` runs is named, the image chat models among them.
         let supported = ModelRegistry.modelTypes(serving: .generate)
-        #expect(Set(["gpt2", "llama", "llava", "mistral", "opt", "qwen2"]).isSubset(of: supported))
+        #expect(Set(["gpt2", "llama", "llava", "mistral", "opt", "qwen2", "qwen3"]).isSubset(of: supported))
         #expect(error.description.contains("config.json") && error.description.contains("\"bert\"")
                 && error.description.contains(supported.joined(separator: ", ")))
         try Data(#"{"n_embd": 64}"#.utf8).write(to: directory.appendingPathComponent("config.json"))
@@ -205,6 +206,9 @@ func unpaddedRows(_ logits: Tensor, mask: [[Int]]) -> [[Float]] {
         let qwen2 = try DecoderFixture("qwen2").directory.decode(LlamaConfig.self)
         #expect(qwen2.modelType == "qwen2" && qwen2.attentionBias && !qwen2.mlpBias)
         #expect(qwen2.slidingWindow == 4 && qwen2.layerTypes == ["full_attention", "sliding_attention"])
+        let qwen3 = try DecoderFixture("qwen3").directory.decode(LlamaConfig.self)
+        #expect(qwen3.attentionBias && qwen3.outputProjectionBias && qwen3.normalizesQueryKeyHeads && qwen3.headDim == 24)
+        #expect(qwen3.slidingWindow == 4 && qwen3.layerTypes == ["full_attention", "sliding_attention"])
         let mistral = try DecoderFixture("mistral-sliding").directory.decode(LlamaConfig.self)
         #expect(mistral.slidingWindow == 5 && !mistral.attentionBias && mistral.numKeyValueHeads == 2)
         let dynamic = try DecoderFixture("llama-dynamic").directory.decode(LlamaConfig.self)
@@ -218,6 +222,11 @@ func unpaddedRows(_ logits: Tensor, mask: [[Int]]) -> [[Float]] {
         let qwenDefaults = try bare(#"{"model_type": "qwen2", "num_hidden_layers": 30, "use_sliding_window": true}"#)
         #expect(qwenDefaults.vocabSize == 151936 && qwenDefaults.eosTokenIds == [] && qwenDefaults.bosTokenId == nil)
         #expect(qwenDefaults.slidingWindow == 4096 && qwenDefaults.layerTypes.filter { $0 == "sliding_attention" }.count == 2)
+        #expect(qwenDefaults.numKeyValueHeads == 32 && !qwenDefaults.normalizesQueryKeyHeads)
+        // Qwen3Config: head_dim 128 whatever the hidden size, no biases unless attention_bias.
+        let qwen3Defaults = try bare(#"{"model_type": "qwen3", "hidden_size": 1024, "num_attention_heads": 16}"#)
+        #expect(qwen3Defaults.headDim == 128 && !qwen3Defaults.attentionBias && !qwen3Defaults.outputProjectionBias)
+        #expect(qwen3Defaults.vocabSize == 151936 && qwen3Defaults.slidingWindow == nil && qwen3Defaults.eosTokenIds == [])
 
         let opt = try DecoderFixture("opt-post-proj").directory.decode(OPTConfig.self)
         #expect(!opt.doLayerNormBefore && opt.wordEmbedProjDim == 32 && opt.hiddenSize == 64 && opt.tieWordEmbeddings)

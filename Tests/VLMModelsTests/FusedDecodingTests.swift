@@ -19,13 +19,18 @@ struct FusedDecodingTests {
     }
 
     static let url = LlamaFixture.root.appendingPathComponent("qwen2-mixed.gguf")
+    /// qwen3-mixed.gguf (oracle/llama.py): the same for Qwen3, each query and key head normalized before the
+    /// rotation (q_norm, k_norm drawn around 1), heads of 128.
+    static let qwen3 = LlamaFixture.root.appendingPathComponent("qwen3-mixed.gguf")
+    static let fixtures = [url, qwen3]
 
-    static func expected() throws -> Expected {
-        try JSONDecoder().decode(Expected.self, from: Data(contentsOf: url.appendingPathExtension("json")))
+    static func expected(_ file: URL = url) throws -> Expected {
+        try JSONDecoder().decode(Expected.self, from: Data(contentsOf: file.appendingPathExtension("json")))
     }
 
     @Test func everyQuantizedModelFuses() throws {
         #expect(try #require(LlamaForCausalLM(gguf: Self.url).fusedStep).vocabularySize == nil)
+        #expect(try #require(LlamaForCausalLM(gguf: Self.qwen3).fusedStep).vocabularySize == nil)
         if let smolLM2 = SmolLM2.url {
             #expect(try #require(LlamaForCausalLM(gguf: smolLM2).fusedStep).vocabularySize == 49152)
         }
@@ -35,9 +40,10 @@ struct FusedDecodingTests {
 
     /// One token at a time after the prompt: the logits transformers computes for those positions of the sequence in
     /// one forward pass, before and after each head's keys split into two parts (128 keys).
-    @Test func decodingStepsMatchTransformers() throws {
-        let expected = try Self.expected()
-        let model = try LlamaForCausalLM(gguf: Self.url)
+    @Test(arguments: fixtures)
+    func decodingStepsMatchTransformers(_ file: URL) throws {
+        let expected = try Self.expected(file)
+        let model = try LlamaForCausalLM(gguf: file)
         let prompt = expected.input_ids[0]
         let cache = try model.makeCache(batch: 1, capacity: expected.sequence.count)
         var logits = try model.logits(inputIds: [prompt], cache: cache, lastPositionOnly: true)
@@ -45,15 +51,16 @@ struct FusedDecodingTests {
         for position in (prompt.count - 1)..<expected.sequence.count {
             if position >= prompt.count { logits = try model.logits(inputIds: [[expected.sequence[position]]], cache: cache) }
             guard let index = expected.positions.firstIndex(of: position) else { continue }
-            #expect(maxDifference(logits.scalars, expected.position_logits[index]) < 1e-4, "position \(position)")
+            #expect(maxDifference(logits.scalars, expected.position_logits[index]) < 1e-4, "\(file.lastPathComponent) position \(position)")
             checked += 1
         }
         #expect(checked == expected.positions.count)
     }
 
-    @Test func greedyContinuationMatchesTransformers() throws {
-        let expected = try Self.expected()
-        try Qwen2GGUFTests.expectGreedyContinuation(of: Self.url, inputIds: expected.input_ids, newTokens: expected.new_tokens)
+    @Test(arguments: fixtures)
+    func greedyContinuationMatchesTransformers(_ file: URL) throws {
+        let expected = try Self.expected(file)
+        try Qwen2GGUFTests.expectGreedyContinuation(of: file, inputIds: expected.input_ids, newTokens: expected.new_tokens)
     }
 
     /// Each step's logits and the keys and values it stores, fused and layer by layer, are the same floats.
@@ -81,9 +88,10 @@ struct FusedDecodingTests {
         }
     }
 
-    @Test func fusedStepsEqualTheLayerByLayerPath() throws {
-        let expected = try Self.expected()
-        try Self.expectFusedStepsEqualLayerByLayer(try LlamaForCausalLM(gguf: Self.url), tokens: expected.sequence,
+    @Test(arguments: fixtures)
+    func fusedStepsEqualTheLayerByLayerPath(_ file: URL) throws {
+        let expected = try Self.expected(file)
+        try Self.expectFusedStepsEqualLayerByLayer(try LlamaForCausalLM(gguf: file), tokens: expected.sequence,
                                                    promptLength: expected.input_ids[0].count)
     }
 

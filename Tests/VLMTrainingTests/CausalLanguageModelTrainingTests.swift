@@ -20,16 +20,18 @@ import VLMTraining
 
     /// Every step's loss and gradient norm, the first step's gradient of every tensor and every tensor after the last
     /// step, against torch's autograd and AdamW as Trainer steps them: a Qwen2 decoder with q/k/v biases and an untied
-    /// head, on a right-padded batch of two chat-templated conversations whose replies alone are scored, its pad token
-    /// `<|im_end|>` inside the replies too (the embedding's `padding_idx`, whose row torch never updates).
-    @Test func fineTuningMatchesTransformers() throws {
+    /// head, and a Qwen3 decoder (each query and key head normalized, heads wider than hidden_size / heads, a tied
+    /// head), on a right-padded batch of two chat-templated conversations whose replies alone are scored, its pad
+    /// token `<|im_end|>` inside the replies too (the embedding's `padding_idx`, whose row torch never updates).
+    @Test(arguments: ["qwen2-chatml", "qwen3-chatml"])
+    func fineTuningMatchesTransformers(_ name: String) throws {
         let fixtures = ContrastiveTrainingFixture.fixtures
-        let record = try JSONDecoder().decode(Record.self, from: Data(contentsOf: fixtures.appendingPathComponent("sft/qwen2-chatml.json")))
-        let tensors = try SafetensorsFile(url: fixtures.appendingPathComponent("sft/qwen2-chatml.safetensors"))
-        let training = try CausalLanguageModelTraining(directory: ModelDirectory(url: fixtures.appendingPathComponent("sft/qwen2-chatml")))
+        let record = try JSONDecoder().decode(Record.self, from: Data(contentsOf: fixtures.appendingPathComponent("sft/\(name).json")))
+        let tensors = try SafetensorsFile(url: fixtures.appendingPathComponent("sft/\(name).safetensors"))
+        let training = try CausalLanguageModelTraining(directory: ModelDirectory(url: fixtures.appendingPathComponent("sft/\(name)")))
         #expect(training.parameters.map(\.name).sorted() == record.trained)
         #expect(training.parameters.filter(\.decays).map(\.name).sorted() == record.decayed)
-        try expectTrainingAsRecorded(name: "qwen2-chatml", parameters: training.parameters, settings: record.settings,
+        try expectTrainingAsRecorded(name: name, parameters: training.parameters, settings: record.settings,
                                      losses: record.losses, gradientNorms: record.gradient_norms, tensors: tensors) {
             try training.lossAndGradients(inputIds: record.input_ids, attentionMask: record.attention_mask, labels: record.labels)
         }
@@ -98,6 +100,6 @@ import VLMTraining
     @Test func otherFamiliesAreRefused() throws {
         let directory = ContrastiveTrainingFixture.fixtures.appendingPathComponent("clip/tiny-quickgelu-argmax")
         let error = try #require(throws: ModelError.self) { try CausalLanguageModelTraining(directory: ModelDirectory(url: directory)) }
-        #expect("\(error)".contains("model_type \"clip\" is not supported here (supported: llama, mistral, qwen2)"), "\(error)")
+        #expect("\(error)".contains("model_type \"clip\" is not supported here (supported: llama, mistral, qwen2, qwen3)"), "\(error)")
     }
 }

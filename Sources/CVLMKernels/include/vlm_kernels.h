@@ -263,6 +263,8 @@ typedef struct vlm_decoder_layer {
     /// q, k and v (or fewer matrices stacking them) writing `q | k | v`.
     vlm_decoder_product attention[3];
     ptrdiff_t attention_products;
+    /// Qwen3's RMS norms of each query and key head (`head_dim` weights each) before the rotation; NULL without.
+    const float *query_norm, *key_norm;
     vlm_decoder_product output;
     /// gate and up (or one matrix stacking them) writing `gate | up`.
     vlm_decoder_product gate_up[2];
