@@ -455,7 +455,8 @@ static void reference_rotate(double *x, const float *cos, const float *sin, ptrd
 }
 
 /// A whole decoding step of a two-layer grouped-query decoder (separate q/k/v and gate/up products in four formats
-/// in one layer, stacked ones in the other; q/k/v biases) at cache position `position`, split into `parts` key
+/// in one layer, stacked ones in the other; q/k/v biases; the second layer's query and key heads normalized, as
+/// Qwen3's are) at cache position `position`, split into `parts` key
 /// ranges, with and without its head, against the same network in double precision: the logits (or the final
 /// norm's output) and the key and value it stores. Only with an OpenMP runtime in the process.
 static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_isa isa) {
@@ -463,6 +464,7 @@ static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_i
     const ptrdiff_t group = HEADS / KEY_HEADS, width = HEADS * HD, key_width = KEY_HEADS * HD;
     const float eps = 1e-5f, scale = 0.25f;
     float *norms = random_floats(2 * L * H + H), *bias = random_floats(width + 2 * key_width);
+    float *head_norms = random_floats(2 * HD);
     packed_matrix matrices[L][7], head = random_packed(VLM_QUANT_Q8_0, VOCAB, H, NULL, 0);
     vlm_decoder_layer layers[L];
     memset(layers, 0, sizeof layers);
@@ -484,6 +486,8 @@ static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_i
             d->gate_up[1] = matrices[l][4].product;
             d->gate_up_products = 2;
         } else {
+            d->query_norm = head_norms;
+            d->key_norm = head_norms + HD;
             matrices[l][0] = random_packed(VLM_QUANT_Q8_0, width + 2 * key_width, H, bias, 0);
             d->attention[0] = matrices[l][0].product;
             d->attention_products = 1;
@@ -522,6 +526,7 @@ static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_i
         reference_norm(hidden, layers[l].input_norm, H, eps, normed);
         for (int i = 0; i < (l == 0 ? 3 : 1); i++) reference_product(&matrices[l][i], normed, qkv, 0);
         for (int h = 0; h < KEY_HEADS; h++) {
+            if (layers[l].key_norm) reference_norm(qkv + width + h * HD, layers[l].key_norm, HD, eps, qkv + width + h * HD);
             reference_rotate(qkv + width + h * HD, cos, sin, HD);
             for (int f = 0; f < HD; f++) {
                 reference_keys[l][(h * CAPACITY + position) * HD + f] = qkv[width + h * HD + f];
@@ -531,6 +536,7 @@ static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_i
         for (int q = 0; q < HEADS; q++) {
             double *query = qkv + q * HD, *out = attended + q * HD;
             const double *k = reference_keys[l] + (q / group) * CAPACITY * HD, *v = reference_values[l] + (q / group) * CAPACITY * HD;
+            if (layers[l].query_norm) reference_norm(query, layers[l].query_norm, HD, eps, query);
             reference_rotate(query, cos, sin, HD);
             double largest = -INFINITY, total = 0, *scores = malloc((size_t)(position + 1) * sizeof(double));
             for (ptrdiff_t p = 0; p <= position; p++) {
@@ -610,6 +616,7 @@ static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_i
     free(head.packed);
     free(head.values);
     free(norms);
+    free(head_norms);
     free(bias);
     free(cos);
     free(sin);
