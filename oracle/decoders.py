@@ -1,4 +1,4 @@
-"""Decoder fixtures: tiny random-init Qwen2, Qwen3, Mistral, dynamic-RoPE Llama, OPT and GPT-2 checkpoints and what
+"""Decoder fixtures: tiny random-init Qwen2, Qwen3, SmolLM3, Mistral, dynamic-RoPE Llama, OPT and GPT-2 checkpoints and what
 transformers computes with them.
 
 Run by hand from the repository root with the oracle venv (oracle/requirements.txt):
@@ -30,7 +30,7 @@ import sys
 import torch
 from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
                           MistralConfig, MistralForCausalLM, OPTConfig, OPTForCausalLM, Qwen2Config, Qwen2ForCausalLM,
-                          Qwen3Config, Qwen3ForCausalLM)
+                          Qwen3Config, Qwen3ForCausalLM, SmolLM3Config, SmolLM3ForCausalLM)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "Tests", "Fixtures", "decoders")
@@ -56,6 +56,11 @@ CASES = {
     # layer slides over a 4-token window.
     "qwen3": (Qwen3ForCausalLM, Qwen3Config, dict(LLAMA_BASE, head_dim=24, attention_bias=True, use_sliding_window=True,
                                                   sliding_window=4, max_window_layers=1, rope_theta=1000000.0)),
+    # SmolLM3: the second layer a NoPE layer (no_rope_layer_interval 2; SmolLM3-3B's is 4) that also slides over a
+    # 4-token window, as use_sliding_window puts windows on NoPE layers; biases on the attention and MLP projections.
+    "smollm3": (SmolLM3ForCausalLM, SmolLM3Config, dict(LLAMA_BASE, no_rope_layer_interval=2, attention_bias=True,
+                                                        mlp_bias=True, use_sliding_window=True, sliding_window=4,
+                                                        rope_theta=5000000.0)),
     # Every layer slides over a 5-token window; prompts of 7 and 16 new tokens exceed it.
     "mistral-sliding": (MistralForCausalLM, MistralConfig, dict(LLAMA_BASE, sliding_window=5)),
     # NTK-aware dynamic scaling with a 6-position context: the 7-token prompt and every generated step rescale.
@@ -147,7 +152,7 @@ def build_case(name, model_class, config_class, settings, seed):
     torch.manual_seed(seed)
     config = config_class(**settings)
     model = model_class(config).eval()
-    if name == "qwen3":
+    if name in ("qwen3", "smollm3"):
         randomize_norms(model)
     directory = os.path.join(FIXTURES, name)
     shutil.rmtree(directory, ignore_errors=True)

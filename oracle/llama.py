@@ -8,10 +8,11 @@ Run by hand from the repository root with the oracle venv (oracle/requirements.t
 gqa-untied.gguf is that case converted as llama.cpp does (permuted Q/K, quantized MLP), with gqa-untied.gguf.json the
 logits transformers computes from the GGUF; qwen2-tiny.gguf(.json) likewise for a tiny random Qwen2 written as
 llama.cpp writes qwen2 (see qwen2_tiny_gguf), and qwen2-mixed.gguf(.json) one with every projection quantized (see
-qwen2_mixed_gguf), and qwen3-mixed.gguf(.json) a tiny random Qwen3 the same way (see qwen3_mixed_gguf). To remake only
-those, without touching the other fixtures:
+qwen2_mixed_gguf), qwen3-mixed.gguf(.json) a tiny random Qwen3 the same way (see qwen3_mixed_gguf), and
+smollm3-mixed.gguf(.json) a tiny random SmolLM3 (see smollm3_mixed_gguf). To remake only those, without touching the
+other fixtures:
 
-    python -c 'import sys; sys.path.insert(0, "oracle"); import llama; llama.qwen2_tiny_gguf(); llama.qwen2_mixed_gguf(); llama.qwen3_mixed_gguf()'
+    python -c 'import sys; sys.path.insert(0, "oracle"); import llama; llama.qwen2_tiny_gguf(); llama.qwen2_mixed_gguf(); llama.qwen3_mixed_gguf(); llama.smollm3_mixed_gguf()'
 
 Each tiny case directory is a checkpoint SwiftVLM loads as is (config.json + model.safetensors) plus expected.json:
 full-sequence logits for a forward pass (with the attention mask and position ids given), and greedy continuations
@@ -136,7 +137,7 @@ def llama_cpp_permute(weights, heads):
     return weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
 
 
-def write_gguf(model, path, arch, types, permute, name=None):
+def write_gguf(model, path, arch, types, permute, name=None, tokenizer=None):
     """Writes `model` as llama.cpp's converter would for `arch`: its metadata keys, GGUF tensor names, the ggml type
     `types` gives each HF module (F32 for norms and biases, which the converter never quantizes), and Q/K rows
     interleaved where `permute` (llama's rotary layout; qwen2 keeps Hugging Face's)."""
@@ -164,6 +165,8 @@ def write_gguf(model, path, arch, types, permute, name=None):
         writer.add_key_length(config.head_dim)
         writer.add_value_length(config.head_dim)
     writer.add_uint32("tokenizer.ggml.eos_token_id", 2)
+    if tokenizer is not None:
+        writer.add_tokenizer_model(tokenizer)
     names = {"model.embed_tokens.weight": "token_embd", "model.norm.weight": "output_norm", "lm_head.weight": "output"}
     modules = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
                "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
@@ -327,6 +330,46 @@ def qwen3_mixed_gguf():
     json.dump(expected, open(os.path.join(FIXTURES, "qwen3-mixed.gguf.json"), "w"))
 
 
+def smollm3_mixed_gguf():
+    """smollm3-mixed.gguf: a tiny random SmolLM3 of 4 layers (the fourth a NoPE layer: llama.cpp leaves every fourth
+    layer of a smollm3 file unrotated, SmolLM3Config's default) written as llama.cpp's converter writes SmolLM3 (its
+    LlamaModel: Q/K rows interleaved, the rotary width), every projection quantized, each in another block format,
+    norms drawn around 1, tied embeddings. transformers reads no smollm3 GGUF, so the expectations are transformers'
+    on the checkpoint rounded to the file's types (what the file holds, in Hugging Face's order): a greedy
+    continuation and the logits at some positions of a 160-token sequence, as for qwen2-mixed.gguf. The file also
+    names a vocabulary-less tokenizer ("none"), so that llama.cpp itself loads it."""
+    from gguf import GGMLQuantizationType as Q
+    from transformers import SmolLM3Config, SmolLM3ForCausalLM
+    torch.manual_seed(6)
+    config = SmolLM3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+                           num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                           rope_parameters=dict(rope_type="default", rope_theta=5000000.0), initializer_range=0.2,
+                           bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    assert config.no_rope_layers == [1, 1, 1, 0], config.no_rope_layers
+    model = SmolLM3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name:
+                parameter.normal_(1.0, 0.3)
+    types = {"model.embed_tokens": Q.Q8_0, "self_attn.q_proj": Q.Q5_0, "self_attn.k_proj": Q.Q8_0,
+             "self_attn.v_proj": Q.Q4_1, "self_attn.o_proj": Q.Q5_1, "mlp.gate_proj": Q.Q8_0, "mlp.up_proj": Q.Q4_0,
+             "mlp.down_proj": Q.Q5_0}
+    path = os.path.join(FIXTURES, "smollm3-mixed.gguf")
+    rounded = write_gguf(model, path, "smollm3", types, permute=True, name="smollm3-mixed", tokenizer="none")
+    prompt = torch.tensor([PROMPTS[0]])
+    new_tokens, margin = greedy(rounded, prompt, torch.ones_like(prompt), None)
+    assert margin > 1e-3, margin
+    sequence = PROMPTS[0] + torch.randint(3, VOCAB, (160 - len(PROMPTS[0]),), generator=torch.Generator().manual_seed(4)).tolist()
+    positions = [len(PROMPTS[0]), 63, 64, 127, 128, 129, 159]
+    with torch.no_grad():
+        logits = rounded(input_ids=torch.tensor([sequence])).logits[0]
+        prompt_logits = rounded(input_ids=prompt).logits[0]
+    expected = dict(input_ids=[PROMPTS[0]], logits=prompt_logits.flatten().tolist(), new_tokens=new_tokens[0],
+                    max_new_tokens=NEW_TOKENS, min_margin=margin, sequence=sequence, positions=positions,
+                    position_logits=[logits[p].tolist() for p in positions])
+    json.dump(expected, open(path + ".json", "w"))
+
+
 # transformers' bar for the real model: 64 greedy tokens, plain prompts and chats.
 MAX_NEW_TOKENS = 64
 
@@ -383,6 +426,7 @@ def main():
     qwen2_tiny_gguf()
     qwen2_mixed_gguf()
     qwen3_mixed_gguf()
+    smollm3_mixed_gguf()
     if args.smollm2:
         smollm2(args.smollm2)
 

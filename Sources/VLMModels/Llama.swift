@@ -4,9 +4,10 @@ import VLMTensor
 
 // The Llama decoder as transformers' models/llama/modeling_llama.py builds it: RMSNorm, rotary position embeddings,
 // grouped-query attention and a SwiGLU MLP, pre-norm residual blocks. Llama 2/3 and SmolLM2 checkpoints are this;
-// Mistral (modeling_mistral.py), Qwen2 (modeling_qwen2.py) and Qwen3 (modeling_qwen3.py) are the same network with
-// their own biases, defaults and sliding-window attention; Qwen3 also RMS-normalizes each query and key head before
-// the rotation.
+// Mistral (modeling_mistral.py), Qwen2 (modeling_qwen2.py), Qwen3 (modeling_qwen3.py) and SmolLM3
+// (modeling_smollm3.py) are the same network with their own biases, defaults and sliding-window attention; Qwen3
+// also RMS-normalizes each query and key head before the rotation, and SmolLM3 leaves positions unrotated in some
+// layers (NoPE: every fourth by default).
 
 /// transformers' RoPE parameters (`rope_parameters`, or the legacy `rope_theta` + `rope_scaling`), for the types
 /// this decoder computes: "default", "linear", "llama3" and "dynamic".
@@ -89,13 +90,13 @@ public struct RopeParameters: Sendable, Equatable {
     }
 }
 
-/// transformers' `LlamaConfig`, `MistralConfig`, `Qwen2Config` or `Qwen3Config` (by `model_type`), with that class's
-/// defaults.
+/// transformers' `LlamaConfig`, `MistralConfig`, `Qwen2Config`, `Qwen3Config` or `SmolLM3Config` (by `model_type`),
+/// with that class's defaults.
 public struct LlamaConfig: Decodable, Sendable {
     /// The `model_type`s this config and ``LlamaForCausalLM`` read.
-    public static let supportedModelTypes = ["llama", "mistral", "qwen2", "qwen3"]
+    public static let supportedModelTypes = ["llama", "mistral", "qwen2", "qwen3", "smollm3"]
 
-    /// "llama", "mistral", "qwen2" or "qwen3".
+    /// "llama", "mistral", "qwen2", "qwen3" or "smollm3".
     public var modelType = "llama"
     public var vocabSize: Int
     public var hiddenSize: Int
@@ -108,8 +109,8 @@ public struct LlamaConfig: Decodable, Sendable {
     public var maxPositionEmbeddings: Int
     public var rmsNormEps: Float
     public var tieWordEmbeddings: Bool
-    /// Biases on the q, k and v projections (Llama's and Qwen3's `attention_bias`, always on for Qwen2, off for
-    /// Mistral); the o projection has one only in Llama and Qwen3 with `attention_bias`.
+    /// Biases on the q, k and v projections (Llama's, Qwen3's and SmolLM3's `attention_bias`, always on for Qwen2,
+    /// off for Mistral); the o projection has one only in those three with `attention_bias`.
     public var attentionBias: Bool
     /// Biases on the gate, up and down projections.
     public var mlpBias: Bool
@@ -125,9 +126,16 @@ public struct LlamaConfig: Decodable, Sendable {
     /// Qwen2's and Qwen3's per-layer `layer_types` ("full_attention" or "sliding_attention"); empty means every layer slides
     /// when ``slidingWindow`` is set.
     public var layerTypes: [String] = []
+    /// SmolLM3's `no_rope_layers`: per layer, whether its queries and keys are rotated by position (1) or not (0, a
+    /// NoPE layer). Empty: every layer rotates.
+    public var ropeLayers: [Bool] = []
 
-    /// Whether `o_proj` has a bias: Llama's and Qwen3's `attention_bias` cover it, Qwen2's q/k/v biases do not.
-    public var outputProjectionBias: Bool { (modelType == "llama" || modelType == "qwen3") && attentionBias }
+    /// Whether layer `index` rotates its queries and keys by position.
+    public func rotatesPositions(layer index: Int) -> Bool { ropeLayers.isEmpty || ropeLayers[index] }
+
+    /// Whether `o_proj` has a bias: Llama's, Qwen3's and SmolLM3's `attention_bias` cover it, Qwen2's q/k/v biases
+    /// do not.
+    public var outputProjectionBias: Bool { modelType != "qwen2" && attentionBias }
 
     /// Whether each query and key head is RMS-normalized (`self_attn.q_norm`, `self_attn.k_norm`, over `head_dim`)
     /// before the rotation: Qwen3's.
@@ -165,12 +173,15 @@ public struct LlamaConfig: Decodable, Sendable {
         case bosTokenId = "bos_token_id", eosTokenId = "eos_token_id", padTokenId = "pad_token_id"
         case modelType = "model_type", slidingWindow = "sliding_window", useSlidingWindow = "use_sliding_window"
         case maxWindowLayers = "max_window_layers", layerTypes = "layer_types"
+        case noRopeLayers = "no_rope_layers", noRopeLayerInterval = "no_rope_layer_interval"
     }
 
     /// The defaults in which the three config classes differ.
     private struct Defaults {
         var vocabSize = 32000, intermediateSize = 11008, numKeyValueHeads: Int?, maxPositionEmbeddings = 2048
         var bosTokenId: Int? = 1, eosTokenIds = [2], slidingWindow: Int?, headDim: Int?
+        var hiddenSize = 4096, numHiddenLayers = 32, numAttentionHeads = 32, tieWordEmbeddings = false
+        var padTokenId: Int? = nil
     }
 
     /// One `rope_parameters` / `rope_scaling` dict; the legacy form says `type` where the new one says `rope_type`.
@@ -195,25 +206,28 @@ public struct LlamaConfig: Decodable, Sendable {
         // Qwen3Config has a head_dim of its own rather than hidden_size / num_attention_heads.
         case "qwen3": Defaults(vocabSize: 151936, intermediateSize: 22016, numKeyValueHeads: 32, maxPositionEmbeddings: 32768,
                                bosTokenId: nil, eosTokenIds: [], slidingWindow: 4096, headDim: 128)
+        case "smollm3": Defaults(vocabSize: 128256, intermediateSize: 11008, numKeyValueHeads: 4, maxPositionEmbeddings: 32768,
+                                 bosTokenId: 128000, eosTokenIds: [128001], slidingWindow: nil, hiddenSize: 2048,
+                                 numHiddenLayers: 36, numAttentionHeads: 16, tieWordEmbeddings: true, padTokenId: 128004)
         default: Defaults()
         }
         vocabSize = try c.value(.vocabSize, default: defaults.vocabSize)
-        hiddenSize = try c.value(.hiddenSize, default: 4096)
+        hiddenSize = try c.value(.hiddenSize, default: defaults.hiddenSize)
         intermediateSize = try c.value(.intermediateSize, default: defaults.intermediateSize)
-        numHiddenLayers = try c.value(.numHiddenLayers, default: 32)
-        numAttentionHeads = try c.value(.numAttentionHeads, default: 32)
+        numHiddenLayers = try c.value(.numHiddenLayers, default: defaults.numHiddenLayers)
+        numAttentionHeads = try c.value(.numAttentionHeads, default: defaults.numAttentionHeads)
         numKeyValueHeads = try c.value(.numKeyValueHeads, default: defaults.numKeyValueHeads ?? numAttentionHeads)
         headDim = try c.value(.headDim, default: defaults.headDim ?? (numAttentionHeads > 0 ? hiddenSize / numAttentionHeads : 0))
         hiddenAct = try c.value(.hiddenAct, default: "silu")
         maxPositionEmbeddings = try c.value(.maxPositionEmbeddings, default: defaults.maxPositionEmbeddings)
         rmsNormEps = try c.value(.rmsNormEps, default: 1e-6)
-        tieWordEmbeddings = try c.value(.tieWordEmbeddings, default: false)
+        tieWordEmbeddings = try c.value(.tieWordEmbeddings, default: defaults.tieWordEmbeddings)
         // Mistral and Qwen2 hard-code their projections' biases and ignore these keys; Qwen3 reads attention_bias.
         attentionBias = try modelType == "qwen2"
-            || ((modelType == "llama" || modelType == "qwen3") && c.value(.attentionBias, default: false))
-        mlpBias = try modelType == "llama" && c.value(.mlpBias, default: false)
+            || (["llama", "qwen3", "smollm3"].contains(modelType) && c.value(.attentionBias, default: false))
+        mlpBias = try (modelType == "llama" || modelType == "smollm3") && c.value(.mlpBias, default: false)
         bosTokenId = c.contains(.bosTokenId) ? try c.decodeIfPresent(Int.self, forKey: .bosTokenId) : defaults.bosTokenId
-        padTokenId = try c.decodeIfPresent(Int.self, forKey: .padTokenId)
+        padTokenId = c.contains(.padTokenId) ? try c.decodeIfPresent(Int.self, forKey: .padTokenId) : defaults.padTokenId
         if let list = try? c.decodeIfPresent([Int].self, forKey: .eosTokenId) {
             eosTokenIds = list
         } else {
@@ -232,6 +246,25 @@ public struct LlamaConfig: Decodable, Sendable {
             slidingWindow = sliding
             layerTypes = try c.decodeIfPresent([String].self, forKey: .layerTypes) ?? (0..<max(numHiddenLayers, 0)).map {
                 sliding != nil && $0 >= firstSlidingLayer ? "sliding_attention" : "full_attention"
+            }
+        case "smollm3":
+            // SmolLM3Config.__post_init__: every no_rope_layer_interval-th layer leaves positions unrotated, and with
+            // use_sliding_window those layers (only) slide.
+            let interval = try c.value(.noRopeLayerInterval, default: 4)
+            let given = try c.decodeIfPresent([Int].self, forKey: .noRopeLayers)
+            if given == nil && interval <= 0 {
+                throw DecodingError.dataCorruptedError(forKey: .noRopeLayerInterval, in: c, debugDescription: "no_rope_layer_interval is \(interval), expected a positive count")
+            }
+            ropeLayers = try given.map { try $0.map { value in
+                guard value == 0 || value == 1 else {
+                    throw DecodingError.dataCorruptedError(forKey: .noRopeLayers, in: c, debugDescription: "no_rope_layers holds \(value), expected 0 or 1")
+                }
+                return value == 1
+            } } ?? (0..<max(numHiddenLayers, 0)).map { ($0 + 1) % interval != 0 }
+            let sliding = try c.value(.useSlidingWindow, default: false) ? window : nil
+            slidingWindow = sliding
+            layerTypes = try c.decodeIfPresent([String].self, forKey: .layerTypes) ?? ropeLayers.map {
+                sliding != nil && !$0 ? "sliding_attention" : "full_attention"
             }
         default:
             break
@@ -271,6 +304,9 @@ public struct LlamaConfig: Decodable, Sendable {
         }
         if let slidingWindow, slidingWindow <= 0 {
             throw ModelError.invalidConfig("sliding_window is \(slidingWindow), expected a positive count", file: file)
+        }
+        guard ropeLayers.isEmpty || ropeLayers.count == numHiddenLayers else {
+            throw ModelError.invalidConfig("no_rope_layers lists \(ropeLayers.count) layers, num_hidden_layers is \(numHiddenLayers)", file: file)
         }
         if !layerTypes.isEmpty {
             guard layerTypes.count == numHiddenLayers else {
@@ -323,7 +359,7 @@ final class LlamaDecoderLayer: @unchecked Sendable {
 }
 
 /// A Llama-family causal language model (transformers' `LlamaForCausalLM`, and `MistralForCausalLM`,
-/// `Qwen2ForCausalLM`, `Qwen3ForCausalLM`), from a Hugging Face checkpoint directory or a llama.cpp GGUF file.
+/// `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `SmolLM3ForCausalLM`), from a Hugging Face checkpoint directory or a llama.cpp GGUF file.
 ///
 /// Inputs are batches of equal-length rows, left-padded, with transformers' `attention_mask` (1 for tokens, 0 for
 /// padding) and `position_ids`. With a ``KVCache`` a pass sees the cached positions as well as its own, so a
@@ -364,9 +400,11 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
         }
         norm = try tensor("model.norm.weight", [config.hiddenSize])
         fusedStep = activation == .silu ? FusedDecoderStep(
-            layers: layers.map {
-                .init(inputNorm: $0.inputNorm, postAttentionNorm: $0.postAttentionNorm, attention: $0.queryKeyValue.linears,
-                      queryNorm: $0.queryNorm, keyNorm: $0.keyNorm, output: $0.output, gateUp: $0.gateUp.linears, down: $0.down)
+            layers: layers.enumerated().map { index, layer in
+                .init(inputNorm: layer.inputNorm, postAttentionNorm: layer.postAttentionNorm,
+                      attention: layer.queryKeyValue.linears, queryNorm: layer.queryNorm, keyNorm: layer.keyNorm,
+                      rotatesPositions: config.rotatesPositions(layer: index), output: layer.output,
+                      gateUp: layer.gateUp.linears, down: layer.down)
             },
             finalNorm: norm, head: lmHead, hiddenSize: config.hiddenSize, heads: config.numAttentionHeads,
             keyHeads: config.numKeyValueHeads, headDim: config.headDim, intermediateSize: config.intermediateSize,
@@ -374,7 +412,7 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
     }
 
     /// Loads config.json and the safetensors weights of a checkpoint directory whose `model_type` is `llama`,
-    /// `mistral`, `qwen2` or `qwen3`.
+    /// `mistral`, `qwen2`, `qwen3` or `smollm3`.
     public convenience init(directory: ModelDirectory) throws {
         let configPath = directory.url.appendingPathComponent("config.json").path
         let type = try directory.modelType
@@ -509,8 +547,11 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
             guard let weight else { return x }
             return rmsNorm(x.reshaped([-1, config.headDim]), weight: weight, eps: config.rmsNormEps).reshaped(x.shape)
         }
-        let query = applyRotaryEmbedding(eachHeadNormalized(projected[0], layer.queryNorm), heads: heads, cos: rotary.cos, sin: rotary.sin)
-        let key = applyRotaryEmbedding(eachHeadNormalized(projected[1], layer.keyNorm), heads: keyHeads, cos: rotary.cos, sin: rotary.sin)
+        func rotated(_ x: Tensor, heads: Int) -> Tensor {
+            config.rotatesPositions(layer: index) ? applyRotaryEmbedding(x, heads: heads, cos: rotary.cos, sin: rotary.sin) : x
+        }
+        let query = rotated(eachHeadNormalized(projected[0], layer.queryNorm), heads: heads)
+        let key = rotated(eachHeadNormalized(projected[1], layer.keyNorm), heads: keyHeads)
         let value = projected[2]
         var (keys, values, layout) = (key, value, KeyValueLayout.tokenMajor)
         if let cache {

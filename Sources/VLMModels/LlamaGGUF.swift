@@ -2,12 +2,13 @@ import Foundation
 import VLMCheckpoint
 import VLMTensor
 
-// Llama-family decoders from llama.cpp GGUF files: the config from `llama.*`, `qwen2.*` or `qwen3.*` metadata, tensors renamed
-// to Hugging Face's names, as transformers' GGUF loader (modeling_gguf_pytorch_utils.py, integrations/ggml.py) does.
+// Llama-family decoders from llama.cpp GGUF files: the config from `llama.*`, `qwen2.*`, `qwen3.*` or `smollm3.*`
+// metadata, tensors renamed to Hugging Face's names, as transformers' GGUF loader (modeling_gguf_pytorch_utils.py,
+// integrations/ggml.py) does; SmolLM3, which transformers does not read from GGUF, as llama.cpp reads it.
 
 extension LlamaConfig {
     /// The `general.architecture`s ``init(gguf:)`` reads; each is also the `model_type` it gives the config.
-    static let ggufArchitectures = ["llama", "qwen2", "qwen3"]
+    static let ggufArchitectures = ["llama", "qwen2", "qwen3", "smollm3"]
 
     /// The config transformers builds from a GGUF file's `llama.*` or `qwen2.*` metadata (integrations/ggml.py): the
     /// architecture is the model type, with that config class's defaults where a key is missing; tied embeddings when
@@ -15,7 +16,9 @@ extension LlamaConfig {
     /// Qwen2's head width is always `embedding_length / head_count` (transformers ignores `rope.dimension_count`
     /// there) and it has q/k/v biases; Llama from GGUF has no biases, since no metadata turns them on. Qwen3's head
     /// width is `attention.key_length`, as llama.cpp reads it, else Qwen3Config's 128 (transformers always takes
-    /// 128, the width of every published Qwen3: its GGUF table maps no key to `head_dim`); no biases.
+    /// 128, the width of every published Qwen3: its GGUF table maps no key to `head_dim`); no biases. SmolLM3 is
+    /// llama's layout (`rope.dimension_count`, Q/K rows interleaved) with every fourth layer unrotated, as llama.cpp
+    /// fixes it whatever the checkpoint's `no_rope_layers` were, and SmolLM3Config's token ids where none are given.
     public init(gguf file: GGUFFile) throws {
         let path = file.url.path
         func invalid(_ reason: String) -> CheckpointError { .invalidGGUF(file: path, tensor: nil, reason: reason) }
@@ -28,7 +31,7 @@ extension LlamaConfig {
             let note = architecture == "mistral" ? ", which llama.cpp does not write (it converts Mistral as llama) and transformers cannot load" : ""
             throw invalid("general.architecture is \"\(architecture)\"\(note); supported: \(Self.ggufArchitectures.joined(separator: ", "))")
         }
-        let qwen2 = architecture == "qwen2", qwen = qwen2 || architecture == "qwen3"
+        let qwen2 = architecture == "qwen2", qwen = qwen2 || architecture == "qwen3", smolLM3 = architecture == "smollm3"
         modelType = architecture
         func integer(_ key: String) throws -> Int? {
             guard let value = file.metadata["\(architecture).\(key)"] else { return nil }
@@ -44,7 +47,7 @@ extension LlamaConfig {
         numAttentionHeads = try requiredInteger("attention.head_count")
         numKeyValueHeads = try integer("attention.head_count_kv") ?? numAttentionHeads
         intermediateSize = try requiredInteger("feed_forward_length")
-        maxPositionEmbeddings = try integer("context_length") ?? (qwen ? 32768 : 2048)
+        maxPositionEmbeddings = try integer("context_length") ?? (qwen || smolLM3 ? 32768 : 2048)
         let evenSplit = numAttentionHeads > 0 ? hiddenSize / numAttentionHeads : 0
         headDim = switch architecture {
         case "qwen2": evenSplit
@@ -66,14 +69,15 @@ extension LlamaConfig {
         attentionBias = qwen2
         mlpBias = false
         // Qwen2Config and Qwen3Config have no default bos/eos ids; LlamaConfig's are 1 and 2.
-        bosTokenId = file.metadata["tokenizer.ggml.bos_token_id"]?.integer ?? (qwen ? nil : 1)
-        eosTokenIds = file.metadata["tokenizer.ggml.eos_token_id"]?.integer.map { [$0] } ?? (qwen ? [] : [2])
+        bosTokenId = file.metadata["tokenizer.ggml.bos_token_id"]?.integer ?? (qwen ? nil : smolLM3 ? 128000 : 1)
+        eosTokenIds = file.metadata["tokenizer.ggml.eos_token_id"]?.integer.map { [$0] } ?? (qwen ? [] : smolLM3 ? [128001] : [2])
+        if smolLM3 { ropeLayers = (0..<numHiddenLayers).map { ($0 + 1) % 4 != 0 } }
     }
 }
 
 extension LlamaForCausalLM {
-    /// Loads a llama.cpp GGUF file whose `general.architecture` is `llama`, `qwen2` or `qwen3`: config from its
-    /// metadata, and, for llama, the query and key rows put back in Hugging Face's order (llama.cpp's converter
+    /// Loads a llama.cpp GGUF file whose `general.architecture` is `llama`, `qwen2`, `qwen3` or `smollm3`: config from
+    /// its metadata, and, for llama and smollm3, the query and key rows put back in Hugging Face's order (llama.cpp's converter
     /// interleaves each head's rotary halves there; this undoes it as transformers' `LlamaTensorProcessor` does; qwen files keep
     /// Hugging Face's order). Quantized matrices stay quantized and are read from the mapped file (the query and key
     /// rows are reordered in a quantized copy); norms, biases and float matrices are fp32. As in transformers, a
@@ -86,7 +90,7 @@ extension LlamaForCausalLM {
     public convenience init(gguf file: GGUFFile) throws {
         let url = file.url
         let config = try LlamaConfig(gguf: file)
-        let permuted = config.modelType == "llama", qwen2 = config.modelType == "qwen2"
+        let permuted = config.modelType == "llama" || config.modelType == "smollm3", qwen2 = config.modelType == "qwen2"
         func heads(_ ggufName: String) -> Int? {
             guard permuted else { return nil }
             if ggufName.contains(".attn_q.") { return config.numAttentionHeads }

@@ -12,7 +12,7 @@ import VLMTensor
 public struct LlavaConfig: Decodable, Sendable {
     /// The CLIP vision tower's config; what it leaves out takes LLaVA's defaults (ViT-L/14 at 336 pixels).
     public var visionConfig: CLIPVisionConfig
-    /// The language model's config (`llama`, `mistral`, `qwen2` or `qwen3`; Llama's defaults when absent).
+    /// The language model's config (`llama`, `mistral`, `qwen2`, `qwen3` or `smollm3`; Llama's defaults when absent).
     public var textConfig: LlamaConfig
     /// The token id that marks where image features go (`image_token_index`, also read as `image_token_id`).
     public var imageTokenIndex: Int
@@ -158,7 +158,7 @@ struct LlavaImageEncoder {
     }
 }
 
-/// The Llama, Mistral, Qwen2 or Qwen3 language model of a LLaVA or LLaVA-NeXT checkpoint, its decoder under
+/// The Llama, Mistral, Qwen2, Qwen3 or SmolLM3 language model of a LLaVA or LLaVA-NeXT checkpoint, its decoder under
 /// `language_model.model.` (as 5.23 saves it and llava-hf publishes it) or `model.language_model.` (as 5.23's modules
 /// name it), its head `language_model.lm_head.weight` or `lm_head.weight` (the token embeddings when `config` ties
 /// them).
@@ -325,7 +325,7 @@ public struct LlavaVisionEncoder: @unchecked Sendable {
     }
 }
 
-/// transformers' `LlavaForConditionalGeneration` with a Llama, Mistral, Qwen2 or Qwen3 language model: image chat, captioning
+/// transformers' `LlavaForConditionalGeneration` with a Llama, Mistral, Qwen2, Qwen3 or SmolLM3 language model: image chat, captioning
 /// and visual question answering.
 ///
 /// A prompt holds ``LlavaConfig/imageTokensPerImage`` image tokens per image where `LlavaProcessor` expands its

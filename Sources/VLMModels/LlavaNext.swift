@@ -39,7 +39,7 @@ public struct LlavaNextConfig: Decodable, Sendable {
     }
 }
 
-/// transformers' `LlavaNextForConditionalGeneration` with a Llama, Mistral, Qwen2 or Qwen3 language model: captioning, visual
+/// transformers' `LlavaNextForConditionalGeneration` with a Llama, Mistral, Qwen2, Qwen3 or SmolLM3 language model: captioning, visual
 /// question answering and image chat over images of any aspect ratio.
 ///
 /// An image becomes `(S/p)²` tokens of its base view, then its tile grid's rows, unpadded, each followed by a newline

@@ -211,7 +211,7 @@ public enum ModelRegistry {
         return try build(directory)
     }
 
-    /// The decoder-only language model in `directory` (a ``LlamaForCausalLM`` for llama, mistral, qwen2 and qwen3, an
+    /// The decoder-only language model in `directory` (a ``LlamaForCausalLM`` for llama, mistral, qwen2, qwen3 and smollm3, an
     /// ``OPTForCausalLM`` for opt, a ``GPT2LMHeadModel`` for gpt2); see ``family(of:for:)`` for the errors.
     public static func causalLanguageModel(_ directory: ModelDirectory, for task: ModelTask = .generate) throws -> any CausalLanguageModel {
         guard case .causalLanguageModel(let build) = try family(of: directory, for: task).builder else {

@@ -16,7 +16,7 @@ public final class SupervisedFineTuningPipeline: @unchecked Sendable {
     private let tokenizer: Tokenizer
     private let template: ChatTemplate
 
-    /// Loads a Llama, Mistral, Qwen2 or Qwen3 checkpoint directory with a tokenizer and a chat template; with `lora`, only
+    /// Loads a Llama, Mistral, Qwen2, Qwen3 or SmolLM3 checkpoint directory with a tokenizer and a chat template; with `lora`, only
     /// LoRA's updates learn (see ``LoraSettings``).
     public init(directory: URL, lora: LoraSettings? = nil) throws {
         training = try CausalLanguageModelTraining(directory: try ModelDirectory(url: directory), lora: lora)

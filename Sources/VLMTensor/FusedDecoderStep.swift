@@ -2,7 +2,7 @@ internal import CVLMKernels
 
 /// One decoding step (one new token of one sequence) of a pre-norm decoder with RMSNorm, rotary grouped-query
 /// attention over a head-major KV cache and a SiLU-gated MLP (Llama, Mistral, Qwen2; Qwen3 with its query and key
-/// heads normalized) whose products are all
+/// heads normalized; SmolLM3 with layers that do not rotate) whose products are all
 /// GGUF-quantized, run as one parallel region in which the threads meet at barriers between stages
 /// (vlm_decoder_step in vlm_kernels.h). It computes what the layer-by-layer path computes, bit for bit, without a
 /// region per product and the serial work between them.
@@ -14,16 +14,18 @@ package final class FusedDecoderStep: @unchecked Sendable {
         package let attention: [Linear]
         /// The RMS norm weights of each query and key head (Qwen3's q_norm and k_norm), `[headDim]`, or nil.
         package let queryNorm: Tensor?, keyNorm: Tensor?
+        /// Whether queries and keys are rotated by position (not in SmolLM3's NoPE layers).
+        package let rotatesPositions: Bool
         package let output: Linear
         /// gate and up, or one layer stacking them.
         package let gateUp: [Linear]
         package let down: Linear
 
         package init(inputNorm: Tensor, postAttentionNorm: Tensor, attention: [Linear], queryNorm: Tensor? = nil,
-                     keyNorm: Tensor? = nil, output: Linear, gateUp: [Linear], down: Linear) {
+                     keyNorm: Tensor? = nil, rotatesPositions: Bool = true, output: Linear, gateUp: [Linear], down: Linear) {
             (self.inputNorm, self.postAttentionNorm, self.attention, self.output, self.gateUp, self.down) =
                 (inputNorm, postAttentionNorm, attention, output, gateUp, down)
-            (self.queryNorm, self.keyNorm) = (queryNorm, keyNorm)
+            (self.queryNorm, self.keyNorm, self.rotatesPositions) = (queryNorm, keyNorm, rotatesPositions)
         }
     }
 
@@ -77,6 +79,7 @@ package final class FusedDecoderStep: @unchecked Sendable {
             descriptor.attention_products = attention.count
             descriptor.query_norm = layer.queryNorm.map { UnsafePointer($0.storage.pointer) }
             descriptor.key_norm = layer.keyNorm.map { UnsafePointer($0.storage.pointer) }
+            descriptor.unrotated = layer.rotatesPositions ? 0 : 1
             descriptor.output = output[0]
             Self.place(gateUp, in: &descriptor.gate_up)
             descriptor.gate_up_products = gateUp.count

@@ -4,7 +4,7 @@ import VLMModels
 import VLMTemplates
 import VLMTensor
 
-/// Supervised fine-tuning of a Llama, Mistral, Qwen2 or Qwen3 checkpoint (`LlamaForCausalLM` and its kin) from the causal LM
+/// Supervised fine-tuning of a Llama, Mistral, Qwen2, Qwen3 or SmolLM3 checkpoint (`LlamaForCausalLM` and its kin) from the causal LM
 /// loss on `labels`, as transformers computes `model(input_ids, attention_mask, labels=labels).loss` and `Trainer`
 /// (TRL's `SFTTrainer`) steps it: every parameter learning, or with LoRA only the updates PEFT's `get_peft_model`
 /// puts beside the targeted projections. The weights are held once, in fp32 and unpacked.
@@ -18,7 +18,7 @@ public final class CausalLanguageModelTraining: @unchecked Sendable {
     private let store: WeightStore
     private let decoder: DecoderTraining
 
-    /// Loads a checkpoint directory of `model_type` `llama`, `mistral`, `qwen2` or `qwen3`, with LoRA's updates when `lora`
+    /// Loads a checkpoint directory of `model_type` `llama`, `mistral`, `qwen2`, `qwen3` or `smollm3`, with LoRA's updates when `lora`
     /// is given.
     public init(directory: ModelDirectory, lora: LoraSettings? = nil) throws {
         self.directory = directory

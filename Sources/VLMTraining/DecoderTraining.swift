@@ -20,7 +20,7 @@ public struct LoraSettings: Sendable, Equatable {
     public static let modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 }
 
-/// A Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) for training: its weights read once as ``Parameter``s (fp32,
+/// A Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, SmolLM3) for training: its weights read once as ``Parameter``s (fp32,
 /// unpacked, under the checkpoint's names), run forward keeping what the backward pass reads, and backward to the
 /// input embeddings' gradient and, when it trains, every weight's.
 struct DecoderTraining {
@@ -212,11 +212,14 @@ struct DecoderTraining {
         let mask = attentionMask.map { Tensor(shape: [batch, length], scalars: $0.flatMap { $0.map(Float.init) }) }
         var hidden = embeddings
         var activations: [LayerActivations] = []
-        for layer in layers {
+        for (index, layer) in layers.enumerated() {
+            func rotated(_ x: Tensor, heads: Int) -> Tensor {
+                config.rotatesPositions(layer: index) ? applyRotaryEmbedding(x, heads: heads, cos: cos, sin: sin) : x
+            }
             let normed1 = rmsNorm(hidden, weight: layer.inputNorm.value, eps: config.rmsNormEps)
             let projectedQuery = apply(layer.query, normed1), projectedKey = apply(layer.key, normed1)
-            let query = applyRotaryEmbedding(eachHeadNormalized(projectedQuery, layer.queryNorm), heads: heads, cos: cos, sin: sin)
-            let key = applyRotaryEmbedding(eachHeadNormalized(projectedKey, layer.keyNorm), heads: keyHeads, cos: cos, sin: sin)
+            let query = rotated(eachHeadNormalized(projectedQuery, layer.queryNorm), heads: heads)
+            let key = rotated(eachHeadNormalized(projectedKey, layer.keyNorm), heads: keyHeads)
             let value = apply(layer.value, normed1)
             let attention = attentionForTraining(query: query, key: repeatingKeyValueHeads(key, keyHeads: keyHeads, heads: heads),
                                                  value: repeatingKeyValueHeads(value, keyHeads: keyHeads, heads: heads),
@@ -287,7 +290,11 @@ struct DecoderTraining {
         let normedGradient = VLMTensor.embeddingBackward(scoredGradient, ids: pass.scoredPositions, rows: pass.last.count / config.hiddenSize)
             .reshaped(pass.last.shape)
         var hiddenGradient = normBackward(normedGradient, norm, input: pass.last)
-        for (layer, saved) in zip(layers, pass.layers).reversed() {
+        for (index, (layer, saved)) in zip(layers, pass.layers).enumerated().reversed() {
+            func unrotated(_ gradient: Tensor, heads: Int) -> Tensor {
+                guard config.rotatesPositions(layer: index) else { return gradient }
+                return applyRotaryEmbeddingBackward(gradient, heads: heads, cos: pass.rotary.cos, sin: pass.rotary.sin)
+            }
             // The MLP: down(act(gate) · up).
             let productGradient = backward(hiddenGradient, layer.down, input: multiply(saved.activated, saved.up))
             let gateGradient = activationBackward(multiply(productGradient, saved.up), input: saved.gate, activation)
@@ -301,12 +308,10 @@ struct DecoderTraining {
                                               key: repeatingKeyValueHeads(saved.key, keyHeads: keyHeads, heads: heads),
                                               value: repeatingKeyValueHeads(saved.value, keyHeads: keyHeads, heads: heads),
                                               probabilities: saved.attention.probabilities, heads: heads)
-            let queryGradient = headNormBackward(
-                applyRotaryEmbeddingBackward(attention.query, heads: heads, cos: pass.rotary.cos, sin: pass.rotary.sin),
-                layer.queryNorm, input: saved.projectedQuery)
+            let queryGradient = headNormBackward(unrotated(attention.query, heads: heads), layer.queryNorm,
+                                                 input: saved.projectedQuery)
             let keyGradient = headNormBackward(
-                applyRotaryEmbeddingBackward(repeatingKeyValueHeadsBackward(attention.key, keyHeads: keyHeads, heads: heads),
-                                             heads: keyHeads, cos: pass.rotary.cos, sin: pass.rotary.sin),
+                unrotated(repeatingKeyValueHeadsBackward(attention.key, keyHeads: keyHeads, heads: heads), heads: keyHeads),
                 layer.keyNorm, input: saved.projectedKey)
             let valueGradient = repeatingKeyValueHeadsBackward(attention.value, keyHeads: keyHeads, heads: heads)
             let normed1Gradient = add(add(backward(queryGradient, layer.query, input: saved.normed1),

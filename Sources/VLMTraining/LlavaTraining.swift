@@ -15,7 +15,7 @@ import VLMTensor
 /// the tiling families' packing of the projected tiles (a gather, OneVision's also a bilinear shrink) hands its
 /// gradient back through its transpose.
 ///
-/// The language model (Llama, Mistral, Qwen2 or Qwen3) is held once, in fp32 and unpacked: it runs forward keeping each
+/// The language model (Llama, Mistral, Qwen2, Qwen3 or SmolLM3) is held once, in fp32 and unpacked: it runs forward keeping each
 /// layer's activations and backward to the projector's output (and, when it learns, to its own weights).
 public final class LlavaTraining: @unchecked Sendable {
     /// What learns.

@@ -249,7 +249,7 @@ struct InstructionTuningCommand: AsyncParsableCommand {
             file_name and a messages column: a conversation in the chat format ({"role": "user", "content": \
             [{"type": "image"}, {"type": "text", "text": "..."}]}, then the assistant's reply, and so on), with one \
             image part for the row's image; the multimodal projector and every language-model weight learn, the \
-            vision tower stays frozen. For a Llama, Mistral, Qwen2 or Qwen3 checkpoint the data is a JSON-lines file whose \
+            vision tower stays frozen. For a Llama, Mistral, Qwen2, Qwen3 or SmolLM3 checkpoint the data is a JSON-lines file whose \
             messages column holds text conversations; every weight learns. Each conversation is rendered through the \
             checkpoint's chat template and tokenized as transformers does; the loss scores the tokens the template's \
             {% generation %} blocks mark (the assistant's replies), or with --all-tokens every token but the padding \

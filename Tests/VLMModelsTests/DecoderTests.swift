@@ -37,7 +37,7 @@ struct DecoderFixture {
         let sequences_scores: [Float]
     }
 
-    static let names = ["qwen2", "qwen3", "mistral-sliding", "llama-dynamic", "opt-pre", "opt-post-proj", "opt-plain", "gpt2", "gpt2-cross"]
+    static let names = ["qwen2", "qwen3", "smollm3", "mistral-sliding", "llama-dynamic", "opt-pre", "opt-post-proj", "opt-plain", "gpt2", "gpt2-cross"]
     static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
         .appendingPathComponent("Fixtures/decoders")
 
@@ -125,7 +125,7 @@ func unpaddedRows(_ logits: Tensor, mask: [[Int]]) -> [[Float]] {
 
     /// A prefill longer than Mistral's window (per-query windows), then single steps, against full recomputation;
     /// likewise for OPT's and GPT-2's caches.
-    @Test(arguments: ["mistral-sliding", "qwen2", "qwen3", "opt-post-proj", "gpt2"])
+    @Test(arguments: ["mistral-sliding", "qwen2", "qwen3", "smollm3", "opt-post-proj", "gpt2"])
     func cachedDecodingEqualsFullRecomputation(_ name: String) throws {
         let model = try DecoderFixture(name).model
         let prompt = [1, 17, 45, 99, 3, 150, 12]
@@ -164,6 +164,7 @@ func unpaddedRows(_ logits: Tensor, mask: [[Int]]) -> [[Float]] {
     @Test func loaderDispatchesOnModelType() throws {
         #expect(try DecoderFixture("qwen2").model is LlamaForCausalLM)
         #expect(try DecoderFixture("qwen3").model is LlamaForCausalLM)
+        #expect(try DecoderFixture("smollm3").model is LlamaForCausalLM)
         #expect(try DecoderFixture("mistral-sliding").model is LlamaForCausalLM)
         #expect(try DecoderFixture("opt-pre").model is OPTForCausalLM)
         #expect(try DecoderFixture("gpt2").model is GPT2LMHeadModel)
@@ -209,6 +210,9 @@ func unpaddedRows(_ logits: Tensor, mask: [[Int]]) -> [[Float]] {
         let qwen3 = try DecoderFixture("qwen3").directory.decode(LlamaConfig.self)
         #expect(qwen3.attentionBias && qwen3.outputProjectionBias && qwen3.normalizesQueryKeyHeads && qwen3.headDim == 24)
         #expect(qwen3.slidingWindow == 4 && qwen3.layerTypes == ["full_attention", "sliding_attention"])
+        let smolLM3 = try DecoderFixture("smollm3").directory.decode(LlamaConfig.self)
+        #expect(smolLM3.ropeLayers == [true, false] && smolLM3.slidingWindow == 4 && smolLM3.attentionWindow(layer: 0) == nil
+                && smolLM3.attentionWindow(layer: 1) == 4 && smolLM3.outputProjectionBias && smolLM3.mlpBias)
         let mistral = try DecoderFixture("mistral-sliding").directory.decode(LlamaConfig.self)
         #expect(mistral.slidingWindow == 5 && !mistral.attentionBias && mistral.numKeyValueHeads == 2)
         let dynamic = try DecoderFixture("llama-dynamic").directory.decode(LlamaConfig.self)
@@ -227,6 +231,13 @@ func unpaddedRows(_ logits: Tensor, mask: [[Int]]) -> [[Float]] {
         let qwen3Defaults = try bare(#"{"model_type": "qwen3", "hidden_size": 1024, "num_attention_heads": 16}"#)
         #expect(qwen3Defaults.headDim == 128 && !qwen3Defaults.attentionBias && !qwen3Defaults.outputProjectionBias)
         #expect(qwen3Defaults.vocabSize == 151936 && qwen3Defaults.slidingWindow == nil && qwen3Defaults.eosTokenIds == [])
+        // SmolLM3Config: every fourth layer keeps no positions; SmolLM3-3B's shape and token ids.
+        let smolDefaults = try bare(#"{"model_type": "smollm3"}"#)
+        #expect(smolDefaults.ropeLayers.count == 36 && smolDefaults.ropeLayers.enumerated().allSatisfy { $0.element == (($0.offset + 1) % 4 != 0) })
+        #expect(smolDefaults.hiddenSize == 2048 && smolDefaults.numAttentionHeads == 16 && smolDefaults.numKeyValueHeads == 4
+                && smolDefaults.tieWordEmbeddings && smolDefaults.padTokenId == 128004 && smolDefaults.eosTokenIds == [128001]
+                && smolDefaults.slidingWindow == nil)
+        #expect(throws: DecodingError.self) { try bare(#"{"model_type": "smollm3", "no_rope_layers": [1, 2]}"#) }
 
         let opt = try DecoderFixture("opt-post-proj").directory.decode(OPTConfig.self)
         #expect(!opt.doLayerNormBefore && opt.wordEmbedProjDim == 32 && opt.hiddenSize == 64 && opt.tieWordEmbeddings)

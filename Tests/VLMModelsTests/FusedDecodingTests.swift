@@ -22,7 +22,11 @@ struct FusedDecodingTests {
     /// qwen3-mixed.gguf (oracle/llama.py): the same for Qwen3, each query and key head normalized before the
     /// rotation (q_norm, k_norm drawn around 1), heads of 128.
     static let qwen3 = LlamaFixture.root.appendingPathComponent("qwen3-mixed.gguf")
-    static let fixtures = [url, qwen3]
+    /// smollm3-mixed.gguf (oracle/llama.py): SmolLM3 as llama.cpp writes it (Q/K rows interleaved), four layers, the
+    /// fourth keeping no positions, tied Q8_0 embeddings (the step runs the head); transformers' expectations from the
+    /// checkpoint the file holds, since transformers reads no smollm3 GGUF.
+    static let smolLM3 = LlamaFixture.root.appendingPathComponent("smollm3-mixed.gguf")
+    static let fixtures = [url, qwen3, smolLM3]
 
     static func expected(_ file: URL = url) throws -> Expected {
         try JSONDecoder().decode(Expected.self, from: Data(contentsOf: file.appendingPathExtension("json")))
@@ -31,6 +35,7 @@ struct FusedDecodingTests {
     @Test func everyQuantizedModelFuses() throws {
         #expect(try #require(LlamaForCausalLM(gguf: Self.url).fusedStep).vocabularySize == nil)
         #expect(try #require(LlamaForCausalLM(gguf: Self.qwen3).fusedStep).vocabularySize == nil)
+        #expect(try #require(LlamaForCausalLM(gguf: Self.smolLM3).fusedStep).vocabularySize == 160)
         if let smolLM2 = SmolLM2.url {
             #expect(try #require(LlamaForCausalLM(gguf: smolLM2).fusedStep).vocabularySize == 49152)
         }

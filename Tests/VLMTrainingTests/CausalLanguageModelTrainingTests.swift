@@ -97,9 +97,38 @@ import VLMTraining
         #expect("\(error)".contains("a batch of 6 tokens is longer than the language model's sliding window of 5"), "\(error)")
     }
 
+    /// SmolLM3's NoPE layer (the fixture's second: no_rope_layer_interval 2) trains without rotating its queries and
+    /// keys: the loss is the inference model's (held to transformers by the decoder fixtures), and the gradients of that
+    /// layer's query and key weights, the ones the missing rotation acts on, are the loss's central differences.
+    @Test func noPELayersTrainUnrotated() throws {
+        let directory = try ModelDirectory(url: ContrastiveTrainingFixture.fixtures.appendingPathComponent("decoders/smollm3"))
+        let training = try CausalLanguageModelTraining(directory: directory)
+        #expect(training.config.ropeLayers == [true, false])
+        let ids = [[5, 17, 42, 99]], labels = [[5, 17, 42, 99]]
+        let loss = try training.lossAndGradients(inputIds: ids, attentionMask: nil, labels: labels)
+        let expected = try LlamaForCausalLM(directory: directory).loss(inputIds: ids, labels: labels)
+        #expect(abs(loss - expected) < 1e-5, "loss \(loss) against the inference model's \(expected)")
+        for name in ["model.layers.1.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight"] {
+            let parameter = try #require(training.parameters.first { $0.name == name })
+            let gradient = try #require(parameter.gradient).scalars
+            // The elements with the largest gradients, where a float32 difference quotient is well above its noise.
+            for index in gradient.indices.sorted(by: { abs(gradient[$0]) > abs(gradient[$1]) }).prefix(3) {
+                let original = parameter.value.storage.pointer[index], step: Float = 1e-2
+                parameter.value.storage.pointer[index] = original + step
+                let above = try training.loss(inputIds: ids, attentionMask: nil, labels: labels)
+                parameter.value.storage.pointer[index] = original - step
+                let below = try training.loss(inputIds: ids, attentionMask: nil, labels: labels)
+                parameter.value.storage.pointer[index] = original
+                let numeric = (above - below) / (2 * step)
+                #expect(abs(numeric - gradient[index]) <= 0.02 * abs(gradient[index]) + 1e-4,
+                        "\(name)[\(index)]: gradient \(gradient[index]), central difference \(numeric)")
+            }
+        }
+    }
+
     @Test func otherFamiliesAreRefused() throws {
         let directory = ContrastiveTrainingFixture.fixtures.appendingPathComponent("clip/tiny-quickgelu-argmax")
         let error = try #require(throws: ModelError.self) { try CausalLanguageModelTraining(directory: ModelDirectory(url: directory)) }
-        #expect("\(error)".contains("model_type \"clip\" is not supported here (supported: llama, mistral, qwen2, qwen3)"), "\(error)")
+        #expect("\(error)".contains("model_type \"clip\" is not supported here (supported: llama, mistral, qwen2, qwen3, smollm3)"), "\(error)")
     }
 }

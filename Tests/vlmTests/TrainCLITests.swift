@@ -284,7 +284,7 @@ import Testing
         // A family sft does not train: one line naming its config.
         let clip = try CLI.run(["train", "sft", "--model", model.path, "--data", data.path, "--out", work.path + "/x"])
         #expect(clip.status == 1)
-        #expect(clip.stderr.contains("model_type \"clip\" is not supported here (supported: llava, llava_next, llava_onevision, llama, mistral, qwen2, qwen3)"), "\(clip.stderr)")
+        #expect(clip.stderr.contains("model_type \"clip\" is not supported here (supported: llava, llava_next, llava_onevision, llama, mistral, qwen2, qwen3, smollm3)"), "\(clip.stderr)")
         #expect(clip.stderr.split(separator: "\n").count == 1)
         // A GGUF file is quantized for inference: refused by name.
         let gguf = CLI.fixtures.appendingPathComponent("llama/qwen2-tiny.gguf").path

@@ -265,6 +265,8 @@ typedef struct vlm_decoder_layer {
     ptrdiff_t attention_products;
     /// Qwen3's RMS norms of each query and key head (`head_dim` weights each) before the rotation; NULL without.
     const float *query_norm, *key_norm;
+    /// Nonzero where queries and keys keep no position (SmolLM3's NoPE layers): copied, not rotated.
+    int unrotated;
     vlm_decoder_product output;
     /// gate and up (or one matrix stacking them) writing `gate | up`.
     vlm_decoder_product gate_up[2];
