@@ -167,7 +167,8 @@ static void run_products(step_run *run, const vlm_decoder_product *products, ptr
 
 /// Claims (key head, part) items: each writes its head's new key and value to the cache when its range holds
 /// them (no other part reads that position), then runs its part for the head's group of query heads. Heads are
-/// normalized (Qwen3) before they are rotated, as the layer-by-layer path does it.
+/// normalized (Qwen3) before they are rotated (unless the layer keeps no positions, as SmolLM3's NoPE layers), as
+/// the layer-by-layer path does it.
 static void run_attention(step_run *run, const vlm_decoder_layer *layer, atomic_ptrdiff_t *claim, float *keys,
                           float *values) {
     const vlm_decoder_step *s = run->step;
@@ -187,7 +188,8 @@ static void run_attention(step_run *run, const vlm_decoder_layer *layer, atomic_
                 vlm_rms_norm(key, layer->key_norm, 1, hd, s->eps, t->key);
                 key = t->key;
             }
-            vlm_rotate_half(key, 1, 1, hd, s->cos, s->sin, head_keys + s->position * hd);
+            if (layer->unrotated) memcpy(head_keys + s->position * hd, key, (size_t)hd * sizeof(float));
+            else vlm_rotate_half(key, 1, 1, hd, s->cos, s->sin, head_keys + s->position * hd);
             memcpy(head_values + s->position * hd, v + head * hd, (size_t)hd * sizeof(float));
         }
         const float *query = q + head * group * hd;
@@ -196,7 +198,11 @@ static void run_attention(step_run *run, const vlm_decoder_layer *layer, atomic_
             vlm_rms_norm(query, layer->query_norm, group, hd, s->eps, t->query);
             query = t->query;
         }
-        vlm_rotate_half(query, 1, group, hd, s->cos, s->sin, t->query);
+        if (layer->unrotated) {
+            if (query != t->query) memcpy(t->query, query, (size_t)(group * hd) * sizeof(float));
+        } else {
+            vlm_rotate_half(query, 1, group, hd, s->cos, s->sin, t->query);
+        }
         const vlm_attention_problem problem = {
             .query = t->query, .key = head_keys, .value = head_values, .query_stride = hd, .key_stride = hd,
             .value_stride = hd, .output_stride = hd, .query_length = group, .key_length = key_length, .head_dim = hd,

@@ -455,8 +455,9 @@ static void reference_rotate(double *x, const float *cos, const float *sin, ptrd
 }
 
 /// A whole decoding step of a two-layer grouped-query decoder (separate q/k/v and gate/up products in four formats
-/// in one layer, stacked ones in the other; q/k/v biases; the second layer's query and key heads normalized, as
-/// Qwen3's are) at cache position `position`, split into `parts` key
+/// in one layer, stacked ones in the other; q/k/v biases; the first layer's queries and keys unrotated, as in
+/// SmolLM3's NoPE layers, the second layer's heads normalized, as Qwen3's are) at cache position `position`, split
+/// into `parts` key
 /// ranges, with and without its head, against the same network in double precision: the logits (or the final
 /// norm's output) and the key and value it stores. Only with an OpenMP runtime in the process.
 static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_isa isa) {
@@ -474,6 +475,7 @@ static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_i
         d->input_norm = norms + 2 * l * H;
         d->post_attention_norm = norms + (2 * l + 1) * H;
         if (l == 0) {
+            d->unrotated = 1;
             const ptrdiff_t rows[] = {width, key_width, key_width}, offsets[] = {0, width, width + key_width};
             for (int i = 0; i < 3; i++) {
                 matrices[l][i] = random_packed(separate[i], rows[i], H, bias + offsets[i], offsets[i]);
@@ -527,7 +529,7 @@ static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_i
         for (int i = 0; i < (l == 0 ? 3 : 1); i++) reference_product(&matrices[l][i], normed, qkv, 0);
         for (int h = 0; h < KEY_HEADS; h++) {
             if (layers[l].key_norm) reference_norm(qkv + width + h * HD, layers[l].key_norm, HD, eps, qkv + width + h * HD);
-            reference_rotate(qkv + width + h * HD, cos, sin, HD);
+            if (!layers[l].unrotated) reference_rotate(qkv + width + h * HD, cos, sin, HD);
             for (int f = 0; f < HD; f++) {
                 reference_keys[l][(h * CAPACITY + position) * HD + f] = qkv[width + h * HD + f];
                 reference_values[l][(h * CAPACITY + position) * HD + f] = qkv[width + key_width + h * HD + f];
@@ -537,7 +539,7 @@ static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_i
             double *query = qkv + q * HD, *out = attended + q * HD;
             const double *k = reference_keys[l] + (q / group) * CAPACITY * HD, *v = reference_values[l] + (q / group) * CAPACITY * HD;
             if (layers[l].query_norm) reference_norm(query, layers[l].query_norm, HD, eps, query);
-            reference_rotate(query, cos, sin, HD);
+            if (!layers[l].unrotated) reference_rotate(query, cos, sin, HD);
             double largest = -INFINITY, total = 0, *scores = malloc((size_t)(position + 1) * sizeof(double));
             for (ptrdiff_t p = 0; p <= position; p++) {
                 scores[p] = 0;
