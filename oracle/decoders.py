@@ -1,4 +1,4 @@
-"""Decoder fixtures: tiny random-init Qwen2, Qwen3, SmolLM3, Mistral, dynamic-RoPE Llama, OPT and GPT-2 checkpoints and what
+"""Decoder fixtures: tiny random-init Qwen2, Qwen3, SmolLM3, Gemma 3, Mistral, dynamic-RoPE Llama, OPT and GPT-2 checkpoints and what
 transformers computes with them.
 
 Run by hand from the repository root with the oracle venv (oracle/requirements.txt):
@@ -28,7 +28,8 @@ import shutil
 import sys
 
 import torch
-from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
+from transformers import (AutoModelForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config, GPT2LMHeadModel,
+                          LlamaConfig, LlamaForCausalLM,
                           MistralConfig, MistralForCausalLM, OPTConfig, OPTForCausalLM, Qwen2Config, Qwen2ForCausalLM,
                           Qwen3Config, Qwen3ForCausalLM, SmolLM3Config, SmolLM3ForCausalLM)
 
@@ -61,6 +62,14 @@ CASES = {
     "smollm3": (SmolLM3ForCausalLM, SmolLM3Config, dict(LLAMA_BASE, no_rope_layer_interval=2, attention_bias=True,
                                                         mlp_bias=True, use_sliding_window=True, sliding_window=4,
                                                         rope_theta=5000000.0)),
+    # Gemma 3's text decoder: a sliding layer (4-token window, its own rotary base) then a full one (linear RoPE
+    # scaling), heads of 24, query_pre_attn_scalar 20, attention biases, and Gemma 2's final logit soft cap (5.0;
+    # Gemma 3 checkpoints set none) so that it is exercised.
+    "gemma3": (Gemma3ForCausalLM, Gemma3TextConfig, dict(
+        LLAMA_BASE, head_dim=24, query_pre_attn_scalar=20, attention_bias=True, sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"], final_logit_softcapping=5.0,
+        rope_parameters=dict(full_attention=dict(rope_type="linear", factor=2.0, rope_theta=1000000.0),
+                             sliding_attention=dict(rope_type="default", rope_theta=10000.0)))),
     # Every layer slides over a 5-token window; prompts of 7 and 16 new tokens exceed it.
     "mistral-sliding": (MistralForCausalLM, MistralConfig, dict(LLAMA_BASE, sliding_window=5)),
     # NTK-aware dynamic scaling with a 6-position context: the 7-token prompt and every generated step rescale.
@@ -152,7 +161,7 @@ def build_case(name, model_class, config_class, settings, seed):
     torch.manual_seed(seed)
     config = config_class(**settings)
     model = model_class(config).eval()
-    if name in ("qwen3", "smollm3"):
+    if name in ("qwen3", "smollm3", "gemma3"):
         randomize_norms(model)
     directory = os.path.join(FIXTURES, name)
     shutil.rmtree(directory, ignore_errors=True)

@@ -30,8 +30,8 @@ from transformers import AutoModelForCausalLM
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "Tests", "Fixtures")
 IGNORED = -100
-CHECKPOINTS = ["decoders/qwen2", "decoders/mistral-sliding", "decoders/opt-pre", "decoders/gpt2",
-               "llama/gqa-untied", "llama/llama3-tied"]
+CHECKPOINTS = ["decoders/qwen2", "decoders/qwen3", "decoders/smollm3", "decoders/gemma3", "decoders/mistral-sliding",
+               "decoders/opt-pre", "decoders/gpt2", "llama/gqa-untied", "llama/llama3-tied"]
 
 # The opening of Jane Austen's "Pride and Prejudice" (1813, public domain).
 PASSAGE = (

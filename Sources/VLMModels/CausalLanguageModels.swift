@@ -1,7 +1,7 @@
 import VLMCheckpoint
 import VLMTensor
 
-// What the OPT and GPT-2 decoders share: input checks, the KV cache's bounds, learned positions.
+// What the decoders share: input checks, the KV cache's bounds, learned positions, sliding-window attention.
 
 /// The length of every row of `rows`, which must be non-empty and equal.
 func equalRowLength(_ rows: [[Int]], _ what: String) throws -> Int {
@@ -110,4 +110,27 @@ func layerNormParameters(_ tensor: (String, [Int]) throws -> Tensor, _ prefix: S
         return (Tensor(shape: [size], scalars: Array(repeating: 1, count: size)), Tensor(zeros: [size]))
     }
     return try (tensor("\(prefix).weight", [size]), tensor("\(prefix).bias", [size]))
+}
+
+/// Causal attention in which the query at sequence index `i` (of `keyLength`, the last queries being `query`'s) sees
+/// only keys `i - window + 1 ... i`: transformers' `sliding_window_overlay`. Each query attends to its own run of keys;
+/// a decoding step is one query, so this costs a prefill longer than the window only.
+func slidingWindowAttention(query: Tensor, keys: Tensor, values: Tensor, heads: Int, keyHeads: Int, layout: KeyValueLayout,
+                            keyLength: Int, window: Int, keyPaddingMask: Tensor?, scale: Float) -> Tensor {
+    let (batch, length, width) = (query.shape[0], query.shape[1], query.shape[2])
+    let past = keyLength - length
+    let output = Tensor(uninitialized: query.shape)
+    for step in 0..<length {
+        let position = past + step
+        let seen = max(0, position - window + 1)..<(position + 1)
+        let attended = groupedQueryAttention(
+            query: sequenceSlice(query, step..<(step + 1)), key: keys, value: values, heads: heads, keyHeads: keyHeads,
+            keyLength: seen.count, firstKey: seen.lowerBound, layout: layout, causal: false,
+            keyPaddingMask: keyPaddingMask.map { sequenceSlice($0, seen) }, scale: scale)
+        for item in 0..<batch {
+            (output.storage.pointer + (item * length + step) * width)
+                .initialize(from: attended.storage.pointer + item * width, count: width)
+        }
+    }
+    return output
 }

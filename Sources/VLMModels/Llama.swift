@@ -562,8 +562,9 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
         let keyLength = (cache?.length ?? 0) + hidden.shape[1]
         let attended: Tensor
         if let window = config.attentionWindow(layer: index), keyLength > window {
-            attended = slidingWindowAttention(query: query, keys: keys, values: values, layout: layout, keyLength: keyLength,
-                                              window: window, keyPaddingMask: keyPaddingMask, scale: scale)
+            attended = slidingWindowAttention(query: query, keys: keys, values: values, heads: heads, keyHeads: keyHeads,
+                                              layout: layout, keyLength: keyLength, window: window,
+                                              keyPaddingMask: keyPaddingMask, scale: scale)
         } else {
             attended = groupedQueryAttention(query: query, key: keys, value: values, heads: heads, keyHeads: keyHeads,
                                              keyLength: keyLength, layout: layout, causal: true,
@@ -573,28 +574,6 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
         let normedAgain = rmsNorm(afterAttention, weight: layer.postAttentionNorm, eps: config.rmsNormEps)
         let gated = layer.gateUp.gated(normedAgain, activation: activation)
         return layer.down(gated, residual: afterAttention)
-    }
-
-    /// Causal attention in which the query at sequence index `i` (of `keyLength`, the last queries being `query`'s) sees only keys `i - window + 1 ... i`: transformers' `sliding_window_overlay`. Each query attends
-    /// to its own run of keys; a decoding step is one query, so this costs a prefill longer than the window only.
-    private func slidingWindowAttention(query: Tensor, keys: Tensor, values: Tensor, layout: KeyValueLayout, keyLength: Int,
-                                        window: Int, keyPaddingMask: Tensor?, scale: Float) -> Tensor {
-        let (batch, length, width) = (query.shape[0], query.shape[1], query.shape[2])
-        let past = keyLength - length
-        let output = Tensor(uninitialized: query.shape)
-        for step in 0..<length {
-            let position = past + step
-            let seen = max(0, position - window + 1)..<(position + 1)
-            let attended = groupedQueryAttention(
-                query: sequenceSlice(query, step..<(step + 1)), key: keys, value: values, heads: config.numAttentionHeads,
-                keyHeads: config.numKeyValueHeads, keyLength: seen.count, firstKey: seen.lowerBound, layout: layout,
-                causal: false, keyPaddingMask: keyPaddingMask.map { sequenceSlice($0, seen) }, scale: scale)
-            for item in 0..<batch {
-                (output.storage.pointer + (item * length + step) * width)
-                    .initialize(from: attended.storage.pointer + item * width, count: width)
-            }
-        }
-        return output
     }
 
     static func rowLength(_ rows: [[Int]], _ what: String) throws -> Int {

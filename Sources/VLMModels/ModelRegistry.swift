@@ -129,6 +129,8 @@ public enum ModelRegistry {
                     builder: .zeroShotSegmentation { try GroupViTModel(directory: $0) }),
         ModelFamily("Llama", modelTypes: LlamaConfig.supportedModelTypes, tasks: [.generate, .chat],
                     builder: .causalLanguageModel { try LlamaForCausalLM(directory: $0) }),
+        ModelFamily("Gemma 3", modelTypes: [Gemma3TextConfig.modelType], tasks: [.generate, .chat],
+                    builder: .causalLanguageModel { try Gemma3ForCausalLM(directory: $0) }),
         ModelFamily("OPT", modelTypes: ["opt"], tasks: [.generate, .chat],
                     builder: .causalLanguageModel { try OPTForCausalLM(directory: $0) }),
         ModelFamily("GPT-2", modelTypes: ["gpt2"], tasks: [.generate, .chat],
@@ -211,7 +213,7 @@ public enum ModelRegistry {
         return try build(directory)
     }
 
-    /// The decoder-only language model in `directory` (a ``LlamaForCausalLM`` for llama, mistral, qwen2, qwen3 and smollm3, an
+    /// The decoder-only language model in `directory` (a ``LlamaForCausalLM`` for llama, mistral, qwen2, qwen3 and smollm3, a ``Gemma3ForCausalLM`` for gemma3_text, an
     /// ``OPTForCausalLM`` for opt, a ``GPT2LMHeadModel`` for gpt2); see ``family(of:for:)`` for the errors.
     public static func causalLanguageModel(_ directory: ModelDirectory, for task: ModelTask = .generate) throws -> any CausalLanguageModel {
         guard case .causalLanguageModel(let build) = try family(of: directory, for: task).builder else {

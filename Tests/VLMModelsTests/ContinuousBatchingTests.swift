@@ -48,8 +48,9 @@ private func greedy(maxNewTokens: Int, eos: [Int] = []) -> GenerationConfig {
     /// Every prompt of the oracle's greedy generations, submitted together: each row decoded in a shared batch
     /// (padded, joining and leaving at different steps) gives transformers' tokens.
     /// llama-dynamic's rows depend on each other past 6 positions (dynamic RoPE), so only transformers' one-prompt
-    /// generations apply to it; qwen2 and mistral-sliding batch only within their sliding window.
-    @Test(arguments: ["opt-pre", "gpt2", "qwen2", "mistral-sliding", "llama-dynamic", "gqa-untied", "llama3-tied", "linear-bias-mqa"])
+    /// generations apply to it; qwen2, qwen3, smollm3, gemma3 and mistral-sliding batch only within their sliding windows.
+    @Test(arguments: ["opt-pre", "gpt2", "qwen2", "qwen3", "smollm3", "gemma3", "mistral-sliding", "llama-dynamic", "gqa-untied",
+                      "llama3-tied", "linear-bias-mqa"])
     func batchedGreedyMatchesTransformers(name: String) async throws {
         let (model, generations, maxNewTokens): (any CausalLanguageModel, [LlamaFixture.Expected.Generation], Int)
         if LlamaFixture.names.contains(name) {

@@ -37,7 +37,7 @@ struct DecoderFixture {
         let sequences_scores: [Float]
     }
 
-    static let names = ["qwen2", "qwen3", "smollm3", "mistral-sliding", "llama-dynamic", "opt-pre", "opt-post-proj", "opt-plain", "gpt2", "gpt2-cross"]
+    static let names = ["qwen2", "qwen3", "smollm3", "gemma3", "mistral-sliding", "llama-dynamic", "opt-pre", "opt-post-proj", "opt-plain", "gpt2", "gpt2-cross"]
     static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
         .appendingPathComponent("Fixtures/decoders")
 
@@ -125,7 +125,7 @@ func unpaddedRows(_ logits: Tensor, mask: [[Int]]) -> [[Float]] {
 
     /// A prefill longer than Mistral's window (per-query windows), then single steps, against full recomputation;
     /// likewise for OPT's and GPT-2's caches.
-    @Test(arguments: ["mistral-sliding", "qwen2", "qwen3", "smollm3", "opt-post-proj", "gpt2"])
+    @Test(arguments: ["mistral-sliding", "qwen2", "qwen3", "smollm3", "gemma3", "opt-post-proj", "gpt2"])
     func cachedDecodingEqualsFullRecomputation(_ name: String) throws {
         let model = try DecoderFixture(name).model
         let prompt = [1, 17, 45, 99, 3, 150, 12]
@@ -165,6 +165,7 @@ func unpaddedRows(_ logits: Tensor, mask: [[Int]]) -> [[Float]] {
         #expect(try DecoderFixture("qwen2").model is LlamaForCausalLM)
         #expect(try DecoderFixture("qwen3").model is LlamaForCausalLM)
         #expect(try DecoderFixture("smollm3").model is LlamaForCausalLM)
+        #expect(try DecoderFixture("gemma3").model is Gemma3ForCausalLM)
         #expect(try DecoderFixture("mistral-sliding").model is LlamaForCausalLM)
         #expect(try DecoderFixture("opt-pre").model is OPTForCausalLM)
         #expect(try DecoderFixture("gpt2").model is GPT2LMHeadModel)
@@ -185,6 +186,29 @@ func unpaddedRows(_ logits: Tensor, mask: [[Int]]) -> [[Float]] {
                 && error.description.contains(supported.joined(separator: ", ")))
         try Data(#"{"n_embd": 64}"#.utf8).write(to: directory.appendingPathComponent("config.json"))
         #expect(throws: CheckpointError.self) { try ModelRegistry.causalLanguageModel(ModelDirectory(url: directory)) }
+    }
+
+    /// What the Gemma 3 decoder does not compute is refused in one line naming the config, not computed wrongly.
+    @Test func gemmaConfigsItCannotRunAreRefused() throws {
+        let source = DecoderFixture.root.appendingPathComponent("gemma3")
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("gemma3-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        try FileManager.default.createSymbolicLink(at: directory.appendingPathComponent("model.safetensors"),
+                                                   withDestinationURL: source.appendingPathComponent("model.safetensors"))
+        let original = try #require(JSONSerialization.jsonObject(with: Data(contentsOf: source.appendingPathComponent("config.json"))) as? [String: Any])
+        func write(_ changes: [String: Any]) throws {
+            try JSONSerialization.data(withJSONObject: original.merging(changes) { $1 })
+                .write(to: directory.appendingPathComponent("config.json"))
+        }
+        for (key, value, message) in [("attn_logit_softcapping", 50.0 as Any, "soft-capped attention scores are not supported"),
+                                      ("use_bidirectional_attention", true as Any, "only causal Gemma 3 decoders are supported")] {
+            try write([key: value])
+            let error = try #require(throws: ModelError.self) { try Gemma3ForCausalLM(directory: ModelDirectory(url: directory)) }
+            #expect(error.description.contains("config.json") && error.description.contains(message), "\(error)")
+        }
+        try write(["final_logit_softcapping": NSNull()])
+        #expect(try Gemma3ForCausalLM(directory: ModelDirectory(url: directory)).config.finalLogitSoftcapping == nil)
     }
 
     @Test func badInputsAreErrors() throws {
@@ -238,6 +262,24 @@ func unpaddedRows(_ logits: Tensor, mask: [[Int]]) -> [[Float]] {
                 && smolDefaults.tieWordEmbeddings && smolDefaults.padTokenId == 128004 && smolDefaults.eosTokenIds == [128001]
                 && smolDefaults.slidingWindow == nil)
         #expect(throws: DecodingError.self) { try bare(#"{"model_type": "smollm3", "no_rope_layers": [1, 2]}"#) }
+
+        // Gemma3TextConfig: five sliding layers of every six, each kind with its own rotary base; the legacy keys.
+        let gemma = try JSONDecoder().decode(Gemma3TextConfig.self, from: Data(#"{"model_type": "gemma3_text"}"#.utf8))
+        #expect(gemma.layerTypes.count == 26 && gemma.layerTypes.enumerated().allSatisfy {
+            $0.element == (($0.offset + 1) % 6 == 0 ? "full_attention" : "sliding_attention") })
+        #expect(gemma.fullAttentionRope == RopeParameters(theta: 1_000_000) && gemma.slidingAttentionRope == RopeParameters(theta: 10_000))
+        #expect(gemma.headDim == 256 && gemma.slidingWindow == 4096 && gemma.tieWordEmbeddings && gemma.eosTokenIds == [1]
+                && gemma.finalLogitSoftcapping == nil && gemma.queryPreAttnScalar == 256)
+        let legacy = try JSONDecoder().decode(Gemma3TextConfig.self, from: Data(#"""
+            {"model_type": "gemma3_text", "num_hidden_layers": 4, "sliding_window_pattern": 2, "rope_theta": 500000,
+             "rope_local_base_freq": 20000, "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
+            """#.utf8))
+        #expect(legacy.layerTypes == ["sliding_attention", "full_attention", "sliding_attention", "full_attention"])
+        #expect(legacy.fullAttentionRope == RopeParameters(ropeType: "linear", theta: 500_000, factor: 8)
+                && legacy.slidingAttentionRope == RopeParameters(theta: 20_000))
+        let gemmaFixture = try DecoderFixture("gemma3").directory.decode(Gemma3TextConfig.self)
+        #expect(gemmaFixture.fullAttentionRope == RopeParameters(ropeType: "linear", theta: 1_000_000, factor: 2)
+                && gemmaFixture.attentionWindow(layer: 0) == 4 && gemmaFixture.attentionWindow(layer: 1) == nil)
 
         let opt = try DecoderFixture("opt-post-proj").directory.decode(OPTConfig.self)
         #expect(!opt.doLayerNormBefore && opt.wordEmbedProjDim == 32 && opt.hiddenSize == 64 && opt.tieWordEmbeddings)

@@ -25,8 +25,8 @@ import VLMCheckpoint
     static let expected = Result {
         try JSONDecoder().decode(Expected.self, from: Data(contentsOf: fixtures.appendingPathComponent("decoders/loss.json")))
     }
-    static let checkpoints = ["decoders/qwen2", "decoders/mistral-sliding", "decoders/opt-pre", "decoders/gpt2",
-                              "llama/gqa-untied", "llama/llama3-tied"]
+    static let checkpoints = ["decoders/qwen2", "decoders/qwen3", "decoders/smollm3", "decoders/gemma3", "decoders/mistral-sliding",
+                              "decoders/opt-pre", "decoders/gpt2", "llama/gqa-untied", "llama/llama3-tied"]
 
     static func model(_ checkpoint: String) throws -> any CausalLanguageModel {
         try ModelRegistry.causalLanguageModel(ModelDirectory(url: fixtures.appendingPathComponent(checkpoint)))

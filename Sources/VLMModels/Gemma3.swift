@@ -1,0 +1,346 @@
+import Foundation
+import VLMCheckpoint
+import VLMTensor
+
+// Gemma 3's text decoder as transformers' models/gemma3/modeling_gemma3.py builds it (`Gemma3ForCausalLM`, model type
+// gemma3_text): Llama's rotary grouped-query attention and gated MLP, with Gemma's own choices: token embeddings
+// scaled by √hidden_size, RMS norms that multiply by (1 + weight), a norm after attention and after the MLP as well as
+// before each, query and key heads normalized before the rotation, GELU (tanh) gating, attention scaled by
+// query_pre_attn_scalar^-½, and sliding-window layers (five of every six by default) with a rotary base of their own.
+
+/// transformers' `Gemma3TextConfig`, with its defaults (Gemma 3 4B's text decoder).
+public struct Gemma3TextConfig: Decodable, Sendable {
+    public var vocabSize: Int
+    public var hiddenSize: Int
+    public var intermediateSize: Int
+    public var numHiddenLayers: Int
+    public var numAttentionHeads: Int
+    public var numKeyValueHeads: Int
+    public var headDim: Int
+    /// `hidden_activation`: the MLP's gate activation.
+    public var hiddenActivation: String
+    public var maxPositionEmbeddings: Int
+    public var rmsNormEps: Float
+    public var tieWordEmbeddings: Bool
+    /// Biases on the q, k, v and o projections.
+    public var attentionBias: Bool
+    /// Attention scores are scaled by `query_pre_attn_scalar^-½` rather than `head_dim^-½`.
+    public var queryPreAttnScalar: Double
+    /// The window of the "sliding_attention" layers: a query at index `i` sees keys `i - slidingWindow + 1 ... i`.
+    public var slidingWindow: Int?
+    /// Per layer, "full_attention" or "sliding_attention" (from `sliding_window_pattern` when not given: every
+    /// pattern-th layer full).
+    public var layerTypes: [String]
+    /// Logits become `cap · tanh(logits / cap)` (Gemma 2's; nil in Gemma 3).
+    public var finalLogitSoftcapping: Double?
+    /// RoPE of the full-attention layers (`rope_parameters["full_attention"]`: `rope_theta` 1,000,000 by default,
+    /// legacy `rope_scaling` merged in) and of the sliding ones (`rope_local_base_freq`, 10,000 by default).
+    public var fullAttentionRope: RopeParameters
+    public var slidingAttentionRope: RopeParameters
+    public var bosTokenId: Int?
+    public var padTokenId: Int?
+    public var eosTokenIds: [Int]
+    /// What this decoder does not compute, refused by ``validate(file:)``: Gemma 2's attention logit soft-capping
+    /// and EmbeddingGemma's bidirectional attention.
+    var attnLogitSoftcapping: Double?
+    var useBidirectionalAttention: Bool
+
+    public static let modelType = "gemma3_text"
+
+    /// The window of layer `index`, nil where it attends to every earlier position.
+    public func attentionWindow(layer index: Int) -> Int? {
+        layerTypes[index] == "sliding_attention" ? slidingWindow : nil
+    }
+
+    enum CodingKeys: String, CodingKey {
+        case vocabSize = "vocab_size", hiddenSize = "hidden_size", intermediateSize = "intermediate_size"
+        case numHiddenLayers = "num_hidden_layers", numAttentionHeads = "num_attention_heads"
+        case numKeyValueHeads = "num_key_value_heads", headDim = "head_dim", hiddenActivation = "hidden_activation"
+        case maxPositionEmbeddings = "max_position_embeddings", rmsNormEps = "rms_norm_eps"
+        case tieWordEmbeddings = "tie_word_embeddings", attentionBias = "attention_bias"
+        case queryPreAttnScalar = "query_pre_attn_scalar", slidingWindow = "sliding_window", layerTypes = "layer_types"
+        case slidingWindowPattern = "sliding_window_pattern", finalLogitSoftcapping = "final_logit_softcapping"
+        case attnLogitSoftcapping = "attn_logit_softcapping", useBidirectionalAttention = "use_bidirectional_attention"
+        case ropeParameters = "rope_parameters", ropeScaling = "rope_scaling", ropeTheta = "rope_theta"
+        case ropeLocalBaseFreq = "rope_local_base_freq"
+        case bosTokenId = "bos_token_id", eosTokenId = "eos_token_id", padTokenId = "pad_token_id"
+    }
+
+    /// One rotary dict; the legacy `rope_scaling` says `type` where the new form says `rope_type`.
+    private struct RopeDictionary: Decodable {
+        var ropeType: String?, type: String?, ropeTheta: Double?, factor: Double?
+
+        enum CodingKeys: String, CodingKey { case ropeType = "rope_type", type, ropeTheta = "rope_theta", factor }
+
+        func parameters(theta: Double) -> RopeParameters {
+            RopeParameters(ropeType: ropeType ?? type ?? "default", theta: ropeTheta ?? theta, factor: factor)
+        }
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        vocabSize = try c.value(.vocabSize, default: 262_208)
+        hiddenSize = try c.value(.hiddenSize, default: 2304)
+        intermediateSize = try c.value(.intermediateSize, default: 9216)
+        numHiddenLayers = try c.value(.numHiddenLayers, default: 26)
+        numAttentionHeads = try c.value(.numAttentionHeads, default: 8)
+        numKeyValueHeads = try c.value(.numKeyValueHeads, default: 4)
+        headDim = try c.value(.headDim, default: 256)
+        hiddenActivation = try c.value(.hiddenActivation, default: "gelu_pytorch_tanh")
+        maxPositionEmbeddings = try c.value(.maxPositionEmbeddings, default: 131_072)
+        rmsNormEps = try c.value(.rmsNormEps, default: 1e-6)
+        tieWordEmbeddings = try c.value(.tieWordEmbeddings, default: true)
+        attentionBias = try c.value(.attentionBias, default: false)
+        queryPreAttnScalar = try c.value(.queryPreAttnScalar, default: 256)
+        slidingWindow = c.contains(.slidingWindow) ? try c.decodeIfPresent(Int.self, forKey: .slidingWindow) : 4096
+        let pattern = try c.value(.slidingWindowPattern, default: 6)
+        if let given = try c.decodeIfPresent([String].self, forKey: .layerTypes) {
+            layerTypes = given
+        } else {
+            guard pattern > 0 else {
+                throw DecodingError.dataCorruptedError(forKey: .slidingWindowPattern, in: c, debugDescription: "sliding_window_pattern is \(pattern), expected a positive count")
+            }
+            layerTypes = (0..<max(numHiddenLayers, 0)).map { ($0 + 1) % pattern != 0 ? "sliding_attention" : "full_attention" }
+        }
+        finalLogitSoftcapping = try c.decodeIfPresent(Double.self, forKey: .finalLogitSoftcapping)
+        attnLogitSoftcapping = try c.decodeIfPresent(Double.self, forKey: .attnLogitSoftcapping)
+        useBidirectionalAttention = try c.decodeIfPresent(Bool.self, forKey: .useBidirectionalAttention) ?? false
+        // Gemma3TextConfig.convert_rope_params_to_dict: a dict per layer type; the legacy rope_scaling updates the
+        // full-attention one; each takes its legacy base where it gives none.
+        let nested = try c.decodeIfPresent([String: RopeDictionary].self, forKey: .ropeParameters)
+        var full = nested?["full_attention"] ?? RopeDictionary()
+        if let scaling = try c.decodeIfPresent(RopeDictionary.self, forKey: .ropeScaling) {
+            full.ropeType = scaling.ropeType ?? scaling.type ?? full.ropeType
+            full.factor = scaling.factor ?? full.factor
+            full.ropeTheta = scaling.ropeTheta ?? full.ropeTheta
+        }
+        fullAttentionRope = full.parameters(theta: try c.value(.ropeTheta, default: 1_000_000))
+        slidingAttentionRope = (nested?["sliding_attention"] ?? RopeDictionary())
+            .parameters(theta: try c.value(.ropeLocalBaseFreq, default: 10_000))
+        bosTokenId = c.contains(.bosTokenId) ? try c.decodeIfPresent(Int.self, forKey: .bosTokenId) : 2
+        padTokenId = c.contains(.padTokenId) ? try c.decodeIfPresent(Int.self, forKey: .padTokenId) : 0
+        if let list = try? c.decodeIfPresent([Int].self, forKey: .eosTokenId) {
+            eosTokenIds = list
+        } else {
+            eosTokenIds = try c.decodeIfPresent(Int.self, forKey: .eosTokenId).map { [$0] } ?? (c.contains(.eosTokenId) ? [] : [1])
+        }
+    }
+
+    /// Checks what the model needs to be built at all, so that a bad config is an error rather than a crash.
+    func validate(file: String) throws {
+        let counts = [("vocab_size", vocabSize), ("hidden_size", hiddenSize), ("intermediate_size", intermediateSize),
+                      ("num_attention_heads", numAttentionHeads), ("num_key_value_heads", numKeyValueHeads),
+                      ("head_dim", headDim)]
+        for (key, value) in counts where value <= 0 {
+            throw ModelError.invalidConfig("\(key) is \(value), expected a positive count", file: file)
+        }
+        guard numHiddenLayers >= 0 else { throw ModelError.invalidConfig("num_hidden_layers is \(numHiddenLayers)", file: file) }
+        guard numAttentionHeads % numKeyValueHeads == 0 else {
+            throw ModelError.invalidConfig(
+                "num_attention_heads \(numAttentionHeads) is not a multiple of num_key_value_heads \(numKeyValueHeads)", file: file)
+        }
+        guard headDim % 2 == 0 else { throw ModelError.invalidConfig("head_dim \(headDim) is odd; RoPE rotates pairs", file: file) }
+        guard queryPreAttnScalar > 0 else {
+            throw ModelError.invalidConfig("query_pre_attn_scalar is \(queryPreAttnScalar), expected a positive number", file: file)
+        }
+        guard layerTypes.count == numHiddenLayers else {
+            throw ModelError.invalidConfig("layer_types lists \(layerTypes.count) layers, num_hidden_layers is \(numHiddenLayers)", file: file)
+        }
+        if let unknown = layerTypes.first(where: { $0 != "full_attention" && $0 != "sliding_attention" }) {
+            throw ModelError.invalidConfig("layer_types has \"\(unknown)\" (supported: full_attention, sliding_attention)", file: file)
+        }
+        if let slidingWindow, slidingWindow <= 0 {
+            throw ModelError.invalidConfig("sliding_window is \(slidingWindow), expected a positive count", file: file)
+        }
+        for rope in [fullAttentionRope, slidingAttentionRope] where !["default", "linear"].contains(rope.ropeType) {
+            throw ModelError.invalidConfig("rope type \"\(rope.ropeType)\" is not supported for Gemma 3 (supported: default, linear)", file: file)
+        }
+        if let cap = finalLogitSoftcapping, !(cap > 0) {
+            throw ModelError.invalidConfig("final_logit_softcapping is \(cap), expected a positive number", file: file)
+        }
+        if attnLogitSoftcapping != nil {
+            throw ModelError.invalidConfig("attn_logit_softcapping is set; soft-capped attention scores are not supported", file: file)
+        }
+        if useBidirectionalAttention {
+            throw ModelError.invalidConfig("use_bidirectional_attention is true (EmbeddingGemma); only causal Gemma 3 decoders are supported", file: file)
+        }
+    }
+}
+
+final class Gemma3DecoderLayer: @unchecked Sendable {
+    /// The four norms' `1 + weight`, what Gemma's RMS norm multiplies by.
+    let inputNorm: Tensor, postAttentionNorm: Tensor, preFeedforwardNorm: Tensor, postFeedforwardNorm: Tensor
+    /// q_proj, k_proj, v_proj.
+    let queryKeyValue: StackedProjections
+    /// q_norm's and k_norm's `1 + weight`, each `[headDim]`.
+    let queryNorm: Tensor, keyNorm: Tensor
+    let output: Linear
+    /// gate_proj, up_proj.
+    let gateUp: StackedProjections
+    let down: Linear
+
+    init(config c: Gemma3TextConfig, tensor: (String, [Int]) throws -> Tensor, prefix: String) throws {
+        func norm(_ name: String, _ size: Int) throws -> Tensor { gemmaNormWeight(try tensor("\(prefix).\(name).weight", [size])) }
+        func weight(_ name: String, _ outFeatures: Int, _ inFeatures: Int) throws -> WeightMatrix {
+            .dense(try tensor("\(prefix).\(name).weight", [outFeatures, inFeatures]))
+        }
+        func bias(_ name: String, _ outFeatures: Int, _ present: Bool) throws -> Tensor? {
+            present ? try tensor("\(prefix).\(name).bias", [outFeatures]) : nil
+        }
+        let queryWidth = c.numAttentionHeads * c.headDim, keyWidth = c.numKeyValueHeads * c.headDim
+        inputNorm = try norm("input_layernorm", c.hiddenSize)
+        postAttentionNorm = try norm("post_attention_layernorm", c.hiddenSize)
+        preFeedforwardNorm = try norm("pre_feedforward_layernorm", c.hiddenSize)
+        postFeedforwardNorm = try norm("post_feedforward_layernorm", c.hiddenSize)
+        let attention = [("q_proj", queryWidth), ("k_proj", keyWidth), ("v_proj", keyWidth)]
+        queryKeyValue = try StackedProjections(
+            weights: attention.map { try weight("self_attn.\($0.0)", $0.1, c.hiddenSize) },
+            biases: attention.map { try bias("self_attn.\($0.0)", $0.1, c.attentionBias) })
+        queryNorm = try norm("self_attn.q_norm", c.headDim)
+        keyNorm = try norm("self_attn.k_norm", c.headDim)
+        output = try Linear(weight: weight("self_attn.o_proj", c.hiddenSize, queryWidth),
+                            bias: bias("self_attn.o_proj", c.hiddenSize, c.attentionBias))
+        gateUp = try StackedProjections(
+            weights: ["gate_proj", "up_proj"].map { try weight("mlp.\($0)", c.intermediateSize, c.hiddenSize) }, biases: [nil, nil])
+        down = try Linear(weight: weight("mlp.down_proj", c.hiddenSize, c.intermediateSize), bias: nil)
+    }
+}
+
+/// Gemma's RMS norm multiplies the normalized input by `1 + weight` (in fp32): that factor, once.
+private func gemmaNormWeight(_ weight: Tensor) -> Tensor {
+    Tensor(shape: weight.shape, scalars: weight.scalars.map { 1 + $0 })
+}
+
+/// Gemma 3's text decoder (transformers' `Gemma3ForCausalLM`) from a Hugging Face checkpoint directory, in fp32.
+///
+/// Inputs are batches of equal-length rows, left-padded, with transformers' `attention_mask` and `position_ids`, as
+/// for ``LlamaForCausalLM``.
+public final class Gemma3ForCausalLM: CausalLanguageModel, @unchecked Sendable {
+    public let config: Gemma3TextConfig
+    let embedTokens: WeightMatrix
+    let layers: [Gemma3DecoderLayer]
+    let norm: Tensor
+    let lmHead: Linear
+    let activation: Activation
+    /// √hidden_size in fp32, the factor token embeddings are scaled by.
+    let embeddingScale: Float
+    let fullAttentionFrequencies: [Float], slidingAttentionFrequencies: [Float]
+
+    /// Builds the model from `config` and a source of weights by Hugging Face name, each of the given shape.
+    init(config: Gemma3TextConfig, file: String, tensor: (String, [Int]) throws -> Tensor) throws {
+        try config.validate(file: file)
+        self.config = config
+        activation = try Activation(huggingFaceName: config.hiddenActivation, file: file)
+        fullAttentionFrequencies = try config.fullAttentionRope.inverseFrequencies(
+            headDim: config.headDim, maxPositionEmbeddings: config.maxPositionEmbeddings, file: file)
+        slidingAttentionFrequencies = try config.slidingAttentionRope.inverseFrequencies(
+            headDim: config.headDim, maxPositionEmbeddings: config.maxPositionEmbeddings, file: file)
+        embeddingScale = Float(Double(config.hiddenSize).squareRoot())
+        let table = try tensor("model.embed_tokens.weight", [config.vocabSize, config.hiddenSize])
+        lmHead = try Linear(weight: config.tieWordEmbeddings ? table : tensor("lm_head.weight", [config.vocabSize, config.hiddenSize]),
+                            bias: nil)
+        embedTokens = .embeddingTable(table)
+        layers = try (0..<config.numHiddenLayers).map {
+            try Gemma3DecoderLayer(config: config, tensor: tensor, prefix: "model.layers.\($0)")
+        }
+        norm = gemmaNormWeight(try tensor("model.norm.weight", [config.hiddenSize]))
+    }
+
+    /// Loads config.json and the safetensors weights of a checkpoint directory whose `model_type` is `gemma3_text`.
+    public convenience init(directory: ModelDirectory) throws {
+        let configPath = directory.url.appendingPathComponent("config.json").path
+        let type = try directory.modelType
+        guard type == Gemma3TextConfig.modelType else {
+            throw ModelError.unsupportedModelType(type, supported: [Gemma3TextConfig.modelType], file: configPath)
+        }
+        let weights = try WeightStore(directory: directory.url)
+        try self.init(config: directory.decode(Gemma3TextConfig.self), file: configPath) { try weights.tensor($0, shape: $1) }
+    }
+
+    public var vocabularySize: Int { config.vocabSize }
+    public var contextLength: Int? { config.maxPositionEmbeddings }
+    public var batchInvariantLength: Int? { (0..<config.numHiddenLayers).compactMap(config.attentionWindow(layer:)).min() }
+
+    public func makeCache(batch: Int, capacity: Int) throws -> KVCache {
+        try makeBoundedCache(batch: batch, capacity: capacity, layers: layers.count,
+                             width: config.numKeyValueHeads * config.headDim, heads: config.numKeyValueHeads)
+    }
+
+    /// The scaled token embeddings of `ids` (`[B][T]`, equal lengths), `[B, T, hiddenSize]`: what
+    /// `Gemma3TextScaledWordEmbedding` returns, and so what a VLM's image features are spliced into.
+    public func embed(_ ids: [[Int]]) throws -> Tensor {
+        let rows = try tokenEmbeddings(ids, table: embedTokens)
+        scale(rows, inPlaceBy: embeddingScale)
+        return rows
+    }
+
+    public func logits(inputsEmbeds: Tensor, attentionMask: [[Int]]? = nil, positionIds: [[Int]]? = nil,
+                       cache: KVCache? = nil, lastPositionOnly: Bool = false) throws -> Tensor {
+        let pass = try DecoderPass(inputsEmbeds: inputsEmbeds, width: config.hiddenSize, attentionMask: attentionMask,
+                                   cache: cache, layers: layers.count, cacheWidth: config.numKeyValueHeads * config.headDim)
+        var hidden = try hiddenStates(inputsEmbeds: inputsEmbeds, pass: pass, positionIds: positionIds, cache: cache)
+        if lastPositionOnly, pass.length > 1 {
+            hidden = gatherTokens(hidden, positions: Array(repeating: pass.length - 1, count: pass.batch))
+                .reshaped([pass.batch, 1, config.hiddenSize])
+        }
+        let logits = lmHead(hidden)
+        guard let cap = config.finalLogitSoftcapping.map(Float.init) else { return logits }
+        // Gemma 2's soft cap, as transformers computes it: divide, tanh, multiply.
+        let pointer = logits.storage.pointer
+        for index in 0..<logits.count { pointer[index] = tanh(pointer[index] / cap) * cap }
+        return logits
+    }
+
+    /// The final normalized hidden states `[B, T, hiddenSize]` (transformers' `last_hidden_state`).
+    public func hiddenStates(inputsEmbeds: Tensor, attentionMask: [[Int]]? = nil, positionIds: [[Int]]? = nil,
+                             cache: KVCache? = nil) throws -> Tensor {
+        let pass = try DecoderPass(inputsEmbeds: inputsEmbeds, width: config.hiddenSize, attentionMask: attentionMask,
+                                   cache: cache, layers: layers.count, cacheWidth: config.numKeyValueHeads * config.headDim)
+        return try hiddenStates(inputsEmbeds: inputsEmbeds, pass: pass, positionIds: positionIds, cache: cache)
+    }
+
+    private func hiddenStates(inputsEmbeds: Tensor, pass: DecoderPass, positionIds: [[Int]]?, cache: KVCache?) throws -> Tensor {
+        let positions = try pass.positions(positionIds, below: 1 << 24).flatMap { $0 }
+        if pass.length == 0 { return inputsEmbeds }
+        let tables = (full: rotaryTables(positions: positions, inverseFrequencies: fullAttentionFrequencies),
+                      sliding: rotaryTables(positions: positions, inverseFrequencies: slidingAttentionFrequencies))
+        var hidden = inputsEmbeds
+        for (index, layer) in layers.enumerated() {
+            let rotary = config.layerTypes[index] == "sliding_attention" ? tables.sliding : tables.full
+            hidden = decoderLayer(layer, index: index, hidden: hidden, rotary: rotary, pass: pass, cache: cache)
+        }
+        cache?.advance(by: pass.length)
+        return rmsNorm(hidden, weight: norm, eps: config.rmsNormEps)
+    }
+
+    private func decoderLayer(_ layer: Gemma3DecoderLayer, index: Int, hidden: Tensor, rotary: (cos: Tensor, sin: Tensor),
+                              pass: DecoderPass, cache: KVCache?) -> Tensor {
+        let (heads, keyHeads, eps) = (config.numAttentionHeads, config.numKeyValueHeads, config.rmsNormEps)
+        func eachHeadNormalized(_ x: Tensor, _ weight: Tensor) -> Tensor {
+            rmsNorm(x.reshaped([-1, config.headDim]), weight: weight, eps: eps).reshaped(x.shape)
+        }
+        let projected = layer.queryKeyValue(rmsNorm(hidden, weight: layer.inputNorm, eps: eps))
+        let query = applyRotaryEmbedding(eachHeadNormalized(projected[0], layer.queryNorm), heads: heads, cos: rotary.cos, sin: rotary.sin)
+        let key = applyRotaryEmbedding(eachHeadNormalized(projected[1], layer.keyNorm), heads: keyHeads, cos: rotary.cos, sin: rotary.sin)
+        var (keys, values, layout) = (key, projected[2], KeyValueLayout.tokenMajor)
+        if let cache {
+            cache.store(layer: index, key: key, value: projected[2])
+            (keys, values, layout) = (cache.keys[index], cache.values[index], cache.layout)
+        }
+        let scale = Float(pow(config.queryPreAttnScalar, -0.5))
+        let keyLength = pass.past + pass.length
+        let attended: Tensor
+        if let window = config.attentionWindow(layer: index), keyLength > window {
+            attended = slidingWindowAttention(query: query, keys: keys, values: values, heads: heads, keyHeads: keyHeads,
+                                              layout: layout, keyLength: keyLength, window: window,
+                                              keyPaddingMask: pass.keyPaddingMask, scale: scale)
+        } else {
+            attended = groupedQueryAttention(query: query, key: keys, value: values, heads: heads, keyHeads: keyHeads,
+                                             keyLength: keyLength, layout: layout, causal: true,
+                                             keyPaddingMask: pass.keyPaddingMask, scale: scale)
+        }
+        let afterAttention = add(hidden, rmsNorm(layer.output(attended), weight: layer.postAttentionNorm, eps: eps))
+        let gated = layer.gateUp.gated(rmsNorm(afterAttention, weight: layer.preFeedforwardNorm, eps: eps), activation: activation)
+        return add(afterAttention, rmsNorm(layer.down(gated), weight: layer.postFeedforwardNorm, eps: eps))
+    }
+}
