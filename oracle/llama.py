@@ -9,10 +9,10 @@ gqa-untied.gguf is that case converted as llama.cpp does (permuted Q/K, quantize
 logits transformers computes from the GGUF; qwen2-tiny.gguf(.json) likewise for a tiny random Qwen2 written as
 llama.cpp writes qwen2 (see qwen2_tiny_gguf), and qwen2-mixed.gguf(.json) one with every projection quantized (see
 qwen2_mixed_gguf), qwen3-mixed.gguf(.json) a tiny random Qwen3 the same way (see qwen3_mixed_gguf), and
-smollm3-mixed.gguf(.json) a tiny random SmolLM3 (see smollm3_mixed_gguf). To remake only those, without touching the
-other fixtures:
+smollm3-mixed.gguf(.json) a tiny random SmolLM3 (see smollm3_mixed_gguf), gemma3-mixed.gguf(.json) a tiny random Gemma
+3 (see gemma3_mixed_gguf). To remake only those, without touching the other fixtures:
 
-    python -c 'import sys; sys.path.insert(0, "oracle"); import llama; llama.qwen2_tiny_gguf(); llama.qwen2_mixed_gguf(); llama.qwen3_mixed_gguf(); llama.smollm3_mixed_gguf()'
+    python -c 'import sys; sys.path.insert(0, "oracle"); import llama; llama.qwen2_tiny_gguf(); llama.qwen2_mixed_gguf(); llama.qwen3_mixed_gguf(); llama.smollm3_mixed_gguf(); llama.gemma3_mixed_gguf()'
 
 Each tiny case directory is a checkpoint SwiftVLM loads as is (config.json + model.safetensors) plus expected.json:
 full-sequence logits for a forward pass (with the attention mask and position ids given), and greedy continuations
@@ -370,6 +370,89 @@ def smollm3_mixed_gguf():
     json.dump(expected, open(path + ".json", "w"))
 
 
+def gemma3_mixed_gguf():
+    """gemma3-mixed.gguf: a tiny random Gemma 3 text decoder written as llama.cpp's converter writes Gemma 3 (every
+    norm weight stored plus one, the head width as key_length, the sliding window; no Q/K permutation), six layers so
+    that the sixth is a full-attention layer (the pattern llama.cpp and transformers both take for GGUF files), heads
+    of 256 (where llama.cpp's 1/sqrt(head_dim) and transformers' default query_pre_attn_scalar agree), a 4-token
+    window, every projection quantized in another block format, tied Q8_0 embeddings; with what transformers computes
+    after loading the file, as for qwen2-mixed.gguf. A vocabulary-less tokenizer ("none") lets llama.cpp load it too."""
+    from gguf import GGMLQuantizationType as Q
+    import gguf
+    import numpy as np
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+    torch.manual_seed(7)
+    config = Gemma3TextConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=1,
+                              num_key_value_heads=1, head_dim=256, max_position_embeddings=256, sliding_window=4,
+                              initializer_range=0.2, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    model = Gemma3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name:
+                parameter.normal_(0.0, 0.3)
+    types = {"model.embed_tokens": Q.Q8_0, "self_attn.q_proj": Q.Q8_0, "self_attn.k_proj": Q.Q5_0, "self_attn.v_proj": Q.Q4_1,
+             "self_attn.o_proj": Q.Q5_1, "mlp.gate_proj": Q.Q4_0, "mlp.up_proj": Q.Q8_0, "mlp.down_proj": Q.Q5_0}
+    names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
+             "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
+             "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    path = os.path.join(FIXTURES, "gemma3-mixed.gguf")
+    writer = gguf.GGUFWriter(path, arch="gemma3")
+    writer.add_name("gemma3-mixed")
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_key_length(config.head_dim)
+    writer.add_value_length(config.head_dim)
+    writer.add_rope_freq_base(1_000_000.0)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_sliding_window(config.sliding_window)
+    writer.add_vocab_size(config.vocab_size)
+    writer.add_uint32("tokenizer.ggml.bos_token_id", 1)
+    writer.add_uint32("tokenizer.ggml.eos_token_id", 2)
+    writer.add_tokenizer_model("none")
+    for hf_name, tensor in model.state_dict().items():
+        if hf_name == "lm_head.weight":
+            continue
+        module, kind = hf_name.rsplit(".", 1)
+        if module == "model.embed_tokens":
+            target = "token_embd.weight"
+        elif module == "model.norm":
+            target = "output_norm.weight"
+        else:
+            _, _, layer, short = module.split(".", 3)
+            target = f"blk.{layer}.{names[short]}.{kind}"
+        data = tensor.numpy().astype(np.float32)
+        if "norm" in hf_name:
+            data = data + 1  # the converter's norm_shift
+        qtype = types.get(module if module == "model.embed_tokens" else module.split(".", 3)[-1], Q.F32) if data.ndim == 2 else Q.F32
+        writer.add_tensor(target, gguf.quants.quantize(np.ascontiguousarray(data), qtype),
+                          raw_dtype=qtype if qtype not in (Q.F32, Q.F16) else None)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    loaded = AutoModelForCausalLM.from_pretrained(FIXTURES, gguf_file="gemma3-mixed.gguf", dtype=torch.float32).eval()
+    assert type(loaded) is Gemma3ForCausalLM and loaded.config.head_dim == 256 and loaded.config.sliding_window == 4
+    assert loaded.config.layer_types == ["sliding_attention"] * 5 + ["full_attention"], loaded.config.layer_types
+    prompt = torch.tensor([PROMPTS[0]])
+    new_tokens, margin = greedy(loaded, prompt, torch.ones_like(prompt), None)
+    assert margin > 1e-3, margin
+    sequence = PROMPTS[0] + torch.randint(3, VOCAB, (160 - len(PROMPTS[0]),), generator=torch.Generator().manual_seed(4)).tolist()
+    positions = [len(PROMPTS[0]), 63, 64, 127, 128, 129, 159]
+    with torch.no_grad():
+        logits = loaded(input_ids=torch.tensor([sequence])).logits[0]
+        prompt_logits = loaded(input_ids=prompt).logits[0]
+    expected = dict(input_ids=[PROMPTS[0]], logits=prompt_logits.flatten().tolist(), new_tokens=new_tokens[0],
+                    max_new_tokens=NEW_TOKENS, min_margin=margin, sequence=sequence, positions=positions,
+                    position_logits=[logits[p].tolist() for p in positions])
+    json.dump(expected, open(path + ".json", "w"))
+
+
 # transformers' bar for the real model: 64 greedy tokens, plain prompts and chats.
 MAX_NEW_TOKENS = 64
 
@@ -427,6 +510,7 @@ def main():
     qwen2_mixed_gguf()
     qwen3_mixed_gguf()
     smollm3_mixed_gguf()
+    gemma3_mixed_gguf()
     if args.smollm2:
         smollm2(args.smollm2)
 

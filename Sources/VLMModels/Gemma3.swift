@@ -179,10 +179,11 @@ final class Gemma3DecoderLayer: @unchecked Sendable {
     let gateUp: StackedProjections
     let down: Linear
 
-    init(config c: Gemma3TextConfig, tensor: (String, [Int]) throws -> Tensor, prefix: String) throws {
+    init(config c: Gemma3TextConfig, tensor: (String, [Int]) throws -> Tensor, matrix: (String, [Int]) throws -> WeightMatrix,
+         prefix: String) throws {
         func norm(_ name: String, _ size: Int) throws -> Tensor { gemmaNormWeight(try tensor("\(prefix).\(name).weight", [size])) }
         func weight(_ name: String, _ outFeatures: Int, _ inFeatures: Int) throws -> WeightMatrix {
-            .dense(try tensor("\(prefix).\(name).weight", [outFeatures, inFeatures]))
+            try matrix("\(prefix).\(name).weight", [outFeatures, inFeatures])
         }
         func bias(_ name: String, _ outFeatures: Int, _ present: Bool) throws -> Tensor? {
             present ? try tensor("\(prefix).\(name).bias", [outFeatures]) : nil
@@ -211,7 +212,8 @@ private func gemmaNormWeight(_ weight: Tensor) -> Tensor {
     Tensor(shape: weight.shape, scalars: weight.scalars.map { 1 + $0 })
 }
 
-/// Gemma 3's text decoder (transformers' `Gemma3ForCausalLM`) from a Hugging Face checkpoint directory, in fp32.
+/// Gemma 3's text decoder (transformers' `Gemma3ForCausalLM`) from a Hugging Face checkpoint directory (in fp32) or a
+/// llama.cpp GGUF file (quantized matrices stay quantized).
 ///
 /// Inputs are batches of equal-length rows, left-padded, with transformers' `attention_mask` and `position_ids`, as
 /// for ``LlamaForCausalLM``.
@@ -226,8 +228,13 @@ public final class Gemma3ForCausalLM: CausalLanguageModel, @unchecked Sendable {
     let embeddingScale: Float
     let fullAttentionFrequencies: [Float], slidingAttentionFrequencies: [Float]
 
-    /// Builds the model from `config` and a source of weights by Hugging Face name, each of the given shape.
-    init(config: Gemma3TextConfig, file: String, tensor: (String, [Int]) throws -> Tensor) throws {
+    /// Builds the model from `config` and a source of weights by Hugging Face name, each of the given shape: `matrix`
+    /// gives the embedding table and the projections (quantized ones stay quantized); without it they are `tensor`'s.
+    init(config: Gemma3TextConfig, file: String, tensor: (String, [Int]) throws -> Tensor,
+         matrix matrixSource: ((String, [Int]) throws -> WeightMatrix)? = nil) throws {
+        func matrix(_ name: String, _ shape: [Int]) throws -> WeightMatrix {
+            try matrixSource?(name, shape) ?? .dense(tensor(name, shape))
+        }
         try config.validate(file: file)
         self.config = config
         activation = try Activation(huggingFaceName: config.hiddenActivation, file: file)
@@ -236,12 +243,12 @@ public final class Gemma3ForCausalLM: CausalLanguageModel, @unchecked Sendable {
         slidingAttentionFrequencies = try config.slidingAttentionRope.inverseFrequencies(
             headDim: config.headDim, maxPositionEmbeddings: config.maxPositionEmbeddings, file: file)
         embeddingScale = Float(Double(config.hiddenSize).squareRoot())
-        let table = try tensor("model.embed_tokens.weight", [config.vocabSize, config.hiddenSize])
-        lmHead = try Linear(weight: config.tieWordEmbeddings ? table : tensor("lm_head.weight", [config.vocabSize, config.hiddenSize]),
+        let table = try matrix("model.embed_tokens.weight", [config.vocabSize, config.hiddenSize])
+        lmHead = try Linear(weight: config.tieWordEmbeddings ? table : matrix("lm_head.weight", [config.vocabSize, config.hiddenSize]),
                             bias: nil)
-        embedTokens = .embeddingTable(table)
+        if case let .dense(fp32) = table { embedTokens = .embeddingTable(fp32) } else { embedTokens = table }
         layers = try (0..<config.numHiddenLayers).map {
-            try Gemma3DecoderLayer(config: config, tensor: tensor, prefix: "model.layers.\($0)")
+            try Gemma3DecoderLayer(config: config, tensor: tensor, matrix: matrix, prefix: "model.layers.\($0)")
         }
         norm = gemmaNormWeight(try tensor("model.norm.weight", [config.hiddenSize]))
     }
@@ -342,5 +349,89 @@ public final class Gemma3ForCausalLM: CausalLanguageModel, @unchecked Sendable {
         let afterAttention = add(hidden, rmsNorm(layer.output(attended), weight: layer.postAttentionNorm, eps: eps))
         let gated = layer.gateUp.gated(rmsNorm(afterAttention, weight: layer.preFeedforwardNorm, eps: eps), activation: activation)
         return add(afterAttention, rmsNorm(layer.down(gated), weight: layer.postFeedforwardNorm, eps: eps))
+    }
+}
+
+// Gemma 3 from llama.cpp GGUF files (general.architecture "gemma3"), as transformers' GGUF loader reads them
+// (integrations/ggml.py, modeling_gguf_pytorch_utils.py's Gemma2TensorProcessor): llama.cpp's converter stores every
+// norm weight plus one (what Gemma's RMS norm multiplies by), and the loader takes the one off again.
+
+extension Gemma3TextConfig {
+    /// The config transformers builds from a file's `gemma3.*` metadata: Gemma3TextConfig's defaults where a key is
+    /// missing (the sliding layers every sixth, as llama.cpp fixes them; the sliding layers' rotary base 10,000, which
+    /// is also llama.cpp's), tied embeddings when the file has no `output.weight`, the vocabulary from `vocab_size` or
+    /// the token list. `final_logit_softcapping` is read as llama.cpp reads it (transformers' table leaves it out;
+    /// Gemma 3's converted files carry none).
+    public init(gguf file: GGUFFile) throws {
+        let path = file.url.path
+        func invalid(_ reason: String) -> CheckpointError { .invalidGGUF(file: path, tensor: nil, reason: reason) }
+        guard file.metadata["general.architecture"]?.string == "gemma3" else {
+            throw invalid("general.architecture is not \"gemma3\"")
+        }
+        func integer(_ key: String) throws -> Int? {
+            guard let value = file.metadata["gemma3.\(key)"] else { return nil }
+            guard let integer = value.integer, integer >= 0 else { throw invalid("gemma3.\(key) is \(value), expected a count") }
+            return integer
+        }
+        func required(_ key: String) throws -> Int {
+            guard let value = try integer(key) else { throw invalid("gemma3.\(key) is missing") }
+            return value
+        }
+        var json: [String: Any] = [
+            "hidden_size": try required("embedding_length"), "num_hidden_layers": try required("block_count"),
+            "num_attention_heads": try required("attention.head_count"), "intermediate_size": try required("feed_forward_length"),
+            "tie_word_embeddings": file.info("output.weight") == nil,
+        ]
+        let optional = ["context_length": "max_position_embeddings", "attention.head_count_kv": "num_key_value_heads",
+                        "attention.key_length": "head_dim", "attention.sliding_window": "sliding_window"]
+        for (key, name) in optional { if let value = try integer(key) { json[name] = value } }
+        if let size = try integer("vocab_size") {
+            json["vocab_size"] = size
+        } else if let tokens = file.metadata["tokenizer.ggml.tokens"]?.array {
+            json["vocab_size"] = tokens.count
+        } else {
+            throw invalid("neither gemma3.vocab_size nor tokenizer.ggml.tokens gives the vocabulary size")
+        }
+        if let eps = file.metadata["gemma3.attention.layer_norm_rms_epsilon"]?.number { json["rms_norm_eps"] = eps }
+        if let theta = file.metadata["gemma3.rope.freq_base"]?.number { json["rope_theta"] = theta }
+        if let cap = file.metadata["gemma3.final_logit_softcapping"]?.number { json["final_logit_softcapping"] = cap }
+        if let bos = file.metadata["tokenizer.ggml.bos_token_id"]?.integer { json["bos_token_id"] = bos }
+        if let eos = file.metadata["tokenizer.ggml.eos_token_id"]?.integer { json["eos_token_id"] = eos }
+        if let pad = file.metadata["tokenizer.ggml.padding_token_id"]?.integer { json["pad_token_id"] = pad }
+        self = try JSONDecoder().decode(Gemma3TextConfig.self, from: JSONSerialization.data(withJSONObject: json))
+    }
+}
+
+extension Gemma3ForCausalLM {
+    /// Loads a llama.cpp GGUF file whose `general.architecture` is `gemma3` (the text decoder; a multimodal file's
+    /// vision tower is its separate mmproj file).
+    public convenience init(gguf file: GGUFFile) throws {
+        let path = file.url.path
+        let config = try Gemma3TextConfig(gguf: file)
+        try self.init(config: config, file: path, tensor: { name, shape in
+            let tensor = try file.tensor(Self.ggufName(for: name, file: path), shape: shape)
+            guard name.hasSuffix("norm.weight") else { return tensor }
+            return Tensor(shape: tensor.shape, scalars: tensor.scalars.map { $0 - 1 })
+        }, matrix: { name, shape in
+            try file.matrix(Self.ggufName(for: name, file: path), shape: shape)
+        })
+    }
+
+    static func ggufName(for name: String, file: String) throws -> String {
+        let fixed = ["model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+                     "lm_head.weight": "output.weight"]
+        if let mapped = fixed[name] { return mapped }
+        let modules = ["input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
+                       "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
+                       "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+                       "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+                       "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"]
+        let parts = name.split(separator: ".", maxSplits: 3).map(String.init)
+        if parts.count == 4, parts[0] == "model", parts[1] == "layers", let rest = parts.last {
+            let module = rest.split(separator: ".").dropLast().joined(separator: ".")
+            let kind = rest.split(separator: ".").last.map(String.init) ?? ""
+            if let mapped = modules[module] { return "blk.\(parts[2]).\(mapped).\(kind)" }
+        }
+        throw CheckpointError.missingTensor(file: file, tensor: name)
     }
 }

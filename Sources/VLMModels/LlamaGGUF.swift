@@ -29,7 +29,7 @@ extension LlamaConfig {
             // gguf-py has no "mistral" architecture, so transformers 5.23 refuses such files; llama.cpp's converter
             // writes Mistral models as "llama".
             let note = architecture == "mistral" ? ", which llama.cpp does not write (it converts Mistral as llama) and transformers cannot load" : ""
-            throw invalid("general.architecture is \"\(architecture)\"\(note); supported: \(Self.ggufArchitectures.joined(separator: ", "))")
+            throw invalid("general.architecture is \"\(architecture)\"\(note); supported: \(ModelRegistry.ggufLanguageModelArchitectures.joined(separator: ", "))")
         }
         let qwen2 = architecture == "qwen2", qwen = qwen2 || architecture == "qwen3", smolLM3 = architecture == "smollm3"
         modelType = architecture

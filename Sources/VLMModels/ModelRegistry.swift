@@ -257,3 +257,20 @@ public enum ModelRegistry {
         return try build(directory)
     }
 }
+
+extension ModelRegistry {
+    /// The `general.architecture`s of llama.cpp GGUF files whose language models load.
+    public static let ggufLanguageModelArchitectures = LlamaConfig.ggufArchitectures + ["gemma3"]
+
+    /// The language model a llama.cpp GGUF file holds, by its `general.architecture` (a ``Gemma3ForCausalLM`` for
+    /// gemma3, a ``LlamaForCausalLM`` for the others), with the token ids generation starts and stops with.
+    public static func causalLanguageModel(gguf file: GGUFFile) throws
+        -> (model: any CausalLanguageModel, bosTokenId: Int?, eosTokenIds: [Int]) {
+        if file.metadata["general.architecture"]?.string == "gemma3" {
+            let model = try Gemma3ForCausalLM(gguf: file)
+            return (model, model.config.bosTokenId, model.config.eosTokenIds)
+        }
+        let model = try LlamaForCausalLM(gguf: file)
+        return (model, model.config.bosTokenId, model.config.eosTokenIds)
+    }
+}

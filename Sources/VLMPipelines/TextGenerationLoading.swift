@@ -31,10 +31,10 @@ extension TextGenerationPipeline {
             // One parse of the file serves the tokenizer and the model.
             let file = try GGUFFile(url: path)
             let (tokenizer, chatTemplate) = try loadTokenizer(gguf: file)
-            let model = try LlamaForCausalLM(gguf: file)
+            let (model, bosTokenId, eosTokenIds) = try ModelRegistry.causalLanguageModel(gguf: file)
             var config = GenerationConfig()
-            config.eosTokenIds = model.config.eosTokenIds
-            config.bosTokenId = model.config.bosTokenId
+            config.eosTokenIds = eosTokenIds
+            config.bosTokenId = bosTokenId
             self.init(model: model, tokenizer: tokenizer, config: Self.withPipelineDefaults(config, setKeys: []),
                       chatTemplate: chatTemplate)
         }

@@ -81,7 +81,9 @@ struct Bench: AsyncParsableCommand {
                 return
             }
             guard image == nil else { throw Self.imageChatOnly }
-            try benchLanguageModel(precision.building { try LlamaForCausalLM(gguf: URL(fileURLWithPath: options.model)) })
+            try benchLanguageModel(precision.building {
+                try ModelRegistry.causalLanguageModel(gguf: GGUFFile(url: URL(fileURLWithPath: options.model))).model
+            })
             return
         }
         let directory = try ModelDirectory(url: try await options.directory())

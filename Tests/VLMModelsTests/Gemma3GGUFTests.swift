@@ -1,0 +1,65 @@
+import Foundation
+import Testing
+import VLMCheckpoint
+import VLMModels
+
+/// gemma3-mixed.gguf (oracle/llama.py): a tiny random Gemma 3 written as llama.cpp's converter writes one (norms
+/// stored plus one, six layers of which the sixth attends fully, a 4-token window, every projection quantized in
+/// another block format, tied Q8_0 embeddings), against what transformers computes after loading the same file.
+@Suite struct Gemma3GGUFTests {
+    struct Expected: Decodable {
+        let input_ids: [[Int]]
+        let logits: [Float]
+        let new_tokens: [Int]
+        let sequence: [Int]
+        let positions: [Int]
+        let position_logits: [[Float]]
+    }
+
+    static let url = LlamaFixture.root.appendingPathComponent("gemma3-mixed.gguf")
+    static let expected = Result {
+        try JSONDecoder().decode(Expected.self, from: Data(contentsOf: url.appendingPathExtension("json")))
+    }
+
+    @Test func configComesFromTheMetadata() throws {
+        let file = try GGUFFile(url: Self.url)
+        let loaded = try ModelRegistry.causalLanguageModel(gguf: file)
+        let model = try #require(loaded.model as? Gemma3ForCausalLM)
+        #expect(model.config.layerTypes == Array(repeating: "sliding_attention", count: 5) + ["full_attention"])
+        #expect(model.config.headDim == 256 && model.config.slidingWindow == 4 && model.config.tieWordEmbeddings)
+        #expect(model.config.fullAttentionRope == RopeParameters(theta: 1_000_000) && model.config.slidingAttentionRope == RopeParameters(theta: 10_000))
+        #expect(loaded.bosTokenId == 1 && loaded.eosTokenIds == [2])
+    }
+
+    @Test func promptLogitsMatchTransformers() throws {
+        let expected = try Self.expected.get()
+        let model = try Gemma3ForCausalLM(gguf: GGUFFile(url: Self.url))
+        let logits = try model.logits(inputIds: expected.input_ids)
+        #expect(maxDifference(logits.scalars, expected.logits) < 1e-4)
+    }
+
+    /// One token at a time over the cache: the sliding layers' window moves past the prompt, the full layer sees all.
+    @Test func decodingStepsMatchTransformers() throws {
+        let expected = try Self.expected.get()
+        let model = try Gemma3ForCausalLM(gguf: GGUFFile(url: Self.url))
+        let prompt = expected.input_ids[0]
+        let cache = try model.makeCache(batch: 1, capacity: expected.sequence.count)
+        var logits = try model.logits(inputIds: [prompt], cache: cache, lastPositionOnly: true)
+        var checked = 0
+        for position in (prompt.count - 1)..<expected.sequence.count {
+            if position >= prompt.count { logits = try model.logits(inputIds: [[expected.sequence[position]]], cache: cache) }
+            guard let index = expected.positions.firstIndex(of: position) else { continue }
+            #expect(maxDifference(logits.scalars, expected.position_logits[index]) < 1e-4, "position \(position)")
+            checked += 1
+        }
+        #expect(checked == expected.positions.count)
+    }
+
+    @Test func greedyContinuationMatchesTransformers() throws {
+        let expected = try Self.expected.get()
+        let model = try Gemma3ForCausalLM(gguf: GGUFFile(url: Self.url))
+        let output = try model.generate(inputIds: expected.input_ids,
+                                        options: GenerationOptions(maxNewTokens: expected.new_tokens.count, eosTokenIds: []))
+        #expect(output == [expected.new_tokens])
+    }
+}
