@@ -370,36 +370,21 @@ def smollm3_mixed_gguf():
     json.dump(expected, open(path + ".json", "w"))
 
 
-def gemma3_mixed_gguf():
-    """gemma3-mixed.gguf: a tiny random Gemma 3 text decoder written as llama.cpp's converter writes Gemma 3 (every
-    norm weight stored plus one, the head width as key_length, the sliding window; no Q/K permutation), six layers so
-    that the sixth is a full-attention layer (the pattern llama.cpp and transformers both take for GGUF files), heads
-    of 256 (where llama.cpp's 1/sqrt(head_dim) and transformers' default query_pre_attn_scalar agree), a 4-token
-    window, every projection quantized in another block format, tied Q8_0 embeddings; with what transformers computes
-    after loading the file, as for qwen2-mixed.gguf. A vocabulary-less tokenizer ("none") lets llama.cpp load it too."""
-    from gguf import GGMLQuantizationType as Q
+def write_gemma3_gguf(model, path, types, name, tokenizer=None):
+    """Writes a Gemma3ForCausalLM as llama.cpp's converter writes Gemma 3: every norm weight stored plus one (its
+    norm_shift), the head width as key and value length, the sliding window, the ggml type `types` gives each module
+    (F32 for norms), no Q/K permutation, the head tied to the embedding."""
     import gguf
     import numpy as np
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-    torch.manual_seed(7)
-    config = Gemma3TextConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=1,
-                              num_key_value_heads=1, head_dim=256, max_position_embeddings=256, sliding_window=4,
-                              initializer_range=0.2, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    model = Gemma3ForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "norm" in name:
-                parameter.normal_(0.0, 0.3)
-    types = {"model.embed_tokens": Q.Q8_0, "self_attn.q_proj": Q.Q8_0, "self_attn.k_proj": Q.Q5_0, "self_attn.v_proj": Q.Q4_1,
-             "self_attn.o_proj": Q.Q5_1, "mlp.gate_proj": Q.Q4_0, "mlp.up_proj": Q.Q8_0, "mlp.down_proj": Q.Q5_0}
+    from gguf import GGMLQuantizationType as Q
+    config = model.config
     names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
              "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
              "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
              "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
-    path = os.path.join(FIXTURES, "gemma3-mixed.gguf")
     writer = gguf.GGUFWriter(path, arch="gemma3")
-    writer.add_name("gemma3-mixed")
+    writer.add_name(name)
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -408,13 +393,14 @@ def gemma3_mixed_gguf():
     writer.add_head_count_kv(config.num_key_value_heads)
     writer.add_key_length(config.head_dim)
     writer.add_value_length(config.head_dim)
-    writer.add_rope_freq_base(1_000_000.0)
+    writer.add_rope_freq_base(config.rope_parameters["full_attention"]["rope_theta"])
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_sliding_window(config.sliding_window)
     writer.add_vocab_size(config.vocab_size)
-    writer.add_uint32("tokenizer.ggml.bos_token_id", 1)
-    writer.add_uint32("tokenizer.ggml.eos_token_id", 2)
-    writer.add_tokenizer_model("none")
+    writer.add_uint32("tokenizer.ggml.bos_token_id", config.bos_token_id)
+    writer.add_uint32("tokenizer.ggml.eos_token_id", config.eos_token_id)
+    if tokenizer is not None:
+        writer.add_tokenizer_model(tokenizer)
     for hf_name, tensor in model.state_dict().items():
         if hf_name == "lm_head.weight":
             continue
@@ -436,6 +422,30 @@ def gemma3_mixed_gguf():
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def gemma3_mixed_gguf():
+    """gemma3-mixed.gguf: a tiny random Gemma 3 text decoder written as llama.cpp's converter writes Gemma 3 (every
+    norm weight stored plus one, the head width as key_length, the sliding window; no Q/K permutation), six layers so
+    that the sixth is a full-attention layer (the pattern llama.cpp and transformers both take for GGUF files), heads
+    of 256 (where llama.cpp's 1/sqrt(head_dim) and transformers' default query_pre_attn_scalar agree), a 4-token
+    window, every projection quantized in another block format, tied Q8_0 embeddings; with what transformers computes
+    after loading the file, as for qwen2-mixed.gguf. A vocabulary-less tokenizer ("none") lets llama.cpp load it too."""
+    from gguf import GGMLQuantizationType as Q
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+    torch.manual_seed(7)
+    config = Gemma3TextConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=1,
+                              num_key_value_heads=1, head_dim=256, max_position_embeddings=256, sliding_window=4,
+                              initializer_range=0.2, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    model = Gemma3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name:
+                parameter.normal_(0.0, 0.3)
+    types = {"model.embed_tokens": Q.Q8_0, "self_attn.q_proj": Q.Q8_0, "self_attn.k_proj": Q.Q5_0, "self_attn.v_proj": Q.Q4_1,
+             "self_attn.o_proj": Q.Q5_1, "mlp.gate_proj": Q.Q4_0, "mlp.up_proj": Q.Q8_0, "mlp.down_proj": Q.Q5_0}
+    path = os.path.join(FIXTURES, "gemma3-mixed.gguf")
+    write_gemma3_gguf(model, path, types, name="gemma3-mixed", tokenizer="none")
     loaded = AutoModelForCausalLM.from_pretrained(FIXTURES, gguf_file="gemma3-mixed.gguf", dtype=torch.float32).eval()
     assert type(loaded) is Gemma3ForCausalLM and loaded.config.head_dim == 256 and loaded.config.sliding_window == 4
     assert loaded.config.layer_types == ["sliding_attention"] * 5 + ["full_attention"], loaded.config.layer_types

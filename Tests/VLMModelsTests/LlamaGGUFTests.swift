@@ -188,7 +188,7 @@ struct SmolLM2GGUFTests {
         } catch let error as CheckpointError {
             guard case let .invalidGGUF(file, _, reason) = error else { Issue.record("\(error)"); return }
             #expect(file == url.path)
-            #expect(reason.contains("\"\(architecture)\"") && reason.hasSuffix("supported: llama, qwen2"), "\(reason)")
+            #expect(reason.contains("\"\(architecture)\"") && reason.hasSuffix("supported: llama, qwen2, qwen3, smollm3, gemma3"), "\(reason)")
         }
     }
 }
