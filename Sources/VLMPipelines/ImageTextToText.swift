@@ -39,6 +39,12 @@ public final class ImageTextToTextPipeline: Sendable {
                                 imagePartsAsText: layout.imagePartsAsText, responseTemplate: text.responseTemplate)
     }
 
+    /// The same pipeline whose chat template gets `variables` in every rendering that does not set them itself
+    /// (``TextGenerationPipeline/withChatTemplateContext(_:)``).
+    public func withChatTemplateContext(_ variables: [String: JSONValue]) -> ImageTextToTextPipeline {
+        variables.isEmpty ? self : withChatTemplate(layout.chatTemplate.withDefaultContext(variables))
+    }
+
     /// Loads the model, its processor, chat template and generation settings from a checkpoint directory, refusing a
     /// family that does not serve `task` before reading anything else.
     ///

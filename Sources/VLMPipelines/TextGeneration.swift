@@ -46,6 +46,14 @@ public final class TextGenerationPipeline: Sendable {
                                responseTemplate: responseTemplate)
     }
 
+    /// The same pipeline whose chat template gets `variables` in every rendering that does not set them itself
+    /// (llama-cli's and llama-server's `--chat-template-kwargs`: `["enable_thinking": false]` for Qwen 3); itself
+    /// without a template.
+    public func withChatTemplateContext(_ variables: [String: JSONValue]) -> TextGenerationPipeline {
+        guard let chatTemplate, !variables.isEmpty else { return self }
+        return withChatTemplate(chatTemplate.withDefaultContext(variables))
+    }
+
     /// A chat reply as the assistant message transformers' text-generation pipeline returns for a chat when the
     /// tokenizer has a response template: `tokenizer.parse_response(reply, prefix=prompt, tools=tools)`, the reply's
     /// and the prompt's ids decoded with their special tokens (the template's delimiters are often special tokens).

@@ -49,15 +49,18 @@ public final class ServedModel: Sendable {
     ///   - mmproj: llama.cpp's image encoder file for a GGUF language model (LLaVA-1.5/NeXT as its GGUF pair).
     ///   - precision: the linear layers' precision; nil for fp32, or for an embedding model its checkpoint's own.
     ///   - chatTemplate: the chat template of a model that chats, in place of its own.
+    ///   - chatTemplateContext: variables every rendering of its chat template gets unless the request's
+    ///     `chat_template_kwargs` set them (llama-server's `--chat-template-kwargs`).
     ///   - responseTemplate: how its chat replies are laid out; by default the checkpoint's own
     ///     (tokenizer_config.json's `response_template`), else the one transformers serve uses for its model type.
     public static func load(name: String, path: URL, mmproj: URL? = nil, precision: MatrixPrecision? = nil,
-                            chatTemplate: ChatTemplate? = nil, responseTemplate: ResponseTemplate? = nil,
-                            configuration: ServerConfiguration) throws -> ServedModel {
+                            chatTemplate: ChatTemplate? = nil, chatTemplateContext: [String: JSONValue] = [:],
+                            responseTemplate: ResponseTemplate? = nil, configuration: ServerConfiguration) throws -> ServedModel {
         // Embedding models follow their checkpoint's stored dtype unless told otherwise, as `vlm embed` does; the
         // generating ones run fp32 unless told otherwise, as `vlm chat` does.
         let model = try MatrixPrecision.$forNewLayers.withValue(precision ?? .float32) {
-            try build(name: name, path: path, mmproj: mmproj, precision: precision, chatTemplate: chatTemplate, configuration: configuration)
+            try build(name: name, path: path, mmproj: mmproj, precision: precision, chatTemplate: chatTemplate,
+                      chatTemplateContext: chatTemplateContext, configuration: configuration)
         }
         let template: ResponseTemplate?
         switch model.role {
@@ -80,6 +83,7 @@ public final class ServedModel: Sendable {
     }
 
     private static func build(name: String, path: URL, mmproj: URL?, precision: MatrixPrecision?, chatTemplate: ChatTemplate?,
+                              chatTemplateContext: [String: JSONValue],
                               configuration: ServerConfiguration) throws -> ServedModel {
         let aliases = [path.lastPathComponent, path.deletingPathExtension().lastPathComponent].filter { $0 != name }
         func batcher(_ model: any CausalLanguageModel) throws -> ContinuousBatcher {
@@ -88,7 +92,7 @@ public final class ServedModel: Sendable {
         }
         if let mmproj {
             let loaded = try ImageTextToTextPipeline(gguf: path, mmproj: mmproj)
-            let pipeline = chatTemplate.map(loaded.withChatTemplate) ?? loaded
+            let pipeline = (chatTemplate.map(loaded.withChatTemplate) ?? loaded).withChatTemplateContext(chatTemplateContext)
             return ServedModel(id: name, aliases: aliases, role: .imageChat(pipeline, try batcher(pipeline.text.model)))
         }
         var isDirectory: ObjCBool = false
@@ -101,6 +105,7 @@ public final class ServedModel: Sendable {
                 return ServedModel(id: name, aliases: aliases, role: .embeddings(try DualEncoderPipeline(directory: path, task: .embed, precision: precision)))
             case .imageToText:
                 let pipeline = try ImageTextToTextPipeline(directory: path, task: .generate, chatTemplate: chatTemplate)
+                    .withChatTemplateContext(chatTemplateContext)
                 return ServedModel(id: name, aliases: aliases, role: .imageChat(pipeline, try batcher(pipeline.text.model)))
             case .causalLanguageModel:
                 break
@@ -109,7 +114,7 @@ public final class ServedModel: Sendable {
             }
         }
         let loaded = try TextGenerationPipeline(path: path)
-        let pipeline = chatTemplate.map(loaded.withChatTemplate) ?? loaded
+        let pipeline = (chatTemplate.map(loaded.withChatTemplate) ?? loaded).withChatTemplateContext(chatTemplateContext)
         return ServedModel(id: name, aliases: aliases, role: .text(pipeline, try batcher(pipeline.model)))
     }
 

@@ -21,6 +21,9 @@ public struct ChatTemplate: Sendable {
     public let source: String
     /// Named in errors.
     public let file: String
+    /// Variables every rendering gets unless its own `extraContext` sets them (llama-server's and llama-cli's
+    /// `--chat-template-kwargs`, such as Qwen 3's `enable_thinking`).
+    public private(set) var defaultContext: [String: JSONValue] = [:]
     private let nodes: [TemplateNode]
     private let scalars: [Unicode.Scalar]
 
@@ -33,6 +36,13 @@ public struct ChatTemplate: Sendable {
         let tokens = try lexer.tokenize()
         var parser = TemplateParser(tokens: tokens, lexer: lexer)
         nodes = try parser.parseTemplate()
+    }
+
+    /// The same template with `variables` as its ``defaultContext`` (over the ones it had, key by key).
+    public func withDefaultContext(_ variables: [String: JSONValue]) -> ChatTemplate {
+        var template = self
+        template.defaultContext.merge(variables) { $1 }
+        return template
     }
 
     /// Renders a conversation as `apply_chat_template(messages, tokenize=False,
@@ -156,7 +166,9 @@ public struct ChatTemplate: Sendable {
         context.variables["add_generation_prompt"] = .bool(addGenerationPrompt)
         if let bosToken { context.variables["bos_token"] = .string(bosToken) }
         if let eosToken { context.variables["eos_token"] = .string(eosToken) }
-        for (name, value) in extraContext { context.variables[name] = Value(value) }
+        for (name, value) in defaultContext.merging(extraContext, uniquingKeysWith: { $1 }) {
+            context.variables[name] = Value(value)
+        }
         return try run(in: context)
     }
 

@@ -27,20 +27,20 @@ struct Chat: AsyncParsableCommand {
     var mmproj: String?
 
     func run() async throws {
-        let template = try chatTemplate.template()
+        let template = try chatTemplate.template(), context = try chatTemplate.context()
         let path = try await options.fileOrDirectory()
         if let mmproj {
             let pipeline = try precision.building { try ImageTextToTextPipeline(gguf: path, mmproj: URL(fileURLWithPath: mmproj)) }
-            try chatAboutImages(template.map(pipeline.withChatTemplate) ?? pipeline)
+            try chatAboutImages((template.map(pipeline.withChatTemplate) ?? pipeline).withChatTemplateContext(context))
             return
         }
         let checkpoint = try? ModelDirectory(url: path)
         if let checkpoint, case .imageToText = try ModelRegistry.family(of: checkpoint, for: .chat).builder {
             let pipeline = try precision.building(storedIn: path) { try ImageToTextPipeline(directory: path, task: .chat) }
             if let chat = try ImageTextToTextPipeline.chatting(with: pipeline, directory: path, chatTemplate: template) {
-                try chatAboutImages(chat)
+                try chatAboutImages(chat.withChatTemplateContext(context))
             } else {
-                guard template == nil else { throw ChatError.noChatTemplates(path.path) }
+                guard template == nil && context.isEmpty else { throw ChatError.noChatTemplates(path.path) }
                 guard let image else { throw ChatError.needsImage(path.path) }
                 try chat(about: image, pipeline: pipeline)
             }
@@ -48,7 +48,7 @@ struct Chat: AsyncParsableCommand {
         }
         guard image == nil else { throw ChatError.readsNoImages(path.path) }
         let loaded = try precision.building { try TextGenerationPipeline(path: path) }
-        let pipeline = template.map(loaded.withChatTemplate) ?? loaded
+        let pipeline = (template.map(loaded.withChatTemplate) ?? loaded).withChatTemplateContext(context)
         guard pipeline.chatTemplate != nil else { throw TokenizeError.noChatTemplate(path.path) }
         let config = try settings.apply(to: pipeline.config)
         let session = try ChatSession(pipeline: pipeline, system: system)

@@ -115,20 +115,22 @@ struct Generate: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let template = try chatTemplate.template()
+        let template = try chatTemplate.template(), context = try chatTemplate.context()
         let path = try await options.fileOrDirectory()
         if let mmproj {
             let pipeline = try precision.building { try ImageTextToTextPipeline(gguf: path, mmproj: URL(fileURLWithPath: mmproj)) }
-            try answer(with: template.map(pipeline.withChatTemplate) ?? pipeline)
+            try answer(with: (template.map(pipeline.withChatTemplate) ?? pipeline).withChatTemplateContext(context))
             return
         }
         if let checkpoint = try? ModelDirectory(url: path),
            case .imageToText = try ModelRegistry.family(of: checkpoint, for: .generate).builder {
-            try answer(with: precision.building { try ImageTextToTextPipeline(directory: path, chatTemplate: template) })
+            try answer(with: precision.building {
+                try ImageTextToTextPipeline(directory: path, chatTemplate: template).withChatTemplateContext(context)
+            })
             return
         }
         let loaded = try precision.building { try TextGenerationPipeline(path: path) }
-        let pipeline = template.map(loaded.withChatTemplate) ?? loaded
+        let pipeline = (template.map(loaded.withChatTemplate) ?? loaded).withChatTemplateContext(context)
         guard image.isEmpty else { throw ChatError.readsNoImages(path.path) }
         let config = try settings.apply(to: pipeline.config)
         let messages = try chat.map(readMessages)

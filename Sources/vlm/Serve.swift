@@ -97,12 +97,14 @@ struct Serve: AsyncParsableCommand {
         configuration.maxImagePixels = maxImagePixels
         configuration.requestTimeout = .seconds(timeout)
         let template = try responseTemplate.map(Self.loadResponseTemplate)
+        let chatTemplateContext = try chatTemplate.context()
         let chatTemplate = try chatTemplate.template()
         var served: [ServedModel] = []
         for name in models {
             let path = try await modelPath(name)
             served.append(try ServedModel.load(name: name, path: path, mmproj: mmproj.map { URL(fileURLWithPath: $0) },
-                                               precision: precision.dtype, chatTemplate: chatTemplate, responseTemplate: template,
+                                               precision: precision.dtype, chatTemplate: chatTemplate,
+                                               chatTemplateContext: chatTemplateContext, responseTemplate: template,
                                                configuration: configuration))
         }
         let server = try VLMServer(models: served, configuration: configuration)

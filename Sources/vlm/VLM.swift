@@ -69,15 +69,36 @@ struct PrecisionOption: ParsableArguments {
 extension MatrixPrecision: ExpressibleByArgument {}
 
 /// `--chat-template FILE`: a chat template in place of the model's own (llama-server's `--chat-template-file`, vLLM's
-/// `--chat-template`).
+/// `--chat-template`), and `--chat-template-kwargs JSON`: variables for it (llama.cpp's `--chat-template-kwargs`).
 struct ChatTemplateOption: ParsableArguments {
     @Option(name: .customLong("chat-template"), help: "A chat template to use instead of the model's own: a Jinja file, or a .json file holding \"chat_template\" (as chat_template.json and tokenizer_config.json hold it). As llama-server's --chat-template-file and vLLM's --chat-template.")
     var file: String?
+
+    @Option(name: .customLong("chat-template-kwargs"), help: "A JSON object of variables for the chat template, as apply_chat_template(**kwargs) takes them and llama.cpp's --chat-template-kwargs gives them, e.g. '{\"enable_thinking\": false}' for Qwen 3 (a request's own chat_template_kwargs override them in vlm serve).")
+    var kwargs: String?
 
     /// The template, read and parsed (before any model is loaded, so that a bad file fails at once).
     func template() throws -> ChatTemplate? {
         try file.map { try ChatTemplate.load(file: URL(fileURLWithPath: $0)) }
     }
+
+    /// --chat-template-kwargs' variables (empty without it); not an object, or one setting what each conversation
+    /// sets itself, is an error.
+    func context() throws -> [String: JSONValue] {
+        guard let kwargs else { return [:] }
+        guard case .object(let pairs) = try? JSONValue(parsing: Data(kwargs.utf8), file: "--chat-template-kwargs") else {
+            throw ChatTemplateKwargsError(reason: "expected a JSON object, got \(kwargs)")
+        }
+        if let reserved = pairs.first(where: { ["messages", "tools", "documents", "add_generation_prompt"].contains($0.0) }) {
+            throw ChatTemplateKwargsError(reason: "'\(reserved.0)' is set by the conversation itself")
+        }
+        return Dictionary(pairs, uniquingKeysWith: { $1 })
+    }
+}
+
+struct ChatTemplateKwargsError: Error, CustomStringConvertible {
+    let reason: String
+    var description: String { "--chat-template-kwargs: \(reason)" }
 }
 
 /// A progress bar on stderr when it is a terminal and the user did not ask for quiet.

