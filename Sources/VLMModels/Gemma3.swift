@@ -83,6 +83,9 @@ public struct Gemma3TextConfig: Decodable, Sendable {
         hiddenSize = try c.value(.hiddenSize, default: 2304)
         intermediateSize = try c.value(.intermediateSize, default: 9216)
         numHiddenLayers = try c.value(.numHiddenLayers, default: 26)
+        guard numHiddenLayers <= LlamaConfig.maximumLayerCount else {
+            throw DecodingError.dataCorruptedError(forKey: .numHiddenLayers, in: c, debugDescription: "num_hidden_layers is \(numHiddenLayers), more than the \(LlamaConfig.maximumLayerCount) any decoder here is built with")
+        }
         numAttentionHeads = try c.value(.numAttentionHeads, default: 8)
         numKeyValueHeads = try c.value(.numKeyValueHeads, default: 4)
         headDim = try c.value(.headDim, default: 256)

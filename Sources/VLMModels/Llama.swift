@@ -93,6 +93,9 @@ public struct RopeParameters: Sendable, Equatable {
 /// transformers' `LlamaConfig`, `MistralConfig`, `Qwen2Config`, `Qwen3Config` or `SmolLM3Config` (by `model_type`),
 /// with that class's defaults.
 public struct LlamaConfig: Decodable, Sendable {
+    /// The most layers a config may declare (published decoders have at most a few hundred).
+    static let maximumLayerCount = 1 << 16
+
     /// The `model_type`s this config and ``LlamaForCausalLM`` read.
     public static let supportedModelTypes = ["llama", "mistral", "qwen2", "qwen3", "smollm3"]
 
@@ -215,6 +218,10 @@ public struct LlamaConfig: Decodable, Sendable {
         hiddenSize = try c.value(.hiddenSize, default: defaults.hiddenSize)
         intermediateSize = try c.value(.intermediateSize, default: defaults.intermediateSize)
         numHiddenLayers = try c.value(.numHiddenLayers, default: defaults.numHiddenLayers)
+        // Per-layer tables are built from the count below: a corrupt count must not become a huge allocation.
+        guard numHiddenLayers <= Self.maximumLayerCount else {
+            throw DecodingError.dataCorruptedError(forKey: .numHiddenLayers, in: c, debugDescription: "num_hidden_layers is \(numHiddenLayers), more than the \(Self.maximumLayerCount) any decoder here is built with")
+        }
         numAttentionHeads = try c.value(.numAttentionHeads, default: defaults.numAttentionHeads)
         numKeyValueHeads = try c.value(.numKeyValueHeads, default: defaults.numKeyValueHeads ?? numAttentionHeads)
         headDim = try c.value(.headDim, default: defaults.headDim ?? (numAttentionHeads > 0 ? hiddenSize / numAttentionHeads : 0))

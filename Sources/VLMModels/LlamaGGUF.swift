@@ -44,6 +44,9 @@ extension LlamaConfig {
         }
         hiddenSize = try requiredInteger("embedding_length")
         numHiddenLayers = try requiredInteger("block_count")
+        guard numHiddenLayers <= Self.maximumLayerCount else {
+            throw invalid("\(architecture).block_count is \(numHiddenLayers), more than the \(Self.maximumLayerCount) any decoder here is built with")
+        }
         numAttentionHeads = try requiredInteger("attention.head_count")
         numKeyValueHeads = try integer("attention.head_count_kv") ?? numAttentionHeads
         intermediateSize = try requiredInteger("feed_forward_length")

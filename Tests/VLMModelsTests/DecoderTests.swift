@@ -262,6 +262,13 @@ func unpaddedRows(_ logits: Tensor, mask: [[Int]]) -> [[Float]] {
                 && smolDefaults.tieWordEmbeddings && smolDefaults.padTokenId == 128004 && smolDefaults.eosTokenIds == [128001]
                 && smolDefaults.slidingWindow == nil)
         #expect(throws: DecodingError.self) { try bare(#"{"model_type": "smollm3", "no_rope_layers": [1, 2]}"#) }
+        // A corrupt layer count is an error, not per-layer tables of that size.
+        for type in ["qwen2", "smollm3"] {
+            #expect(throws: DecodingError.self) { try bare(#"{"model_type": "\#(type)", "num_hidden_layers": 100000000000}"#) }
+        }
+        #expect(throws: DecodingError.self) {
+            try JSONDecoder().decode(Gemma3TextConfig.self, from: Data(#"{"num_hidden_layers": 100000000000}"#.utf8))
+        }
 
         // Gemma3TextConfig: five sliding layers of every six, each kind with its own rotary base; the legacy keys.
         let gemma = try JSONDecoder().decode(Gemma3TextConfig.self, from: Data(#"{"model_type": "gemma3_text"}"#.utf8))
