@@ -268,6 +268,21 @@ def qwen2_tiny_gguf():
     json.dump(expected, open(os.path.join(FIXTURES, "qwen2-tiny.gguf.json"), "w"))
 
 
+def decoding_expectations(model):
+    """What the fully quantized fixtures record beside the prompt's logits: `model`'s greedy continuation of the prompt
+    (no near tie) and its logits at some positions of a 160-token sequence (the prompt, then pseudo-random tokens),
+    long enough that a decoding step's attention splits each head's keys into parts (from 128 keys on)."""
+    prompt = torch.tensor([PROMPTS[0]])
+    new_tokens, margin = greedy(model, prompt, torch.ones_like(prompt), None)
+    assert margin > 1e-3, margin
+    sequence = PROMPTS[0] + torch.randint(3, VOCAB, (160 - len(PROMPTS[0]),), generator=torch.Generator().manual_seed(4)).tolist()
+    positions = [len(PROMPTS[0]), 63, 64, 127, 128, 129, 159]
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([sequence])).logits[0]
+    return dict(new_tokens=new_tokens[0], max_new_tokens=NEW_TOKENS, min_margin=margin, sequence=sequence,
+                positions=positions, position_logits=[logits[p].tolist() for p in positions])
+
+
 def qwen2_mixed_gguf():
     """qwen2-mixed.gguf: a tiny random Qwen2 whose every projection is quantized, each in another 32-element block
     format (so q/k/v and gate/up cannot stack: SwiftVLM's fused decoding step runs them as separate products), q/k/v
@@ -283,15 +298,7 @@ def qwen2_mixed_gguf():
     rounded = write_gguf(model, os.path.join(FIXTURES, "qwen2-mixed.gguf"), "qwen2", types, permute=False, name="qwen2-mixed")
     loaded, expected = gguf_logits(rounded, "qwen2-mixed")
     assert not loaded.config.tie_word_embeddings
-    prompt = torch.tensor([PROMPTS[0]])
-    new_tokens, margin = greedy(loaded, prompt, torch.ones_like(prompt), None)
-    assert margin > 1e-3, margin
-    sequence = PROMPTS[0] + torch.randint(3, VOCAB, (160 - len(PROMPTS[0]),), generator=torch.Generator().manual_seed(4)).tolist()
-    positions = [len(PROMPTS[0]), 63, 64, 127, 128, 129, 159]
-    with torch.no_grad():
-        logits = loaded(input_ids=torch.tensor([sequence])).logits[0]
-    expected.update(new_tokens=new_tokens[0], max_new_tokens=NEW_TOKENS, min_margin=margin, sequence=sequence,
-                    positions=positions, position_logits=[logits[p].tolist() for p in positions])
+    expected.update(decoding_expectations(loaded))
     json.dump(expected, open(os.path.join(FIXTURES, "qwen2-mixed.gguf.json"), "w"))
 
 
@@ -318,15 +325,7 @@ def qwen3_mixed_gguf():
     rounded = write_gguf(model, os.path.join(FIXTURES, "qwen3-mixed.gguf"), "qwen3", types, permute=False, name="qwen3-mixed")
     loaded, expected = gguf_logits(rounded, "qwen3-mixed")
     assert loaded.config.head_dim == 128 and not loaded.config.tie_word_embeddings
-    prompt = torch.tensor([PROMPTS[0]])
-    new_tokens, margin = greedy(loaded, prompt, torch.ones_like(prompt), None)
-    assert margin > 1e-3, margin
-    sequence = PROMPTS[0] + torch.randint(3, VOCAB, (160 - len(PROMPTS[0]),), generator=torch.Generator().manual_seed(4)).tolist()
-    positions = [len(PROMPTS[0]), 63, 64, 127, 128, 129, 159]
-    with torch.no_grad():
-        logits = loaded(input_ids=torch.tensor([sequence])).logits[0]
-    expected.update(new_tokens=new_tokens[0], max_new_tokens=NEW_TOKENS, min_margin=margin, sequence=sequence,
-                    positions=positions, position_logits=[logits[p].tolist() for p in positions])
+    expected.update(decoding_expectations(loaded))
     json.dump(expected, open(os.path.join(FIXTURES, "qwen3-mixed.gguf.json"), "w"))
 
 
@@ -356,17 +355,9 @@ def smollm3_mixed_gguf():
              "mlp.down_proj": Q.Q5_0}
     path = os.path.join(FIXTURES, "smollm3-mixed.gguf")
     rounded = write_gguf(model, path, "smollm3", types, permute=True, name="smollm3-mixed", tokenizer="none")
-    prompt = torch.tensor([PROMPTS[0]])
-    new_tokens, margin = greedy(rounded, prompt, torch.ones_like(prompt), None)
-    assert margin > 1e-3, margin
-    sequence = PROMPTS[0] + torch.randint(3, VOCAB, (160 - len(PROMPTS[0]),), generator=torch.Generator().manual_seed(4)).tolist()
-    positions = [len(PROMPTS[0]), 63, 64, 127, 128, 129, 159]
     with torch.no_grad():
-        logits = rounded(input_ids=torch.tensor([sequence])).logits[0]
-        prompt_logits = rounded(input_ids=prompt).logits[0]
-    expected = dict(input_ids=[PROMPTS[0]], logits=prompt_logits.flatten().tolist(), new_tokens=new_tokens[0],
-                    max_new_tokens=NEW_TOKENS, min_margin=margin, sequence=sequence, positions=positions,
-                    position_logits=[logits[p].tolist() for p in positions])
+        prompt_logits = rounded(input_ids=torch.tensor([PROMPTS[0]])).logits[0]
+    expected = dict(input_ids=[PROMPTS[0]], logits=prompt_logits.flatten().tolist(), **decoding_expectations(rounded))
     json.dump(expected, open(path + ".json", "w"))
 
 
@@ -449,17 +440,9 @@ def gemma3_mixed_gguf():
     loaded = AutoModelForCausalLM.from_pretrained(FIXTURES, gguf_file="gemma3-mixed.gguf", dtype=torch.float32).eval()
     assert type(loaded) is Gemma3ForCausalLM and loaded.config.head_dim == 256 and loaded.config.sliding_window == 4
     assert loaded.config.layer_types == ["sliding_attention"] * 5 + ["full_attention"], loaded.config.layer_types
-    prompt = torch.tensor([PROMPTS[0]])
-    new_tokens, margin = greedy(loaded, prompt, torch.ones_like(prompt), None)
-    assert margin > 1e-3, margin
-    sequence = PROMPTS[0] + torch.randint(3, VOCAB, (160 - len(PROMPTS[0]),), generator=torch.Generator().manual_seed(4)).tolist()
-    positions = [len(PROMPTS[0]), 63, 64, 127, 128, 129, 159]
     with torch.no_grad():
-        logits = loaded(input_ids=torch.tensor([sequence])).logits[0]
-        prompt_logits = loaded(input_ids=prompt).logits[0]
-    expected = dict(input_ids=[PROMPTS[0]], logits=prompt_logits.flatten().tolist(), new_tokens=new_tokens[0],
-                    max_new_tokens=NEW_TOKENS, min_margin=margin, sequence=sequence, positions=positions,
-                    position_logits=[logits[p].tolist() for p in positions])
+        prompt_logits = loaded(input_ids=torch.tensor([PROMPTS[0]])).logits[0]
+    expected = dict(input_ids=[PROMPTS[0]], logits=prompt_logits.flatten().tolist(), **decoding_expectations(loaded))
     json.dump(expected, open(path + ".json", "w"))
 
 

@@ -112,6 +112,23 @@ func layerNormParameters(_ tensor: (String, [Int]) throws -> Tensor, _ prefix: S
     return try (tensor("\(prefix).weight", [size]), tensor("\(prefix).bias", [size]))
 }
 
+/// What a rotary grouped-query decoder's config needs before a model is built from it: positive sizes, a layer count,
+/// query heads in whole groups per key head, an even head width (RoPE rotates pairs); an error naming `file` else.
+func validateRotaryDecoderShape(vocabSize: Int, hiddenSize: Int, intermediateSize: Int, numHiddenLayers: Int,
+                                numAttentionHeads: Int, numKeyValueHeads: Int, headDim: Int, file: String) throws {
+    let counts = [("vocab_size", vocabSize), ("hidden_size", hiddenSize), ("intermediate_size", intermediateSize),
+                  ("num_attention_heads", numAttentionHeads), ("num_key_value_heads", numKeyValueHeads), ("head_dim", headDim)]
+    for (key, value) in counts where value <= 0 {
+        throw ModelError.invalidConfig("\(key) is \(value), expected a positive count", file: file)
+    }
+    guard numHiddenLayers >= 0 else { throw ModelError.invalidConfig("num_hidden_layers is \(numHiddenLayers)", file: file) }
+    guard numAttentionHeads % numKeyValueHeads == 0 else {
+        throw ModelError.invalidConfig(
+            "num_attention_heads \(numAttentionHeads) is not a multiple of num_key_value_heads \(numKeyValueHeads)", file: file)
+    }
+    guard headDim % 2 == 0 else { throw ModelError.invalidConfig("head_dim \(headDim) is odd; RoPE rotates pairs", file: file) }
+}
+
 /// Causal attention in which the query at sequence index `i` (of `keyLength`, the last queries being `query`'s) sees
 /// only keys `i - window + 1 ... i`: transformers' `sliding_window_overlay`. Each query attends to its own run of keys;
 /// a decoding step is one query, so this costs a prefill longer than the window only.

@@ -131,18 +131,9 @@ public struct Gemma3TextConfig: Decodable, Sendable {
 
     /// Checks what the model needs to be built at all, so that a bad config is an error rather than a crash.
     func validate(file: String) throws {
-        let counts = [("vocab_size", vocabSize), ("hidden_size", hiddenSize), ("intermediate_size", intermediateSize),
-                      ("num_attention_heads", numAttentionHeads), ("num_key_value_heads", numKeyValueHeads),
-                      ("head_dim", headDim)]
-        for (key, value) in counts where value <= 0 {
-            throw ModelError.invalidConfig("\(key) is \(value), expected a positive count", file: file)
-        }
-        guard numHiddenLayers >= 0 else { throw ModelError.invalidConfig("num_hidden_layers is \(numHiddenLayers)", file: file) }
-        guard numAttentionHeads % numKeyValueHeads == 0 else {
-            throw ModelError.invalidConfig(
-                "num_attention_heads \(numAttentionHeads) is not a multiple of num_key_value_heads \(numKeyValueHeads)", file: file)
-        }
-        guard headDim % 2 == 0 else { throw ModelError.invalidConfig("head_dim \(headDim) is odd; RoPE rotates pairs", file: file) }
+        try validateRotaryDecoderShape(vocabSize: vocabSize, hiddenSize: hiddenSize, intermediateSize: intermediateSize,
+                                       numHiddenLayers: numHiddenLayers, numAttentionHeads: numAttentionHeads,
+                                       numKeyValueHeads: numKeyValueHeads, headDim: headDim, file: file)
         guard queryPreAttnScalar > 0 else {
             throw ModelError.invalidConfig("query_pre_attn_scalar is \(queryPreAttnScalar), expected a positive number", file: file)
         }

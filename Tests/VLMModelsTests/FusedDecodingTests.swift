@@ -48,18 +48,24 @@ struct FusedDecodingTests {
     @Test(arguments: fixtures)
     func decodingStepsMatchTransformers(_ file: URL) throws {
         let expected = try Self.expected(file)
-        let model = try LlamaForCausalLM(gguf: file)
-        let prompt = expected.input_ids[0]
-        let cache = try model.makeCache(batch: 1, capacity: expected.sequence.count)
+        try Self.expectDecodingSteps(of: try LlamaForCausalLM(gguf: file), prompt: expected.input_ids[0],
+                                     sequence: expected.sequence, positions: expected.positions,
+                                     logits: expected.position_logits, name: file.lastPathComponent)
+    }
+
+    /// `model` run one token at a time after `prompt` over `sequence`: at `positions`, within 1e-4 of `logits`.
+    static func expectDecodingSteps(of model: any CausalLanguageModel, prompt: [Int], sequence: [Int], positions: [Int],
+                                    logits expected: [[Float]], name: String) throws {
+        let cache = try model.makeCache(batch: 1, capacity: sequence.count)
         var logits = try model.logits(inputIds: [prompt], cache: cache, lastPositionOnly: true)
         var checked = 0
-        for position in (prompt.count - 1)..<expected.sequence.count {
-            if position >= prompt.count { logits = try model.logits(inputIds: [[expected.sequence[position]]], cache: cache) }
-            guard let index = expected.positions.firstIndex(of: position) else { continue }
-            #expect(maxDifference(logits.scalars, expected.position_logits[index]) < 1e-4, "\(file.lastPathComponent) position \(position)")
+        for position in (prompt.count - 1)..<sequence.count {
+            if position >= prompt.count { logits = try model.logits(inputIds: [[sequence[position]]], cache: cache) }
+            guard let index = positions.firstIndex(of: position) else { continue }
+            #expect(maxDifference(logits.scalars, expected[index]) < 1e-4, "\(name) position \(position)")
             checked += 1
         }
-        #expect(checked == expected.positions.count)
+        #expect(checked == positions.count)
     }
 
     @Test(arguments: fixtures)

@@ -41,18 +41,10 @@ import VLMModels
     /// One token at a time over the cache: the sliding layers' window moves past the prompt, the full layer sees all.
     @Test func decodingStepsMatchTransformers() throws {
         let expected = try Self.expected.get()
-        let model = try Gemma3ForCausalLM(gguf: GGUFFile(url: Self.url))
-        let prompt = expected.input_ids[0]
-        let cache = try model.makeCache(batch: 1, capacity: expected.sequence.count)
-        var logits = try model.logits(inputIds: [prompt], cache: cache, lastPositionOnly: true)
-        var checked = 0
-        for position in (prompt.count - 1)..<expected.sequence.count {
-            if position >= prompt.count { logits = try model.logits(inputIds: [[expected.sequence[position]]], cache: cache) }
-            guard let index = expected.positions.firstIndex(of: position) else { continue }
-            #expect(maxDifference(logits.scalars, expected.position_logits[index]) < 1e-4, "position \(position)")
-            checked += 1
-        }
-        #expect(checked == expected.positions.count)
+        try FusedDecodingTests.expectDecodingSteps(of: try Gemma3ForCausalLM(gguf: GGUFFile(url: Self.url)),
+                                                   prompt: expected.input_ids[0], sequence: expected.sequence,
+                                                   positions: expected.positions, logits: expected.position_logits,
+                                                   name: "gemma3-mixed.gguf")
     }
 
     @Test func greedyContinuationMatchesTransformers() throws {
