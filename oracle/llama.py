@@ -137,6 +137,16 @@ def llama_cpp_permute(weights, heads):
     return weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
 
 
+def add_shape(writer, config):
+    """The metadata every converter writes for a decoder's shape."""
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+
+
 def write_gguf(model, path, arch, types, permute, name=None, tokenizer=None):
     """Writes `model` as llama.cpp's converter would for `arch`: its metadata keys, GGUF tensor names, the ggml type
     `types` gives each HF module (F32 for norms and biases, which the converter never quantizes), and Q/K rows
@@ -148,12 +158,7 @@ def write_gguf(model, path, arch, types, permute, name=None, tokenizer=None):
     writer = gguf.GGUFWriter(path, arch=arch)
     if name is not None:
         writer.add_name(name)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
+    add_shape(writer, config)
     writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
@@ -376,12 +381,7 @@ def write_gemma3_gguf(model, path, types, name, tokenizer=None):
              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
     writer = gguf.GGUFWriter(path, arch="gemma3")
     writer.add_name(name)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
+    add_shape(writer, config)
     writer.add_key_length(config.head_dim)
     writer.add_value_length(config.head_dim)
     writer.add_rope_freq_base(config.rope_parameters["full_attention"]["rope_theta"])

@@ -79,64 +79,62 @@ def make_checkpoint(directory, family="qwen2"):
     return tokenizer
 
 
-def qwen3():
-    name = "qwen3-chatml"
+def assistant_only_run(name, family, model_class):
+    """The checkpoint `name` of `family` made afresh, the batch laid out by its chat template (labels on the assistant
+    tokens), Trainer's steps over it, and the first step's gradients and the trained tensors saved; returns the
+    tokenizer, the batch and the run."""
     torch.manual_seed(0)
     out = os.path.join(FIXTURES, "sft")
     directory = os.path.join(out, name)
     shutil.rmtree(directory, ignore_errors=True)
-    tokenizer = make_checkpoint(directory, "qwen3")
+    tokenizer = make_checkpoint(directory, family)
     tokenizer.padding_side = "right"
     inputs = tokenizer.apply_chat_template(CONVERSATIONS, tokenize=True, return_dict=True, padding=True,
                                            return_tensors="pt", return_assistant_tokens_mask=True)
     ids, attention = inputs["input_ids"], inputs["attention_mask"]
     labels = torch.where((inputs["assistant_masks"] == 1) & (attention == 1), ids, torch.full_like(ids, -100))
-    model = Qwen3ForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    model = model_class.from_pretrained(directory, dtype=torch.float32)
     model.train()
     run = trainer_steps(model, directory, dict(input_ids=ids, attention_mask=attention), labels, SETTINGS)
-    trained, decay, rename = run["trained"], run["decay"], run["rename"]
+    rename = run["rename"]
     tensors = {f"gradient.{rename(n)}": g for n, g in run["first_gradients"].items()}
-    tensors.update({f"trained.{rename(n)}": p.detach().clone() for n, p in trained.items()})
+    tensors.update({f"trained.{rename(n)}": p.detach().clone() for n, p in run["trained"].items()})
     save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(out, f"{name}.safetensors"))
-    with open(os.path.join(out, f"{name}.json"), "w") as f:
-        json.dump(dict(settings=SETTINGS, input_ids=ids.tolist(), attention_mask=attention.tolist(), labels=labels.tolist(),
-                       losses=run["losses"], gradient_norms=run["norms"], final_loss=run["final_loss"],
-                       trained=sorted(rename(n) for n in trained), decayed=sorted(rename(n) for n in trained if n in decay)),
-                  f, indent=1)
     print(name, "losses", [round(x, 5) for x in run["losses"]], "final", round(run["final_loss"], 5),
-          "norms", [round(x, 4) for x in run["norms"]], "tensors", len(trained))
+          "norms", [round(x, 4) for x in run["norms"]], "tensors", len(run["trained"]))
+    return tokenizer, inputs, labels, run
+
+
+def run_record(run, inputs, labels, tokenizer=None):
+    """The run's record; with the tokenizer, also the conversations, their renderings and the assistant masks."""
+    trained, decay, rename = run["trained"], run["decay"], run["rename"]
+    fields = dict(settings=SETTINGS)
+    if tokenizer is not None:
+        fields.update(conversations=CONVERSATIONS, texts=tokenizer.apply_chat_template(CONVERSATIONS, tokenize=False))
+    fields.update(input_ids=inputs["input_ids"].tolist(), attention_mask=inputs["attention_mask"].tolist())
+    if tokenizer is not None:
+        fields.update(assistant_masks=inputs["assistant_masks"].tolist())
+    fields.update(labels=labels.tolist(), losses=run["losses"], gradient_norms=run["norms"], final_loss=run["final_loss"],
+                  trained=sorted(rename(n) for n in trained), decayed=sorted(rename(n) for n in trained if n in decay))
+    return fields
+
+
+def qwen3():
+    name = "qwen3-chatml"
+    _, inputs, labels, run = assistant_only_run(name, "qwen3", Qwen3ForCausalLM)
+    with open(os.path.join(FIXTURES, "sft", f"{name}.json"), "w") as f:
+        json.dump(run_record(run, inputs, labels), f, indent=1)
 
 
 def main():
     if sys.argv[1:] == ["qwen3"]:
         return qwen3()
-    torch.manual_seed(0)
+    tokenizer, inputs, labels, run = assistant_only_run(NAME, "qwen2", Qwen2ForCausalLM)
     out = os.path.join(FIXTURES, "sft")
     directory = os.path.join(out, NAME)
-    shutil.rmtree(directory, ignore_errors=True)
-    tokenizer = make_checkpoint(directory)
-    tokenizer.padding_side = "right"
-    inputs = tokenizer.apply_chat_template(CONVERSATIONS, tokenize=True, return_dict=True, padding=True,
-                                           return_tensors="pt", return_assistant_tokens_mask=True)
-    ids, attention = inputs["input_ids"], inputs["attention_mask"]
-    labels = torch.where((inputs["assistant_masks"] == 1) & (attention == 1), ids, torch.full_like(ids, -100))
-    model = Qwen2ForCausalLM.from_pretrained(directory, dtype=torch.float32)
-    model.train()
-    run = trainer_steps(model, directory, dict(input_ids=ids, attention_mask=attention), labels, SETTINGS)
-    trained, decay, rename = run["trained"], run["decay"], run["rename"]
-    tensors = {f"gradient.{rename(n)}": g for n, g in run["first_gradients"].items()}
-    tensors.update({f"trained.{rename(n)}": p.detach().clone() for n, p in trained.items()})
-    save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(out, f"{NAME}.safetensors"))
     with open(os.path.join(out, f"{NAME}.json"), "w") as f:
-        json.dump(dict(settings=SETTINGS, conversations=CONVERSATIONS,
-                       texts=tokenizer.apply_chat_template(CONVERSATIONS, tokenize=False),
-                       input_ids=ids.tolist(), attention_mask=attention.tolist(),
-                       assistant_masks=inputs["assistant_masks"].tolist(), labels=labels.tolist(),
-                       losses=run["losses"], gradient_norms=run["norms"], final_loss=run["final_loss"],
-                       trained=sorted(rename(n) for n in trained), decayed=sorted(rename(n) for n in trained if n in decay)),
-                  f, indent=1)
-    print(NAME, "losses", [round(x, 5) for x in run["losses"]], "final", round(run["final_loss"], 5),
-          "norms", [round(x, 4) for x in run["norms"]], "tensors", len(trained))
+        json.dump(run_record(run, inputs, labels, tokenizer), f, indent=1)
+    ids, attention = inputs["input_ids"], inputs["attention_mask"]
 
     every_token = torch.where(attention == 1, ids, torch.full_like(ids, -100))
     model = Qwen2ForCausalLM.from_pretrained(directory, dtype=torch.float32)
