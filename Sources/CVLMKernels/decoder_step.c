@@ -182,6 +182,7 @@ static void run_attention(step_run *run, const vlm_decoder_layer *layer, atomic_
         float *head_keys = keys + head * s->capacity * hd, *head_values = values + head * s->capacity * hd;
         const ptrdiff_t first = part * run->part_length;
         const ptrdiff_t count = run->part_length < key_length - first ? run->part_length : key_length - first;
+        const float *cos = layer->local_rotary ? s->local_cos : s->cos, *sin = layer->local_rotary ? s->local_sin : s->sin;
         if (first + count == key_length) {
             const float *key = k + head * hd;
             if (layer->key_norm) {
@@ -189,7 +190,7 @@ static void run_attention(step_run *run, const vlm_decoder_layer *layer, atomic_
                 key = t->key;
             }
             if (layer->unrotated) memcpy(head_keys + s->position * hd, key, (size_t)hd * sizeof(float));
-            else vlm_rotate_half(key, 1, 1, hd, s->cos, s->sin, head_keys + s->position * hd);
+            else vlm_rotate_half(key, 1, 1, hd, cos, sin, head_keys + s->position * hd);
             memcpy(head_values + s->position * hd, v + head * hd, (size_t)hd * sizeof(float));
         }
         const float *query = q + head * group * hd;
@@ -201,7 +202,7 @@ static void run_attention(step_run *run, const vlm_decoder_layer *layer, atomic_
         if (layer->unrotated) {
             if (query != t->query) memcpy(t->query, query, (size_t)(group * hd) * sizeof(float));
         } else {
-            vlm_rotate_half(query, 1, group, hd, s->cos, s->sin, t->query);
+            vlm_rotate_half(query, 1, group, hd, cos, sin, t->query);
         }
         const vlm_attention_problem problem = {
             .query = t->query, .key = head_keys, .value = head_values, .query_stride = hd, .key_stride = hd,
@@ -214,10 +215,17 @@ static void run_attention(step_run *run, const vlm_decoder_layer *layer, atomic_
     }
 }
 
-/// silu(gate) · up as the layer-by-layer path forms it: the gated-activation kernel on a stacked product, the
-/// scalar silu of the gate's epilogue times up where gate and up are separate products.
+/// GELU's tanh approximation as the layer-by-layer path computes it (Activation.geluTanh), operation for operation.
+static float gelu_tanh(float x) { return 0.5f * x * (1 + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x))); }
+
+/// silu(gate) · up (or gelu(gate) · up) as the layer-by-layer path forms it: the gated-activation kernel on a stacked
+/// SiLU product, the scalar activation of the gate's epilogue times up otherwise.
 static void gated_activation(const step_run *run, const vlm_decoder_layer *layer, float *gated) {
     const ptrdiff_t width = run->step->intermediate_size;
+    if (layer->gelu_gate) {
+        for (ptrdiff_t i = 0; i < width; i++) gated[i] = gelu_tanh(run->gate_up[i]) * run->gate_up[width + i];
+        return;
+    }
     if (layer->gate_up_products == 1) {
         vlm_gated_silu(run->gate_up, 1, width, gated, run->isa);
         return;
@@ -226,6 +234,15 @@ static void gated_activation(const step_run *run, const vlm_decoder_layer *layer
         const float gate = run->gate_up[i];
         gated[i] = gate / (1 + expf(-gate)) * run->gate_up[width + i];
     }
+}
+
+/// A product's output (`run->product`) through a norm of its own, added to this thread's share of the hidden state,
+/// as Gemma adds its attention's and MLP's outputs; each thread norms the whole row itself.
+static void add_normed_product(step_run *run, const float *norm, float *normed, int thread, int threads) {
+    const vlm_decoder_step *s = run->step;
+    vlm_rms_norm(run->product, norm, 1, s->hidden_size, s->eps, normed);
+    const ptrdiff_t start = s->hidden_size * thread / threads, end = s->hidden_size * (thread + 1) / threads;
+    for (ptrdiff_t i = start; i < end; i++) s->hidden[i] = s->hidden[i] + normed[i];
 }
 
 static void run_step(void *context, int thread, int threads) {
@@ -250,8 +267,13 @@ static void run_step(void *context, int thread, int threads) {
         vlm_attention_merge(run->maxima, run->sums, run->partials, s->key_heads, s->parts, run->group, s->head_dim,
                             t->attended);
         vlm_quant_activation(t->attended, width, t->activation);
-        run_products(run, &layer->output, 1, t->activation, run->product, ADD_TO_HIDDEN, thread, threads);
+        run_products(run, &layer->output, 1, t->activation, run->product,
+                     layer->attention_output_norm ? WRITE : ADD_TO_HIDDEN, thread, threads);
         vlm_parallel_barrier();
+        if (layer->attention_output_norm) {
+            add_normed_product(run, layer->attention_output_norm, t->normed, thread, threads);
+            vlm_parallel_barrier();
+        }
         vlm_rms_norm(s->hidden, layer->post_attention_norm, 1, s->hidden_size, s->eps, t->normed);
         vlm_quant_activation(t->normed, s->hidden_size, t->activation);
         run_products(run, layer->gate_up, layer->gate_up_products, t->activation, run->gate_up, WRITE,
@@ -259,8 +281,13 @@ static void run_step(void *context, int thread, int threads) {
         vlm_parallel_barrier();
         gated_activation(run, layer, t->gated);
         vlm_quant_activation(t->gated, s->intermediate_size, t->activation);
-        run_products(run, &layer->down, 1, t->activation, run->product, ADD_TO_HIDDEN, thread, threads);
+        run_products(run, &layer->down, 1, t->activation, run->product, layer->mlp_output_norm ? WRITE : ADD_TO_HIDDEN,
+                     thread, threads);
         vlm_parallel_barrier();
+        if (layer->mlp_output_norm) {
+            add_normed_product(run, layer->mlp_output_norm, t->normed, thread, threads);
+            vlm_parallel_barrier();
+        }
     }
     if (!s->head.packed) {
         if (thread == 0) vlm_rms_norm(s->hidden, s->final_norm, 1, s->hidden_size, s->eps, s->hidden);

@@ -52,6 +52,9 @@ public struct Gemma3TextConfig: Decodable, Sendable {
         layerTypes[index] == "sliding_attention" ? slidingWindow : nil
     }
 
+    /// Attention scores' scale, query_pre_attn_scalar^-½ in fp32.
+    var attentionScale: Float { Float(pow(queryPreAttnScalar, -0.5)) }
+
     enum CodingKeys: String, CodingKey {
         case vocabSize = "vocab_size", hiddenSize = "hidden_size", intermediateSize = "intermediate_size"
         case numHiddenLayers = "num_hidden_layers", numAttentionHeads = "num_attention_heads"
@@ -221,6 +224,8 @@ public final class Gemma3ForCausalLM: CausalLanguageModel, @unchecked Sendable {
     /// √hidden_size in fp32, the factor token embeddings are scaled by.
     let embeddingScale: Float
     let fullAttentionFrequencies: [Float], slidingAttentionFrequencies: [Float]
+    /// Decoding steps of one sequence in one parallel region, where every product is quantized and packed.
+    let fusedStep: FusedDecoderStep?
 
     /// Builds the model from `config` and a source of weights by Hugging Face name, each of the given shape: `matrix`
     /// gives the embedding table and the projections (quantized ones stay quantized); without it they are `tensor`'s.
@@ -245,6 +250,17 @@ public final class Gemma3ForCausalLM: CausalLanguageModel, @unchecked Sendable {
             try Gemma3DecoderLayer(config: config, tensor: tensor, matrix: matrix, prefix: "model.layers.\($0)")
         }
         norm = gemmaNormWeight(try tensor("model.norm.weight", [config.hiddenSize]))
+        fusedStep = activation == .geluTanh ? FusedDecoderStep(
+            layers: layers.enumerated().map { index, layer in
+                .init(inputNorm: layer.inputNorm, postAttentionNorm: layer.preFeedforwardNorm,
+                      attention: layer.queryKeyValue.linears, queryNorm: layer.queryNorm, keyNorm: layer.keyNorm,
+                      localRotary: config.layerTypes[index] == "sliding_attention",
+                      attentionOutputNorm: layer.postAttentionNorm, mlpOutputNorm: layer.postFeedforwardNorm,
+                      geluGate: true, output: layer.output, gateUp: layer.gateUp.linears, down: layer.down)
+            },
+            finalNorm: norm, head: lmHead, hiddenSize: config.hiddenSize, heads: config.numAttentionHeads,
+            keyHeads: config.numKeyValueHeads, headDim: config.headDim, intermediateSize: config.intermediateSize,
+            eps: config.rmsNormEps, scale: config.attentionScale) : nil
     }
 
     /// Loads config.json and the safetensors weights of a checkpoint directory whose `model_type` is `gemma3_text`.
@@ -277,14 +293,34 @@ public final class Gemma3ForCausalLM: CausalLanguageModel, @unchecked Sendable {
 
     public func logits(inputsEmbeds: Tensor, attentionMask: [[Int]]? = nil, positionIds: [[Int]]? = nil,
                        cache: KVCache? = nil, lastPositionOnly: Bool = false) throws -> Tensor {
+        try logits(inputsEmbeds: inputsEmbeds, attentionMask: attentionMask, positionIds: positionIds, cache: cache,
+                   lastPositionOnly: lastPositionOnly, fusing: true)
+    }
+
+    /// `fusing` false keeps decoding steps on the layer-by-layer path (tests compare the two).
+    func logits(inputsEmbeds: Tensor, attentionMask: [[Int]]?, positionIds: [[Int]]?, cache: KVCache?,
+                lastPositionOnly: Bool, fusing: Bool) throws -> Tensor {
         let pass = try DecoderPass(inputsEmbeds: inputsEmbeds, width: config.hiddenSize, attentionMask: attentionMask,
                                    cache: cache, layers: layers.count, cacheWidth: config.numKeyValueHeads * config.headDim)
-        var hidden = try hiddenStates(inputsEmbeds: inputsEmbeds, pass: pass, positionIds: positionIds, cache: cache)
-        if lastPositionOnly, pass.length > 1 {
-            hidden = gatherTokens(hidden, positions: Array(repeating: pass.length - 1, count: pass.batch))
-                .reshaped([pass.batch, 1, config.hiddenSize])
+        let logits: Tensor
+        if fusing, let step = fusedStep, let cache, pass.keyPaddingMask == nil, pass.batch == 1, pass.length == 1,
+           cache.heads == config.numKeyValueHeads,
+           (0..<layers.count).allSatisfy({ config.attentionWindow(layer: $0).map { cache.length + 1 <= $0 } ?? true }) {
+            let position = try pass.positions(positionIds, below: 1 << 24)[0]
+            let full = rotaryTables(positions: position, inverseFrequencies: fullAttentionFrequencies)
+            let output = step(embedding: inputsEmbeds, keys: cache.keys, values: cache.values, capacity: cache.capacity,
+                              position: cache.length, cos: full.cos, sin: full.sin,
+                              local: rotaryTables(positions: position, inverseFrequencies: slidingAttentionFrequencies))
+            cache.advance(by: 1)
+            logits = step.vocabularySize == nil ? lmHead(output) : output
+        } else {
+            var hidden = try hiddenStates(inputsEmbeds: inputsEmbeds, pass: pass, positionIds: positionIds, cache: cache)
+            if lastPositionOnly, pass.length > 1 {
+                hidden = gatherTokens(hidden, positions: Array(repeating: pass.length - 1, count: pass.batch))
+                    .reshaped([pass.batch, 1, config.hiddenSize])
+            }
+            logits = lmHead(hidden)
         }
-        let logits = lmHead(hidden)
         guard let cap = config.finalLogitSoftcapping.map(Float.init) else { return logits }
         // Gemma 2's soft cap, as transformers computes it: divide, tanh, multiply.
         let pointer = logits.storage.pointer
@@ -328,7 +364,7 @@ public final class Gemma3ForCausalLM: CausalLanguageModel, @unchecked Sendable {
             cache.store(layer: index, key: key, value: projected[2])
             (keys, values, layout) = (cache.keys[index], cache.values[index], cache.layout)
         }
-        let scale = Float(pow(config.queryPreAttnScalar, -0.5))
+        let scale = config.attentionScale
         let keyLength = pass.past + pass.length
         let attended: Tensor
         if let window = config.attentionWindow(layer: index), keyLength > window {

@@ -2,7 +2,8 @@ internal import CVLMKernels
 
 /// One decoding step (one new token of one sequence) of a pre-norm decoder with RMSNorm, rotary grouped-query
 /// attention over a head-major KV cache and a SiLU-gated MLP (Llama, Mistral, Qwen2; Qwen3 with its query and key
-/// heads normalized; SmolLM3 with layers that do not rotate) whose products are all
+/// heads normalized; SmolLM3 with layers that do not rotate; Gemma 3 with its output norms, GELU gating and local
+/// rotary tables) whose products are all
 /// GGUF-quantized, run as one parallel region in which the threads meet at barriers between stages
 /// (vlm_decoder_step in vlm_kernels.h). It computes what the layer-by-layer path computes, bit for bit, without a
 /// region per product and the serial work between them.
@@ -16,16 +17,28 @@ package final class FusedDecoderStep: @unchecked Sendable {
         package let queryNorm: Tensor?, keyNorm: Tensor?
         /// Whether queries and keys are rotated by position (not in SmolLM3's NoPE layers).
         package let rotatesPositions: Bool
+        /// Whether they rotate by the step's local table (Gemma 3's sliding layers).
+        package let localRotary: Bool
+        /// Gemma's norms of the attention's and the MLP's outputs, `[hiddenSize]`, or nil.
+        package let attentionOutputNorm: Tensor?, mlpOutputNorm: Tensor?
+        /// GELU (tanh) gating instead of SiLU.
+        package let geluGate: Bool
         package let output: Linear
         /// gate and up, or one layer stacking them.
         package let gateUp: [Linear]
         package let down: Linear
 
+        /// `postAttentionNorm` is the norm before the MLP (Llama's post_attention_layernorm, Gemma's
+        /// pre_feedforward_layernorm).
         package init(inputNorm: Tensor, postAttentionNorm: Tensor, attention: [Linear], queryNorm: Tensor? = nil,
-                     keyNorm: Tensor? = nil, rotatesPositions: Bool = true, output: Linear, gateUp: [Linear], down: Linear) {
+                     keyNorm: Tensor? = nil, rotatesPositions: Bool = true, localRotary: Bool = false,
+                     attentionOutputNorm: Tensor? = nil, mlpOutputNorm: Tensor? = nil, geluGate: Bool = false,
+                     output: Linear, gateUp: [Linear], down: Linear) {
             (self.inputNorm, self.postAttentionNorm, self.attention, self.output, self.gateUp, self.down) =
                 (inputNorm, postAttentionNorm, attention, output, gateUp, down)
             (self.queryNorm, self.keyNorm, self.rotatesPositions) = (queryNorm, keyNorm, rotatesPositions)
+            (self.localRotary, self.attentionOutputNorm, self.mlpOutputNorm, self.geluGate) =
+                (localRotary, attentionOutputNorm, mlpOutputNorm, geluGate)
         }
     }
 
@@ -37,6 +50,8 @@ package final class FusedDecoderStep: @unchecked Sendable {
     /// The head's output width, or nil where the step ends with the final norm (the head is not packed).
     package let vocabularySize: Int?
     private let eps: Float
+    /// Attention scores' scale (1/√headDim, or Gemma's query_pre_attn_scalar^-½).
+    private let scale: Float
     private let descriptors: [vlm_decoder_layer]
     private let head: vlm_decoder_product?
     /// What the descriptors point into.
@@ -45,7 +60,7 @@ package final class FusedDecoderStep: @unchecked Sendable {
     /// Nil unless every product of `layers` decodes on the packed quantized products here and has the widths the
     /// geometry gives. A `head` that does not is left to the caller, after the step's final norm.
     package init?(layers: [Layer], finalNorm: Tensor, head: Linear, hiddenSize: Int, heads: Int, keyHeads: Int,
-                  headDim: Int, intermediateSize: Int, eps: Float) {
+                  headDim: Int, intermediateSize: Int, eps: Float, scale: Float? = nil) {
         let width = heads * headDim, keyWidth = keyHeads * headDim
         guard Self.isSupported, !layers.isEmpty, heads > 0, keyHeads > 0, heads % keyHeads == 0, headDim % 2 == 0,
               finalNorm.shape == [hiddenSize] else { return nil }
@@ -66,6 +81,7 @@ package final class FusedDecoderStep: @unchecked Sendable {
             guard layer.inputNorm.shape == [hiddenSize], layer.postAttentionNorm.shape == [hiddenSize],
                   (layer.queryNorm == nil) == (layer.keyNorm == nil),
                   [layer.queryNorm, layer.keyNorm].allSatisfy({ $0 == nil || $0!.shape == [headDim] }),
+                  [layer.attentionOutputNorm, layer.mlpOutputNorm].allSatisfy({ $0 == nil || $0!.shape == [hiddenSize] }),
                   (1...3).contains(layer.attention.count), (1...2).contains(layer.gateUp.count),
                   let attention = products(layer.attention, inFeatures: hiddenSize, outFeatures: width + 2 * keyWidth),
                   let output = products([layer.output], inFeatures: width, outFeatures: hiddenSize),
@@ -80,6 +96,10 @@ package final class FusedDecoderStep: @unchecked Sendable {
             descriptor.query_norm = layer.queryNorm.map { UnsafePointer($0.storage.pointer) }
             descriptor.key_norm = layer.keyNorm.map { UnsafePointer($0.storage.pointer) }
             descriptor.unrotated = layer.rotatesPositions ? 0 : 1
+            descriptor.local_rotary = layer.localRotary ? 1 : 0
+            descriptor.attention_output_norm = layer.attentionOutputNorm.map { UnsafePointer($0.storage.pointer) }
+            descriptor.mlp_output_norm = layer.mlpOutputNorm.map { UnsafePointer($0.storage.pointer) }
+            descriptor.gelu_gate = layer.geluGate ? 1 : 0
             descriptor.output = output[0]
             Self.place(gateUp, in: &descriptor.gate_up)
             descriptor.gate_up_products = gateUp.count
@@ -90,6 +110,7 @@ package final class FusedDecoderStep: @unchecked Sendable {
         vocabularySize = self.head == nil ? nil : head.outFeatures
         (self.hiddenSize, self.heads, self.keyHeads, self.headDim, self.intermediateSize, self.eps) =
             (hiddenSize, heads, keyHeads, headDim, intermediateSize, eps)
+        self.scale = scale ?? 1 / Float(headDim).squareRoot()
         self.descriptors = descriptors
         (self.layers, self.finalNorm, headLayer) = (layers, finalNorm, head)
     }
@@ -106,13 +127,16 @@ package final class FusedDecoderStep: @unchecked Sendable {
     }
 
     /// Runs the step for the token `embedding` (`hiddenSize` floats) at cache position `position`, whose rotary
-    /// angles' cosines and sines (`headDim / 2` each) are `cos` and `sin`: stores its key and value in `keys` and
+    /// angles' cosines and sines (`headDim / 2` each) are `cos` and `sin` (`local` for the layers with a local
+    /// table): stores its key and value in `keys` and
     /// `values` (per layer `[keyHeads·capacity, headDim]`, head-major) and attends to positions `0 ... position`.
     /// Returns the logits `[1, 1, vocabularySize]`, or without a head the final norm's output `[1, 1, hiddenSize]`.
     package func callAsFunction(embedding: Tensor, keys: [Tensor], values: [Tensor], capacity: Int, position: Int,
-                                cos: Tensor, sin: Tensor) -> Tensor {
+                                cos: Tensor, sin: Tensor, local: (cos: Tensor, sin: Tensor)? = nil) -> Tensor {
+        let local = local ?? (cos, sin)
         precondition(embedding.count == hiddenSize && keys.count == descriptors.count && values.count == keys.count
                      && position >= 0 && position < capacity && cos.count == headDim / 2 && sin.count == headDim / 2
+                     && local.cos.count == headDim / 2 && local.sin.count == headDim / 2
                      && keys.allSatisfy { $0.count >= keyHeads * capacity * headDim }
                      && values.allSatisfy { $0.count >= keyHeads * capacity * headDim },
                      "a fused decoding step at position \(position) of \(capacity) got mismatched inputs")
@@ -125,7 +149,7 @@ package final class FusedDecoderStep: @unchecked Sendable {
         (step.hidden_size, step.heads, step.key_heads, step.head_dim, step.intermediate_size) =
             (hiddenSize, heads, keyHeads, headDim, intermediateSize)
         step.eps = eps
-        step.scale = 1 / Float(headDim).squareRoot()
+        step.scale = scale
         step.final_norm = UnsafePointer(finalNorm.storage.pointer)
         step.head = head ?? vlm_decoder_product()
         step.capacity = capacity
@@ -133,6 +157,8 @@ package final class FusedDecoderStep: @unchecked Sendable {
         step.parts = decodingAttentionParts(keyLength: position + 1, units: keyHeads)
         step.cos = UnsafePointer(cos.storage.pointer)
         step.sin = UnsafePointer(sin.storage.pointer)
+        step.local_cos = UnsafePointer(local.cos.storage.pointer)
+        step.local_sin = UnsafePointer(local.sin.storage.pointer)
         step.hidden = hidden.storage.pointer
         step.logits = logits?.storage.pointer
         let scratch = Tensor(uninitialized: [vlm_decoder_step_scratch_floats(&step)])
@@ -148,7 +174,7 @@ package final class FusedDecoderStep: @unchecked Sendable {
             }
         }
         precondition(status == 0, "out of memory for a decoding step's scratch")
-        withExtendedLifetime((keys, values, scratch, self)) {}
+        withExtendedLifetime((keys, values, scratch, self, local)) {}
         return logits ?? hidden
     }
 }

@@ -77,17 +77,21 @@ struct FusedDecodingTests {
     /// Each step's logits and the keys and values it stores, fused and layer by layer, are the same floats.
     static func expectFusedStepsEqualLayerByLayer(_ model: LlamaForCausalLM, tokens: [Int], promptLength: Int) throws {
         #expect(model.fusedStep != nil)
+        try expectFusedStepsEqualLayerByLayer(model, tokens: tokens, promptLength: promptLength) {
+            try model.logits(inputsEmbeds: $0, attentionMask: nil, positionIds: nil, cache: $1, lastPositionOnly: false, fusing: $2)
+        }
+    }
+
+    /// The same for any model, `logits(embedding, cache, fusing)` one step of it.
+    static func expectFusedStepsEqualLayerByLayer(_ model: any CausalLanguageModel, tokens: [Int], promptLength: Int,
+                                                  logits: (Tensor, KVCache, Bool) throws -> Tensor) throws {
         let caches = try (0..<2).map { _ in try model.makeCache(batch: 1, capacity: tokens.count) }
         for cache in caches {
             _ = try model.logits(inputIds: [Array(tokens[..<promptLength])], cache: cache, lastPositionOnly: true)
         }
         for position in promptLength..<tokens.count {
             let embedding = try model.embed([[tokens[position]]])
-            let (fused, layered) = try (
-                model.logits(inputsEmbeds: embedding, attentionMask: nil, positionIds: nil, cache: caches[0],
-                             lastPositionOnly: false, fusing: true),
-                model.logits(inputsEmbeds: embedding, attentionMask: nil, positionIds: nil, cache: caches[1],
-                             lastPositionOnly: false, fusing: false))
+            let (fused, layered) = try (logits(embedding, caches[0], true), logits(embedding, caches[1], false))
             #expect(fused.shape == layered.shape)
             guard fused.scalars == layered.scalars else {
                 Issue.record("position \(position): fused logits differ by up to \(maxDifference(fused.scalars, layered.scalars))")

@@ -1,7 +1,8 @@
 import Foundation
 import Testing
 import VLMCheckpoint
-import VLMModels
+@testable import VLMModels
+import VLMTensor
 
 /// gemma3-mixed.gguf (oracle/llama.py): a tiny random Gemma 3 written as llama.cpp's converter writes one (norms
 /// stored plus one, six layers of which the sixth attends fully, a 4-token window, every projection quantized in
@@ -53,5 +54,18 @@ import VLMModels
         let output = try model.generate(inputIds: expected.input_ids,
                                         options: GenerationOptions(maxNewTokens: expected.new_tokens.count, eosTokenIds: []))
         #expect(output == [expected.new_tokens])
+    }
+
+    /// Its decoding steps run fused (every projection and the tied head packed): the same floats as layer by layer,
+    /// logits and cache, past the sliding layers' 4-token window... up to it: the step runs while every window holds
+    /// the whole cache.
+    @Test(.enabled(if: FusedDecoderStep.isSupported, "this CPU has no packed quantized products: no fused decoding step"))
+    func fusedStepsEqualTheLayerByLayerPath() throws {
+        let expected = try Self.expected.get()
+        let model = try Gemma3ForCausalLM(gguf: GGUFFile(url: Self.url))
+        #expect(model.fusedStep?.vocabularySize == 160)
+        try FusedDecodingTests.expectFusedStepsEqualLayerByLayer(model, tokens: Array(expected.sequence.prefix(4)), promptLength: 1) {
+            try model.logits(inputsEmbeds: $0, attentionMask: nil, positionIds: nil, cache: $1, lastPositionOnly: false, fusing: $2)
+        }
     }
 }

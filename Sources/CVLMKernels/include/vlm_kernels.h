@@ -267,6 +267,13 @@ typedef struct vlm_decoder_layer {
     const float *query_norm, *key_norm;
     /// Nonzero where queries and keys keep no position (SmolLM3's NoPE layers): copied, not rotated.
     int unrotated;
+    /// Nonzero where they rotate by the step's `local_cos`/`local_sin` (Gemma 3's sliding layers, their own base).
+    int local_rotary;
+    /// Gemma's norms of the attention's and the MLP's outputs, applied before each is added to the hidden state;
+    /// NULL without.
+    const float *attention_output_norm, *mlp_output_norm;
+    /// Nonzero: the MLP's gate goes through GELU (tanh approximation) instead of SiLU.
+    int gelu_gate;
     vlm_decoder_product output;
     /// gate and up (or one matrix stacking them) writing `gate | up`.
     vlm_decoder_product gate_up[2];
@@ -296,8 +303,9 @@ typedef struct vlm_decoder_step {
     ptrdiff_t position;
     /// Ranges of keys each key head's attention is split into, merged after.
     ptrdiff_t parts;
-    /// `cos` and `sin` of this token's rotary angles, `head_dim / 2` each.
-    const float *cos, *sin;
+    /// `cos` and `sin` of this token's rotary angles, `head_dim / 2` each, and those of the layers with
+    /// `local_rotary` (NULL where none has it).
+    const float *cos, *sin, *local_cos, *local_sin;
     /// In: the token's embedding. Out: untouched where there is a head, else the final norm's output.
     float *hidden;
     /// vlm_decoder_step_scratch_floats floats.
