@@ -456,8 +456,8 @@ static void reference_rotate(double *x, const float *cos, const float *sin, ptrd
 
 /// A whole decoding step of a two-layer grouped-query decoder (separate q/k/v and gate/up products in four formats
 /// in one layer, stacked ones in the other; q/k/v biases; the first layer's queries and keys unrotated, as in
-/// SmolLM3's NoPE layers, the second layer's heads normalized, as Qwen3's are) at cache position `position`, split
-/// into `parts` key
+/// SmolLM3's NoPE layers, the second layer Gemma 3's: heads normalized, its own rotary table, the attention's and
+/// the MLP's outputs normed before they are added, GELU gating) at cache position `position`, split into `parts` key
 /// ranges, with and without its head, against the same network in double precision: the logits (or the final
 /// norm's output) and the key and value it stores. Only with an OpenMP runtime in the process.
 static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_isa isa) {
@@ -465,7 +465,7 @@ static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_i
     const ptrdiff_t group = HEADS / KEY_HEADS, width = HEADS * HD, key_width = KEY_HEADS * HD;
     const float eps = 1e-5f, scale = 0.25f;
     float *norms = random_floats(2 * L * H + H), *bias = random_floats(width + 2 * key_width);
-    float *head_norms = random_floats(2 * HD);
+    float *head_norms = random_floats(2 * HD), *output_norms = random_floats(2 * H);
     packed_matrix matrices[L][7], head = random_packed(VLM_QUANT_Q8_0, VOCAB, H, NULL, 0);
     vlm_decoder_layer layers[L];
     memset(layers, 0, sizeof layers);
@@ -490,6 +490,10 @@ static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_i
         } else {
             d->query_norm = head_norms;
             d->key_norm = head_norms + HD;
+            d->local_rotary = 1;
+            d->attention_output_norm = output_norms;
+            d->mlp_output_norm = output_norms + H;
+            d->gelu_gate = 1;
             matrices[l][0] = random_packed(VLM_QUANT_Q8_0, width + 2 * key_width, H, bias, 0);
             d->attention[0] = matrices[l][0].product;
             d->attention_products = 1;
@@ -503,9 +507,12 @@ static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_i
         d->down = matrices[l][6].product;
     }
     float *cos = malloc(HD / 2 * sizeof(float)), *sin = malloc(HD / 2 * sizeof(float));
+    float *local_cos = malloc(HD / 2 * sizeof(float)), *local_sin = malloc(HD / 2 * sizeof(float));
     for (int i = 0; i < HD / 2; i++) {
         cos[i] = cosf(0.37f * (float)(i + 1));
         sin[i] = sinf(0.37f * (float)(i + 1));
+        local_cos[i] = cosf(0.21f * (float)(i + 1));
+        local_sin[i] = sinf(0.21f * (float)(i + 1));
     }
     float *embedding = random_floats(H);
     float *keys[L], *values[L];
@@ -525,11 +532,12 @@ static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_i
     double logits[VOCAB], final[H];
     for (int i = 0; i < H; i++) hidden[i] = embedding[i];
     for (int l = 0; l < L; l++) {
+        const float *layer_cos = layers[l].local_rotary ? local_cos : cos, *layer_sin = layers[l].local_rotary ? local_sin : sin;
         reference_norm(hidden, layers[l].input_norm, H, eps, normed);
         for (int i = 0; i < (l == 0 ? 3 : 1); i++) reference_product(&matrices[l][i], normed, qkv, 0);
         for (int h = 0; h < KEY_HEADS; h++) {
             if (layers[l].key_norm) reference_norm(qkv + width + h * HD, layers[l].key_norm, HD, eps, qkv + width + h * HD);
-            if (!layers[l].unrotated) reference_rotate(qkv + width + h * HD, cos, sin, HD);
+            if (!layers[l].unrotated) reference_rotate(qkv + width + h * HD, layer_cos, layer_sin, HD);
             for (int f = 0; f < HD; f++) {
                 reference_keys[l][(h * CAPACITY + position) * HD + f] = qkv[width + h * HD + f];
                 reference_values[l][(h * CAPACITY + position) * HD + f] = qkv[width + key_width + h * HD + f];
@@ -539,7 +547,7 @@ static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_i
             double *query = qkv + q * HD, *out = attended + q * HD;
             const double *k = reference_keys[l] + (q / group) * CAPACITY * HD, *v = reference_values[l] + (q / group) * CAPACITY * HD;
             if (layers[l].query_norm) reference_norm(query, layers[l].query_norm, HD, eps, query);
-            if (!layers[l].unrotated) reference_rotate(query, cos, sin, HD);
+            if (!layers[l].unrotated) reference_rotate(query, layer_cos, layer_sin, HD);
             double largest = -INFINITY, total = 0, *scores = malloc((size_t)(position + 1) * sizeof(double));
             for (ptrdiff_t p = 0; p <= position; p++) {
                 scores[p] = 0;
@@ -556,11 +564,21 @@ static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_i
             for (int f = 0; f < HD; f++) out[f] /= total;
             free(scores);
         }
-        reference_product(&matrices[l][5], attended, hidden, 1);
+        double output[H];
+        reference_product(&matrices[l][5], attended, output, 0);
+        if (layers[l].attention_output_norm) reference_norm(output, layers[l].attention_output_norm, H, eps, output);
+        for (int i = 0; i < H; i++) hidden[i] += output[i];
         reference_norm(hidden, layers[l].post_attention_norm, H, eps, normed);
         for (int i = 3; i < (l == 0 ? 5 : 4); i++) reference_product(&matrices[l][i], normed, gate_up, 0);
-        for (int i = 0; i < I; i++) gated[i] = gate_up[i] / (1 + exp(-gate_up[i])) * gate_up[I + i];
-        reference_product(&matrices[l][6], gated, hidden, 1);
+        for (int i = 0; i < I; i++) {
+            const double x = gate_up[i];
+            const double activated = layers[l].gelu_gate ? 0.5 * x * (1 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+                                                         : x / (1 + exp(-x));
+            gated[i] = activated * gate_up[I + i];
+        }
+        reference_product(&matrices[l][6], gated, output, 0);
+        if (layers[l].mlp_output_norm) reference_norm(output, layers[l].mlp_output_norm, H, eps, output);
+        for (int i = 0; i < H; i++) hidden[i] += output[i];
     }
     reference_norm(hidden, norms + 2 * L * H, H, eps, final);
     reference_product(&head, final, logits, 0);
@@ -579,7 +597,8 @@ static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_i
             .layers = layers, .layer_count = L, .hidden_size = H, .heads = HEADS, .key_heads = KEY_HEADS, .head_dim = HD,
             .intermediate_size = I, .eps = eps, .scale = scale, .final_norm = norms + 2 * L * H,
             .head = with_head ? head.product : (vlm_decoder_product){0}, .keys = cache_keys, .values = cache_values,
-            .capacity = CAPACITY, .position = position, .parts = parts, .cos = cos, .sin = sin, .hidden = step_hidden,
+            .capacity = CAPACITY, .position = position, .parts = parts, .cos = cos, .sin = sin, .local_cos = local_cos,
+            .local_sin = local_sin, .hidden = step_hidden,
             .logits = with_head ? step_logits : NULL};
         float *scratch = malloc((size_t)vlm_decoder_step_scratch_floats(&step) * sizeof(float));
         step.scratch = scratch;
@@ -619,6 +638,9 @@ static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_i
     free(head.values);
     free(norms);
     free(head_norms);
+    free(output_norms);
+    free(local_cos);
+    free(local_sin);
     free(bias);
     free(cos);
     free(sin);
