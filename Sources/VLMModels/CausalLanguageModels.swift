@@ -129,10 +129,30 @@ func validateRotaryDecoderShape(vocabSize: Int, hiddenSize: Int, intermediateSiz
     guard headDim % 2 == 0 else { throw ModelError.invalidConfig("head_dim \(headDim) is odd; RoPE rotates pairs", file: file) }
 }
 
+/// A rotary decoder layer's causal self-attention over grouped key heads: the new keys and values (`[B, T, …]`) stored
+/// in `cache` at `layer` when there is one, then the queries attend to every cached and new position (`keyLength` in
+/// all), or only to the last `window` of them where the sequence is longer.
+func causalSelfAttention(query: Tensor, key: Tensor, value: Tensor, heads: Int, keyHeads: Int, layer: Int, cache: KVCache?,
+                         keyLength: Int, window: Int?, keyPaddingMask: Tensor?, scale: Float) -> Tensor {
+    var (keys, values, layout) = (key, value, KeyValueLayout.tokenMajor)
+    if let cache {
+        cache.store(layer: layer, key: key, value: value)
+        (keys, values, layout) = (cache.keys[layer], cache.values[layer], cache.layout)
+    }
+    if let window, keyLength > window {
+        return slidingWindowAttention(query: query, keys: keys, values: values, heads: heads, keyHeads: keyHeads,
+                                      layout: layout, keyLength: keyLength, window: window,
+                                      keyPaddingMask: keyPaddingMask, scale: scale)
+    }
+    return groupedQueryAttention(query: query, key: keys, value: values, heads: heads, keyHeads: keyHeads,
+                                 keyLength: keyLength, layout: layout, causal: true, keyPaddingMask: keyPaddingMask,
+                                 scale: scale)
+}
+
 /// Causal attention in which the query at sequence index `i` (of `keyLength`, the last queries being `query`'s) sees
 /// only keys `i - window + 1 ... i`: transformers' `sliding_window_overlay`. Each query attends to its own run of keys;
 /// a decoding step is one query, so this costs a prefill longer than the window only.
-func slidingWindowAttention(query: Tensor, keys: Tensor, values: Tensor, heads: Int, keyHeads: Int, layout: KeyValueLayout,
+private func slidingWindowAttention(query: Tensor, keys: Tensor, values: Tensor, heads: Int, keyHeads: Int, layout: KeyValueLayout,
                             keyLength: Int, window: Int, keyPaddingMask: Tensor?, scale: Float) -> Tensor {
     let (batch, length, width) = (query.shape[0], query.shape[1], query.shape[2])
     let past = keyLength - length

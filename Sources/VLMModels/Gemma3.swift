@@ -353,29 +353,15 @@ public final class Gemma3ForCausalLM: CausalLanguageModel, @unchecked Sendable {
     private func decoderLayer(_ layer: Gemma3DecoderLayer, index: Int, hidden: Tensor, rotary: (cos: Tensor, sin: Tensor),
                               pass: DecoderPass, cache: KVCache?) -> Tensor {
         let (heads, keyHeads, eps) = (config.numAttentionHeads, config.numKeyValueHeads, config.rmsNormEps)
-        func eachHeadNormalized(_ x: Tensor, _ weight: Tensor) -> Tensor {
-            rmsNorm(x.reshaped([-1, config.headDim]), weight: weight, eps: eps).reshaped(x.shape)
+        func prepared(_ x: Tensor, norm: Tensor, heads: Int) -> Tensor {
+            applyRotaryEmbedding(headRMSNorm(x, weight: norm, eps: eps), heads: heads, cos: rotary.cos, sin: rotary.sin)
         }
         let projected = layer.queryKeyValue(rmsNorm(hidden, weight: layer.inputNorm, eps: eps))
-        let query = applyRotaryEmbedding(eachHeadNormalized(projected[0], layer.queryNorm), heads: heads, cos: rotary.cos, sin: rotary.sin)
-        let key = applyRotaryEmbedding(eachHeadNormalized(projected[1], layer.keyNorm), heads: keyHeads, cos: rotary.cos, sin: rotary.sin)
-        var (keys, values, layout) = (key, projected[2], KeyValueLayout.tokenMajor)
-        if let cache {
-            cache.store(layer: index, key: key, value: projected[2])
-            (keys, values, layout) = (cache.keys[index], cache.values[index], cache.layout)
-        }
-        let scale = config.attentionScale
-        let keyLength = pass.past + pass.length
-        let attended: Tensor
-        if let window = config.attentionWindow(layer: index), keyLength > window {
-            attended = slidingWindowAttention(query: query, keys: keys, values: values, heads: heads, keyHeads: keyHeads,
-                                              layout: layout, keyLength: keyLength, window: window,
-                                              keyPaddingMask: pass.keyPaddingMask, scale: scale)
-        } else {
-            attended = groupedQueryAttention(query: query, key: keys, value: values, heads: heads, keyHeads: keyHeads,
-                                             keyLength: keyLength, layout: layout, causal: true,
-                                             keyPaddingMask: pass.keyPaddingMask, scale: scale)
-        }
+        let attended = causalSelfAttention(
+            query: prepared(projected[0], norm: layer.queryNorm, heads: heads),
+            key: prepared(projected[1], norm: layer.keyNorm, heads: keyHeads), value: projected[2], heads: heads,
+            keyHeads: keyHeads, layer: index, cache: cache, keyLength: pass.past + pass.length,
+            window: config.attentionWindow(layer: index), keyPaddingMask: pass.keyPaddingMask, scale: config.attentionScale)
         let afterAttention = add(hidden, rmsNorm(layer.output(attended), weight: layer.postAttentionNorm, eps: eps))
         let gated = layer.gateUp.gated(rmsNorm(afterAttention, weight: layer.preFeedforwardNorm, eps: eps), activation: activation)
         return add(afterAttention, rmsNorm(layer.down(gated), weight: layer.postFeedforwardNorm, eps: eps))

@@ -541,33 +541,17 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
         let heads = config.numAttentionHeads, keyHeads = config.numKeyValueHeads
         let normed = rmsNorm(hidden, weight: layer.inputNorm, eps: config.rmsNormEps)
         let projected = layer.queryKeyValue(normed)
-        func eachHeadNormalized(_ x: Tensor, _ weight: Tensor?) -> Tensor {
-            guard let weight else { return x }
-            return rmsNorm(x.reshaped([-1, config.headDim]), weight: weight, eps: config.rmsNormEps).reshaped(x.shape)
+        func prepared(_ x: Tensor, norm: Tensor?, heads: Int) -> Tensor {
+            let normed = norm.map { headRMSNorm(x, weight: $0, eps: config.rmsNormEps) } ?? x
+            guard config.rotatesPositions(layer: index) else { return normed }
+            return applyRotaryEmbedding(normed, heads: heads, cos: rotary.cos, sin: rotary.sin)
         }
-        func rotated(_ x: Tensor, heads: Int) -> Tensor {
-            config.rotatesPositions(layer: index) ? applyRotaryEmbedding(x, heads: heads, cos: rotary.cos, sin: rotary.sin) : x
-        }
-        let query = rotated(eachHeadNormalized(projected[0], layer.queryNorm), heads: heads)
-        let key = rotated(eachHeadNormalized(projected[1], layer.keyNorm), heads: keyHeads)
-        let value = projected[2]
-        var (keys, values, layout) = (key, value, KeyValueLayout.tokenMajor)
-        if let cache {
-            cache.store(layer: index, key: key, value: value)
-            (keys, values, layout) = (cache.keys[index], cache.values[index], cache.layout)
-        }
-        let scale = 1 / Float(config.headDim).squareRoot()
-        let keyLength = (cache?.length ?? 0) + hidden.shape[1]
-        let attended: Tensor
-        if let window = config.attentionWindow(layer: index), keyLength > window {
-            attended = slidingWindowAttention(query: query, keys: keys, values: values, heads: heads, keyHeads: keyHeads,
-                                              layout: layout, keyLength: keyLength, window: window,
-                                              keyPaddingMask: keyPaddingMask, scale: scale)
-        } else {
-            attended = groupedQueryAttention(query: query, key: keys, value: values, heads: heads, keyHeads: keyHeads,
-                                             keyLength: keyLength, layout: layout, causal: true,
-                                             keyPaddingMask: keyPaddingMask, scale: scale)
-        }
+        let attended = causalSelfAttention(
+            query: prepared(projected[0], norm: layer.queryNorm, heads: heads),
+            key: prepared(projected[1], norm: layer.keyNorm, heads: keyHeads), value: projected[2], heads: heads,
+            keyHeads: keyHeads, layer: index, cache: cache, keyLength: (cache?.length ?? 0) + hidden.shape[1],
+            window: config.attentionWindow(layer: index), keyPaddingMask: keyPaddingMask,
+            scale: 1 / Float(config.headDim).squareRoot())
         let afterAttention = layer.output(attended, residual: hidden)
         let normedAgain = rmsNorm(afterAttention, weight: layer.postAttentionNorm, eps: config.rmsNormEps)
         let gated = layer.gateUp.gated(normedAgain, activation: activation)

@@ -19,6 +19,12 @@ public func rmsNorm(_ x: Tensor, weight: Tensor, eps: Float) -> Tensor {
     return output
 }
 
+/// RMS normalization of each head of `x [..., heads·headDim]` on its own, `weight` the `[headDim]` weights every head
+/// shares (Qwen3's and Gemma 3's q_norm and k_norm).
+public func headRMSNorm(_ x: Tensor, weight: Tensor, eps: Float) -> Tensor {
+    rmsNorm(x.reshaped([-1, weight.count]), weight: weight, eps: eps).reshaped(x.shape)
+}
+
 /// Rotary position embedding tables: `cos` and `sin` of `position · inverseFrequency`, each `[positions.count,
 /// inverseFrequencies.count]` (transformers concatenates the table with itself; half is enough here).
 public func rotaryTables(positions: [Int], inverseFrequencies: [Float]) -> (cos: Tensor, sin: Tensor) {

@@ -218,8 +218,11 @@ struct DecoderTraining {
             }
             let normed1 = rmsNorm(hidden, weight: layer.inputNorm.value, eps: config.rmsNormEps)
             let projectedQuery = apply(layer.query, normed1), projectedKey = apply(layer.key, normed1)
-            let query = rotated(eachHeadNormalized(projectedQuery, layer.queryNorm), heads: heads)
-            let key = rotated(eachHeadNormalized(projectedKey, layer.keyNorm), heads: keyHeads)
+            func headNormed(_ x: Tensor, _ norm: Parameter?) -> Tensor {
+                norm.map { headRMSNorm(x, weight: $0.value, eps: config.rmsNormEps) } ?? x
+            }
+            let query = rotated(headNormed(projectedQuery, layer.queryNorm), heads: heads)
+            let key = rotated(headNormed(projectedKey, layer.keyNorm), heads: keyHeads)
             let value = apply(layer.value, normed1)
             let attention = attentionForTraining(query: query, key: repeatingKeyValueHeads(key, keyHeads: keyHeads, heads: heads),
                                                  value: repeatingKeyValueHeads(value, keyHeads: keyHeads, heads: heads),
@@ -338,12 +341,6 @@ struct DecoderTraining {
             VLMTensor.embeddingBackward(gradient, ids: ids, into: table)
             embedTokens.gradient = table
         }
-    }
-
-    /// `x` with each head RMS-normalized by `weight` (Qwen3's q_norm, k_norm); `x` itself without one.
-    private func eachHeadNormalized(_ x: Tensor, _ weight: Parameter?) -> Tensor {
-        guard let weight else { return x }
-        return rmsNorm(x.reshaped([-1, config.headDim]), weight: weight.value, eps: config.rmsNormEps).reshaped(x.shape)
     }
 
     private func apply(_ projection: Projection, _ x: Tensor) -> Tensor {
