@@ -207,6 +207,32 @@ void vlm_quant_packed_matmul(const void *packed, vlm_quant_format format, ptrdif
 #endif
 }
 
+int vlm_quant_prompt_supported(void) { return packed_kernels() == 2; }
+
+ptrdiff_t vlm_quant_prompt_activation_size(ptrdiff_t columns) { return columns / 32 * (32 + 4 * (ptrdiff_t)sizeof(float)); }
+
+void vlm_quant_prompt_activation(const float *x, ptrdiff_t columns, void *activation) {
+#if defined(__x86_64__)
+    if (columns > 0 && columns % 32 == 0 && packed_kernels() == 2) vlm_quant_prompt_activation_avx512(x, columns, activation);
+#else
+    (void)x, (void)columns, (void)activation;
+#endif
+}
+
+void vlm_quant_prompt_matmul(const void *packed, vlm_quant_format format, ptrdiff_t rows, ptrdiff_t columns,
+                             const void *activations, ptrdiff_t m, float *y, ptrdiff_t y_stride,
+                             ptrdiff_t first_group, ptrdiff_t groups) {
+    vlm_quant_packed_layout_t layout;
+    if (m <= 0 || groups <= 0 || vlm_quant_packed_layout(format, columns, &layout) != 0) return;
+#if defined(__x86_64__)
+    if (packed_kernels() == 2)
+        vlm_quant_prompt_matmul_avx512(packed, format, &layout, rows, activations,
+                                       vlm_quant_prompt_activation_size(columns), m, y, y_stride, first_group, groups);
+#else
+    (void)packed, (void)rows, (void)activations, (void)y, (void)y_stride, (void)first_group;
+#endif
+}
+
 static atomic_uint_fast64_t call_tokens = 1;
 
 uint64_t vlm_quant_call_token(void) { return atomic_fetch_add_explicit(&call_tokens, 1, memory_order_relaxed); }

@@ -302,4 +302,153 @@ VNNI void vlm_quant_packed_matmul_avx512(const void *packed, vlm_quant_format fo
 #undef FORMAT_CASE
 }
 
+
+// The int8 prompt products (MatrixPrecision.int8 on quantized layers): activations as one signed 8-bit digit per
+// element on a scale per 32-element block, as llama.cpp's q8_0 activations, so each block of a weight row costs a
+// third of the fixed point's instructions. A prompt's product is compute-bound, so tiles of PROMPT_TOKENS rows of
+// activations by two weight groups share each loaded weight vector and each broadcast digit group.
+
+enum { PROMPT_TOKENS = 4 };
+
+VNNI void vlm_quant_prompt_activation_avx512(const float *x, ptrdiff_t columns, void *activation) {
+    const ptrdiff_t blocks = columns / 32;
+    int8_t *digits = activation;
+    float *scales = (float *)(digits + 32 * blocks);
+    int32_t *sums = (int32_t *)(scales + blocks), *half_sums = sums + blocks;
+    for (ptrdiff_t b = 0; b < blocks; b++, x += 32, digits += 32) {
+        const __m512 low = _mm512_loadu_ps(x), high = _mm512_loadu_ps(x + 16);
+        const int finite = !(_mm512_fpclass_ps_mask(low, 0x99) | _mm512_fpclass_ps_mask(high, 0x99));
+        const float largest = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(low), _mm512_abs_ps(high)));
+        if (!finite || largest == 0) {
+            scales[b] = finite ? 0 : __builtin_nanf("");
+            sums[b] = half_sums[2 * b] = half_sums[2 * b + 1] = 0;
+            memset(digits, 0, 32);
+            continue;
+        }
+        scales[b] = largest / 127;
+        // round(x·127/max|x|), ties to even (the default rounding mode), as vlm_quantize_rows_int8 rounds.
+        const __m512 inverse = _mm512_set1_ps(127 / largest);
+        const __m512i l = _mm512_cvtps_epi32(_mm512_mul_ps(low, inverse));
+        const __m512i h = _mm512_cvtps_epi32(_mm512_mul_ps(high, inverse));
+        _mm_storeu_si128((__m128i *)digits, _mm512_cvtepi32_epi8(l));
+        _mm_storeu_si128((__m128i *)(digits + 16), _mm512_cvtepi32_epi8(h));
+        half_sums[2 * b] = _mm512_reduce_add_epi32(l);
+        half_sums[2 * b + 1] = _mm512_reduce_add_epi32(h);
+        sums[b] = half_sums[2 * b] + half_sums[2 * b + 1];
+    }
+}
+
+/// `NR` (1 or 2) groups times `MR` activation rows (`out[i·NR + g]`), block by block: each block's integer sums of
+/// weights times digits, exact, then scaled into fp32 accumulators. Q6_K's halves keep their sums apart.
+VNNI_INLINE void prompt_tile(const vlm_quant_format F, const uint8_t *const *groups, const int NR,
+                             const vlm_quant_packed_layout_t *layout, const int8_t *activations,
+                             ptrdiff_t activation_bytes, const int MR, __m512 *out) {
+    const int has_minimum = F == VLM_QUANT_Q4_1 || F == VLM_QUANT_Q5_1 || F == VLM_QUANT_Q4_K || F == VLM_QUANT_Q5_K;
+    const int super_scales = F == VLM_QUANT_Q4_K || F == VLM_QUANT_Q5_K || F == VLM_QUANT_Q6_K;
+    const int half_scales = F == VLM_QUANT_Q6_K;
+    const ptrdiff_t blocks = layout->blocks;
+    __m512 acc[2 * PROMPT_TOKENS];
+    for (int t = 0; t < MR * NR; t++) acc[t] = _mm512_setzero_ps();
+    for (ptrdiff_t b = 0; b < blocks; b++) {
+        __m512i first[2 * PROMPT_TOKENS], second[2 * PROMPT_TOKENS];
+        for (int t = 0; t < MR * NR; t++) first[t] = second[t] = _mm512_setzero_si512();
+        if (F == VLM_QUANT_Q8_0) {
+            for (int q = 0; q < 8; q++) {
+                __m512i w[2];
+                for (int g = 0; g < NR; g++) w[g] = _mm512_load_si512((const void *)(groups[g] + b * layout->value_bytes + 64 * q));
+                for (int i = 0; i < MR; i++) {
+                    const __m512i a = digit_group(activations + i * activation_bytes + 32 * b + 4 * q);
+                    for (int g = 0; g < NR; g++) first[i * NR + g] = _mm512_dpbusd_epi32(first[i * NR + g], w[g], a);
+                }
+            }
+        } else {
+            for (int j = 0; j < 4; j++) {
+                __m512i low[2], high[2];
+                for (int g = 0; g < NR; g++) nibble_pair(groups[g] + b * layout->value_bytes, F, j, &low[g], &high[g]);
+                for (int i = 0; i < MR; i++) {
+                    const int8_t *digits = activations + i * activation_bytes + 32 * b;
+                    const __m512i a = digit_group(digits + 4 * j), e = digit_group(digits + 4 * (4 + j));
+                    for (int g = 0; g < NR; g++) {
+                        const int t = i * NR + g;
+                        first[t] = _mm512_dpbusd_epi32(first[t], low[g], a);
+                        if (half_scales) second[t] = _mm512_dpbusd_epi32(second[t], high[g], e);
+                        else first[t] = _mm512_dpbusd_epi32(first[t], high[g], e);
+                    }
+                }
+            }
+        }
+        for (int g = 0; g < NR; g++) {
+            const __m512 d = block_scales(groups[g], layout, F, b);
+            const uint8_t *supers = groups[g] + layout->supers_offset + layout->super_bytes * (b / 8);
+            const __m512 second_d = half_scales
+                ? sub_block_scales(groups[g] + layout->scales_offset + layout->scale_bytes * b + 16, 1, supers)
+                : d;
+            const __m512 minimum = !has_minimum ? d
+                : super_scales ? sub_block_scales(groups[g] + layout->minimums_offset + layout->scale_bytes * b, 0, supers + 32)
+                               : halves(groups[g] + layout->minimums_offset + layout->scale_bytes * b);
+            for (int i = 0; i < MR; i++) {
+                const float *scales = (const float *)(activations + i * activation_bytes + 32 * blocks);
+                const int32_t *sums = (const int32_t *)(scales + blocks), *half_sums = sums + blocks;
+                const __m512 scale = _mm512_set1_ps(scales[b]);
+                const int t = i * NR + g;
+                if (half_scales) {
+                    // Σ(q − 32)·a per half, exact in 32 bits.
+                    const __m512i low = _mm512_sub_epi32(first[t], _mm512_set1_epi32(layout->offset * half_sums[2 * b]));
+                    const __m512i high = _mm512_sub_epi32(second[t], _mm512_set1_epi32(layout->offset * half_sums[2 * b + 1]));
+                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(low), _mm512_mul_ps(d, scale), acc[t]);
+                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(high), _mm512_mul_ps(second_d, scale), acc[t]);
+                } else if (has_minimum) {
+                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(first[t]), _mm512_mul_ps(d, scale), acc[t]);
+                    // K-quants subtract dmin·min; the others add their minimums.
+                    const __m512 weighted_sum = _mm512_set1_ps(scales[b] * (float)sums[b]);
+                    acc[t] = super_scales ? _mm512_fnmadd_ps(minimum, weighted_sum, acc[t])
+                                          : _mm512_fmadd_ps(minimum, weighted_sum, acc[t]);
+                } else {
+                    const __m512i centred = _mm512_sub_epi32(first[t], _mm512_set1_epi32(layout->offset * sums[b]));
+                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(centred), _mm512_mul_ps(d, scale), acc[t]);
+                }
+            }
+        }
+    }
+    for (int t = 0; t < MR * NR; t++) out[t] = acc[t];
+}
+
+VNNI_INLINE void prompt_matmul(const vlm_quant_format F, const void *packed, const vlm_quant_packed_layout_t *layout,
+                               ptrdiff_t rows, const void *activations, ptrdiff_t activation_bytes, ptrdiff_t m,
+                               float *y, ptrdiff_t y_stride, ptrdiff_t first_group, ptrdiff_t groups) {
+    for (ptrdiff_t g = first_group; g < first_group + groups; g += 2) {
+        const int NR = g + 1 < first_group + groups ? 2 : 1;
+        const uint8_t *pair[2] = {(const uint8_t *)packed + g * layout->group_bytes,
+                                  (const uint8_t *)packed + (g + 1) * layout->group_bytes};
+        for (ptrdiff_t i = 0; i < m; i += PROMPT_TOKENS) {
+            const int MR = m - i < PROMPT_TOKENS ? (int)(m - i) : PROMPT_TOKENS;
+            const int8_t *tile = (const int8_t *)activations + i * activation_bytes;
+            __m512 out[2 * PROMPT_TOKENS];
+#define TILE(R, N) prompt_tile(F, pair, N, layout, tile, activation_bytes, R, out)
+            if (NR == 2) {
+                switch (MR) { case 1: TILE(1, 2); break; case 2: TILE(2, 2); break; case 3: TILE(3, 2); break; default: TILE(4, 2); }
+            } else {
+                switch (MR) { case 1: TILE(1, 1); break; case 2: TILE(2, 1); break; case 3: TILE(3, 1); break; default: TILE(4, 1); }
+            }
+#undef TILE
+            for (int r = 0; r < MR; r++)
+                for (int p = 0; p < NR; p++) store_group(y + (i + r) * y_stride, rows, g + p, out[r * NR + p]);
+        }
+    }
+}
+
+VNNI void vlm_quant_prompt_matmul_avx512(const void *packed, vlm_quant_format format,
+                                         const vlm_quant_packed_layout_t *layout, ptrdiff_t rows,
+                                         const void *activations, ptrdiff_t activation_bytes, ptrdiff_t m, float *y,
+                                         ptrdiff_t y_stride, ptrdiff_t first_group, ptrdiff_t groups) {
+#define FORMAT_CASE(F) \
+    case F: prompt_matmul(F, packed, layout, rows, activations, activation_bytes, m, y, y_stride, first_group, groups); break;
+    switch (format) {
+    FORMAT_CASE(VLM_QUANT_Q4_0) FORMAT_CASE(VLM_QUANT_Q4_1) FORMAT_CASE(VLM_QUANT_Q5_0) FORMAT_CASE(VLM_QUANT_Q5_1)
+    FORMAT_CASE(VLM_QUANT_Q8_0) FORMAT_CASE(VLM_QUANT_Q4_K) FORMAT_CASE(VLM_QUANT_Q5_K) FORMAT_CASE(VLM_QUANT_Q6_K)
+    default: break;
+    }
+#undef FORMAT_CASE
+}
+
 #endif

@@ -94,7 +94,7 @@ public final class Linear: @unchecked Sendable {
 
     /// The precision the layer's products run in: fp32, or what the layer was built in where this machine runs it.
     /// GGUF-quantized layers keep their file's block formats and report the precision of their prompts' products
-    /// (fp32, or bf16 where they were built in bf16; int8 builds them in fp32).
+    /// (fp32, or bf16 or int8 where they were built in it and the CPU has it).
     public var precision: MatrixPrecision {
         switch implementation {
         #if canImport(CDNNL) && !VLM_PORTABLE_BACKEND

@@ -12,8 +12,9 @@ internal import CDNNL
 /// products accumulated in fp32), at about twice the speed where the CPU has bf16 dot products.
 final class QuantizedLinear: @unchecked Sendable {
     let weight: QuantizedMatrix
-    /// The precision of the prompts' products: fp32, or bf16 where the layer was built in bf16 and the CPU has it.
-    /// Decoding's products are the same either way.
+    /// The precision of the prompts' products: fp32, or bf16 or int8 where the layer was built in it and the CPU has
+    /// it (int8: the packed products on one 8-bit digit per activation, see vlm_quant_prompt_matmul). Decoding's
+    /// products are the same whatever it is.
     let precision: MatrixPrecision
     /// The weight in 16-row groups for the int8 products, made at init where the CPU and the format allow.
     private let packed: OwnedBytes?
@@ -44,11 +45,6 @@ final class QuantizedLinear: @unchecked Sendable {
         self.weight = weight
         self.bias = bias
         self.backend = backend
-        #if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
-        precision = backend == .oneDNN && MatrixPrecision.forNewLayers.available == .bfloat16 ? .bfloat16 : .float32
-        #else
-        precision = .float32
-        #endif
         let size = vlm_quant_packed_size(weight.format.kernelFormat, weight.rows, weight.columns)
         if packing && vlm_quant_packed_supported() != 0 && size > 0 {
             let buffer = OwnedBytes(count: size, weight: true)
@@ -59,6 +55,15 @@ final class QuantizedLinear: @unchecked Sendable {
         } else {
             packed = nil
         }
+        #if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
+        switch MatrixPrecision.forNewLayers.available {
+        case .bfloat16 where backend == .oneDNN: precision = .bfloat16
+        case .int8 where packed != nil && vlm_quant_prompt_supported() != 0: precision = .int8
+        default: precision = .float32
+        }
+        #else
+        precision = .float32
+        #endif
     }
 
     /// The layer as one product of a fused decoding step, where its decoding products run packed.
@@ -74,6 +79,8 @@ final class QuantizedLinear: @unchecked Sendable {
                path: KernelPath = .best) {
         if rows <= Self.packedRows, path == .vector, let packed {
             applyPacked(packed, x, rows: rows, activation: activation, residual: residual, into: output)
+        } else if precision == .int8, path == .vector, let packed {
+            applyInt8(packed, x, rows: rows, activation: activation, residual: residual, into: output)
         } else if rows <= Self.fusedRows {
             applyFused(x, rows: rows, activation: activation, residual: residual, into: output, path: path)
         } else {
@@ -174,6 +181,36 @@ final class QuantizedLinear: @unchecked Sendable {
             }
         }
         withExtendedLifetime((packed, x, outputs, residuals)) {}
+    }
+
+    /// A prompt's product in int8: its rows quantized in parallel, then each thread takes pairs of weight groups (the
+    /// kernel's tile width) through every row while they are in cache.
+    private func applyInt8(_ packed: OwnedBytes, _ x: Tensor, rows: Int, activation: Activation, residual: Tensor?,
+                           into output: Tensor) {
+        let (n, k) = (weight.rows, weight.columns)
+        let format = weight.format.kernelFormat
+        let groups = (n + 15) / 16
+        let activationBytes = vlm_quant_prompt_activation_size(k)
+        let scratch = DequantizationScratch.shared.take(count: (rows * activationBytes + 3) / 4)
+        defer { DequantizationScratch.shared.give(scratch) }
+        let input = UnsafeSendablePointer(pointer: x.storage.pointer)
+        let activations = UnsafeSendablePointer(pointer: scratch.pointer)
+        parallelRanges(rows, grain: 16) { range in
+            for row in range {
+                vlm_quant_prompt_activation(input.pointer + row * k, k,
+                                            UnsafeMutableRawPointer(activations.pointer) + row * activationBytes)
+            }
+        }
+        let destination = UnsafeSendablePointer(pointer: output.storage.pointer)
+        let bias = self.bias, residualPointer = residual.map { UnsafeSendablePointer(pointer: $0.storage.pointer) }
+        parallelRanges((groups + 1) / 2, grain: 1) { pairs in
+            let range = (2 * pairs.lowerBound)..<min(groups, 2 * pairs.upperBound)
+            vlm_quant_prompt_matmul(packed.pointer, format, n, k, activations.pointer, rows, destination.pointer, n,
+                                    range.lowerBound, range.count)
+            finishLinearOutput(destination.pointer, rows: rows, columns: (16 * range.lowerBound)..<min(n, 16 * range.upperBound),
+                               stride: n, bias: bias, activation: activation, residual: residualPointer?.pointer)
+        }
+        withExtendedLifetime((packed, x, scratch)) {}
     }
 
     private func applyPanels(_ x: Tensor, rows: Int, activation: Activation, residual: Tensor?, into output: Tensor,

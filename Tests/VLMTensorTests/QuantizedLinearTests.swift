@@ -196,6 +196,70 @@ private func pathsAndBackends() -> [(path: KernelPath, backend: Backend, packing
         }
     }
 
+    /// Built in int8, a prompt's products (over 16 rows) multiply the weight's blocks by the input quantized per
+    /// 32-element block, `round(x·127/max|x|)` ties to even on the scale max|x|/127; fewer rows run as in fp32. 17 to
+    /// 19 rows and 37 weight rows reach every tile shape of the kernel (1 to 4 rows by one or two 16-row groups).
+    @Test func int8PromptsMultiplyBlockQuantizedActivations() throws {
+        for test in MatmulCase.all {
+            let layer = MatrixPrecision.$forNewLayers.withValue(.int8) {
+                QuantizedLinear(weight: test.matrix, bias: nil, backend: .best)
+            }
+            let fp32 = QuantizedLinear(weight: test.matrix, bias: nil, backend: .best)
+            let packs = vlm_quant_packed_size(test.format.kernelFormat, test.matrix.rows, test.matrix.columns) > 0
+            let runsInt8 = MatrixPrecision.int8.available == .int8 && packs && vlm_quant_prompt_supported() != 0
+            #expect(layer.precision == (runsInt8 ? .int8 : .float32), "\(test.format)")
+            let (n, k) = (test.matrix.rows, test.matrix.columns)
+            let weight = test.matrix.dequantized().scalars
+            for rows in [1, 16, 17, 18, 19] {
+                // The fixture's 17 rows, then its first ones again; a NaN in row 5 of the longer inputs.
+                var scalars = (0..<(rows * k)).map { test.x[$0 % (17 * k)] }
+                if rows > 17 { scalars[5 * k + 40] = .nan }
+                let x = Tensor(shape: [rows, k], scalars: scalars)
+                let (output, reference) = (Tensor(uninitialized: [rows, n]), Tensor(uninitialized: [rows, n]))
+                layer.apply(x, rows: rows, activation: .identity, residual: nil, into: output)
+                fp32.apply(x, rows: rows, activation: .identity, residual: nil, into: reference)
+                guard runsInt8, rows > QuantizedLinear.packedRows else {
+                    #expect(output.scalars.map(\.bitPattern) == reference.scalars.map(\.bitPattern),
+                            "\(test.format) rows \(rows): as the fp32 layer")
+                    continue
+                }
+                var worst = 0.0, largestDifference: Float = 0
+                for i in 0..<rows {
+                    let quantized = Self.blockQuantized(Array(scalars[(i * k)..<((i + 1) * k)]))
+                    for j in 0..<n {
+                        let actual = output.storage.pointer[i * n + j]
+                        if i == 5 && rows > 17 {
+                            #expect(actual.isNaN, "\(test.format): a NaN input gives NaN outputs")
+                            continue
+                        }
+                        var sum = 0.0, magnitude = 0.0
+                        for c in 0..<k {
+                            let product = Double(quantized[c]) * Double(weight[j * k + c])
+                            sum += product
+                            magnitude += abs(product)
+                        }
+                        worst = max(worst, abs(Double(actual) - sum) / (1e-5 * magnitude + 1e-6))
+                        largestDifference = max(largestDifference, abs(actual - reference.storage.pointer[i * n + j]))
+                    }
+                }
+                #expect(worst <= 1, "\(test.format) rows \(rows): error \(worst) tolerances from the int8 product")
+                // The quantization is real: the fp32 layer's products differ by far more than fp32's own error.
+                #expect(largestDifference > 1e-3, "\(test.format) rows \(rows): \(largestDifference)")
+            }
+        }
+    }
+
+    /// `x` as the int8 prompt products see it: each 32-element block's digits times its scale.
+    private static func blockQuantized(_ x: [Float]) -> [Float] {
+        stride(from: 0, to: x.count, by: 32).flatMap { start -> [Float] in
+            let block = x[start..<(start + 32)]
+            let largest = block.map(abs).max()!
+            guard largest > 0 else { return Array(repeating: 0, count: 32) }
+            let (scale, inverse) = (largest / 127, 127 / largest)
+            return block.map { ($0 * inverse).rounded(.toNearestOrEven) * scale }
+        }
+    }
+
     @Test func biasActivationAndResidualMatchTheDenseLayer() throws {
         for test in MatmulCase.all where [.q4_1, .q6_K].contains(test.format) {
             let n = test.matrix.rows
