@@ -28,7 +28,7 @@ static _Thread_local thread_scratch scratch_of_thread;
 typedef struct step_run {
     const vlm_decoder_step *step;
     vlm_kernel_isa isa;
-    ptrdiff_t group, part_length;
+    ptrdiff_t group;
     float *qkv, *gate_up, *product, *maxima, *sums, *partials;
     /// The attention's work claims, a layer's and the next one's: each is reset while no thread can be using it.
     atomic_ptrdiff_t claims[2];
@@ -44,8 +44,23 @@ static ptrdiff_t widest_input(const vlm_decoder_step *s) {
     return widest;
 }
 
+/// The positions a layer attends to, `first ..< first + length`, split into `parts` ranges.
+typedef struct key_range {
+    ptrdiff_t first, length, parts;
+} key_range;
+
+static key_range attended_keys(const vlm_decoder_step *s, const vlm_decoder_layer *layer) {
+    const ptrdiff_t all = s->position + 1;
+    if (!layer->windowed || s->window <= 0 || s->window_parts <= 0 || all <= s->window) return (key_range){0, all, s->parts};
+    return (key_range){all - s->window, s->window, s->window_parts};
+}
+
+static ptrdiff_t most_parts(const vlm_decoder_step *s) {
+    return s->window > 0 && s->window_parts > s->parts ? s->window_parts : s->parts;
+}
+
 ptrdiff_t vlm_decoder_step_scratch_floats(const vlm_decoder_step *s) {
-    const ptrdiff_t group = s->heads / s->key_heads, slots = s->key_heads * s->parts * group;
+    const ptrdiff_t group = s->heads / s->key_heads, slots = s->key_heads * most_parts(s) * group;
     return (s->heads + 2 * s->key_heads) * s->head_dim + 2 * s->intermediate_size + s->hidden_size + 2 * slots +
            slots * s->head_dim;
 }
@@ -172,16 +187,18 @@ static void run_products(step_run *run, const vlm_decoder_product *products, ptr
 static void run_attention(step_run *run, const vlm_decoder_layer *layer, atomic_ptrdiff_t *claim, float *keys,
                           float *values) {
     const vlm_decoder_step *s = run->step;
-    const ptrdiff_t hd = s->head_dim, group = run->group, key_length = s->position + 1;
+    const ptrdiff_t hd = s->head_dim, group = run->group;
+    const key_range range = attended_keys(s, layer);
+    const ptrdiff_t key_length = range.length, part_length = (key_length + range.parts - 1) / range.parts;
     const float *q = run->qkv, *k = q + s->heads * hd, *v = k + s->key_heads * hd;
     thread_scratch *t = &scratch_of_thread;
     for (;;) {
         const ptrdiff_t item = atomic_fetch_add_explicit(claim, 1, memory_order_relaxed);
-        if (item >= s->key_heads * s->parts) return;
-        const ptrdiff_t head = item / s->parts, part = item % s->parts;
+        if (item >= s->key_heads * range.parts) return;
+        const ptrdiff_t head = item / range.parts, part = item % range.parts;
         float *head_keys = keys + head * s->capacity * hd, *head_values = values + head * s->capacity * hd;
-        const ptrdiff_t first = part * run->part_length;
-        const ptrdiff_t count = run->part_length < key_length - first ? run->part_length : key_length - first;
+        const ptrdiff_t first = part * part_length;
+        const ptrdiff_t count = part_length < key_length - first ? part_length : key_length - first;
         const float *cos = layer->local_rotary ? s->local_cos : s->cos, *sin = layer->local_rotary ? s->local_sin : s->sin;
         if (first + count == key_length) {
             const float *key = k + head * hd;
@@ -205,7 +222,8 @@ static void run_attention(step_run *run, const vlm_decoder_layer *layer, atomic_
             vlm_rotate_half(query, 1, group, hd, cos, sin, t->query);
         }
         const vlm_attention_problem problem = {
-            .query = t->query, .key = head_keys, .value = head_values, .query_stride = hd, .key_stride = hd,
+            .query = t->query, .key = head_keys + range.first * hd, .value = head_values + range.first * hd,
+            .query_stride = hd, .key_stride = hd,
             .value_stride = hd, .output_stride = hd, .query_length = group, .key_length = key_length, .head_dim = hd,
             .head_count = 1, .scale = s->scale};
         const ptrdiff_t slot = item * group;
@@ -264,8 +282,8 @@ static void run_step(void *context, int thread, int threads) {
         vlm_parallel_barrier();
         run_attention(run, layer, &run->claims[l % 2], s->keys[l], s->values[l]);
         vlm_parallel_barrier();
-        vlm_attention_merge(run->maxima, run->sums, run->partials, s->key_heads, s->parts, run->group, s->head_dim,
-                            t->attended);
+        vlm_attention_merge(run->maxima, run->sums, run->partials, s->key_heads, attended_keys(s, layer).parts,
+                            run->group, s->head_dim, t->attended);
         vlm_quant_activation(t->attended, width, t->activation);
         run_products(run, &layer->output, 1, t->activation, run->product,
                      layer->attention_output_norm ? WRITE : ADD_TO_HIDDEN, thread, threads);
@@ -299,9 +317,8 @@ static void run_step(void *context, int thread, int threads) {
 }
 
 int vlm_decoder_step_run(const vlm_decoder_step *s, vlm_kernel_isa isa) {
-    step_run run = {.step = s, .isa = isa, .group = s->heads / s->key_heads,
-                    .part_length = (s->position + 1 + s->parts - 1) / s->parts};
-    const ptrdiff_t slots = s->key_heads * s->parts * run.group;
+    step_run run = {.step = s, .isa = isa, .group = s->heads / s->key_heads};
+    const ptrdiff_t slots = s->key_heads * most_parts(s) * run.group;
     run.qkv = s->scratch;
     run.gate_up = run.qkv + (s->heads + 2 * s->key_heads) * s->head_dim;
     run.product = run.gate_up + 2 * s->intermediate_size;

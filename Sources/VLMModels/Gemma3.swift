@@ -256,7 +256,8 @@ public final class Gemma3ForCausalLM: CausalLanguageModel, @unchecked Sendable {
                       attention: layer.queryKeyValue.linears, queryNorm: layer.queryNorm, keyNorm: layer.keyNorm,
                       localRotary: config.layerTypes[index] == "sliding_attention",
                       attentionOutputNorm: layer.postAttentionNorm, mlpOutputNorm: layer.postFeedforwardNorm,
-                      geluGate: true, output: layer.output, gateUp: layer.gateUp.linears, down: layer.down)
+                      geluGate: true, window: config.attentionWindow(layer: index), output: layer.output,
+                      gateUp: layer.gateUp.linears, down: layer.down)
             },
             finalNorm: norm, head: lmHead, hiddenSize: config.hiddenSize, heads: config.numAttentionHeads,
             keyHeads: config.numKeyValueHeads, headDim: config.headDim, intermediateSize: config.intermediateSize,
@@ -304,8 +305,7 @@ public final class Gemma3ForCausalLM: CausalLanguageModel, @unchecked Sendable {
                                    cache: cache, layers: layers.count, cacheWidth: config.numKeyValueHeads * config.headDim)
         let logits: Tensor
         if fusing, let step = fusedStep, let cache, pass.keyPaddingMask == nil, pass.batch == 1, pass.length == 1,
-           cache.heads == config.numKeyValueHeads,
-           (0..<layers.count).allSatisfy({ config.attentionWindow(layer: $0).map { cache.length + 1 <= $0 } ?? true }) {
+           cache.heads == config.numKeyValueHeads {
             let position = try pass.positions(positionIds, below: 1 << 24)[0]
             let full = rotaryTables(positions: position, inverseFrequencies: fullAttentionFrequencies)
             let output = step(embedding: inputsEmbeds, keys: cache.keys, values: cache.values, capacity: cache.capacity,

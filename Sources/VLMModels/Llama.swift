@@ -401,8 +401,8 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
             layers: layers.enumerated().map { index, layer in
                 .init(inputNorm: layer.inputNorm, postAttentionNorm: layer.postAttentionNorm,
                       attention: layer.queryKeyValue.linears, queryNorm: layer.queryNorm, keyNorm: layer.keyNorm,
-                      rotatesPositions: config.rotatesPositions(layer: index), output: layer.output,
-                      gateUp: layer.gateUp.linears, down: layer.down)
+                      rotatesPositions: config.rotatesPositions(layer: index), window: config.attentionWindow(layer: index),
+                      output: layer.output, gateUp: layer.gateUp.linears, down: layer.down)
             },
             finalNorm: norm, head: lmHead, hiddenSize: config.hiddenSize, heads: config.numAttentionHeads,
             keyHeads: config.numKeyValueHeads, headDim: config.headDim, intermediateSize: config.intermediateSize,
@@ -462,8 +462,7 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
                 lastPositionOnly: Bool, fusing: Bool) throws -> Tensor {
         let inputs = try checkedInputs(inputsEmbeds: inputsEmbeds, attentionMask: attentionMask, positionIds: positionIds, cache: cache)
         if fusing, let step = fusedStep, let cache, inputs.keyPaddingMask == nil, inputsEmbeds.shape[0] == 1,
-           inputsEmbeds.shape[1] == 1, cache.heads == config.numKeyValueHeads,
-           (0..<layers.count).allSatisfy({ config.attentionWindow(layer: $0).map { cache.length + 1 <= $0 } ?? true }) {
+           inputsEmbeds.shape[1] == 1, cache.heads == config.numKeyValueHeads {
             let tables = rotaryTables(positions: inputs.positions[0])
             let output = step(embedding: inputsEmbeds, keys: cache.keys, values: cache.values, capacity: cache.capacity,
                               position: cache.length, cos: tables.cos, sin: tables.sin)

@@ -23,6 +23,9 @@ package final class FusedDecoderStep: @unchecked Sendable {
         package let attentionOutputNorm: Tensor?, mlpOutputNorm: Tensor?
         /// GELU (tanh) gating instead of SiLU.
         package let geluGate: Bool
+        /// The positions a query sees, itself included, where it sees only the latest (sliding-window layers); nil:
+        /// all of them. One step's windowed layers share one window.
+        package let window: Int?
         package let output: Linear
         /// gate and up, or one layer stacking them.
         package let gateUp: [Linear]
@@ -33,12 +36,12 @@ package final class FusedDecoderStep: @unchecked Sendable {
         package init(inputNorm: Tensor, postAttentionNorm: Tensor, attention: [Linear], queryNorm: Tensor? = nil,
                      keyNorm: Tensor? = nil, rotatesPositions: Bool = true, localRotary: Bool = false,
                      attentionOutputNorm: Tensor? = nil, mlpOutputNorm: Tensor? = nil, geluGate: Bool = false,
-                     output: Linear, gateUp: [Linear], down: Linear) {
+                     window: Int? = nil, output: Linear, gateUp: [Linear], down: Linear) {
             (self.inputNorm, self.postAttentionNorm, self.attention, self.output, self.gateUp, self.down) =
                 (inputNorm, postAttentionNorm, attention, output, gateUp, down)
             (self.queryNorm, self.keyNorm, self.rotatesPositions) = (queryNorm, keyNorm, rotatesPositions)
-            (self.localRotary, self.attentionOutputNorm, self.mlpOutputNorm, self.geluGate) =
-                (localRotary, attentionOutputNorm, mlpOutputNorm, geluGate)
+            (self.localRotary, self.attentionOutputNorm, self.mlpOutputNorm, self.geluGate, self.window) =
+                (localRotary, attentionOutputNorm, mlpOutputNorm, geluGate, window)
         }
     }
 
@@ -52,6 +55,8 @@ package final class FusedDecoderStep: @unchecked Sendable {
     private let eps: Float
     /// Attention scores' scale (1/√headDim, or Gemma's query_pre_attn_scalar^-½).
     private let scale: Float
+    /// The windowed layers' window.
+    private let window: Int?
     private let descriptors: [vlm_decoder_layer]
     private let head: vlm_decoder_product?
     /// What the descriptors point into.
@@ -62,8 +67,9 @@ package final class FusedDecoderStep: @unchecked Sendable {
     package init?(layers: [Layer], finalNorm: Tensor, head: Linear, hiddenSize: Int, heads: Int, keyHeads: Int,
                   headDim: Int, intermediateSize: Int, eps: Float, scale: Float? = nil) {
         let width = heads * headDim, keyWidth = keyHeads * headDim
+        let windows = Set(layers.compactMap(\.window))
         guard Self.isSupported, !layers.isEmpty, heads > 0, keyHeads > 0, heads % keyHeads == 0, headDim % 2 == 0,
-              finalNorm.shape == [hiddenSize] else { return nil }
+              finalNorm.shape == [hiddenSize], windows.count <= 1, windows.allSatisfy({ $0 > 0 }) else { return nil }
         /// The layers' products placed one after another in their stage's output, if they have the expected widths.
         func products(_ linears: [Linear], inFeatures: Int, outFeatures: Int) -> [vlm_decoder_product]? {
             var offset = 0
@@ -100,6 +106,7 @@ package final class FusedDecoderStep: @unchecked Sendable {
             descriptor.attention_output_norm = layer.attentionOutputNorm.map { UnsafePointer($0.storage.pointer) }
             descriptor.mlp_output_norm = layer.mlpOutputNorm.map { UnsafePointer($0.storage.pointer) }
             descriptor.gelu_gate = layer.geluGate ? 1 : 0
+            descriptor.windowed = layer.window == nil ? 0 : 1
             descriptor.output = output[0]
             Self.place(gateUp, in: &descriptor.gate_up)
             descriptor.gate_up_products = gateUp.count
@@ -111,6 +118,7 @@ package final class FusedDecoderStep: @unchecked Sendable {
         (self.hiddenSize, self.heads, self.keyHeads, self.headDim, self.intermediateSize, self.eps) =
             (hiddenSize, heads, keyHeads, headDim, intermediateSize, eps)
         self.scale = scale ?? 1 / Float(headDim).squareRoot()
+        window = windows.first
         self.descriptors = descriptors
         (self.layers, self.finalNorm, headLayer) = (layers, finalNorm, head)
     }
@@ -155,6 +163,10 @@ package final class FusedDecoderStep: @unchecked Sendable {
         step.capacity = capacity
         step.position = position
         step.parts = decodingAttentionParts(keyLength: position + 1, units: keyHeads)
+        if let window {
+            step.window = window
+            step.window_parts = decodingAttentionParts(keyLength: window, units: keyHeads)
+        }
         step.cos = UnsafePointer(cos.storage.pointer)
         step.sin = UnsafePointer(sin.storage.pointer)
         step.local_cos = UnsafePointer(local.cos.storage.pointer)

@@ -394,6 +394,31 @@ static void check_quantized(vlm_quant_format format, ptrdiff_t rows, ptrdiff_t c
             snprintf(what, sizeof what, "quant_packed_matmul format %d %s", format, isa_names[isa]);
             expect_sum_close(what, y, expected, magnitude, m * rows, 3e-5);
         }
+        if (vlm_quant_prompt_supported()) {
+            // The int8 prompt products, against the double sum of the rows as they quantized them.
+            const ptrdiff_t prompt_bytes = vlm_quant_prompt_activation_size(columns);
+            uint8_t *prompt = malloc((size_t)(m * prompt_bytes));
+            double *quantized = calloc((size_t)(m * rows), sizeof(double)), *quantized_magnitude = calloc((size_t)(m * rows), sizeof(double));
+            for (ptrdiff_t i = 0; i < m; i++) {
+                vlm_quant_prompt_activation(x + i * columns, columns, prompt + i * prompt_bytes);
+                const int8_t *digits = (const int8_t *)(prompt + i * prompt_bytes);
+                const float *scales = (const float *)(digits + columns);
+                for (ptrdiff_t j = 0; j < rows; j++)
+                    for (ptrdiff_t c = 0; c < columns; c++) {
+                        const double term = (double)digits[c] * scales[c / 32] * dequantized[j * columns + c];
+                        quantized[i * rows + j] += term;
+                        quantized_magnitude[i * rows + j] += fabs(term);
+                    }
+            }
+            memset(y, 0xFF, (size_t)(m * rows) * sizeof(float));
+            vlm_quant_prompt_matmul(packed, format, rows, columns, prompt, m, y, rows, 0, (rows + 15) / 16);
+            char what[64];
+            snprintf(what, sizeof what, "quant_prompt_matmul format %d", format);
+            expect_sum_close(what, y, quantized, quantized_magnitude, m * rows, 3e-5);
+            free(prompt);
+            free(quantized);
+            free(quantized_magnitude);
+        }
         free(packed);
         free(activations);
     }
@@ -457,15 +482,18 @@ static void reference_rotate(double *x, const float *cos, const float *sin, ptrd
 /// A whole decoding step of a two-layer grouped-query decoder (separate q/k/v and gate/up products in four formats
 /// in one layer, stacked ones in the other; q/k/v biases; the first layer's queries and keys unrotated, as in
 /// SmolLM3's NoPE layers, the second layer Gemma 3's: heads normalized, its own rotary table, the attention's and
-/// the MLP's outputs normed before they are added, GELU gating) at cache position `position`, split into `parts` key
-/// ranges, with and without its head, against the same network in double precision: the logits (or the final
+/// the MLP's outputs normed before they are added, GELU gating, a sliding window of WINDOW positions split into two
+/// ranges) at cache position `position`, split into `parts` key ranges, with and without its head, against the same network in double precision: the logits (or the final
 /// norm's output) and the key and value it stores. Only with an OpenMP runtime in the process.
 static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_isa isa) {
-    enum { H = 64, HEADS = 4, KEY_HEADS = 2, HD = 16, I = 96, L = 2, CAPACITY = 160, VOCAB = 40 };
+    enum { H = 64, HEADS = 4, KEY_HEADS = 2, HD = 16, I = 96, L = 2, CAPACITY = 160, VOCAB = 40, WINDOW = 24 };
     const ptrdiff_t group = HEADS / KEY_HEADS, width = HEADS * HD, key_width = KEY_HEADS * HD;
     const float eps = 1e-5f, scale = 0.25f;
     float *norms = random_floats(2 * L * H + H), *bias = random_floats(width + 2 * key_width);
     float *head_norms = random_floats(2 * HD), *output_norms = random_floats(2 * H);
+    // The first layer's MLP leaves the hidden state at about 3·10⁴; outputs normed to about 1 would vanish in it
+    // (a wrong attention window in the second layer went unseen), so its norms scale them to that size.
+    for (int i = 0; i < 2 * H; i++) output_norms[i] *= 3e4f;
     packed_matrix matrices[L][7], head = random_packed(VLM_QUANT_Q8_0, VOCAB, H, NULL, 0);
     vlm_decoder_layer layers[L];
     memset(layers, 0, sizeof layers);
@@ -494,6 +522,7 @@ static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_i
             d->attention_output_norm = output_norms;
             d->mlp_output_norm = output_norms + H;
             d->gelu_gate = 1;
+            d->windowed = 1;
             matrices[l][0] = random_packed(VLM_QUANT_Q8_0, width + 2 * key_width, H, bias, 0);
             d->attention[0] = matrices[l][0].product;
             d->attention_products = 1;
@@ -548,15 +577,16 @@ static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_i
             const double *k = reference_keys[l] + (q / group) * CAPACITY * HD, *v = reference_values[l] + (q / group) * CAPACITY * HD;
             if (layers[l].query_norm) reference_norm(query, layers[l].query_norm, HD, eps, query);
             if (!layers[l].unrotated) reference_rotate(query, layer_cos, layer_sin, HD);
+            const ptrdiff_t first = layers[l].windowed && position >= WINDOW ? position - WINDOW + 1 : 0;
             double largest = -INFINITY, total = 0, *scores = malloc((size_t)(position + 1) * sizeof(double));
-            for (ptrdiff_t p = 0; p <= position; p++) {
+            for (ptrdiff_t p = first; p <= position; p++) {
                 scores[p] = 0;
                 for (int f = 0; f < HD; f++) scores[p] += query[f] * k[p * HD + f];
                 scores[p] *= scale;
                 largest = fmax(largest, scores[p]);
             }
             for (int f = 0; f < HD; f++) out[f] = 0;
-            for (ptrdiff_t p = 0; p <= position; p++) {
+            for (ptrdiff_t p = first; p <= position; p++) {
                 const double weight = exp(scores[p] - largest);
                 total += weight;
                 for (int f = 0; f < HD; f++) out[f] += weight * v[p * HD + f];
@@ -597,7 +627,7 @@ static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_i
             .layers = layers, .layer_count = L, .hidden_size = H, .heads = HEADS, .key_heads = KEY_HEADS, .head_dim = HD,
             .intermediate_size = I, .eps = eps, .scale = scale, .final_norm = norms + 2 * L * H,
             .head = with_head ? head.product : (vlm_decoder_product){0}, .keys = cache_keys, .values = cache_values,
-            .capacity = CAPACITY, .position = position, .parts = parts, .cos = cos, .sin = sin, .local_cos = local_cos,
+            .capacity = CAPACITY, .position = position, .parts = parts, .window = WINDOW, .window_parts = 2, .cos = cos, .sin = sin, .local_cos = local_cos,
             .local_sin = local_sin, .hidden = step_hidden,
             .logits = with_head ? step_logits : NULL};
         float *scratch = malloc((size_t)vlm_decoder_step_scratch_floats(&step) * sizeof(float));

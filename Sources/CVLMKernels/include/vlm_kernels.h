@@ -296,6 +296,9 @@ typedef struct vlm_decoder_layer {
     const float *attention_output_norm, *mlp_output_norm;
     /// Nonzero: the MLP's gate goes through GELU (tanh approximation) instead of SiLU.
     int gelu_gate;
+    /// Nonzero where the layer attends to the step's `window` latest positions only (Gemma 3's sliding layers,
+    /// Mistral's window).
+    int windowed;
     vlm_decoder_product output;
     /// gate and up (or one matrix stacking them) writing `gate | up`.
     vlm_decoder_product gate_up[2];
@@ -325,6 +328,9 @@ typedef struct vlm_decoder_step {
     ptrdiff_t position;
     /// Ranges of keys each key head's attention is split into, merged after.
     ptrdiff_t parts;
+    /// The `windowed` layers' window (`position − window + 1 ... position`) and the ranges their attention is split
+    /// into, as the layer-by-layer path splits that many keys.
+    ptrdiff_t window, window_parts;
     /// `cos` and `sin` of this token's rotary angles, `head_dim / 2` each, and those of the layers with
     /// `local_rotary` (NULL where none has it).
     const float *cos, *sin, *local_cos, *local_sin;
