@@ -3,7 +3,7 @@
 
 Usage:  python3 scripts/bench_llamacpp.py [--model FILE.gguf] [--requantize TYPE] [--threads 2] [--runs 3]
                                          [--rounds 5] [--prompt-tokens 256] [--new-tokens 128] [--json]
-                                         [--vlm BINARY] [--llama-bench BINARY]
+                                         [--vlm BINARY] [--llama-bench BINARY] [--dtype fp32|bf16|int8]
 
 llama.cpp comes from PyPI's llama-cpp-python, built from source for this CPU (CMAKE_ARGS="-DGGML_NATIVE=ON") into
 .venv-llamacpp/ at the package root the first time (about 5 minutes or more; the venv ignores itself in git), or,
@@ -22,6 +22,9 @@ medians are shown). SwiftVLM is built with `swift build -c release` (or --vlm na
 OMP_NUM_THREADS set to --threads. llama.cpp keeps its extra weight buffers (weights repacked for its faster CPU
 kernels, AMX ones where the CPU reports AMX) unless a short trial run with them dies of a signal: VMs that report AMX
 but withhold it kill ggml's AMX kernels.
+--dtype is SwiftVLM's (`vlm bench --dtype`): int8 runs its prompts' products on int8 activations per 32-element
+block, as llama.cpp's own CPU kernels do (q8_0 activations), bf16 on bf16-rounded ones; fp32, the default, is
+transformers' arithmetic.
 --requantize TYPE (a llama.cpp file type such as Q4_K_M or Q5_K_M) first writes a copy of the model requantized by
 llama.cpp's own quantizer next to it (once) and benchmarks that: real K-quant files without a download.
 """
@@ -243,7 +246,8 @@ def build_swiftvlm():
 def bench_swiftvlm(vlm: Path, model: Path, args) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     out = subprocess.run([vlm, "bench", "--model", model, "--json", "--runs", str(args.runs),
-                          "--prompt-tokens", str(args.prompt_tokens), "--new-tokens", str(args.new_tokens)],
+                          "--prompt-tokens", str(args.prompt_tokens), "--new-tokens", str(args.new_tokens),
+                          "--dtype", args.dtype],
                          check=True, capture_output=True, text=True, env=env)
     report = json.loads(out.stdout.strip().splitlines()[-1])
     return {key: report[key] for key in ("prefill_tokens_per_s", "decode_tokens_per_s")}
@@ -261,6 +265,7 @@ def main():
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--vlm", type=Path, help="a built `vlm` binary to run (default: build .build/release/vlm)")
     parser.add_argument("--llama-bench", type=Path, help="llama.cpp's llama-bench binary, instead of llama-cpp-python")
+    parser.add_argument("--dtype", choices=("fp32", "bf16", "int8"), default="fp32", help="SwiftVLM's --dtype")
     args = parser.parse_args()
     if min(args.threads, args.runs, args.rounds, args.prompt_tokens, args.new_tokens) < 1:
         parser.error("--threads, --runs, --rounds, --prompt-tokens and --new-tokens must be positive")
@@ -287,7 +292,7 @@ def main():
             read = weight_bytes * rounds[-1][engine]["decode_tokens_per_s"] / 1e9
             rounds[-1][engine].update(weights_gb_per_s=read, of_probe=read / probes[-1])
     keys = ("prefill_tokens_per_s", "decode_tokens_per_s")
-    results = {"model": str(model), "machine": machine, "llamacpp": type(llamacpp).__name__,
+    results = {"model": str(model), "dtype": args.dtype, "machine": machine, "llamacpp": type(llamacpp).__name__,
                "llamacpp_extra_buffers": extra_buffers, "threads": args.threads,
                "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "step_weight_bytes": weight_bytes,
                "probe_gb_per_s": probes, "runs": args.runs, "load_average": load_before, "rounds": rounds}
@@ -303,7 +308,7 @@ def main():
         print(json.dumps(results, indent=1))
         return
     print(summary(machine))
-    print(f"{model.name}, {args.threads} threads, {args.prompt_tokens}-token prompt, {args.new_tokens} new tokens; "
+    print(f"{model.name}, SwiftVLM --dtype {args.dtype}, {args.threads} threads, {args.prompt_tokens}-token prompt, {args.new_tokens} new tokens; "
           f"{args.rounds} rounds of each engine's median of {args.runs} runs (1-minute load average "
           f"{load_before:.1f} before; llama.cpp through "
           f"{'llama-bench' if isinstance(llamacpp, LlamaBench) else 'llama-cpp-python'}, its extra weight buffers "

@@ -49,7 +49,7 @@ struct ModelOption: ParsableArguments {
 
 /// `--dtype`: the precision of the linear layers of the model a command builds.
 struct PrecisionOption: ParsableArguments {
-    @Option(help: "Precision of the model's linear layers: fp32; bf16 (weights in bf16, products through the CPU's bf16 instructions); or int8 (dynamic quantization: int8 weights per output channel, activations per token, VNNI products). Norms and softmax stay fp32 (bf16 also runs an encoder's attention products in bf16), and GGUF-quantized matrices keep their formats; a CPU without the instructions runs fp32. Default: for classify, embed and serve of an image-text model, and caption, ask, image chat and bench of a checkpoint directory of an image model, bf16 for a checkpoint stored in bf16, else fp32; fp32 for the rest.")
+    @Option(help: "Precision of the model's linear layers: fp32; bf16 (weights in bf16, products through the CPU's bf16 instructions); or int8 (dynamic quantization: int8 weights per output channel, activations per token, VNNI products). Norms and softmax stay fp32 (bf16 also runs an encoder's attention products in bf16), and GGUF-quantized matrices keep their formats (a prompt's products through them run in bf16 with bf16, and on int8 activations per 32 values, as llama.cpp's, with int8); a CPU without the instructions runs fp32. Default: for classify, embed and serve of an image-text model, and caption, ask, image chat and bench of a checkpoint directory of an image model, bf16 for a checkpoint stored in bf16, else fp32; fp32 for the rest.")
     var dtype: MatrixPrecision?
 
     /// `body`'s model built with `--dtype`'s layers, fp32 when it is not given.
