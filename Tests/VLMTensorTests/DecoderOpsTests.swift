@@ -23,6 +23,21 @@ import Testing
         }
     }
 
+    /// Other activations (GELU's tanh form for Gemma) are the scalar definition exactly, in one thread for a few rows
+    /// and split among the cores for a prompt's many.
+    @Test(arguments: [3, 70])
+    func gatedGeluIsItsDefinitionElementByElement(rows: Int) {
+        let width = 1024
+        let stacked = (0..<(rows * 2 * width)).map { Float(($0 * 7919) % 2003) / 2003 * 12 - 6 }
+        let output = gatedActivation(Tensor(shape: [rows, 2 * width], scalars: stacked), activation: .geluTanh)
+        #expect(output.shape == [rows, width])
+        let expected = (0..<(rows * width)).map { index in
+            let (row, column) = index.quotientAndRemainder(dividingBy: width)
+            return Activation.geluTanh(stacked[row * 2 * width + column]) * stacked[row * 2 * width + width + column]
+        }
+        #expect(output.scalars.map(\.bitPattern) == expected.map(\.bitPattern))
+    }
+
     @Test func splitLastDimensionCutsEveryRow() {
         let x = Tensor(shape: [2, 5], scalars: (0..<10).map(Float.init))
         let parts = splitLastDimension(x, widths: [2, 3])
