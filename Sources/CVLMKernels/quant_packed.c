@@ -219,18 +219,20 @@ void vlm_quant_prompt_activation(const float *x, ptrdiff_t columns, void *activa
 #endif
 }
 
-void vlm_quant_prompt_matmul(const void *packed, vlm_quant_format format, ptrdiff_t rows, ptrdiff_t columns,
-                             const void *activations, ptrdiff_t m, float *y, ptrdiff_t y_stride,
-                             ptrdiff_t first_group, ptrdiff_t groups) {
+int vlm_quant_prompt_matmul(const void *packed, vlm_quant_format format, ptrdiff_t rows, ptrdiff_t columns,
+                            const void *activations, ptrdiff_t m, float *y, ptrdiff_t y_stride,
+                            ptrdiff_t first_group, ptrdiff_t groups) {
     vlm_quant_packed_layout_t layout;
-    if (m <= 0 || groups <= 0 || vlm_quant_packed_layout(format, columns, &layout) != 0) return;
+    if (m <= 0 || groups <= 0 || vlm_quant_packed_layout(format, columns, &layout) != 0) return 0;
 #if defined(__x86_64__)
     if (packed_kernels() == 2)
-        vlm_quant_prompt_matmul_avx512(packed, format, &layout, rows, activations,
-                                       vlm_quant_prompt_activation_size(columns), m, y, y_stride, first_group, groups);
+        return vlm_quant_prompt_matmul_avx512(packed, format, &layout, rows, activations,
+                                              vlm_quant_prompt_activation_size(columns), m, y, y_stride, first_group,
+                                              groups);
 #else
     (void)packed, (void)rows, (void)activations, (void)y, (void)y_stride, (void)first_group;
 #endif
+    return 0;
 }
 
 static atomic_uint_fast64_t call_tokens = 1;

@@ -2,6 +2,7 @@
 
 #include <immintrin.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "quant_packed.h"
@@ -338,9 +339,51 @@ VNNI void vlm_quant_prompt_activation_avx512(const float *x, ptrdiff_t columns, 
     }
 }
 
+/// One weight group as the prompt tiles read it: block `b`'s eight vectors of byte values (16 rows × 4 columns each)
+/// at `values + 512·b`, and its 16 rows' scales (Q6_K: the first half's, then the second's in `second_scales`) and
+/// minimums as fp32 at `+ 16·b`.
+typedef struct prompt_group {
+    const uint8_t *values;
+    const float *scales, *second_scales, *minimums;
+} prompt_group;
+
+/// Bytes of one group's unpacked form (prepare_group).
+static ptrdiff_t prompt_group_bytes(ptrdiff_t blocks) { return blocks * (512 + 3 * 64); }
+
+/// `group`'s values and scales unpacked once into `scratch` (prompt_group_bytes, 64-byte aligned) for every tile of
+/// rows that reads it: nibbles into bytes with their high bits added, K-quants' sub-block scales multiplied into
+/// fp32 (ggml's d·scale). Q8_0's bytes are read where they are.
+VNNI_INLINE prompt_group prepare_group(const vlm_quant_format F, const uint8_t *group,
+                                       const vlm_quant_packed_layout_t *layout, uint8_t *scratch) {
+    const int has_minimum = F == VLM_QUANT_Q4_1 || F == VLM_QUANT_Q5_1 || F == VLM_QUANT_Q4_K || F == VLM_QUANT_Q5_K;
+    const int super_scales = F == VLM_QUANT_Q4_K || F == VLM_QUANT_Q5_K || F == VLM_QUANT_Q6_K;
+    const ptrdiff_t blocks = layout->blocks;
+    float *scales = (float *)(scratch + 512 * blocks), *second = scales + 16 * blocks, *minimums = second + 16 * blocks;
+    for (ptrdiff_t b = 0; b < blocks; b++) {
+        const uint8_t *supers = group + layout->supers_offset + layout->super_bytes * (b / 8);
+        _mm512_store_ps(scales + 16 * b, block_scales(group, layout, F, b));
+        if (F == VLM_QUANT_Q6_K)
+            _mm512_store_ps(second + 16 * b,
+                            sub_block_scales(group + layout->scales_offset + layout->scale_bytes * b + 16, 1, supers));
+        if (has_minimum)
+            _mm512_store_ps(minimums + 16 * b,
+                            super_scales ? sub_block_scales(group + layout->minimums_offset + layout->scale_bytes * b, 0, supers + 32)
+                                         : halves(group + layout->minimums_offset + layout->scale_bytes * b));
+        if (F == VLM_QUANT_Q8_0) continue;
+        for (int j = 0; j < 4; j++) {
+            __m512i low, high;
+            nibble_pair(group + b * layout->value_bytes, F, j, &low, &high);
+            _mm512_store_si512((void *)(scratch + 512 * b + 64 * j), low);
+            _mm512_store_si512((void *)(scratch + 512 * b + 64 * (4 + j)), high);
+        }
+    }
+    return (prompt_group){.values = F == VLM_QUANT_Q8_0 ? group : scratch, .scales = scales, .second_scales = second,
+                          .minimums = minimums};
+}
+
 /// `NR` (1 or 2) groups times `MR` activation rows (`out[i·NR + g]`), block by block: each block's integer sums of
 /// weights times digits, exact, then scaled into fp32 accumulators. Q6_K's halves keep their sums apart.
-VNNI_INLINE void prompt_tile(const vlm_quant_format F, const uint8_t *const *groups, const int NR,
+VNNI_INLINE void prompt_tile(const vlm_quant_format F, const prompt_group *groups, const int NR,
                              const vlm_quant_packed_layout_t *layout, const int8_t *activations,
                              ptrdiff_t activation_bytes, const int MR, __m512 *out) {
     const int has_minimum = F == VLM_QUANT_Q4_1 || F == VLM_QUANT_Q5_1 || F == VLM_QUANT_Q4_K || F == VLM_QUANT_Q5_K;
@@ -352,40 +395,20 @@ VNNI_INLINE void prompt_tile(const vlm_quant_format F, const uint8_t *const *gro
     for (ptrdiff_t b = 0; b < blocks; b++) {
         __m512i first[2 * PROMPT_TOKENS], second[2 * PROMPT_TOKENS];
         for (int t = 0; t < MR * NR; t++) first[t] = second[t] = _mm512_setzero_si512();
-        if (F == VLM_QUANT_Q8_0) {
-            for (int q = 0; q < 8; q++) {
-                __m512i w[2];
-                for (int g = 0; g < NR; g++) w[g] = _mm512_load_si512((const void *)(groups[g] + b * layout->value_bytes + 64 * q));
-                for (int i = 0; i < MR; i++) {
-                    const __m512i a = digit_group(activations + i * activation_bytes + 32 * b + 4 * q);
-                    for (int g = 0; g < NR; g++) first[i * NR + g] = _mm512_dpbusd_epi32(first[i * NR + g], w[g], a);
-                }
-            }
-        } else {
-            for (int j = 0; j < 4; j++) {
-                __m512i low[2], high[2];
-                for (int g = 0; g < NR; g++) nibble_pair(groups[g] + b * layout->value_bytes, F, j, &low[g], &high[g]);
-                for (int i = 0; i < MR; i++) {
-                    const int8_t *digits = activations + i * activation_bytes + 32 * b;
-                    const __m512i a = digit_group(digits + 4 * j), e = digit_group(digits + 4 * (4 + j));
-                    for (int g = 0; g < NR; g++) {
-                        const int t = i * NR + g;
-                        first[t] = _mm512_dpbusd_epi32(first[t], low[g], a);
-                        if (half_scales) second[t] = _mm512_dpbusd_epi32(second[t], high[g], e);
-                        else first[t] = _mm512_dpbusd_epi32(first[t], high[g], e);
-                    }
+        for (int q = 0; q < 8; q++) {
+            __m512i w[2];
+            for (int g = 0; g < NR; g++) w[g] = _mm512_load_si512((const void *)(groups[g].values + 512 * b + 64 * q));
+            for (int i = 0; i < MR; i++) {
+                const __m512i a = digit_group(activations + i * activation_bytes + 32 * b + 4 * q);
+                for (int g = 0; g < NR; g++) {
+                    const int t = i * NR + g;
+                    if (half_scales && q >= 4) second[t] = _mm512_dpbusd_epi32(second[t], w[g], a);
+                    else first[t] = _mm512_dpbusd_epi32(first[t], w[g], a);
                 }
             }
         }
         for (int g = 0; g < NR; g++) {
-            const __m512 d = block_scales(groups[g], layout, F, b);
-            const uint8_t *supers = groups[g] + layout->supers_offset + layout->super_bytes * (b / 8);
-            const __m512 second_d = half_scales
-                ? sub_block_scales(groups[g] + layout->scales_offset + layout->scale_bytes * b + 16, 1, supers)
-                : d;
-            const __m512 minimum = !has_minimum ? d
-                : super_scales ? sub_block_scales(groups[g] + layout->minimums_offset + layout->scale_bytes * b, 0, supers + 32)
-                               : halves(groups[g] + layout->minimums_offset + layout->scale_bytes * b);
+            const __m512 d = _mm512_load_ps(groups[g].scales + 16 * b);
             for (int i = 0; i < MR; i++) {
                 const float *scales = (const float *)(activations + i * activation_bytes + 32 * blocks);
                 const int32_t *sums = (const int32_t *)(scales + blocks), *half_sums = sums + blocks;
@@ -396,10 +419,12 @@ VNNI_INLINE void prompt_tile(const vlm_quant_format F, const uint8_t *const *gro
                     const __m512i low = _mm512_sub_epi32(first[t], _mm512_set1_epi32(layout->offset * half_sums[2 * b]));
                     const __m512i high = _mm512_sub_epi32(second[t], _mm512_set1_epi32(layout->offset * half_sums[2 * b + 1]));
                     acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(low), _mm512_mul_ps(d, scale), acc[t]);
-                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(high), _mm512_mul_ps(second_d, scale), acc[t]);
+                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(high),
+                                             _mm512_mul_ps(_mm512_load_ps(groups[g].second_scales + 16 * b), scale), acc[t]);
                 } else if (has_minimum) {
                     acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(first[t]), _mm512_mul_ps(d, scale), acc[t]);
                     // K-quants subtract dmin·min; the others add their minimums.
+                    const __m512 minimum = _mm512_load_ps(groups[g].minimums + 16 * b);
                     const __m512 weighted_sum = _mm512_set1_ps(scales[b] * (float)sums[b]);
                     acc[t] = super_scales ? _mm512_fnmadd_ps(minimum, weighted_sum, acc[t])
                                           : _mm512_fmadd_ps(minimum, weighted_sum, acc[t]);
@@ -415,11 +440,13 @@ VNNI_INLINE void prompt_tile(const vlm_quant_format F, const uint8_t *const *gro
 
 VNNI_INLINE void prompt_matmul(const vlm_quant_format F, const void *packed, const vlm_quant_packed_layout_t *layout,
                                ptrdiff_t rows, const void *activations, ptrdiff_t activation_bytes, ptrdiff_t m,
-                               float *y, ptrdiff_t y_stride, ptrdiff_t first_group, ptrdiff_t groups) {
+                               float *y, ptrdiff_t y_stride, ptrdiff_t first_group, ptrdiff_t groups, uint8_t *scratch) {
     for (ptrdiff_t g = first_group; g < first_group + groups; g += 2) {
         const int NR = g + 1 < first_group + groups ? 2 : 1;
-        const uint8_t *pair[2] = {(const uint8_t *)packed + g * layout->group_bytes,
-                                  (const uint8_t *)packed + (g + 1) * layout->group_bytes};
+        prompt_group pair[2];
+        for (int p = 0; p < NR; p++)
+            pair[p] = prepare_group(F, (const uint8_t *)packed + (g + p) * layout->group_bytes, layout,
+                                    scratch + p * prompt_group_bytes(layout->blocks));
         for (ptrdiff_t i = 0; i < m; i += PROMPT_TOKENS) {
             const int MR = m - i < PROMPT_TOKENS ? (int)(m - i) : PROMPT_TOKENS;
             const int8_t *tile = (const int8_t *)activations + i * activation_bytes;
@@ -437,18 +464,34 @@ VNNI_INLINE void prompt_matmul(const vlm_quant_format F, const void *packed, con
     }
 }
 
-VNNI void vlm_quant_prompt_matmul_avx512(const void *packed, vlm_quant_format format,
-                                         const vlm_quant_packed_layout_t *layout, ptrdiff_t rows,
-                                         const void *activations, ptrdiff_t activation_bytes, ptrdiff_t m, float *y,
-                                         ptrdiff_t y_stride, ptrdiff_t first_group, ptrdiff_t groups) {
+/// This thread's unpacked pair of groups, kept for the thread's life.
+static _Thread_local struct {
+    uint8_t *bytes;
+    ptrdiff_t capacity;
+} prompt_scratch;
+
+VNNI int vlm_quant_prompt_matmul_avx512(const void *packed, vlm_quant_format format,
+                                        const vlm_quant_packed_layout_t *layout, ptrdiff_t rows,
+                                        const void *activations, ptrdiff_t activation_bytes, ptrdiff_t m, float *y,
+                                        ptrdiff_t y_stride, ptrdiff_t first_group, ptrdiff_t groups) {
+    const ptrdiff_t bytes = 2 * prompt_group_bytes(layout->blocks);
+    if (bytes > prompt_scratch.capacity) {
+        uint8_t *grown = aligned_alloc(64, (size_t)bytes);
+        if (!grown) return -1;
+        free(prompt_scratch.bytes);
+        prompt_scratch.bytes = grown;
+        prompt_scratch.capacity = bytes;
+    }
+    uint8_t *scratch = prompt_scratch.bytes;
 #define FORMAT_CASE(F) \
-    case F: prompt_matmul(F, packed, layout, rows, activations, activation_bytes, m, y, y_stride, first_group, groups); break;
+    case F: prompt_matmul(F, packed, layout, rows, activations, activation_bytes, m, y, y_stride, first_group, groups, scratch); break;
     switch (format) {
     FORMAT_CASE(VLM_QUANT_Q4_0) FORMAT_CASE(VLM_QUANT_Q4_1) FORMAT_CASE(VLM_QUANT_Q5_0) FORMAT_CASE(VLM_QUANT_Q5_1)
     FORMAT_CASE(VLM_QUANT_Q8_0) FORMAT_CASE(VLM_QUANT_Q4_K) FORMAT_CASE(VLM_QUANT_Q5_K) FORMAT_CASE(VLM_QUANT_Q6_K)
     default: break;
     }
 #undef FORMAT_CASE
+    return 0;
 }
 
 #endif

@@ -205,8 +205,9 @@ final class QuantizedLinear: @unchecked Sendable {
         let bias = self.bias, residualPointer = residual.map { UnsafeSendablePointer(pointer: $0.storage.pointer) }
         parallelRanges((groups + 1) / 2, grain: 1) { pairs in
             let range = (2 * pairs.lowerBound)..<min(groups, 2 * pairs.upperBound)
-            vlm_quant_prompt_matmul(packed.pointer, format, n, k, activations.pointer, rows, destination.pointer, n,
-                                    range.lowerBound, range.count)
+            precondition(vlm_quant_prompt_matmul(packed.pointer, format, n, k, activations.pointer, rows, destination.pointer,
+                                                 n, range.lowerBound, range.count) == 0,
+                         "out of memory for an int8 prompt product's unpacked weights")
             finishLinearOutput(destination.pointer, rows: rows, columns: (16 * range.lowerBound)..<min(n, 16 * range.upperBound),
                                stride: n, bias: bias, activation: activation, residual: residualPointer?.pointer)
         }

@@ -240,11 +240,12 @@ void vlm_quant_prompt_activation(const float *x, ptrdiff_t columns, void *activa
 
 /// `y[i][j] = Σ_c x̂[i][c] · W[j][c]` for the `m` int8 activation rows `x̂` (each
 /// vlm_quant_prompt_activation_size(columns) bytes after the previous) and the rows `j` of the 16-row groups
-/// `first_group ..< first_group + groups` that are below `rows`; rows of `y` lie `y_stride` floats apart. Only where
-/// vlm_quant_prompt_supported().
-void vlm_quant_prompt_matmul(const void *packed, vlm_quant_format format, ptrdiff_t rows, ptrdiff_t columns,
-                             const void *activations, ptrdiff_t m, float *y, ptrdiff_t y_stride,
-                             ptrdiff_t first_group, ptrdiff_t groups);
+/// `first_group ..< first_group + groups` that are below `rows`; rows of `y` lie `y_stride` floats apart. Each pair of
+/// groups is unpacked once (bytes, fp32 scales) into a buffer the calling thread keeps. Returns 0, or -1 when that
+/// buffer cannot be allocated. Only where vlm_quant_prompt_supported().
+int vlm_quant_prompt_matmul(const void *packed, vlm_quant_format format, ptrdiff_t rows, ptrdiff_t columns,
+                            const void *activations, ptrdiff_t m, float *y, ptrdiff_t y_stride,
+                            ptrdiff_t first_group, ptrdiff_t groups);
 
 /// How many places of a matrix one core streams from at once in a decoding product (m = 1): its groups split into
 /// that many parts read side by side, the groups that do not divide among them one at a time after.
