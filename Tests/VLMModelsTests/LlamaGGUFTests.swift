@@ -68,18 +68,27 @@ struct SmolLM2GGUFTests {
             let top = testCase.top_ids.map { logits[$0] }
             #expect(maxDifference(top, testCase.top_logits) < Self.tolerance, "\(testCase.text)")
             #expect(maxDifference(Array(logits[0..<testCase.logits_head.count]), testCase.logits_head) < Self.tolerance, "\(testCase.text)")
-            var continuation: [Int] = []
-            for (step, token) in testCase.new_tokens.enumerated() {
-                if step > 0 { logits = try model.logits(inputIds: [[testCase.new_tokens[step - 1]]], cache: cache).scalars }
-                continuation += argmaxLastDimension(Tensor(shape: [logits.count], scalars: logits))
-                if continuation.last != token { break }
-            }
+            let continuation: [Int]
+            (continuation, logits) = try Self.greedyContinuation(of: model, cache: cache, after: logits, expected: testCase.new_tokens)
             #expect(continuation == testCase.new_tokens, "\(testCase.text)")
             let finalTop = testCase.final_top_ids.map { logits[$0] }
             #expect(maxDifference(finalTop, testCase.final_top_logits) < Self.tolerance, "\(testCase.text)")
             #expect(maxDifference(Array(logits[0..<testCase.final_logits_head.count]), testCase.final_logits_head) < Self.tolerance,
                     "\(testCase.text)")
         }
+    }
+
+    /// Feeds `expected` back one token at a time after a prompt whose last logits are `logits`, up to the first token
+    /// the model would not have chosen: the greedy continuation as far as it goes, and the last step's logits.
+    static func greedyContinuation(of model: LlamaForCausalLM, cache: KVCache, after logits: [Float],
+                                   expected: [Int]) throws -> (tokens: [Int], logits: [Float]) {
+        var (logits, continuation) = (logits, [Int]())
+        for (step, token) in expected.enumerated() {
+            if step > 0 { logits = try model.logits(inputIds: [[expected[step - 1]]], cache: cache).scalars }
+            continuation += argmaxLastDimension(Tensor(shape: [logits.count], scalars: logits))
+            if continuation.last != token { break }
+        }
+        return (continuation, logits)
     }
 
     struct PerplexityExpected: Decodable {
@@ -133,15 +142,10 @@ struct SmolLM2GGUFTests {
         }
         for testCase in long {
             let cache = try model.makeCache(batch: 1, capacity: testCase.input_ids.count + testCase.new_tokens.count)
-            var logits = try model.logits(inputIds: [testCase.input_ids], cache: cache, lastPositionOnly: true).scalars
+            let logits = try model.logits(inputIds: [testCase.input_ids], cache: cache, lastPositionOnly: true).scalars
             #expect(maxDifference(testCase.top_ids.map { logits[$0] }, testCase.top_logits) < 0.5, "\(testCase.text)")
-            var continuation: [Int] = []
-            for (step, token) in testCase.new_tokens.enumerated() {
-                if step > 0 { logits = try model.logits(inputIds: [[testCase.new_tokens[step - 1]]], cache: cache).scalars }
-                continuation += argmaxLastDimension(Tensor(shape: [logits.count], scalars: logits))
-                if continuation.last != token { break }
-            }
-            #expect(continuation == testCase.new_tokens, "\(testCase.text)")
+            let continuation = try Self.greedyContinuation(of: model, cache: cache, after: logits, expected: testCase.new_tokens)
+            #expect(continuation.tokens == testCase.new_tokens, "\(testCase.text)")
         }
         let passage = try JSONDecoder().decode(PerplexityExpected.self, from: Data(contentsOf: SmolLM2.packageRoot
             .appendingPathComponent("Tests/Fixtures/llama/smollm2-perplexity.json")))
