@@ -70,7 +70,8 @@ static int prepare_thread_scratch(const vlm_decoder_step *s) {
     const ptrdiff_t width = s->heads * s->head_dim;
     const ptrdiff_t normed = round_up(s->hidden_size * 4), query = round_up(width * 4), key = round_up(s->head_dim * 4),
                     attended = query, gated = round_up(s->intermediate_size * 4),
-                    activation = round_up(vlm_quant_activation_size(widest_input(s)));
+                    activation = round_up(s->int8 ? vlm_quant_int8_activation_size(widest_input(s))
+                                                  : vlm_quant_activation_size(widest_input(s)));
     const size_t bytes = (size_t)(normed + query + key + attended + gated + activation);
     thread_scratch *t = &scratch_of_thread;
     if (bytes > t->bytes) {
@@ -79,12 +80,15 @@ static int prepare_thread_scratch(const vlm_decoder_step *s) {
         free(t->normed);
         t->bytes = bytes;
         t->normed = (float *)grown;
-        t->query = (float *)(grown + normed);
-        t->key = (float *)(grown + normed + query);
-        t->attended = (float *)(grown + normed + query + key);
-        t->gated = (float *)(grown + normed + query + key + attended);
-        t->activation = grown + normed + query + key + attended + gated;
     }
+    // Laid out for this step each time: another model's step (or the other activation format) may have left a
+    // buffer large enough in all but different parts.
+    char *base = (char *)t->normed;
+    t->query = (float *)(base + normed);
+    t->key = (float *)(base + normed + query);
+    t->attended = (float *)(base + normed + query + key);
+    t->gated = (float *)(base + normed + query + key + attended);
+    t->activation = base + normed + query + key + attended + gated;
     return 0;
 }
 
@@ -143,6 +147,12 @@ void vlm_attention_merge(const float *maxima, const float *sums, const float *pa
     }
 }
 
+/// `x` as the step's products read it: int8 or the fixed point.
+static void quantize_row(const vlm_decoder_step *s, const float *x, ptrdiff_t columns, void *activation) {
+    if (s->int8) vlm_quant_int8_activation(x, columns, activation);
+    else vlm_quant_activation(x, columns, activation);
+}
+
 enum epilogue { WRITE, ADD_TO_HIDDEN };
 
 /// This thread's share of the 16-row groups of `products` (whole sets of VLM_QUANT_STREAMS, as the layer-by-layer
@@ -168,8 +178,12 @@ static void run_products(step_run *run, const vlm_decoder_product *products, ptr
         const ptrdiff_t groups = (p->rows + 15) / 16, first_group = (from - first_sets[i]) * streams;
         const ptrdiff_t end_group = (to - first_sets[i]) * streams < groups ? (to - first_sets[i]) * streams : groups;
         float *y = output + p->offset;
-        vlm_quant_packed_matmul(p->packed, p->format, p->rows, p->columns, activation, 1, y, p->rows, first_group,
-                                end_group - first_group, VLM_ISA_AVX512);
+        if (run->step->int8)
+            vlm_quant_int8_matmul(p->packed, p->format, p->rows, p->columns, activation, 1, y, p->rows, first_group,
+                                  end_group - first_group);
+        else
+            vlm_quant_packed_matmul(p->packed, p->format, p->rows, p->columns, activation, 1, y, p->rows, first_group,
+                                    end_group - first_group, VLM_ISA_AVX512);
         const ptrdiff_t end_row = 16 * end_group < p->rows ? 16 * end_group : p->rows;
         if (epilogue == WRITE && !p->bias) continue;
         for (ptrdiff_t j = 16 * first_group; j < end_row; j++) {
@@ -276,7 +290,7 @@ static void run_step(void *context, int thread, int threads) {
         // The layer before used the other claims, and every thread has passed a barrier since.
         if (thread == 0) atomic_store_explicit(&run->claims[(l + 1) % 2], 0, memory_order_relaxed);
         vlm_rms_norm(s->hidden, layer->input_norm, 1, s->hidden_size, s->eps, t->normed);
-        vlm_quant_activation(t->normed, s->hidden_size, t->activation);
+        quantize_row(s, t->normed, s->hidden_size, t->activation);
         run_products(run, layer->attention, layer->attention_products, t->activation, run->qkv, WRITE,
                      thread, threads);
         vlm_parallel_barrier();
@@ -284,7 +298,7 @@ static void run_step(void *context, int thread, int threads) {
         vlm_parallel_barrier();
         vlm_attention_merge(run->maxima, run->sums, run->partials, s->key_heads, attended_keys(s, layer).parts,
                             run->group, s->head_dim, t->attended);
-        vlm_quant_activation(t->attended, width, t->activation);
+        quantize_row(s, t->attended, width, t->activation);
         run_products(run, &layer->output, 1, t->activation, run->product,
                      layer->attention_output_norm ? WRITE : ADD_TO_HIDDEN, thread, threads);
         vlm_parallel_barrier();
@@ -293,12 +307,12 @@ static void run_step(void *context, int thread, int threads) {
             vlm_parallel_barrier();
         }
         vlm_rms_norm(s->hidden, layer->post_attention_norm, 1, s->hidden_size, s->eps, t->normed);
-        vlm_quant_activation(t->normed, s->hidden_size, t->activation);
+        quantize_row(s, t->normed, s->hidden_size, t->activation);
         run_products(run, layer->gate_up, layer->gate_up_products, t->activation, run->gate_up, WRITE,
                      thread, threads);
         vlm_parallel_barrier();
         gated_activation(run, layer, t->gated);
-        vlm_quant_activation(t->gated, s->intermediate_size, t->activation);
+        quantize_row(s, t->gated, s->intermediate_size, t->activation);
         run_products(run, &layer->down, 1, t->activation, run->product, layer->mlp_output_norm ? WRITE : ADD_TO_HIDDEN,
                      thread, threads);
         vlm_parallel_barrier();
@@ -312,7 +326,7 @@ static void run_step(void *context, int thread, int threads) {
         return;
     }
     vlm_rms_norm(s->hidden, s->final_norm, 1, s->hidden_size, s->eps, t->normed);
-    vlm_quant_activation(t->normed, s->hidden_size, t->activation);
+    quantize_row(s, t->normed, s->hidden_size, t->activation);
     run_products(run, &s->head, 1, t->activation, s->logits, WRITE, thread, threads);
 }
 

@@ -207,28 +207,28 @@ void vlm_quant_packed_matmul(const void *packed, vlm_quant_format format, ptrdif
 #endif
 }
 
-int vlm_quant_prompt_supported(void) { return packed_kernels() == 2; }
+int vlm_quant_int8_supported(void) { return packed_kernels() == 2; }
 
-ptrdiff_t vlm_quant_prompt_activation_size(ptrdiff_t columns) { return columns / 32 * (32 + 4 * (ptrdiff_t)sizeof(float)); }
+ptrdiff_t vlm_quant_int8_activation_size(ptrdiff_t columns) { return columns / 32 * (32 + 4 * (ptrdiff_t)sizeof(float)); }
 
-void vlm_quant_prompt_activation(const float *x, ptrdiff_t columns, void *activation) {
+void vlm_quant_int8_activation(const float *x, ptrdiff_t columns, void *activation) {
 #if defined(__x86_64__)
-    if (columns > 0 && columns % 32 == 0 && packed_kernels() == 2) vlm_quant_prompt_activation_avx512(x, columns, activation);
+    if (columns > 0 && columns % 32 == 0 && packed_kernels() == 2) vlm_quant_int8_activation_avx512(x, columns, activation);
 #else
     (void)x, (void)columns, (void)activation;
 #endif
 }
 
-int vlm_quant_prompt_matmul(const void *packed, vlm_quant_format format, ptrdiff_t rows, ptrdiff_t columns,
-                            const void *activations, ptrdiff_t m, float *y, ptrdiff_t y_stride,
-                            ptrdiff_t first_group, ptrdiff_t groups) {
+int vlm_quant_int8_matmul(const void *packed, vlm_quant_format format, ptrdiff_t rows, ptrdiff_t columns,
+                          const void *activations, ptrdiff_t m, float *y, ptrdiff_t y_stride,
+                          ptrdiff_t first_group, ptrdiff_t groups) {
     vlm_quant_packed_layout_t layout;
     if (m <= 0 || groups <= 0 || vlm_quant_packed_layout(format, columns, &layout) != 0) return 0;
 #if defined(__x86_64__)
     if (packed_kernels() == 2)
-        return vlm_quant_prompt_matmul_avx512(packed, format, &layout, rows, activations,
-                                              vlm_quant_prompt_activation_size(columns), m, y, y_stride, first_group,
-                                              groups);
+        return vlm_quant_int8_matmul_avx512(packed, format, &layout, rows, activations,
+                                            vlm_quant_int8_activation_size(columns), m, y, y_stride, first_group,
+                                            groups);
 #else
     (void)packed, (void)rows, (void)activations, (void)y, (void)y_stride, (void)first_group;
 #endif
@@ -263,4 +263,29 @@ int vlm_quant_packed_matvec(const void *packed, vlm_quant_format format, ptrdiff
     vlm_quant_packed_matmul(packed, format, rows, columns, thread_row.activation, 1, y, rows, first_group, groups,
                             VLM_ISA_AVX512);
     return 0;
+}
+
+/// This thread's int8 copy of the row of the product with token `call` (vlm_quant_int8_matvec).
+static _Thread_local struct {
+    uint64_t call;
+    void *activation;
+    ptrdiff_t capacity;
+} thread_int8_row;
+
+int vlm_quant_int8_matvec(const void *packed, vlm_quant_format format, ptrdiff_t rows, ptrdiff_t columns,
+                          const float *x, uint64_t call, float *y, ptrdiff_t first_group, ptrdiff_t groups) {
+    const ptrdiff_t bytes = vlm_quant_int8_activation_size(columns);
+    if (thread_int8_row.call != call || thread_int8_row.activation == NULL) {
+        if (bytes > thread_int8_row.capacity) {
+            void *grown = aligned_alloc(64, (size_t)(bytes + 63) / 64 * 64);
+            if (!grown) return -1;
+            free(thread_int8_row.activation);
+            thread_int8_row.activation = grown;
+            thread_int8_row.capacity = bytes;
+        }
+        vlm_quant_int8_activation(x, columns, thread_int8_row.activation);
+        thread_int8_row.call = call;
+    }
+    return vlm_quant_int8_matmul(packed, format, rows, columns, thread_int8_row.activation, 1, y, rows, first_group,
+                                 groups);
 }

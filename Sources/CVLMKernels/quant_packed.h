@@ -62,11 +62,11 @@ void vlm_quant_packed_matmul_avx512(const void *packed, vlm_quant_format format,
                                     const vlm_quant_packed_layout_t *layout, ptrdiff_t rows, const void *activations,
                                     ptrdiff_t activation_bytes, ptrdiff_t m, float *y, ptrdiff_t y_stride,
                                     ptrdiff_t first_group, ptrdiff_t groups);
-void vlm_quant_prompt_activation_avx512(const float *x, ptrdiff_t columns, void *activation);
-int vlm_quant_prompt_matmul_avx512(const void *packed, vlm_quant_format format,
-                                    const vlm_quant_packed_layout_t *layout, ptrdiff_t rows, const void *activations,
-                                    ptrdiff_t activation_bytes, ptrdiff_t m, float *y, ptrdiff_t y_stride,
-                                    ptrdiff_t first_group, ptrdiff_t groups);
+void vlm_quant_int8_activation_avx512(const float *x, ptrdiff_t columns, void *activation);
+int vlm_quant_int8_matmul_avx512(const void *packed, vlm_quant_format format,
+                                 const vlm_quant_packed_layout_t *layout, ptrdiff_t rows, const void *activations,
+                                 ptrdiff_t activation_bytes, ptrdiff_t m, float *y, ptrdiff_t y_stride,
+                                 ptrdiff_t first_group, ptrdiff_t groups);
 void vlm_quant_activation_avx2(const float *x, ptrdiff_t columns, void *activation);
 void vlm_quant_packed_matmul_avx2(const void *packed, const vlm_quant_packed_layout_t *layout, ptrdiff_t rows,
                                   const void *activations, ptrdiff_t activation_bytes, ptrdiff_t m, float *y,

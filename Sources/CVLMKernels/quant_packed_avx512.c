@@ -311,7 +311,7 @@ VNNI void vlm_quant_packed_matmul_avx512(const void *packed, vlm_quant_format fo
 
 enum { PROMPT_TOKENS = 4 };
 
-VNNI void vlm_quant_prompt_activation_avx512(const float *x, ptrdiff_t columns, void *activation) {
+VNNI void vlm_quant_int8_activation_avx512(const float *x, ptrdiff_t columns, void *activation) {
     const ptrdiff_t blocks = columns / 32;
     int8_t *digits = activation;
     float *scales = (float *)(digits + 32 * blocks);
@@ -336,6 +336,106 @@ VNNI void vlm_quant_prompt_activation_avx512(const float *x, ptrdiff_t columns, 
         half_sums[2 * b] = _mm512_reduce_add_epi32(l);
         half_sums[2 * b + 1] = _mm512_reduce_add_epi32(h);
         sums[b] = half_sums[2 * b] + half_sums[2 * b + 1];
+    }
+}
+
+/// Block `b`'s integer sums of one weight group times one int8 activation row (`first`; Q6_K's second half in
+/// `second`) scaled and added to `acc`, with the group's block scales `d` (`second_d`: Q6_K's second half's) and
+/// minimums. The only place the int8 products leave the integers, so one row alone and rows in a tile get the same
+/// floats.
+VNNI_INLINE __m512 int8_finish_block(const vlm_quant_format F, const vlm_quant_packed_layout_t *layout, ptrdiff_t b,
+                                     __m512i first, __m512i second, __m512 d, __m512 second_d, __m512 minimum,
+                                     const int8_t *activation, __m512 acc) {
+    const int has_minimum = F == VLM_QUANT_Q4_1 || F == VLM_QUANT_Q5_1 || F == VLM_QUANT_Q4_K || F == VLM_QUANT_Q5_K;
+    const int super_scales = F == VLM_QUANT_Q4_K || F == VLM_QUANT_Q5_K || F == VLM_QUANT_Q6_K;
+    const ptrdiff_t blocks = layout->blocks;
+    const float *scales = (const float *)(activation + 32 * blocks);
+    const int32_t *sums = (const int32_t *)(scales + blocks), *half_sums = sums + blocks;
+    const __m512 scale = _mm512_set1_ps(scales[b]);
+    if (F == VLM_QUANT_Q6_K) {
+        // Σ(q − 32)·a per half, exact in 32 bits.
+        const __m512i low = _mm512_sub_epi32(first, _mm512_set1_epi32(layout->offset * half_sums[2 * b]));
+        const __m512i high = _mm512_sub_epi32(second, _mm512_set1_epi32(layout->offset * half_sums[2 * b + 1]));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(low), _mm512_mul_ps(d, scale), acc);
+        return _mm512_fmadd_ps(_mm512_cvtepi32_ps(high), _mm512_mul_ps(second_d, scale), acc);
+    }
+    if (has_minimum) {
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(first), _mm512_mul_ps(d, scale), acc);
+        // K-quants subtract dmin·min; the others add their minimums.
+        const __m512 weighted_sum = _mm512_set1_ps(scales[b] * (float)sums[b]);
+        return super_scales ? _mm512_fnmadd_ps(minimum, weighted_sum, acc) : _mm512_fmadd_ps(minimum, weighted_sum, acc);
+    }
+    const __m512i centred = _mm512_sub_epi32(first, _mm512_set1_epi32(layout->offset * sums[b]));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(centred), _mm512_mul_ps(d, scale), acc);
+}
+
+/// One int8 activation row (decoding) through `P` groups read side by side as streams, block by block, unpacking
+/// each block's weights in registers (as streams_product does for the fixed point): a row meets each weight once,
+/// so unpacking into a buffer first, as the tiles do, would only add traffic.
+VNNI_INLINE void int8_streams_product(const uint8_t *const *groups, const int P, const vlm_quant_packed_layout_t *layout,
+                                      const vlm_quant_format F, const int8_t *activation, __m512 *out) {
+    const int has_minimum = F == VLM_QUANT_Q4_1 || F == VLM_QUANT_Q5_1 || F == VLM_QUANT_Q4_K || F == VLM_QUANT_Q5_K;
+    const int super_scales = F == VLM_QUANT_Q4_K || F == VLM_QUANT_Q5_K || F == VLM_QUANT_Q6_K;
+    const int half_scales = F == VLM_QUANT_Q6_K;
+    __m512 acc[VLM_QUANT_STREAMS];
+    for (int p = 0; p < P; p++) acc[p] = _mm512_setzero_ps();
+    for (ptrdiff_t b = 0; b < layout->blocks; b++) {
+        __m512i first[VLM_QUANT_STREAMS], second[VLM_QUANT_STREAMS];
+        for (int p = 0; p < P; p++) {
+            vlm_quant_prefetch_block_share(groups[p], layout, b);
+            first[p] = second[p] = _mm512_setzero_si512();
+        }
+        for (int j = 0; j < 4; j++) {
+            const __m512i a = digit_group(activation + 32 * b + 4 * j), e = digit_group(activation + 32 * b + 4 * (4 + j));
+            for (int p = 0; p < P; p++) {
+                const uint8_t *values = groups[p] + b * layout->value_bytes;
+                __m512i low, high;
+                if (F == VLM_QUANT_Q8_0) {
+                    low = _mm512_load_si512((const void *)(values + 64 * j));
+                    high = _mm512_load_si512((const void *)(values + 64 * (4 + j)));
+                } else {
+                    nibble_pair(values, F, j, &low, &high);
+                }
+                first[p] = _mm512_dpbusd_epi32(first[p], low, a);
+                if (half_scales) second[p] = _mm512_dpbusd_epi32(second[p], high, e);
+                else first[p] = _mm512_dpbusd_epi32(first[p], high, e);
+            }
+        }
+        for (int p = 0; p < P; p++) {
+            const uint8_t *supers = groups[p] + layout->supers_offset + layout->super_bytes * (b / 8);
+            const __m512 second_d = half_scales
+                ? sub_block_scales(groups[p] + layout->scales_offset + layout->scale_bytes * b + 16, 1, supers)
+                : _mm512_setzero_ps();
+            const uint8_t *minimums = groups[p] + layout->minimums_offset + layout->scale_bytes * b;
+            const __m512 minimum = !has_minimum ? _mm512_setzero_ps()
+                                   : super_scales ? sub_block_scales(minimums, 0, supers + 32) : halves(minimums);
+            acc[p] = int8_finish_block(F, layout, b, first[p], second[p], block_scales(groups[p], layout, F, b),
+                                       second_d, minimum, activation, acc[p]);
+        }
+    }
+    for (int p = 0; p < P; p++) out[p] = acc[p];
+}
+
+/// One int8 activation row through groups `first_group ..< first_group + groups`, as packed_matmul streams one
+/// fixed-point row: VLM_QUANT_STREAMS parts of the range side by side, then what does not divide one group at a time.
+VNNI_INLINE void int8_row(const vlm_quant_format F, const void *packed, const vlm_quant_packed_layout_t *layout,
+                          ptrdiff_t rows, const int8_t *activation, float *y, ptrdiff_t first_group, ptrdiff_t groups) {
+    const uint8_t *start = (const uint8_t *)packed + first_group * layout->group_bytes;
+    const ptrdiff_t part = groups / VLM_QUANT_STREAMS;
+    for (int p = 0; p < VLM_QUANT_STREAMS; p++)
+        vlm_quant_prefetch_range_start(start + p * part * layout->group_bytes, part * layout->group_bytes);
+    for (ptrdiff_t k = 0; k < part; k++) {
+        const uint8_t *streams[VLM_QUANT_STREAMS];
+        for (int p = 0; p < VLM_QUANT_STREAMS; p++) streams[p] = start + (p * part + k) * layout->group_bytes;
+        __m512 out[VLM_QUANT_STREAMS];
+        int8_streams_product(streams, VLM_QUANT_STREAMS, layout, F, activation, out);
+        for (int p = 0; p < VLM_QUANT_STREAMS; p++) store_group(y, rows, first_group + p * part + k, out[p]);
+    }
+    for (ptrdiff_t g = first_group + VLM_QUANT_STREAMS * part; g < first_group + groups; g++) {
+        const uint8_t *group = (const uint8_t *)packed + g * layout->group_bytes;
+        __m512 out;
+        int8_streams_product(&group, 1, layout, F, activation, &out);
+        store_group(y, rows, g, out);
     }
 }
 
@@ -387,7 +487,6 @@ VNNI_INLINE void prompt_tile(const vlm_quant_format F, const prompt_group *group
                              const vlm_quant_packed_layout_t *layout, const int8_t *activations,
                              ptrdiff_t activation_bytes, const int MR, __m512 *out) {
     const int has_minimum = F == VLM_QUANT_Q4_1 || F == VLM_QUANT_Q5_1 || F == VLM_QUANT_Q4_K || F == VLM_QUANT_Q5_K;
-    const int super_scales = F == VLM_QUANT_Q4_K || F == VLM_QUANT_Q5_K || F == VLM_QUANT_Q6_K;
     const int half_scales = F == VLM_QUANT_Q6_K;
     const ptrdiff_t blocks = layout->blocks;
     __m512 acc[2 * PROMPT_TOKENS];
@@ -409,29 +508,12 @@ VNNI_INLINE void prompt_tile(const vlm_quant_format F, const prompt_group *group
         }
         for (int g = 0; g < NR; g++) {
             const __m512 d = _mm512_load_ps(groups[g].scales + 16 * b);
+            const __m512 second_d = half_scales ? _mm512_load_ps(groups[g].second_scales + 16 * b) : _mm512_setzero_ps();
+            const __m512 minimum = has_minimum ? _mm512_load_ps(groups[g].minimums + 16 * b) : _mm512_setzero_ps();
             for (int i = 0; i < MR; i++) {
-                const float *scales = (const float *)(activations + i * activation_bytes + 32 * blocks);
-                const int32_t *sums = (const int32_t *)(scales + blocks), *half_sums = sums + blocks;
-                const __m512 scale = _mm512_set1_ps(scales[b]);
                 const int t = i * NR + g;
-                if (half_scales) {
-                    // Σ(q − 32)·a per half, exact in 32 bits.
-                    const __m512i low = _mm512_sub_epi32(first[t], _mm512_set1_epi32(layout->offset * half_sums[2 * b]));
-                    const __m512i high = _mm512_sub_epi32(second[t], _mm512_set1_epi32(layout->offset * half_sums[2 * b + 1]));
-                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(low), _mm512_mul_ps(d, scale), acc[t]);
-                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(high),
-                                             _mm512_mul_ps(_mm512_load_ps(groups[g].second_scales + 16 * b), scale), acc[t]);
-                } else if (has_minimum) {
-                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(first[t]), _mm512_mul_ps(d, scale), acc[t]);
-                    // K-quants subtract dmin·min; the others add their minimums.
-                    const __m512 minimum = _mm512_load_ps(groups[g].minimums + 16 * b);
-                    const __m512 weighted_sum = _mm512_set1_ps(scales[b] * (float)sums[b]);
-                    acc[t] = super_scales ? _mm512_fnmadd_ps(minimum, weighted_sum, acc[t])
-                                          : _mm512_fmadd_ps(minimum, weighted_sum, acc[t]);
-                } else {
-                    const __m512i centred = _mm512_sub_epi32(first[t], _mm512_set1_epi32(layout->offset * sums[b]));
-                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(centred), _mm512_mul_ps(d, scale), acc[t]);
-                }
+                acc[t] = int8_finish_block(F, layout, b, first[t], second[t], d, second_d, minimum,
+                                           activations + i * activation_bytes, acc[t]);
             }
         }
     }
@@ -470,10 +552,20 @@ static _Thread_local struct {
     ptrdiff_t capacity;
 } prompt_scratch;
 
-VNNI int vlm_quant_prompt_matmul_avx512(const void *packed, vlm_quant_format format,
-                                        const vlm_quant_packed_layout_t *layout, ptrdiff_t rows,
-                                        const void *activations, ptrdiff_t activation_bytes, ptrdiff_t m, float *y,
-                                        ptrdiff_t y_stride, ptrdiff_t first_group, ptrdiff_t groups) {
+VNNI int vlm_quant_int8_matmul_avx512(const void *packed, vlm_quant_format format,
+                                      const vlm_quant_packed_layout_t *layout, ptrdiff_t rows,
+                                      const void *activations, ptrdiff_t activation_bytes, ptrdiff_t m, float *y,
+                                      ptrdiff_t y_stride, ptrdiff_t first_group, ptrdiff_t groups) {
+    if (m == 1) {
+#define FORMAT_CASE(F) case F: int8_row(F, packed, layout, rows, activations, y, first_group, groups); break;
+        switch (format) {
+        FORMAT_CASE(VLM_QUANT_Q4_0) FORMAT_CASE(VLM_QUANT_Q4_1) FORMAT_CASE(VLM_QUANT_Q5_0) FORMAT_CASE(VLM_QUANT_Q5_1)
+        FORMAT_CASE(VLM_QUANT_Q8_0) FORMAT_CASE(VLM_QUANT_Q4_K) FORMAT_CASE(VLM_QUANT_Q5_K) FORMAT_CASE(VLM_QUANT_Q6_K)
+        default: break;
+        }
+#undef FORMAT_CASE
+        return 0;
+    }
     const ptrdiff_t bytes = 2 * prompt_group_bytes(layout->blocks);
     if (bytes > prompt_scratch.capacity) {
         uint8_t *grown = aligned_alloc(64, (size_t)bytes);

@@ -57,6 +57,8 @@ package final class FusedDecoderStep: @unchecked Sendable {
     private let scale: Float
     /// The windowed layers' window.
     private let window: Int?
+    /// Whether the products run in int8 (the layers were built in it) rather than on the fixed point.
+    package let int8: Bool
     private let descriptors: [vlm_decoder_layer]
     private let head: vlm_decoder_product?
     /// What the descriptors point into.
@@ -113,7 +115,12 @@ package final class FusedDecoderStep: @unchecked Sendable {
             descriptor.down = down[0]
             descriptors.append(descriptor)
         }
-        self.head = products([head], inFeatures: hiddenSize, outFeatures: head.outFeatures)?[0]
+        // One activation row serves every product of a stage, so all of them multiply in one precision.
+        let precisions = Set((layers.flatMap { $0.attention + [$0.output] + $0.gateUp + [$0.down] }).map(\.precision))
+        guard precisions.count == 1 else { return nil }
+        int8 = precisions.first == .int8
+        self.head = head.precision == precisions.first
+            ? products([head], inFeatures: hiddenSize, outFeatures: head.outFeatures)?[0] : nil
         vocabularySize = self.head == nil ? nil : head.outFeatures
         (self.hiddenSize, self.heads, self.keyHeads, self.headDim, self.intermediateSize, self.eps) =
             (hiddenSize, heads, keyHeads, headDim, intermediateSize, eps)
@@ -158,6 +165,7 @@ package final class FusedDecoderStep: @unchecked Sendable {
             (hiddenSize, heads, keyHeads, headDim, intermediateSize)
         step.eps = eps
         step.scale = scale
+        step.int8 = int8 ? 1 : 0
         step.final_norm = UnsafePointer(finalNorm.storage.pointer)
         step.head = head ?? vlm_decoder_product()
         step.capacity = capacity

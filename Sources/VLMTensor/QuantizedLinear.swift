@@ -11,12 +11,14 @@ internal import CDNNL
 /// outlives the call. A layer built in bf16 multiplies those panels in bf16 (the input and each panel rounded, the
 /// products accumulated in fp32), at about twice the speed where the CPU has bf16 dot products; one built in int8
 /// multiplies the packed blocks themselves by the input quantized to int8 per 32-element block (llama.cpp's q8_0
-/// activations), two to three times faster than fp32.
+/// activations), two to three times faster than fp32 for a prompt, its decoding rows as llama.cpp's CPU kernels
+/// compute them.
 final class QuantizedLinear: @unchecked Sendable {
     let weight: QuantizedMatrix
-    /// The precision of the prompts' products: fp32, or bf16 or int8 where the layer was built in it and the CPU has
-    /// it (int8: the packed products on one 8-bit digit per activation, see vlm_quant_prompt_matmul). Decoding's
-    /// products are the same whatever it is.
+    /// The precision of the products: fp32, or bf16 or int8 where the layer was built in it and the CPU has it. bf16
+    /// rounds a prompt's panels; decoding rows keep the fixed point. int8 runs every row count, decoding included,
+    /// on the packed products with one 8-bit digit per activation (vlm_quant_int8_matmul), each row's outputs the
+    /// same whichever rows it is multiplied with.
     let precision: MatrixPrecision
     /// The weight in 16-row groups for the int8 products, made at init where the CPU and the format allow.
     private let packed: OwnedBytes?
@@ -35,9 +37,9 @@ final class QuantizedLinear: @unchecked Sendable {
 
     /// Input rows up to which the fused product runs; from there on dequantizing once and running a GEMM is faster.
     static let fusedRows = 4
-    /// Input rows up to which the int8 products run (a batch of decoding sequences): each thread takes its weight
-    /// groups through every 8-row chunk while they are in cache, so the weight is read once per call, far cheaper
-    /// than dequantizing it all to fp32 for a GEMM until the rows make the products compute-bound.
+    /// Input rows up to which the fixed-point packed products run (a batch of decoding sequences): each thread takes
+    /// its weight groups through every 8-row chunk while they are in cache, so the weight is read once per call, far
+    /// cheaper than dequantizing it all to fp32 for a GEMM until the rows make the products compute-bound.
     static let packedRows = 16
     /// Floats of dequantized weight per GEMM panel (16 MiB).
     static let panelFloats = 1 << 22
@@ -60,7 +62,7 @@ final class QuantizedLinear: @unchecked Sendable {
         #if canImport(CDNNL) && !VLM_PORTABLE_BACKEND
         switch MatrixPrecision.forNewLayers.available {
         case .bfloat16 where backend == .oneDNN: precision = .bfloat16
-        case .int8 where packed != nil && vlm_quant_prompt_supported() != 0: precision = .int8
+        case .int8 where packed != nil && vlm_quant_int8_supported() != 0: precision = .int8
         default: precision = .float32
         }
         #else
@@ -79,10 +81,12 @@ final class QuantizedLinear: @unchecked Sendable {
     /// Writes the layer's output for `rows > 0` rows of `x` to `output`.
     func apply(_ x: Tensor, rows: Int, activation: Activation, residual: Tensor?, into output: Tensor,
                path: KernelPath = .best) {
-        if rows <= Self.packedRows, path == .vector, let packed {
-            applyPacked(packed, x, rows: rows, activation: activation, residual: residual, into: output)
-        } else if precision == .int8, path == .vector, let packed {
+        if path == .vector, packed != nil, rows == 1 {
+            Self.decode([self], x, into: [output], activation: activation, residuals: [residual])
+        } else if path == .vector, let packed, precision == .int8 {
             applyInt8(packed, x, rows: rows, activation: activation, residual: residual, into: output)
+        } else if path == .vector, let packed, rows <= Self.packedRows {
+            applyPacked(packed, x, rows: rows, activation: activation, residual: residual, into: output)
         } else if rows <= Self.fusedRows {
             applyFused(x, rows: rows, activation: activation, residual: residual, into: output, path: path)
         } else {
@@ -116,7 +120,6 @@ final class QuantizedLinear: @unchecked Sendable {
     /// faster than with ranges of 2 groups).
     private func applyPacked(_ packed: OwnedBytes, _ x: Tensor, rows: Int, activation: Activation, residual: Tensor?,
                              into output: Tensor) {
-        if rows == 1 { return Self.decode([self], x, into: [output], activation: activation, residuals: [residual]) }
         let (n, k) = (weight.rows, weight.columns)
         let format = weight.format.kernelFormat
         let groups = (n + 15) / 16
@@ -154,8 +157,8 @@ final class QuantizedLinear: @unchecked Sendable {
     }
 
     /// The packed products of one row `x` through `layers` (all packed, all reading x's width) in one parallel
-    /// region, each thread writing the row in fixed point itself as it joins rather than all of them waiting while
-    /// one does; then each output's bias, `activation` and residual.
+    /// region, each thread writing the row in fixed point (int8 for the int8 layers) itself as it joins rather than
+    /// all of them waiting while one does; then each output's bias, `activation` and residual.
     private static func decode(_ layers: [QuantizedLinear], _ x: Tensor, into outputs: [Tensor], activation: Activation,
                                residuals: [Tensor?]) {
         let packed = layers.map { $0.packed! }
@@ -168,15 +171,16 @@ final class QuantizedLinear: @unchecked Sendable {
         let input = UnsafeSendablePointer(pointer: x.storage.pointer), call = vlm_quant_call_token()
         let destinations = outputs.map { UnsafeSendablePointer(pointer: $0.storage.pointer) }
         let residualPointers = residuals.map { $0.map { UnsafeSendablePointer(pointer: $0.storage.pointer) } }
-        let formats = layers.map(\.weight.format.kernelFormat)
+        let formats = layers.map(\.weight.format.kernelFormat), int8 = layers.map { $0.precision == .int8 }
         parallelRanges(firstSets.last!, grain: 2) { sets in
             for (index, layer) in layers.enumerated() {
                 let (from, to) = (max(sets.lowerBound, firstSets[index]), min(sets.upperBound, firstSets[index + 1]))
                 if from >= to { continue }
                 let n = layer.weight.rows, groups = (n + 15) / 16
                 let range = ((from - firstSets[index]) * streams)..<min(groups, (to - firstSets[index]) * streams)
-                precondition(vlm_quant_packed_matvec(packed[index].pointer, formats[index], n, k, input.pointer, call,
-                                                     destinations[index].pointer, range.lowerBound, range.count) == 0,
+                let matvec = int8[index] ? vlm_quant_int8_matvec : vlm_quant_packed_matvec
+                precondition(matvec(packed[index].pointer, formats[index], n, k, input.pointer, call,
+                                    destinations[index].pointer, range.lowerBound, range.count) == 0,
                              "out of memory for a decoding product's activations")
                 finishLinearOutput(destinations[index].pointer, rows: 1, columns: (16 * range.lowerBound)..<min(n, 16 * range.upperBound),
                             stride: n, bias: layer.bias, activation: activation, residual: residualPointers[index]?.pointer)
@@ -192,14 +196,14 @@ final class QuantizedLinear: @unchecked Sendable {
         let (n, k) = (weight.rows, weight.columns)
         let format = weight.format.kernelFormat
         let groups = (n + 15) / 16
-        let activationBytes = vlm_quant_prompt_activation_size(k)
+        let activationBytes = vlm_quant_int8_activation_size(k)
         let scratch = DequantizationScratch.shared.take(count: (rows * activationBytes + 3) / 4)
         defer { DequantizationScratch.shared.give(scratch) }
         let input = UnsafeSendablePointer(pointer: x.storage.pointer)
         let activations = UnsafeSendablePointer(pointer: scratch.pointer)
         parallelRanges(rows, grain: 16) { range in
             for row in range {
-                vlm_quant_prompt_activation(input.pointer + row * k, k,
+                vlm_quant_int8_activation(input.pointer + row * k, k,
                                             UnsafeMutableRawPointer(activations.pointer) + row * activationBytes)
             }
         }
@@ -207,7 +211,7 @@ final class QuantizedLinear: @unchecked Sendable {
         let bias = self.bias, residualPointer = residual.map { UnsafeSendablePointer(pointer: $0.storage.pointer) }
         parallelRanges((groups + 1) / 2, grain: 1) { pairs in
             let range = (2 * pairs.lowerBound)..<min(groups, 2 * pairs.upperBound)
-            precondition(vlm_quant_prompt_matmul(packed.pointer, format, n, k, activations.pointer, rows, destination.pointer,
+            precondition(vlm_quant_int8_matmul(packed.pointer, format, n, k, activations.pointer, rows, destination.pointer,
                                                  n, range.lowerBound, range.count) == 0,
                          "out of memory for an int8 prompt product's unpacked weights")
             finishLinearOutput(destination.pointer, rows: rows, columns: (16 * range.lowerBound)..<min(n, 16 * range.upperBound),

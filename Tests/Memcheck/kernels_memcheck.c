@@ -394,13 +394,14 @@ static void check_quantized(vlm_quant_format format, ptrdiff_t rows, ptrdiff_t c
             snprintf(what, sizeof what, "quant_packed_matmul format %d %s", format, isa_names[isa]);
             expect_sum_close(what, y, expected, magnitude, m * rows, 3e-5);
         }
-        if (vlm_quant_prompt_supported()) {
-            // The int8 prompt products, against the double sum of the rows as they quantized them.
-            const ptrdiff_t prompt_bytes = vlm_quant_prompt_activation_size(columns);
+        if (vlm_quant_int8_supported()) {
+            // The int8 products, against the double sum of the rows as they quantized them; each row alone (the
+            // streamed decoding product, directly and through the per-thread row) the same floats as beside the others.
+            const ptrdiff_t prompt_bytes = vlm_quant_int8_activation_size(columns);
             uint8_t *prompt = malloc((size_t)(m * prompt_bytes));
             double *quantized = calloc((size_t)(m * rows), sizeof(double)), *quantized_magnitude = calloc((size_t)(m * rows), sizeof(double));
             for (ptrdiff_t i = 0; i < m; i++) {
-                vlm_quant_prompt_activation(x + i * columns, columns, prompt + i * prompt_bytes);
+                vlm_quant_int8_activation(x + i * columns, columns, prompt + i * prompt_bytes);
                 const int8_t *digits = (const int8_t *)(prompt + i * prompt_bytes);
                 const float *scales = (const float *)(digits + columns);
                 for (ptrdiff_t j = 0; j < rows; j++)
@@ -411,10 +412,27 @@ static void check_quantized(vlm_quant_format format, ptrdiff_t rows, ptrdiff_t c
                     }
             }
             memset(y, 0xFF, (size_t)(m * rows) * sizeof(float));
-            vlm_quant_prompt_matmul(packed, format, rows, columns, prompt, m, y, rows, 0, (rows + 15) / 16);
+            vlm_quant_int8_matmul(packed, format, rows, columns, prompt, m, y, rows, 0, (rows + 15) / 16);
             char what[64];
-            snprintf(what, sizeof what, "quant_prompt_matmul format %d", format);
+            snprintf(what, sizeof what, "quant_int8_matmul format %d", format);
             expect_sum_close(what, y, quantized, quantized_magnitude, m * rows, 3e-5);
+            float *alone = malloc((size_t)rows * sizeof(float));
+            for (ptrdiff_t i = 0; i < m; i++) {
+                for (int through_matvec = 0; through_matvec < 2; through_matvec++) {
+                    memset(alone, 0xFF, (size_t)rows * sizeof(float));
+                    if (through_matvec)
+                        vlm_quant_int8_matvec(packed, format, rows, columns, x + i * columns, vlm_quant_call_token(), alone,
+                                              0, (rows + 15) / 16);
+                    else
+                        vlm_quant_int8_matmul(packed, format, rows, columns, prompt + i * prompt_bytes, 1, alone, rows, 0,
+                                              (rows + 15) / 16);
+                    if (memcmp(alone, y + i * rows, (size_t)rows * sizeof(float)) != 0) {
+                        fprintf(stderr, "%s: row %td alone%s differs\n", what, i, through_matvec ? " (matvec)" : "");
+                        failures++;
+                    }
+                }
+            }
+            free(alone);
             free(prompt);
             free(quantized);
             free(quantized_magnitude);
@@ -454,13 +472,22 @@ static packed_matrix random_packed(vlm_quant_format format, ptrdiff_t rows, ptrd
 }
 
 /// `y[offset + j] (+)= W·x + bias` in double, for the decoder step's reference.
-static void reference_product(const packed_matrix *m, const double *x, double *y, int add) {
+/// `W·x + bias` in fp64; with `int8`, of `x` as the int8 products round it (per 32 values, to 1/127 of the largest).
+static void reference_product(const packed_matrix *m, const double *x, double *y, int add, int int8) {
     const vlm_decoder_product *p = &m->product;
+    double *rounded = malloc((size_t)p->columns * sizeof(double));
+    for (ptrdiff_t b = 0; b < p->columns; b += 32) {
+        double largest = 0;
+        for (int i = 0; i < 32; i++) largest = fmax(largest, fabs(x[b + i]));
+        for (int i = 0; i < 32; i++)
+            rounded[b + i] = int8 && largest > 0 ? nearbyint(x[b + i] * 127 / largest) * (largest / 127) : x[b + i];
+    }
     for (ptrdiff_t j = 0; j < p->rows; j++) {
         double sum = p->bias ? p->bias[j] : 0;
-        for (ptrdiff_t c = 0; c < p->columns; c++) sum += (double)m->values[j * p->columns + c] * x[c];
+        for (ptrdiff_t c = 0; c < p->columns; c++) sum += (double)m->values[j * p->columns + c] * rounded[c];
         y[p->offset + j] = add ? y[p->offset + j] + sum : sum;
     }
+    free(rounded);
 }
 
 static void reference_norm(const double *x, const float *weight, ptrdiff_t n, float eps, double *y) {
@@ -485,7 +512,8 @@ static void reference_rotate(double *x, const float *cos, const float *sin, ptrd
 /// the MLP's outputs normed before they are added, GELU gating, a sliding window of WINDOW positions split into two
 /// ranges) at cache position `position`, split into `parts` key ranges, with and without its head, against the same network in double precision: the logits (or the final
 /// norm's output) and the key and value it stores. Only with an OpenMP runtime in the process.
-static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_isa isa) {
+/// With `int8`, the step's products take int8 activations, and so does the reference.
+static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_isa isa, int int8) {
     enum { H = 64, HEADS = 4, KEY_HEADS = 2, HD = 16, I = 96, L = 2, CAPACITY = 160, VOCAB = 40, WINDOW = 24 };
     const ptrdiff_t group = HEADS / KEY_HEADS, width = HEADS * HD, key_width = KEY_HEADS * HD;
     const float eps = 1e-5f, scale = 0.25f;
@@ -563,7 +591,7 @@ static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_i
     for (int l = 0; l < L; l++) {
         const float *layer_cos = layers[l].local_rotary ? local_cos : cos, *layer_sin = layers[l].local_rotary ? local_sin : sin;
         reference_norm(hidden, layers[l].input_norm, H, eps, normed);
-        for (int i = 0; i < (l == 0 ? 3 : 1); i++) reference_product(&matrices[l][i], normed, qkv, 0);
+        for (int i = 0; i < (l == 0 ? 3 : 1); i++) reference_product(&matrices[l][i], normed, qkv, 0, int8);
         for (int h = 0; h < KEY_HEADS; h++) {
             if (layers[l].key_norm) reference_norm(qkv + width + h * HD, layers[l].key_norm, HD, eps, qkv + width + h * HD);
             if (!layers[l].unrotated) reference_rotate(qkv + width + h * HD, layer_cos, layer_sin, HD);
@@ -595,23 +623,23 @@ static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_i
             free(scores);
         }
         double output[H];
-        reference_product(&matrices[l][5], attended, output, 0);
+        reference_product(&matrices[l][5], attended, output, 0, int8);
         if (layers[l].attention_output_norm) reference_norm(output, layers[l].attention_output_norm, H, eps, output);
         for (int i = 0; i < H; i++) hidden[i] += output[i];
         reference_norm(hidden, layers[l].post_attention_norm, H, eps, normed);
-        for (int i = 3; i < (l == 0 ? 5 : 4); i++) reference_product(&matrices[l][i], normed, gate_up, 0);
+        for (int i = 3; i < (l == 0 ? 5 : 4); i++) reference_product(&matrices[l][i], normed, gate_up, 0, int8);
         for (int i = 0; i < I; i++) {
             const double x = gate_up[i];
             const double activated = layers[l].gelu_gate ? 0.5 * x * (1 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
                                                          : x / (1 + exp(-x));
             gated[i] = activated * gate_up[I + i];
         }
-        reference_product(&matrices[l][6], gated, output, 0);
+        reference_product(&matrices[l][6], gated, output, 0, int8);
         if (layers[l].mlp_output_norm) reference_norm(output, layers[l].mlp_output_norm, H, eps, output);
         for (int i = 0; i < H; i++) hidden[i] += output[i];
     }
     reference_norm(hidden, norms + 2 * L * H, H, eps, final);
-    reference_product(&head, final, logits, 0);
+    reference_product(&head, final, logits, 0, int8);
 
     for (int with_head = 0; with_head < 2; with_head++) {
         float *cache_keys[L], *cache_values[L];
@@ -627,14 +655,15 @@ static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_i
             .layers = layers, .layer_count = L, .hidden_size = H, .heads = HEADS, .key_heads = KEY_HEADS, .head_dim = HD,
             .intermediate_size = I, .eps = eps, .scale = scale, .final_norm = norms + 2 * L * H,
             .head = with_head ? head.product : (vlm_decoder_product){0}, .keys = cache_keys, .values = cache_values,
-            .capacity = CAPACITY, .position = position, .parts = parts, .window = WINDOW, .window_parts = 2, .cos = cos, .sin = sin, .local_cos = local_cos,
+            .capacity = CAPACITY, .position = position, .parts = parts, .window = WINDOW, .window_parts = 2, .int8 = int8,
+            .cos = cos, .sin = sin, .local_cos = local_cos,
             .local_sin = local_sin, .hidden = step_hidden,
             .logits = with_head ? step_logits : NULL};
         float *scratch = malloc((size_t)vlm_decoder_step_scratch_floats(&step) * sizeof(float));
         step.scratch = scratch;
         char what[96];
-        snprintf(what, sizeof what, "decoder_step position %td parts %td %s%s", position, parts, isa_name(isa),
-                 with_head ? " head" : "");
+        snprintf(what, sizeof what, "decoder_step position %td parts %td %s%s%s", position, parts, isa_name(isa),
+                 int8 ? " int8" : "", with_head ? " head" : "");
         if (vlm_decoder_step_run(&step, isa) != 0) {
             fprintf(stderr, "%s: refused\n", what);
             failures++;
@@ -743,6 +772,7 @@ int main(void) {
         check_quantized(formats[f], 19, k ? 512 : 96, 1);
         check_quantized(formats[f], 33, k ? 256 : 64, 5);
         check_quantized(formats[f], 16, k ? 256 : 32, 8);
+        check_quantized(formats[f], 70, k ? 256 : 64, 2);
     }
     // Without an OpenMP runtime in the process the parallel loops refuse; with one they cover every index once.
     int counts[37] = {0};
@@ -751,8 +781,10 @@ int main(void) {
             if (counts[i] != 1) failures++;
     if (vlm_parallel_team_available() && vlm_quant_packed_supported()) {
         const ptrdiff_t steps[][2] = {{0, 1}, {5, 1}, {130, 2}, {159, 3}};
-        for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++)
-            for (int isa = 1; isa < 3; isa++) check_decoder_step(steps[i][0], steps[i][1], isas[isa]);
+        for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+            for (int isa = 1; isa < 3; isa++) check_decoder_step(steps[i][0], steps[i][1], isas[isa], 0);
+            if (vlm_quant_int8_supported()) check_decoder_step(steps[i][0], steps[i][1], VLM_ISA_AVX512, 1);
+        }
     }
     printf("kernels: %s (best ISA here: %s, packed products %s)\n", failures ? "FAILED" : "all checks passed",
            isa_name(vlm_best_isa()), vlm_quant_packed_supported() ? "on" : "off");

@@ -110,6 +110,17 @@ struct FusedDecodingTests {
                                                    promptLength: expected.input_ids[0].count)
     }
 
+    /// Built in int8, the fused step multiplies the int8 activation rows too, as the layer-by-layer path does: the
+    /// same floats, and not the fixed point's.
+    @Test(arguments: fixtures)
+    func int8FusedStepsEqualTheLayerByLayerPath(_ file: URL) throws {
+        let expected = try Self.expected(file)
+        let model = try MatrixPrecision.$forNewLayers.withValue(.int8) { try LlamaForCausalLM(gguf: file) }
+        #expect(try #require(model.fusedStep).int8 == (model.layers[0].down.precision == .int8))
+        try Self.expectFusedStepsEqualLayerByLayer(model, tokens: expected.sequence,
+                                                   promptLength: expected.input_ids[0].count)
+    }
+
     /// SmolLM2's q/k/v and gate/up stack (one format), its head is its Q4_1 embedding table: the step runs the head.
     @Test(.enabled(if: SmolLM2.url != nil, Comment(rawValue: SmolLM2.skipMessage)))
     func smolLM2FusedStepsEqualTheLayerByLayerPath() throws {

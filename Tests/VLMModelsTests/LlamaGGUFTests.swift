@@ -125,28 +125,42 @@ struct SmolLM2GGUFTests {
         #expect(abs(result.perplexity / expected.perplexity - 1) < Double(Self.tolerance))
     }
 
-    /// Built in int8, prompts of more than 16 tokens take int8 products (activations quantized per 32-element block,
-    /// as llama.cpp's q8_0): not transformers' numbers, but close to them. Measured on a Zen 4: the prompts' top
-    /// logits within 0.33 of transformers' (logits up to 33), every greedy continuation identical, the passage's
-    /// perplexity 19.487 against 19.490. Where the CPU has no VNNI, the layers run fp32 and this holds trivially.
-    @Test func int8PromptsKeepTransformersGreedyContinuations() throws {
+    /// Built in int8, every product on the GGUF blocks, prompts and decoding steps alike, multiplies activations
+    /// quantized per 32-element block (llama.cpp's q8_0): not transformers' numbers, but close to them. Fed
+    /// transformers' greedy tokens one at a time, the int8 model picks the same next token at almost every step,
+    /// and where it picks another, transformers' token is a near tie in its logits.
+    @Test func int8ProductsStayCloseToTransformers() throws {
         let url = try #require(SmolLM2.url)
         let model = try MatrixPrecision.$forNewLayers.withValue(.int8) { try LlamaForCausalLM(gguf: url) }
         let expected = try SmolLM2.expected()
         let long = expected.cases.filter { $0.input_ids.count > 16 }
         if MatrixPrecision.int8.available == .int8 {
             let prompt = try #require(long.first).input_ids
-            let exact = try LlamaForCausalLM(gguf: url).logits(inputIds: [prompt], cache: nil, lastPositionOnly: true)
-            let logits = try model.logits(inputIds: [prompt], cache: nil, lastPositionOnly: true)
-            #expect(maxDifference(logits.scalars, exact.scalars) > 1e-2, "the prompt ran in int8")
+            let exact = try LlamaForCausalLM(gguf: url)
+            let exactCache = try exact.makeCache(batch: 1, capacity: prompt.count + 1)
+            let cache = try model.makeCache(batch: 1, capacity: prompt.count + 1)
+            let (exactLogits, logits) = try (exact.logits(inputIds: [prompt], cache: exactCache, lastPositionOnly: true),
+                                             model.logits(inputIds: [prompt], cache: cache, lastPositionOnly: true))
+            #expect(maxDifference(logits.scalars, exactLogits.scalars) > 1e-2, "the prompt ran in int8")
+            let (exactStep, step) = try (exact.logits(inputIds: [[prompt[0]]], cache: exactCache),
+                                         model.logits(inputIds: [[prompt[0]]], cache: cache))
+            #expect(maxDifference(step.scalars, exactStep.scalars) > 1e-2, "the decoding step ran in int8")
         }
+        var (steps, agreeing, widestMargin): (Int, Int, Float) = (0, 0, 0)
         for testCase in long {
             let cache = try model.makeCache(batch: 1, capacity: testCase.input_ids.count + testCase.new_tokens.count)
-            let logits = try model.logits(inputIds: [testCase.input_ids], cache: cache, lastPositionOnly: true).scalars
+            var logits = try model.logits(inputIds: [testCase.input_ids], cache: cache, lastPositionOnly: true).scalars
             #expect(maxDifference(testCase.top_ids.map { logits[$0] }, testCase.top_logits) < 0.5, "\(testCase.text)")
-            let continuation = try Self.greedyContinuation(of: model, cache: cache, after: logits, expected: testCase.new_tokens)
-            #expect(continuation.tokens == testCase.new_tokens, "\(testCase.text)")
+            for (index, token) in testCase.new_tokens.enumerated() {
+                if index > 0 { logits = try model.logits(inputIds: [[testCase.new_tokens[index - 1]]], cache: cache).scalars }
+                let best = argmaxLastDimension(Tensor(shape: [logits.count], scalars: logits))[0]
+                steps += 1
+                if best == token { agreeing += 1 } else { widestMargin = max(widestMargin, logits[best] - logits[token]) }
+            }
         }
+        // Measured on a Zen 4: 166 of 170 steps, transformers' token at most 0.17 below the int8 model's choice.
+        #expect(Double(agreeing) >= 0.95 * Double(steps), "\(agreeing) of \(steps) steps pick transformers' token")
+        #expect(widestMargin < 0.5, "transformers' token up to \(widestMargin) below the int8 model's choice")
         let passage = try JSONDecoder().decode(PerplexityExpected.self, from: Data(contentsOf: SmolLM2.packageRoot
             .appendingPathComponent("Tests/Fixtures/llama/smollm2-perplexity.json")))
         let result = try model.perplexity(of: passage.input_ids, context: passage.context, stride: passage.stride)

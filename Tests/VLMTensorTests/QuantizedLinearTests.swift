@@ -196,21 +196,24 @@ private func pathsAndBackends() -> [(path: KernelPath, backend: Backend, packing
         }
     }
 
-    /// Built in int8, a prompt's products (over 16 rows) multiply the weight's blocks by the input quantized per
-    /// 32-element block, `round(x·127/max|x|)` ties to even on the scale max|x|/127; fewer rows run as in fp32. 17 to
-    /// 19 rows and 37 weight rows reach every tile shape of the kernel (1 to 4 rows by one or two 16-row groups).
-    @Test func int8PromptsMultiplyBlockQuantizedActivations() throws {
+    /// Built in int8, a layer's products multiply the weight's blocks by the input quantized per 32-element block,
+    /// `round(x·127/max|x|)` ties to even on the scale max|x|/127, whatever the number of rows, and a row's outputs
+    /// are the same bits alone (decoding) as beside others (a prompt, or decoding rows batched). The fixture's 37
+    /// weight rows four times over make 10 groups, so one row runs both the four-stream product and single groups;
+    /// 1 to 19 rows reach every tile shape (1 to 4 rows by one or two 16-row groups).
+    @Test func int8ProductsMultiplyBlockQuantizedActivations() throws {
         for test in MatmulCase.all {
+            let matrix = test.matrix.permutingRows((0..<(4 * 37)).map { $0 % 37 })
             let layer = MatrixPrecision.$forNewLayers.withValue(.int8) {
-                QuantizedLinear(weight: test.matrix, bias: nil, backend: .best)
+                QuantizedLinear(weight: matrix, bias: nil, backend: .best)
             }
-            let fp32 = QuantizedLinear(weight: test.matrix, bias: nil, backend: .best)
-            let packs = vlm_quant_packed_size(test.format.kernelFormat, test.matrix.rows, test.matrix.columns) > 0
-            let runsInt8 = MatrixPrecision.int8.available == .int8 && packs && vlm_quant_prompt_supported() != 0
+            let fp32 = QuantizedLinear(weight: matrix, bias: nil, backend: .best)
+            let packs = vlm_quant_packed_size(test.format.kernelFormat, matrix.rows, matrix.columns) > 0
+            let runsInt8 = MatrixPrecision.int8.available == .int8 && packs && vlm_quant_int8_supported() != 0
             #expect(layer.precision == (runsInt8 ? .int8 : .float32), "\(test.format)")
-            let (n, k) = (test.matrix.rows, test.matrix.columns)
-            let weight = test.matrix.dequantized().scalars
-            for rows in [1, 16, 17, 18, 19] {
+            let (n, k) = (matrix.rows, matrix.columns)
+            let weight = matrix.dequantized().scalars
+            for rows in [1, 2, 5, 16, 17, 18, 19] {
                 // The fixture's 17 rows, then its first ones again; a NaN in row 5 of the longer inputs.
                 var scalars = (0..<(rows * k)).map { test.x[$0 % (17 * k)] }
                 if rows > 17 { scalars[5 * k + 40] = .nan }
@@ -218,14 +221,22 @@ private func pathsAndBackends() -> [(path: KernelPath, backend: Backend, packing
                 let (output, reference) = (Tensor(uninitialized: [rows, n]), Tensor(uninitialized: [rows, n]))
                 layer.apply(x, rows: rows, activation: .identity, residual: nil, into: output)
                 fp32.apply(x, rows: rows, activation: .identity, residual: nil, into: reference)
-                guard runsInt8, rows > QuantizedLinear.packedRows else {
+                guard runsInt8 else {
                     #expect(output.scalars.map(\.bitPattern) == reference.scalars.map(\.bitPattern),
                             "\(test.format) rows \(rows): as the fp32 layer")
                     continue
                 }
                 var worst = 0.0, largestDifference: Float = 0
                 for i in 0..<rows {
-                    let quantized = Self.blockQuantized(Array(scalars[(i * k)..<((i + 1) * k)]))
+                    let row = Array(scalars[(i * k)..<((i + 1) * k)])
+                    let alone = Tensor(uninitialized: [1, n])
+                    layer.apply(Tensor(shape: [1, k], scalars: row), rows: 1, activation: .identity, residual: nil,
+                                into: alone)
+                    let differing = (0..<n).filter {
+                        alone.storage.pointer[$0].bitPattern != output.storage.pointer[i * n + $0].bitPattern
+                    }.count
+                    #expect(differing == 0, "\(test.format) rows \(rows): row \(i) alone differs in \(differing) outputs")
+                    let quantized = Self.blockQuantized(row)
                     for j in 0..<n {
                         let actual = output.storage.pointer[i * n + j]
                         if i == 5 && rows > 17 {
@@ -249,7 +260,7 @@ private func pathsAndBackends() -> [(path: KernelPath, backend: Backend, packing
         }
     }
 
-    /// `x` as the int8 prompt products see it: each 32-element block's digits times its scale.
+    /// `x` as the int8 products see it: each 32-element block's digits times its scale.
     private static func blockQuantized(_ x: [Float]) -> [Float] {
         stride(from: 0, to: x.count, by: 32).flatMap { start -> [Float] in
             let block = x[start..<(start + 32)]

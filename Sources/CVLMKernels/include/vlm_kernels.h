@@ -224,28 +224,36 @@ uint64_t vlm_quant_call_token(void);
 int vlm_quant_packed_matvec(const void *packed, vlm_quant_format format, ptrdiff_t rows, ptrdiff_t columns,
                             const float *x, uint64_t call, float *y, ptrdiff_t first_group, ptrdiff_t groups);
 
-// int8 prompt products on the same packed matrices (MatrixPrecision.int8): each activation row as one signed 8-bit
-// digit per element, `round(x·127/max|x|)` (ties to even) on a scale per 32-element block as llama.cpp quantizes
-// activations to q8_0, and each block's integer sum of weights times digits exact in 32 bits, then scaled in fp32.
+// int8 products on the same packed matrices (MatrixPrecision.int8), for prompts and decoding alike: each activation
+// row as one signed 8-bit digit per element, `round(x·127/max|x|)` (ties to even) on a scale per 32-element block as
+// llama.cpp quantizes activations to q8_0, and each block's integer sum of weights times digits exact in 32 bits,
+// then scaled into fp32 by the same operations in the same order whatever the number of rows, so a row's outputs
+// do not depend on the rows beside it.
 
-/// Whether this CPU runs the int8 prompt products (AVX-512 VNNI).
-int vlm_quant_prompt_supported(void);
+/// Whether this CPU runs the int8 products (AVX-512 VNNI).
+int vlm_quant_int8_supported(void);
 
-/// Bytes of one activation row of `columns` (a multiple of 32) in int8 for the prompt products.
-ptrdiff_t vlm_quant_prompt_activation_size(ptrdiff_t columns);
+/// Bytes of one activation row of `columns` (a multiple of 32) in int8.
+ptrdiff_t vlm_quant_int8_activation_size(ptrdiff_t columns);
 
-/// Writes `x[0 ..< columns]` in int8 to `activation` (vlm_quant_prompt_activation_size bytes). A block with a
+/// Writes `x[0 ..< columns]` in int8 to `activation` (vlm_quant_int8_activation_size bytes). A block with a
 /// non-finite value gets a NaN scale, so the products it enters are NaN as in fp32.
-void vlm_quant_prompt_activation(const float *x, ptrdiff_t columns, void *activation);
+void vlm_quant_int8_activation(const float *x, ptrdiff_t columns, void *activation);
 
 /// `y[i][j] = Σ_c x̂[i][c] · W[j][c]` for the `m` int8 activation rows `x̂` (each
-/// vlm_quant_prompt_activation_size(columns) bytes after the previous) and the rows `j` of the 16-row groups
-/// `first_group ..< first_group + groups` that are below `rows`; rows of `y` lie `y_stride` floats apart. Each pair of
-/// groups is unpacked once (bytes, fp32 scales) into a buffer the calling thread keeps. Returns 0, or -1 when that
-/// buffer cannot be allocated. Only where vlm_quant_prompt_supported().
-int vlm_quant_prompt_matmul(const void *packed, vlm_quant_format format, ptrdiff_t rows, ptrdiff_t columns,
-                            const void *activations, ptrdiff_t m, float *y, ptrdiff_t y_stride,
-                            ptrdiff_t first_group, ptrdiff_t groups);
+/// vlm_quant_int8_activation_size(columns) bytes after the previous) and the rows `j` of the 16-row groups
+/// `first_group ..< first_group + groups` that are below `rows`; rows of `y` lie `y_stride` floats apart. One row
+/// (decoding) streams the groups as vlm_quant_packed_matmul does; more are multiplied in tiles, each pair of groups
+/// unpacked once (bytes, fp32 scales) into a buffer the calling thread keeps. Returns 0, or -1 when that buffer
+/// cannot be allocated. Only where vlm_quant_int8_supported().
+int vlm_quant_int8_matmul(const void *packed, vlm_quant_format format, ptrdiff_t rows, ptrdiff_t columns,
+                          const void *activations, ptrdiff_t m, float *y, ptrdiff_t y_stride,
+                          ptrdiff_t first_group, ptrdiff_t groups);
+
+/// vlm_quant_packed_matvec in int8: each thread that takes part writes `x` in int8 into a buffer of its own once per
+/// `call`. Returns 0, or -1 when that buffer cannot be allocated. Only where vlm_quant_int8_supported().
+int vlm_quant_int8_matvec(const void *packed, vlm_quant_format format, ptrdiff_t rows, ptrdiff_t columns,
+                          const float *x, uint64_t call, float *y, ptrdiff_t first_group, ptrdiff_t groups);
 
 /// How many places of a matrix one core streams from at once in a decoding product (m = 1): its groups split into
 /// that many parts read side by side, the groups that do not divide among them one at a time after.
@@ -332,6 +340,8 @@ typedef struct vlm_decoder_step {
     /// The `windowed` layers' window (`position − window + 1 ... position`) and the ranges their attention is split
     /// into, as the layer-by-layer path splits that many keys.
     ptrdiff_t window, window_parts;
+    /// Nonzero: every product multiplies the int8 activation row (vlm_quant_int8_matmul) instead of the fixed point.
+    int int8;
     /// `cos` and `sin` of this token's rotary angles, `head_dim / 2` each, and those of the layers with
     /// `local_rotary` (NULL where none has it).
     const float *cos, *sin, *local_cos, *local_sin;
