@@ -86,9 +86,9 @@ func groupedQueryAttention(query: Tensor, key: Tensor, value: Tensor, heads: Int
     let output = Tensor(uninitialized: query.shape)
     if output.count == 0 { return output }
     let scale = scale ?? 1 / Float(headDim).squareRoot()
-    if queryLength == 1 && keyPaddingMask == nil {
+    if queryLength == 1, let firstKeys = leftPaddingEnds(keyPaddingMask, batch: batch, keyLength: keyLength) {
         return decodingAttention(query: query, key: key, value: value, heads: heads, keyHeads: keyHeads,
-                                 keyLength: keyLength, keys: keys, scale: scale, path: path)
+                                 keyLength: keyLength, firstKeys: firstKeys, keys: keys, scale: scale, path: path)
     }
     let run: @Sendable (Int) -> Void = { unit in
         let (item, head) = unit.quotientAndRemainder(dividingBy: heads)
@@ -114,47 +114,71 @@ func groupedQueryAttention(query: Tensor, key: Tensor, value: Tensor, heads: Int
 /// Keys per part below which a decoding step's attention is not split further.
 private let minimumKeysPerPart = 64
 
-/// How many ranges of keys a decoding step's attention splits each of its `units` (batch items × key/value heads)
+/// How many ranges of keys a decoding step's attention splits each of one sequence's `units` (its key/value heads)
 /// into: enough parts to keep the cores evenly busy, none shorter than `minimumKeysPerPart`.
 func decodingAttentionParts(keyLength: Int, units: Int) -> Int {
     max(1, min(keyLength / minimumKeysPerPart, (2 * processorCount + units - 1) / units))
 }
 
-/// One decoding step (a single query position, no padding) of grouped-query attention, split into parts that each
-/// run a key/value head's group of query heads over a range of keys: every cached key and value is read once, and
-/// there are enough parts to keep the cores evenly busy. The parts' unnormalized softmax sums merge as in
-/// flash-decoding: rescaled to the largest maximum, added, divided by the total weight.
+/// Where each item's keys start when `mask` (`[batch, keyLength]`) only pads items on the left, as batches of
+/// decoding sequences are padded: zeros for no mask; nil for any other mask, or an item with no key.
+private func leftPaddingEnds(_ mask: Tensor?, batch: Int, keyLength: Int) -> [Int]? {
+    guard let mask else { return Array(repeating: 0, count: batch) }
+    var ends: [Int] = []
+    for item in 0..<batch {
+        let row = UnsafeBufferPointer(start: mask.storage.pointer + item * keyLength, count: keyLength)
+        let first = row.firstIndex { $0 != 0 } ?? keyLength
+        guard first < keyLength, row[first...].allSatisfy({ $0 != 0 }) else { return nil }
+        ends.append(first)
+    }
+    return ends
+}
+
+/// One decoding step (a single query position) of grouped-query attention, item `i` attending to keys
+/// `firstKeys[i] ..< keyLength`, split into parts that each run a key/value head's group of query heads over a range
+/// of keys: every cached key and value is read once, and there are enough parts to keep the cores evenly busy. The
+/// parts' unnormalized softmax sums merge as in flash-decoding: rescaled to the largest maximum, added, divided by
+/// the total weight. An item's parts depend on its own keys alone, so a sequence decoded in a batch (its padding
+/// skipped) gets the floats it gets decoded alone.
 private func decodingAttention(query: Tensor, key: Tensor, value: Tensor, heads: Int, keyHeads: Int, keyLength: Int,
-                               keys: KeyValueAddressing, scale: Float, path: KernelPath) -> Tensor {
+                               firstKeys: [Int], keys: KeyValueAddressing, scale: Float, path: KernelPath) -> Tensor {
     let (batch, width) = (query.shape[0], query.shape[2])
-    let headDim = width / heads, group = heads / keyHeads, units = batch * keyHeads
-    let parts = decodingAttentionParts(keyLength: keyLength, units: units)
-    let partLength = (keyLength + parts - 1) / parts
-    let maxima = Tensor(uninitialized: [units, parts, group]), sums = Tensor(uninitialized: [units, parts, group])
-    let partials = Tensor(uninitialized: [units, parts, group, headDim])
-    let run: @Sendable (Int) -> Void = { index in
-        let (unit, part) = index.quotientAndRemainder(dividingBy: parts)
-        let (item, keyHead) = unit.quotientAndRemainder(dividingBy: keyHeads)
+    let headDim = width / heads, group = heads / keyHeads
+    let parts = firstKeys.map { decodingAttentionParts(keyLength: keyLength - $0, units: keyHeads) }
+    // Item i's parts fill slots firstSlots[i] ..< firstSlots[i + 1], key head by key head.
+    let firstSlots = parts.reduce(into: [0]) { $0.append($0.last! + keyHeads * $1) }
+    let slots = firstSlots.last!
+    let maxima = Tensor(uninitialized: [slots, group]), sums = Tensor(uninitialized: [slots, group])
+    let partials = Tensor(uninitialized: [slots, group, headDim])
+    let run: @Sendable (Int) -> Void = { slot in
+        var item = 0
+        while firstSlots[item + 1] <= slot { item += 1 }
+        let (keyHead, part) = (slot - firstSlots[item]).quotientAndRemainder(dividingBy: parts[item])
+        let length = keyLength - firstKeys[item], partLength = (length + parts[item] - 1) / parts[item]
         let keyOffset = keys.offset(item: item, keyHead: keyHead)
         var problem = vlm_attention_problem(
             query: query.storage.pointer + item * width + keyHead * group * headDim, key: key.storage.pointer + keyOffset,
             value: value.storage.pointer + keyOffset, output: nil, query_stride: headDim, key_stride: keys.stride,
             value_stride: keys.stride, output_stride: headDim, query_length: group, key_length: keyLength,
             head_dim: headDim, head_count: 1, scale: scale, causal: 0, key_mask: nil, bf16_products: 0)
-        let first = part * partLength, slot = unit * parts + part
-        precondition(vlm_attention_partial(&problem, first, min(partLength, keyLength - first),
+        let first = part * partLength
+        precondition(vlm_attention_partial(&problem, firstKeys[item] + first, min(partLength, length - first),
                                            maxima.storage.pointer + slot * group, sums.storage.pointer + slot * group,
                                            partials.storage.pointer + slot * group * headDim, path.isa) == 0,
                      "out of memory for attention scratch over \(keyLength) keys")
     }
     if batch * heads * keyLength * headDim < parallelWork {
-        for index in 0..<(units * parts) { run(index) }
+        for slot in 0..<slots { run(slot) }
     } else {
-        parallelFor(units * parts, run)
+        parallelFor(slots, run)
     }
-    // Unit u's query rows are the output's rows u·group ..< (u + 1)·group of headDim features.
+    // Item i's query rows are the output's rows of its key heads' groups, headDim features each.
     let output = Tensor(uninitialized: query.shape)
-    vlm_attention_merge(maxima.storage.pointer, sums.storage.pointer, partials.storage.pointer, units, parts, group, headDim,
-                        output.storage.pointer)
+    for item in 0..<batch {
+        let slot = firstSlots[item]
+        vlm_attention_merge(maxima.storage.pointer + slot * group, sums.storage.pointer + slot * group,
+                            partials.storage.pointer + slot * group * headDim, keyHeads, parts[item], group, headDim,
+                            output.storage.pointer + item * width)
+    }
     return output
 }

@@ -107,6 +107,32 @@ private func greedy(maxNewTokens: Int, eos: [Int] = []) -> GenerationConfig {
         }
     }
 
+    /// A sequence's tokens and log-probabilities do not depend on what else is decoded beside it: rows decoded
+    /// together (left-padded, joining and leaving at different steps) give the same floats as each decoded alone, in
+    /// fp32 and in int8 (whose rounding of activations would turn the smallest difference into a visible one). The
+    /// real SmolLM2 Q4_1 file, prompts of 60 to 180 tokens of the perplexity passage, so that each sequence's
+    /// attention splits its keys in parts.
+    @Test(.enabled(if: SmolLM2.url != nil, Comment(rawValue: SmolLM2.skipMessage)),
+          arguments: [MatrixPrecision.float32, .int8])
+    func batchedDecodingMatchesAlone(precision: MatrixPrecision) async throws {
+        let url = try #require(SmolLM2.url)
+        let model = try MatrixPrecision.$forNewLayers.withValue(precision) { try LlamaForCausalLM(gguf: url) }
+        let passage = try JSONDecoder().decode(SmolLM2GGUFTests.PerplexityExpected.self, from: Data(contentsOf: SmolLM2
+            .packageRoot.appendingPathComponent("Tests/Fixtures/llama/smollm2-perplexity.json"))).input_ids
+        let requests = [(0, 140, 10), (60, 180, 6), (200, 60, 14)].map { start, count, newTokens in
+            BatchRequest(promptIds: Array(passage[start..<(start + count)]), config: greedy(maxNewTokens: newTokens),
+                         topLogprobs: 2)
+        }
+        let together = try ContinuousBatcher(model: model, maxBatch: 3)
+        defer { together.shutdown() }
+        let alone = try ContinuousBatcher(model: model, maxBatch: 1)
+        defer { alone.shutdown() }
+        let (batched, single) = try await (runConcurrently(together, requests), runConcurrently(alone, requests))
+        for index in requests.indices {
+            #expect(batched[index].tokens == single[index].tokens, "\(precision) request \(index)")
+        }
+    }
+
     /// A prompt that starts like an earlier one runs only its new part, with the same tokens as from scratch.
     @Test func promptPrefixIsReused() async throws {
         let fixture = try LlamaFixture("gqa-untied")
