@@ -3,7 +3,7 @@
 
 Usage:  python3 scripts/bench_serve.py [--model FILE.gguf] [--vlm .build/release/vlm] [--llama-server PATH]
                                       [--clients 1,8] [--tokens 128] [--requests 2] [--rounds 3] [--threads 2]
-                                      [--grammar FILE.gbnf] [--json]
+                                      [--grammar FILE.gbnf] [--dtype fp32|bf16|int8] [--json]
 
 Each server is started on a free loopback port with --threads threads and 8 parallel sequences (`vlm serve
 --max-batch 8`; `llama-server -np 8 -cb`). For each client count, that many clients each send --requests streaming
@@ -16,6 +16,8 @@ drifts, and loads run side by side drift together. The table gives the median ov
 With --grammar, every request carries that GBNF grammar (the `grammar` field both servers read): decoding under a
 grammar, as structured outputs run. `ignore_eos` keeps every request at --tokens tokens only if the grammar never
 forbids every token, so give one that can always go on (scripts/bench_grammar.gbnf: JSON records without end).
+
+--dtype is `vlm serve`'s (int8: every product on the GGUF blocks takes int8 activations, as llama.cpp's do).
 
 llama-server is built from the llama.cpp that PyPI's llama-cpp-python 0.3.36 source package vendors (the file
 .ci/run also fetches, sha256-pinned) into .build-llama-server/ the first time (cmake, -DGGML_NATIVE=ON; about 10
@@ -182,6 +184,7 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--engines", default="vlm serve,llama-server", help="which servers to run, comma-separated")
     parser.add_argument("--grammar", type=Path, help="a GBNF grammar every request is decoded under")
+    parser.add_argument("--dtype", choices=["fp32", "bf16", "int8"], help="vlm serve's --dtype")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     global GRAMMAR
@@ -195,7 +198,7 @@ def main():
         port = free_port()
         if name == "vlm serve":
             command = [args.vlm, "serve", "--model", args.model, "--port", str(port), "--max-batch", str(SLOTS),
-                       "--max-queue", "256"]
+                       "--max-queue", "256"] + (["--dtype", args.dtype] if args.dtype else [])
         else:
             # One slot holds a prompt and its tokens with room to spare; -c is the total over slots.
             command = [llama, "-m", args.model, "--port", str(port), "-t", str(args.threads), "-tb", str(args.threads),
