@@ -59,11 +59,14 @@ import VLMTensor
     /// Its decoding steps run fused (every projection and the tied head packed): the same floats as layer by layer,
     /// logits and cache, over the whole sequence, far past the sliding layers' 4-token window (their attention in
     /// one part, the full layer's split in parts from 128 positions on where the cores call for it).
-    @Test(.enabled(if: FusedDecoderStep.isSupported, "this CPU has no packed quantized products: no fused decoding step"))
-    func fusedStepsEqualTheLayerByLayerPath() throws {
+    /// The same built in int8, its products on int8 activations.
+    @Test(.enabled(if: FusedDecoderStep.isSupported, "this CPU has no packed quantized products: no fused decoding step"),
+          arguments: [MatrixPrecision.float32, .int8])
+    func fusedStepsEqualTheLayerByLayerPath(precision: MatrixPrecision) throws {
         let expected = try Self.expected.get()
-        let model = try Gemma3ForCausalLM(gguf: GGUFFile(url: Self.url))
+        let model = try MatrixPrecision.$forNewLayers.withValue(precision) { try Gemma3ForCausalLM(gguf: GGUFFile(url: Self.url)) }
         #expect(model.fusedStep?.vocabularySize == 160)
+        #expect(model.fusedStep?.int8 == (model.layers[0].down.precision == .int8))
         try FusedDecodingTests.expectFusedStepsEqualLayerByLayer(model, tokens: expected.sequence, promptLength: 1) {
             try model.logits(inputsEmbeds: $0, attentionMask: nil, positionIds: nil, cache: $1, lastPositionOnly: false, fusing: $2)
         }
