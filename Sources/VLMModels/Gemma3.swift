@@ -277,7 +277,6 @@ public final class Gemma3ForCausalLM: CausalLanguageModel, @unchecked Sendable {
 
     public var vocabularySize: Int { config.vocabSize }
     public var contextLength: Int? { config.maxPositionEmbeddings }
-    public var batchInvariantLength: Int? { (0..<config.numHiddenLayers).compactMap(config.attentionWindow(layer:)).min() }
 
     public func makeCache(batch: Int, capacity: Int) throws -> KVCache {
         try makeBoundedCache(batch: batch, capacity: capacity, layers: layers.count,

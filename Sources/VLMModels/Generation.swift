@@ -20,8 +20,8 @@ public protocol CausalLanguageModel: AnyObject, Sendable {
     func logits(inputsEmbeds: Tensor, attentionMask: [[Int]]?, positionIds: [[Int]]?, cache: KVCache?,
                 lastPositionOnly: Bool) throws -> Tensor
     /// The longest row (cached positions, padding included, plus new ones) up to which each row of a batch computes
-    /// exactly what it would alone; nil: any length. A sliding attention window counts padding, and dynamic RoPE
-    /// takes its frequencies from the batch's largest position, so past these rows depend on each other.
+    /// exactly what it would alone; nil: any length. Dynamic RoPE takes its frequencies from the batch's largest
+    /// position, so past it rows depend on each other.
     var batchInvariantLength: Int? { get }
     /// The most positions the model was made for (`max_position_embeddings`), nil where it sets none.
     var contextLength: Int? { get }

@@ -443,10 +443,10 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
     public var vocabularySize: Int { config.vocabSize }
     public var contextLength: Int? { config.maxPositionEmbeddings }
 
+    /// Dynamic RoPE's frequencies follow the batch's longest row past `max_position_embeddings`. A sliding window
+    /// sets no limit: rows are padded on the left, so a row's last `window` positions hold the keys it holds alone.
     public var batchInvariantLength: Int? {
-        let window = (0..<config.numHiddenLayers).compactMap(config.attentionWindow(layer:)).min()
-        let dynamic = config.rope.ropeType == "dynamic" ? config.maxPositionEmbeddings : nil
-        return [window, dynamic].compactMap { $0 }.min()
+        config.rope.ropeType == "dynamic" ? config.maxPositionEmbeddings : nil
     }
 
     /// Logits for input embeddings `[B, T, hiddenSize]` (a VLM's text embeddings with image features spliced in);

@@ -37,6 +37,23 @@ private final class TokenCounter: @unchecked Sendable {
     var count: Int { lock.withLock { value } }
 }
 
+/// Records the most sequences `batcher` ran at once, read as its rows check whether to stop; stops none.
+private final class BatchWidthProbe: StoppingCriterion, @unchecked Sendable {
+    private let batcher: ContinuousBatcher
+    private let lock = NSLock()
+    private var most = 0
+
+    init(_ batcher: ContinuousBatcher) { self.batcher = batcher }
+
+    func shouldStop(_ history: TokenHistory) -> Bool {
+        let running = batcher.runningCount
+        lock.withLock { most = max(most, running) }
+        return false
+    }
+
+    var widest: Int { lock.withLock { most } }
+}
+
 private func greedy(maxNewTokens: Int, eos: [Int] = []) -> GenerationConfig {
     var config = GenerationConfig()
     config.maxNewTokens = maxNewTokens
@@ -48,7 +65,7 @@ private func greedy(maxNewTokens: Int, eos: [Int] = []) -> GenerationConfig {
     /// Every prompt of the oracle's greedy generations, submitted together: each row decoded in a shared batch
     /// (padded, joining and leaving at different steps) gives transformers' tokens.
     /// llama-dynamic's rows depend on each other past 6 positions (dynamic RoPE), so only transformers' one-prompt
-    /// generations apply to it; qwen2, qwen3, smollm3, gemma3 and mistral-sliding batch only within their sliding windows.
+    /// generations apply to it.
     @Test(arguments: ["opt-pre", "gpt2", "qwen2", "qwen3", "smollm3", "gemma3", "mistral-sliding", "llama-dynamic", "gqa-untied",
                       "llama3-tied", "linear-bias-mqa"])
     func batchedGreedyMatchesTransformers(name: String) async throws {
@@ -130,6 +147,32 @@ private func greedy(maxNewTokens: Int, eos: [Int] = []) -> GenerationConfig {
         let (batched, single) = try await (runConcurrently(together, requests), runConcurrently(alone, requests))
         for index in requests.indices {
             #expect(batched[index].tokens == single[index].tokens, "\(precision) request \(index)")
+        }
+    }
+
+    /// Sliding-window models batch past their window (4 and 5 positions here): rows padded on the left keep in their
+    /// last `window` positions the keys they keep alone, and attention skips the padding, so rows decoded together
+    /// give each one's tokens and log-probabilities alone.
+    @Test(arguments: ["gemma3", "mistral-sliding"])
+    func slidingWindowModelsBatchPastTheirWindow(name: String) async throws {
+        let model = try DecoderFixture(name).model
+        let prompts = [[1, 17, 45, 99, 3, 8, 21], [1, 8], [1, 60, 61, 62, 5, 9, 10, 11, 30, 31, 32], [2, 3, 4]]
+        let together = try ContinuousBatcher(model: model, maxBatch: 4)
+        defer { together.shutdown() }
+        let alone = try ContinuousBatcher(model: model, maxBatch: 1)
+        defer { alone.shutdown() }
+        let probe = BatchWidthProbe(together)
+        func requests(_ criteria: [any StoppingCriterion]) -> [BatchRequest] {
+            prompts.enumerated().map { index, prompt in
+                BatchRequest(promptIds: prompt, config: greedy(maxNewTokens: 16 + 4 * index), stoppingCriteria: criteria,
+                             topLogprobs: 2)
+            }
+        }
+        let batched = try await runConcurrently(together, requests([probe]))
+        let single = try await runConcurrently(alone, requests([]))
+        #expect(probe.widest >= 2, "\(name): the batch never held two sequences")
+        for index in prompts.indices {
+            #expect(batched[index].tokens == single[index].tokens, "\(name) request \(index)")
         }
     }
 
