@@ -2,7 +2,7 @@
 
     python scripts/make_llava_gguf_pair.py            # once: models/llava-1.5-qwen2-0.5b-random/*.gguf
     swift build -c release
-    python scripts/bench_llava_gguf.py [--pair DIR] [--dtype fp32 bf16] [--new-tokens 32] [--runs 3] [--rounds 3]
+    python scripts/bench_llava_gguf.py [--pair DIR] [--dtype fp32 bf16 int8] [--new-tokens 32] [--runs 3] [--rounds 3]
                                        [--threads 2] [--vlm .build/release/vlm] [--json results.json]
 
 The work is the question of bench_image_chat.py about its 640×480 photo, one user turn through the chat template the
@@ -63,7 +63,7 @@ def llama_turn(cli, args, photo):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pair", default=DEFAULT_PAIR)
-    parser.add_argument("--dtype", nargs="+", choices=["fp32", "bf16"], default=["fp32", "bf16"])
+    parser.add_argument("--dtype", nargs="+", choices=["fp32", "bf16", "int8"], default=["fp32", "bf16"])
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--runs", type=int, default=3, help="timed turns per engine and round")
     parser.add_argument("--rounds", type=int, default=3)
@@ -114,7 +114,7 @@ def main():
           f"{median(rows, 'decode_tokens_per_s'):.1f} | – | – |")
     for dtype in args.dtype:
         first, decode = ratios[dtype]["first_token"], ratios[dtype]["decode"]
-        print(f"| SwiftVLM {dtype} tower | {median(samples[dtype], 'image_ms'):.0f} | "
+        print(f"| SwiftVLM {dtype} | {median(samples[dtype], 'image_ms'):.0f} | "
               f"{median(samples[dtype], 'first_token_ms'):.0f} | {median(samples[dtype], 'decode_tokens_per_s'):.1f} | "
               f"{statistics.median(first):.2f} ({', '.join(f'{r:.2f}' for r in first)}) | "
               f"{statistics.median(decode):.2f} ({', '.join(f'{r:.2f}' for r in decode)}) |")
