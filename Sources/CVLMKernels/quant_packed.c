@@ -239,53 +239,44 @@ static atomic_uint_fast64_t call_tokens = 1;
 
 uint64_t vlm_quant_call_token(void) { return atomic_fetch_add_explicit(&call_tokens, 1, memory_order_relaxed); }
 
-/// This thread's fixed-point copy of the row of the product with token `call`, kept for the thread's life.
-static _Thread_local struct {
+/// A thread's copy of the row of the product with token `call` in one activation format, kept for the thread's life.
+typedef struct thread_row {
     uint64_t call;
     void *activation;
     ptrdiff_t capacity;
 } thread_row;
 
+static _Thread_local thread_row fixed_point_row, int8_row;
+
+/// `row` holding `x` as `quantize` writes it (`bytes`), written once per `call`; NULL when it cannot be allocated.
+static const void *row_for_call(thread_row *row, uint64_t call, const float *x, ptrdiff_t columns, ptrdiff_t bytes,
+                                void (*quantize)(const float *, ptrdiff_t, void *)) {
+    if (row->call == call && row->activation != NULL) return row->activation;
+    if (bytes > row->capacity) {
+        void *grown = aligned_alloc(64, (size_t)(bytes + 63) / 64 * 64);
+        if (!grown) return NULL;
+        free(row->activation);
+        row->activation = grown;
+        row->capacity = bytes;
+    }
+    quantize(x, columns, row->activation);
+    row->call = call;
+    return row->activation;
+}
+
 int vlm_quant_packed_matvec(const void *packed, vlm_quant_format format, ptrdiff_t rows, ptrdiff_t columns,
                             const float *x, uint64_t call, float *y, ptrdiff_t first_group, ptrdiff_t groups) {
-    const ptrdiff_t bytes = vlm_quant_activation_size(columns);
-    if (thread_row.call != call || thread_row.activation == NULL) {
-        if (bytes > thread_row.capacity) {
-            void *grown = aligned_alloc(64, (size_t)(bytes + 63) / 64 * 64);
-            if (!grown) return -1;
-            free(thread_row.activation);
-            thread_row.activation = grown;
-            thread_row.capacity = bytes;
-        }
-        vlm_quant_activation(x, columns, thread_row.activation);
-        thread_row.call = call;
-    }
-    vlm_quant_packed_matmul(packed, format, rows, columns, thread_row.activation, 1, y, rows, first_group, groups,
-                            VLM_ISA_AVX512);
+    const void *activation = row_for_call(&fixed_point_row, call, x, columns, vlm_quant_activation_size(columns),
+                                          vlm_quant_activation);
+    if (!activation) return -1;
+    vlm_quant_packed_matmul(packed, format, rows, columns, activation, 1, y, rows, first_group, groups, VLM_ISA_AVX512);
     return 0;
 }
 
-/// This thread's int8 copy of the row of the product with token `call` (vlm_quant_int8_matvec).
-static _Thread_local struct {
-    uint64_t call;
-    void *activation;
-    ptrdiff_t capacity;
-} thread_int8_row;
-
 int vlm_quant_int8_matvec(const void *packed, vlm_quant_format format, ptrdiff_t rows, ptrdiff_t columns,
                           const float *x, uint64_t call, float *y, ptrdiff_t first_group, ptrdiff_t groups) {
-    const ptrdiff_t bytes = vlm_quant_int8_activation_size(columns);
-    if (thread_int8_row.call != call || thread_int8_row.activation == NULL) {
-        if (bytes > thread_int8_row.capacity) {
-            void *grown = aligned_alloc(64, (size_t)(bytes + 63) / 64 * 64);
-            if (!grown) return -1;
-            free(thread_int8_row.activation);
-            thread_int8_row.activation = grown;
-            thread_int8_row.capacity = bytes;
-        }
-        vlm_quant_int8_activation(x, columns, thread_int8_row.activation);
-        thread_int8_row.call = call;
-    }
-    return vlm_quant_int8_matmul(packed, format, rows, columns, thread_int8_row.activation, 1, y, rows, first_group,
-                                 groups);
+    const void *activation = row_for_call(&int8_row, call, x, columns, vlm_quant_int8_activation_size(columns),
+                                          vlm_quant_int8_activation);
+    if (!activation) return -1;
+    return vlm_quant_int8_matmul(packed, format, rows, columns, activation, 1, y, rows, first_group, groups);
 }

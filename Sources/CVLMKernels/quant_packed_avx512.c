@@ -249,32 +249,43 @@ VNNI_INLINE void store_group(float *y, ptrdiff_t rows, ptrdiff_t g, __m512 out) 
     _mm512_mask_storeu_ps(y + 16 * g, left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1), out);
 }
 
+VNNI_INLINE void int8_streams_product(const uint8_t *const *groups, const int P, const vlm_quant_packed_layout_t *layout,
+                                      const vlm_quant_format F, const int8_t *activation, __m512 *out);
+
+/// One activation row (decoding), fixed point or `int8`, through groups `first_group ..< first_group + groups`: the
+/// range as VLM_QUANT_STREAMS streams, a part of it each, then what does not divide among them one group at a time.
+VNNI_INLINE void stream_row(const vlm_quant_format F, const int int8, const void *packed,
+                            const vlm_quant_packed_layout_t *layout, ptrdiff_t rows, const void *activation, float *y,
+                            ptrdiff_t first_group, ptrdiff_t groups) {
+    const uint8_t *start = (const uint8_t *)packed + first_group * layout->group_bytes;
+    const ptrdiff_t part = groups / VLM_QUANT_STREAMS;
+    for (int p = 0; p < VLM_QUANT_STREAMS; p++)
+        vlm_quant_prefetch_range_start(start + p * part * layout->group_bytes, part * layout->group_bytes);
+    for (ptrdiff_t k = 0; k < part; k++) {
+        const uint8_t *streams[VLM_QUANT_STREAMS];
+        for (int p = 0; p < VLM_QUANT_STREAMS; p++) streams[p] = start + (p * part + k) * layout->group_bytes;
+        __m512 out[VLM_QUANT_STREAMS];
+        if (int8) int8_streams_product(streams, VLM_QUANT_STREAMS, layout, F, activation, out);
+        else if (F == VLM_QUANT_Q6_K || F == VLM_QUANT_Q8_0)
+            group_product(streams, VLM_QUANT_STREAMS, layout, F, activation, 0, 1, out);
+        else streams_product(streams, layout, F, activation, out);
+        for (int p = 0; p < VLM_QUANT_STREAMS; p++) store_group(y, rows, first_group + p * part + k, out[p]);
+    }
+    for (ptrdiff_t g = first_group + VLM_QUANT_STREAMS * part; g < first_group + groups; g++) {
+        const uint8_t *group = (const uint8_t *)packed + g * layout->group_bytes;
+        __m512 out;
+        if (int8) int8_streams_product(&group, 1, layout, F, activation, &out);
+        else group_rows(group, layout, F, activation, 0, 1, &out);
+        store_group(y, rows, g, out);
+    }
+}
+
 VNNI_INLINE void packed_matmul(const vlm_quant_format F, const void *packed, const vlm_quant_packed_layout_t *layout,
                                ptrdiff_t rows, const void *activations, ptrdiff_t activation_bytes, ptrdiff_t m,
                                float *y, ptrdiff_t y_stride, ptrdiff_t first_group, ptrdiff_t groups) {
     const uint8_t *start = (const uint8_t *)packed + first_group * layout->group_bytes;
     if (m == 1) {
-        // One activation row (decoding): the range's groups as VLM_QUANT_STREAMS streams, a part of it each.
-        const ptrdiff_t part = groups / VLM_QUANT_STREAMS;
-        for (int p = 0; p < VLM_QUANT_STREAMS; p++)
-            vlm_quant_prefetch_range_start(start + p * part * layout->group_bytes, part * layout->group_bytes);
-        for (ptrdiff_t k = 0; k < part; k++) {
-            const uint8_t *streams[VLM_QUANT_STREAMS];
-            for (int p = 0; p < VLM_QUANT_STREAMS; p++) streams[p] = start + (p * part + k) * layout->group_bytes;
-            __m512 out[VLM_QUANT_STREAMS];
-            if (F == VLM_QUANT_Q6_K || F == VLM_QUANT_Q8_0) {
-                group_product(streams, VLM_QUANT_STREAMS, layout, F, activations, activation_bytes, 1, out);
-            } else {
-                streams_product(streams, layout, F, activations, out);
-            }
-            for (int p = 0; p < VLM_QUANT_STREAMS; p++) store_group(y, rows, first_group + p * part + k, out[p]);
-        }
-        // What does not divide among the streams, one group at a time.
-        for (ptrdiff_t g = first_group + VLM_QUANT_STREAMS * part; g < first_group + groups; g++) {
-            __m512 out;
-            group_rows((const uint8_t *)packed + g * layout->group_bytes, layout, F, activations, activation_bytes, 1, &out);
-            store_group(y, rows, g, out);
-        }
+        stream_row(F, 0, packed, layout, rows, activations, y, first_group, groups);
         return;
     }
     vlm_quant_prefetch_range_start(start, groups * layout->group_bytes);
@@ -416,28 +427,6 @@ VNNI_INLINE void int8_streams_product(const uint8_t *const *groups, const int P,
     for (int p = 0; p < P; p++) out[p] = acc[p];
 }
 
-/// One int8 activation row through groups `first_group ..< first_group + groups`, as packed_matmul streams one
-/// fixed-point row: VLM_QUANT_STREAMS parts of the range side by side, then what does not divide one group at a time.
-VNNI_INLINE void int8_row(const vlm_quant_format F, const void *packed, const vlm_quant_packed_layout_t *layout,
-                          ptrdiff_t rows, const int8_t *activation, float *y, ptrdiff_t first_group, ptrdiff_t groups) {
-    const uint8_t *start = (const uint8_t *)packed + first_group * layout->group_bytes;
-    const ptrdiff_t part = groups / VLM_QUANT_STREAMS;
-    for (int p = 0; p < VLM_QUANT_STREAMS; p++)
-        vlm_quant_prefetch_range_start(start + p * part * layout->group_bytes, part * layout->group_bytes);
-    for (ptrdiff_t k = 0; k < part; k++) {
-        const uint8_t *streams[VLM_QUANT_STREAMS];
-        for (int p = 0; p < VLM_QUANT_STREAMS; p++) streams[p] = start + (p * part + k) * layout->group_bytes;
-        __m512 out[VLM_QUANT_STREAMS];
-        int8_streams_product(streams, VLM_QUANT_STREAMS, layout, F, activation, out);
-        for (int p = 0; p < VLM_QUANT_STREAMS; p++) store_group(y, rows, first_group + p * part + k, out[p]);
-    }
-    for (ptrdiff_t g = first_group + VLM_QUANT_STREAMS * part; g < first_group + groups; g++) {
-        const uint8_t *group = (const uint8_t *)packed + g * layout->group_bytes;
-        __m512 out;
-        int8_streams_product(&group, 1, layout, F, activation, &out);
-        store_group(y, rows, g, out);
-    }
-}
 
 /// One weight group as the prompt tiles read it: block `b`'s eight vectors of byte values (16 rows × 4 columns each)
 /// at `values + 512·b`, and its 16 rows' scales (Q6_K: the first half's, then the second's in `second_scales`) and
@@ -557,7 +546,7 @@ VNNI int vlm_quant_int8_matmul_avx512(const void *packed, vlm_quant_format forma
                                       const void *activations, ptrdiff_t activation_bytes, ptrdiff_t m, float *y,
                                       ptrdiff_t y_stride, ptrdiff_t first_group, ptrdiff_t groups) {
     if (m == 1) {
-#define FORMAT_CASE(F) case F: int8_row(F, packed, layout, rows, activations, y, first_group, groups); break;
+#define FORMAT_CASE(F) case F: stream_row(F, 1, packed, layout, rows, activations, y, first_group, groups); break;
         switch (format) {
         FORMAT_CASE(VLM_QUANT_Q4_0) FORMAT_CASE(VLM_QUANT_Q4_1) FORMAT_CASE(VLM_QUANT_Q5_0) FORMAT_CASE(VLM_QUANT_Q5_1)
         FORMAT_CASE(VLM_QUANT_Q8_0) FORMAT_CASE(VLM_QUANT_Q4_K) FORMAT_CASE(VLM_QUANT_Q5_K) FORMAT_CASE(VLM_QUANT_Q6_K)
