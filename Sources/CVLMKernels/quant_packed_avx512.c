@@ -14,6 +14,11 @@
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,f16c,fma")))
 #define VNNI_INLINE static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,f16c,fma")))
 
+/// A switch's cases for every packed format, `CASE(F)` each: each format's product is compiled with `F` a constant.
+#define PACKED_FORMAT_CASES(CASE) \
+    CASE(VLM_QUANT_Q4_0) CASE(VLM_QUANT_Q4_1) CASE(VLM_QUANT_Q5_0) CASE(VLM_QUANT_Q5_1) \
+    CASE(VLM_QUANT_Q8_0) CASE(VLM_QUANT_Q4_K) CASE(VLM_QUANT_Q5_K) CASE(VLM_QUANT_Q6_K)
+
 /// The largest |v| of the fixed point: three digits of at most 127, 64 and 64 in magnitude.
 enum { FIXED_POINT_LIMIT = 127 << 14 };
 
@@ -307,8 +312,7 @@ VNNI void vlm_quant_packed_matmul_avx512(const void *packed, vlm_quant_format fo
 #define FORMAT_CASE(F) \
     case F: packed_matmul(F, packed, layout, rows, activations, activation_bytes, m, y, y_stride, first_group, groups); break;
     switch (format) {
-    FORMAT_CASE(VLM_QUANT_Q4_0) FORMAT_CASE(VLM_QUANT_Q4_1) FORMAT_CASE(VLM_QUANT_Q5_0) FORMAT_CASE(VLM_QUANT_Q5_1)
-    FORMAT_CASE(VLM_QUANT_Q8_0) FORMAT_CASE(VLM_QUANT_Q4_K) FORMAT_CASE(VLM_QUANT_Q5_K) FORMAT_CASE(VLM_QUANT_Q6_K)
+    PACKED_FORMAT_CASES(FORMAT_CASE)
     default: break;
     }
 #undef FORMAT_CASE
@@ -548,8 +552,7 @@ VNNI int vlm_quant_int8_matmul_avx512(const void *packed, vlm_quant_format forma
     if (m == 1) {
 #define FORMAT_CASE(F) case F: stream_row(F, 1, packed, layout, rows, activations, y, first_group, groups); break;
         switch (format) {
-        FORMAT_CASE(VLM_QUANT_Q4_0) FORMAT_CASE(VLM_QUANT_Q4_1) FORMAT_CASE(VLM_QUANT_Q5_0) FORMAT_CASE(VLM_QUANT_Q5_1)
-        FORMAT_CASE(VLM_QUANT_Q8_0) FORMAT_CASE(VLM_QUANT_Q4_K) FORMAT_CASE(VLM_QUANT_Q5_K) FORMAT_CASE(VLM_QUANT_Q6_K)
+        PACKED_FORMAT_CASES(FORMAT_CASE)
         default: break;
         }
 #undef FORMAT_CASE
@@ -567,8 +570,7 @@ VNNI int vlm_quant_int8_matmul_avx512(const void *packed, vlm_quant_format forma
 #define FORMAT_CASE(F) \
     case F: prompt_matmul(F, packed, layout, rows, activations, activation_bytes, m, y, y_stride, first_group, groups, scratch); break;
     switch (format) {
-    FORMAT_CASE(VLM_QUANT_Q4_0) FORMAT_CASE(VLM_QUANT_Q4_1) FORMAT_CASE(VLM_QUANT_Q5_0) FORMAT_CASE(VLM_QUANT_Q5_1)
-    FORMAT_CASE(VLM_QUANT_Q8_0) FORMAT_CASE(VLM_QUANT_Q4_K) FORMAT_CASE(VLM_QUANT_Q5_K) FORMAT_CASE(VLM_QUANT_Q6_K)
+    PACKED_FORMAT_CASES(FORMAT_CASE)
     default: break;
     }
 #undef FORMAT_CASE
