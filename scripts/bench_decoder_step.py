@@ -14,7 +14,8 @@ each build's mean step time and the weights it streamed per second; the summary 
 of the per-round ratio baseline / working tree (above 1: the working tree is faster), and the largest difference
 between the two builds' logits (0 unless the change alters arithmetic). Rounds alternate which build goes first.
 Both builds are driven through the working tree's vlm_kernels.h, so a baseline must lay out vlm_decoder_layer as it
-does: revisions before Qwen3's head norms joined it (246490d) cannot be one.
+does (and vlm_decoder_step): revisions before Qwen3's head norms joined the layer (246490d), or before the step
+gained `int8` (56ee273), cannot be one.
 """
 
 import argparse
