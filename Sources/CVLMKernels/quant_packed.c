@@ -67,24 +67,28 @@ static void store_super(uint8_t *group, const vlm_quant_packed_layout_t *layout,
     memcpy(group + layout->supers_offset + layout->super_bytes * super + 32 * which + 2 * lane, half, 2);
 }
 
-/// Row `lane`'s unsigned value `value` for element `i` of block `b`. In nibble layouts the chunk j = i % 16 / 4
-/// holds elements 4j… in its low nibbles and 16 + 4j… in its high ones, which the kernel unpacks into the vectors
-/// w[j] and w[4 + j]; bit 4 + p of the value is bit 4·lane + i % 4 of plane p's mask for that vector.
-static void store_value(uint8_t *group, const vlm_quant_packed_layout_t *layout, ptrdiff_t b, int lane, int i,
-                        uint8_t value) {
+/// Row `lane`'s 32 unsigned values `v` of block `b`, written at once into the group (zeroed before). In nibble
+/// layouts chunk j = i % 16 / 4 holds elements 4j… in its low nibbles and 16 + 4j… in its high ones, which the kernel
+/// unpacks into the vectors w[j] and w[4 + j]; bit 4 + p of a value is bit 4·lane + i % 4 of plane p's mask for
+/// that vector.
+static void store_block(uint8_t *group, const vlm_quant_packed_layout_t *layout, ptrdiff_t b, int lane,
+                        const uint8_t *v) {
     uint8_t *values = group + b * layout->value_bytes;
     if (!layout->nibbles) {
-        values[4 * lane + 64 * (i / 4) + i % 4] = value;
+        for (int i = 0; i < 32; i++) values[4 * lane + 64 * (i / 4) + i % 4] = v[i];
         return;
     }
-    values[4 * lane + 64 * (i % 16 / 4) + i % 4] |= (uint8_t)(i < 16 ? value & 0xF : (value & 0xF) << 4);
-    const int vector = i < 16 ? i / 4 : 4 + (i - 16) / 4;
+    for (int i = 0; i < 16; i++) values[4 * lane + 64 * (i / 4) + i % 4] = (uint8_t)((v[i] & 0xF) | (v[16 + i] & 0xF) << 4);
     for (int plane = 0; plane < layout->high_bits; plane++) {
-        if (!(value >> (4 + plane) & 1)) continue;
-        uint64_t mask;
-        memcpy(&mask, values + 256 + 64 * plane + 8 * vector, 8);
-        mask |= 1ull << (4 * lane + i % 4);
-        memcpy(values + 256 + 64 * plane + 8 * vector, &mask, 8);
+        for (int vector = 0; vector < 8; vector++) {
+            const int first = vector < 4 ? 4 * vector : 16 + 4 * (vector - 4);
+            uint64_t bits = 0;
+            for (int k = 0; k < 4; k++) bits |= (uint64_t)(v[first + k] >> (4 + plane) & 1) << (4 * lane + k);
+            uint64_t mask;
+            memcpy(&mask, values + 256 + 64 * plane + 8 * vector, 8);
+            mask |= bits;
+            memcpy(values + 256 + 64 * plane + 8 * vector, &mask, 8);
+        }
     }
 }
 
@@ -100,8 +104,11 @@ static void pack_k_row(const vlm_quant_matrix *matrix, const vlm_quant_packed_la
             store_super(group, layout, super, 0, lane, block + 208);
             for (int sub = 0; sub < 16; sub++)
                 store_byte(group, layout, layout->scales_offset, first + sub / 2, sub % 2, lane, block[192 + sub]);
-            for (int e = 0; e < 256; e++)
-                store_value(group, layout, first + e / 32, lane, e % 32, (uint8_t)vlm_q6_k_value(block, e));
+            for (int sub = 0; sub < 8; sub++) {
+                uint8_t v[32];
+                for (int i = 0; i < 32; i++) v[i] = (uint8_t)vlm_q6_k_value(block, 32 * sub + i);
+                store_block(group, layout, first + sub, lane, v);
+            }
             continue;
         }
         const int five_bits = matrix->format == VLM_QUANT_Q5_K;
@@ -114,8 +121,9 @@ static void pack_k_row(const vlm_quant_matrix *matrix, const vlm_quant_packed_la
             vlm_k_scale_min(scales, sub, &scale, &minimum);
             store_byte(group, layout, layout->scales_offset, first + sub, 0, lane, scale);
             store_byte(group, layout, layout->minimums_offset, first + sub, 0, lane, minimum);
-            for (int l = 0; l < 32; l++)
-                store_value(group, layout, first + sub, lane, l, (uint8_t)vlm_qk_value(q, five_bits ? high : NULL, sub, l));
+            uint8_t v[32];
+            for (int l = 0; l < 32; l++) v[l] = (uint8_t)vlm_qk_value(q, five_bits ? high : NULL, sub, l);
+            store_block(group, layout, first + sub, lane, v);
         }
     }
 }
@@ -155,14 +163,19 @@ void vlm_quant_pack(const vlm_quant_matrix *matrix, void *packed) {
                 memcpy(scale, block, 2);
                 if (has_minimum) memcpy(minimum, block + 2, 2);
                 memcpy(&high, block + (has_minimum ? 4 : 2), 4);
-                for (int i = 0; i < 32; i++) store_value(group, &layout, b, lane, i, (uint8_t)vlm_q5_value(block + (has_minimum ? 8 : 6), high, i));
+                uint8_t v[32];
+                for (int i = 0; i < 32; i++) v[i] = (uint8_t)vlm_q5_value(block + (has_minimum ? 8 : 6), high, i);
+                store_block(group, &layout, b, lane, v);
                 break;
             }
-            case VLM_QUANT_Q8_0:
+            case VLM_QUANT_Q8_0: {
                 block = source + b * 34;
                 memcpy(scale, block, 2);
-                for (int i = 0; i < 32; i++) store_value(group, &layout, b, lane, i, (uint8_t)((int8_t)block[2 + i] + 128));
+                uint8_t v[32];
+                for (int i = 0; i < 32; i++) v[i] = (uint8_t)((int8_t)block[2 + i] + 128);
+                store_block(group, &layout, b, lane, v);
                 break;
+            }
             default: return;
             }
         }
