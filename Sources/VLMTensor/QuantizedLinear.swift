@@ -52,8 +52,8 @@ final class QuantizedLinear: @unchecked Sendable {
         let size = vlm_quant_packed_size(weight.format.kernelFormat, weight.rows, weight.columns)
         if packing && vlm_quant_packed_supported() != 0 && size > 0 {
             let buffer = OwnedBytes(count: size, weight: true)
-            // Packing a model's K-quant matrices on one core took most of its loading time (Qwen3-0.6B's Q4_K_M:
-            // 3.2 of 3.7 s); each range of 16-row groups packs alone into its own part of the buffer.
+            // Packing is most of loading a GGUF model: each range of 16-row groups packs on a core of its own, into
+            // its own part of the buffer.
             let groups = (weight.rows + 15) / 16, groupBytes = size / groups
             let destination = UnsafeSendablePointer(pointer: buffer.pointer.assumingMemoryBound(to: UInt8.self))
             parallelRanges(groups, grain: 16) { range in
