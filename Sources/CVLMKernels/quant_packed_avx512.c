@@ -319,12 +319,13 @@ VNNI void vlm_quant_packed_matmul_avx512(const void *packed, vlm_quant_format fo
 }
 
 
-// The int8 prompt products (MatrixPrecision.int8 on quantized layers): activations as one signed 8-bit digit per
-// element on a scale per 32-element block, as llama.cpp's q8_0 activations, so each block of a weight row costs a
-// third of the fixed point's instructions. A prompt's product is compute-bound, so tiles of PROMPT_TOKENS rows of
-// activations by two weight groups share each loaded weight vector and each broadcast digit group.
+// The int8 products (MatrixPrecision.int8 on quantized layers): activations as one signed 8-bit digit per element on
+// a scale per 32-element block, as llama.cpp's q8_0 activations, so each block of a weight row costs a third of the
+// fixed point's instructions. One row streams the groups (stream_row); several rows (a prompt, or decoding sequences
+// batched) are compute-bound, so tiles of TILE_ROWS rows of activations by two weight groups share each loaded
+// weight vector and each broadcast digit group.
 
-enum { PROMPT_TOKENS = 4 };
+enum { TILE_ROWS = 4 };
 
 VNNI void vlm_quant_int8_activation_avx512(const float *x, ptrdiff_t columns, void *activation) {
     const ptrdiff_t blocks = columns / 32;
@@ -432,21 +433,21 @@ VNNI_INLINE void int8_streams_product(const uint8_t *const *groups, const int P,
 }
 
 
-/// One weight group as the prompt tiles read it: block `b`'s eight vectors of byte values (16 rows × 4 columns each)
+/// One weight group as the tiles read it: block `b`'s eight vectors of byte values (16 rows × 4 columns each)
 /// at `values + 512·b`, and its 16 rows' scales (Q6_K: the first half's, then the second's in `second_scales`) and
 /// minimums as fp32 at `+ 16·b`.
-typedef struct prompt_group {
+typedef struct tile_group {
     const uint8_t *values;
     const float *scales, *second_scales, *minimums;
-} prompt_group;
+} tile_group;
 
 /// Bytes of one group's unpacked form (prepare_group).
-static ptrdiff_t prompt_group_bytes(ptrdiff_t blocks) { return blocks * (512 + 3 * 64); }
+static ptrdiff_t tile_group_bytes(ptrdiff_t blocks) { return blocks * (512 + 3 * 64); }
 
-/// `group`'s values and scales unpacked once into `scratch` (prompt_group_bytes, 64-byte aligned) for every tile of
+/// `group`'s values and scales unpacked once into `scratch` (tile_group_bytes, 64-byte aligned) for every tile of
 /// rows that reads it: nibbles into bytes with their high bits added, K-quants' sub-block scales multiplied into
 /// fp32 (ggml's d·scale). Q8_0's bytes are read where they are.
-VNNI_INLINE prompt_group prepare_group(const vlm_quant_format F, const uint8_t *group,
+VNNI_INLINE tile_group prepare_group(const vlm_quant_format F, const uint8_t *group,
                                        const vlm_quant_packed_layout_t *layout, uint8_t *scratch) {
     const int has_minimum = F == VLM_QUANT_Q4_1 || F == VLM_QUANT_Q5_1 || F == VLM_QUANT_Q4_K || F == VLM_QUANT_Q5_K;
     const int super_scales = F == VLM_QUANT_Q4_K || F == VLM_QUANT_Q5_K || F == VLM_QUANT_Q6_K;
@@ -470,22 +471,22 @@ VNNI_INLINE prompt_group prepare_group(const vlm_quant_format F, const uint8_t *
             _mm512_store_si512((void *)(scratch + 512 * b + 64 * (4 + j)), high);
         }
     }
-    return (prompt_group){.values = F == VLM_QUANT_Q8_0 ? group : scratch, .scales = scales, .second_scales = second,
+    return (tile_group){.values = F == VLM_QUANT_Q8_0 ? group : scratch, .scales = scales, .second_scales = second,
                           .minimums = minimums};
 }
 
 /// `NR` (1 or 2) groups times `MR` activation rows (`out[i·NR + g]`), block by block: each block's integer sums of
 /// weights times digits, exact, then scaled into fp32 accumulators. Q6_K's halves keep their sums apart.
-VNNI_INLINE void prompt_tile(const vlm_quant_format F, const prompt_group *groups, const int NR,
+VNNI_INLINE void int8_tile(const vlm_quant_format F, const tile_group *groups, const int NR,
                              const vlm_quant_packed_layout_t *layout, const int8_t *activations,
                              ptrdiff_t activation_bytes, const int MR, __m512 *out) {
     const int has_minimum = F == VLM_QUANT_Q4_1 || F == VLM_QUANT_Q5_1 || F == VLM_QUANT_Q4_K || F == VLM_QUANT_Q5_K;
     const int half_scales = F == VLM_QUANT_Q6_K;
     const ptrdiff_t blocks = layout->blocks;
-    __m512 acc[2 * PROMPT_TOKENS];
+    __m512 acc[2 * TILE_ROWS];
     for (int t = 0; t < MR * NR; t++) acc[t] = _mm512_setzero_ps();
     for (ptrdiff_t b = 0; b < blocks; b++) {
-        __m512i first[2 * PROMPT_TOKENS], second[2 * PROMPT_TOKENS];
+        __m512i first[2 * TILE_ROWS], second[2 * TILE_ROWS];
         for (int t = 0; t < MR * NR; t++) first[t] = second[t] = _mm512_setzero_si512();
         for (int q = 0; q < 8; q++) {
             __m512i w[2];
@@ -513,20 +514,20 @@ VNNI_INLINE void prompt_tile(const vlm_quant_format F, const prompt_group *group
     for (int t = 0; t < MR * NR; t++) out[t] = acc[t];
 }
 
-VNNI_INLINE void prompt_matmul(const vlm_quant_format F, const void *packed, const vlm_quant_packed_layout_t *layout,
+VNNI_INLINE void int8_tiles(const vlm_quant_format F, const void *packed, const vlm_quant_packed_layout_t *layout,
                                ptrdiff_t rows, const void *activations, ptrdiff_t activation_bytes, ptrdiff_t m,
                                float *y, ptrdiff_t y_stride, ptrdiff_t first_group, ptrdiff_t groups, uint8_t *scratch) {
     for (ptrdiff_t g = first_group; g < first_group + groups; g += 2) {
         const int NR = g + 1 < first_group + groups ? 2 : 1;
-        prompt_group pair[2];
+        tile_group pair[2];
         for (int p = 0; p < NR; p++)
             pair[p] = prepare_group(F, (const uint8_t *)packed + (g + p) * layout->group_bytes, layout,
-                                    scratch + p * prompt_group_bytes(layout->blocks));
-        for (ptrdiff_t i = 0; i < m; i += PROMPT_TOKENS) {
-            const int MR = m - i < PROMPT_TOKENS ? (int)(m - i) : PROMPT_TOKENS;
+                                    scratch + p * tile_group_bytes(layout->blocks));
+        for (ptrdiff_t i = 0; i < m; i += TILE_ROWS) {
+            const int MR = m - i < TILE_ROWS ? (int)(m - i) : TILE_ROWS;
             const int8_t *tile = (const int8_t *)activations + i * activation_bytes;
-            __m512 out[2 * PROMPT_TOKENS];
-#define TILE(R, N) prompt_tile(F, pair, N, layout, tile, activation_bytes, R, out)
+            __m512 out[2 * TILE_ROWS];
+#define TILE(R, N) int8_tile(F, pair, N, layout, tile, activation_bytes, R, out)
             if (NR == 2) {
                 switch (MR) { case 1: TILE(1, 2); break; case 2: TILE(2, 2); break; case 3: TILE(3, 2); break; default: TILE(4, 2); }
             } else {
@@ -543,7 +544,7 @@ VNNI_INLINE void prompt_matmul(const vlm_quant_format F, const void *packed, con
 static _Thread_local struct {
     uint8_t *bytes;
     ptrdiff_t capacity;
-} prompt_scratch;
+} tile_scratch;
 
 VNNI int vlm_quant_int8_matmul_avx512(const void *packed, vlm_quant_format format,
                                       const vlm_quant_packed_layout_t *layout, ptrdiff_t rows,
@@ -558,17 +559,17 @@ VNNI int vlm_quant_int8_matmul_avx512(const void *packed, vlm_quant_format forma
 #undef FORMAT_CASE
         return 0;
     }
-    const ptrdiff_t bytes = 2 * prompt_group_bytes(layout->blocks);
-    if (bytes > prompt_scratch.capacity) {
+    const ptrdiff_t bytes = 2 * tile_group_bytes(layout->blocks);
+    if (bytes > tile_scratch.capacity) {
         uint8_t *grown = aligned_alloc(64, (size_t)bytes);
         if (!grown) return -1;
-        free(prompt_scratch.bytes);
-        prompt_scratch.bytes = grown;
-        prompt_scratch.capacity = bytes;
+        free(tile_scratch.bytes);
+        tile_scratch.bytes = grown;
+        tile_scratch.capacity = bytes;
     }
-    uint8_t *scratch = prompt_scratch.bytes;
+    uint8_t *scratch = tile_scratch.bytes;
 #define FORMAT_CASE(F) \
-    case F: prompt_matmul(F, packed, layout, rows, activations, activation_bytes, m, y, y_stride, first_group, groups, scratch); break;
+    case F: int8_tiles(F, packed, layout, rows, activations, activation_bytes, m, y, y_stride, first_group, groups, scratch); break;
     switch (format) {
     PACKED_FORMAT_CASES(FORMAT_CASE)
     default: break;
