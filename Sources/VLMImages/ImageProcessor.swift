@@ -95,6 +95,7 @@ public enum ImageProcessorRegistry {
         "LlavaNextImageProcessor": { try LlavaNextImageProcessor(config: .init(json: $0, file: $1)) },
         "LlavaOnevisionImageProcessor": { try LlavaOnevisionImageProcessor(json: $0, file: $1) },
         "Siglip2ImageProcessor": { try Siglip2ImageProcessor(json: $0, file: $1) },
+        "Gemma3ImageProcessor": { try StandardImageProcessor(config: .gemma3(json: $0, file: $1)) },
     ]
 
     /// The processor class of a model type whose processor config names none (transformers'
@@ -112,6 +113,7 @@ public enum ImageProcessorRegistry {
         "llava_next": "LlavaNextImageProcessor",
         "llava_onevision": "LlavaOnevisionImageProcessor",
         "siglip2": "Siglip2ImageProcessor",
+        "gemma3": "Gemma3ImageProcessor",
     ]
 
     /// The class names ``load(directory:modelType:)`` accepts (each also with its `Fast` or `Pil` suffix).

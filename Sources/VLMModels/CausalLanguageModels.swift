@@ -131,35 +131,79 @@ func validateRotaryDecoderShape(vocabSize: Int, hiddenSize: Int, intermediateSiz
 
 /// A rotary decoder layer's causal self-attention over grouped key heads: the new keys and values (`[B, T, …]`) stored
 /// in `cache` at `layer` when there is one, then the queries attend to every cached and new position (`keyLength` in
-/// all), or only to the last `window` of them where the sequence is longer.
+/// all), or only to the last `window` of them where the sequence is longer. A query inside one of `blocks` (runs of
+/// positions, counted over cached and new ones: one image's tokens) also sees the rest of its block, later positions
+/// included, as transformers' `blockwise_overlay` lets Gemma 3's image tokens (`OR(causal, block)`, then the window's
+/// `AND`).
 func causalSelfAttention(query: Tensor, key: Tensor, value: Tensor, heads: Int, keyHeads: Int, layer: Int, cache: KVCache?,
-                         keyLength: Int, window: Int?, keyPaddingMask: Tensor?, scale: Float) -> Tensor {
+                         keyLength: Int, window: Int?, keyPaddingMask: Tensor?, scale: Float,
+                         blocks: [Range<Int>] = []) -> Tensor {
     var (keys, values, layout) = (key, value, KeyValueLayout.tokenMajor)
     if let cache {
         cache.store(layer: layer, key: key, value: value)
         (keys, values, layout) = (cache.keys[layer], cache.values[layer], cache.layout)
     }
-    if let window, keyLength > window {
-        return slidingWindowAttention(query: query, keys: keys, values: values, heads: heads, keyHeads: keyHeads,
-                                      layout: layout, keyLength: keyLength, window: window,
-                                      keyPaddingMask: keyPaddingMask, scale: scale)
+    let past = keyLength - query.shape[1]
+    func attend(_ queries: Range<Int>, keyEnd: Int, causal: Bool) -> Tensor {
+        let query = queries.count == query.shape[1] ? query : sequenceSlice(query, (queries.lowerBound - past)..<(queries.upperBound - past))
+        let mask = keyEnd == keyLength ? keyPaddingMask : keyPaddingMask.map { sequenceSlice($0, 0..<keyEnd) }
+        if let window, queries.upperBound > window {
+            return slidingWindowAttention(query: query, keys: keys, values: values, heads: heads, keyHeads: keyHeads,
+                                          layout: layout, queries: queries, keyEnd: causal ? nil : keyEnd,
+                                          window: window, keyPaddingMask: mask, scale: scale)
+        }
+        return groupedQueryAttention(query: query, key: keys, value: values, heads: heads, keyHeads: keyHeads,
+                                     keyLength: keyEnd, layout: layout, causal: causal, keyPaddingMask: mask, scale: scale)
     }
-    return groupedQueryAttention(query: query, key: keys, value: values, heads: heads, keyHeads: keyHeads,
-                                 keyLength: keyLength, layout: layout, causal: true, keyPaddingMask: keyPaddingMask,
-                                 scale: scale)
+    // Runs of queries alike: outside the blocks causal, inside one the block's keys whole.
+    let queries = past..<keyLength
+    let crossed = blocks.filter { $0.overlaps(queries) }
+    guard !crossed.isEmpty else { return attend(queries, keyEnd: keyLength, causal: true) }
+    var parts: [Tensor] = []
+    var start = past
+    for block in crossed.sorted(by: { $0.lowerBound < $1.lowerBound }) {
+        if block.lowerBound > start { parts.append(attend(start..<block.lowerBound, keyEnd: block.lowerBound, causal: true)) }
+        let end = min(block.upperBound, keyLength)
+        parts.append(attend(max(start, block.lowerBound)..<end, keyEnd: end, causal: false))
+        start = end
+    }
+    if start < keyLength { parts.append(attend(start..<keyLength, keyEnd: keyLength, causal: true)) }
+    return parts.count == 1 ? parts[0] : concatenate(parts, axis: 1)
 }
 
-/// Causal attention in which the query at sequence index `i` (of `keyLength`, the last queries being `query`'s) sees
-/// only keys `i - window + 1 ... i`: transformers' `sliding_window_overlay`. Each query attends to its own run of keys;
-/// a decoding step is one query, so this costs a prefill longer than the window only.
+/// The runs of positions an attention mask marks as blocks (values of 2 and more, one value per block; see
+/// ``CausalLanguageModel/logits(inputsEmbeds:attentionMask:positionIds:cache:lastPositionOnly:)``), the same in every
+/// row.
+///
+/// - Throws: `ModelError.invalidInput` when the rows hold their blocks at different positions.
+func attentionBlocks(_ attentionMask: [[Int]]?) throws -> [Range<Int>] {
+    guard let attentionMask else { return [] }
+    func blocks(_ row: [Int]) -> [Range<Int>] {
+        var blocks: [Range<Int>] = []
+        var start = 0
+        for index in row.indices where index == row.count - 1 || row[index + 1] != row[index] {
+            if row[index] >= 2 { blocks.append(start..<(index + 1)) }
+            start = index + 1
+        }
+        return blocks
+    }
+    let first = attentionMask.first.map(blocks) ?? []
+    guard attentionMask.dropFirst().allSatisfy({ blocks($0) == first }) else {
+        throw ModelError.invalidInput("the rows of a batch must hold their image blocks at the same positions")
+    }
+    return first
+}
+
+/// Attention in which the query at sequence index `i` (one of `queries`, the positions of `query`'s rows) sees only keys
+/// `i - window + 1 ... i` (transformers' `sliding_window_overlay` on the causal mask), or up to `keyEnd` where given
+/// (a block's queries, which see its later keys). Each query attends to its own run of keys; a decoding step is one
+/// query, so this costs a prefill longer than the window only.
 private func slidingWindowAttention(query: Tensor, keys: Tensor, values: Tensor, heads: Int, keyHeads: Int, layout: KeyValueLayout,
-                            keyLength: Int, window: Int, keyPaddingMask: Tensor?, scale: Float) -> Tensor {
+                                    queries: Range<Int>, keyEnd: Int?, window: Int, keyPaddingMask: Tensor?, scale: Float) -> Tensor {
     let (batch, length, width) = (query.shape[0], query.shape[1], query.shape[2])
-    let past = keyLength - length
     let output = Tensor(uninitialized: query.shape)
-    for step in 0..<length {
-        let position = past + step
-        let seen = max(0, position - window + 1)..<(position + 1)
+    for (step, position) in queries.enumerated() {
+        let seen = max(0, position - window + 1)..<(keyEnd ?? (position + 1))
         let attended = groupedQueryAttention(
             query: sequenceSlice(query, step..<(step + 1)), key: keys, value: values, heads: heads, keyHeads: keyHeads,
             keyLength: seen.count, firstKey: seen.lowerBound, layout: layout, causal: false,

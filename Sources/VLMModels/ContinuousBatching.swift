@@ -10,6 +10,9 @@ public struct BatchRequest: Sendable {
     /// What identifies the prompt's positions for reusing a cached prefix: the ids for text prompts; for prompts
     /// with images, ids in which image tokens stand for the image they carry. Nil: never reused nor kept.
     public var prefixKey: [Int]?
+    /// The prompt's attention mask where it marks blocks of image tokens (``ImageChatModel/attentionMask(promptIds:)``);
+    /// nil: causal.
+    public var attentionMask: [Int]?
     /// Sampling settings and limits; `numBeams` and `numReturnSequences` must be 1.
     public var config: GenerationConfig
     public var stoppingCriteria: [any StoppingCriterion]
@@ -21,12 +24,14 @@ public struct BatchRequest: Sendable {
     /// What the tokens must follow (a grammar); the sequence stops when it allows no token.
     public var constraint: (any GenerationConstraint)?
 
-    public init(promptIds: [Int], inputsEmbeds: Tensor? = nil, prefixKey: [Int]? = nil, config: GenerationConfig,
+    public init(promptIds: [Int], inputsEmbeds: Tensor? = nil, prefixKey: [Int]? = nil, attentionMask: [Int]? = nil,
+                config: GenerationConfig,
                 stoppingCriteria: [any StoppingCriterion] = [], seed: UInt64 = 0, topLogprobs: Int? = nil,
                 deadline: ContinuousClock.Instant? = nil, constraint: (any GenerationConstraint)? = nil) {
         self.promptIds = promptIds
         self.inputsEmbeds = inputsEmbeds
         self.prefixKey = prefixKey
+        self.attentionMask = attentionMask
         self.config = config
         self.stoppingCriteria = stoppingCriteria
         self.seed = seed
@@ -192,6 +197,9 @@ private final class BatchEngine: @unchecked Sendable {
         if let embeds = request.inputsEmbeds, embeds.rank != 3 || embeds.shape[0] != 1 || embeds.shape[1] != request.promptIds.count {
             throw ModelError.invalidInput("inputs_embeds must be [1, \(request.promptIds.count), hidden], got \(embeds.shape)")
         }
+        if let mask = request.attentionMask, mask.count != request.promptIds.count || mask.contains(0) {
+            throw ModelError.invalidInput("the attention mask must hold \(request.promptIds.count) nonzero entries, one per prompt token")
+        }
         let newTokens = try request.config.newTokenLimit(promptLength: request.promptIds.count)
         let (positions, overflow) = request.promptIds.count.addingReportingOverflow(newTokens)
         guard !overflow, positions <= budgetPositions else {
@@ -301,8 +309,8 @@ private final class BatchEngine: @unchecked Sendable {
         } else {
             embeds = try model.embed([Array(request.promptIds[reused...])])
         }
-        let logits = try model.logits(inputsEmbeds: embeds, attentionMask: nil, positionIds: nil, cache: cache,
-                                      lastPositionOnly: true)
+        let logits = try model.logits(inputsEmbeds: embeds, attentionMask: request.attentionMask.map { [$0] }, positionIds: nil,
+                                      cache: cache, lastPositionOnly: true)
         if let key = request.prefixKey { prefixes.keep(key: key, cache: cache) }
         submission.continuation.yield(.started(cachedPromptTokens: reused))
         let row = Row(submission: submission, cache: cache)

@@ -205,7 +205,7 @@ final class Gemma3DecoderLayer: @unchecked Sendable {
 }
 
 /// Gemma's RMS norm multiplies the normalized input by `1 + weight` (in fp32): that factor, once.
-private func gemmaNormWeight(_ weight: Tensor) -> Tensor {
+func gemmaNormWeight(_ weight: Tensor) -> Tensor {
     Tensor(shape: weight.shape, scalars: weight.scalars.map { 1 + $0 })
 }
 
@@ -313,7 +313,8 @@ public final class Gemma3ForCausalLM: CausalLanguageModel, @unchecked Sendable {
             cache.advance(by: 1)
             logits = step.vocabularySize == nil ? lmHead(output) : output
         } else {
-            var hidden = try hiddenStates(inputsEmbeds: inputsEmbeds, pass: pass, positionIds: positionIds, cache: cache)
+            var hidden = try hiddenStates(inputsEmbeds: inputsEmbeds, pass: pass, positionIds: positionIds, cache: cache,
+                                          blocks: attentionBlocks(attentionMask))
             if lastPositionOnly, pass.length > 1 {
                 hidden = gatherTokens(hidden, positions: Array(repeating: pass.length - 1, count: pass.batch))
                     .reshaped([pass.batch, 1, config.hiddenSize])
@@ -332,10 +333,12 @@ public final class Gemma3ForCausalLM: CausalLanguageModel, @unchecked Sendable {
                              cache: KVCache? = nil) throws -> Tensor {
         let pass = try DecoderPass(inputsEmbeds: inputsEmbeds, width: config.hiddenSize, attentionMask: attentionMask,
                                    cache: cache, layers: layers.count, cacheWidth: config.numKeyValueHeads * config.headDim)
-        return try hiddenStates(inputsEmbeds: inputsEmbeds, pass: pass, positionIds: positionIds, cache: cache)
+        return try hiddenStates(inputsEmbeds: inputsEmbeds, pass: pass, positionIds: positionIds, cache: cache,
+                                blocks: attentionBlocks(attentionMask))
     }
 
-    private func hiddenStates(inputsEmbeds: Tensor, pass: DecoderPass, positionIds: [[Int]]?, cache: KVCache?) throws -> Tensor {
+    private func hiddenStates(inputsEmbeds: Tensor, pass: DecoderPass, positionIds: [[Int]]?, cache: KVCache?,
+                              blocks: [Range<Int>]) throws -> Tensor {
         let positions = try pass.positions(positionIds, below: 1 << 24).flatMap { $0 }
         if pass.length == 0 { return inputsEmbeds }
         let tables = (full: rotaryTables(positions: positions, inverseFrequencies: fullAttentionFrequencies),
@@ -343,14 +346,14 @@ public final class Gemma3ForCausalLM: CausalLanguageModel, @unchecked Sendable {
         var hidden = inputsEmbeds
         for (index, layer) in layers.enumerated() {
             let rotary = config.layerTypes[index] == "sliding_attention" ? tables.sliding : tables.full
-            hidden = decoderLayer(layer, index: index, hidden: hidden, rotary: rotary, pass: pass, cache: cache)
+            hidden = decoderLayer(layer, index: index, hidden: hidden, rotary: rotary, pass: pass, cache: cache, blocks: blocks)
         }
         cache?.advance(by: pass.length)
         return rmsNorm(hidden, weight: norm, eps: config.rmsNormEps)
     }
 
     private func decoderLayer(_ layer: Gemma3DecoderLayer, index: Int, hidden: Tensor, rotary: (cos: Tensor, sin: Tensor),
-                              pass: DecoderPass, cache: KVCache?) -> Tensor {
+                              pass: DecoderPass, cache: KVCache?, blocks: [Range<Int>]) -> Tensor {
         let (heads, keyHeads, eps) = (config.numAttentionHeads, config.numKeyValueHeads, config.rmsNormEps)
         func prepared(_ x: Tensor, norm: Tensor, heads: Int) -> Tensor {
             applyRotaryEmbedding(headRMSNorm(x, weight: norm, eps: eps), heads: heads, cos: rotary.cos, sin: rotary.sin)
@@ -360,7 +363,8 @@ public final class Gemma3ForCausalLM: CausalLanguageModel, @unchecked Sendable {
             query: prepared(projected[0], norm: layer.queryNorm, heads: heads),
             key: prepared(projected[1], norm: layer.keyNorm, heads: keyHeads), value: projected[2], heads: heads,
             keyHeads: keyHeads, layer: index, cache: cache, keyLength: pass.past + pass.length,
-            window: config.attentionWindow(layer: index), keyPaddingMask: pass.keyPaddingMask, scale: config.attentionScale)
+            window: config.attentionWindow(layer: index), keyPaddingMask: pass.keyPaddingMask, scale: config.attentionScale,
+            blocks: blocks)
         let afterAttention = add(hidden, rmsNorm(layer.output(attended), weight: layer.postAttentionNorm, eps: eps))
         let gated = layer.gateUp.gated(rmsNorm(afterAttention, weight: layer.preFeedforwardNorm, eps: eps), activation: activation)
         return add(afterAttention, rmsNorm(layer.down(gated), weight: layer.postFeedforwardNorm, eps: eps))

@@ -14,7 +14,9 @@ public protocol CausalLanguageModel: AnyObject, Sendable {
     /// `lastPositionOnly`.
     ///
     /// - Parameters:
-    ///   - attentionMask: `[B][cached + T]`, 1 for tokens and 0 for padding; nil means all tokens.
+    ///   - attentionMask: `[B][cached + T]`, 1 for tokens and 0 for padding; nil means all tokens. A run of one value
+    ///     of 2 or more marks a block whose positions also see each other's later ones (Gemma 3's images, as its
+    ///     `token_type_ids` make them); decoders without such blocks read it as 1.
     ///   - positionIds: `[B][T]`; nil means `cached ..< cached + T` for every row, as transformers' forward.
     ///   - cache: extended in place by the `T` new positions.
     func logits(inputsEmbeds: Tensor, attentionMask: [[Int]]?, positionIds: [[Int]]?, cache: KVCache?,
@@ -166,10 +168,14 @@ extension CausalLanguageModel {
     /// sequence; the cache needs room for the prompt and `config`'s new tokens, and ends up holding every token
     /// that was run (the prompt and all new tokens but the last).
     ///
-    /// - Parameter inputsEmbeds: the embeddings of the prompt's positions after the cached ones
-    ///   (`[1, inputIds.count - cache.length, hidden]`), for prompts whose embeddings carry image features; nil embeds
-    ///   `inputIds`.
-    public func generate(continuing cache: KVCache, inputIds: [Int], inputsEmbeds: Tensor? = nil, config: GenerationConfig,
+    /// - Parameters:
+    ///   - inputsEmbeds: the embeddings of the prompt's positions after the cached ones
+    ///     (`[1, inputIds.count - cache.length, hidden]`), for prompts whose embeddings carry image features; nil
+    ///     embeds `inputIds`.
+    ///   - attentionMask: the whole prompt's (`[inputIds.count]`), for prompts with blocks (see
+    ///     ``logits(inputsEmbeds:attentionMask:positionIds:cache:lastPositionOnly:)``); nil means all tokens.
+    public func generate(continuing cache: KVCache, inputIds: [Int], inputsEmbeds: Tensor? = nil, attentionMask: [Int]? = nil,
+                         config: GenerationConfig,
                          stoppingCriteria: [any StoppingCriterion] = [], seed: UInt64 = 0,
                          constraint: (any GenerationConstraint)? = nil,
                          onStep: ((_ tokens: [Int?]) throws -> Void)? = nil) throws -> GenerationOutput {
@@ -191,9 +197,12 @@ extension CausalLanguageModel {
         if let inputsEmbeds, inputsEmbeds.rank != 3 || inputsEmbeds.shape[0] != 1 || inputsEmbeds.shape[1] != uncached {
             throw ModelError.invalidInput("inputs_embeds must be [1, \(uncached), hidden] for the \(uncached) uncached prompt tokens, got \(inputsEmbeds.shape)")
         }
+        if let attentionMask, attentionMask.count != inputIds.count || attentionMask.contains(0) {
+            throw ModelError.invalidInput("the attention mask must hold \(inputIds.count) nonzero entries, one per prompt token")
+        }
         if newTokens == 0 { return GenerationOutput(sequences: [[]], scores: []) }
         let prompt = GenerationPrompt(embeds: try inputsEmbeds ?? embed([Array(inputIds[cache.length...])]),
-                                      mask: [Array(repeating: 1, count: inputIds.count)], ids: [inputIds],
+                                      mask: [attentionMask ?? Array(repeating: 1, count: inputIds.count)], ids: [inputIds],
                                       length: inputIds.count)
         return try sample(prompt: prompt, newTokens: newTokens, config: config, criteria: stoppingCriteria, seed: seed,
                           constraint: constraint, cache: cache, onStep: onStep)

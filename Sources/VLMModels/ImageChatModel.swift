@@ -11,6 +11,15 @@ public protocol ImageChatModel: ImageToTextModel {
     var imageTokenId: Int { get }
     /// Per image of `images`, in order, the rows `[tokens, hidden]` that take its image tokens' places.
     func imageFeatures(_ images: ProcessedImages) throws -> [Tensor]
+    /// The attention mask the language model reads a prompt with, where it reads image tokens otherwise than
+    /// causally (Gemma 3: each image's tokens see each other; see
+    /// ``CausalLanguageModel/logits(inputsEmbeds:attentionMask:positionIds:cache:lastPositionOnly:)``); nil when
+    /// the whole prompt is causal.
+    func attentionMask(promptIds: [Int]) -> [Int]?
+}
+
+extension ImageChatModel {
+    public func attentionMask(promptIds: [Int]) -> [Int]? { nil }
 }
 
 extension ImageChatModel {

@@ -78,8 +78,8 @@ extension ImageChatModel {
     public func loss(images: ProcessedImages, inputIds: [Int], labels: [Int]) throws -> Float {
         try checkLabels([labels], shapedLike: [inputIds], vocabulary: textDecoder.vocabularySize)
         let embeds = try inputsEmbeds(inputIds: inputIds, imageFeatures: imageFeatures(images))
-        let logits = try textDecoder.logits(inputsEmbeds: embeds, attentionMask: nil, positionIds: nil, cache: nil,
-                                            lastPositionOnly: false)
+        let logits = try textDecoder.logits(inputsEmbeds: embeds, attentionMask: attentionMask(promptIds: inputIds).map { [$0] },
+                                            positionIds: nil, cache: nil, lastPositionOnly: false)
         return Float(scoredNegativeLogLikelihood(logits, labels: [labels], vocabulary: textDecoder.vocabularySize).mean)
     }
 }

@@ -145,6 +145,8 @@ public enum ModelRegistry {
                     builder: .imageToText { try LlavaNextForConditionalGeneration(directory: $0) }),
         ModelFamily("LLaVA-OneVision", modelTypes: ["llava_onevision"], tasks: [.caption, .ask, .generate, .chat],
                     builder: .imageToText { try LlavaOnevisionForConditionalGeneration(directory: $0) }),
+        ModelFamily("Gemma 3 image chat", modelTypes: ["gemma3"], tasks: [.caption, .ask, .generate, .chat],
+                    builder: .imageToText { try Gemma3ForConditionalGeneration(directory: $0) }),
         ModelFamily("BLIP captioning", modelTypes: ["blip"], architectures: ["BlipForConditionalGeneration"],
                     tasks: [.caption], builder: .imageToText { try BlipForConditionalGeneration(directory: $0) }),
         ModelFamily("BLIP question answering", modelTypes: ["blip"], architectures: ["BlipForQuestionAnswering"],

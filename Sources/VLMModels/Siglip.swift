@@ -199,9 +199,7 @@ final class SiglipVisionTransformer: Sendable {
         guard let head else {
             throw ModelError.invalidInput("the SigLIP vision tower has no pooling head (vision_use_head is false)")
         }
-        var hidden = try embeddings(pixelValues)
-        for layer in layers { hidden = layer(hidden) }
-        return head(postLayerNorm(hidden))
+        return head(try lastHiddenState(pixelValues))
     }
 
     /// transformers' `hidden_states[i]` for each `i` of `indices` ([B, patches, D] each): 0 is the embeddings, `i`
@@ -209,6 +207,14 @@ final class SiglipVisionTransformer: Sendable {
     /// layer's output, without post_layernorm). Layers past the deepest one asked for are not run.
     func hiddenStates(_ pixelValues: Tensor, at indices: [Int]) throws -> [Tensor] {
         try encoderHiddenStates(layers: layers, at: indices) { try embeddings(pixelValues) }
+    }
+
+    /// pixel_values [B, C, S, S] → the last layer's output after post_layernorm, [B, patches, D] (transformers'
+    /// `last_hidden_state`, what Gemma 3's projector reads).
+    func lastHiddenState(_ pixelValues: Tensor) throws -> Tensor {
+        var hidden = try embeddings(pixelValues)
+        for layer in layers { hidden = layer(hidden) }
+        return postLayerNorm(hidden)
     }
 
     /// pixel_values [B, C, S, S] → patch embeddings plus positions (no class token, no pre-layernorm).

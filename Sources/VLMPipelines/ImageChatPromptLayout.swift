@@ -71,7 +71,7 @@ public struct ImageChatPromptLayout: Sendable {
         return (encoding.ids, mask)
     }
 
-    /// `rendered` with its i-th image marker repeated `imageTokenCounts[i]` times, and where each marker ended in
+    /// `rendered` with its i-th image marker expanded for `imageTokenCounts[i]` tokens, and where each marker ended in
     /// `rendered` (Unicode scalar offsets) with the characters the expansion had added up to its end.
     private func expandingImageMarkers(in rendered: String, imageTokenCounts: [Int]) throws
         -> (text: String, markers: [(end: Int, gainedSoFar: Int)])
@@ -85,9 +85,10 @@ public struct ImageChatPromptLayout: Sendable {
         var expanded = pieces[0], end = pieces[0].unicodeScalars.count, gained = 0
         var markers: [(end: Int, gainedSoFar: Int)] = []
         for (count, piece) in zip(imageTokenCounts, pieces.dropFirst()) {
-            expanded += String(repeating: marker, count: count) + piece
+            let image = processor.imageText(tokenCount: count)
+            expanded += image + piece
             end += markerLength
-            gained += (count - 1) * markerLength
+            gained += image.unicodeScalars.count - markerLength
             markers.append((end, gained))
             end += piece.unicodeScalars.count
         }

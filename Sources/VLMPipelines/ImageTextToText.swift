@@ -105,9 +105,10 @@ public final class ImageTextToTextPipeline: Sendable {
     }
 
     /// A conversation as a language model's prompt: its ids, and, when it holds images, the input embeddings with
-    /// the images' features in place of their tokens and the key under which its prefix may be reused (the ids with
-    /// each image's tokens standing for that image's pixels). What ``generate(messages:settings:seed:onText:)``
-    /// runs, for driving the language model through something else (a ``ContinuousBatcher``).
+    /// the images' features in place of their tokens, the key under which its prefix may be reused (the ids with
+    /// each image's tokens standing for that image's pixels) and the attention mask where the model reads images
+    /// otherwise than causally. What ``generate(messages:settings:seed:onText:)`` runs, for driving the language
+    /// model through something else (a ``ContinuousBatcher``).
     ///
     /// - Parameters:
     ///   - templateArguments: more chat template variables (`apply_chat_template(**kwargs)`).
@@ -115,12 +116,12 @@ public final class ImageTextToTextPipeline: Sendable {
     ///   - continueFinalMessage: the prompt ends inside the last message, for the model to continue it
     ///     (`continue_final_message=True`) instead of with the generation prompt.
     public func prompt(messages: [JSONValue], templateArguments: [String: JSONValue] = [:], addGenerationPrompt: Bool = true,
-                       continueFinalMessage: Bool = false) throws -> (ids: [Int], inputsEmbeds: Tensor?, prefixKey: [Int]) {
+                       continueFinalMessage: Bool = false) throws -> LanguageModelPrompt {
         let images = try ChatImages.references(in: messages).map(ChatImages.load)
         guard !images.isEmpty else {
             let ids = try layout.promptIds(messages, imageTokenCounts: [], addGenerationPrompt: addGenerationPrompt,
                                            templateArguments: templateArguments, continueFinalMessage: continueFinalMessage)
-            return (ids, nil, ids)
+            return LanguageModelPrompt(ids: ids)
         }
         let processed = try processor.preprocess(images, conversationImageCount: images.count)
         let counts = processor.imageTokenCounts(processed)
@@ -146,7 +147,8 @@ public final class ImageTextToTextPipeline: Sendable {
             key[index] = tag
             remaining -= 1
         }
-        return (ids, embeds, key)
+        return LanguageModelPrompt(ids: ids, inputsEmbeds: embeds, prefixKey: key,
+                                   attentionMask: model.attentionMask(promptIds: ids))
     }
 
     /// The conversation's prompt ids (``ImageChatPromptLayout/promptIds(_:imageTokenCounts:addGenerationPrompt:)``).
@@ -163,6 +165,27 @@ public final class ImageTextToTextPipeline: Sendable {
                      embeddings: { [model] start in
                          try model.inputsEmbeds(inputIds: promptTokens, from: start, imageFeatures: imageFeatures)
                      },
-                     constraint: constraint, onText: onText)
+                     attentionMask: model.attentionMask(promptIds: promptTokens), constraint: constraint, onText: onText)
+    }
+}
+
+/// A prompt as a language model runs it (``ImageTextToTextPipeline/prompt(messages:templateArguments:addGenerationPrompt:continueFinalMessage:)``).
+public struct LanguageModelPrompt: @unchecked Sendable {
+    public var ids: [Int]
+    /// `[1, ids.count, hidden]` with image features in their tokens' places; nil embeds the ids.
+    public var inputsEmbeds: Tensor?
+    /// What identifies the prompt's positions for reusing a cached prefix (``BatchRequest/prefixKey``); nil: never
+    /// reused nor kept.
+    public var prefixKey: [Int]?
+    /// Where the model reads image tokens otherwise than causally (``ImageChatModel/attentionMask(promptIds:)``).
+    public var attentionMask: [Int]?
+
+    /// A text prompt, its ids its own prefix key.
+    public init(ids: [Int]) {
+        self.init(ids: ids, inputsEmbeds: nil, prefixKey: ids, attentionMask: nil)
+    }
+
+    public init(ids: [Int], inputsEmbeds: Tensor?, prefixKey: [Int]?, attentionMask: [Int]?) {
+        (self.ids, self.inputsEmbeds, self.prefixKey, self.attentionMask) = (ids, inputsEmbeds, prefixKey, attentionMask)
     }
 }

@@ -26,6 +26,9 @@ public protocol ImageChatProcessor: ImageToTextProcessor {
     var imageToken: String { get }
     /// How many image tokens each processed image takes in the prompt, as transformers counts them.
     func imageTokenCounts(_ images: ProcessedImages) -> [Int]
+    /// The text an image's marker becomes for an image of `tokenCount` tokens: the marker that many times for most
+    /// families; Gemma 3 frames its image tokens with their own markers and blank lines.
+    func imageText(tokenCount: Int) -> String
     /// `images`, some or all of the images of one conversation holding `conversationImageCount` in all, processed
     /// as transformers' processor takes a conversation's images together (`apply_chat_template` passes them as one
     /// sample's): for most families each image as it would be alone.
@@ -42,6 +45,8 @@ extension ImageChatProcessor {
     }
 
     public func imageLayout(conversationImageCount count: Int) -> Int { 0 }
+
+    public func imageText(tokenCount: Int) -> String { String(repeating: imageToken, count: tokenCount) }
 }
 
 extension ImageChatProcessor {
@@ -55,7 +60,7 @@ extension ImageChatProcessor {
         guard pieces.count - 1 == counts.count else {
             throw ModelError.invalidInput("the text holds \(pieces.count - 1) \(imageToken) for \(counts.count) images")
         }
-        let expanded = zip(pieces, counts).map { $0 + String(repeating: imageToken, count: $1) }.joined() + (pieces.last ?? "")
+        let expanded = zip(pieces, counts).map { $0 + imageText(tokenCount: $1) }.joined() + (pieces.last ?? "")
         return tokenizer.encode(expanded).ids
     }
 
@@ -64,7 +69,7 @@ extension ImageChatProcessor {
     func promptIdsPerImage(_ text: String, images: ProcessedImages) -> [[Int]] {
         let placed = text.contains(imageToken) ? text : "\(imageToken)\n" + text
         return imageTokenCounts(images).map { count in
-            tokenizer.encode(placed.replacingOccurrences(of: imageToken, with: String(repeating: imageToken, count: count))).ids
+            tokenizer.encode(placed.replacingOccurrences(of: imageToken, with: imageText(tokenCount: count))).ids
         }
     }
 }
@@ -83,6 +88,7 @@ enum ImageToTextProcessors {
         "llava": { try LlavaProcessor(directory: $0) },
         "llava_next": { try LlavaNextProcessor(directory: $0) },
         "llava_onevision": { try LlavaOnevisionProcessor(directory: $0) },
+        "gemma3": { try Gemma3Processor(directory: $0) },
     ]
 
     static func load(_ directory: ModelDirectory) throws -> any ImageToTextProcessor {
@@ -433,5 +439,75 @@ public struct LlavaOnevisionProcessor: ImageChatProcessor {
     /// llava-onevision-qwen2's layout for one user turn with the image, the assistant's turn opened.
     public func questionPrompt(_ question: String) -> String {
         "<|im_start|>user \(imageToken)\n\(question)<|im_end|>\n<|im_start|>assistant\n"
+    }
+}
+
+/// transformers' `Gemma3Processor`: Gemma 3's image processor (every image resized to one square, no crop), and each
+/// `<start_of_image>` the text holds expanded into its `full_image_sequence`: a blank line, `<start_of_image>`,
+/// `image_seq_length` image tokens, `<end_of_image>` and a blank line; the text is then tokenized as a whole.
+///
+/// Questions are asked in the layout of Gemma 3's chat template (`<start_of_turn>user\n<start_of_image>…<end_of_turn>`
+/// then the model's turn). A prompt without `<start_of_image>` reads the image first.
+public struct Gemma3Processor: ImageChatProcessor {
+    public let imageProcessor: any ImageProcessor
+    public let tokenizer: Tokenizer
+    /// The text that marks where an image goes: the tokenizer's `boi_token`, `<start_of_image>`.
+    public let imageToken: String
+    /// The image tokens' text (`image_token`, `<image_soft_token>`) and the one that ends an image (`eoi_token`).
+    public let imageSoftToken: String, endOfImageToken: String
+    /// Image tokens per image (`image_seq_length`, 256 by default): the model's `mm_tokens_per_image`.
+    public let imageSeqLength: Int
+
+    /// Reads the tokenizer files, the image processor config, processor_config.json's `image_seq_length` and the
+    /// tokenizer's image markers (tokenizer_config.json's `boi_token`, `eoi_token` and `image_token`, at its top
+    /// level or in `extra_special_tokens`).
+    ///
+    /// - Throws: the loaders' errors; `PipelineError.invalidProcessor` when `image_seq_length` is not a positive
+    ///   integer or the tokenizer lacks a marker.
+    public init(directory: ModelDirectory) throws {
+        let tokenizer = try Tokenizer(directory: directory.url)
+        self.tokenizer = tokenizer
+        imageProcessor = try ImageProcessorRegistry.load(directory: directory.url, modelType: directory.modelType)
+        let path = directory.url.appendingPathComponent("processor_config.json").path
+        let settings = try directory.jsonObject("processor_config.json") ?? [:]
+        let length = settings["image_seq_length"] == nil ? 256 : settings["image_seq_length"] as? Int
+        guard let length, length > 0 else {
+            throw PipelineError.invalidProcessor(path, "image_seq_length must be a positive integer")
+        }
+        imageSeqLength = length
+        let tokenizerConfig = try directory.jsonObject("tokenizer_config.json") ?? [:]
+        let extra = tokenizerConfig["extra_special_tokens"] as? [String: Any] ?? [:]
+        func marker(_ key: String, _ fallback: String) throws -> String {
+            let text = tokenizerConfig[key] as? String ?? extra[key] as? String ?? fallback
+            guard tokenizer.tokenId(text) != nil else {
+                throw PipelineError.invalidProcessor(directory.url.appendingPathComponent("tokenizer_config.json").path,
+                                                     "the tokenizer has no \(key) \(text)")
+            }
+            return text
+        }
+        imageToken = try marker("boi_token", "<start_of_image>")
+        imageSoftToken = try marker("image_token", "<image_soft_token>")
+        endOfImageToken = try marker("eoi_token", "<end_of_image>")
+    }
+
+    /// ``imageSeqLength`` for each image.
+    public func imageTokenCounts(_ images: ProcessedImages) -> [Int] {
+        Array(repeating: imageSeqLength, count: images.imageSizes.count)
+    }
+
+    /// `full_image_sequence` for an image of `tokenCount` tokens.
+    public func imageText(tokenCount: Int) -> String {
+        "\n\n\(imageToken)" + String(repeating: imageSoftToken, count: tokenCount) + "\(endOfImageToken)\n\n"
+    }
+
+    public func promptIds(_ prompt: String?) throws -> [Int]? {
+        let text = prompt ?? questionPrompt("Describe this image.")
+        let placed = text.contains(imageToken) ? text : imageToken + text
+        return tokenizer.encode(placed.replacingOccurrences(of: imageToken, with: imageText(tokenCount: imageSeqLength))).ids
+    }
+
+    /// Gemma 3's chat layout for one user turn with the image, the model's turn opened.
+    public func questionPrompt(_ question: String) -> String {
+        "<start_of_turn>user\n\(imageToken)\(question)<end_of_turn>\n<start_of_turn>model\n"
     }
 }

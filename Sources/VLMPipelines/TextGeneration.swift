@@ -242,10 +242,13 @@ public final class TextGenerationPipeline: Sendable {
 
     /// Generates from `promptTokens`; with `cache`, from where the cache's tokens (the prompt's first ones) end.
     ///
-    /// - Parameter embeddings: the input embeddings of the prompt's positions from the given one on, for prompts
-    ///   whose embeddings carry image features; nil embeds the tokens.
+    /// - Parameters:
+    ///   - embeddings: the input embeddings of the prompt's positions from the given one on, for prompts whose
+    ///     embeddings carry image features; nil embeds the tokens.
+    ///   - attentionMask: the prompt's, where it marks blocks (``ImageChatModel/attentionMask(promptIds:)``).
     func run(promptTokens: [Int], settings: GenerationConfig, seed: UInt64, cache: KVCache? = nil,
-             embeddings: ((_ from: Int) throws -> Tensor)? = nil, constraint: (any GenerationConstraint)? = nil,
+             embeddings: ((_ from: Int) throws -> Tensor)? = nil, attentionMask: [Int]? = nil,
+             constraint: (any GenerationConstraint)? = nil,
              onText: ((String) throws -> Void)?) throws -> TextGenerationResult {
         guard !promptTokens.isEmpty else { throw PipelineError.emptyPrompt }
         let criteria = stoppingCriteria(settings)
@@ -255,10 +258,10 @@ public final class TextGenerationPipeline: Sendable {
         }
         let output = try cache.map {
             try model.generate(continuing: $0, inputIds: promptTokens, inputsEmbeds: embeddings?($0.length),
-                               config: settings, stoppingCriteria: criteria, seed: seed, constraint: constraint,
+                               attentionMask: attentionMask, config: settings, stoppingCriteria: criteria, seed: seed, constraint: constraint,
                                onStep: onStep)
         } ?? model.generate(inputsEmbeds: embeddings?(0) ?? model.embed([promptTokens]), promptIds: [promptTokens],
-                            config: settings, stoppingCriteria: criteria, seed: seed, constraint: constraint,
+                            attentionMask: attentionMask.map { [$0] }, config: settings, stoppingCriteria: criteria, seed: seed, constraint: constraint,
                             onStep: onStep)
         try onText?(detokenizer.finish())
         let ids = output.sequences.first ?? []

@@ -35,7 +35,7 @@ extension VLMServer {
         }
 
         let pipeline: TextGenerationPipeline, batcher: ContinuousBatcher
-        let prompt: (ids: [Int], inputsEmbeds: Tensor?, prefixKey: [Int]?)
+        let prompt: LanguageModelPrompt
         switch model.role {
         case let .text(text, textBatcher):
             let messages = templateToolCalls(try await chatMessages(raw, readsImages: false))
@@ -44,20 +44,19 @@ extension VLMServer {
                 try text.promptIds(messages: messages, tools: toolRequest?.tools, templateArguments: templateArguments,
                                    addGenerationPrompt: ending.addGenerationPrompt, continueFinalMessage: ending.continueFinalMessage)
             }
-            prompt = (ids, nil, ids)
+            prompt = LanguageModelPrompt(ids: ids)
         case let .imageChat(imageChat, chatBatcher):
             let messages = templateToolCalls(try await chatMessages(raw, readsImages: true))
             (pipeline, batcher) = (imageChat.text, chatBatcher)
             var arguments = templateArguments
             if let tools = toolRequest?.tools { arguments["tools"] = .array(tools) }
             // Reading and encoding images is heavy: off the server's event loops.
-            let prepared = try await heavyWork.run(maxImagePixels: configuration.maxImagePixels) { [arguments] in
+            prompt = try await heavyWork.run(maxImagePixels: configuration.maxImagePixels) { [arguments] in
                 try preparing {
                     try imageChat.prompt(messages: messages, templateArguments: arguments, addGenerationPrompt: ending.addGenerationPrompt,
                                          continueFinalMessage: ending.continueFinalMessage)
                 }
             }
-            prompt = (prepared.ids, prepared.inputsEmbeds, prepared.prefixKey)
         case .embeddings:
             throw APIError.invalid("The model `\(model.id)` computes embeddings; it does not chat", param: "model")
         }

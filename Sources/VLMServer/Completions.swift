@@ -25,7 +25,7 @@ extension VLMServer {
             throw APIError.invalid("\(prompts.count) prompts with n=\(sampling.n) are more choices than the server answers at once", param: "prompt")
         }
         let runs = try prompts.map { ids in
-            try GenerationRun(model: model, pipeline: pipeline, batcher: batcher, prompt: (ids, nil, ids), fields: sampling,
+            try GenerationRun(model: model, pipeline: pipeline, batcher: batcher, prompt: LanguageModelPrompt(ids: ids), fields: sampling,
                               configuration: configuration)
         }
         let echoes = echo ? prompts.map { pipeline.tokenizer.decode($0, skipSpecialTokens: false) } : []

@@ -221,7 +221,7 @@ struct GenerationRun {
     ///
     /// - Parameter otherConstraint: what constrains the reply when the request sets no grammar (a chat's tool calls),
     ///   given the settings the request runs with.
-    init(model: ServedModel, pipeline: TextGenerationPipeline, batcher: ContinuousBatcher, prompt: (ids: [Int], inputsEmbeds: Tensor?, prefixKey: [Int]?),
+    init(model: ServedModel, pipeline: TextGenerationPipeline, batcher: ContinuousBatcher, prompt: LanguageModelPrompt,
          fields: SamplingFields, configuration: ServerConfiguration,
          otherConstraint: ((GenerationConfig) throws -> (any GenerationConstraint)?)? = nil) throws {
         self.model = model
@@ -246,7 +246,8 @@ struct GenerationRun {
         do {
             for choice in 0..<fields.n {
                 streams.append(try batcher.submit(BatchRequest(
-                    promptIds: prompt.ids, inputsEmbeds: prompt.inputsEmbeds, prefixKey: prompt.prefixKey, config: settings,
+                    promptIds: prompt.ids, inputsEmbeds: prompt.inputsEmbeds, prefixKey: prompt.prefixKey,
+                    attentionMask: prompt.attentionMask, config: settings,
                     stoppingCriteria: criteria, seed: seed &+ UInt64(choice), topLogprobs: fields.logprobs,
                     deadline: deadline, constraint: constraint)))
             }

@@ -165,7 +165,8 @@ struct Bench: AsyncParsableCommand {
             let featured = DispatchTime.now().uptimeNanoseconds
             var steps: [UInt64] = []
             _ = try model.textDecoder.generate(inputsEmbeds: model.inputsEmbeds(inputIds: ids, imageFeatures: features),
-                                               promptIds: [ids], config: config) { _ in steps.append(DispatchTime.now().uptimeNanoseconds) }
+                                               promptIds: [ids], attentionMask: model.attentionMask(promptIds: ids).map { [$0] },
+                                               config: config) { _ in steps.append(DispatchTime.now().uptimeNanoseconds) }
             guard let first = steps.first, let last = steps.last, steps.count == newTokens else {
                 throw ValidationError("the benchmark answer stopped after \(steps.count) of \(newTokens) tokens")
             }
