@@ -1,0 +1,50 @@
+import Foundation
+import Testing
+
+/// `vlm generate --image` and `vlm chat` on Tests/Fixtures/gemma3/tiny, against oracle/gemma3.py (transformers'
+/// answers with the processor's `token_type_ids`). Image paths are relative to the directory the command runs in.
+@Suite struct Gemma3CLITests {
+    struct Expected: Decodable {
+        struct Turn: Decodable { let images: [String]; let text: String; let input_ids: [Int]; let ids: [Int]; let answer: String }
+        let chat_tokens: Int
+        let session: [Turn]
+    }
+
+    static let model = CLI.fixtures.appendingPathComponent("gemma3/tiny").path
+
+    static func expected() throws -> Expected {
+        try JSONDecoder().decode(Expected.self, from: Data(contentsOf: CLI.fixtures.appendingPathComponent("gemma3/expected.json")))
+    }
+
+    /// `--image … --prompt` is one user turn without a system message: the session's first turn.
+    @Test func generateWithAnImageAndAPromptIsOneUserTurn() throws {
+        let expected = try Self.expected()
+        let turn = expected.session[0]
+        let run = try CLI.run(["generate", "--model", Self.model, "--image", turn.images[0], "--prompt", turn.text,
+                               "--temperature", "0", "--max-new-tokens", String(expected.chat_tokens), "--json"],
+                              directory: CLI.fixtures)
+        #expect(run.status == 0, "\(run.stderr)")
+        let result = try #require(try CLI.json(run) as? [String: Any])
+        #expect(result["ids"] as? [Int] == turn.ids)
+        #expect(result["prompt_tokens"] as? Int == turn.input_ids.count)
+        #expect(result["text"] as? String == turn.answer)
+    }
+
+    /// Three turns over one KV cache, the second bringing another photo.
+    @Test func chatSessionAnswersEachTurnLikeTransformers() throws {
+        let expected = try Self.expected()
+        var lines: [String] = []
+        for (index, turn) in expected.session.enumerated() {
+            if index > 0 { lines += turn.images.map { "/image \($0)" } }
+            lines.append(turn.text)
+        }
+        let input = FileManager.default.temporaryDirectory.appendingPathComponent("vlm-gemma3-\(UUID().uuidString).txt")
+        defer { try? FileManager.default.removeItem(at: input) }
+        try Data((lines.joined(separator: "\n") + "\n").utf8).write(to: input)
+        let run = try CLI.run(["chat", "--model", Self.model, "--temperature", "0", "--max-new-tokens", String(expected.chat_tokens),
+                               "--image", expected.session[0].images[0]],
+                              standardInput: input, directory: CLI.fixtures)
+        #expect(run.status == 0, "\(run.stderr)")
+        #expect(run.stdout == expected.session.map { $0.answer + "\n" }.joined())
+    }
+}
