@@ -1,9 +1,10 @@
-"""Image chat losses: `model(**processor(images, text), labels=labels).loss` of the LLaVA, LLaVA-NeXT and
-LLaVA-OneVision fixtures, the objective of LLaVA's projector alignment (its first training stage, where only the
+"""Image chat losses: `model(**processor(images, text), labels=labels).loss` of the LLaVA, LLaVA-NeXT,
+LLaVA-OneVision and Gemma 3 fixtures (Gemma 3's with the processor's token_type_ids, so its image tokens attend to each
+other), the objective of LLaVA's projector alignment (its first training stage, where only the
 projector learns) and of its instruction tuning: the answer's tokens scored, the image tokens and the question not.
 
 Run by hand from the repository root with the oracle venv (oracle/requirements.txt), after oracle/llava.py,
-oracle/llava_next.py and oracle/llava_onevision.py have written their checkpoints:
+oracle/llava_next.py, oracle/llava_onevision.py and oracle/gemma3.py have written their checkpoints:
 
     python oracle/image_chat_loss.py    # → Tests/Fixtures/image-chat-loss.json
 
@@ -21,7 +22,8 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "Tests", "Fixtures")
 CHECKPOINTS = ["llava/llama-default-fp16", "llava/qwen2-layers-full-bf16", "llava-next/llama-tied-fp16",
-               "llava-next/mistral-layers-bf16", "llava-onevision/qwen2-layers-fp16", "llava-onevision/qwen2-smollm2-bf16"]
+               "llava-next/mistral-layers-bf16", "llava-onevision/qwen2-layers-fp16", "llava-onevision/qwen2-smollm2-bf16",
+               "gemma3/tiny"]
 ANSWER = " A cat is lying on a blanket."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import llava_onevision  # noqa: E402  (its load_processor reads the fixtures' processor_config.json)
@@ -29,7 +31,9 @@ import llava_onevision  # noqa: E402  (its load_processor reads the fixtures' pr
 
 def case(checkpoint):
     directory = os.path.join(FIXTURES, checkpoint)
-    expected = json.load(open(os.path.join(directory, "expected.json")))
+    # Gemma 3's expected.json sits beside its two checkpoint layouts.
+    found = [path for path in (directory, os.path.dirname(directory)) if os.path.exists(os.path.join(path, "expected.json"))]
+    expected = json.load(open(os.path.join(found[0], "expected.json")))
     request = expected["requests"][0]
     image_path = request["image"] if "image" in request else request["images"][0]
     if "/" not in image_path:

@@ -5,9 +5,10 @@ import VLMModels
 import VLMPipelines
 import VLMTensor
 
-/// `model(**processor(images, text), labels=labels).loss` (oracle/image_chat_loss.py) of the LLaVA, LLaVA-NeXT and
-/// LLaVA-OneVision fixtures: a photo, a question and an answer, only the answer's tokens scored, as LLaVA's
-/// projector alignment trains.
+/// `model(**processor(images, text), labels=labels).loss` (oracle/image_chat_loss.py) of the LLaVA, LLaVA-NeXT,
+/// LLaVA-OneVision and Gemma 3 fixtures: a photo, a question and an answer, only the answer's tokens scored, as LLaVA's
+/// projector alignment trains (Gemma 3's image tokens attending to each other, as its processor's token_type_ids make
+/// them).
 @Suite struct ImageChatLossTests {
     struct Case: Decodable {
         let checkpoint: String
@@ -23,7 +24,7 @@ import VLMTensor
         .appendingPathComponent("Fixtures")
     static let checkpoints = ["llava/llama-default-fp16", "llava/qwen2-layers-full-bf16", "llava-next/llama-tied-fp16",
                               "llava-next/mistral-layers-bf16", "llava-onevision/qwen2-layers-fp16",
-                              "llava-onevision/qwen2-smollm2-bf16"]
+                              "llava-onevision/qwen2-smollm2-bf16", "gemma3/tiny"]
 
     @Test(arguments: checkpoints)
     func lossOverTheAnswerMatchesTransformers(_ checkpoint: String) throws {
