@@ -1,13 +1,15 @@
 """Image chat's speed: transformers/PyTorch fp32 against SwiftVLM's `vlm bench` on one photo and a short question.
 
     python scripts/make_image_chat_checkpoints.py      # once: models/llava-onevision-qwen2-0.5b-ov-random
+    python scripts/make_image_chat_checkpoints.py --family gemma3   # models/gemma-3-4b-12-layers-random
     swift build -c release
     python scripts/bench_image_chat.py [--model DIR] [--dtype fp32 bf16] [--new-tokens 16] [--runs 3] [--rounds 3]
                                        [--vlm .build/release/vlm] [--json results.json]
 
 The work is one user turn of the checkpoint's chat template holding a 640×480 photo of noise and "What is in this
 picture?", as transformers' `image-text-to-text` pipeline builds it: for LLaVA-OneVision at 640×480 the anyres tiling
-makes 2,929 image tokens, so the prompt is about 2,945 tokens. Each engine reports
+makes 2,929 image tokens, so the prompt is about 2,945 tokens; Gemma 3 resizes any photo to 896×896 (4,096 patches
+in its vision tower) and reads 256 image tokens, a 286-token prompt. Each engine reports
 
 - image: the vision tower and projector over every tile (PyTorch: `get_image_features`; SwiftVLM: `image_ms`),
 - first token: the time from the processed inputs to the first generated token, image included (PyTorch: one
@@ -39,6 +41,11 @@ DEFAULT_MODEL = os.path.join(ROOT, "models", "llava-onevision-qwen2-0.5b-ov-rand
 def load_pytorch(directory):
     """The model and its processor. LlavaOnevisionProcessor insists on a video processor, which needs torchvision;
     videos are out of scope, so the check is skipped for that one argument."""
+    with open(os.path.join(directory, "config.json")) as f:
+        if json.load(f)["model_type"] == "gemma3":
+            from transformers import AutoProcessor, Gemma3ForConditionalGeneration
+            model = Gemma3ForConditionalGeneration.from_pretrained(directory, dtype=torch.float32).eval()
+            return model, AutoProcessor.from_pretrained(directory)
     from transformers.processing_utils import ProcessorMixin
     check = ProcessorMixin.check_argument_for_proper_class
     ProcessorMixin.check_argument_for_proper_class = (
@@ -63,7 +70,7 @@ def pytorch_turn(model, inputs, new_tokens):
     """One timed turn: image features alone, then the first token from scratch, then greedy steps."""
     with torch.inference_mode():
         start = time.perf_counter()
-        model.get_image_features(pixel_values=inputs["pixel_values"], image_sizes=inputs["image_sizes"])
+        model.get_image_features(**{key: inputs[key] for key in ("pixel_values", "image_sizes") if key in inputs})
         image = time.perf_counter() - start
         start = time.perf_counter()
         out = model(**inputs, use_cache=True)
@@ -104,7 +111,9 @@ def main():
     model, processor = load_pytorch(args.model)
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT}]}]
     text = processor.apply_chat_template(messages, add_generation_prompt=True)
-    inputs = processor(images=photo, text=text, return_tensors="pt")
+    # As apply_chat_template(tokenize=True) does: no second bos where the template wrote one (Gemma 3's does).
+    bos = processor.tokenizer.bos_token
+    inputs = processor(images=photo, text=text, return_tensors="pt", add_special_tokens=not (bos and text.startswith(bos)))
     prompt_tokens = inputs["input_ids"].shape[1]
     pytorch_turn(model, inputs, 2)  # untimed: first-call allocations
 

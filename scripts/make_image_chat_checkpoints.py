@@ -1,6 +1,6 @@
 """Writes a full-size, randomly initialised image-chat checkpoint for benchmarking (scripts/bench_image_chat.py).
 
-    python scripts/make_image_chat_checkpoints.py [--seed N]
+    python scripts/make_image_chat_checkpoints.py [--family llava-onevision|gemma3] [--seed N]
 
 models/llava-onevision-qwen2-0.5b-ov-random (git-ignored; nothing here is committed): the architecture of
 llava-hf/llava-onevision-qwen2-0.5b-ov-hf, `LlavaOnevisionForConditionalGeneration`: SigLIP so400m-patch14-384 as the
@@ -14,6 +14,15 @@ The tokenizer is the test fixtures' SmolLM2 tokenizer with `<image>` (id 49152, 
 its ChatML template, not Qwen2's 151,646-token one, which is not in the fixtures: what a benchmark's time depends on
 is the prompt's length, the image's 2,929 tokens at 640×480 dominating it, and the head's 152,000 rows, which are the
 published ones. The image processor is `LlavaOnevisionImageProcessor`'s defaults, the published settings.
+
+models/gemma-3-4b-12-layers-random (`--family gemma3`): google/gemma-3-4b-it's image side whole, its
+`Gemma3ForConditionalGeneration` config's SigLIP so400m at 896 pixels (4,096 patches, 27 layers, pooled to 256 image
+tokens) and projector, and its text decoder's widths (2,560 wide, 8 query and 4 key-value heads of 256, feed-forward
+10,240, five sliding layers of 1,024 positions to one global, linear RoPE scaling 8 on the global ones, the
+262,208-row embedding tied to the head) with 12 of its 34 layers, so that PyTorch's fp32 copy and SwiftVLM's fit
+this machine's memory side by side (a full one is 17 GB in fp32). The tokenizer, chat template and image markers are
+the Gemma 3 test fixture's (Tests/Fixtures/gemma3/tiny; its image token ids lie inside the published vocabulary),
+the image processor the published settings (896×896 bilinear, mean and std 0.5), 256 image tokens an image.
 
 A directory that already holds a complete checkpoint is left alone, so the script is safe to run before every benchmark.
 """
@@ -67,11 +76,54 @@ def write(out, seed):
     print(f"{NAME}: {parameters / 1e9:.2f} B parameters, {settings['num_image_tokens']} tokens per {side}-pixel tile")
 
 
+GEMMA3_FIXTURE = os.path.join(ROOT, "Tests", "Fixtures", "gemma3", "tiny")
+GEMMA3_NAME = "gemma-3-4b-12-layers-random"
+# google/gemma-3-4b-it's text_config, 12 of its 34 layers (the sliding pattern kept: every sixth layer global).
+GEMMA3_4B_TEXT = dict(hidden_size=2560, intermediate_size=10240, num_hidden_layers=12, num_attention_heads=8,
+                      num_key_value_heads=4, head_dim=256, query_pre_attn_scalar=256, sliding_window=1024,
+                      rope_scaling={"factor": 8.0, "rope_type": "linear"}, rope_theta=1000000.0,
+                      rope_local_base_freq=10000.0, vocab_size=262208, max_position_embeddings=131072)
+GEMMA3_4B_VISION = dict(model_type="siglip_vision_model", hidden_size=1152, intermediate_size=4304,
+                        num_hidden_layers=27, num_attention_heads=16, image_size=896, patch_size=14,
+                        vision_use_head=False)
+
+
+def write_gemma3(out, seed):
+    import torch
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    with open(os.path.join(GEMMA3_FIXTURE, "config.json")) as f:
+        fixture = json.load(f)
+    text = dict(GEMMA3_4B_TEXT, bos_token_id=fixture["text_config"]["bos_token_id"],
+                eos_token_id=fixture["text_config"]["eos_token_id"], pad_token_id=fixture["text_config"]["pad_token_id"])
+    config = Gemma3Config(text_config=text, vision_config=GEMMA3_4B_VISION, mm_tokens_per_image=256,
+                          boi_token_index=fixture["boi_token_index"], eoi_token_index=fixture["eoi_token_index"],
+                          image_token_index=fixture["image_token_index"])
+    torch.manual_seed(seed)
+    model = Gemma3ForConditionalGeneration(config).eval()
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copyfile(os.path.join(GEMMA3_FIXTURE, name), os.path.join(out, name))
+    with open(os.path.join(GEMMA3_FIXTURE, "processor_config.json")) as f:
+        settings = json.load(f)
+    settings["image_processor"]["size"] = {"height": 896, "width": 896}
+    settings["image_seq_length"] = 256
+    with open(os.path.join(out, "processor_config.json"), "w") as f:
+        json.dump(settings, f, indent=2)
+    model.save_pretrained(out)
+    model.generation_config.save_pretrained(out)
+    parameters = sum(p.numel() for p in model.parameters())
+    print(f"{GEMMA3_NAME}: {parameters / 1e9:.2f} B parameters")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", choices=["llava-onevision", "gemma3"], default="llava-onevision")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    write_once(os.path.join(MODELS, NAME), lambda staging: write(staging, args.seed))
+    if args.family == "gemma3":
+        write_once(os.path.join(MODELS, GEMMA3_NAME), lambda staging: write_gemma3(staging, args.seed))
+    else:
+        write_once(os.path.join(MODELS, NAME), lambda staging: write(staging, args.seed))
 
 
 if __name__ == "__main__":
