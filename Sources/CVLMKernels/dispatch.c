@@ -194,6 +194,27 @@ int vlm_panel_matvec(const float *w, ptrdiff_t k, ptrdiff_t n, ptrdiff_t panel_s
     return -1;
 }
 
+int vlm_int8_matvec(const int8_t *w, ptrdiff_t k, ptrdiff_t n, const int8_t *x, const int32_t *column_sums,
+                    const float *weight_scales, float row_scale, const float *bias, float *y, ptrdiff_t first_panel,
+                    ptrdiff_t panel_count) {
+#if defined(__x86_64__)
+    if (vlm_best_isa() == VLM_ISA_AVX512 && __builtin_cpu_supports("avx512vnni") && k <= VLM_INT8_MATVEC_MAX_K) {
+        vlm_int8_matvec_avx512(w, k, n, x, column_sums, weight_scales, row_scale, bias, y, first_panel, panel_count);
+        return 0;
+    }
+#endif
+    (void)w, (void)k, (void)n, (void)x, (void)column_sums, (void)weight_scales, (void)row_scale, (void)bias, (void)y;
+    (void)first_panel, (void)panel_count;
+    return -1;
+}
+
+void vlm_int8_column_sums(const int8_t *w, ptrdiff_t k, ptrdiff_t n, int32_t *sums) {
+    for (ptrdiff_t c = 0; c < n; c++) sums[c] = 0;
+    for (ptrdiff_t r = 0; r < k; r++) {
+        for (ptrdiff_t c = 0; c < n; c++) sums[c] += w[r * n + c];
+    }
+}
+
 int vlm_panel_matvec_bf16(const uint16_t *w, ptrdiff_t k, ptrdiff_t n, ptrdiff_t panel_stride, const uint16_t *x,
                           const float *bias, float *y, ptrdiff_t first_panel, ptrdiff_t panel_count) {
 #if defined(__x86_64__)

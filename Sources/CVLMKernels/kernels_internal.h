@@ -44,6 +44,9 @@ void vlm_layer_norm_avx512(const float *x, float *y, ptrdiff_t rows, ptrdiff_t f
 void vlm_quantize_rows_int8_avx512(const float *x, ptrdiff_t rows, ptrdiff_t features, signed char *q, float *scales);
 void vlm_panel_matvec_avx512(const float *w, ptrdiff_t k, ptrdiff_t n, ptrdiff_t panel_stride, const float *x,
                              const float *bias, float *y, ptrdiff_t first_panel, ptrdiff_t panel_count);
+void vlm_int8_matvec_avx512(const int8_t *w, ptrdiff_t k, ptrdiff_t n, const int8_t *x, const int32_t *column_sums,
+                            const float *weight_scales, float row_scale, const float *bias, float *y,
+                            ptrdiff_t first_panel, ptrdiff_t panel_count);
 void vlm_panel_matvec_bf16_avx512(const uint16_t *w, ptrdiff_t k, ptrdiff_t n, ptrdiff_t panel_stride, const uint16_t *x,
                                   const float *bias, float *y, ptrdiff_t first_panel, ptrdiff_t panel_count);
 void vlm_gated_silu_avx2(const float *x, ptrdiff_t rows, ptrdiff_t width, float *y);

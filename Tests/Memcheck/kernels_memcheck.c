@@ -142,6 +142,56 @@ static void check_panel_matvec_bf16(ptrdiff_t k, ptrdiff_t n) {
     free(magnitude);
 }
 
+/// One int8 row times a plain k × n int8 matrix through vlm_int8_matvec, in two calls over the panels, with and
+/// without a bias: the int32 sums exactly, then scaled in float as the kernel's contract says (the weights' extremes
+/// ±127 and ±128 are in). The matrix is exactly k·n bytes and the row k bytes, so a read past either shows; a k
+/// that is not a multiple of 4 leaves the last group of rows short.
+static void check_int8_matvec(ptrdiff_t k, ptrdiff_t n) {
+    int8_t *w = malloc((size_t)(k * n)), *x = malloc((size_t)k);
+    int32_t *sums = malloc((size_t)n * sizeof(int32_t));
+    float *scales = random_floats(n), *bias = random_floats(n), *y = malloc((size_t)n * sizeof(float));
+    for (ptrdiff_t i = 0; i < k * n; i++) w[i] = (int8_t)(i % 97 == 0 ? -128 : (int)(next() % 255) - 127);
+    for (ptrdiff_t r = 0; r < k; r++) x[r] = (int8_t)((int)(next() % 255) - 127);
+    vlm_int8_column_sums(w, k, n, sums);
+    const float row_scale = 0.0123f;
+    const int supported = vlm_best_isa() == VLM_ISA_AVX512 && __builtin_cpu_supports("avx512vnni");
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+        for (ptrdiff_t c = 0; c < n; c++) y[c] = NAN;
+        const ptrdiff_t panels = (n + 63) / 64, half = panels / 2;
+        const float *b = with_bias ? bias : NULL;
+        const int first = vlm_int8_matvec(w, k, n, x, sums, scales, row_scale, b, y, 0, half);
+        const int second = vlm_int8_matvec(w, k, n, x, sums, scales, row_scale, b, y, half, panels - half);
+        if (!supported) {
+            if (first != -1 || second != -1) failures++;
+            for (ptrdiff_t c = 0; c < n; c++)
+                if (!isnan(y[c])) failures++;
+            continue;
+        }
+        if (first != 0 || second != 0) failures++;
+        for (ptrdiff_t c = 0; c < n; c++) {
+            int64_t sum = 0, column = 0;
+            for (ptrdiff_t r = 0; r < k; r++) {
+                sum += (int64_t)x[r] * w[r * n + c];
+                column += w[r * n + c];
+            }
+            float expected = (float)(int32_t)sum * scales[c];
+            expected = expected * row_scale;
+            if (b) expected = expected + b[c];
+            if (y[c] != expected || column != sums[c]) {
+                fprintf(stderr, "int8_matvec %tdx%td column %td: %.9g, expected %.9g\n", k, n, c, y[c], expected);
+                failures++;
+                break;
+            }
+        }
+    }
+    free(w);
+    free(x);
+    free(sums);
+    free(scales);
+    free(bias);
+    free(y);
+}
+
 /// Attention with strided heads, a causal mask or a key mask, against a double reference; then the same rows split
 /// along the keys through vlm_attention_partial and merged.
 static void check_attention(ptrdiff_t queries, ptrdiff_t keys, ptrdiff_t head_dim, ptrdiff_t heads, int causal, int masked) {
@@ -765,6 +815,10 @@ int main(void) {
     check_panel_matvec_bf16(1, 1);
     check_panel_matvec_bf16(71, 200);
     check_panel_matvec_bf16(64, 384);
+    check_int8_matvec(1, 1);
+    check_int8_matvec(70, 200);
+    check_int8_matvec(64, 384);
+    check_int8_matvec(1027, 520);
     const vlm_quant_format formats[] = {VLM_QUANT_F16, VLM_QUANT_BF16, VLM_QUANT_Q4_0, VLM_QUANT_Q4_1, VLM_QUANT_Q5_0,
                                         VLM_QUANT_Q5_1, VLM_QUANT_Q8_0, VLM_QUANT_Q4_K, VLM_QUANT_Q5_K, VLM_QUANT_Q6_K};
     for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++) {

@@ -133,6 +133,22 @@ int vlm_panel_matvec(const float *w, ptrdiff_t k, ptrdiff_t n, ptrdiff_t panel_s
 int vlm_panel_matvec_bf16(const uint16_t *w, ptrdiff_t k, ptrdiff_t n, ptrdiff_t panel_stride, const uint16_t *x,
                           const float *bias, float *y, ptrdiff_t first_panel, ptrdiff_t panel_count);
 
+/// The most rows `vlm_int8_matvec` sums: its int32 sums of unsigned-times-signed bytes stay exact up to there.
+#define VLM_INT8_MATVEC_MAX_K 65536
+
+/// One row of a dynamic int8 product: `y[c] = (Σ_r x[r]·w[r][c]) · weight_scales[c] · row_scale (+ bias[c])` for the
+/// columns of the 64-column panels `first_panel ..< first_panel + panel_count` below `n`, the sum exact in int32,
+/// then the scales and the bias in that order, as oneDNN's int8 matmul applies its output scales and post-ops. `w` is
+/// the plain `k × n` int8 matrix (oneDNN's `abc` layout of the `[1, k, n]` weights), `x` the row quantized by
+/// vlm_quantize_rows_int8, `column_sums` each column's sum (vlm_int8_column_sums). Returns 0, or -1 without writing
+/// anything where the CPU lacks AVX-512 VNNI or `k` passes VLM_INT8_MATVEC_MAX_K.
+int vlm_int8_matvec(const int8_t *w, ptrdiff_t k, ptrdiff_t n, const int8_t *x, const int32_t *column_sums,
+                    const float *weight_scales, float row_scale, const float *bias, float *y, ptrdiff_t first_panel,
+                    ptrdiff_t panel_count);
+
+/// Each column's sum of the plain `k × n` int8 matrix `w`, for vlm_int8_matvec.
+void vlm_int8_column_sums(const int8_t *w, ptrdiff_t k, ptrdiff_t n, int32_t *sums);
+
 /// A ggml block format the quantized-matrix kernels read; the values are ggml's type numbers. Blocks run along a
 /// matrix row: a row of `columns` elements is `columns / block elements` blocks, stored one after another. F16 and
 /// BF16 (one element per ggml block) are read in blocks of 32, so their rows must be a multiple of 32 long.
