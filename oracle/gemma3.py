@@ -62,6 +62,7 @@ expected.json (compact; ids, and floats as transformers computes them in fp32):
 import json
 import os
 import shutil
+import sys
 
 import torch
 from PIL import Image
@@ -69,6 +70,9 @@ from safetensors.torch import load_file, save_file
 from transformers import (AddedToken, AutoProcessor, AutoTokenizer, Gemma3Config, Gemma3ForConditionalGeneration,
                           Gemma3ImageProcessorPil, Gemma3Processor, GemmaTokenizer)
 from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from image_chat import absolute, assistant, image, text, user  # noqa: E402  (the chat messages' shape)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "Tests", "Fixtures")
@@ -139,22 +143,6 @@ CHELSEA, CAMERA, WIDE, TALL = ("photos/chelsea.png", "photos/camera.png", "llava
 PHOTOS = [CHELSEA, CAMERA, WIDE, TALL]  # camera.png is greyscale
 
 
-def image(path):
-    return {"type": "image", "path": path}
-
-
-def text(value):
-    return {"type": "text", "text": value}
-
-
-def user(*parts):
-    return {"role": "user", "content": list(parts)}
-
-
-def assistant(value):
-    return {"role": "assistant", "content": [text(value)]}
-
-
 def system(value):
     return {"role": "system", "content": [text(value)]}
 
@@ -177,11 +165,6 @@ SESSION = [([CHELSEA], "What is in this picture?"), ([WIDE], "And this one?"), (
 
 def photo(name):
     return Image.open(os.path.join(FIXTURES, name))
-
-
-def absolute(messages):
-    return [dict(m, content=[dict(p, path=os.path.join(FIXTURES, p["path"])) if p["type"] == "image" else p
-                             for p in m["content"]]) for m in messages]
 
 
 def make_tokenizer():

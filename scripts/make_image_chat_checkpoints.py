@@ -45,6 +45,18 @@ QWEN2_0_5B = dict(vocab_size=152000, hidden_size=896, intermediate_size=4864, nu
                   rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
 
 
+def save(model, out, fixture, settings, name):
+    """The checkpoint's files: the fixture's tokenizer and chat template, `settings` as processor_config.json, the
+    model and its generation config; prints the parameter count."""
+    for file in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copyfile(os.path.join(fixture, file), os.path.join(out, file))
+    with open(os.path.join(out, "processor_config.json"), "w") as f:
+        json.dump(settings, f, indent=2)
+    model.save_pretrained(out)
+    model.generation_config.save_pretrained(out)
+    print(f"{name}: {sum(p.numel() for p in model.parameters()) / 1e9:.2f} B parameters")
+
+
 def write(out, seed):
     import torch
     from transformers import (LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration,
@@ -60,20 +72,13 @@ def write(out, seed):
     side, patch = config.vision_config.image_size, config.vision_config.patch_size
     # The processor's files as LlavaOnevisionProcessor.save_pretrained writes them (it needs a video processor, and
     # with it torchvision, to be built at all): the fixture's tokenizer and template, the published image settings.
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        shutil.copyfile(os.path.join(FIXTURE, name), os.path.join(out, name))
     with open(os.path.join(FIXTURE, "processor_config.json")) as f:
         settings = json.load(f)
     images = LlavaOnevisionImageProcessorPil().to_dict()
     images["image_processor_type"] = "LlavaOnevisionImageProcessor"
     settings.update(image_processor=images, num_image_tokens=(side // patch) ** 2,
                     vision_aspect_ratio=config.vision_aspect_ratio)
-    with open(os.path.join(out, "processor_config.json"), "w") as f:
-        json.dump(settings, f, indent=2)
-    model.save_pretrained(out)
-    model.generation_config.save_pretrained(out)
-    parameters = sum(p.numel() for p in model.parameters())
-    print(f"{NAME}: {parameters / 1e9:.2f} B parameters, {settings['num_image_tokens']} tokens per {side}-pixel tile")
+    save(model, out, FIXTURE, settings, f"{NAME} ({settings['num_image_tokens']} tokens per {side}-pixel tile)")
 
 
 GEMMA3_FIXTURE = os.path.join(ROOT, "Tests", "Fixtures", "gemma3", "tiny")
@@ -101,18 +106,11 @@ def write_gemma3(out, seed):
                           image_token_index=fixture["image_token_index"])
     torch.manual_seed(seed)
     model = Gemma3ForConditionalGeneration(config).eval()
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        shutil.copyfile(os.path.join(GEMMA3_FIXTURE, name), os.path.join(out, name))
     with open(os.path.join(GEMMA3_FIXTURE, "processor_config.json")) as f:
         settings = json.load(f)
     settings["image_processor"]["size"] = {"height": 896, "width": 896}
     settings["image_seq_length"] = 256
-    with open(os.path.join(out, "processor_config.json"), "w") as f:
-        json.dump(settings, f, indent=2)
-    model.save_pretrained(out)
-    model.generation_config.save_pretrained(out)
-    parameters = sum(p.numel() for p in model.parameters())
-    print(f"{GEMMA3_NAME}: {parameters / 1e9:.2f} B parameters")
+    save(model, out, GEMMA3_FIXTURE, settings, GEMMA3_NAME)
 
 
 def main():

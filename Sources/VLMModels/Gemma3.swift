@@ -266,11 +266,7 @@ public final class Gemma3ForCausalLM: CausalLanguageModel, @unchecked Sendable {
 
     /// Loads config.json and the safetensors weights of a checkpoint directory whose `model_type` is `gemma3_text`.
     public convenience init(directory: ModelDirectory) throws {
-        let configPath = directory.url.appendingPathComponent("config.json").path
-        let type = try directory.modelType
-        guard type == Gemma3TextConfig.modelType else {
-            throw ModelError.unsupportedModelType(type, supported: [Gemma3TextConfig.modelType], file: configPath)
-        }
+        let configPath = try directory.configPath(checkingModelType: Gemma3TextConfig.modelType)
         let weights = try WeightStore(directory: directory.url)
         try self.init(config: directory.decode(Gemma3TextConfig.self), file: configPath) { try weights.tensor($0, shape: $1) }
     }

@@ -73,11 +73,7 @@ public final class Gemma3ForConditionalGeneration: ImageChatModel, @unchecked Se
 
     /// Loads config.json and the safetensors weights of a checkpoint directory whose `model_type` is `gemma3`.
     public convenience init(directory: ModelDirectory) throws {
-        let configPath = directory.url.appendingPathComponent("config.json").path
-        let type = try directory.modelType
-        guard type == "gemma3" else {
-            throw ModelError.unsupportedModelType(type, supported: ["gemma3"], file: configPath)
-        }
+        let configPath = try directory.configPath(checkingModelType: "gemma3")
         try self.init(config: directory.decode(Gemma3Config.self), weights: Weights(WeightStore(directory: directory.url)),
                       file: configPath)
     }

@@ -338,9 +338,7 @@ public final class LlavaForConditionalGeneration: ImageChatModel, @unchecked Sen
 
     /// Loads config.json and the safetensors weights of a checkpoint directory whose `model_type` is `llava`.
     public convenience init(directory: ModelDirectory) throws {
-        let configPath = directory.url.appendingPathComponent("config.json").path
-        let type = try directory.modelType
-        guard type == "llava" else { throw ModelError.unsupportedModelType(type, supported: ["llava"], file: configPath) }
+        let configPath = try directory.configPath(checkingModelType: "llava")
         try self.init(config: directory.decode(LlavaConfig.self), weights: Weights(WeightStore(directory: directory.url)),
                       file: configPath)
     }

@@ -55,11 +55,7 @@ public final class LlavaNextForConditionalGeneration: ImageChatModel, @unchecked
 
     /// Loads config.json and the safetensors weights of a checkpoint directory whose `model_type` is `llava_next`.
     public convenience init(directory: ModelDirectory) throws {
-        let configPath = directory.url.appendingPathComponent("config.json").path
-        let type = try directory.modelType
-        guard type == "llava_next" else {
-            throw ModelError.unsupportedModelType(type, supported: ["llava_next"], file: configPath)
-        }
+        let configPath = try directory.configPath(checkingModelType: "llava_next")
         try self.init(config: directory.decode(LlavaNextConfig.self), weights: Weights(WeightStore(directory: directory.url)),
                       file: configPath)
     }

@@ -117,11 +117,7 @@ public final class LlavaOnevisionForConditionalGeneration: ImageChatModel, @unch
     /// Loads config.json and the safetensors weights of a checkpoint directory whose `model_type` is
     /// `llava_onevision`.
     public convenience init(directory: ModelDirectory) throws {
-        let configPath = directory.url.appendingPathComponent("config.json").path
-        let type = try directory.modelType
-        guard type == "llava_onevision" else {
-            throw ModelError.unsupportedModelType(type, supported: ["llava_onevision"], file: configPath)
-        }
+        let configPath = try directory.configPath(checkingModelType: "llava_onevision")
         try self.init(config: directory.decode(LlavaOnevisionConfig.self),
                       weights: Weights(WeightStore(directory: directory.url)), file: configPath)
     }

@@ -260,3 +260,16 @@ func encoderHiddenStates(layers: [PreNormEncoderLayer], at indices: [Int],
     for layer in layers.prefix(deepest) { states.append(layer(states[states.count - 1])) }
     return resolved.map { states[$0] }
 }
+
+extension ModelDirectory {
+    /// config.json's path, once its `model_type` is `type`: what a family's `init(directory:)` checks before reading
+    /// anything else.
+    ///
+    /// - Throws: `ModelError.unsupportedModelType` naming config.json; the directory's errors for a missing or broken one.
+    func configPath(checkingModelType type: String) throws -> String {
+        let path = url.appendingPathComponent("config.json").path
+        let found = try modelType
+        guard found == type else { throw ModelError.unsupportedModelType(found, supported: [type], file: path) }
+        return path
+    }
+}
