@@ -47,8 +47,10 @@ public struct Gemma3Config: Decodable, Sendable {
         tieWordEmbeddings = try c.decodeIfPresent(Bool.self, forKey: .tieWordEmbeddings) ?? textConfig.tieWordEmbeddings
     }
 
-    /// The vision tower's patches a side, and the pooling window that takes them to `mm_tokens_per_image` rows.
+    /// The vision tower's patches a side, and the pooling window that takes them to `mm_tokens_per_image` rows (all
+    /// 0 where the sizes are not positive).
     var pooling: (patchesPerSide: Int, kernel: Int, tokensPerSide: Int) {
+        guard visionConfig.patchSize > 0, visionConfig.imageSize > 0, mmTokensPerImage > 0 else { return (0, 0, 0) }
         let patches = visionConfig.patchesPerSide
         let side = Int(Double(mmTokensPerImage).squareRoot())
         return (patches, side > 0 ? patches / side : 0, side)
@@ -88,7 +90,7 @@ public final class Gemma3ForConditionalGeneration: ImageChatModel, @unchecked Se
     public init(config: Gemma3Config, weights: Weights, file: String = "config.json") throws {
         self.config = config
         let pooling = config.pooling
-        guard pooling.tokensPerSide * pooling.tokensPerSide == config.mmTokensPerImage, pooling.kernel > 0,
+        guard pooling.tokensPerSide > 0, pooling.tokensPerSide * pooling.tokensPerSide == config.mmTokensPerImage, pooling.kernel > 0,
               pooling.patchesPerSide / pooling.kernel == pooling.tokensPerSide else {
             throw ModelError.invalidConfig("mm_tokens_per_image \(config.mmTokensPerImage) is not a square grid that the vision tower's \(pooling.patchesPerSide)×\(pooling.patchesPerSide) patches pool to", file: file)
         }

@@ -160,14 +160,15 @@ struct Gemma3Fixture {
         #expect(aliased.imageTokenIndex == 7 && aliased.boiTokenIndex == 5)
     }
 
-    @Test func tokenCountsThePatchesDoNotPoolToAreOneLineErrors() throws {
+    @Test func tokenCountsAndPatchesThatDoNotPoolAreOneLineErrors() throws {
         let fixture = try Gemma3Fixture()
         let weights = Weights(try WeightStore(directory: fixture.directory))
-        for tokens in [15, 9, 0] {
+        for (tokens, patch) in [(15, 4), (9, 4), (0, 4), (-4, 4), (1 << 62, 4), (16, 0), (16, -4)] {
             var config = fixture.model.config
             config.mmTokensPerImage = tokens
+            config.visionConfig.patchSize = patch
             let error = try #require(throws: ModelError.self) { try Gemma3ForConditionalGeneration(config: config, weights: weights) }
-            #expect(error.description.hasPrefix("config.json: ") && !error.description.contains("\n"), "\(tokens)")
+            #expect(error.description.hasPrefix("config.json: ") && !error.description.contains("\n"), "\(tokens), patch \(patch)")
         }
     }
 }
