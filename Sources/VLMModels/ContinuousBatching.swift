@@ -197,9 +197,7 @@ private final class BatchEngine: @unchecked Sendable {
         if let embeds = request.inputsEmbeds, embeds.rank != 3 || embeds.shape[0] != 1 || embeds.shape[1] != request.promptIds.count {
             throw ModelError.invalidInput("inputs_embeds must be [1, \(request.promptIds.count), hidden], got \(embeds.shape)")
         }
-        if let mask = request.attentionMask, mask.count != request.promptIds.count || mask.contains(0) {
-            throw ModelError.invalidInput("the attention mask must hold \(request.promptIds.count) nonzero entries, one per prompt token")
-        }
+        try checkPromptAttentionMask(request.attentionMask, promptLength: request.promptIds.count)
         let newTokens = try request.config.newTokenLimit(promptLength: request.promptIds.count)
         let (positions, overflow) = request.promptIds.count.addingReportingOverflow(newTokens)
         guard !overflow, positions <= budgetPositions else {

@@ -170,23 +170,9 @@ public final class Gemma3ForConditionalGeneration: ImageChatModel, @unchecked Se
     public func generate(imageEmbeddings: Tensor, inputIds: [[Int]]?, attentionMask: [[Int]]?, config generation: GenerationConfig,
                          stoppingCriteria: [any StoppingCriterion], seed: UInt64,
                          onStep: ((_ tokens: [Int?]) throws -> Void)?) throws -> GenerationOutput {
-        let ids = inputIds ?? Array(repeating: Array(repeating: config.imageTokenIndex, count: imageEmbeddings.shape.count == 3 ? imageEmbeddings.shape[1] : 0),
-                                    count: imageEmbeddings.shape.first ?? 0)
-        let embeds = try placingImageFeatures(imageEmbeddings, into: languageModel.embed(ids), inputIds: ids,
-                                              imageToken: config.imageTokenIndex, width: config.textConfig.hiddenSize)
-        let mask = try ids.enumerated().map { row, rowIds -> [Int] in
-            let blocks = self.attentionMask(promptIds: rowIds) ?? Array(repeating: 1, count: rowIds.count)
-            guard let given = attentionMask?[row] else { return blocks }
-            guard given.count == rowIds.count else {
-                throw ModelError.invalidInput("the attention mask must be [\(ids.count)][\(rowIds.count)]")
-            }
-            return zip(given, blocks).map { $0 == 0 ? 0 : $1 }
-        }
-        guard attentionMask == nil || attentionMask?.count == ids.count else {
-            throw ModelError.invalidInput("the attention mask must be [\(ids.count)][…]")
-        }
-        return try languageModel.generate(inputsEmbeds: embeds, promptIds: ids, attentionMask: mask, config: generation,
-                                          stoppingCriteria: stoppingCriteria, seed: seed, onStep: onStep)
+        try generateWithImages(languageModel, imageToken: config.imageTokenIndex, imageEmbeddings: imageEmbeddings,
+                               inputIds: inputIds, attentionMask: attentionMask, blocks: self.attentionMask(promptIds:),
+                               config: generation, stoppingCriteria: stoppingCriteria, seed: seed, onStep: onStep)
     }
 
     public var vocabularySize: Int { config.textConfig.vocabSize }

@@ -197,9 +197,7 @@ extension CausalLanguageModel {
         if let inputsEmbeds, inputsEmbeds.rank != 3 || inputsEmbeds.shape[0] != 1 || inputsEmbeds.shape[1] != uncached {
             throw ModelError.invalidInput("inputs_embeds must be [1, \(uncached), hidden] for the \(uncached) uncached prompt tokens, got \(inputsEmbeds.shape)")
         }
-        if let attentionMask, attentionMask.count != inputIds.count || attentionMask.contains(0) {
-            throw ModelError.invalidInput("the attention mask must hold \(inputIds.count) nonzero entries, one per prompt token")
-        }
+        try checkPromptAttentionMask(attentionMask, promptLength: inputIds.count)
         if newTokens == 0 { return GenerationOutput(sequences: [[]], scores: []) }
         let prompt = GenerationPrompt(embeds: try inputsEmbeds ?? embed([Array(inputIds[cache.length...])]),
                                       mask: [attentionMask ?? Array(repeating: 1, count: inputIds.count)], ids: [inputIds],
@@ -332,4 +330,12 @@ func repeatRows(_ x: Tensor, _ count: Int) -> Tensor {
 
 extension Array {
     func repeatingRows(_ count: Int) -> [Element] { flatMap { Array(repeating: $0, count: count) } }
+}
+
+/// A single prompt's attention mask, where one is given: one nonzero entry per prompt token (a prompt of one sequence
+/// has no padding; its blocks are values of 2 and more).
+func checkPromptAttentionMask(_ mask: [Int]?, promptLength: Int) throws {
+    if let mask, mask.count != promptLength || mask.contains(0) {
+        throw ModelError.invalidInput("the attention mask must hold \(promptLength) nonzero entries, one per prompt token")
+    }
 }

@@ -172,16 +172,28 @@ func llavaLanguageModel(config: LlamaConfig, weights: Weights, file: String) thr
     }
 }
 
-/// `generate` of LLaVA and LLaVA-NeXT: each prompt's token embeddings with the image embeddings in their image
-/// tokens' places, through the language model; nil prompts read each image's tokens alone.
-func generateWithImages(_ languageModel: LlamaForCausalLM, imageToken: Int, imageEmbeddings: Tensor, inputIds: [[Int]]?,
-                        attentionMask: [[Int]]?, config generation: GenerationConfig, stoppingCriteria: [any StoppingCriterion],
+/// `generate` of the image chat families: each prompt's token embeddings with the image embeddings in their image
+/// tokens' places, through the language model; nil prompts read each image's tokens alone. `blocks` gives a prompt's
+/// image blocks as ``ImageChatModel/attentionMask(promptIds:)`` does (Gemma 3), kept where `attentionMask` has tokens.
+func generateWithImages(_ languageModel: some CausalLanguageModel, imageToken: Int, imageEmbeddings: Tensor, inputIds: [[Int]]?,
+                        attentionMask: [[Int]]?, blocks: ((_ promptIds: [Int]) -> [Int]?)? = nil,
+                        config generation: GenerationConfig, stoppingCriteria: [any StoppingCriterion],
                         seed: UInt64, onStep: ((_ tokens: [Int?]) throws -> Void)?) throws -> GenerationOutput {
     let ids = inputIds ?? Array(repeating: Array(repeating: imageToken, count: imageEmbeddings.shape.count == 3 ? imageEmbeddings.shape[1] : 0),
                                 count: imageEmbeddings.shape.first ?? 0)
-    let embeds = try placingImageFeatures(imageEmbeddings, into: languageModel.embed(ids), inputIds: ids, imageToken: imageToken,
-                                          width: languageModel.config.hiddenSize)
-    return try languageModel.generate(inputsEmbeds: embeds, promptIds: ids, attentionMask: attentionMask,
+    let tokens = try languageModel.embed(ids)
+    let embeds = try placingImageFeatures(imageEmbeddings, into: tokens, inputIds: ids, imageToken: imageToken, width: tokens.shape[2])
+    var mask = attentionMask
+    if let blocks {
+        guard attentionMask.map({ $0.count == ids.count && zip($0, ids).allSatisfy { $0.count == $1.count } }) ?? true else {
+            throw ModelError.invalidInput("the attention mask must be shaped as the prompts, [\(ids.count)][\(ids.first?.count ?? 0)]")
+        }
+        mask = ids.enumerated().map { row, rowIds in
+            let marked = blocks(rowIds) ?? Array(repeating: 1, count: rowIds.count)
+            return attentionMask.map { zip($0[row], marked).map { $0 == 0 ? 0 : $1 } } ?? marked
+        }
+    }
+    return try languageModel.generate(inputsEmbeds: embeds, promptIds: ids, attentionMask: mask,
                                       config: generation, stoppingCriteria: stoppingCriteria, seed: seed, onStep: onStep)
 }
 
