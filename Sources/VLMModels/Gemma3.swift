@@ -367,16 +367,23 @@ public final class Gemma3ForCausalLM: CausalLanguageModel, @unchecked Sendable {
     }
 }
 
-// Gemma 3 from llama.cpp GGUF files (general.architecture "gemma3"), as transformers' GGUF loader reads them
-// (integrations/ggml.py, modeling_gguf_pytorch_utils.py's Gemma2TensorProcessor): llama.cpp's converter stores every
-// norm weight plus one (what Gemma's RMS norm multiplies by), and the loader takes the one off again.
+// Gemma 3 from llama.cpp GGUF files (general.architecture "gemma3"). The weights as transformers' GGUF loader reads
+// them (integrations/ggml.py, modeling_gguf_pytorch_utils.py's Gemma2TensorProcessor): llama.cpp's converter stores
+// every norm weight plus one (what Gemma's RMS norm multiplies by), and the loader takes the one off again. The config
+// as llama.cpp reads it (src/models/gemma3.cpp), which gives back the source checkpoint's where transformers' table
+// drops keys: the full layers' linear RoPE scaling (Gemma 3 4B-27B's factor 8), the sliding layers' own base, the
+// layer pattern, and the attention scale.
 
 extension Gemma3TextConfig {
-    /// The config transformers builds from a file's `gemma3.*` metadata: Gemma3TextConfig's defaults where a key is
-    /// missing (the sliding layers every sixth, as llama.cpp fixes them; the sliding layers' rotary base 10,000, which
-    /// is also llama.cpp's), tied embeddings when the file has no `output.weight`, the vocabulary from `vocab_size` or
-    /// the token list. `final_logit_softcapping` is read as llama.cpp reads it (transformers' table leaves it out;
-    /// Gemma 3's converted files carry none).
+    /// The config of a file's `gemma3.*` metadata, read as llama.cpp reads it: `rope.scaling.type`/`factor` scale the
+    /// full-attention layers' positions, `rope.freq_base_swa` (10,000 when absent) is the sliding layers' base,
+    /// `attention.sliding_window_pattern` (a count or one flag per layer; every sixth layer full when absent) places
+    /// the sliding layers, and without `attention.sliding_window` every layer is full. Attention scores are scaled by
+    /// `key_length^-½`, by `(embedding_length / head_count)^-½` for 27B's 62 layers (Gemma 3 27B's
+    /// query_pre_attn_scalar 168); transformers' GGUF loader takes 256 for every file and drops the RoPE scaling and
+    /// base, which gives the same model only for files without them. Gemma3TextConfig's defaults elsewhere; tied
+    /// embeddings when the file has no `output.weight`, the vocabulary from `vocab_size` or the token list;
+    /// `final_logit_softcapping` when the file has it.
     public init(gguf file: GGUFFile) throws {
         let path = file.url.path
         func invalid(_ reason: String) -> CheckpointError { .invalidGGUF(file: path, tensor: nil, reason: reason) }
@@ -392,14 +399,39 @@ extension Gemma3TextConfig {
             guard let value = try integer(key) else { throw invalid("gemma3.\(key) is missing") }
             return value
         }
+        func number(_ key: String) throws -> Double? {
+            guard let value = file.metadata["gemma3.\(key)"] else { return nil }
+            guard let number = value.number, number.isFinite else { throw invalid("gemma3.\(key) is \(value), expected a number") }
+            return number
+        }
+        let (hidden, layers, heads) = (try required("embedding_length"), try required("block_count"), try required("attention.head_count"))
+        let headDim = try integer("attention.key_length") ?? (heads > 0 ? hidden / heads : 0)
         var json: [String: Any] = [
-            "hidden_size": try required("embedding_length"), "num_hidden_layers": try required("block_count"),
-            "num_attention_heads": try required("attention.head_count"), "intermediate_size": try required("feed_forward_length"),
+            "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+            "intermediate_size": try required("feed_forward_length"), "head_dim": headDim,
+            "query_pre_attn_scalar": layers == 62 && heads > 0 ? hidden / heads : headDim,
             "tie_word_embeddings": file.info("output.weight") == nil,
         ]
-        let optional = ["context_length": "max_position_embeddings", "attention.head_count_kv": "num_key_value_heads",
-                        "attention.key_length": "head_dim", "attention.sliding_window": "sliding_window"]
+        let optional = ["context_length": "max_position_embeddings", "attention.head_count_kv": "num_key_value_heads"]
         for (key, name) in optional { if let value = try integer(key) { json[name] = value } }
+        if let window = try integer("attention.sliding_window"), window > 0 {
+            json["sliding_window"] = window
+            switch file.metadata["gemma3.attention.sliding_window_pattern"] {
+            case nil: break
+            case let value?:
+                if let pattern = value.integer, pattern > 0 {
+                    json["sliding_window_pattern"] = pattern
+                } else if let flags = value.array?.compactMap({ if case let .bool(flag) = $0 { flag } else { nil } }),
+                          flags.count == value.array?.count, flags.count == layers {
+                    json["layer_types"] = flags.map { $0 ? "sliding_attention" : "full_attention" }
+                } else {
+                    throw invalid("gemma3.attention.sliding_window_pattern is \(value), expected a positive count or \(layers) flags")
+                }
+            }
+        } else {
+            json["sliding_window"] = NSNull()
+            json["layer_types"] = Array(repeating: "full_attention", count: layers)
+        }
         if let size = try integer("vocab_size") {
             json["vocab_size"] = size
         } else if let tokens = file.metadata["tokenizer.ggml.tokens"]?.array {
@@ -407,13 +439,28 @@ extension Gemma3TextConfig {
         } else {
             throw invalid("neither gemma3.vocab_size nor tokenizer.ggml.tokens gives the vocabulary size")
         }
-        if let eps = file.metadata["gemma3.attention.layer_norm_rms_epsilon"]?.number { json["rms_norm_eps"] = eps }
-        if let theta = file.metadata["gemma3.rope.freq_base"]?.number { json["rope_theta"] = theta }
-        if let cap = file.metadata["gemma3.final_logit_softcapping"]?.number { json["final_logit_softcapping"] = cap }
+        if let eps = try number("attention.layer_norm_rms_epsilon") { json["rms_norm_eps"] = eps }
+        if let theta = try number("rope.freq_base") { json["rope_theta"] = theta }
+        json["rope_local_base_freq"] = try number("rope.freq_base_swa") ?? 10_000
+        if let scaling = file.metadata["gemma3.rope.scaling.type"], scaling.string != "none" {
+            guard let type = scaling.string else { throw invalid("gemma3.rope.scaling.type is \(scaling), expected a name") }
+            json["rope_scaling"] = ["rope_type": type, "factor": try number("rope.scaling.factor") ?? 1]
+        }
+        if let cap = try number("final_logit_softcapping") { json["final_logit_softcapping"] = cap }
         if let bos = file.metadata["tokenizer.ggml.bos_token_id"]?.integer { json["bos_token_id"] = bos }
         if let eos = file.metadata["tokenizer.ggml.eos_token_id"]?.integer { json["eos_token_id"] = eos }
         if let pad = file.metadata["tokenizer.ggml.padding_token_id"]?.integer { json["pad_token_id"] = pad }
         self = try JSONDecoder().decode(Gemma3TextConfig.self, from: JSONSerialization.data(withJSONObject: json))
+    }
+}
+
+extension Gemma3TextConfig {
+    /// Where generation from a GGUF file stops: the file's eos and its `<end_of_turn>`, as Gemma 3's
+    /// generation_config.json lists them (`[1, 106]`) and llama.cpp ends generation at.
+    public func endOfGenerationIds(gguf file: GGUFFile) -> [Int] {
+        let tokens = file.metadata["tokenizer.ggml.tokens"]?.array ?? []
+        guard let endOfTurn = tokens.firstIndex(of: .string("<end_of_turn>")), !eosTokenIds.contains(endOfTurn) else { return eosTokenIds }
+        return eosTokenIds + [endOfTurn]
     }
 }
 

@@ -87,13 +87,25 @@ public final class Gemma3ForConditionalGeneration: ImageChatModel, @unchecked Se
     /// what configuration errors name.
     ///
     /// - Throws: `ModelError.invalidConfig` when the patch grid does not pool to `mm_tokens_per_image` rows.
-    public init(config: Gemma3Config, weights: Weights, file: String = "config.json") throws {
-        self.config = config
-        let pooling = config.pooling
-        guard pooling.tokensPerSide > 0, pooling.tokensPerSide * pooling.tokensPerSide == config.mmTokensPerImage, pooling.kernel > 0,
-              pooling.patchesPerSide / pooling.kernel == pooling.tokensPerSide else {
-            throw ModelError.invalidConfig("mm_tokens_per_image \(config.mmTokensPerImage) is not a square grid that the vision tower's \(pooling.patchesPerSide)×\(pooling.patchesPerSide) patches pool to", file: file)
+    public convenience init(config: Gemma3Config, weights: Weights, file: String = "config.json") throws {
+        try Self.checkPooling(config, file: file)
+        var text = config.textConfig
+        text.tieWordEmbeddings = config.tieWordEmbeddings
+        // Gemma3ForCausalLM names its weights `model.…` and `lm_head.weight`, as a text checkpoint does.
+        let decoder = weights.scoped(firstOf: ["model.language_model", "language_model.model"], holding: "embed_tokens.weight")
+        let lmHead = weights.contains("language_model.lm_head.weight") ? "language_model.lm_head.weight" : "lm_head.weight"
+        let languageModel = try Gemma3ForCausalLM(config: text, file: file) { name, shape in
+            if name == "lm_head.weight" { return try weights(lmHead, shape: shape) }
+            return try decoder(String(name.dropFirst("model.".count)), shape: shape)
         }
+        try self.init(config: config, imageWeights: weights, languageModel: languageModel, file: file)
+    }
+
+    /// The vision tower and projector from `imageWeights` (named as ``init(config:weights:file:)`` reads them) over a
+    /// text decoder built elsewhere.
+    init(config: Gemma3Config, imageWeights weights: Weights, languageModel: Gemma3ForCausalLM, file: String) throws {
+        try Self.checkPooling(config, file: file)
+        self.config = config
         visionTower = try SiglipVisionTransformer(
             config.visionConfig,
             weights: weights.scoped(firstOf: ["vision_tower", "vision_tower.vision_model", "model.vision_tower.vision_model"],
@@ -104,14 +116,14 @@ public final class Gemma3ForConditionalGeneration: ImageChatModel, @unchecked Se
         let (visionWidth, textWidth) = (config.visionConfig.hiddenSize, config.textConfig.hiddenSize)
         projectorNorm = gemmaNormWeight(try projector("mm_soft_emb_norm.weight", shape: [visionWidth]))
         projection = try projector("mm_input_projection_weight", shape: [visionWidth, textWidth])
-        var text = config.textConfig
-        text.tieWordEmbeddings = config.tieWordEmbeddings
-        // Gemma3ForCausalLM names its weights `model.…` and `lm_head.weight`, as a text checkpoint does.
-        let decoder = weights.scoped(firstOf: ["model.language_model", "language_model.model"], holding: "embed_tokens.weight")
-        let lmHead = weights.contains("language_model.lm_head.weight") ? "language_model.lm_head.weight" : "lm_head.weight"
-        languageModel = try Gemma3ForCausalLM(config: text, file: file) { name, shape in
-            if name == "lm_head.weight" { return try weights(lmHead, shape: shape) }
-            return try decoder(String(name.dropFirst("model.".count)), shape: shape)
+        self.languageModel = languageModel
+    }
+
+    private static func checkPooling(_ config: Gemma3Config, file: String) throws {
+        let pooling = config.pooling
+        guard pooling.tokensPerSide > 0, pooling.tokensPerSide * pooling.tokensPerSide == config.mmTokensPerImage, pooling.kernel > 0,
+              pooling.patchesPerSide / pooling.kernel == pooling.tokensPerSide else {
+            throw ModelError.invalidConfig("mm_tokens_per_image \(config.mmTokensPerImage) is not a square grid that the vision tower's \(pooling.patchesPerSide)×\(pooling.patchesPerSide) patches pool to", file: file)
         }
     }
 

@@ -490,6 +490,16 @@ public struct Gemma3Processor: ImageChatProcessor {
         endOfImageToken = try marker("eoi_token", "<end_of_image>")
     }
 
+    /// A processor over parts read elsewhere (a GGUF pair's tokenizer and mmproj); `tokenizer` must know the markers.
+    public init(imageProcessor: any ImageProcessor, tokenizer: Tokenizer, imageSeqLength: Int,
+                imageToken: String = "<start_of_image>", imageSoftToken: String = "<image_soft_token>",
+                endOfImageToken: String = "<end_of_image>") {
+        self.imageProcessor = imageProcessor
+        self.tokenizer = tokenizer
+        self.imageSeqLength = imageSeqLength
+        (self.imageToken, self.imageSoftToken, self.endOfImageToken) = (imageToken, imageSoftToken, endOfImageToken)
+    }
+
     /// ``imageSeqLength`` for each image.
     public func imageTokenCounts(_ images: ProcessedImages) -> [Int] {
         Array(repeating: imageSeqLength, count: images.imageSizes.count)

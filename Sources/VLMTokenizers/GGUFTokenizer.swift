@@ -74,7 +74,8 @@ extension Tokenizer {
     /// byte-level BPE (tokens outside the byte alphabet respelled as bytes) split as `tokenizer.ggml.pre` names
     /// (``knownPreTokenizerNames``; ``preTokenizerWarning`` for others); for "llama", Llama's SentencePiece BPE (byte
     /// fallback, the legacy dummy prefix of Llama-2's tokenizer.json and llama.cpp), with merges derived from the
-    /// scores when the file has none; for "gemma4", GemmaTokenizer's BPE over the file's merges; for "bert", BERT's
+    /// scores when the file has none, and for Gemma 1-3's "llama" files GemmaTokenizer's BPE (no dummy prefix) with
+    /// merges derived in token order; for "gemma4", GemmaTokenizer's BPE over the file's merges; for "bert", BERT's
     /// WordPiece from llama.cpp's phantom-space vocabulary (`tokenizer.ggml.normalizer.*`, [CLS] $A [SEP]); for "t5",
     /// T5Tokenizer's Unigram. Control tokens become special added tokens, user-defined ones plain added tokens; the
     /// bos/eos/unk/pad (and BERT's cls/sep/mask) ids name the special tokens; `add_bos_token` (default true for
@@ -159,6 +160,20 @@ extension Pipeline {
             for (id, token) in tokens.enumerated() { plain[token] = id }
             return plain
         }
+        // transformers' GemmaTokenizer: spaces become "▁", no dummy prefix, byte fallback.
+        func gemmaPipeline(_ vocabulary: Vocabulary, merges: [(String, String)]) throws -> Pipeline {
+            let unknown = try specialToken(metadata.unknownTokenId, "unknown_token_id")
+            let model = try BPE(vocabulary: vocabulary, merges: merges, file: file, unknownToken: unknown,
+                                continuingSubwordPrefix: "", endOfWordSuffix: "", fuseUnknown: true, byteFallback: true)
+            return Pipeline(model: model, normalizer: Replace(pattern: LiteralPattern(literal: [" "]), content: [space]),
+                            preTokenizer: Split(pattern: LiteralPattern(literal: [" "]), behavior: .mergedWithPrevious,
+                                                invert: false),
+                            postProcessor: nil,
+                            decoder: DecoderSequence(decoders: [
+                                ReplaceDecoder(pattern: LiteralPattern(literal: [space]), content: [" "]),
+                                ByteFallbackDecoder(), FuseDecoder(),
+                            ]), addedTokens: [])
+        }
         switch metadata.model {
         case "gpt2":
             let split = GGUFPreTokenization(metadata.pre)
@@ -184,10 +199,20 @@ extension Pipeline {
             pipeline = Pipeline(model: model, normalizer: nil, preTokenizer: preTokenizer,
                                 postProcessor: nil, decoder: ByteLevelDecoder(), addedTokens: [])
             classDefaults = ["<|endoftext|>"]
-        case "llama":
-            if let architecture = metadata.architecture, ["gemma", "gemma2", "gemma3"].contains(architecture) {
-                throw TokenizerError.unsupportedComponent(file: file, path: "general.architecture", type: architecture)
+        case "llama" where ["gemma", "gemma2", "gemma3"].contains(metadata.architecture ?? ""):
+            // transformers' gemma_tokenizer: GemmaTokenizer over the vocabulary with each all-whitespace token holding
+            // a space respelled as that many "▁" (Gemma files store those pieces as real spaces), and merges derived
+            // in the file's token order, which Gemma's scores do not follow.
+            let respelled = tokens.map { token in
+                token.unicodeScalars.contains(" ") && token.unicodeScalars.allSatisfy(pythonWhitespace.contains)
+                    ? String(repeating: "\u{2581}", count: token.unicodeScalars.count) : token
             }
+            var byPosition = metadata
+            byPosition.scores = respelled.indices.map { -Double($0) }
+            byteLevel = false
+            vocabulary = plainVocabulary(respelled)
+            pipeline = try gemmaPipeline(vocabulary, merges: ggufMerges(byPosition, vocabularyOrder: respelled))
+        case "llama":
             byteLevel = false
             vocabulary = plainVocabulary(tokens)
             let model = try BPE(vocabulary: vocabulary, merges: try ggufMerges(metadata, vocabularyOrder: tokens),
@@ -205,22 +230,9 @@ extension Pipeline {
             ]), preTokenizer: nil, postProcessor: nil, decoder: decoder, addedTokens: [])
             classDefaults = ["<s>", "</s>", "<unk>"]
         case "gemma4":
-            // transformers' GemmaTokenizer over the file's merges: spaces become "▁", no dummy prefix, byte fallback.
             byteLevel = false
             vocabulary = plainVocabulary(tokens)
-            let unknown = try specialToken(metadata.unknownTokenId, "unknown_token_id")
-            let model = try BPE(vocabulary: vocabulary, merges: try ggufMerges(metadata, vocabularyOrder: tokens),
-                                file: file, unknownToken: unknown, continuingSubwordPrefix: "", endOfWordSuffix: "",
-                                fuseUnknown: true, byteFallback: true)
-            pipeline = Pipeline(model: model,
-                                normalizer: Replace(pattern: LiteralPattern(literal: [" "]), content: [space]),
-                                preTokenizer: Split(pattern: LiteralPattern(literal: [" "]), behavior: .mergedWithPrevious,
-                                                    invert: false),
-                                postProcessor: nil,
-                                decoder: DecoderSequence(decoders: [
-                                    ReplaceDecoder(pattern: LiteralPattern(literal: [space]), content: [" "]),
-                                    ByteFallbackDecoder(), FuseDecoder(),
-                                ]), addedTokens: [])
+            pipeline = try gemmaPipeline(vocabulary, merges: ggufMerges(metadata, vocabularyOrder: tokens))
         case "bert":
             // llama.cpp's converter writes WordPiece's vocabulary with a phantom space: "▁word" starts a word,
             // "word" continues one (BERT's "##word"), "[CLS]"-style tokens stay as they are.

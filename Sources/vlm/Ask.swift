@@ -14,7 +14,7 @@ struct Ask: AsyncParsableCommand {
     @Option(help: "The question, asked of every image.")
     var question: String
 
-    @Option(help: "llama.cpp's image encoder file for a GGUF --model (LLaVA-1.5 or LLaVA-NeXT: the CLIP tower and projector, as llama-mtmd-cli's --mmproj).")
+    @Option(help: "llama.cpp's image encoder file for a GGUF --model (LLaVA-1.5, LLaVA-NeXT or Gemma 3: the vision tower and projector, as llama-mtmd-cli's --mmproj).")
     var mmproj: String?
 
     @Flag(help: "Print JSON instead of one answer per line.")

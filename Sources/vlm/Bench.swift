@@ -30,7 +30,7 @@ struct Bench: AsyncParsableCommand {
     @Option(help: "The question about --image, one user turn through the chat template.")
     var prompt: String?
 
-    @Option(help: "llama.cpp's image encoder file for a GGUF --model (LLaVA-1.5 or LLaVA-NeXT), with --image and --prompt.")
+    @Option(help: "llama.cpp's image encoder file for a GGUF --model (LLaVA-1.5, LLaVA-NeXT or Gemma 3), with --image and --prompt.")
     var mmproj: String?
 
     @Flag(help: "Print JSON instead of a sentence.")

@@ -13,7 +13,7 @@ struct Caption: AsyncParsableCommand {
     @Option(help: "Text the caption continues (prompted captioning); the output is the continuation only.")
     var prompt: String?
 
-    @Option(help: "llama.cpp's image encoder file for a GGUF --model (LLaVA-1.5 or LLaVA-NeXT: the CLIP tower and projector, as llama-mtmd-cli's --mmproj).")
+    @Option(help: "llama.cpp's image encoder file for a GGUF --model (LLaVA-1.5, LLaVA-NeXT or Gemma 3: the vision tower and projector, as llama-mtmd-cli's --mmproj).")
     var mmproj: String?
 
     @Flag(help: "Print JSON instead of one caption per line.")
@@ -62,7 +62,7 @@ struct Caption: AsyncParsableCommand {
     }
 }
 
-/// The image-to-text pipeline over LLaVA-1.5 or LLaVA-NeXT from llama.cpp's GGUF pair (`--model LM.gguf --mmproj MMPROJ.gguf`).
+/// The image-to-text pipeline over LLaVA-1.5, LLaVA-NeXT or Gemma 3 from llama.cpp's GGUF pair (`--model LM.gguf --mmproj MMPROJ.gguf`).
 func ggufPairPipeline(model: URL, mmproj: String) throws -> ImageToTextPipeline {
     let chat = try ImageTextToTextPipeline(gguf: model, mmproj: URL(fileURLWithPath: mmproj))
     return ImageToTextPipeline(model: chat.model, processor: chat.processor, config: chat.text.config)

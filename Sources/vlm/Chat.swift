@@ -23,7 +23,7 @@ struct Chat: AsyncParsableCommand {
     @Option(help: "An image for the first turn (models that read images: LLaVA; with BLIP-2 the image every question is about). In a LLaVA chat, a line \"/image PATH\" adds an image to the next turn.")
     var image: String?
 
-    @Option(help: "llama.cpp's image encoder file for a GGUF --model (LLaVA-1.5 or LLaVA-NeXT: the CLIP tower and projector, as llama-mtmd-cli's --mmproj).")
+    @Option(help: "llama.cpp's image encoder file for a GGUF --model (LLaVA-1.5, LLaVA-NeXT or Gemma 3: the vision tower and projector, as llama-mtmd-cli's --mmproj).")
     var mmproj: String?
 
     func run() async throws {

@@ -70,7 +70,7 @@ struct Generate: AsyncParsableCommand {
     @Option(help: "An image the prompt is about (repeatable): one user turn holding the images, then --prompt's text, through the chat template (models that read images, such as LLaVA).")
     var image: [String] = []
 
-    @Option(help: "llama.cpp's image encoder file for a GGUF --model (LLaVA-1.5 or LLaVA-NeXT: the CLIP tower and projector, as llama-mtmd-cli's --mmproj).")
+    @Option(help: "llama.cpp's image encoder file for a GGUF --model (LLaVA-1.5, LLaVA-NeXT or Gemma 3: the vision tower and projector, as llama-mtmd-cli's --mmproj).")
     var mmproj: String?
 
     @Option(help: "A JSON file holding a list of tools ({\"type\": \"function\", \"function\": {\"name\", \"description\", \"parameters\"}}) for --chat: shown to the model through its chat template (as apply_chat_template(tools=…)); with --json and a checkpoint that has a response template, the reply's tool calls are parsed, their arguments cast to the parameters' types.")

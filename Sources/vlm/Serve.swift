@@ -10,7 +10,7 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .customLong("model"), help: "A model to serve (repeatable): a checkpoint directory, a GGUF file or a Hugging Face repo id; requests name it by this, or by its directory or file name.")
     var models: [String] = []
 
-    @Option(help: "llama.cpp's image encoder file for the one GGUF --model (LLaVA-1.5 or LLaVA-NeXT as llama.cpp's GGUF pair, as llama-server's --mmproj).")
+    @Option(help: "llama.cpp's image encoder file for the one GGUF --model (LLaVA-1.5, LLaVA-NeXT or Gemma 3 as llama.cpp's GGUF pair, as llama-server's --mmproj).")
     var mmproj: String?
 
     @OptionGroup var precision: PrecisionOption

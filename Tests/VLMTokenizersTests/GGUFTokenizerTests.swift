@@ -59,11 +59,6 @@ struct GGUFTokenizerTests {
         #expect(try Tokenizer(gguf: unknown).encode("a b").ids == (try Tokenizer(gguf: metadata { $0.pre = "gpt-2" })).encode("a b").ids)
     }
 
-    @Test func gemmaSentencePieceIsNotBuilt() {
-        let message = refusal(metadata { $0.model = "llama"; $0.architecture = "gemma2"; $0.scores = [0, 0, 0, 0] })
-        #expect(message?.contains("general.architecture") == true && message?.contains("gemma2") == true)
-    }
-
     @Test func noTokens() {
         #expect(refusal(metadata { $0.tokens = []; $0.tokenTypes = nil; $0.eosTokenId = nil })?.contains("tokenizer.ggml.tokens") == true)
     }

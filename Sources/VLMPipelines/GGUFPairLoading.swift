@@ -4,7 +4,8 @@ import VLMImages
 import VLMModels
 
 extension ImageTextToTextPipeline {
-    /// LLaVA-1.5 or LLaVA-NeXT (an mmproj with `clip.vision.image_grid_pinpoints`) from llama.cpp's GGUF pair, as
+    /// LLaVA-1.5, LLaVA-NeXT (an mmproj with `clip.vision.image_grid_pinpoints`) or Gemma 3 (`clip.projector_type`
+    /// "gemma3") from llama.cpp's GGUF pair, as
     /// `llama-mtmd-cli -m LM.gguf --mmproj MMPROJ.gguf` takes it: the model as
     /// ``LlavaForConditionalGeneration/init(gguf:mmproj:)`` or ``LlavaNextForConditionalGeneration/init(gguf:mmproj:)``
     /// reads it, the tokenizer and chat template from
@@ -17,10 +18,20 @@ extension ImageTextToTextPipeline {
     /// `LlavaNextImageProcessorPil` with the mmproj's pinpoints: the fidelity target; llama.cpp pads LLaVA-1.5's
     /// images to a square with the mean colour instead, so its image features differ on non-square images.
     ///
+    /// Gemma 3 is read as ``Gemma3ForConditionalGeneration/init(gguf:mmproj:)`` reads it, with `Gemma3Processor`
+    /// (each `<start_of_image>` expanded with transformers' blank lines, which llama.cpp's mtmd leaves out) over the
+    /// mmproj's image size, mean and std (bilinear, as `Gemma3ImageProcessorPil`); messages reach its template as
+    /// transformers gives them, image parts and all. Generation also stops at `<end_of_turn>`, as Gemma 3's
+    /// generation_config.json and llama.cpp's end-of-generation tokens have it.
+    ///
     /// - Throws: the loaders' errors, each naming the file; `PipelineError.noChatTemplate` when the language model's
     ///   metadata has no chat template.
     public convenience init(gguf languageModel: URL, mmproj: URL) throws {
         let lmFile = try GGUFFile(url: languageModel), projectionFile = try GGUFFile(url: mmproj)
+        if Gemma3MMProjConfig.describes(projectionFile) {
+            try self.init(gemma3: lmFile, mmproj: projectionFile)
+            return
+        }
         let projection = try LlavaMMProjConfig(projectionFile)
         // The model first: a mismatched pair is refused before the tokenizer is read.
         let model: any ImageChatModel = try projection.imageGridPinpoints == nil
@@ -57,5 +68,23 @@ extension ImageTextToTextPipeline {
         config.bosTokenId = decoder.bosTokenId
         self.init(model: model, processor: processor, chatTemplate: chatTemplate,
                   config: TextGenerationPipeline.withPipelineDefaults(config, setKeys: []), imagePartsAsText: true)
+    }
+
+    private convenience init(gemma3 lmFile: GGUFFile, mmproj: GGUFFile) throws {
+        let projection = try Gemma3MMProjConfig(mmproj)
+        let model = try Gemma3ForConditionalGeneration(gguf: lmFile, mmproj: mmproj)
+        let (tokenizer, chatTemplate) = try loadTokenizer(gguf: lmFile)
+        guard let chatTemplate else { throw PipelineError.noChatTemplate }
+        var images = StandardImageProcessorConfig.vit
+        let side = projection.visionConfig.imageSize
+        images.size = .exact(height: side, width: side)
+        (images.imageMean, images.imageStd) = (projection.imageMean, projection.imageStd)
+        let processor = Gemma3Processor(imageProcessor: StandardImageProcessor(config: images), tokenizer: tokenizer,
+                                        imageSeqLength: model.config.mmTokensPerImage)
+        var config = GenerationConfig()
+        config.eosTokenIds = model.config.textConfig.endOfGenerationIds(gguf: lmFile)
+        config.bosTokenId = model.config.textConfig.bosTokenId
+        self.init(model: model, processor: processor, chatTemplate: chatTemplate,
+                  config: TextGenerationPipeline.withPipelineDefaults(config, setKeys: []))
     }
 }
