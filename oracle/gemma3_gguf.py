@@ -45,6 +45,8 @@ back with gguf-py, dequantized, the norms' one taken off), so the pair must agre
 - "chat": conversations through the checkpoint's chat template (the one lm-q8_0.gguf carries) and Gemma3Processor:
   rendered prompt, input_ids, greedy 8 new tokens (ids, text not stripped, min margin). The last is one user turn of
   an image and a question, as `vlm generate --image --prompt` lays it out.
+- "text_only": a text prompt (no image, no template) through the tokenizer with its bos and the model's greedy 10 new
+  tokens: what `vlm generate --model lm-q8_0.gguf --prompt` continues.
 """
 import json
 import os
@@ -90,6 +92,9 @@ CONVERSATIONS = [
     [user(image(CAMERA), text("Describe it.")), assistant("A camera man."), user(image(TALL), text("And this one?"))],
     [user(image(WIDE), text("Describe this image."))],
 ]
+# Longer than the 8-token window (a byte per character outside the small vocabulary): the sliding layers' base and
+# the full layer's scaled RoPE both act.
+TEXT_PROMPT = "The quick brown fox jumps over the lazy dog."
 TOKENIZER_STRINGS = [
     "<start_of_turn>user\nHello there.<end_of_turn>\n<start_of_turn>model\n",
     "\n\n<start_of_image><image_soft_token><image_soft_token><end_of_image>\n\n",
@@ -290,13 +295,17 @@ def main():
 
     requests = [request_record(model, processor, images, prompt, config) for images, prompt in REQUESTS]
     chat = [chat_record(model, processor, messages) for messages in CONVERSATIONS]
-    margins = [r["greedy"]["min_margin"] for r in requests] + [c["min_margin"] for c in chat]
+    text_inputs = tokenizer(TEXT_PROMPT, return_tensors="pt")
+    text_only = dict(prompt=TEXT_PROMPT, input_ids=text_inputs.input_ids[0].tolist(),
+                     **greedy(model, processor, text_inputs, NEW_TOKENS, strip=False))
+    margins = ([r["greedy"]["min_margin"] for r in requests] + [c["min_margin"] for c in chat]
+               + [text_only["min_margin"]])
     assert min(margins) > 1e-3, f"near-tie ({min(margins)}), pick another seed"
     pixel_values = processor.image_processor(photo(CHELSEA), return_tensors="pt").pixel_values
     expected = dict(image_token_index=config.image_token_index, max_new_tokens=NEW_TOKENS, chat_tokens=CHAT_TOKENS,
                     tokenizer=strings, pixel_values=dict(image=CHELSEA, shape=list(pixel_values.shape),
                                                          values=pixel_values.reshape(-1).tolist()),
-                    requests=requests, chat=chat)
+                    requests=requests, chat=chat, text_only=text_only)
     with open(os.path.join(OUT, "expected.json"), "w") as file:
         json.dump(expected, file, ensure_ascii=False, separators=(",", ":"))
 

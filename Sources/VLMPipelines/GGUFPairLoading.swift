@@ -5,24 +5,23 @@ import VLMModels
 
 extension ImageTextToTextPipeline {
     /// LLaVA-1.5, LLaVA-NeXT (an mmproj with `clip.vision.image_grid_pinpoints`) or Gemma 3 (`clip.projector_type`
-    /// "gemma3") from llama.cpp's GGUF pair, as
-    /// `llama-mtmd-cli -m LM.gguf --mmproj MMPROJ.gguf` takes it: the model as
-    /// ``LlavaForConditionalGeneration/init(gguf:mmproj:)`` or ``LlavaNextForConditionalGeneration/init(gguf:mmproj:)``
-    /// reads it, the tokenizer and chat template from
-    /// the language model's metadata, the generation settings its special token ids with the text-generation
-    /// pipeline's defaults (as a GGUF language model alone gets them). Messages reach the template with text contents,
-    /// each image part as `<image>`, as llama.cpp gives them to such templates.
+    /// "gemma3") from llama.cpp's GGUF pair, as `llama-mtmd-cli -m LM.gguf --mmproj MMPROJ.gguf` takes it: the tokenizer
+    /// and chat template from the language model's metadata, the generation settings its special token ids with the
+    /// text-generation pipeline's defaults (as a GGUF language model alone gets them).
     ///
-    /// Images are prepared as transformers' `CLIPImageProcessor` does for LLaVA-1.5 checkpoints (bicubic resize of the
-    /// shortest edge to the mmproj's image size, centre crop, its mean and std), and for LLaVA-NeXT as
-    /// `LlavaNextImageProcessorPil` with the mmproj's pinpoints: the fidelity target; llama.cpp pads LLaVA-1.5's
-    /// images to a square with the mean colour instead, so its image features differ on non-square images.
+    /// LLaVA: the model as ``LlavaForConditionalGeneration/init(gguf:mmproj:)`` or
+    /// ``LlavaNextForConditionalGeneration/init(gguf:mmproj:)`` reads it. Messages reach the template with text
+    /// contents, each image part as `<image>`, as llama.cpp gives them to such templates. Images are prepared as
+    /// transformers' `CLIPImageProcessor` does for LLaVA-1.5 checkpoints (bicubic resize of the shortest edge to the
+    /// mmproj's image size, centre crop, its mean and std), and for LLaVA-NeXT as `LlavaNextImageProcessorPil` with the
+    /// mmproj's pinpoints: the fidelity target; llama.cpp pads LLaVA-1.5's images to a square with the mean colour
+    /// instead, so its image features differ on non-square images.
     ///
-    /// Gemma 3 is read as ``Gemma3ForConditionalGeneration/init(gguf:mmproj:)`` reads it, with `Gemma3Processor`
+    /// Gemma 3: the model as ``Gemma3ForConditionalGeneration/init(gguf:mmproj:)`` reads it, with `Gemma3Processor`
     /// (each `<start_of_image>` expanded with transformers' blank lines, which llama.cpp's mtmd leaves out) over the
-    /// mmproj's image size, mean and std (bilinear, as `Gemma3ImageProcessorPil`); messages reach its template as
-    /// transformers gives them, image parts and all. Generation also stops at `<end_of_turn>`, as Gemma 3's
-    /// generation_config.json and llama.cpp's end-of-generation tokens have it.
+    /// mmproj's image size, mean and std (bilinear, as `Gemma3ImageProcessorPil`); messages reach the template as
+    /// transformers gives them, image parts and all. Generation also ends at `<end_of_turn>`, as Gemma 3's
+    /// generation_config.json and llama.cpp have it.
     ///
     /// - Throws: the loaders' errors, each naming the file; `PipelineError.noChatTemplate` when the language model's
     ///   metadata has no chat template.

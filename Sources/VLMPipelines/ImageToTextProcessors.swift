@@ -206,7 +206,7 @@ public struct LlavaProcessor: ImageChatProcessor {
         imageTokenId = id
     }
 
-    /// A processor from its parts, as a GGUF pair gives them (LlavaGGUFLoading.swift).
+    /// A processor from its parts, as a GGUF pair gives them (GGUFPairLoading.swift).
     public init(imageProcessor: any ImageProcessor, tokenizer: Tokenizer, imageToken: String, imageTokenId: Int,
                 imageTokensPerImage: Int) {
         (self.imageProcessor, self.tokenizer, self.imageToken) = (imageProcessor, tokenizer, imageToken)
@@ -292,7 +292,7 @@ public struct LlavaNextProcessor: ImageChatProcessor {
         imageTokenId = id
     }
 
-    /// A processor from its parts, as a GGUF pair gives them (LlavaGGUFLoading.swift); `"default"` strategy, one
+    /// A processor from its parts, as a GGUF pair gives them (GGUFPairLoading.swift); `"default"` strategy, one
     /// additional token (the class token, dropped), as llama.cpp's LLaVA projector reads the tower.
     public init(imageProcessor: LlavaNextImageProcessor, tokenizer: Tokenizer, imageToken: String, imageTokenId: Int,
                 patchSize: Int) {

@@ -7,8 +7,11 @@ import Testing
 @Suite struct Gemma3GGUFCLITests {
     struct Expected: Decodable {
         struct Answer: Decodable { let input_ids: [Int]; let ids: [Int]; let text: String }
+        struct Continuation: Decodable { let prompt: String; let input_ids: [Int]; let ids: [Int]; let text: String }
         let chat_tokens: Int
+        let max_new_tokens: Int
         let chat: [Answer]
+        let text_only: Continuation
     }
 
     static let directory = CLI.fixtures.appendingPathComponent("gemma3-gguf")
@@ -16,9 +19,12 @@ import Testing
                        "--mmproj", directory.appendingPathComponent("mmproj-f32.gguf").path]
     static let image = "llava-next/photos/wide.png", question = "Describe this image."
 
+    static func all() throws -> Expected {
+        try JSONDecoder().decode(Expected.self, from: Data(contentsOf: directory.appendingPathComponent("expected.json")))
+    }
+
     static func expected() throws -> Expected.Answer {
-        let expected = try JSONDecoder().decode(Expected.self, from: Data(contentsOf: directory.appendingPathComponent("expected.json")))
-        return try #require(expected.chat.last)
+        try #require(try all().chat.last)
     }
 
     @Test func generateWithAnImageAndAPromptReadsThePair() throws {
@@ -41,5 +47,18 @@ import Testing
                               standardInput: input, directory: CLI.fixtures)
         #expect(run.status == 0, "\(run.stderr)")
         #expect(run.stdout == reference.text + "\n")
+    }
+
+    /// The language model file alone continues a text prompt, its Gemma vocabulary and config read from the metadata.
+    @Test func generateContinuesTextWithTheLanguageModelAlone() throws {
+        let reference = try Self.all()
+        let run = try CLI.run(["generate", "--model", Self.directory.appendingPathComponent("lm-q8_0.gguf").path,
+                               "--prompt", reference.text_only.prompt, "--temperature", "0",
+                               "--max-new-tokens", String(reference.max_new_tokens), "--json"], directory: CLI.fixtures)
+        #expect(run.status == 0, "\(run.stderr)")
+        let result = try #require(try CLI.json(run) as? [String: Any])
+        #expect(result["ids"] as? [Int] == reference.text_only.ids)
+        #expect(result["prompt_tokens"] as? Int == reference.text_only.input_ids.count)
+        #expect(result["text"] as? String == reference.text_only.text)
     }
 }
