@@ -25,24 +25,16 @@ A directory that already holds both files is left alone.
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
 import llama_cpp_tree
+from make_llava_gguf_pair import run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCE = os.path.join(ROOT, "models", "gemma-3-4b-12-layers-random")
 OUT = os.path.join(ROOT, "models", "gemma-3-4b-12-layers-gguf")
 sys.path.insert(0, os.path.join(ROOT, "oracle"))
-
-
-def run(tree, *args, python=sys.executable):
-    env = dict(os.environ, PYTHONPATH=os.path.join(tree, "gguf-py"))
-    print("+", os.path.basename(args[0]), *args[1:3], flush=True)
-    result = subprocess.run([python, *args] if python else list(args), env=env, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise SystemExit(f"{args[0]} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
 
 
 def converter_directories(work):
@@ -87,9 +79,11 @@ def main():
     with tempfile.TemporaryDirectory(dir=os.path.dirname(OUT)) as work:
         text, vision = converter_directories(work)
         convert = os.path.join(tree, "convert_hf_to_gguf.py")
-        run(tree, convert, vision, "--mmproj", "--outtype", "f16", "--outfile", mmproj_file + ".partial")
+        # The converter runs under this python (transformers 5.23 reads the checkpoint's tokenizer_config.json).
+        run(tree, convert, vision, "--mmproj", "--outtype", "f16", "--outfile", mmproj_file + ".partial",
+            python=sys.executable)
         f16 = os.path.join(work, "lm-f16.gguf")
-        run(tree, convert, text, "--outtype", "f16", "--outfile", f16)
+        run(tree, convert, text, "--outtype", "f16", "--outfile", f16, python=sys.executable)
         run(tree, llama_cpp_tree.tool(tree, "llama-quantize"), f16, lm_file + ".partial", "Q4_K_M", python=None)
     os.rename(mmproj_file + ".partial", mmproj_file)
     os.rename(lm_file + ".partial", lm_file)

@@ -30,52 +30,27 @@ public struct Gemma3MMProjConfig: Sendable {
     /// - Throws: `CheckpointError.invalidGGUF` naming the file when it is not a Gemma 3 mmproj, when a required key
     ///   is missing or malformed, or when the patch grid does not divide by the pooling factor.
     public init(_ file: GGUFFile) throws {
-        let path = file.url.path
-        func invalid(_ reason: String) -> CheckpointError { .invalidGGUF(file: path, tensor: nil, reason: reason) }
-        let metadata = file.metadata
-        guard metadata["general.architecture"]?.string == "clip" else {
-            throw invalid("not an mmproj file: general.architecture is \(metadata["general.architecture"]?.string.map { "\"\($0)\"" } ?? "missing"), expected \"clip\"")
-        }
-        guard let projectorType = metadata["clip.projector_type"]?.string else { throw invalid("clip.projector_type is missing") }
+        let mmproj = try MMProjMetadata(file)
+        guard let projectorType = file.metadata["clip.projector_type"]?.string else { throw mmproj.invalid("clip.projector_type is missing") }
         guard projectorType == "gemma3" else {
-            throw invalid("clip.projector_type is \"\(projectorType)\", not Gemma 3's \"gemma3\"")
+            throw mmproj.invalid("clip.projector_type is \"\(projectorType)\", not Gemma 3's \"gemma3\"")
         }
-        func integer(_ key: String) throws -> Int {
-            guard let value = metadata["clip.vision.\(key)"] else { throw invalid("clip.vision.\(key) is missing") }
-            guard let integer = value.integer, integer > 0 else { throw invalid("clip.vision.\(key) is \(value), expected a positive count") }
-            return integer
-        }
-        // Without them, SigLIP's 0.5, Gemma 3's image processor's.
-        func numbers(_ key: String) throws -> [Double] {
-            guard let value = metadata["clip.vision.\(key)"] else { return [0.5, 0.5, 0.5] }
-            guard let numbers = value.array?.compactMap(\.number), numbers.count == 3 else {
-                throw invalid("clip.vision.\(key) is \(value), expected 3 numbers")
-            }
-            return numbers
-        }
-        var vision = try JSONDecoder().decode(SiglipVisionConfig.self, from: Data("{}".utf8))
-        vision.imageSize = try integer("image_size")
-        vision.patchSize = try integer("patch_size")
-        vision.hiddenSize = try integer("embedding_length")
-        vision.intermediateSize = try integer("feed_forward_length")
-        vision.numAttentionHeads = try integer("attention.head_count")
-        vision.numHiddenLayers = try integer("block_count")
-        vision.layerNormEps = Float(metadata["clip.vision.attention.layer_norm_epsilon"]?.number ?? 1e-6)
         // llama.cpp's ggml_gelu is the tanh approximation, SigLIP's gelu_pytorch_tanh.
-        vision.hiddenAct = metadata["clip.use_gelu"] == .bool(true) ? "gelu_pytorch_tanh"
-            : metadata["clip.use_silu"] == .bool(true) ? "silu" : "quick_gelu"
+        var vision = try mmproj.tower(JSONDecoder().decode(SiglipVisionConfig.self, from: Data("{}".utf8)), epsilon: 1e-6,
+                                      gelu: "gelu_pytorch_tanh")
         vision.visionUseHead = false
         visionConfig = vision
-        let kernel = metadata["clip.vision.projector.scale_factor"] == nil ? 4 : try integer("projector.scale_factor")
+        let kernel = file.metadata["clip.vision.projector.scale_factor"] == nil ? 4 : try mmproj.count("projector.scale_factor")
         let patches = vision.imageSize / vision.patchSize
         guard patches >= kernel, patches % kernel == 0 else {
-            throw invalid("clip.vision.projector.scale_factor \(kernel) does not divide the \(patches)×\(patches) patch grid")
+            throw mmproj.invalid("clip.vision.projector.scale_factor \(kernel) does not divide the \(patches)×\(patches) patch grid")
         }
         mmTokensPerImage = (patches / kernel) * (patches / kernel)
-        imageMean = try numbers("image_mean")
-        imageStd = try numbers("image_std")
+        // Without them, SigLIP's 0.5, Gemma 3's image processor's.
+        imageMean = try mmproj.channels("image_mean", default: [0.5, 0.5, 0.5])
+        imageStd = try mmproj.channels("image_std", default: [0.5, 0.5, 0.5])
         guard let projection = file.info("mm.input_projection.weight"), projection.shape.count == 2 else {
-            throw invalid("mm.input_projection.weight (Gemma 3's projection) is missing or not a matrix")
+            throw mmproj.invalid("mm.input_projection.weight (Gemma 3's projection) is missing or not a matrix")
         }
         projectorWidth = projection.shape[1]
     }

@@ -37,72 +37,47 @@ public struct LlavaMMProjConfig: Sendable {
     ///   LLaVA-NeXT pinpoints without `spatial_unpad` merging or `model.image_newline`, or for the Yi-style (normed)
     ///   projector, which is not supported here.
     public init(_ file: GGUFFile) throws {
-        let path = file.url.path
-        func invalid(_ reason: String) -> CheckpointError { .invalidGGUF(file: path, tensor: nil, reason: reason) }
+        let mmproj = try MMProjMetadata(file)
         let metadata = file.metadata
-        guard metadata["general.architecture"]?.string == "clip" else {
-            throw invalid("not an mmproj file: general.architecture is \(metadata["general.architecture"]?.string.map { "\"\($0)\"" } ?? "missing"), expected \"clip\"")
-        }
         guard metadata["clip.has_llava_projector"] == .bool(true) || metadata["clip.projector_type"] != nil else {
-            throw invalid("clip.has_llava_projector is not true: a CLIP model without a LLaVA projector")
+            throw mmproj.invalid("clip.has_llava_projector is not true: a CLIP model without a LLaVA projector")
         }
         let projectorType = metadata["clip.projector_type"]?.string ?? "mlp"
         guard projectorType == "mlp" else {
-            throw invalid("clip.projector_type is \"\(projectorType)\"; supported: mlp (LLaVA-1.5, LLaVA-NeXT)")
+            throw mmproj.invalid("clip.projector_type is \"\(projectorType)\"; supported: mlp (LLaVA-1.5, LLaVA-NeXT)")
         }
         guard file.info("mm.3.weight") == nil else {
-            throw invalid("mm.3.weight: the normed (Yi-style) LLaVA projector is not supported")
+            throw mmproj.invalid("mm.3.weight: the normed (Yi-style) LLaVA projector is not supported")
         }
-        func integer(_ key: String) throws -> Int {
-            guard let value = metadata["clip.vision.\(key)"] else { throw invalid("clip.vision.\(key) is missing") }
-            guard let integer = value.integer, integer > 0 else { throw invalid("clip.vision.\(key) is \(value), expected a positive count") }
-            return integer
-        }
-        // Without them, OpenAI CLIP's mean and std, the converter's defaults.
-        func numbers(_ key: String, default values: [Double]) throws -> [Double] {
-            guard let value = metadata["clip.vision.\(key)"] else { return values }
-            guard let numbers = value.array?.compactMap(\.number), numbers.count == 3 else {
-                throw invalid("clip.vision.\(key) is \(value), expected 3 numbers")
-            }
-            return numbers
-        }
-        var vision = try JSONDecoder().decode(CLIPVisionConfig.self, from: Data("{}".utf8))
-        vision.imageSize = try integer("image_size")
-        vision.patchSize = try integer("patch_size")
-        vision.hiddenSize = try integer("embedding_length")
-        vision.intermediateSize = try integer("feed_forward_length")
-        vision.numAttentionHeads = try integer("attention.head_count")
-        vision.numHiddenLayers = try integer("block_count")
-        vision.layerNormEps = Float(metadata["clip.vision.attention.layer_norm_epsilon"]?.number ?? 1e-5)
-        // llama.cpp's CLIP: GELU or SiLU when the file says so, quick GELU (OpenAI CLIP's) otherwise.
-        vision.hiddenAct = metadata["clip.use_gelu"] == .bool(true) ? "gelu" : metadata["clip.use_silu"] == .bool(true) ? "silu" : "quick_gelu"
+        let vision = try mmproj.tower(JSONDecoder().decode(CLIPVisionConfig.self, from: Data("{}".utf8)), epsilon: 1e-5, gelu: "gelu")
         visionConfig = vision
         if let layers = metadata["clip.vision.feature_layer"] {
             guard let values = layers.array?.compactMap(\.integer), !values.isEmpty else {
-                throw invalid("clip.vision.feature_layer is \(layers), expected hidden-state indices")
+                throw mmproj.invalid("clip.vision.feature_layer is \(layers), expected hidden-state indices")
             }
             featureLayers = values
         } else {
             featureLayers = [vision.numHiddenLayers]
         }
-        imageMean = try numbers("image_mean", default: [0.48145466, 0.4578275, 0.40821073])
-        imageStd = try numbers("image_std", default: [0.26862954, 0.26130258, 0.27577711])
+        // Without them, OpenAI CLIP's mean and std, the converter's defaults.
+        imageMean = try mmproj.channels("image_mean", default: [0.48145466, 0.4578275, 0.40821073])
+        imageStd = try mmproj.channels("image_std", default: [0.26862954, 0.26130258, 0.27577711])
         guard let first = file.info("mm.0.weight"), let second = file.info("mm.2.weight"), first.shape.count == 2,
               second.shape.count == 2 else {
-            throw invalid("mm.0.weight and mm.2.weight (the LLaVA projector's two linear layers) are missing or not matrices")
+            throw mmproj.invalid("mm.0.weight and mm.2.weight (the LLaVA projector's two linear layers) are missing or not matrices")
         }
         projectorWidth = second.shape[0]
         projectorBias = file.info("mm.0.bias") != nil
         if let pinpoints = metadata["clip.vision.image_grid_pinpoints"] {
             let values = pinpoints.array?.compactMap(\.integer) ?? []
             guard !values.isEmpty, values.count == pinpoints.array?.count, values.count % 2 == 0, values.allSatisfy({ $0 > 0 }) else {
-                throw invalid("clip.vision.image_grid_pinpoints is \(pinpoints), expected positive height, width pairs")
+                throw mmproj.invalid("clip.vision.image_grid_pinpoints is \(pinpoints), expected positive height, width pairs")
             }
             let mergeType = metadata["clip.vision.mm_patch_merge_type"]?.string ?? "flat"
             guard mergeType == "spatial_unpad" else {
-                throw invalid("clip.vision.mm_patch_merge_type is \"\(mergeType)\"; LLaVA-NeXT (anyres) is supported with spatial_unpad")
+                throw mmproj.invalid("clip.vision.mm_patch_merge_type is \"\(mergeType)\"; LLaVA-NeXT (anyres) is supported with spatial_unpad")
             }
-            guard file.info("model.image_newline") != nil else { throw invalid("model.image_newline (LLaVA-NeXT's row separator) is missing") }
+            guard file.info("model.image_newline") != nil else { throw mmproj.invalid("model.image_newline (LLaVA-NeXT's row separator) is missing") }
             imageGridPinpoints = stride(from: 0, to: values.count, by: 2).map { ImageSize(height: values[$0], width: values[$0 + 1]) }
         }
     }
