@@ -43,23 +43,11 @@ import VLMTensor
 
     static func load() throws -> (Expected, [[JSONValue]]) {
         let data = try Data(contentsOf: directory.appendingPathComponent("expected.json"))
-        guard case let .array(chats)? = try JSONValue(parsing: data)["chat"] else { throw CocoaError(.fileReadCorruptFile) }
-        let conversations = chats.map { chat -> [JSONValue] in
-            guard case let .array(messages)? = chat["messages"] else { return [] }
-            return messages.map { ImageChatTests.withImagePaths($0) { .string(fixtures.appendingPathComponent($0).path) } }
-        }
-        return (try JSONDecoder().decode(Expected.self, from: data), conversations)
+        return (try JSONDecoder().decode(Expected.self, from: data), try Gemma3PipelineTests.conversations(data))
     }
 
     static func maxDifference(_ a: [Float], _ b: [Float]) -> Float {
         a.count == b.count ? zip(a, b).map { abs($0 - $1) }.max() ?? 0 : .infinity
-    }
-
-    static func greedy(_ base: GenerationConfig, tokens: Int) -> GenerationConfig {
-        var settings = base
-        settings.maxNewTokens = tokens
-        settings.doSample = false
-        return settings
     }
 
     /// The SentencePiece vocabulary as the file stores it, read as transformers' GGUF loader reads Gemma's (checked by
@@ -116,7 +104,7 @@ import VLMTensor
             }
             let output = try model.generate(imageEmbeddings: model.imageEmbeddings(pixelValues: images.pixelValues).reshaped([1, -1, model.config.textConfig.hiddenSize]),
                                             inputIds: [ids], attentionMask: nil,
-                                            config: Self.greedy(pipeline.text.config, tokens: expected.max_new_tokens),
+                                            config: Gemma3PipelineTests.greedy(pipeline.text.config, tokens: expected.max_new_tokens),
                                             stoppingCriteria: [], seed: 0, onStep: nil)
             #expect(output.sequences == [request.greedy.ids], "\(request.images)")
             let text = pipeline.processor.tokenizer.decode(output.sequences[0], skipSpecialTokens: true)
@@ -129,7 +117,7 @@ import VLMTensor
         let (expected, conversations) = try Self.load()
         let pipeline = try Self.pipeline.get()
         for (messages, reference) in zip(conversations, expected.chat) {
-            let result = try pipeline.generate(messages: messages, settings: Self.greedy(pipeline.text.config, tokens: expected.chat_tokens))
+            let result = try pipeline.generate(messages: messages, settings: Gemma3PipelineTests.greedy(pipeline.text.config, tokens: expected.chat_tokens))
             #expect(result.promptTokens == reference.input_ids, "\(reference.prompt)")
             #expect(result.ids == reference.ids, "\(reference.prompt)")
             #expect(result.text == reference.text, "\(reference.prompt)")

@@ -28,12 +28,16 @@ import VLMTemplates
 
     static func load() throws -> (Expected, [[JSONValue]]) {
         let data = try Data(contentsOf: fixtures.appendingPathComponent("gemma3/expected.json"))
+        return (try JSONDecoder().decode(Expected.self, from: data), try conversations(data))
+    }
+
+    /// The messages of an oracle's "chat" records, image paths made absolute.
+    static func conversations(_ data: Data) throws -> [[JSONValue]] {
         guard case let .array(chats)? = try JSONValue(parsing: data)["chat"] else { throw CocoaError(.fileReadCorruptFile) }
-        let conversations = chats.map { chat -> [JSONValue] in
+        return chats.map { chat -> [JSONValue] in
             guard case let .array(messages)? = chat["messages"] else { return [] }
             return messages.map { ImageChatTests.withImagePaths($0) { .string(fixtures.appendingPathComponent($0).path) } }
         }
-        return (try JSONDecoder().decode(Expected.self, from: data), conversations)
     }
 
     static func photos(_ names: [String]) throws -> [RGBImage] {
