@@ -30,5 +30,7 @@ def vlm_turn(vlm, model, photo, new_tokens, runs, dtype, threads, timeout):
     if done.returncode != 0:
         sys.exit(f"{' '.join(command)} failed: {done.stderr.strip()}")
     report = json.loads(done.stdout)
+    if report.get("dtype") != dtype:
+        sys.exit(f"vlm ran {report.get('dtype')} for --dtype {dtype} (a CPU without its instructions runs fp32)")
     report["first_token_ms"] = report["image_ms"] + report["first_token_ms"]
     return report

@@ -44,7 +44,7 @@ public struct LlavaMMProjConfig: Sendable {
         }
         let projectorType = metadata["clip.projector_type"]?.string ?? "mlp"
         guard projectorType == "mlp" else {
-            throw mmproj.invalid("clip.projector_type is \"\(projectorType)\"; supported: mlp (LLaVA-1.5, LLaVA-NeXT)")
+            throw mmproj.invalid("clip.projector_type is \"\(projectorType)\"; supported: mlp (LLaVA-1.5, LLaVA-NeXT), gemma3 (Gemma 3)")
         }
         guard file.info("mm.3.weight") == nil else {
             throw mmproj.invalid("mm.3.weight: the normed (Yi-style) LLaVA projector is not supported")

@@ -54,10 +54,12 @@ struct Bench: AsyncParsableCommand {
         let newTokens: Int
         let prefillTokensPerSecond: Double
         let decodeTokensPerSecond: Double
+        /// The precision the linear layers ran in (GGUF-quantized matrices: the activations' type).
+        let dtype: MatrixPrecision
 
         enum CodingKeys: String, CodingKey {
             case task, promptTokens = "prompt_tokens", newTokens = "new_tokens"
-            case prefillTokensPerSecond = "prefill_tokens_per_s", decodeTokensPerSecond = "decode_tokens_per_s"
+            case prefillTokensPerSecond = "prefill_tokens_per_s", decodeTokensPerSecond = "decode_tokens_per_s", dtype
         }
     }
 
@@ -73,17 +75,18 @@ struct Bench: AsyncParsableCommand {
     func run() async throws {
         guard mmproj == nil || options.model.hasSuffix(".gguf") else { throw ValidationError("--mmproj goes with a GGUF --model") }
         if options.model.hasSuffix(".gguf") {
+            let ran = (precision.dtype ?? .float32).available
             if let mmproj, let image, let prompt {
                 let pair = try precision.building {
                     try ImageTextToTextPipeline(gguf: URL(fileURLWithPath: options.model), mmproj: URL(fileURLWithPath: mmproj))
                 }
-                try benchImageTextToText(pair, image: image, prompt: prompt)
+                try benchImageTextToText(pair, image: image, prompt: prompt, precision: ran)
                 return
             }
             guard image == nil else { throw Self.imageChatOnly }
             try benchLanguageModel(precision.building {
                 try ModelRegistry.causalLanguageModel(gguf: GGUFFile(url: URL(fileURLWithPath: options.model))).model
-            })
+            }, precision: ran)
             return
         }
         let directory = try ModelDirectory(url: try await options.directory())
@@ -103,7 +106,7 @@ struct Bench: AsyncParsableCommand {
     /// Times the model `builder` makes of `directory`, as the command's options ask.
     private func bench(_ builder: ModelBuilder, directory: ModelDirectory, precision: MatrixPrecision) throws {
         switch builder {
-        case .causalLanguageModel(let build): try benchLanguageModel(build(directory))
+        case .causalLanguageModel(let build): try benchLanguageModel(build(directory), precision: precision)
         case .imageTextDualEncoder(let build):
             let model = try build(directory)
             // A photo of noise through the checkpoint's processor: SigLIP 2's input depends on the photo's shape.
@@ -125,7 +128,7 @@ struct Bench: AsyncParsableCommand {
                 guard let chat = try ImageTextToTextPipeline.chatting(with: pipeline, directory: directory.url) else {
                     throw Self.imageChatOnly
                 }
-                try benchImageTextToText(chat, image: image, prompt: prompt)
+                try benchImageTextToText(chat, image: image, prompt: prompt, precision: precision)
             } else {
                 try benchImageToText(pipeline, precision: precision)
             }
@@ -138,10 +141,12 @@ struct Bench: AsyncParsableCommand {
         let imageMs: Double
         let firstTokenMs: Double
         let decodeTokensPerSecond: Double
+        /// The precision the linear layers ran in.
+        let dtype: MatrixPrecision
 
         enum CodingKeys: String, CodingKey {
             case task, promptTokens = "prompt_tokens", imageMs = "image_ms", firstTokenMs = "first_token_ms"
-            case decodeTokensPerSecond = "decode_tokens_per_s"
+            case decodeTokensPerSecond = "decode_tokens_per_s", dtype
         }
     }
 
@@ -149,7 +154,8 @@ struct Bench: AsyncParsableCommand {
     /// the image features (vision tower and projector: `image_ms`), the language model's prefill of the whole prompt
     /// to the first token (`first_token_ms`) and `newTokens - 1` greedy steps with no stop token. Medians of the runs,
     /// after one warm-up run.
-    private func benchImageTextToText(_ pipeline: ImageTextToTextPipeline, image: String, prompt: String) throws {
+    private func benchImageTextToText(_ pipeline: ImageTextToTextPipeline, image: String, prompt: String,
+                                      precision: MatrixPrecision) throws {
         let processed = try pipeline.processor.imageProcessor.preprocess([ImageDecoder.decode(contentsOf: URL(fileURLWithPath: image))])
         let messages: [JSONValue] = [["role": "user", "content": [["type": "image"], ["type": "text", "text": .string(prompt)]]]]
         let ids = try pipeline.promptIds(messages, imageTokenCounts: pipeline.processor.imageTokenCounts(processed))
@@ -183,12 +189,12 @@ struct Bench: AsyncParsableCommand {
         }
         let report = ImageTextToTextReport(promptTokens: ids.count, imageMs: imageMs.sorted()[runs / 2],
                                            firstTokenMs: firstToken.sorted()[runs / 2],
-                                           decodeTokensPerSecond: decode.sorted()[runs / 2])
+                                           decodeTokensPerSecond: decode.sorted()[runs / 2], dtype: precision)
         if json {
             try printJSON(report)
         } else {
-            print(String(format: "image-text-to-text: %d-token prompt, image %.1f ms, first token %.1f ms, decode %.1f tokens/s (%d tokens), median of %d runs",
-                         report.promptTokens, report.imageMs, report.firstTokenMs, report.decodeTokensPerSecond, newTokens, runs))
+            print(String(format: "image-text-to-text, %@: %d-token prompt, image %.1f ms, first token %.1f ms, decode %.1f tokens/s (%d tokens), median of %d runs",
+                         precision.rawValue, report.promptTokens, report.imageMs, report.firstTokenMs, report.decodeTokensPerSecond, newTokens, runs))
         }
     }
 
@@ -370,7 +376,7 @@ struct Bench: AsyncParsableCommand {
 
     /// Prefills a prompt of fixed pseudo-random token ids through a KV cache, then feeds back the greedy token
     /// `newTokens` times (no stop token); one untimed warm-up run creates the primitives for every shape first.
-    private func benchLanguageModel(_ model: any CausalLanguageModel) throws {
+    private func benchLanguageModel(_ model: any CausalLanguageModel, precision: MatrixPrecision) throws {
         var state: UInt64 = 0x5EED
         let prompt = (0..<promptTokens).map { _ in
             state = state &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
@@ -398,12 +404,12 @@ struct Bench: AsyncParsableCommand {
         }
         let report = TextReport(promptTokens: promptTokens, newTokens: newTokens,
                                 prefillTokensPerSecond: Double(promptTokens) / prefill.sorted()[runs / 2],
-                                decodeTokensPerSecond: Double(newTokens) / decode.sorted()[runs / 2])
+                                decodeTokensPerSecond: Double(newTokens) / decode.sorted()[runs / 2], dtype: precision)
         if json {
             try printJSON(report)
         } else {
-            print(String(format: "text-generation: prefill %.1f tokens/s (%d-token prompt), decode %.1f tokens/s (%d tokens), median of %d runs",
-                         report.prefillTokensPerSecond, promptTokens, report.decodeTokensPerSecond, newTokens, runs))
+            print(String(format: "text-generation, %@: prefill %.1f tokens/s (%d-token prompt), decode %.1f tokens/s (%d tokens), median of %d runs",
+                         precision.rawValue, report.prefillTokensPerSecond, promptTokens, report.decodeTokensPerSecond, newTokens, runs))
         }
     }
 }

@@ -129,6 +129,10 @@ import VLMTensor
         #expect { try Gemma3MMProjConfig(GGUFFile(url: untyped)) } throws: { error in
             "\(error)".contains("mmproj-no-projector-type.gguf") && "\(error)".contains("clip.projector_type is missing")
         }
+        // Read as LLaVA's, a projector type neither family has is named with the ones that load.
+        #expect { try LlavaMMProjConfig(GGUFFile(url: Self.mmproj)) } throws: { error in
+            "\(error)".contains("mmproj-f32.gguf") && "\(error)".contains("supported: mlp (LLaVA-1.5, LLaVA-NeXT), gemma3 (Gemma 3)")
+        }
         let llava = Self.fixtures.appendingPathComponent("llava-gguf")
         #expect { try Gemma3MMProjConfig(GGUFFile(url: llava.appendingPathComponent("mmproj-f32.gguf"))) } throws: { error in
             "\(error)".contains("clip.projector_type is \"mlp\", not Gemma 3's \"gemma3\"")

@@ -13,6 +13,7 @@ import Testing
         #expect(report["prompt_tokens"] as? Int == 12 && report["new_tokens"] as? Int == 5)
         #expect((report["prefill_tokens_per_s"] as? Double ?? 0) > 0)
         #expect((report["decode_tokens_per_s"] as? Double ?? 0) > 0)
+        #expect(report["dtype"] as? String == "fp32")
     }
 
     @Test func missingGGUFFileIsOneLineNamingIt() throws {

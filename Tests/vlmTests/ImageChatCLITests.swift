@@ -85,7 +85,8 @@ import Testing
                               directory: CLI.fixtures)
         #expect(run.status == 0, "\(run.stderr)")
         let report = try #require(try CLI.json(run) as? [String: Any])
-        #expect(Set(report.keys) == ["task", "prompt_tokens", "image_ms", "first_token_ms", "decode_tokens_per_s"])
+        #expect(Set(report.keys) == ["task", "prompt_tokens", "image_ms", "first_token_ms", "decode_tokens_per_s", "dtype"])
+        #expect(report["dtype"] as? String == "fp32")
         #expect(report["task"] as? String == "image-text-to-text")
         #expect(report["prompt_tokens"] as? Int == expected.conversations[0].greedy.input_ids.count)
         for key in ["image_ms", "first_token_ms", "decode_tokens_per_s"] {

@@ -89,6 +89,7 @@ import Testing
         #expect(report["task"] as? String == "image-text-to-text")
         #expect(report["prompt_tokens"] as? Int == expected.chat.input_ids.count)
         #expect((report["first_token_ms"] as? Double ?? 0) > 0)
+        #expect(report["dtype"] as? String == "fp32")
         let directory = try CLI.run(["bench", "--model", CLI.fixtures.appendingPathComponent("image-chat/chatml").path,
                                      "--mmproj", Self.directory.appendingPathComponent("mmproj-f32.gguf").path,
                                      "--image", "photos/chelsea.png", "--prompt", "Hi"], directory: CLI.fixtures)
