@@ -15,7 +15,11 @@ The source checkpoint (a temporary directory; not committed):
   <end_of_image> as user-defined pieces, 1000 pieces in all. The Hugging Face tokenizer is transformers'
   GemmaTokenizer converted from it, with <image_soft_token> added after the pieces (id 1000, as Gemma 3's 262144
   follows its 262144 pieces) and the turn and image markers special; config vocab_size 1004, so that the converter
-  pads the GGUF vocabulary with three [PAD] tokens as it pads Gemma 3's 262208.
+  pads the GGUF vocabulary with three [PAD] tokens as it pads Gemma 3's 262208. tokenizer_config.json lists the added
+  tokens (as older transformers wrote them, where the converter reads their types) and the runs of "▁" as plain
+  added tokens, which the converter writes with real spaces: the spelling transformers' GGUF loader respells. (On
+  this vocabulary, whose pieces never mix spaces with other characters, reading those tokens respelled or as added
+  tokens of real spaces gives the same ids.)
 - Gemma3Config: the SigLIP tower and projector of oracle/gemma3.py (32-pixel images, 4-pixel patches pooled to 16
   soft tokens per image); a Gemma 3 text decoder 32 wide with 6 layers in Gemma 3's own pattern (five sliding, the
   sixth full: llama.cpp's converter writes no layer types, its loader assumes every sixth), an 8-token window, 4
@@ -163,6 +167,12 @@ def build_source(directory):
     saved["added_tokens_decoder"] = {
         str(i): dict(content=t.content, lstrip=t.lstrip, normalized=t.normalized, rstrip=t.rstrip,
                      single_word=t.single_word, special=t.special) for i, t in sorted(tok.added_tokens_decoder.items())}
+    # Runs of "▁" listed as plain added tokens too: the converter writes those with real spaces ("pre-normalize
+    # user-defined spaces"), the spelling transformers' GGUF loader respells for Gemma files.
+    for piece, i in sorted(tok.get_vocab().items(), key=lambda item: item[1]):
+        if len(piece) > 1 and set(piece) == {"\u2581"}:
+            saved["added_tokens_decoder"][str(i)] = dict(content=piece, lstrip=False, normalized=False, rstrip=False,
+                                                         single_word=False, special=False)
     with open(path, "w") as file:
         json.dump(saved, file, indent=2)
     # The published layout (`vision_tower.vision_model.…`), which the converter's tensor map keys on.
