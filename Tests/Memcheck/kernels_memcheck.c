@@ -819,6 +819,7 @@ int main(void) {
     check_int8_matvec(70, 200);
     check_int8_matvec(64, 384);
     check_int8_matvec(1027, 520);
+    check_int8_matvec(37, 9021);  // halves of 71 and 70 panels: bands of 64 and the rest
     const vlm_quant_format formats[] = {VLM_QUANT_F16, VLM_QUANT_BF16, VLM_QUANT_Q4_0, VLM_QUANT_Q4_1, VLM_QUANT_Q5_0,
                                         VLM_QUANT_Q5_1, VLM_QUANT_Q8_0, VLM_QUANT_Q4_K, VLM_QUANT_Q5_K, VLM_QUANT_Q6_K};
     for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++) {
