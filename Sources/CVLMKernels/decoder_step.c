@@ -155,7 +155,7 @@ static void quantize_row(const vlm_decoder_step *s, const float *x, ptrdiff_t co
 
 enum epilogue { WRITE, ADD_TO_HIDDEN };
 
-/// This thread's share of the 16-row groups of `products` (whole sets of VLM_QUANT_STREAMS, as the layer-by-layer
+/// This thread's share of the 16-row groups of `products` (whole sets of vlm_quant_streams(), as the layer-by-layer
 /// path claims them), multiplied by the activation row, its outputs finished. The shares are fixed, an equal run of
 /// sets each, where the layer-by-layer path claims shares as the work runs: a claim starts its streams cold (the
 /// first lines of each asked for at once, the prefetches past its end wasted), and a step's products are small
@@ -163,7 +163,7 @@ enum epilogue { WRITE, ADD_TO_HIDDEN };
 /// with claimed shares: 1.10× and 1.11× (medians of six pairs, twice), Q8_0 1.04×.
 static void run_products(step_run *run, const vlm_decoder_product *products, ptrdiff_t count, const void *activation,
                          float *output, enum epilogue epilogue, int thread, int threads) {
-    const ptrdiff_t streams = VLM_QUANT_STREAMS;
+    const ptrdiff_t streams = vlm_quant_streams();
     ptrdiff_t first_sets[4] = {0};
     for (ptrdiff_t i = 0; i < count; i++)
         first_sets[i + 1] = first_sets[i] + ((products[i].rows + 15) / 16 + streams - 1) / streams;

@@ -207,7 +207,7 @@ void vlm_quant_packed_matmul(const void *packed, vlm_quant_format format, ptrdif
     switch (isa == VLM_ISA_AVX2 && kernels > 1 ? 1 : kernels) {
     case 2:
         vlm_quant_packed_matmul_avx512(packed, format, &layout, rows, activations, vlm_quant_activation_size(columns), m, y,
-                                       y_stride, first_group, groups);
+                                       y_stride, first_group, groups, vlm_quant_streams());
         break;
     case 1:
         vlm_quant_packed_matmul_avx2(packed, &layout, rows, activations, vlm_quant_activation_size(columns), m, y,
@@ -241,7 +241,7 @@ int vlm_quant_int8_matmul(const void *packed, vlm_quant_format format, ptrdiff_t
     if (packed_kernels() == 2)
         return vlm_quant_int8_matmul_avx512(packed, format, &layout, rows, activations,
                                             vlm_quant_int8_activation_size(columns), m, y, y_stride, first_group,
-                                            groups);
+                                            groups, vlm_quant_streams());
 #else
     (void)packed, (void)rows, (void)activations, (void)y, (void)y_stride, (void)first_group;
 #endif

@@ -57,16 +57,18 @@ static inline void vlm_quant_prefetch_range_start(const uint8_t *start, ptrdiff_
 #endif
 
 #if defined(__x86_64__)
+// The AVX-512 products read one activation row (m = 1) as `streams` streams a thread (1 or VLM_QUANT_MAX_STREAMS;
+// the public entry points pass vlm_quant_streams()).
 void vlm_quant_activation_avx512(const float *x, ptrdiff_t columns, void *activation);
 void vlm_quant_packed_matmul_avx512(const void *packed, vlm_quant_format format,
                                     const vlm_quant_packed_layout_t *layout, ptrdiff_t rows, const void *activations,
                                     ptrdiff_t activation_bytes, ptrdiff_t m, float *y, ptrdiff_t y_stride,
-                                    ptrdiff_t first_group, ptrdiff_t groups);
+                                    ptrdiff_t first_group, ptrdiff_t groups, int streams);
 void vlm_quant_int8_activation_avx512(const float *x, ptrdiff_t columns, void *activation);
 int vlm_quant_int8_matmul_avx512(const void *packed, vlm_quant_format format,
                                  const vlm_quant_packed_layout_t *layout, ptrdiff_t rows, const void *activations,
                                  ptrdiff_t activation_bytes, ptrdiff_t m, float *y, ptrdiff_t y_stride,
-                                 ptrdiff_t first_group, ptrdiff_t groups);
+                                 ptrdiff_t first_group, ptrdiff_t groups, int streams);
 void vlm_quant_activation_avx2(const float *x, ptrdiff_t columns, void *activation);
 void vlm_quant_packed_matmul_avx2(const void *packed, const vlm_quant_packed_layout_t *layout, ptrdiff_t rows,
                                   const void *activations, ptrdiff_t activation_bytes, ptrdiff_t m, float *y,

@@ -180,22 +180,21 @@ VNNI_INLINE void block_product(const uint8_t *group, const vlm_quant_packed_layo
     }
 }
 
-/// One activation row (decoding) through VLM_QUANT_STREAMS groups of nibble values read side by side, block by
+/// One activation row (decoding) through `P` groups of nibble values read side by side, block by
 /// block: each digit group of the row is broadcast once for all the streams and every stream's sums stay in
 /// registers, where through block_product (a block's eight unpacked weight vectors and the row's 24 digit groups in
 /// registers) the compiler kept each stream's sums in memory between blocks. The integer sums are exact in any order,
 /// so the outputs equal block_product's. Not for Q6_K, whose two half-blocks would need twice the sums, nor Q8_0,
 /// whose loads need no unpacking and which ran slower this way.
-VNNI_INLINE void streams_product(const uint8_t *const *groups, const vlm_quant_packed_layout_t *layout,
+VNNI_INLINE void streams_product(const uint8_t *const *groups, const int P, const vlm_quant_packed_layout_t *layout,
                                  const vlm_quant_format F, const int8_t *activation, __m512 *out) {
-    enum { P = VLM_QUANT_STREAMS };
     const ptrdiff_t blocks = layout->blocks;
     const float *scales = (const float *)(activation + 96 * blocks);
-    __m512 acc[P], minimum_acc[P];
+    __m512 acc[VLM_QUANT_MAX_STREAMS], minimum_acc[VLM_QUANT_MAX_STREAMS];
     for (int p = 0; p < P; p++) acc[p] = minimum_acc[p] = _mm512_setzero_ps();
     for (ptrdiff_t b = 0; b < blocks; b++) {
         const int8_t *digits = activation + 96 * b;
-        __m512i h[P], m[P], l[P];
+        __m512i h[VLM_QUANT_MAX_STREAMS], m[VLM_QUANT_MAX_STREAMS], l[VLM_QUANT_MAX_STREAMS];
         for (int p = 0; p < P; p++) {
             vlm_quant_prefetch_block_share(groups[p], layout, b);
             h[p] = m[p] = l[p] = _mm512_setzero_si512();
@@ -221,14 +220,15 @@ VNNI_INLINE void streams_product(const uint8_t *const *groups, const vlm_quant_p
 }
 
 /// Output rows of `P` groups for `M` activation rows (`out[p·M + i]`), their blocks read in turn: each group is a
-/// stream of its own through memory. One stream per core leaves too few lines in flight (hardware prefetchers track
-/// a stream within a 4 KiB page, ours run a fixed distance ahead): measured on a 2-core Zen 4 VM whose two threads
+/// stream of its own through memory. On Zen 4 one stream per core leaves too few lines in flight (hardware prefetchers
+/// track a stream within a 4 KiB page, ours run a fixed distance ahead; Zen 5 the other way, see vlm_quant_streams):
+/// measured on a 2-core Zen 4 VM whose two threads
 /// read 33 GB/s, a Q8_0 152,000×896 matrix streamed at 18 GB/s with one stream per core, 20 with two, 23 with four
 /// and less again with six or eight; Q5_0 4864×896 at 14, 20 with four.
 VNNI_INLINE void group_product(const uint8_t *const *groups, const int P, const vlm_quant_packed_layout_t *layout,
                                const vlm_quant_format F, const int8_t *activations, ptrdiff_t activation_bytes,
                                const int M, __m512 *out) {
-    __m512 acc[VLM_QUANT_STREAMS * VLM_QUANT_MAX_ROWS], minimum_acc[VLM_QUANT_STREAMS * VLM_QUANT_MAX_ROWS];
+    __m512 acc[VLM_QUANT_MAX_STREAMS * VLM_QUANT_MAX_ROWS], minimum_acc[VLM_QUANT_MAX_STREAMS * VLM_QUANT_MAX_ROWS];
     for (int i = 0; i < P * M; i++) acc[i] = minimum_acc[i] = _mm512_setzero_ps();
     for (ptrdiff_t b = 0; b < layout->blocks; b++) {
         for (int p = 0; p < P; p++) {
@@ -258,25 +258,24 @@ VNNI_INLINE void int8_streams_product(const uint8_t *const *groups, const int P,
                                       const vlm_quant_format F, const int8_t *activation, __m512 *out);
 
 /// One activation row (decoding), fixed point or `int8`, through groups `first_group ..< first_group + groups`: the
-/// range as VLM_QUANT_STREAMS streams, a part of it each, then what does not divide among them one group at a time.
-VNNI_INLINE void stream_row(const vlm_quant_format F, const int int8, const void *packed,
-                            const vlm_quant_packed_layout_t *layout, ptrdiff_t rows, const void *activation, float *y,
-                            ptrdiff_t first_group, ptrdiff_t groups) {
+/// range as `P` streams, a part of it each, then what does not divide among them one group at a time.
+VNNI_INLINE void stream_row_as(const vlm_quant_format F, const int int8, const int P, const void *packed,
+                               const vlm_quant_packed_layout_t *layout, ptrdiff_t rows, const void *activation,
+                               float *y, ptrdiff_t first_group, ptrdiff_t groups) {
     const uint8_t *start = (const uint8_t *)packed + first_group * layout->group_bytes;
-    const ptrdiff_t part = groups / VLM_QUANT_STREAMS;
-    for (int p = 0; p < VLM_QUANT_STREAMS; p++)
+    const ptrdiff_t part = groups / P;
+    for (int p = 0; p < P; p++)
         vlm_quant_prefetch_range_start(start + p * part * layout->group_bytes, part * layout->group_bytes);
     for (ptrdiff_t k = 0; k < part; k++) {
-        const uint8_t *streams[VLM_QUANT_STREAMS];
-        for (int p = 0; p < VLM_QUANT_STREAMS; p++) streams[p] = start + (p * part + k) * layout->group_bytes;
-        __m512 out[VLM_QUANT_STREAMS];
-        if (int8) int8_streams_product(streams, VLM_QUANT_STREAMS, layout, F, activation, out);
-        else if (F == VLM_QUANT_Q6_K || F == VLM_QUANT_Q8_0)
-            group_product(streams, VLM_QUANT_STREAMS, layout, F, activation, 0, 1, out);
-        else streams_product(streams, layout, F, activation, out);
-        for (int p = 0; p < VLM_QUANT_STREAMS; p++) store_group(y, rows, first_group + p * part + k, out[p]);
+        const uint8_t *streams[VLM_QUANT_MAX_STREAMS];
+        for (int p = 0; p < P; p++) streams[p] = start + (p * part + k) * layout->group_bytes;
+        __m512 out[VLM_QUANT_MAX_STREAMS];
+        if (int8) int8_streams_product(streams, P, layout, F, activation, out);
+        else if (F == VLM_QUANT_Q6_K || F == VLM_QUANT_Q8_0) group_product(streams, P, layout, F, activation, 0, 1, out);
+        else streams_product(streams, P, layout, F, activation, out);
+        for (int p = 0; p < P; p++) store_group(y, rows, first_group + p * part + k, out[p]);
     }
-    for (ptrdiff_t g = first_group + VLM_QUANT_STREAMS * part; g < first_group + groups; g++) {
+    for (ptrdiff_t g = first_group + P * part; g < first_group + groups; g++) {
         const uint8_t *group = (const uint8_t *)packed + g * layout->group_bytes;
         __m512 out;
         if (int8) int8_streams_product(&group, 1, layout, F, activation, &out);
@@ -285,12 +284,20 @@ VNNI_INLINE void stream_row(const vlm_quant_format F, const int int8, const void
     }
 }
 
+/// stream_row_as with 1 or VLM_QUANT_MAX_STREAMS streams, each compiled with its count a constant.
+VNNI_INLINE void stream_row(const vlm_quant_format F, const int int8, const int streams, const void *packed,
+                            const vlm_quant_packed_layout_t *layout, ptrdiff_t rows, const void *activation, float *y,
+                            ptrdiff_t first_group, ptrdiff_t groups) {
+    if (streams == 1) stream_row_as(F, int8, 1, packed, layout, rows, activation, y, first_group, groups);
+    else stream_row_as(F, int8, VLM_QUANT_MAX_STREAMS, packed, layout, rows, activation, y, first_group, groups);
+}
+
 VNNI_INLINE void packed_matmul(const vlm_quant_format F, const void *packed, const vlm_quant_packed_layout_t *layout,
                                ptrdiff_t rows, const void *activations, ptrdiff_t activation_bytes, ptrdiff_t m,
-                               float *y, ptrdiff_t y_stride, ptrdiff_t first_group, ptrdiff_t groups) {
+                               float *y, ptrdiff_t y_stride, ptrdiff_t first_group, ptrdiff_t groups, int streams) {
     const uint8_t *start = (const uint8_t *)packed + first_group * layout->group_bytes;
     if (m == 1) {
-        stream_row(F, 0, packed, layout, rows, activations, y, first_group, groups);
+        stream_row(F, 0, streams, packed, layout, rows, activations, y, first_group, groups);
         return;
     }
     vlm_quant_prefetch_range_start(start, groups * layout->group_bytes);
@@ -308,9 +315,9 @@ VNNI_INLINE void packed_matmul(const vlm_quant_format F, const void *packed, con
 VNNI void vlm_quant_packed_matmul_avx512(const void *packed, vlm_quant_format format,
                                          const vlm_quant_packed_layout_t *layout, ptrdiff_t rows,
                                          const void *activations, ptrdiff_t activation_bytes, ptrdiff_t m, float *y,
-                                         ptrdiff_t y_stride, ptrdiff_t first_group, ptrdiff_t groups) {
+                                         ptrdiff_t y_stride, ptrdiff_t first_group, ptrdiff_t groups, int streams) {
 #define FORMAT_CASE(F) \
-    case F: packed_matmul(F, packed, layout, rows, activations, activation_bytes, m, y, y_stride, first_group, groups); break;
+    case F: packed_matmul(F, packed, layout, rows, activations, activation_bytes, m, y, y_stride, first_group, groups, streams); break;
     switch (format) {
     PACKED_FORMAT_CASES(FORMAT_CASE)
     default: break;
@@ -393,10 +400,10 @@ VNNI_INLINE void int8_streams_product(const uint8_t *const *groups, const int P,
     const int has_minimum = F == VLM_QUANT_Q4_1 || F == VLM_QUANT_Q5_1 || F == VLM_QUANT_Q4_K || F == VLM_QUANT_Q5_K;
     const int super_scales = F == VLM_QUANT_Q4_K || F == VLM_QUANT_Q5_K || F == VLM_QUANT_Q6_K;
     const int half_scales = F == VLM_QUANT_Q6_K;
-    __m512 acc[VLM_QUANT_STREAMS];
+    __m512 acc[VLM_QUANT_MAX_STREAMS];
     for (int p = 0; p < P; p++) acc[p] = _mm512_setzero_ps();
     for (ptrdiff_t b = 0; b < layout->blocks; b++) {
-        __m512i first[VLM_QUANT_STREAMS], second[VLM_QUANT_STREAMS];
+        __m512i first[VLM_QUANT_MAX_STREAMS], second[VLM_QUANT_MAX_STREAMS];
         for (int p = 0; p < P; p++) {
             vlm_quant_prefetch_block_share(groups[p], layout, b);
             first[p] = second[p] = _mm512_setzero_si512();
@@ -549,9 +556,9 @@ static _Thread_local struct {
 VNNI int vlm_quant_int8_matmul_avx512(const void *packed, vlm_quant_format format,
                                       const vlm_quant_packed_layout_t *layout, ptrdiff_t rows,
                                       const void *activations, ptrdiff_t activation_bytes, ptrdiff_t m, float *y,
-                                      ptrdiff_t y_stride, ptrdiff_t first_group, ptrdiff_t groups) {
+                                      ptrdiff_t y_stride, ptrdiff_t first_group, ptrdiff_t groups, int streams) {
     if (m == 1) {
-#define FORMAT_CASE(F) case F: stream_row(F, 1, packed, layout, rows, activations, y, first_group, groups); break;
+#define FORMAT_CASE(F) case F: stream_row(F, 1, streams, packed, layout, rows, activations, y, first_group, groups); break;
         switch (format) {
         PACKED_FORMAT_CASES(FORMAT_CASE)
         default: break;

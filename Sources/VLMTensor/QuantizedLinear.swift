@@ -122,7 +122,7 @@ final class QuantizedLinear: @unchecked Sendable {
         }
     }
 
-    /// A decoding thread reads its range as VLM_QUANT_STREAMS streams (quant_packed_avx512.c), so ranges are claimed
+    /// A decoding thread reads its range as vlm_quant_streams() streams (quant_packed_avx512.c), so ranges are claimed
     /// in whole sets of that many groups: what does not divide among the streams runs one group at a time, more
     /// slowly. At least two sets a range (smaller ranges fell back to one stream: Qwen2-0.5B Q4_K_M decoding 5%
     /// faster than with ranges of 2 groups).
@@ -138,7 +138,7 @@ final class QuantizedLinear: @unchecked Sendable {
         for row in 0..<rows {
             vlm_quant_activation(x.storage.pointer + row * k, k, activations.pointer + row * activationBytes)
         }
-        let chunk = Int(VLM_QUANT_MAX_ROWS), streams = Int(VLM_QUANT_STREAMS)
+        let chunk = Int(VLM_QUANT_MAX_ROWS), streams = Int(vlm_quant_streams())
         parallelRanges((groups + streams - 1) / streams, grain: 2) { sets in
             let range = (sets.lowerBound * streams)..<min(groups, sets.upperBound * streams)
             for first in stride(from: 0, to: rows, by: chunk) {
@@ -171,8 +171,8 @@ final class QuantizedLinear: @unchecked Sendable {
                                residuals: [Tensor?]) {
         let packed = layers.map { $0.packed! }
         let k = x.shape.last ?? 0
-        let streams = Int(VLM_QUANT_STREAMS)
-        // Each layer's groups in whole sets of VLM_QUANT_STREAMS, the layers' sets one after another.
+        let streams = Int(vlm_quant_streams())
+        // Each layer's groups in whole sets of vlm_quant_streams(), the layers' sets one after another.
         let firstSets = layers.reduce(into: [0]) { starts, layer in
             starts.append(starts.last! + ((layer.weight.rows + 15) / 16 + streams - 1) / streams)
         }

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "vlm_kernels.h"
+#include "quant_packed.h"
 
 static uint64_t state = 0x5EED;
 static int failures = 0;
@@ -444,6 +445,38 @@ static void check_quantized(vlm_quant_format format, ptrdiff_t rows, ptrdiff_t c
             snprintf(what, sizeof what, "quant_packed_matmul format %d %s", format, isa_names[isa]);
             expect_sum_close(what, y, expected, magnitude, m * rows, 3e-5);
         }
+#if defined(__x86_64__)
+        // One row read as one stream a thread and as several (vlm_quant_streams picks by CPU): the same floats as
+        // the AVX-512 product above, in fixed point and in int8.
+        vlm_quant_packed_layout_t layout;
+        if (m == 1 && vlm_quant_int8_supported() && vlm_quant_packed_layout(format, columns, &layout) == 0) {
+            const ptrdiff_t int8_bytes = vlm_quant_int8_activation_size(columns);
+            uint8_t *int8_row = malloc((size_t)int8_bytes);
+            vlm_quant_int8_activation(x, columns, int8_row);
+            float *int8_y = malloc((size_t)rows * sizeof(float)), *streamed = malloc((size_t)rows * sizeof(float));
+            vlm_quant_int8_matmul(packed, format, rows, columns, int8_row, 1, int8_y, rows, 0, (rows + 15) / 16);
+            const int counts[] = {1, VLM_QUANT_MAX_STREAMS};
+            for (int c = 0; c < 2; c++) {
+                memset(streamed, 0xFF, (size_t)rows * sizeof(float));
+                vlm_quant_packed_matmul_avx512(packed, format, &layout, rows, activations, activation_bytes, 1, streamed,
+                                               rows, 0, (rows + 15) / 16, counts[c]);
+                if (memcmp(streamed, y, (size_t)rows * sizeof(float)) != 0) {
+                    fprintf(stderr, "quant_packed_matmul format %d: %d streams differ\n", format, counts[c]);
+                    failures++;
+                }
+                memset(streamed, 0xFF, (size_t)rows * sizeof(float));
+                vlm_quant_int8_matmul_avx512(packed, format, &layout, rows, int8_row, int8_bytes, 1, streamed, rows, 0,
+                                             (rows + 15) / 16, counts[c]);
+                if (memcmp(streamed, int8_y, (size_t)rows * sizeof(float)) != 0) {
+                    fprintf(stderr, "quant_int8_matmul format %d: %d streams differ\n", format, counts[c]);
+                    failures++;
+                }
+            }
+            free(int8_row);
+            free(int8_y);
+            free(streamed);
+        }
+#endif
         if (vlm_quant_int8_supported()) {
             // The int8 products, against the double sum of the rows as they quantized them; each row alone (the
             // streamed decoding product, directly and through the per-thread row) the same floats as beside the others.
@@ -828,6 +861,7 @@ int main(void) {
         check_quantized(formats[f], 33, k ? 256 : 64, 5);
         check_quantized(formats[f], 16, k ? 256 : 32, 8);
         check_quantized(formats[f], 70, k ? 256 : 64, 2);
+        check_quantized(formats[f], 150, k ? 256 : 64, 1);  // 10 groups: 4 streams of 2, 2 alone
     }
     // Without an OpenMP runtime in the process the parallel loops refuse; with one they cover every index once.
     int counts[37] = {0};

@@ -271,9 +271,13 @@ int vlm_quant_int8_matmul(const void *packed, vlm_quant_format format, ptrdiff_t
 int vlm_quant_int8_matvec(const void *packed, vlm_quant_format format, ptrdiff_t rows, ptrdiff_t columns,
                           const float *x, uint64_t call, float *y, ptrdiff_t first_group, ptrdiff_t groups);
 
-/// How many places of a matrix one core streams from at once in a decoding product (m = 1): its groups split into
-/// that many parts read side by side, the groups that do not divide among them one at a time after.
-enum { VLM_QUANT_STREAMS = 4 };
+/// The most places of a matrix one core streams from at once in a decoding product (m = 1).
+enum { VLM_QUANT_MAX_STREAMS = 4 };
+
+/// How many places of a matrix one core streams from at once in a decoding product (m = 1) on this CPU, 1 or
+/// VLM_QUANT_MAX_STREAMS: a thread's groups split into that many parts read side by side, the groups that do not
+/// divide among them one at a time after. Ranges of groups given to the decoding products should be whole sets of it.
+int vlm_quant_streams(void);
 
 /// transformers' LlamaRMSNorm of `rows` rows of `features` floats, `y = weight · x / √(mean(x²) + eps)`, the mean of
 /// squares summed in double (which rounds it correctly, as PyTorch's pairwise float sum approximates). `y` may be `x`.
