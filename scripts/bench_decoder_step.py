@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Decoding steps of the C kernels alone (no Swift, no model file), and a change to them set against a baseline.
 
-Usage:  python3 scripts/bench_decoder_step.py [--baseline REV] [--format Q4_1] [--position 320] [--steps 400]
-                                             [--rounds 4] [--threads 2] [--json]
+Usage:  python3 scripts/bench_decoder_step.py [--baseline REV] [--format Q4_1] [--dtype fp32|int8] [--position 320]
+                                             [--steps 400] [--rounds 4] [--threads 2] [--json]
 
 Builds Sources/CVLMKernels as it is in the working tree into a shared library (and, with --baseline, as it is at
 the git revision REV into another) and runs scripts/decoder_step_bench.c over it: the fused decoding step
-(vlm_decoder_step_run) of a SmolLM2-135M-shaped model, random weights of one GGUF block format laid out on huge pages
+(vlm_decoder_step_run, its products in fixed point or with --dtype int8 in int8) of a SmolLM2-135M-shaped model, random weights of one GGUF block format laid out on huge pages
 as vlm lays a model's, a KV cache of --position positions. With a baseline the two builds take alternate steps in
 one process, so that both see the same memory speed; `vlm bench` runs, seconds apart, drift by more than the few
 percent a kernel change moves (two alternated runs of one binary differed by 5% in medians here). Each round reports
@@ -57,6 +57,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", metavar="REV", help="a git revision whose kernels the working tree's are set against")
     parser.add_argument("--format", choices=FORMATS, default="Q4_1")
+    parser.add_argument("--dtype", choices=["fp32", "int8"], default="fp32", help="the step's products (vlm bench --dtype)")
     parser.add_argument("--position", type=int, default=320, help="cached positions before the step's own")
     parser.add_argument("--steps", type=int, default=400, help="timed steps per build and round")
     parser.add_argument("--rounds", type=int, default=4)
@@ -83,7 +84,8 @@ def main():
         rounds = []
         for index in range(args.rounds):
             order = libraries if index % 2 == 0 else libraries[::-1]
-            done = subprocess.run([bench, str(FORMATS[args.format]), str(args.position), str(args.steps),
+            done = subprocess.run([bench, *(["--int8"] if args.dtype == "int8" else []), str(FORMATS[args.format]),
+                                   str(args.position), str(args.steps),
                                    *map(str, order)], check=True, capture_output=True, text=True, env=env)
             result = json.loads(done.stdout)
             rounds.append({Path(build["library"]).stem: build for build in result["builds"]})
@@ -91,14 +93,14 @@ def main():
             weight_bytes = result["weight_bytes"]
     names = [library.stem for library in libraries]
     ratios = [r["baseline"]["ms_per_step"] / r["working-tree"]["ms_per_step"] for r in rounds] if args.baseline else []
-    report = {"machine": machine, "format": args.format, "position": args.position, "steps": args.steps,
+    report = {"machine": machine, "format": args.format, "dtype": args.dtype, "position": args.position, "steps": args.steps,
               "threads": args.threads, "weight_bytes": weight_bytes, "rounds": rounds,
               "median_ratio": statistics.median(ratios) if ratios else None}
     if args.json:
         print(json.dumps(report, indent=2))
         return
     print(summary(machine))
-    print(f"SmolLM2-135M-shaped decoding step, {args.format}, {weight_bytes / 1e6:.1f} MB of weights, "
+    print(f"SmolLM2-135M-shaped decoding step, {args.format} ({args.dtype} products), {weight_bytes / 1e6:.1f} MB of weights, "
           f"{args.position} cached positions, {args.threads} threads, {args.steps} steps per build and round")
     for index, r in enumerate(rounds):
         cells = ", ".join(f"{name} {r[name]['ms_per_step']:.3f} ms ({r[name]['weights_gb_per_s']:.1f} GB/s)"

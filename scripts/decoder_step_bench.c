@@ -6,7 +6,7 @@
 // `position + 1` cached positions and writes the same new one, so both builds compute the same logits unless their
 // arithmetic differs (reported). Built and run by scripts/bench_decoder_step.py.
 //
-// Usage: decoder_step_bench FORMAT POSITION STEPS LIBRARY [LIBRARY]
+// Usage: decoder_step_bench [--int8] FORMAT POSITION STEPS LIBRARY [LIBRARY]   (--int8: the step's int8 products)
 #include <dlfcn.h>
 #include <math.h>
 #include <stdint.h>
@@ -91,8 +91,10 @@ static double now(void) {
 }
 
 int main(int argc, char **argv) {
+    const int int8 = argc > 1 && strcmp(argv[1], "--int8") == 0;
+    if (int8) argv++, argc--;
     if (argc < 5 || argc > 6) {
-        fprintf(stderr, "usage: %s FORMAT POSITION STEPS LIBRARY [LIBRARY]\n", argv[0]);
+        fprintf(stderr, "usage: %s [--int8] FORMAT POSITION STEPS LIBRARY [LIBRARY]\n", argv[0]);
         return 2;
     }
     const vlm_quant_format format = (vlm_quant_format)atoi(argv[1]);
@@ -197,6 +199,7 @@ int main(int argc, char **argv) {
         s->final_norm = norm;
         s->keys = keys, s->values = values, s->capacity = capacity, s->position = position;
         s->parts = attention_parts(position + 1);
+        s->int8 = int8;
         s->cos = cos_values, s->sin = sin_values;
         s->hidden = malloc(HIDDEN * sizeof(float));
         s->scratch = malloc((size_t)builds[i].scratch_floats(s) * sizeof(float));
