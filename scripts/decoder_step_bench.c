@@ -6,7 +6,9 @@
 // `position + 1` cached positions and writes the same new one, so both builds compute the same logits unless their
 // arithmetic differs (reported). Built and run by scripts/bench_decoder_step.py.
 //
-// Usage: decoder_step_bench [--int8] FORMAT POSITION STEPS LIBRARY [LIBRARY]   (--int8: the step's int8 products)
+// Usage: decoder_step_bench [--int8] FORMAT POSITION STEPS LIBRARY[@STREAMS] [LIBRARY[@STREAMS]]
+// (--int8: the step's int8 products; @STREAMS: the step's `streams`, 1 or 4, where the CPU's choice is not wanted;
+// one library may be named twice, with two counts.)
 #include <dlfcn.h>
 #include <math.h>
 #include <stdint.h>
@@ -30,6 +32,7 @@ typedef struct kernels {
     vlm_decoder_layer layers[LAYERS];
     vlm_decoder_step step;
     double seconds;
+    int streams;
 } kernels;
 
 static void *symbol(void *library, const char *path, const char *name) {
@@ -94,7 +97,7 @@ int main(int argc, char **argv) {
     const int int8 = argc > 1 && strcmp(argv[1], "--int8") == 0;
     if (int8) argv++, argc--;
     if (argc < 5 || argc > 6) {
-        fprintf(stderr, "usage: %s [--int8] FORMAT POSITION STEPS LIBRARY [LIBRARY]\n", argv[0]);
+        fprintf(stderr, "usage: %s [--int8] FORMAT POSITION STEPS LIBRARY[@STREAMS] [LIBRARY[@STREAMS]]\n", argv[0]);
         return 2;
     }
     const vlm_quant_format format = (vlm_quant_format)atoi(argv[1]);
@@ -108,7 +111,14 @@ int main(int argc, char **argv) {
     for (int i = 0; i < count; i++) {
         kernels *k = &builds[i];
         k->path = argv[4 + i];
-        void *library = dlopen(k->path, RTLD_NOW | RTLD_LOCAL);
+        char file[4096];
+        snprintf(file, sizeof file, "%s", k->path);
+        char *at = strrchr(file, '@');
+        if (at && at[1] && strspn(at + 1, "0123456789") == strlen(at + 1)) {
+            k->streams = atoi(at + 1);
+            *at = 0;
+        }
+        void *library = dlopen(file, RTLD_NOW | RTLD_LOCAL);
         if (!library) {
             fprintf(stderr, "%s\n", dlerror());
             return 1;
@@ -200,6 +210,7 @@ int main(int argc, char **argv) {
         s->keys = keys, s->values = values, s->capacity = capacity, s->position = position;
         s->parts = attention_parts(position + 1);
         s->int8 = int8;
+        s->streams = builds[i].streams;
         s->cos = cos_values, s->sin = sin_values;
         s->hidden = malloc(HIDDEN * sizeof(float));
         s->scratch = malloc((size_t)builds[i].scratch_floats(s) * sizeof(float));

@@ -155,7 +155,7 @@ static void quantize_row(const vlm_decoder_step *s, const float *x, ptrdiff_t co
 
 enum epilogue { WRITE, ADD_TO_HIDDEN };
 
-/// This thread's share of the 16-row groups of `products` (whole sets of vlm_quant_streams(), as the layer-by-layer
+/// This thread's share of the 16-row groups of `products` (whole sets of the step's streams, as the layer-by-layer
 /// path claims them), multiplied by the activation row, its outputs finished. The shares are fixed, an equal run of
 /// sets each, where the layer-by-layer path claims shares as the work runs: a claim starts its streams cold (the
 /// first lines of each asked for at once, the prefetches past its end wasted), and a step's products are small
@@ -163,13 +163,14 @@ enum epilogue { WRITE, ADD_TO_HIDDEN };
 /// with claimed shares: 1.10× and 1.11× (medians of six pairs, twice), Q8_0 1.04×.
 static void run_products(step_run *run, const vlm_decoder_product *products, ptrdiff_t count, const void *activation,
                          float *output, enum epilogue epilogue, int thread, int threads) {
-    const ptrdiff_t streams = vlm_quant_streams();
+    const vlm_decoder_step *s = run->step;
+    const int streams = s->streams == 1 || s->streams == VLM_QUANT_MAX_STREAMS ? s->streams : vlm_quant_streams();
     ptrdiff_t first_sets[4] = {0};
     for (ptrdiff_t i = 0; i < count; i++)
         first_sets[i + 1] = first_sets[i] + ((products[i].rows + 15) / 16 + streams - 1) / streams;
     const ptrdiff_t total = first_sets[count];
     const ptrdiff_t start = total * thread / threads, end = total * (thread + 1) / threads;
-    float *hidden = run->step->hidden;
+    float *hidden = s->hidden;
     for (ptrdiff_t i = 0; i < count; i++) {
         const vlm_decoder_product *p = &products[i];
         const ptrdiff_t from = start > first_sets[i] ? start : first_sets[i];
@@ -178,12 +179,12 @@ static void run_products(step_run *run, const vlm_decoder_product *products, ptr
         const ptrdiff_t groups = (p->rows + 15) / 16, first_group = (from - first_sets[i]) * streams;
         const ptrdiff_t end_group = (to - first_sets[i]) * streams < groups ? (to - first_sets[i]) * streams : groups;
         float *y = output + p->offset;
-        if (run->step->int8)
-            vlm_quant_int8_matmul(p->packed, p->format, p->rows, p->columns, activation, 1, y, p->rows, first_group,
-                                  end_group - first_group);
+        if (s->int8)
+            vlm_quant_int8_matmul_streams(p->packed, p->format, p->rows, p->columns, activation, 1, y, p->rows,
+                                          first_group, end_group - first_group, streams);
         else
-            vlm_quant_packed_matmul(p->packed, p->format, p->rows, p->columns, activation, 1, y, p->rows, first_group,
-                                    end_group - first_group, VLM_ISA_AVX512);
+            vlm_quant_packed_matmul_streams(p->packed, p->format, p->rows, p->columns, activation, 1, y, p->rows,
+                                            first_group, end_group - first_group, VLM_ISA_AVX512, streams);
         const ptrdiff_t end_row = 16 * end_group < p->rows ? 16 * end_group : p->rows;
         if (epilogue == WRITE && !p->bias) continue;
         for (ptrdiff_t j = 16 * first_group; j < end_row; j++) {

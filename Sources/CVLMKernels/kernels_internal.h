@@ -16,6 +16,15 @@
 /// Whether the CPU (and OS) run AVX2 with FMA and F16C: the AVX2 kernels' target.
 int vlm_has_avx2(void);
 
+/// vlm_quant_packed_matmul and vlm_quant_int8_matmul with one row read as `streams` streams (1 or
+/// VLM_QUANT_MAX_STREAMS) instead of vlm_quant_streams().
+void vlm_quant_packed_matmul_streams(const void *packed, vlm_quant_format format, ptrdiff_t rows, ptrdiff_t columns,
+                                     const void *activations, ptrdiff_t m, float *y, ptrdiff_t y_stride,
+                                     ptrdiff_t first_group, ptrdiff_t groups, vlm_kernel_isa isa, int streams);
+int vlm_quant_int8_matmul_streams(const void *packed, vlm_quant_format format, ptrdiff_t rows, ptrdiff_t columns,
+                                  const void *activations, ptrdiff_t m, float *y, ptrdiff_t y_stride,
+                                  ptrdiff_t first_group, ptrdiff_t groups, int streams);
+
 int vlm_attention_scalar(const vlm_attention_problem *problem);
 void vlm_gated_silu_scalar(const float *x, ptrdiff_t rows, ptrdiff_t width, float *y);
 /// A 64-byte aligned buffer of at least `bytes` for one vlm_attention_partial call, kept by the calling thread

@@ -200,6 +200,13 @@ void vlm_quant_activation(const float *x, ptrdiff_t columns, void *activation) {
 void vlm_quant_packed_matmul(const void *packed, vlm_quant_format format, ptrdiff_t rows, ptrdiff_t columns,
                              const void *activations, ptrdiff_t m, float *y, ptrdiff_t y_stride,
                              ptrdiff_t first_group, ptrdiff_t groups, vlm_kernel_isa isa) {
+    vlm_quant_packed_matmul_streams(packed, format, rows, columns, activations, m, y, y_stride, first_group, groups, isa,
+                                    vlm_quant_streams());
+}
+
+void vlm_quant_packed_matmul_streams(const void *packed, vlm_quant_format format, ptrdiff_t rows, ptrdiff_t columns,
+                                     const void *activations, ptrdiff_t m, float *y, ptrdiff_t y_stride,
+                                     ptrdiff_t first_group, ptrdiff_t groups, vlm_kernel_isa isa, int streams) {
     vlm_quant_packed_layout_t layout;
     if (m <= 0 || m > VLM_QUANT_MAX_ROWS || groups <= 0 || vlm_quant_packed_layout(format, columns, &layout) != 0) return;
 #if defined(__x86_64__)
@@ -207,7 +214,7 @@ void vlm_quant_packed_matmul(const void *packed, vlm_quant_format format, ptrdif
     switch (isa == VLM_ISA_AVX2 && kernels > 1 ? 1 : kernels) {
     case 2:
         vlm_quant_packed_matmul_avx512(packed, format, &layout, rows, activations, vlm_quant_activation_size(columns), m, y,
-                                       y_stride, first_group, groups, vlm_quant_streams());
+                                       y_stride, first_group, groups, streams);
         break;
     case 1:
         vlm_quant_packed_matmul_avx2(packed, &layout, rows, activations, vlm_quant_activation_size(columns), m, y,
@@ -216,7 +223,7 @@ void vlm_quant_packed_matmul(const void *packed, vlm_quant_format format, ptrdif
     default: break;
     }
 #else
-    (void)packed, (void)rows, (void)activations, (void)y, (void)y_stride, (void)first_group, (void)isa;
+    (void)packed, (void)rows, (void)activations, (void)y, (void)y_stride, (void)first_group, (void)isa, (void)streams;
 #endif
 }
 
@@ -235,15 +242,22 @@ void vlm_quant_int8_activation(const float *x, ptrdiff_t columns, void *activati
 int vlm_quant_int8_matmul(const void *packed, vlm_quant_format format, ptrdiff_t rows, ptrdiff_t columns,
                           const void *activations, ptrdiff_t m, float *y, ptrdiff_t y_stride,
                           ptrdiff_t first_group, ptrdiff_t groups) {
+    return vlm_quant_int8_matmul_streams(packed, format, rows, columns, activations, m, y, y_stride, first_group, groups,
+                                         vlm_quant_streams());
+}
+
+int vlm_quant_int8_matmul_streams(const void *packed, vlm_quant_format format, ptrdiff_t rows, ptrdiff_t columns,
+                                  const void *activations, ptrdiff_t m, float *y, ptrdiff_t y_stride,
+                                  ptrdiff_t first_group, ptrdiff_t groups, int streams) {
     vlm_quant_packed_layout_t layout;
     if (m <= 0 || groups <= 0 || vlm_quant_packed_layout(format, columns, &layout) != 0) return 0;
 #if defined(__x86_64__)
     if (packed_kernels() == 2)
         return vlm_quant_int8_matmul_avx512(packed, format, &layout, rows, activations,
                                             vlm_quant_int8_activation_size(columns), m, y, y_stride, first_group,
-                                            groups, vlm_quant_streams());
+                                            groups, streams);
 #else
-    (void)packed, (void)rows, (void)activations, (void)y, (void)y_stride, (void)first_group;
+    (void)packed, (void)rows, (void)activations, (void)y, (void)y_stride, (void)first_group, (void)streams;
 #endif
     return 0;
 }

@@ -724,7 +724,9 @@ static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_i
     reference_norm(hidden, norms + 2 * L * H, H, eps, final);
     reference_product(&head, final, logits, 0, int8);
 
-    for (int with_head = 0; with_head < 2; with_head++) {
+    // With and without the head; then the same reading each product as the streams this CPU does not choose.
+    for (int run = 0; run < 4; run++) {
+        const int with_head = run % 2, streams = run < 2 ? 0 : vlm_quant_streams() == 1 ? VLM_QUANT_MAX_STREAMS : 1;
         float *cache_keys[L], *cache_values[L];
         for (int l = 0; l < L; l++) {
             cache_keys[l] = malloc(KEY_HEADS * CAPACITY * HD * sizeof(float));
@@ -741,12 +743,12 @@ static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_i
             .capacity = CAPACITY, .position = position, .parts = parts, .window = WINDOW, .window_parts = 2, .int8 = int8,
             .cos = cos, .sin = sin, .local_cos = local_cos,
             .local_sin = local_sin, .hidden = step_hidden,
-            .logits = with_head ? step_logits : NULL};
+            .logits = with_head ? step_logits : NULL, .streams = streams};
         float *scratch = malloc((size_t)vlm_decoder_step_scratch_floats(&step) * sizeof(float));
         step.scratch = scratch;
         char what[96];
-        snprintf(what, sizeof what, "decoder_step position %td parts %td %s%s%s", position, parts, isa_name(isa),
-                 int8 ? " int8" : "", with_head ? " head" : "");
+        snprintf(what, sizeof what, "decoder_step position %td parts %td %s%s%s streams %d", position, parts,
+                 isa_name(isa), int8 ? " int8" : "", with_head ? " head" : "", streams);
         if (vlm_decoder_step_run(&step, isa) != 0) {
             fprintf(stderr, "%s: refused\n", what);
             failures++;

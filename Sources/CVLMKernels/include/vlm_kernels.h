@@ -370,6 +370,10 @@ typedef struct vlm_decoder_step {
     /// vlm_decoder_step_scratch_floats floats.
     float *scratch;
     float *logits;
+    /// The streams each thread reads its share of a product as: 1 or VLM_QUANT_MAX_STREAMS; anything else (0) takes
+    /// this CPU's vlm_quant_streams(). The same results either way; the choice is there to be measured. (Last, so
+    /// that scripts/bench_decoder_step.py can drive builds from before it.)
+    int streams;
 } vlm_decoder_step;
 
 /// Floats of shared scratch a step needs.
