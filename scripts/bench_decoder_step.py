@@ -47,6 +47,14 @@ def build_library(sources: Path, output: Path) -> Path:
     return output
 
 
+def build_harness(output: Path) -> Path:
+    """scripts/decoder_step_bench.c, linked to libgomp so that the libraries' parallel step has a runtime."""
+    subprocess.run(["clang", "-O2", f"-I{ROOT / 'Sources' / 'CVLMKernels' / 'include'}",
+                    str(ROOT / "scripts" / "decoder_step_bench.c"), "-o", output, "-ldl", "-lm", "-Wl,--no-as-needed",
+                    "-lgomp"], check=True)
+    return output
+
+
 def baseline_sources(revision: str, directory: Path) -> Path:
     done = subprocess.run(["git", "-C", ROOT, "archive", revision, "Sources/CVLMKernels"], capture_output=True)
     if done.returncode != 0:
@@ -79,9 +87,7 @@ def main():
     BUILD.mkdir(exist_ok=True)
     (BUILD / ".gitignore").write_text("*\n")
     kernels = ROOT / "Sources" / "CVLMKernels"
-    bench = BUILD / "decoder_step_bench"
-    subprocess.run(["clang", "-O2", f"-I{kernels}/include", str(ROOT / "scripts" / "decoder_step_bench.c"), "-o", bench,
-                    "-ldl", "-lm", "-Wl,--no-as-needed", "-lgomp"], check=True)
+    bench = build_harness(BUILD / "decoder_step_bench")
     working_tree = build_library(kernels, BUILD / "working-tree.so")
     with tempfile.TemporaryDirectory() as scratch:
         # (name, the harness's LIBRARY[@STREAMS] argument) of each build; the ratio is the first's time over the second's.

@@ -11,8 +11,11 @@ GPU backends, built there for that CPU; SmolLM2-135M-Instruct Q4_1's GGUF header
 and tensor layout, from which run.sh writes a file of the same layout with seeded random blocks (`fill` below: speed
 depends on the layout, not the values; here the two files decode and prefill at the same speeds within the machine's
 noise), so 2 MB travel instead of 98; the config and tokenizer of the CLIP ViT-B/32 benchmark checkpoint
-(scripts/make_clip_checkpoint.py), whose random weights transformers writes there; the benchmark scripts; and the
-read/FMA probe, compiled statically for x86-64-v3 and -v4 for a machine with no C compiler on its PATH. About 45 MB.
+(scripts/make_clip_checkpoint.py), whose random weights transformers writes there; the benchmark scripts; the
+read/FMA probe, compiled statically for x86-64-v3 and -v4 for a machine with no C compiler on its PATH; and the
+kernels' own decoding step (scripts/decoder_step_bench.c with Sources/CVLMKernels as a shared library, built with
+clang as bench_decoder_step.py builds them; libgomp comes with `vlm`'s libraries), which run.sh times with its
+products read as four streams a thread and as one (vlm_quant_streams' choice on that CPU). About 45 MB.
 
     python3 scripts/pack_bench.py fill HEADER LAYOUT OUT.gguf     # what run.sh calls
     python3 scripts/pack_bench.py swiftvlm --vlm V --model M      # and, where no llama.cpp runs, SwiftVLM alone
@@ -29,12 +32,14 @@ import sys
 import tarfile
 from pathlib import Path
 
+from bench_decoder_step import build_harness, build_library
 from bench_llamacpp import DEFAULT_MODEL, bench_swiftvlm, gguf_layout, step_weight_bytes
 from llama_cpp_tree import source_tree
 from machine import describe, probe
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = ["bench_llamacpp.py", "bench_clip.py", "machine.py", "machine_probe.c", "pack_bench.py", "llama_cpp_tree.py"]
+SCRIPTS = ["bench_llamacpp.py", "bench_decoder_step.py", "bench_clip.py", "machine.py", "machine_probe.c", "pack_bench.py",
+           "llama_cpp_tree.py"]
 CLIP_DIR = ROOT / "models" / "clip-vit-base-patch32-random"
 # The libraries every Linux has in its glibc, which `vlm` must take from the machine it runs on.
 GLIBC = ("linux-vdso", "ld-linux", "libc.so", "libm.so", "libpthread.so", "libdl.so", "librt.so", "libresolv.so",
@@ -162,6 +167,9 @@ def pack(out: Path, vlm: Path, model: Path):
         subprocess.run([os.environ.get("CC", "cc"), "-O2", f"-march=x86-64-{level}", "-fopenmp", "-static",
                         ROOT / "scripts" / "machine_probe.c", "-o", out / f"probe-{level}"], check=True,
                        stderr=subprocess.DEVNULL)
+    (out / "step").mkdir()
+    build_harness(out / "step" / "decoder_step_bench")
+    build_library(ROOT / "Sources" / "CVLMKernels", out / "step" / "kernels.so")
     total = sum(path.stat().st_size for path in out.rglob("*") if path.is_file())
     print(f"{out}: {total / 1e6:.1f} MB; there: bash {out.name}/run.sh [RESULTS_DIR]")
 

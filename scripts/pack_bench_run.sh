@@ -95,6 +95,29 @@ if ! "$CC" --version > /dev/null 2>&1; then
 fi
 python3 "$PACK/scripts/machine.py" --threads "$THREADS" --json > "$RESULTS/machine.json" && cat "$RESULTS/machine.json"
 
+# The kernels' own decoding step (SmolLM2-135M's shapes, random weights, 320 cached positions), its products read as
+# four streams a thread and as one, the two taking alternate steps in one process, the order alternating by round:
+# which count vlm_quant_streams should pick on this CPU (the ratio is four's time over one's).
+for type in 3:Q4_1 8:Q8_0; do
+    for round in $(seq "$ROUNDS"); do
+        counts="4 1"; [ $((round % 2)) = 0 ] && counts="1 4"
+        OMP_NUM_THREADS=$THREADS LD_LIBRARY_PATH="$WORK/vlm/lib" "$PACK/step/decoder_step_bench" "${type%%:*}" 320 400 \
+            $(for count in $counts; do echo "$PACK/step/kernels.so@$count"; done)
+    done > "$RESULTS/step-${type#*:}.jsonl"
+    say "${type#*:} step, four streams a thread against one: exit $?"
+    python3 - "$RESULTS/step-${type#*:}.jsonl" <<'EOF'
+import json, statistics, sys
+ratios = []
+for line in open(sys.argv[1]):
+    builds = {b["library"].rsplit("@", 1)[1]: b for b in json.loads(line)["builds"]}
+    ratios.append(builds["4"]["ms_per_step"] / builds["1"]["ms_per_step"])
+    print(f"  4 streams {builds['4']['ms_per_step']:.3f} ms ({builds['4']['weights_gb_per_s']:.1f} GB/s), "
+          f"1 stream {builds['1']['ms_per_step']:.3f} ms ({builds['1']['weights_gb_per_s']:.1f} GB/s)")
+if ratios:
+    print("  four / one: median", f"{statistics.median(ratios):.3f}", "(" + ", ".join(f"{r:.3f}" for r in ratios) + ")")
+EOF
+done
+
 # With a llama.cpp that runs: both engines, llama.cpp's quantizer writing the other two types. Without one, SwiftVLM
 # alone beside the read probe (how near the memory's limit it decodes), on whatever types a built quantizer writes.
 for type in Q4_1 Q4_K_M Q8_0; do
