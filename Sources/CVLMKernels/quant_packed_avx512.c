@@ -461,6 +461,7 @@ VNNI_INLINE tile_group prepare_group(const vlm_quant_format F, const uint8_t *gr
     const ptrdiff_t blocks = layout->blocks;
     float *scales = (float *)(scratch + 512 * blocks), *second = scales + 16 * blocks, *minimums = second + 16 * blocks;
     for (ptrdiff_t b = 0; b < blocks; b++) {
+        vlm_quant_prefetch_block_share(group, layout, b);
         const uint8_t *supers = group + layout->supers_offset + layout->super_bytes * (b / 8);
         _mm512_store_ps(scales + 16 * b, block_scales(group, layout, F, b));
         if (F == VLM_QUANT_Q6_K)
@@ -524,6 +525,7 @@ VNNI_INLINE void int8_tile(const vlm_quant_format F, const tile_group *groups, c
 VNNI_INLINE void int8_tiles(const vlm_quant_format F, const void *packed, const vlm_quant_packed_layout_t *layout,
                                ptrdiff_t rows, const void *activations, ptrdiff_t activation_bytes, ptrdiff_t m,
                                float *y, ptrdiff_t y_stride, ptrdiff_t first_group, ptrdiff_t groups, uint8_t *scratch) {
+    vlm_quant_prefetch_range_start((const uint8_t *)packed + first_group * layout->group_bytes, groups * layout->group_bytes);
     for (ptrdiff_t g = first_group; g < first_group + groups; g += 2) {
         const int NR = g + 1 < first_group + groups ? 2 : 1;
         tile_group pair[2];
