@@ -38,6 +38,11 @@ func parallelFor(_ count: Int, _ body: @Sendable (Int) -> Void) {
 /// `vlm_parallel_ranges`); none is shorter than `grain` unless less is left. For streaming kernels whose work
 /// divides finely but that pay for each restart.
 func parallelRanges(_ count: Int, grain: Int, _ body: @Sendable (Range<Int>) -> Void) {
+    // One range's worth runs here: a parallel region would hand it all to one thread and wake the others for nothing.
+    if count <= grain {
+        if count > 0 { body(0..<count) }
+        return
+    }
     withoutActuallyEscaping(body) { body in
         var task = body
         let handedOver = withUnsafeMutablePointer(to: &task) { pointer in
