@@ -23,6 +23,10 @@ let processorCount = ProcessInfo.processInfo.activeProcessorCount
 /// the OpenMP threads that oneDNN's primitives run on where that runtime is loaded (see CVLMKernels/parallel.c for
 /// why), to Dispatch's threads otherwise.
 func parallelFor(_ count: Int, _ body: @Sendable (Int) -> Void) {
+    if count <= 1 {
+        if count == 1 { body(0) }
+        return
+    }
     withoutActuallyEscaping(body) { body in
         var task = body
         let handedOver = withUnsafeMutablePointer(to: &task) { pointer in
