@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "vlm_kernels.h"
-#include "quant_packed.h"
+#include "kernels_internal.h"
 
 static uint64_t state = 0x5EED;
 static int failures = 0;
@@ -445,11 +445,9 @@ static void check_quantized(vlm_quant_format format, ptrdiff_t rows, ptrdiff_t c
             snprintf(what, sizeof what, "quant_packed_matmul format %d %s", format, isa_names[isa]);
             expect_sum_close(what, y, expected, magnitude, m * rows, 3e-5);
         }
-#if defined(__x86_64__)
         // One row read as one stream a thread and as several (vlm_quant_streams picks by CPU): the same floats as
         // the AVX-512 product above, in fixed point and in int8.
-        vlm_quant_packed_layout_t layout;
-        if (m == 1 && vlm_quant_int8_supported() && vlm_quant_packed_layout(format, columns, &layout) == 0) {
+        if (m == 1 && vlm_quant_int8_supported()) {
             const ptrdiff_t int8_bytes = vlm_quant_int8_activation_size(columns);
             uint8_t *int8_row = malloc((size_t)int8_bytes);
             vlm_quant_int8_activation(x, columns, int8_row);
@@ -458,15 +456,15 @@ static void check_quantized(vlm_quant_format format, ptrdiff_t rows, ptrdiff_t c
             const int counts[] = {1, VLM_QUANT_MAX_STREAMS};
             for (int c = 0; c < 2; c++) {
                 memset(streamed, 0xFF, (size_t)rows * sizeof(float));
-                vlm_quant_packed_matmul_avx512(packed, format, &layout, rows, activations, activation_bytes, 1, streamed,
-                                               rows, 0, (rows + 15) / 16, counts[c]);
+                vlm_quant_packed_matmul_streams(packed, format, rows, columns, activations, 1, streamed, rows, 0,
+                                                (rows + 15) / 16, VLM_ISA_AVX512, counts[c]);
                 if (memcmp(streamed, y, (size_t)rows * sizeof(float)) != 0) {
                     fprintf(stderr, "quant_packed_matmul format %d: %d streams differ\n", format, counts[c]);
                     failures++;
                 }
                 memset(streamed, 0xFF, (size_t)rows * sizeof(float));
-                vlm_quant_int8_matmul_avx512(packed, format, &layout, rows, int8_row, int8_bytes, 1, streamed, rows, 0,
-                                             (rows + 15) / 16, counts[c]);
+                vlm_quant_int8_matmul_streams(packed, format, rows, columns, int8_row, 1, streamed, rows, 0,
+                                              (rows + 15) / 16, counts[c]);
                 if (memcmp(streamed, int8_y, (size_t)rows * sizeof(float)) != 0) {
                     fprintf(stderr, "quant_int8_matmul format %d: %d streams differ\n", format, counts[c]);
                     failures++;
@@ -476,7 +474,6 @@ static void check_quantized(vlm_quant_format format, ptrdiff_t rows, ptrdiff_t c
             free(int8_y);
             free(streamed);
         }
-#endif
         if (vlm_quant_int8_supported()) {
             // The int8 products, against the double sum of the rows as they quantized them; each row alone (the
             // streamed decoding product, directly and through the per-thread row) the same floats as beside the others.
