@@ -16,10 +16,12 @@
 typedef void (*gomp_parallel_function)(void (*function)(void *), void *data, unsigned threads, unsigned flags);
 typedef int (*omp_count_function)(void);
 typedef void (*gomp_barrier_function)(void);
+typedef int (*omp_pause_function)(int kind);
 
 static gomp_parallel_function gomp_parallel;
 static omp_count_function omp_max_threads, omp_thread_number, omp_team_size;
 static gomp_barrier_function gomp_barrier;
+static omp_pause_function omp_pause_all;
 static pthread_once_t lookup_once = PTHREAD_ONCE_INIT;
 
 static void look_up_runtime(void) {
@@ -28,6 +30,7 @@ static void look_up_runtime(void) {
     omp_thread_number = (omp_count_function)dlsym(RTLD_DEFAULT, "omp_get_thread_num");
     omp_team_size = (omp_count_function)dlsym(RTLD_DEFAULT, "omp_get_num_threads");
     gomp_barrier = (gomp_barrier_function)dlsym(RTLD_DEFAULT, "GOMP_barrier");
+    omp_pause_all = (omp_pause_function)dlsym(RTLD_DEFAULT, "omp_pause_resource_all");
     if (!omp_max_threads || !omp_thread_number || !omp_team_size || !gomp_barrier) gomp_parallel = NULL;
 }
 
@@ -119,3 +122,10 @@ int vlm_parallel_team(vlm_parallel_team_body body, void *context) {
 }
 
 void vlm_parallel_barrier(void) { gomp_barrier(); }
+
+int vlm_parallel_release_workers(void) {
+    pthread_once(&lookup_once, look_up_runtime);
+    // omp_pause_soft (OpenMP 5.0's omp.h: 1): libgomp ends the calling thread's pool and joins its workers.
+    if (!gomp_parallel || !omp_pause_all) return -1;
+    return omp_pause_all(1) == 0 ? 0 : -1;
+}

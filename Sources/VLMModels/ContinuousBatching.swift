@@ -223,6 +223,13 @@ private final class BatchEngine: @unchecked Sendable {
         var batch = RunningBatch()
         while true {
             condition.lock()
+            if pending.isEmpty && batch.rows.isEmpty && !stopped {
+                // Idle: no OpenMP workers kept spinning or counted against other threads' work meanwhile (see
+                // releaseParallelWorkers); the next request starts new ones, a fraction of a millisecond.
+                condition.unlock()
+                releaseParallelWorkers()
+                condition.lock()
+            }
             while pending.isEmpty && batch.rows.isEmpty && !stopped { condition.wait() }
             if stopped && pending.isEmpty && batch.rows.isEmpty {
                 condition.unlock()

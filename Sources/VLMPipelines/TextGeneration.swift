@@ -148,6 +148,8 @@ public final class TextGenerationPipeline: Sendable {
         -> AsyncThrowingStream<String, any Error> {
         AsyncThrowingStream { continuation in
             let task = Task.detached { [self] in
+                // A thread of Swift's shared pool, maybe another next time: its OpenMP workers end with the stream.
+                defer { releaseParallelWorkers() }
                 do {
                     let (ids, constraint) = try prompt(self)
                     _ = try run(promptTokens: ids, settings: settings, seed: seed, constraint: constraint) { piece in

@@ -21,6 +21,10 @@ actor WorkLimiter {
         defer {
             if waiting.isEmpty { running -= 1 } else { waiting.removeFirst().resume() }
         }
-        return try await Task.detached { try ImageDecoder.$maxPixels.withValue(maxImagePixels, operation: work) }.value
+        return try await Task.detached {
+            // The shared pool's thread is not the batcher's: its OpenMP workers must not outlive the work.
+            defer { releaseParallelWorkers() }
+            return try ImageDecoder.$maxPixels.withValue(maxImagePixels, operation: work)
+        }.value
     }
 }

@@ -38,6 +38,15 @@ func parallelFor(_ count: Int, _ body: @Sendable (Int) -> Void) {
     }
 }
 
+/// Ends the OpenMP workers that the calling thread's parallel work started; call it where a thread that is not a
+/// model's steady one (a task on Swift's shared pool, the thread that loaded a model, a loop about to wait) is done
+/// with heavy work. GNU OpenMP keeps a pool of workers for every thread that starts parallel work, and once the
+/// process holds more of them than it has cores it stops spinning at barriers: every barrier and every hand-over
+/// goes through the kernel. `vlm serve` with one client decoded SmolLM2-135M Q4_1 at 199 tokens/s while the pool of
+/// the thread that had loaded the model lingered beside the batcher's, 562 once it was ended (2-core Zen 5 VM,
+/// `vlm bench`: 599).
+package func releaseParallelWorkers() { _ = vlm_parallel_release_workers() }
+
 /// Runs `body` on disjoint ranges covering `0..<count` on every core, ranges shrinking as the work runs out (see
 /// `vlm_parallel_ranges`); none is shorter than `grain` unless less is left. For streaming kernels whose work
 /// divides finely but that pay for each restart.

@@ -416,6 +416,11 @@ int vlm_parallel_team(vlm_parallel_team_body body, void *context);
 /// Waits until every thread of the running vlm_parallel_team has reached it. Only inside its body.
 void vlm_parallel_barrier(void);
 
+/// Ends the worker threads that the calling thread's parallel work started (OpenMP keeps a pool of them for every
+/// thread that starts parallel work; the next call from this thread starts new ones). Returns 0; -1 when no such
+/// runtime is loaded, or inside parallel work.
+int vlm_parallel_release_workers(void);
+
 #ifdef __cplusplus
 }
 #endif
