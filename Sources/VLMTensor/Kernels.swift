@@ -45,7 +45,7 @@ func parallelFor(_ count: Int, _ body: @Sendable (Int) -> Void) {
 /// goes through the kernel. `vlm serve` with one client decoded SmolLM2-135M Q4_1 at 199 tokens/s while the pool of
 /// the thread that had loaded the model lingered beside the batcher's, 562 once it was ended (2-core Zen 5 VM,
 /// `vlm bench`: 599).
-package func releaseParallelWorkers() { _ = vlm_parallel_release_workers() }
+public func releaseParallelWorkers() { _ = vlm_parallel_release_workers() }
 
 /// Runs `body` on disjoint ranges covering `0..<count` on every core, ranges shrinking as the work runs out (see
 /// `vlm_parallel_ranges`); none is shorter than `grain` unless less is left. For streaming kernels whose work
