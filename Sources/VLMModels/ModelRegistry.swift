@@ -209,6 +209,9 @@ public enum ModelRegistry {
 
     /// The image–text dual encoder in `directory`, for `task`; see ``family(of:for:)`` for the errors.
     public static func dualEncoder(_ directory: ModelDirectory, for task: ModelTask) throws -> any ImageTextDualEncoder {
+        // Loading packs weights on OpenMP threads; the loading thread is seldom the one that runs the model, and its
+        // idle workers would slow the one that does (see releaseParallelWorkers).
+        defer { releaseParallelWorkers() }
         guard case .imageTextDualEncoder(let build) = try family(of: directory, for: task).builder(for: task) else {
             throw ModelError.invalidConfig("\(task.rawValue) needs an image–text model", file: directory.url.path)
         }
@@ -218,6 +221,7 @@ public enum ModelRegistry {
     /// The decoder-only language model in `directory` (a ``LlamaForCausalLM`` for llama, mistral, qwen2, qwen3 and smollm3, a ``Gemma3ForCausalLM`` for gemma3_text, an
     /// ``OPTForCausalLM`` for opt, a ``GPT2LMHeadModel`` for gpt2); see ``family(of:for:)`` for the errors.
     public static func causalLanguageModel(_ directory: ModelDirectory, for task: ModelTask = .generate) throws -> any CausalLanguageModel {
+        defer { releaseParallelWorkers() }  // as dualEncoder
         guard case .causalLanguageModel(let build) = try family(of: directory, for: task).builder else {
             throw ModelError.invalidConfig("\(task.rawValue) needs a language model", file: directory.url.path)
         }
@@ -226,6 +230,7 @@ public enum ModelRegistry {
 
     /// The image–text matching model in `directory`; see ``family(of:for:)`` for the errors.
     public static func imageTextMatchingModel(_ directory: ModelDirectory) throws -> any ImageTextMatchingModel {
+        defer { releaseParallelWorkers() }  // as dualEncoder
         guard case .imageTextMatching(let build) = try family(of: directory, for: .match).builder else {
             throw ModelError.invalidConfig("match needs an image–text matching model", file: directory.url.path)
         }
@@ -235,6 +240,7 @@ public enum ModelRegistry {
     /// The zero-shot segmentation model in `directory` (a ``CLIPSegForImageSegmentation`` for clipseg); see
     /// ``family(of:for:)`` for the errors.
     public static func zeroShotSegmentationModel(_ directory: ModelDirectory) throws -> any ZeroShotSegmentationModel {
+        defer { releaseParallelWorkers() }  // as dualEncoder
         guard case .zeroShotSegmentation(let build) = try family(of: directory, for: .segment).builder else {
             throw ModelError.invalidConfig("segment needs a zero-shot segmentation model", file: directory.url.path)
         }
@@ -244,6 +250,7 @@ public enum ModelRegistry {
     /// The zero-shot object detection model in `directory` (an ``OwlViTForObjectDetection`` for owlvit and owlv2);
     /// see ``family(of:for:)`` for the errors.
     public static func zeroShotObjectDetectionModel(_ directory: ModelDirectory) throws -> any ZeroShotObjectDetectionModel {
+        defer { releaseParallelWorkers() }  // as dualEncoder
         guard case .zeroShotObjectDetection(let build) = try family(of: directory, for: .detect).builder else {
             throw ModelError.invalidConfig("detect needs a zero-shot object detection model", file: directory.url.path)
         }
@@ -253,6 +260,7 @@ public enum ModelRegistry {
     /// The image-to-text model in `directory`, for `task` (caption, ask, chat); see ``family(of:for:)`` for the
     /// errors.
     public static func imageToTextModel(_ directory: ModelDirectory, for task: ModelTask) throws -> any ImageToTextModel {
+        defer { releaseParallelWorkers() }  // as dualEncoder
         guard case .imageToText(let build) = try family(of: directory, for: task).builder else {
             throw ModelError.invalidConfig("\(task.rawValue) needs an image-to-text model", file: directory.url.path)
         }
@@ -269,6 +277,7 @@ extension ModelRegistry {
     /// `<end_of_turn>` among the latter).
     public static func causalLanguageModel(gguf file: GGUFFile) throws
         -> (model: any CausalLanguageModel, bosTokenId: Int?, eosTokenIds: [Int]) {
+        defer { releaseParallelWorkers() }  // as dualEncoder
         if file.metadata["general.architecture"]?.string == "gemma3" {
             let model = try Gemma3ForCausalLM(gguf: file)
             return (model, model.config.bosTokenId, model.config.endOfGenerationIds(gguf: file))

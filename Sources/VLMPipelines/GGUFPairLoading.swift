@@ -2,6 +2,7 @@ import Foundation
 import VLMCheckpoint
 import VLMImages
 import VLMModels
+import VLMTensor
 
 extension ImageTextToTextPipeline {
     /// LLaVA-1.5, LLaVA-NeXT (an mmproj with `clip.vision.image_grid_pinpoints`) or Gemma 3 (`clip.projector_type`
@@ -26,6 +27,7 @@ extension ImageTextToTextPipeline {
     /// - Throws: the loaders' errors, each naming the file; `PipelineError.noChatTemplate` when the language model's
     ///   metadata has no chat template.
     public convenience init(gguf languageModel: URL, mmproj: URL) throws {
+        defer { releaseParallelWorkers() }  // as ModelRegistry's builders
         let lmFile = try GGUFFile(url: languageModel), projectionFile = try GGUFFile(url: mmproj)
         if Gemma3MMProjConfig.describes(projectionFile) {
             try self.init(gemma3: lmFile, mmproj: projectionFile)

@@ -62,8 +62,6 @@ public final class ServedModel: Sendable {
             try build(name: name, path: path, mmproj: mmproj, precision: precision, chatTemplate: chatTemplate,
                       chatTemplateContext: chatTemplateContext, configuration: configuration)
         }
-        // The loading thread serves nothing: its OpenMP workers would only slow the batcher's (see releaseParallelWorkers).
-        releaseParallelWorkers()
         let template: ResponseTemplate?
         switch model.role {
         case .text(let pipeline, _):
