@@ -454,16 +454,6 @@ extension Gemma3TextConfig {
     }
 }
 
-extension Gemma3TextConfig {
-    /// Where generation from a GGUF file stops: the file's eos and its `<end_of_turn>`, as Gemma 3's
-    /// generation_config.json lists them (`[1, 106]`) and llama.cpp ends generation at.
-    public func endOfGenerationIds(gguf file: GGUFFile) -> [Int] {
-        let tokens = file.metadata["tokenizer.ggml.tokens"]?.array ?? []
-        guard let endOfTurn = tokens.firstIndex(of: .string("<end_of_turn>")), !eosTokenIds.contains(endOfTurn) else { return eosTokenIds }
-        return eosTokenIds + [endOfTurn]
-    }
-}
-
 extension Gemma3ForCausalLM {
     /// Loads a llama.cpp GGUF file whose `general.architecture` is `gemma3` (the text decoder; a multimodal file's
     /// vision tower is its separate mmproj file).

@@ -273,16 +273,16 @@ extension ModelRegistry {
     public static let ggufLanguageModelArchitectures = LlamaConfig.ggufArchitectures + ["gemma3"]
 
     /// The language model a llama.cpp GGUF file holds, by its `general.architecture` (a ``Gemma3ForCausalLM`` for
-    /// gemma3, a ``LlamaForCausalLM`` for the others), with the token ids generation starts and stops with (Gemma 3's
-    /// `<end_of_turn>` among the latter).
+    /// gemma3, a ``LlamaForCausalLM`` for the others), with the token ids generation starts and stops with (the latter as
+    /// llama.cpp ends generation: ``GGUFFile/endOfGenerationIds(eos:)``).
     public static func causalLanguageModel(gguf file: GGUFFile) throws
         -> (model: any CausalLanguageModel, bosTokenId: Int?, eosTokenIds: [Int]) {
         defer { releaseParallelWorkers() }  // as dualEncoder
         if file.metadata["general.architecture"]?.string == "gemma3" {
             let model = try Gemma3ForCausalLM(gguf: file)
-            return (model, model.config.bosTokenId, model.config.endOfGenerationIds(gguf: file))
+            return (model, model.config.bosTokenId, file.endOfGenerationIds(eos: model.config.eosTokenIds))
         }
         let model = try LlamaForCausalLM(gguf: file)
-        return (model, model.config.bosTokenId, model.config.eosTokenIds)
+        return (model, model.config.bosTokenId, file.endOfGenerationIds(eos: model.config.eosTokenIds))
     }
 }

@@ -65,7 +65,7 @@ extension ImageTextToTextPipeline {
         }
         let decoder = try LlamaConfig(gguf: lmFile)
         var config = GenerationConfig()
-        config.eosTokenIds = decoder.eosTokenIds
+        config.eosTokenIds = lmFile.endOfGenerationIds(eos: decoder.eosTokenIds)
         config.bosTokenId = decoder.bosTokenId
         self.init(model: model, processor: processor, chatTemplate: chatTemplate,
                   config: TextGenerationPipeline.withPipelineDefaults(config, setKeys: []), imagePartsAsText: true)
@@ -83,7 +83,7 @@ extension ImageTextToTextPipeline {
         let processor = Gemma3Processor(imageProcessor: StandardImageProcessor(config: images), tokenizer: tokenizer,
                                         imageSeqLength: model.config.mmTokensPerImage)
         var config = GenerationConfig()
-        config.eosTokenIds = model.config.textConfig.endOfGenerationIds(gguf: lmFile)
+        config.eosTokenIds = lmFile.endOfGenerationIds(eos: model.config.textConfig.eosTokenIds)
         config.bosTokenId = model.config.textConfig.bosTokenId
         self.init(model: model, processor: processor, chatTemplate: chatTemplate,
                   config: TextGenerationPipeline.withPipelineDefaults(config, setKeys: []))
