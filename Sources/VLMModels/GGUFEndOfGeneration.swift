@@ -12,9 +12,10 @@ extension GGUFFile {
     /// texts llama.cpp would find them by are all on the list); less `<|end|>` where `<|call|>` or `<|calls|>` ends generation beside
     /// `<|return|>` or `<|flush|>` (a message ends there, not the generation), and less `</s>` where
     /// `<|tool_response>` or `<|plamo:eos|>` does. Metadata ids outside the vocabulary are ignored, as llama.cpp
-    /// ignores them.
+    /// ignores them; a file without a vocabulary keeps `eos`.
     public func endOfGenerationIds(eos: [Int]) -> [Int] {
-        let tokens = metadata["tokenizer.ggml.tokens"]?.array?.map { $0.string ?? "" } ?? []
+        // A file without a vocabulary (a bare decoder) stops at what its config says.
+        guard let tokens = metadata["tokenizer.ggml.tokens"]?.array?.map({ $0.string ?? "" }) else { return eos }
         func metadataId(_ name: String) -> Int? {
             metadata["tokenizer.ggml.\(name)_token_id"]?.integer.flatMap { tokens.indices.contains($0) ? $0 : nil }
         }
