@@ -9,9 +9,9 @@ extension GGUFFile {
     /// The set: the fill-in-the-middle pad, repo and file-separator tokens (their metadata ids, else the first token
     /// with one of their texts: where a vocabulary has two, llama.cpp takes whichever its hash map yields first);
     /// every token whose text is on llama.cpp's end-of-generation list; `eos` and the metadata's eot and eom ids (the
-    /// texts llama.cpp would find them by are all on the list); less `<|end|>` where `<|call|>` or `<|calls|>` ends generation beside
-    /// `<|return|>` or `<|flush|>` (a message ends there, not the generation), and less `</s>` where
-    /// `<|tool_response>` or `<|plamo:eos|>` does. Metadata ids outside the vocabulary are ignored, as llama.cpp
+    /// texts llama.cpp would find them by are all on the list); less `<|end|>` where `<|call|>` or `<|calls|>` ends
+    /// generation beside `<|return|>` or `<|flush|>` (a message ends there, not the generation), and less `</s>`
+    /// where `<|tool_response>` or `<|plamo:eos|>` does. Metadata ids outside the vocabulary are ignored, as llama.cpp
     /// ignores them; a file without a vocabulary keeps `eos`.
     public func endOfGenerationIds(eos: [Int]) -> [Int] {
         // A file without a vocabulary (a bare decoder) stops at what its config says.

@@ -9,7 +9,8 @@ import VLMModels
     static let fixtures = SmolLM2.packageRoot.appendingPathComponent("Tests/Fixtures/gguf-eog")
 
     static func expected() throws -> [String: [Int]] {
-        try JSONDecoder().decode([String: [Int]].self, from: Data(contentsOf: fixtures.appendingPathComponent("expected.json")))
+        let data = try Data(contentsOf: fixtures.appendingPathComponent("expected.json"))
+        return try JSONDecoder().decode([String: [Int]].self, from: data)
     }
 
     @Test(arguments: ["qwen", "llama3", "harmony", "gemma4", "paddleocr", "metadata", "deepseek"])
