@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "vlm_kernels.h"
 
@@ -78,10 +79,12 @@ static char *arena_take(char **arena, size_t *left, size_t bytes) {
     return taken;
 }
 
-/// decodingAttentionParts (GroupedQueryAttention.swift): parts of at least 64 keys, about two per thread.
+/// decodingAttentionParts (GroupedQueryAttention.swift): parts of at least 64 keys, about two per thread, the threads
+/// OpenMP's team has (OMP_NUM_THREADS, else one per online CPU as its default).
 static ptrdiff_t attention_parts(ptrdiff_t key_length) {
     const char *threads_text = getenv("OMP_NUM_THREADS");
-    const ptrdiff_t threads = threads_text && atoi(threads_text) > 0 ? atoi(threads_text) : 1;
+    const long online = sysconf(_SC_NPROCESSORS_ONLN);
+    const ptrdiff_t threads = threads_text && atoi(threads_text) > 0 ? atoi(threads_text) : online > 0 ? online : 1;
     const ptrdiff_t by_length = key_length / 64, by_threads = (2 * threads + KEY_HEADS - 1) / KEY_HEADS;
     const ptrdiff_t parts = by_length < by_threads ? by_length : by_threads;
     return parts > 1 ? parts : 1;
