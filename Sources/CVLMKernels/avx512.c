@@ -947,20 +947,33 @@ AVX512 void vlm_quantize_rows_int8_avx512(const float *x, ptrdiff_t rows, ptrdif
     for (ptrdiff_t row = 0; row < rows; row++) {
         const float *in = x + row * features;
         signed char *out = q + row * features;
-        __m512 largest = _mm512_setzero_ps();
-        __mmask16 nonfinite = 0;
-        for (ptrdiff_t c = 0; c < features; c += LANES) {
-            const __m512 v = _mm512_maskz_loadu_ps(tail_mask(features - c), in + c);
-            largest = _mm512_max_ps(largest, _mm512_abs_ps(v));
-            nonfinite |= _mm512_fpclass_ps_mask(v, 0x99);  // NaN and ±infinity
+        // Four running maxima: one chain of dependent maxima held the pass to its latency (CLIP ViT-B/32 int8 batch
+        // 32 on a Zen 5 VM: the quantization 7.75% of samples; the kernel 1.3-1.4x faster alone and the model's
+        // images 4-5% faster with four). The maximum is exact in any order, so the scales are the same.
+        __m512 largest[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        __mmask16 nonfinite[4] = {0, 0, 0, 0};
+        ptrdiff_t c = 0;
+        for (; c + 4 * LANES <= features; c += 4 * LANES) {
+            for (int u = 0; u < 4; u++) {
+                const __m512 v = _mm512_loadu_ps(in + c + u * LANES);
+                largest[u] = _mm512_max_ps(largest[u], _mm512_abs_ps(v));
+                nonfinite[u] |= _mm512_fpclass_ps_mask(v, 0x99);  // NaN and ±infinity
+            }
         }
-        if (nonfinite) {
+        for (; c < features; c += LANES) {
+            const __m512 v = _mm512_maskz_loadu_ps(tail_mask(features - c), in + c);
+            largest[0] = _mm512_max_ps(largest[0], _mm512_abs_ps(v));
+            nonfinite[0] |= _mm512_fpclass_ps_mask(v, 0x99);
+        }
+        largest[0] = _mm512_max_ps(_mm512_max_ps(largest[0], largest[1]), _mm512_max_ps(largest[2], largest[3]));
+        const __mmask16 nonfinite_any = nonfinite[0] | nonfinite[1] | nonfinite[2] | nonfinite[3];
+        if (nonfinite_any) {
             // NaN scale, zero values: the products this row enters are NaN, as they would be in fp32.
             scales[row] = __builtin_nanf("");
             memset(out, 0, (size_t)features);
             continue;
         }
-        const float top = _mm512_reduce_max_ps(largest);
+        const float top = _mm512_reduce_max_ps(largest[0]);
         const __m512 inverse = _mm512_set1_ps(top > 0 ? 127.0f / top : 1.0f);
         scales[row] = top > 0 ? top / 127.0f : 1.0f;
         for (ptrdiff_t c = 0; c < features; c += LANES) {

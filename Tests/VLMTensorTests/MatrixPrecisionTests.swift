@@ -100,9 +100,10 @@ import Testing
         return (q, scales)
     }
 
-    @Test(arguments: [KernelPath.vector, .scalar])
-    func rowQuantizationRoundsToNearestEvenOnTheRowsScale(path: KernelPath) {
-        let width = 37  // a tail after two vectors of 16
+    /// Widths: a tail after two vectors of 16; two blocks of four vectors (each with a running maximum of its own in
+    /// the AVX-512 kernel) and a tail.
+    @Test(arguments: [KernelPath.vector, .scalar], [37, 133])
+    func rowQuantizationRoundsToNearestEvenOnTheRowsScale(path: KernelPath, width: Int) {
         let x: [Float] = (0..<(3 * width)).map { Float(sin(Double($0) * 0.7)) * Float($0 % 5) } + [Float](repeating: 0, count: width)
         var q = [CChar](repeating: 0, count: x.count)
         var scales = [Float](repeating: 0, count: 4)
@@ -113,12 +114,14 @@ import Testing
         #expect(scales[3] == 1 && q[(3 * width)...].allSatisfy { $0 == 0 })
         // A row with NaN or infinity: zeros and a NaN scale, so that the products it enters are NaN as in fp32.
         for bad in [Float.nan, .infinity] {
-            var row = [Float](repeating: 0.5, count: width)
-            row[width - 1] = bad
-            var rowQ = [CChar](repeating: 1, count: width)
-            var rowScale: Float = 0
-            vlm_quantize_rows_int8(row, 1, width, &rowQ, &rowScale, path.isa)
-            #expect(rowScale.isNaN && rowQ.allSatisfy { $0 == 0 }, "\(bad)")
+            for at in [0, 17, 33, 49, width - 1] where at < width {
+                var row = [Float](repeating: 0.5, count: width)
+                row[at] = bad
+                var rowQ = [CChar](repeating: 1, count: width)
+                var rowScale: Float = 0
+                vlm_quantize_rows_int8(row, 1, width, &rowQ, &rowScale, path.isa)
+                #expect(rowScale.isNaN && rowQ.allSatisfy { $0 == 0 }, "\(bad) at \(at)")
+            }
         }
     }
 
