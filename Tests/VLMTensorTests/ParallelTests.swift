@@ -61,7 +61,12 @@ import Testing
             if ran == 0 {
                 aliveBefore = seen.workers.map { FileManager.default.fileExists(atPath: "/proc/\($0)") }
                 releaseParallelWorkers()
-                aliveAfter = seen.workers.map { FileManager.default.fileExists(atPath: "/proc/\($0)") }
+                // Joined threads leave /proc once the kernel has reaped them, a moment later on a busy machine.
+                let deadline = Date().addingTimeInterval(10)
+                repeat {
+                    aliveAfter = seen.workers.map { FileManager.default.fileExists(atPath: "/proc/\($0)") }
+                    if aliveAfter.contains(true) { usleep(1000) }
+                } while aliveAfter.contains(true) && Date() < deadline
             }
             finished.signal()
         }
