@@ -29,6 +29,8 @@ typedef struct step_run {
     const vlm_decoder_step *step;
     vlm_kernel_isa isa;
     ptrdiff_t group;
+    /// The streams each thread reads its share of a product as: the step's `streams`, else the CPU's choice.
+    int streams;
     float *qkv, *gate_up, *product, *maxima, *sums, *partials;
     /// The attention's work claims, a layer's and the next one's: each is reset while no thread can be using it.
     atomic_ptrdiff_t claims[2];
@@ -164,7 +166,7 @@ enum epilogue { WRITE, ADD_TO_HIDDEN };
 static void run_products(step_run *run, const vlm_decoder_product *products, ptrdiff_t count, const void *activation,
                          float *output, enum epilogue epilogue, int thread, int threads) {
     const vlm_decoder_step *s = run->step;
-    const int streams = s->streams == 1 || s->streams == VLM_QUANT_MAX_STREAMS ? s->streams : vlm_quant_streams();
+    const int streams = run->streams;
     ptrdiff_t first_sets[4] = {0};
     for (ptrdiff_t i = 0; i < count; i++)
         first_sets[i + 1] = first_sets[i] + ((products[i].rows + 15) / 16 + streams - 1) / streams;
@@ -332,7 +334,8 @@ static void run_step(void *context, int thread, int threads) {
 }
 
 int vlm_decoder_step_run(const vlm_decoder_step *s, vlm_kernel_isa isa) {
-    step_run run = {.step = s, .isa = isa, .group = s->heads / s->key_heads};
+    step_run run = {.step = s, .isa = isa, .group = s->heads / s->key_heads,
+                    .streams = s->streams == 1 || s->streams == VLM_QUANT_MAX_STREAMS ? s->streams : vlm_quant_streams()};
     const ptrdiff_t slots = s->key_heads * most_parts(s) * run.group;
     run.qkv = s->scratch;
     run.gate_up = run.qkv + (s->heads + 2 * s->key_heads) * s->head_dim;

@@ -222,9 +222,8 @@ VNNI_INLINE void streams_product(const uint8_t *const *groups, const int P, cons
 /// Output rows of `P` groups for `M` activation rows (`out[p·M + i]`), their blocks read in turn: each group is a
 /// stream of its own through memory. On Zen 4 one stream per core leaves too few lines in flight (hardware prefetchers
 /// track a stream within a 4 KiB page, ours run a fixed distance ahead; Zen 5 the other way, see vlm_quant_streams):
-/// measured on a 2-core Zen 4 VM whose two threads
-/// read 33 GB/s, a Q8_0 152,000×896 matrix streamed at 18 GB/s with one stream per core, 20 with two, 23 with four
-/// and less again with six or eight; Q5_0 4864×896 at 14, 20 with four.
+/// measured on a 2-core Zen 4 VM whose two threads read 33 GB/s, a Q8_0 152,000×896 matrix streamed at 18 GB/s with
+/// one stream per core, 20 with two, 23 with four and less again with six or eight; Q5_0 4864×896 at 14, 20 with four.
 VNNI_INLINE void group_product(const uint8_t *const *groups, const int P, const vlm_quant_packed_layout_t *layout,
                                const vlm_quant_format F, const int8_t *activations, ptrdiff_t activation_bytes,
                                const int M, __m512 *out) {

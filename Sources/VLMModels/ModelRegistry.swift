@@ -209,62 +209,63 @@ public enum ModelRegistry {
 
     /// The image–text dual encoder in `directory`, for `task`; see ``family(of:for:)`` for the errors.
     public static func dualEncoder(_ directory: ModelDirectory, for task: ModelTask) throws -> any ImageTextDualEncoder {
-        // Loading packs weights on OpenMP threads; the loading thread is seldom the one that runs the model, and its
-        // idle workers would slow the one that does (see releaseParallelWorkers).
-        defer { releaseParallelWorkers() }
         guard case .imageTextDualEncoder(let build) = try family(of: directory, for: task).builder(for: task) else {
             throw ModelError.invalidConfig("\(task.rawValue) needs an image–text model", file: directory.url.path)
         }
-        return try build(directory)
+        return try loaded { try build(directory) }
     }
 
     /// The decoder-only language model in `directory` (a ``LlamaForCausalLM`` for llama, mistral, qwen2, qwen3 and smollm3, a ``Gemma3ForCausalLM`` for gemma3_text, an
     /// ``OPTForCausalLM`` for opt, a ``GPT2LMHeadModel`` for gpt2); see ``family(of:for:)`` for the errors.
     public static func causalLanguageModel(_ directory: ModelDirectory, for task: ModelTask = .generate) throws -> any CausalLanguageModel {
-        defer { releaseParallelWorkers() }  // as dualEncoder
         guard case .causalLanguageModel(let build) = try family(of: directory, for: task).builder else {
             throw ModelError.invalidConfig("\(task.rawValue) needs a language model", file: directory.url.path)
         }
-        return try build(directory)
+        return try loaded { try build(directory) }
     }
 
     /// The image–text matching model in `directory`; see ``family(of:for:)`` for the errors.
     public static func imageTextMatchingModel(_ directory: ModelDirectory) throws -> any ImageTextMatchingModel {
-        defer { releaseParallelWorkers() }  // as dualEncoder
         guard case .imageTextMatching(let build) = try family(of: directory, for: .match).builder else {
             throw ModelError.invalidConfig("match needs an image–text matching model", file: directory.url.path)
         }
-        return try build(directory)
+        return try loaded { try build(directory) }
     }
 
     /// The zero-shot segmentation model in `directory` (a ``CLIPSegForImageSegmentation`` for clipseg); see
     /// ``family(of:for:)`` for the errors.
     public static func zeroShotSegmentationModel(_ directory: ModelDirectory) throws -> any ZeroShotSegmentationModel {
-        defer { releaseParallelWorkers() }  // as dualEncoder
         guard case .zeroShotSegmentation(let build) = try family(of: directory, for: .segment).builder else {
             throw ModelError.invalidConfig("segment needs a zero-shot segmentation model", file: directory.url.path)
         }
-        return try build(directory)
+        return try loaded { try build(directory) }
     }
 
     /// The zero-shot object detection model in `directory` (an ``OwlViTForObjectDetection`` for owlvit and owlv2);
     /// see ``family(of:for:)`` for the errors.
     public static func zeroShotObjectDetectionModel(_ directory: ModelDirectory) throws -> any ZeroShotObjectDetectionModel {
-        defer { releaseParallelWorkers() }  // as dualEncoder
         guard case .zeroShotObjectDetection(let build) = try family(of: directory, for: .detect).builder else {
             throw ModelError.invalidConfig("detect needs a zero-shot object detection model", file: directory.url.path)
         }
-        return try build(directory)
+        return try loaded { try build(directory) }
     }
 
     /// The image-to-text model in `directory`, for `task` (caption, ask, chat); see ``family(of:for:)`` for the
     /// errors.
     public static func imageToTextModel(_ directory: ModelDirectory, for task: ModelTask) throws -> any ImageToTextModel {
-        defer { releaseParallelWorkers() }  // as dualEncoder
         guard case .imageToText(let build) = try family(of: directory, for: task).builder else {
             throw ModelError.invalidConfig("\(task.rawValue) needs an image-to-text model", file: directory.url.path)
         }
-        return try build(directory)
+        return try loaded { try build(directory) }
+    }
+}
+
+extension ModelRegistry {
+    /// `build()`, then the loading thread's OpenMP workers ended: loading packs weights on them, and the loading thread
+    /// is seldom the one that runs the model, whose own workers its idle ones would slow (see releaseParallelWorkers).
+    static func loaded<Model>(_ build: () throws -> Model) rethrows -> Model {
+        defer { releaseParallelWorkers() }
+        return try build()
     }
 }
 
@@ -277,12 +278,11 @@ extension ModelRegistry {
     /// llama.cpp ends generation: ``GGUFFile/endOfGenerationIds(eos:)``).
     public static func causalLanguageModel(gguf file: GGUFFile) throws
         -> (model: any CausalLanguageModel, bosTokenId: Int?, eosTokenIds: [Int]) {
-        defer { releaseParallelWorkers() }  // as dualEncoder
         if file.metadata["general.architecture"]?.string == "gemma3" {
-            let model = try Gemma3ForCausalLM(gguf: file)
+            let model = try loaded { try Gemma3ForCausalLM(gguf: file) }
             return (model, model.config.bosTokenId, file.endOfGenerationIds(eos: model.config.eosTokenIds))
         }
-        let model = try LlamaForCausalLM(gguf: file)
+        let model = try loaded { try LlamaForCausalLM(gguf: file) }
         return (model, model.config.bosTokenId, file.endOfGenerationIds(eos: model.config.eosTokenIds))
     }
 }

@@ -27,7 +27,7 @@ extension ImageTextToTextPipeline {
     /// - Throws: the loaders' errors, each naming the file; `PipelineError.noChatTemplate` when the language model's
     ///   metadata has no chat template.
     public convenience init(gguf languageModel: URL, mmproj: URL) throws {
-        defer { releaseParallelWorkers() }  // as ModelRegistry's builders
+        defer { releaseParallelWorkers() }  // as ModelRegistry.loaded
         let lmFile = try GGUFFile(url: languageModel), projectionFile = try GGUFFile(url: mmproj)
         if Gemma3MMProjConfig.describes(projectionFile) {
             try self.init(gemma3: lmFile, mmproj: projectionFile)
