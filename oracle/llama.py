@@ -491,6 +491,70 @@ def smollm2(path):
         cases=cases), open(os.path.join(FIXTURES, "smollm2.json"), "w"), indent=1)
 
 
+def smollm2_half_cache(path):
+    """Tests/Fixtures/llama/smollm2-f16-cache.json: smollm2()'s prompts with a KV cache kept in fp16, as llama.cpp keeps
+    its cache by default: transformers' cache layers round every key and value they store to fp16 (to nearest, ties to
+    even) and attention reads them back as fp32, the prompt's own included. The prompt logits, the greedy continuation,
+    its last step's logits and whether it is the fp32 cache's continuation (smollm2.json)."""
+    from transformers import AutoTokenizer, cache_utils
+    directory, file = os.path.split(path)
+    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=file)
+    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=file, dtype=torch.float32).eval()
+    # Relative noise added to keys and values before they are rounded: fp32 arithmetic that differs from PyTorch's
+    # in the last bits moves a few of them across a rounding boundary, a whole half-ulp.
+    jitter = {"scale": 0.0}
+
+    def jittered(x):
+        return x * (1 + jitter["scale"] * torch.randn_like(x)) if jitter["scale"] else x
+
+    for layer in (cache_utils.DynamicLayer, cache_utils.DynamicSlidingWindowLayer):
+        def rounding(update):
+            return lambda self, key, value, *args, **kwargs: update(
+                self, jittered(key).half().float(), jittered(value).half().float(), *args, **kwargs)
+        layer.update = rounding(layer.update)
+    fp32 = json.load(open(os.path.join(FIXTURES, "smollm2.json")))
+    torch.manual_seed(0)
+    cases = []
+    for reference in fp32["cases"]:
+        ids = torch.tensor([reference["input_ids"]])
+        with torch.no_grad():
+            last = model(input_ids=ids, use_cache=True).logits[0, -1]
+            # How far the prompt's logits move when the keys and values move by 3e-7 of themselves before rounding
+            # (three draws): the spread any fp32 implementation's fp16 cache shows against this one.
+            jitter["scale"] = 3e-7
+            sensitivity = max((model(input_ids=ids, use_cache=True).logits[0, -1] - last).abs().max().item()
+                              for _ in range(3))
+            jitter["scale"] = 0.0
+        top = last.topk(10)
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=fp32["max_new_tokens"],
+                             do_sample=False, eos_token_id=[2], pad_token_id=2, output_logits=True,
+                             return_dict_in_generate=True)
+        margins = [(l[0].topk(2).values[0] - l[0].topk(2).values[1]).item() for l in out.logits]
+        new = out.sequences[0, ids.shape[1]:].tolist()
+        final = out.logits[-1][0]
+        final_top = final.topk(10)
+        # The same for the last step's logits, from one pass over the prompt and the continuation.
+        with torch.no_grad():
+            sequence = out.sequences[:, :-1]
+            jitter["scale"] = 3e-7
+            final_sensitivity = max((model(input_ids=sequence, use_cache=True).logits[0, -1] - final).abs().max().item()
+                                    for _ in range(3))
+            jitter["scale"] = 0.0
+        cases.append(dict(text=reference["text"], input_ids=reference["input_ids"], top_ids=top.indices.tolist(),
+                          top_logits=top.values.tolist(), logits_head=last[:64].tolist(), new_tokens=new,
+                          final_top_ids=final_top.indices.tolist(), final_top_logits=final_top.values.tolist(),
+                          final_logits_head=final[:64].tolist(), continuation=tokenizer.decode(new),
+                          min_margin=min(margins), same_as_fp32_cache=new == reference["new_tokens"],
+                          prompt_logits_head_change=(last[:64] - torch.tensor(reference["logits_head"])).abs().max().item(),
+                          rounding_sensitivity=sensitivity, final_rounding_sensitivity=final_sensitivity))
+        print(repr(reference["text"]), new == reference["new_tokens"], min(margins), cases[-1]["prompt_logits_head_change"],
+              sensitivity, final_sensitivity)
+    import gguf, transformers
+    json.dump(dict(file=file, eos=[2], max_new_tokens=fp32["max_new_tokens"], cache="fp16", versions=dict(
+        torch=torch.__version__, transformers=transformers.__version__, gguf=gguf.__version__ if hasattr(gguf, "__version__") else "0.19.0"),
+        cases=cases), open(os.path.join(FIXTURES, "smollm2-f16-cache.json"), "w"), indent=1)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--smollm2", help="path of SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -506,6 +570,7 @@ def main():
     gemma3_mixed_gguf()
     if args.smollm2:
         smollm2(args.smollm2)
+        smollm2_half_cache(args.smollm2)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 Usage:  python3 scripts/bench_llamacpp.py [--model FILE.gguf] [--requantize TYPE] [--threads 2] [--runs 3]
                                          [--rounds 5] [--prompt-tokens 256] [--new-tokens 128] [--json]
                                          [--vlm BINARY] [--llama-bench BINARY] [--dtype fp32|bf16|int8]
+                                         [--cache-type f32|f16]
 
 llama.cpp comes from PyPI's llama-cpp-python, built from source for this CPU (CMAKE_ARGS="-DGGML_NATIVE=ON") into
 .venv-llamacpp/ at the package root the first time (about 5 minutes or more; the venv ignores itself in git), or,
@@ -11,8 +12,8 @@ with --llama-bench, is llama.cpp's own llama-bench (and llama-quantize beside it
 prompt timed alone, then --new-tokens tokens decoded after a --prompt-tokens-deep cache (its -d), no Python between
 the steps. Both engines get the same --prompt-tokens pseudo-random prompt token ids (the LCG `vlm bench` uses), prefill them
 in one batch, then feed back the greedy token --new-tokens times with no stop token (llama.cpp keeps its KV cache
-in f16, its default; SwiftVLM in fp32, as transformers does); each reports the median of --runs runs after
-one warm-up. The engines take turns for --rounds rounds (the order alternating), each round giving one ratio
+in f16, its default; SwiftVLM in fp32, as transformers does, unless --cache-type f16); each reports the median of
+--runs runs after one warm-up. The engines take turns for --rounds rounds (the order alternating), each round giving one ratio
 SwiftVLM / llama.cpp: a shared machine's speed drifts by tens of percent within minutes, and measurements taken
 side by side drift together. The table shows each engine's median over the rounds and the median of the
 per-round ratios. Each round starts with a probe (scripts/machine.py) reading a buffer the size of the weights one
@@ -247,7 +248,7 @@ def bench_swiftvlm(vlm: Path, model: Path, args) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     out = subprocess.run([vlm, "bench", "--model", model, "--json", "--runs", str(args.runs),
                           "--prompt-tokens", str(args.prompt_tokens), "--new-tokens", str(args.new_tokens),
-                          "--dtype", args.dtype],
+                          "--dtype", args.dtype, "--cache-type", args.cache_type],
                          check=True, capture_output=True, text=True, env=env)
     report = json.loads(out.stdout.strip().splitlines()[-1])
     return {key: report[key] for key in ("prefill_tokens_per_s", "decode_tokens_per_s")}
@@ -266,6 +267,7 @@ def main():
     parser.add_argument("--vlm", type=Path, help="a built `vlm` binary to run (default: build .build/release/vlm)")
     parser.add_argument("--llama-bench", type=Path, help="llama.cpp's llama-bench binary, instead of llama-cpp-python")
     parser.add_argument("--dtype", choices=("fp32", "bf16", "int8"), default="fp32", help="SwiftVLM's --dtype")
+    parser.add_argument("--cache-type", choices=("f32", "f16"), default="f32", help="SwiftVLM's --cache-type")
     args = parser.parse_args()
     if min(args.threads, args.runs, args.rounds, args.prompt_tokens, args.new_tokens) < 1:
         parser.error("--threads, --runs, --rounds, --prompt-tokens and --new-tokens must be positive")
@@ -292,7 +294,7 @@ def main():
             read = weight_bytes * rounds[-1][engine]["decode_tokens_per_s"] / 1e9
             rounds[-1][engine].update(weights_gb_per_s=read, of_probe=read / probes[-1])
     keys = ("prefill_tokens_per_s", "decode_tokens_per_s")
-    results = {"model": str(model), "dtype": args.dtype, "machine": machine, "llamacpp": type(llamacpp).__name__,
+    results = {"model": str(model), "dtype": args.dtype, "cache_type": args.cache_type, "machine": machine, "llamacpp": type(llamacpp).__name__,
                "llamacpp_extra_buffers": extra_buffers, "threads": args.threads,
                "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "step_weight_bytes": weight_bytes,
                "probe_gb_per_s": probes, "runs": args.runs, "load_average": load_before, "rounds": rounds}
@@ -308,7 +310,7 @@ def main():
         print(json.dumps(results, indent=1))
         return
     print(summary(machine))
-    print(f"{model.name}, SwiftVLM --dtype {args.dtype}, {args.threads} threads, {args.prompt_tokens}-token prompt, {args.new_tokens} new tokens; "
+    print(f"{model.name}, SwiftVLM --dtype {args.dtype} --cache-type {args.cache_type}, {args.threads} threads, {args.prompt_tokens}-token prompt, {args.new_tokens} new tokens; "
           f"{args.rounds} rounds of each engine's median of {args.runs} runs (1-minute load average "
           f"{load_before:.1f} before; llama.cpp through "
           f"{'llama-bench' if isinstance(llamacpp, LlamaBench) else 'llama-cpp-python'}, its extra weight buffers "

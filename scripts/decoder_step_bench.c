@@ -6,9 +6,10 @@
 // `position + 1` cached positions and writes the same new one, so both builds compute the same logits unless their
 // arithmetic differs (reported). Built and run by scripts/bench_decoder_step.py.
 //
-// Usage: decoder_step_bench [--int8] FORMAT POSITION STEPS LIBRARY[@STREAMS] [LIBRARY[@STREAMS]]
+// Usage: decoder_step_bench [--int8] FORMAT POSITION STEPS LIBRARY[@STREAMS][+f16] [LIBRARY[@STREAMS][+f16]]
 // (--int8: the step's int8 products; @STREAMS: the step's `streams`, 1 or 4, where the CPU's choice is not wanted;
-// one library may be named twice, with two counts.)
+// +f16: the build reads a copy of the cache rounded to halves (its `half_keys`); one library may be named twice,
+// with two counts or with and without +f16.)
 #include <dlfcn.h>
 #include <math.h>
 #include <stdint.h>
@@ -34,6 +35,7 @@ typedef struct kernels {
     vlm_decoder_step step;
     double seconds;
     int streams;
+    int half_cache;
 } kernels;
 
 static void *symbol(void *library, const char *path, const char *name) {
@@ -43,6 +45,20 @@ static void *symbol(void *library, const char *path, const char *name) {
         exit(1);
     }
     return found;
+}
+
+/// A float's nearest half (ties to even) for the cache's values, which are far from the subnormal and overflow
+/// ranges.
+static uint16_t half_bits(float x) {
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    const uint32_t magnitude = bits & 0x7FFFFFFFu;
+    uint16_t half = 0;
+    if (magnitude >= 0x38800000u) {
+        const uint32_t rebased = magnitude - 0x38000000u, kept = rebased >> 13, rest = rebased & 0x1FFF;
+        half = (uint16_t)(kept + (rest > 0x1000 || (rest == 0x1000 && (kept & 1))));
+    }
+    return (uint16_t)(((bits >> 16) & 0x8000) | half);
 }
 
 static uint64_t random_state = 0x5eed;
@@ -116,6 +132,11 @@ int main(int argc, char **argv) {
         k->path = argv[4 + i];
         char file[4096];
         snprintf(file, sizeof file, "%s", k->path);
+        const size_t length = strlen(file);
+        if (length > 4 && strcmp(file + length - 4, "+f16") == 0) {
+            k->half_cache = 1;
+            file[length - 4] = 0;
+        }
         char *at = strrchr(file, '@');
         if (at && at[1] && strspn(at + 1, "0123456789") == strlen(at + 1)) {
             k->streams = atoi(at + 1);
@@ -168,6 +189,16 @@ int main(int argc, char **argv) {
             values[l][i] = (float)(random_bits() % 1000) * 1e-3f - 0.5f;
         }
     }
+    uint16_t *half_keys[LAYERS], *half_values[LAYERS];
+    for (int l = 0; l < LAYERS; l++) {
+        half_keys[l] = malloc(cache_floats * sizeof(uint16_t));
+        half_values[l] = malloc(cache_floats * sizeof(uint16_t));
+        if (!half_keys[l] || !half_values[l]) return 1;
+        for (size_t i = 0; i < cache_floats; i++) {
+            half_keys[l][i] = half_bits(keys[l][i]);
+            half_values[l][i] = half_bits(values[l][i]);
+        }
+    }
     // Each build's weights one after another, as one model's lie, from the same random blocks.
     const uint64_t weights_seed = random_state;
     for (int i = 0; i < count; i++) {
@@ -214,6 +245,7 @@ int main(int argc, char **argv) {
         s->parts = attention_parts(position + 1);
         s->int8 = int8;
         s->streams = builds[i].streams;
+        if (builds[i].half_cache) s->half_keys = half_keys, s->half_values = half_values;
         s->cos = cos_values, s->sin = sin_values;
         s->hidden = malloc(HIDDEN * sizeof(float));
         s->scratch = malloc((size_t)builds[i].scratch_floats(s) * sizeof(float));

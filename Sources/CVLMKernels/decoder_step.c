@@ -201,8 +201,7 @@ static void run_products(step_run *run, const vlm_decoder_product *products, ptr
 /// them (no other part reads that position), then runs its part for the head's group of query heads. Heads are
 /// normalized (Qwen3) before they are rotated (unless the layer keeps no positions, as SmolLM3's NoPE layers), as
 /// the layer-by-layer path does it.
-static void run_attention(step_run *run, const vlm_decoder_layer *layer, atomic_ptrdiff_t *claim, float *keys,
-                          float *values) {
+static void run_attention(step_run *run, const vlm_decoder_layer *layer, atomic_ptrdiff_t *claim, ptrdiff_t l) {
     const vlm_decoder_step *s = run->step;
     const ptrdiff_t hd = s->head_dim, group = run->group;
     const key_range range = attended_keys(s, layer);
@@ -213,7 +212,7 @@ static void run_attention(step_run *run, const vlm_decoder_layer *layer, atomic_
         const ptrdiff_t item = atomic_fetch_add_explicit(claim, 1, memory_order_relaxed);
         if (item >= s->key_heads * range.parts) return;
         const ptrdiff_t head = item / range.parts, part = item % range.parts;
-        float *head_keys = keys + head * s->capacity * hd, *head_values = values + head * s->capacity * hd;
+        const ptrdiff_t head_start = head * s->capacity * hd;
         const ptrdiff_t first = part * part_length;
         const ptrdiff_t count = part_length < key_length - first ? part_length : key_length - first;
         const float *cos = layer->local_rotary ? s->local_cos : s->cos, *sin = layer->local_rotary ? s->local_sin : s->sin;
@@ -223,9 +222,20 @@ static void run_attention(step_run *run, const vlm_decoder_layer *layer, atomic_
                 vlm_rms_norm(key, layer->key_norm, 1, hd, s->eps, t->key);
                 key = t->key;
             }
-            if (layer->unrotated) memcpy(head_keys + s->position * hd, key, (size_t)hd * sizeof(float));
-            else vlm_rotate_half(key, 1, 1, hd, cos, sin, head_keys + s->position * hd);
-            memcpy(head_values + s->position * hd, v + head * hd, (size_t)hd * sizeof(float));
+            const ptrdiff_t stored = head_start + s->position * hd;
+            if (s->half_keys) {
+                // Rotated in place (each pair is read before it is written), then rounded into the cache.
+                if (!layer->unrotated) {
+                    vlm_rotate_half(key, 1, 1, hd, cos, sin, t->key);
+                    key = t->key;
+                }
+                vlm_floats_to_halves(key, hd, s->half_keys[l] + stored, run->isa);
+                vlm_floats_to_halves(v + head * hd, hd, s->half_values[l] + stored, run->isa);
+            } else {
+                if (layer->unrotated) memcpy(s->keys[l] + stored, key, (size_t)hd * sizeof(float));
+                else vlm_rotate_half(key, 1, 1, hd, cos, sin, s->keys[l] + stored);
+                memcpy(s->values[l] + stored, v + head * hd, (size_t)hd * sizeof(float));
+            }
         }
         const float *query = q + head * group * hd;
         if (layer->query_norm) {
@@ -238,9 +248,12 @@ static void run_attention(step_run *run, const vlm_decoder_layer *layer, atomic_
         } else {
             vlm_rotate_half(query, 1, group, hd, cos, sin, t->query);
         }
+        const ptrdiff_t start = head_start + range.first * hd;
         const vlm_attention_problem problem = {
-            .query = t->query, .key = head_keys + range.first * hd, .value = head_values + range.first * hd,
-            .query_stride = hd, .key_stride = hd,
+            .query = t->query, .key = s->half_keys ? NULL : s->keys[l] + start,
+            .value = s->half_keys ? NULL : s->values[l] + start,
+            .half_key = s->half_keys ? s->half_keys[l] + start : NULL,
+            .half_value = s->half_keys ? s->half_values[l] + start : NULL, .query_stride = hd, .key_stride = hd,
             .value_stride = hd, .output_stride = hd, .query_length = group, .key_length = key_length, .head_dim = hd,
             .head_count = 1, .scale = s->scale};
         const ptrdiff_t slot = item * group;
@@ -297,7 +310,7 @@ static void run_step(void *context, int thread, int threads) {
         run_products(run, layer->attention, layer->attention_products, t->activation, run->qkv, WRITE,
                      thread, threads);
         vlm_parallel_barrier();
-        run_attention(run, layer, &run->claims[l % 2], s->keys[l], s->values[l]);
+        run_attention(run, layer, &run->claims[l % 2], l);
         vlm_parallel_barrier();
         vlm_attention_merge(run->maxima, run->sums, run->partials, s->key_heads, attended_keys(s, layer).parts,
                             run->group, s->head_dim, t->attended);

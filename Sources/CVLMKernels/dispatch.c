@@ -6,6 +6,7 @@
 #endif
 
 #include "kernels_internal.h"
+#include "quant_internal.h"
 
 int vlm_has_avx2(void) {
 #if defined(__x86_64__)
@@ -101,6 +102,66 @@ static void attention_tiles(ptrdiff_t head_dim, ptrdiff_t key_bytes, ptrdiff_t *
     if (*query_block <= 0) *query_block = l2 / 8 / row_bytes;
 }
 
+/// `*buffer` grown to at least `bytes` (64-byte aligned), or NULL when it cannot be.
+static void *grown_scratch(void **buffer, size_t *capacity, size_t bytes) {
+    if (bytes > *capacity) {
+        const size_t rounded = (bytes + 63) / 64 * 64;
+        void *grown = aligned_alloc(64, rounded);
+        if (!grown) return NULL;
+        free(*buffer);
+        *buffer = grown;
+        *capacity = rounded;
+    }
+    return *buffer;
+}
+
+void vlm_floats_to_halves(const float *x, ptrdiff_t count, uint16_t *y, vlm_kernel_isa isa) {
+#if defined(__x86_64__)
+    if (isa == VLM_ISA_AVX512 && vlm_best_isa() == VLM_ISA_AVX512) {
+        vlm_floats_to_halves_avx512(x, count, y);
+        return;
+    }
+#endif
+    (void)isa;
+    vlm_floats_to_halves_scalar(x, count, y);
+}
+
+void vlm_halves_to_floats(const uint16_t *x, ptrdiff_t count, float *y, vlm_kernel_isa isa) {
+#if defined(__x86_64__)
+    if (isa == VLM_ISA_AVX512 && vlm_best_isa() == VLM_ISA_AVX512) {
+        vlm_halves_to_floats_avx512(x, count, y);
+        return;
+    }
+#endif
+    (void)isa;
+    for (ptrdiff_t i = 0; i < count; i++) y[i] = vlm_half_to_float(x[i]);
+}
+
+/// `problem` with its half keys and values (positions `first ..< first + count` of every head) widened into floats
+/// of a buffer of the calling thread, head by head side by side in each position, for the kernels that read floats
+/// only; the widened problem's keys start at position `first`. NULL when the buffer cannot be allocated.
+static const vlm_attention_problem *widened_problem(const vlm_attention_problem *p, ptrdiff_t first, ptrdiff_t count,
+                                                    vlm_attention_problem *widened, vlm_kernel_isa isa) {
+    static _Thread_local void *buffer;
+    static _Thread_local size_t capacity;
+    const ptrdiff_t row = p->head_count * p->head_dim;
+    float *floats = grown_scratch(&buffer, &capacity, 2 * (size_t)(count * row) * sizeof(float));
+    if (!floats) return NULL;
+    for (ptrdiff_t t = 0; t < count; t++)
+        for (ptrdiff_t h = 0; h < p->head_count; h++) {
+            vlm_halves_to_floats(p->half_key + (first + t) * p->key_stride + h * p->head_dim, p->head_dim,
+                                 floats + t * row + h * p->head_dim, isa);
+            vlm_halves_to_floats(p->half_value + (first + t) * p->value_stride + h * p->head_dim, p->head_dim,
+                                 floats + (count + t) * row + h * p->head_dim, isa);
+        }
+    *widened = *p;
+    widened->key = floats;
+    widened->value = floats + count * row;
+    widened->key_stride = widened->value_stride = row;
+    widened->half_key = widened->half_value = NULL;
+    return widened;
+}
+
 /// Whether the key tiles beat whole rows: once one head's keys and values outgrow L2, every register block of whole
 /// rows streams them from L3. Below that the online softmax's extra work costs more than it saves (one thread on a
 /// Zen 4 with 1 MiB of L2, head_dim 64: key tiles 3-10% slower at 800-1500 tokens, even at 2048, 17% faster at
@@ -112,6 +173,12 @@ static int prefers_key_tiles(const vlm_attention_problem *p) {
 int vlm_attention_scheduled(const vlm_attention_problem *problem, vlm_attention_schedule schedule,
                             ptrdiff_t query_block, ptrdiff_t key_tile, vlm_kernel_isa isa) {
     if (problem->query_length <= 0 || problem->head_dim <= 0 || problem->head_count <= 0) return 0;
+    vlm_attention_problem widened;
+    if (problem->half_key) {
+        // A prompt's attention does head_dim multiply-adds per key and query row; widening first costs one pass.
+        if (!widened_problem(problem, 0, problem->key_length, &widened, isa)) return -1;
+        problem = &widened;
+    }
 #if defined(__x86_64__)
     if (isa == VLM_ISA_AVX512 && vlm_best_isa() == VLM_ISA_AVX512) {
         // In bf16 a head's keys and values take half the bytes, and every length runs on key tiles: a short
@@ -139,15 +206,7 @@ int vlm_attention(const vlm_attention_problem *problem, vlm_kernel_isa isa) {
 void *vlm_attention_partial_scratch(size_t bytes) {
     static _Thread_local void *buffer;
     static _Thread_local size_t capacity;
-    if (bytes > capacity) {
-        const size_t rounded = (bytes + 63) / 64 * 64;
-        void *grown = aligned_alloc(64, rounded);
-        if (!grown) return NULL;
-        free(buffer);
-        buffer = grown;
-        capacity = rounded;
-    }
-    return buffer;
+    return grown_scratch(&buffer, &capacity, bytes);
 }
 
 int vlm_attention_partial(const vlm_attention_problem *problem, ptrdiff_t first_key, ptrdiff_t key_count, float *maxima,
@@ -156,6 +215,14 @@ int vlm_attention_partial(const vlm_attention_problem *problem, ptrdiff_t first_
 #if defined(__x86_64__)
     if (isa == VLM_ISA_AVX512 && vlm_best_isa() == VLM_ISA_AVX512)
         return vlm_attention_partial_avx512(problem, first_key, key_count, maxima, sums, outputs);
+#endif
+    vlm_attention_problem widened;
+    if (problem->half_key) {
+        if (!widened_problem(problem, first_key, key_count, &widened, isa)) return -1;
+        problem = &widened;
+        first_key = 0;
+    }
+#if defined(__x86_64__)
     if (isa == VLM_ISA_AVX2 && vlm_has_avx2())
         return vlm_attention_partial_avx2(problem, first_key, key_count, maxima, sums, outputs);
 #endif

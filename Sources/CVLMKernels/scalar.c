@@ -125,6 +125,37 @@ int vlm_attention_partial_scalar(const vlm_attention_problem *p, ptrdiff_t first
     return 0;
 }
 
+/// Round to nearest, ties to even, as F16C's vcvtps2ph does it: a NaN becomes a quiet NaN keeping the top of its
+/// payload, so that this and the AVX-512 path give the same bits for every float.
+void vlm_floats_to_halves_scalar(const float *x, ptrdiff_t count, uint16_t *y) {
+    for (ptrdiff_t i = 0; i < count; i++) {
+        uint32_t bits;
+        memcpy(&bits, x + i, sizeof bits);
+        const uint16_t sign = (uint16_t)((bits >> 16) & 0x8000);
+        const uint32_t magnitude = bits & 0x7FFFFFFFu;
+        if (magnitude > 0x7F800000u) {
+            y[i] = (uint16_t)(sign | 0x7E00 | ((magnitude >> 13) & 0x3FF));
+        } else if (magnitude >= 0x47800000u) {
+            // 2^16 and above (infinity included); values from 65520 up round to infinity in the normal case below.
+            y[i] = (uint16_t)(sign | 0x7C00);
+        } else if (magnitude < 0x38800000u) {
+            // Below the smallest normal half (2^-14): a subnormal, counted in units of 2^-24.
+            if (magnitude < 0x33000000u) {
+                y[i] = sign;  // under 2^-25: rounds to zero (2^-25 itself is a tie, to the even zero)
+                continue;
+            }
+            const uint32_t exponent = magnitude >> 23, significand = (magnitude & 0x7FFFFFu) | 0x800000u;
+            const uint32_t shift = 126 - exponent;  // 14 to 24
+            const uint32_t kept = significand >> shift, rest = significand & ((1u << shift) - 1), half = 1u << (shift - 1);
+            y[i] = (uint16_t)(sign | (kept + (rest > half || (rest == half && (kept & 1)))));
+        } else {
+            // A carry out of the significand rounds into the exponent, up to infinity: still the right bits.
+            const uint32_t rebased = magnitude - 0x38000000u, kept = rebased >> 13, rest = rebased & 0x1FFF;
+            y[i] = (uint16_t)(sign | (kept + (rest > 0x1000 || (rest == 0x1000 && (kept & 1)))));
+        }
+    }
+}
+
 PORTABLE_CLONES void vlm_gated_silu_scalar(const float *x, ptrdiff_t rows, ptrdiff_t width, float *y) {
     for (ptrdiff_t r = 0; r < rows; r++) {
         const float *gate = x + 2 * r * width, *up = gate + width;

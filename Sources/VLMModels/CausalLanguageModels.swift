@@ -30,14 +30,15 @@ func tokenEmbeddings(_ ids: [[Int]], table: WeightMatrix) throws -> Tensor {
 
 /// An empty cache of `layers` layers of `width` keys and values per position in `heads` heads, refused when it is
 /// absurdly large.
-func makeBoundedCache(batch: Int, capacity: Int, layers: Int, width: Int, heads: Int = 1) throws -> KVCache {
+func makeBoundedCache(batch: Int, capacity: Int, layers: Int, width: Int, heads: Int = 1,
+                      elementType: KVCache.ElementType = .float32) throws -> KVCache {
     let positions = batch.multipliedReportingOverflow(by: capacity)
-    let bytes = positions.partialValue.multipliedReportingOverflow(by: 2 * max(layers, 1) * width * 4)
+    let bytes = positions.partialValue.multipliedReportingOverflow(by: 2 * max(layers, 1) * width * elementType.size)
     guard batch > 0, capacity > 0, !positions.overflow, !bytes.overflow,
           bytes.partialValue <= LlamaForCausalLM.maximumCacheBytes else {
         throw ModelError.invalidInput("a KV cache for \(batch) rows of \(capacity) positions is out of range")
     }
-    return KVCache(batch: batch, capacity: capacity, layers: layers, width: width, heads: heads)
+    return KVCache(batch: batch, capacity: capacity, layers: layers, width: width, heads: heads, elementType: elementType)
 }
 
 /// The checked shape of one forward pass of a decoder: `inputsEmbeds [B, T, width]`, a cache with room for `T`
@@ -54,7 +55,7 @@ struct DecoderPass {
         (batch, length) = (inputsEmbeds.shape[0], inputsEmbeds.shape[1])
         past = cache?.length ?? 0
         if let cache {
-            guard cache.batch == batch, past + length <= cache.capacity, cache.keys.count == layers, cache.width == cacheWidth else {
+            guard cache.batch == batch, past + length <= cache.capacity, cache.layerCount == layers, cache.width == cacheWidth else {
                 throw ModelError.invalidInput(
                     "the KV cache holds \(cache.batch) rows of \(cache.capacity) positions (\(past) used); \(batch) rows of \(length) more do not fit")
             }
@@ -91,7 +92,7 @@ struct DecoderPass {
                              keyPaddingMask: keyPaddingMask, scale: scale)
         }
         cache.store(layer: layer, key: key, value: value)
-        return groupedQueryAttention(query: query, key: cache.keys[layer], value: cache.values[layer], heads: heads,
+        return groupedQueryAttention(query: query, keysAndValues: cache.keysAndValues(layer: layer), heads: heads,
                                      keyHeads: heads, keyLength: past + length, layout: cache.layout, causal: true,
                                      keyPaddingMask: keyPaddingMask, scale: scale)
     }
@@ -138,21 +139,21 @@ func validateRotaryDecoderShape(vocabSize: Int, hiddenSize: Int, intermediateSiz
 func causalSelfAttention(query: Tensor, key: Tensor, value: Tensor, heads: Int, keyHeads: Int, layer: Int, cache: KVCache?,
                          keyLength: Int, window: Int?, keyPaddingMask: Tensor?, scale: Float,
                          blocks: [Range<Int>] = []) -> Tensor {
-    var (keys, values, layout) = (key, value, KeyValueLayout.tokenMajor)
+    var (keysAndValues, layout) = (KeysAndValues.floats(key: key, value: value), KeyValueLayout.tokenMajor)
     if let cache {
         cache.store(layer: layer, key: key, value: value)
-        (keys, values, layout) = (cache.keys[layer], cache.values[layer], cache.layout)
+        (keysAndValues, layout) = (cache.keysAndValues(layer: layer), cache.layout)
     }
     let past = keyLength - query.shape[1]
     func attend(_ queries: Range<Int>, keyEnd: Int, causal: Bool) -> Tensor {
         let query = queries.count == query.shape[1] ? query : sequenceSlice(query, (queries.lowerBound - past)..<(queries.upperBound - past))
         let mask = keyEnd == keyLength ? keyPaddingMask : keyPaddingMask.map { sequenceSlice($0, 0..<keyEnd) }
         if let window, queries.upperBound > window {
-            return slidingWindowAttention(query: query, keys: keys, values: values, heads: heads, keyHeads: keyHeads,
+            return slidingWindowAttention(query: query, keysAndValues: keysAndValues, heads: heads, keyHeads: keyHeads,
                                           layout: layout, queries: queries, keyEnd: causal ? nil : keyEnd,
                                           window: window, keyPaddingMask: mask, scale: scale)
         }
-        return groupedQueryAttention(query: query, key: keys, value: values, heads: heads, keyHeads: keyHeads,
+        return groupedQueryAttention(query: query, keysAndValues: keysAndValues, heads: heads, keyHeads: keyHeads,
                                      keyLength: keyEnd, layout: layout, causal: causal, keyPaddingMask: mask, scale: scale)
     }
     // Runs of queries alike: outside the blocks causal, inside one the block's keys whole.
@@ -198,14 +199,14 @@ func attentionBlocks(_ attentionMask: [[Int]]?) throws -> [Range<Int>] {
 /// `i - window + 1 ... i` (transformers' `sliding_window_overlay` on the causal mask), or up to `keyEnd` where given
 /// (a block's queries, which see its later keys). Each query attends to its own run of keys; a decoding step is one
 /// query, so this costs a prefill longer than the window only.
-private func slidingWindowAttention(query: Tensor, keys: Tensor, values: Tensor, heads: Int, keyHeads: Int, layout: KeyValueLayout,
+private func slidingWindowAttention(query: Tensor, keysAndValues: KeysAndValues, heads: Int, keyHeads: Int, layout: KeyValueLayout,
                                     queries: Range<Int>, keyEnd: Int?, window: Int, keyPaddingMask: Tensor?, scale: Float) -> Tensor {
     let (batch, length, width) = (query.shape[0], query.shape[1], query.shape[2])
     let output = Tensor(uninitialized: query.shape)
     for (step, position) in queries.enumerated() {
         let seen = max(0, position - window + 1)..<(keyEnd ?? (position + 1))
         let attended = groupedQueryAttention(
-            query: sequenceSlice(query, step..<(step + 1)), key: keys, value: values, heads: heads, keyHeads: keyHeads,
+            query: sequenceSlice(query, step..<(step + 1)), keysAndValues: keysAndValues, heads: heads, keyHeads: keyHeads,
             keyLength: seen.count, firstKey: seen.lowerBound, layout: layout, causal: false,
             keyPaddingMask: keyPaddingMask.map { sequenceSlice($0, seen) }, scale: scale)
         for item in 0..<batch {

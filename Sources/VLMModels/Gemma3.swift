@@ -276,8 +276,12 @@ public final class Gemma3ForCausalLM: CausalLanguageModel, @unchecked Sendable {
 
     public func makeCache(batch: Int, capacity: Int) throws -> KVCache {
         try makeBoundedCache(batch: batch, capacity: capacity, layers: layers.count,
-                             width: config.numKeyValueHeads * config.headDim, heads: config.numKeyValueHeads)
+                             width: config.numKeyValueHeads * config.headDim, heads: config.numKeyValueHeads,
+                             elementType: cacheElementType)
     }
+
+    /// What `makeCache` holds keys and values in: ``KVCache/ElementType/forNewModels`` where the model was built.
+    public let cacheElementType = KVCache.ElementType.forNewModels
 
     /// The scaled token embeddings of `ids` (`[B][T]`, equal lengths), `[B, T, hiddenSize]`: what
     /// `Gemma3TextScaledWordEmbedding` returns, and so what a VLM's image features are spliced into.
@@ -303,7 +307,7 @@ public final class Gemma3ForCausalLM: CausalLanguageModel, @unchecked Sendable {
            cache.heads == config.numKeyValueHeads {
             let position = try pass.positions(positionIds, below: 1 << 24)[0]
             let full = rotaryTables(positions: position, inverseFrequencies: fullAttentionFrequencies)
-            let output = step(embedding: inputsEmbeds, keys: cache.keys, values: cache.values, capacity: cache.capacity,
+            let output = step(embedding: inputsEmbeds, cache: cache.layers, capacity: cache.capacity,
                               position: cache.length, cos: full.cos, sin: full.sin,
                               local: rotaryTables(positions: position, inverseFrequencies: slidingAttentionFrequencies))
             cache.advance(by: 1)

@@ -27,11 +27,14 @@ public protocol CausalLanguageModel: AnyObject, Sendable {
     var batchInvariantLength: Int? { get }
     /// The most positions the model was made for (`max_position_embeddings`), nil where it sets none.
     var contextLength: Int? { get }
+    /// What the caches of `makeCache(batch:capacity:)` hold keys and values in.
+    var cacheElementType: KVCache.ElementType { get }
 }
 
 extension CausalLanguageModel {
     public var batchInvariantLength: Int? { nil }
     public var contextLength: Int? { nil }
+    public var cacheElementType: KVCache.ElementType { .float32 }
 }
 
 extension CausalLanguageModel {

@@ -423,8 +423,12 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
 
     public func makeCache(batch: Int, capacity: Int) throws -> KVCache {
         try makeBoundedCache(batch: batch, capacity: capacity, layers: layers.count,
-                             width: config.numKeyValueHeads * config.headDim, heads: config.numKeyValueHeads)
+                             width: config.numKeyValueHeads * config.headDim, heads: config.numKeyValueHeads,
+                             elementType: cacheElementType)
     }
+
+    /// What `makeCache` holds keys and values in: ``KVCache/ElementType/forNewModels`` where the model was built.
+    public let cacheElementType = KVCache.ElementType.forNewModels
 
     /// 16 GiB: more than this machine class has, so a larger request is a mistake, not a workload.
     static let maximumCacheBytes = 16 << 30
@@ -464,7 +468,7 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
         if fusing, let step = fusedStep, let cache, inputs.keyPaddingMask == nil, inputsEmbeds.shape[0] == 1,
            inputsEmbeds.shape[1] == 1, cache.heads == config.numKeyValueHeads {
             let tables = rotaryTables(positions: inputs.positions[0])
-            let output = step(embedding: inputsEmbeds, keys: cache.keys, values: cache.values, capacity: cache.capacity,
+            let output = step(embedding: inputsEmbeds, cache: cache.layers, capacity: cache.capacity,
                               position: cache.length, cos: tables.cos, sin: tables.sin)
             cache.advance(by: 1)
             return step.vocabularySize == nil ? lmHead(output) : output
@@ -493,7 +497,7 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
         let (batch, length) = (inputsEmbeds.shape[0], inputsEmbeds.shape[1])
         let past = cache?.length ?? 0
         if let cache {
-            guard cache.batch == batch, past + length <= cache.capacity, cache.keys.count == layers.count,
+            guard cache.batch == batch, past + length <= cache.capacity, cache.layerCount == layers.count,
                   cache.width == config.numKeyValueHeads * config.headDim else {
                 throw ModelError.invalidInput(
                     "the KV cache holds \(cache.batch) rows of \(cache.capacity) positions (\(past) used); \(batch) rows of \(length) more do not fit")

@@ -143,22 +143,33 @@ package final class FusedDecoderStep: @unchecked Sendable {
 
     /// Runs the step for the token `embedding` (`hiddenSize` floats) at cache position `position`, whose rotary
     /// angles' cosines and sines (`headDim / 2` each) are `cos` and `sin` (`local` for the layers with a local
-    /// table): stores its key and value in `keys` and
-    /// `values` (per layer `[keyHeads·capacity, headDim]`, head-major) and attends to positions `0 ... position`.
+    /// table): stores its key and value in each layer's `cache` (`[keyHeads·capacity, headDim]`, head-major, all
+    /// layers floats or all halves) and attends to positions `0 ... position`.
     /// Returns the logits `[1, 1, vocabularySize]`, or without a head the final norm's output `[1, 1, hiddenSize]`.
-    package func callAsFunction(embedding: Tensor, keys: [Tensor], values: [Tensor], capacity: Int, position: Int,
+    package func callAsFunction(embedding: Tensor, cache: [KeysAndValues], capacity: Int, position: Int,
                                 cos: Tensor, sin: Tensor, local: (cos: Tensor, sin: Tensor)? = nil) -> Tensor {
         let local = local ?? (cos, sin)
-        precondition(embedding.count == hiddenSize && keys.count == descriptors.count && values.count == keys.count
+        var keys: [UnsafeMutablePointer<Float>?] = [], values: [UnsafeMutablePointer<Float>?] = []
+        var halfKeys: [UnsafeMutablePointer<UInt16>?] = [], halfValues: [UnsafeMutablePointer<UInt16>?] = []
+        for layer in cache {
+            switch layer {
+            case let .floats(key, value):
+                keys.append(key.storage.pointer)
+                values.append(value.storage.pointer)
+            case let .halves(key, value):
+                halfKeys.append(key.pointer)
+                halfValues.append(value.pointer)
+            }
+        }
+        precondition(embedding.count == hiddenSize && cache.count == descriptors.count
+                     && (keys.count == cache.count || halfKeys.count == cache.count)
                      && position >= 0 && position < capacity && cos.count == headDim / 2 && sin.count == headDim / 2
                      && local.cos.count == headDim / 2 && local.sin.count == headDim / 2
-                     && keys.allSatisfy { $0.count >= keyHeads * capacity * headDim }
-                     && values.allSatisfy { $0.count >= keyHeads * capacity * headDim },
+                     && cache.allSatisfy { $0.shapesMatch && Tensor.elementCount($0.keyShape) >= keyHeads * capacity * headDim },
                      "a fused decoding step at position \(position) of \(capacity) got mismatched inputs")
         let hidden = Tensor(uninitialized: [1, 1, hiddenSize])
         hidden.storage.pointer.initialize(from: embedding.storage.pointer, count: hiddenSize)
         let logits = vocabularySize.map { Tensor(uninitialized: [1, 1, $0]) }
-        let keyPointers = keys.map { Optional($0.storage.pointer) }, valuePointers = values.map { Optional($0.storage.pointer) }
         var step = vlm_decoder_step()
         step.layer_count = descriptors.count
         (step.hidden_size, step.heads, step.key_heads, step.head_dim, step.intermediate_size) =
@@ -184,17 +195,21 @@ package final class FusedDecoderStep: @unchecked Sendable {
         let scratch = Tensor(uninitialized: [vlm_decoder_step_scratch_floats(&step)])
         step.scratch = scratch.storage.pointer
         let status = descriptors.withUnsafeBufferPointer { layers in
-            keyPointers.withUnsafeBufferPointer { keys in
-                valuePointers.withUnsafeBufferPointer { values in
-                    step.layers = layers.baseAddress
-                    step.keys = keys.baseAddress
-                    step.values = values.baseAddress
-                    return vlm_decoder_step_run(&step, KernelPath.vectorISA)
+            keys.withUnsafeBufferPointer { keys in
+                values.withUnsafeBufferPointer { values in
+                    halfKeys.withUnsafeBufferPointer { halfKeys in
+                        halfValues.withUnsafeBufferPointer { halfValues in
+                            step.layers = layers.baseAddress
+                            (step.keys, step.values) = (keys.baseAddress, values.baseAddress)
+                            if !halfKeys.isEmpty { (step.half_keys, step.half_values) = (halfKeys.baseAddress, halfValues.baseAddress) }
+                            return vlm_decoder_step_run(&step, KernelPath.vectorISA)
+                        }
+                    }
                 }
             }
         }
         precondition(status == 0, "out of memory for a decoding step's scratch")
-        withExtendedLifetime((keys, values, scratch, self, local)) {}
+        withExtendedLifetime((cache, scratch, self, local)) {}
         return logits ?? hidden
     }
 }

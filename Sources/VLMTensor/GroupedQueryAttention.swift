@@ -30,9 +30,19 @@ public enum KeyValueLayout: Sendable {
 public func groupedQueryAttention(query: Tensor, key: Tensor, value: Tensor, heads: Int, keyHeads: Int, keyLength: Int,
                                   firstKey: Int = 0, layout: KeyValueLayout = .tokenMajor, causal: Bool,
                                   keyPaddingMask: Tensor? = nil, scale: Float? = nil) -> Tensor {
-    groupedQueryAttention(query: query, key: key, value: value, heads: heads, keyHeads: keyHeads, keyLength: keyLength,
-                          firstKey: firstKey, layout: layout, causal: causal, keyPaddingMask: keyPaddingMask, scale: scale,
-                          path: .best)
+    groupedQueryAttention(query: query, keysAndValues: .floats(key: key, value: value), heads: heads, keyHeads: keyHeads,
+                          keyLength: keyLength, firstKey: firstKey, layout: layout, causal: causal,
+                          keyPaddingMask: keyPaddingMask, scale: scale, path: .best)
+}
+
+/// ``groupedQueryAttention(query:key:value:heads:keyHeads:keyLength:firstKey:layout:causal:keyPaddingMask:scale:)``
+/// over keys and values that may be half floats (a KV cache kept in fp16).
+public func groupedQueryAttention(query: Tensor, keysAndValues: KeysAndValues, heads: Int, keyHeads: Int, keyLength: Int,
+                                  firstKey: Int = 0, layout: KeyValueLayout = .tokenMajor, causal: Bool,
+                                  keyPaddingMask: Tensor? = nil, scale: Float? = nil) -> Tensor {
+    groupedQueryAttention(query: query, keysAndValues: keysAndValues, heads: heads, keyHeads: keyHeads,
+                          keyLength: keyLength, firstKey: firstKey, layout: layout, causal: causal,
+                          keyPaddingMask: keyPaddingMask, scale: scale, path: .best)
 }
 
 /// Where the keys (or values) of one head of one batch item start, and how far apart its positions are.
@@ -62,21 +72,30 @@ private let parallelWork = 1 << 16
 func groupedQueryAttention(query: Tensor, key: Tensor, value: Tensor, heads: Int, keyHeads: Int, keyLength: Int,
                            firstKey: Int = 0, layout: KeyValueLayout = .tokenMajor, causal: Bool, keyPaddingMask: Tensor?,
                            scale: Float?, path: KernelPath) -> Tensor {
-    precondition(query.rank == 3 && key.rank == 3 && key.shape == value.shape && query.shape[0] == key.shape[0],
-                 "groupedQueryAttention needs query [B, Tq, E] and key, value [B, capacity, kvE]; got \(query.shape), \(key.shape), \(value.shape)")
+    groupedQueryAttention(query: query, keysAndValues: .floats(key: key, value: value), heads: heads, keyHeads: keyHeads,
+                          keyLength: keyLength, firstKey: firstKey, layout: layout, causal: causal,
+                          keyPaddingMask: keyPaddingMask, scale: scale, path: path)
+}
+
+func groupedQueryAttention(query: Tensor, keysAndValues: KeysAndValues, heads: Int, keyHeads: Int, keyLength: Int,
+                           firstKey: Int = 0, layout: KeyValueLayout = .tokenMajor, causal: Bool, keyPaddingMask: Tensor?,
+                           scale: Float?, path: KernelPath) -> Tensor {
+    let keyShape = keysAndValues.keyShape
+    precondition(query.rank == 3 && keyShape.count == 3 && keysAndValues.shapesMatch && query.shape[0] == keyShape[0],
+                 "groupedQueryAttention needs query [B, Tq, E] and key, value [B, capacity, kvE]; got \(query.shape), \(keyShape)")
     let (batch, queryLength, width) = (query.shape[0], query.shape[1], query.shape[2])
     precondition(heads > 0 && keyHeads > 0 && heads % keyHeads == 0 && width % heads == 0,
                  "groupedQueryAttention: \(heads) query heads of \(width) features do not share \(keyHeads) key heads")
     let headDim = width / heads, group = heads / keyHeads
     switch layout {
     case .tokenMajor:
-        precondition(key.shape[2] == headDim * keyHeads,
-                     "groupedQueryAttention: \(heads) query heads of \(width) features do not fit \(keyHeads) key heads of \(key.shape[2])")
+        precondition(keyShape[2] == headDim * keyHeads,
+                     "groupedQueryAttention: \(heads) query heads of \(width) features do not fit \(keyHeads) key heads of \(keyShape[2])")
     case .headMajor:
-        precondition(key.shape[2] == headDim && key.shape[1] % keyHeads == 0,
-                     "groupedQueryAttention: head-major keys \(key.shape) do not hold \(keyHeads) heads of \(headDim) features")
+        precondition(keyShape[2] == headDim && keyShape[1] % keyHeads == 0,
+                     "groupedQueryAttention: head-major keys \(keyShape) do not hold \(keyHeads) heads of \(headDim) features")
     }
-    let keys = KeyValueAddressing(shape: key.shape, layout: layout, keyHeads: keyHeads, headDim: headDim, firstKey: firstKey)
+    let keys = KeyValueAddressing(shape: keyShape, layout: layout, keyHeads: keyHeads, headDim: headDim, firstKey: firstKey)
     precondition(keyLength > 0 && firstKey >= 0 && firstKey + keyLength <= keys.capacity,
                  "groupedQueryAttention over keys \(firstKey)..<\(firstKey + keyLength) of \(keys.capacity)")
     if let keyPaddingMask {
@@ -87,20 +106,20 @@ func groupedQueryAttention(query: Tensor, key: Tensor, value: Tensor, heads: Int
     if output.count == 0 { return output }
     let scale = scale ?? 1 / Float(headDim).squareRoot()
     if queryLength == 1, let firstKeys = leftPaddingEnds(keyPaddingMask, batch: batch, keyLength: keyLength) {
-        return decodingAttention(query: query, key: key, value: value, heads: heads, keyHeads: keyHeads,
+        return decodingAttention(query: query, keysAndValues: keysAndValues, heads: heads, keyHeads: keyHeads,
                                  keyLength: keyLength, firstKeys: firstKeys, keys: keys, scale: scale, path: path)
     }
     let run: @Sendable (Int) -> Void = { unit in
         let (item, head) = unit.quotientAndRemainder(dividingBy: heads)
         let keyOffset = keys.offset(item: item, keyHead: head / group)
         var problem = vlm_attention_problem(
-            query: query.storage.pointer + item * queryLength * width + head * headDim,
-            key: key.storage.pointer + keyOffset, value: value.storage.pointer + keyOffset,
+            query: query.storage.pointer + item * queryLength * width + head * headDim, key: nil, value: nil,
             output: output.storage.pointer + item * queryLength * width + head * headDim,
             query_stride: width, key_stride: keys.stride, value_stride: keys.stride, output_stride: width,
             query_length: queryLength, key_length: keyLength, head_dim: headDim, head_count: 1, scale: scale,
             causal: causal ? 1 : 0, key_mask: keyPaddingMask.map { UnsafePointer($0.storage.pointer + item * keyLength) },
-            bf16_products: 0)
+            bf16_products: 0, half_key: nil, half_value: nil)
+        keysAndValues.address(&problem, offset: keyOffset)
         precondition(vlm_attention(&problem, path.isa) == 0, "out of memory for attention scratch over \(keyLength) keys")
     }
     if batch * heads * queryLength * keyLength * headDim < parallelWork {
@@ -108,6 +127,7 @@ func groupedQueryAttention(query: Tensor, key: Tensor, value: Tensor, heads: Int
     } else {
         parallelFor(batch * heads, run)
     }
+    keysAndValues.keepAlive()
     return output
 }
 
@@ -140,7 +160,7 @@ private func leftPaddingEnds(_ mask: Tensor?, batch: Int, keyLength: Int) -> [In
 /// parts' unnormalized softmax sums merge as in flash-decoding: rescaled to the largest maximum, added, divided by
 /// the total weight. An item's parts depend on its own keys alone, so a sequence decoded in a batch (its padding
 /// skipped) gets the floats it gets decoded alone.
-private func decodingAttention(query: Tensor, key: Tensor, value: Tensor, heads: Int, keyHeads: Int, keyLength: Int,
+private func decodingAttention(query: Tensor, keysAndValues: KeysAndValues, heads: Int, keyHeads: Int, keyLength: Int,
                                firstKeys: [Int], keys: KeyValueAddressing, scale: Float, path: KernelPath) -> Tensor {
     let (batch, width) = (query.shape[0], query.shape[2])
     let headDim = width / heads, group = heads / keyHeads
@@ -157,10 +177,11 @@ private func decodingAttention(query: Tensor, key: Tensor, value: Tensor, heads:
         let length = keyLength - firstKeys[item], partLength = (length + parts[item] - 1) / parts[item]
         let keyOffset = keys.offset(item: item, keyHead: keyHead)
         var problem = vlm_attention_problem(
-            query: query.storage.pointer + item * width + keyHead * group * headDim, key: key.storage.pointer + keyOffset,
-            value: value.storage.pointer + keyOffset, output: nil, query_stride: headDim, key_stride: keys.stride,
-            value_stride: keys.stride, output_stride: headDim, query_length: group, key_length: keyLength,
-            head_dim: headDim, head_count: 1, scale: scale, causal: 0, key_mask: nil, bf16_products: 0)
+            query: query.storage.pointer + item * width + keyHead * group * headDim, key: nil, value: nil, output: nil,
+            query_stride: headDim, key_stride: keys.stride, value_stride: keys.stride, output_stride: headDim,
+            query_length: group, key_length: keyLength, head_dim: headDim, head_count: 1, scale: scale, causal: 0,
+            key_mask: nil, bf16_products: 0, half_key: nil, half_value: nil)
+        keysAndValues.address(&problem, offset: keyOffset)
         let first = part * partLength
         precondition(vlm_attention_partial(&problem, firstKeys[item] + first, min(partLength, length - first),
                                            maxima.storage.pointer + slot * group, sums.storage.pointer + slot * group,
@@ -172,6 +193,7 @@ private func decodingAttention(query: Tensor, key: Tensor, value: Tensor, heads:
     } else {
         parallelFor(slots, run)
     }
+    keysAndValues.keepAlive()
     // Item i's query rows are the output's rows of its key heads' groups, headDim features each.
     let output = Tensor(uninitialized: query.shape)
     for item in 0..<batch {

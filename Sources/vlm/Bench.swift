@@ -8,6 +8,7 @@ struct Bench: AsyncParsableCommand {
 
     @OptionGroup var options: ModelOption
     @OptionGroup var precision: PrecisionOption
+    @OptionGroup var cache: CacheTypeOption
 
     @Option(help: "Images per forward pass (image-text models).")
     var batchSize = 1
@@ -73,6 +74,10 @@ struct Bench: AsyncParsableCommand {
     private static let imageChatOnly = ValidationError("--image and --prompt are for image chat models such as LLaVA")
 
     func run() async throws {
+        try await cache.building { try await runWithCacheType() }
+    }
+
+    private func runWithCacheType() async throws {
         guard mmproj == nil || options.model.hasSuffix(".gguf") else { throw ValidationError("--mmproj goes with a GGUF --model") }
         if options.model.hasSuffix(".gguf") {
             let ran = (precision.dtype ?? .float32).available
@@ -156,6 +161,7 @@ struct Bench: AsyncParsableCommand {
     /// after one warm-up run.
     private func benchImageTextToText(_ pipeline: ImageTextToTextPipeline, image: String, prompt: String,
                                       precision: MatrixPrecision) throws {
+        try cache.check(pipeline.text.model, path: options.model)
         let processed = try pipeline.processor.imageProcessor.preprocess([ImageDecoder.decode(contentsOf: URL(fileURLWithPath: image))])
         let messages: [JSONValue] = [["role": "user", "content": [["type": "image"], ["type": "text", "text": .string(prompt)]]]]
         let ids = try pipeline.promptIds(messages, imageTokenCounts: pipeline.processor.imageTokenCounts(processed))
@@ -377,6 +383,7 @@ struct Bench: AsyncParsableCommand {
     /// Prefills a prompt of fixed pseudo-random token ids through a KV cache, then feeds back the greedy token
     /// `newTokens` times (no stop token); one untimed warm-up run creates the primitives for every shape first.
     private func benchLanguageModel(_ model: any CausalLanguageModel, precision: MatrixPrecision) throws {
+        try cache.check(model, path: options.model)
         var state: UInt64 = 0x5EED
         let prompt = (0..<promptTokens).map { _ in
             state = state &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407

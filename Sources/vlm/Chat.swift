@@ -15,6 +15,7 @@ struct Chat: AsyncParsableCommand {
     @OptionGroup var options: ModelOption
     @OptionGroup var settings: GenerationSettings
     @OptionGroup var precision: PrecisionOption
+    @OptionGroup var cache: CacheTypeOption
     @OptionGroup var chatTemplate: ChatTemplateOption
 
     @Option(help: "A system message opening the conversation.")
@@ -27,10 +28,15 @@ struct Chat: AsyncParsableCommand {
     var mmproj: String?
 
     func run() async throws {
+        try await cache.building { try await runWithCacheType() }
+    }
+
+    private func runWithCacheType() async throws {
         let template = try chatTemplate.template(), context = try chatTemplate.context()
         let path = try await options.fileOrDirectory()
         if let mmproj {
             let pipeline = try precision.building { try ImageTextToTextPipeline(gguf: path, mmproj: URL(fileURLWithPath: mmproj)) }
+            try cache.check(pipeline.text.model, path: path.path)
             try chatAboutImages((template.map(pipeline.withChatTemplate) ?? pipeline).withChatTemplateContext(context))
             return
         }
@@ -38,6 +44,7 @@ struct Chat: AsyncParsableCommand {
         if let checkpoint, case .imageToText = try ModelRegistry.family(of: checkpoint, for: .chat).builder {
             let pipeline = try precision.building(storedIn: path) { try ImageToTextPipeline(directory: path, task: .chat) }
             if let chat = try ImageTextToTextPipeline.chatting(with: pipeline, directory: path, chatTemplate: template) {
+                try cache.check(chat.text.model, path: path.path)
                 try chatAboutImages(chat.withChatTemplateContext(context))
             } else {
                 guard template == nil && context.isEmpty else { throw ChatError.noChatTemplates(path.path) }
@@ -48,6 +55,7 @@ struct Chat: AsyncParsableCommand {
         }
         guard image == nil else { throw ChatError.readsNoImages(path.path) }
         let loaded = try precision.building { try TextGenerationPipeline(path: path) }
+        try cache.check(loaded.model, path: path.path)
         let pipeline = (template.map(loaded.withChatTemplate) ?? loaded).withChatTemplateContext(context)
         guard pipeline.chatTemplate != nil else { throw TokenizeError.noChatTemplate(path.path) }
         let config = try settings.apply(to: pipeline.config)

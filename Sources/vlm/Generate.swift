@@ -59,6 +59,7 @@ struct Generate: AsyncParsableCommand {
     @OptionGroup var options: ModelOption
     @OptionGroup var settings: GenerationSettings
     @OptionGroup var precision: PrecisionOption
+    @OptionGroup var cache: CacheTypeOption
     @OptionGroup var chatTemplate: ChatTemplateOption
 
     @Option(help: "The text to continue, tokenized as the model's tokenizer does by default (special tokens added).")
@@ -115,21 +116,29 @@ struct Generate: AsyncParsableCommand {
     }
 
     func run() async throws {
+        try await cache.building { try await runWithCacheType() }
+    }
+
+    private func runWithCacheType() async throws {
         let template = try chatTemplate.template(), context = try chatTemplate.context()
         let path = try await options.fileOrDirectory()
         if let mmproj {
             let pipeline = try precision.building { try ImageTextToTextPipeline(gguf: path, mmproj: URL(fileURLWithPath: mmproj)) }
+            try cache.check(pipeline.text.model, path: path.path)
             try answer(with: (template.map(pipeline.withChatTemplate) ?? pipeline).withChatTemplateContext(context))
             return
         }
         if let checkpoint = try? ModelDirectory(url: path),
            case .imageToText = try ModelRegistry.family(of: checkpoint, for: .generate).builder {
-            try answer(with: precision.building {
+            let pipeline = try precision.building {
                 try ImageTextToTextPipeline(directory: path, chatTemplate: template).withChatTemplateContext(context)
-            })
+            }
+            try cache.check(pipeline.text.model, path: path.path)
+            try answer(with: pipeline)
             return
         }
         let loaded = try precision.building { try TextGenerationPipeline(path: path) }
+        try cache.check(loaded.model, path: path.path)
         let pipeline = (template.map(loaded.withChatTemplate) ?? loaded).withChatTemplateContext(context)
         guard image.isEmpty else { throw ChatError.readsNoImages(path.path) }
         let config = try settings.apply(to: pipeline.config)

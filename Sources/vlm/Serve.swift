@@ -14,6 +14,7 @@ struct Serve: AsyncParsableCommand {
     var mmproj: String?
 
     @OptionGroup var precision: PrecisionOption
+    @OptionGroup var cache: CacheTypeOption
     @OptionGroup var chatTemplate: ChatTemplateOption
 
     @Option(help: "A JSON file holding a response template (transformers' tokenizer_config.json \"response_template\", or a file with that key): how the models' chat replies are split into content, reasoning_content and tool_calls, for models that ship none. Default: the checkpoint's own, else transformers serve's for its model type (Qwen 2/3/3.5, Gemma 4).")
@@ -76,6 +77,10 @@ struct Serve: AsyncParsableCommand {
     }
 
     func run() async throws {
+        try await cache.building { try await runWithCacheType() }
+    }
+
+    private func runWithCacheType() async throws {
         var configuration = ServerConfiguration()
         configuration.host = host
         configuration.port = port
@@ -102,10 +107,16 @@ struct Serve: AsyncParsableCommand {
         var served: [ServedModel] = []
         for name in models {
             let path = try await modelPath(name)
-            served.append(try ServedModel.load(name: name, path: path, mmproj: mmproj.map { URL(fileURLWithPath: $0) },
-                                               precision: precision.dtype, chatTemplate: chatTemplate,
-                                               chatTemplateContext: chatTemplateContext, responseTemplate: template,
-                                               configuration: configuration))
+            let model = try ServedModel.load(name: name, path: path, mmproj: mmproj.map { URL(fileURLWithPath: $0) },
+                                             precision: precision.dtype, chatTemplate: chatTemplate,
+                                             chatTemplateContext: chatTemplateContext, responseTemplate: template,
+                                             configuration: configuration)
+            switch model.role {
+            case .text(let pipeline, _): try cache.check(pipeline.model, path: name)
+            case .imageChat(let pipeline, _): try cache.check(pipeline.text.model, path: name)
+            case .embeddings: break
+            }
+            served.append(model)
         }
         let server = try VLMServer(models: served, configuration: configuration)
         let names = served.map(\.id).joined(separator: ", ")

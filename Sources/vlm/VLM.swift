@@ -68,6 +68,28 @@ struct PrecisionOption: ParsableArguments {
 
 extension MatrixPrecision: ExpressibleByArgument {}
 
+/// `--cache-type`: what the KV caches of the decoder a command builds hold (llama.cpp's `--cache-type-k` and
+/// `--cache-type-v` together).
+struct CacheTypeOption: ParsableArguments {
+    @Option(name: .customLong("cache-type"), help: "What the decoder's KV cache holds its keys and values in: f32 (the default: the same numbers as transformers) or f16 (half the memory and half the bytes each decoding step reads from the cache, as llama.cpp's default --cache-type-k f16 --cache-type-v f16; attention still computes in fp32). Llama-family and Gemma 3 decoders, GGUF ones included.")
+    var cacheType: KVCache.ElementType = .float32
+
+    /// `body` with the decoders it builds holding `--cache-type`'s caches.
+    func building<T>(_ body: () async throws -> T) async rethrows -> T {
+        try await KVCache.ElementType.$forNewModels.withValue(cacheType, operation: body)
+    }
+
+    /// An error unless `model` (the one at `path`) holds its caches as asked: decoders with fp32 caches only ignore
+    /// the setting, and that should not pass unnoticed.
+    func check(_ model: any CausalLanguageModel, path: String) throws {
+        guard model.cacheElementType == cacheType else {
+            throw ValidationError("\(path): this model's decoder holds its KV cache in \(model.cacheElementType.rawValue) only, not --cache-type \(cacheType.rawValue)")
+        }
+    }
+}
+
+extension KVCache.ElementType: ExpressibleByArgument {}
+
 /// `--chat-template FILE`: a chat template in place of the model's own (llama-server's `--chat-template-file`, vLLM's
 /// `--chat-template`), and `--chat-template-kwargs JSON`: variables for it (llama.cpp's `--chat-template-kwargs`).
 struct ChatTemplateOption: ParsableArguments {

@@ -257,6 +257,47 @@ static void check_attention(ptrdiff_t queries, ptrdiff_t keys, ptrdiff_t head_di
         snprintf(what, sizeof what, "attention bf16 q%td k%td d%td h%td c%d m%d", queries, keys, head_dim, heads, causal, masked);
         expect_close(what, output, expected, queries * width, 3e-2);
     }
+    {
+        // Keys and values as halves (strided as the floats are) give exactly what floats of the same values give:
+        // whole, and one head's decoding part from a third of the keys on.
+        uint16_t *halves = malloc((size_t)(stride * keys) * sizeof(uint16_t));
+        float *widened = malloc((size_t)(stride * keys) * sizeof(float));
+        float *from_halves = malloc((size_t)(queries * width) * sizeof(float));
+        vlm_floats_to_halves(kv, stride * keys, halves, VLM_ISA_SCALAR);
+        vlm_halves_to_floats(halves, stride * keys, widened, VLM_ISA_SCALAR);
+        for (int isa = 0; isa < 3; isa++) {
+            vlm_attention_problem floats = {
+                .query = qkv, .key = widened + width, .value = widened + 2 * width, .output = output,
+                .query_stride = stride, .key_stride = stride, .value_stride = stride, .output_stride = width,
+                .query_length = queries, .key_length = keys, .head_dim = head_dim, .head_count = heads,
+                .scale = scale, .causal = causal, .key_mask = mask};
+            vlm_attention_problem half = floats;
+            half.key = half.value = NULL;
+            half.half_key = halves + width, half.half_value = halves + 2 * width, half.output = from_halves;
+            if (vlm_attention(&floats, isas[isa]) != 0 || vlm_attention(&half, isas[isa]) != 0) failures++;
+            int same = memcmp(output, from_halves, (size_t)(queries * width) * sizeof(float)) == 0;
+            float maxima[2][64], sums[2][64];
+            floats.head_count = half.head_count = 1;
+            floats.causal = half.causal = 0;
+            floats.key_mask = half.key_mask = NULL;
+            floats.output_stride = half.output_stride = head_dim;
+            const ptrdiff_t first = keys / 3;
+            if (vlm_attention_partial(&floats, first, keys - first, maxima[0], sums[0], output, isas[isa]) != 0 ||
+                vlm_attention_partial(&half, first, keys - first, maxima[1], sums[1], from_halves, isas[isa]) != 0)
+                failures++;
+            same = same && memcmp(output, from_halves, (size_t)(queries * head_dim) * sizeof(float)) == 0 &&
+                   memcmp(maxima[0], maxima[1], (size_t)queries * sizeof(float)) == 0 &&
+                   memcmp(sums[0], sums[1], (size_t)queries * sizeof(float)) == 0;
+            if (!same) {
+                fprintf(stderr, "attention %s q%td k%td d%td h%td c%d m%d: halves differ from their floats\n", isa_names[isa],
+                        queries, keys, head_dim, heads, causal, masked);
+                failures++;
+            }
+        }
+        free(halves);
+        free(widened);
+        free(from_halves);
+    }
     if (!causal && !masked) {
         // One head's query rows over two key ranges, merged: the decoding split.
         for (int isa = 0; isa < 3; isa++) {
@@ -593,6 +634,15 @@ static void reference_rotate(double *x, const float *cos, const float *sin, ptrd
 /// ranges) at cache position `position`, split into `parts` key ranges, with and without its head, against the same network in double precision: the logits (or the final
 /// norm's output) and the key and value it stores. Only with an OpenMP runtime in the process.
 /// With `int8`, the step's products take int8 activations, and so does the reference.
+/// `x` as a half cache holds it.
+static double rounded_to_half(double x) {
+    float value = (float)x;
+    uint16_t half;
+    vlm_floats_to_halves(&value, 1, &half, VLM_ISA_SCALAR);
+    vlm_halves_to_floats(&half, 1, &value, VLM_ISA_SCALAR);
+    return value;
+}
+
 static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_isa isa, int int8) {
     enum { H = 64, HEADS = 4, KEY_HEADS = 2, HD = 16, I = 96, L = 2, CAPACITY = 160, VOCAB = 40, WINDOW = 24 };
     const ptrdiff_t group = HEADS / KEY_HEADS, width = HEADS * HD, key_width = KEY_HEADS * HD;
@@ -653,83 +703,98 @@ static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_i
     }
     float *embedding = random_floats(H);
     float *keys[L], *values[L];
-    double *reference_keys[L], *reference_values[L];
+    // The references' caches, [0] as given and [1] rounded to halves, as a half cache holds them.
+    double *reference_keys_of[2][L], *reference_values_of[2][L];
     for (int l = 0; l < L; l++) {
         keys[l] = random_floats(KEY_HEADS * CAPACITY * HD);
         values[l] = random_floats(KEY_HEADS * CAPACITY * HD);
-        reference_keys[l] = malloc(KEY_HEADS * CAPACITY * HD * sizeof(double));
-        reference_values[l] = malloc(KEY_HEADS * CAPACITY * HD * sizeof(double));
-        for (ptrdiff_t i = 0; i < KEY_HEADS * CAPACITY * HD; i++) {
-            reference_keys[l][i] = keys[l][i];
-            reference_values[l][i] = values[l][i];
+        for (int r = 0; r < 2; r++) {
+            reference_keys_of[r][l] = malloc(KEY_HEADS * CAPACITY * HD * sizeof(double));
+            reference_values_of[r][l] = malloc(KEY_HEADS * CAPACITY * HD * sizeof(double));
+            for (ptrdiff_t i = 0; i < KEY_HEADS * CAPACITY * HD; i++) {
+                reference_keys_of[r][l][i] = r ? rounded_to_half(keys[l][i]) : keys[l][i];
+                reference_values_of[r][l][i] = r ? rounded_to_half(values[l][i]) : values[l][i];
+            }
         }
     }
-    // The reference.
-    double hidden[H], normed[H], qkv[HEADS * HD + 2 * KEY_HEADS * HD], attended[HEADS * HD], gate_up[2 * I], gated[I];
-    double logits[VOCAB], final[H];
-    for (int i = 0; i < H; i++) hidden[i] = embedding[i];
-    for (int l = 0; l < L; l++) {
-        const float *layer_cos = layers[l].local_rotary ? local_cos : cos, *layer_sin = layers[l].local_rotary ? local_sin : sin;
-        reference_norm(hidden, layers[l].input_norm, H, eps, normed);
-        for (int i = 0; i < (l == 0 ? 3 : 1); i++) reference_product(&matrices[l][i], normed, qkv, 0, int8);
-        for (int h = 0; h < KEY_HEADS; h++) {
-            if (layers[l].key_norm) reference_norm(qkv + width + h * HD, layers[l].key_norm, HD, eps, qkv + width + h * HD);
-            if (!layers[l].unrotated) reference_rotate(qkv + width + h * HD, layer_cos, layer_sin, HD);
-            for (int f = 0; f < HD; f++) {
-                reference_keys[l][(h * CAPACITY + position) * HD + f] = qkv[width + h * HD + f];
-                reference_values[l][(h * CAPACITY + position) * HD + f] = qkv[width + key_width + h * HD + f];
+    // The references: with the cache as given, and with a half cache.
+    double logits_of[2][VOCAB], final_of[2][H];
+    for (int r = 0; r < 2; r++) {
+        double hidden[H], normed[H], qkv[HEADS * HD + 2 * KEY_HEADS * HD], attended[HEADS * HD], gate_up[2 * I], gated[I];
+        double *logits = logits_of[r], *final = final_of[r];
+        double **reference_keys = reference_keys_of[r], **reference_values = reference_values_of[r];
+        for (int i = 0; i < H; i++) hidden[i] = embedding[i];
+        for (int l = 0; l < L; l++) {
+            const float *layer_cos = layers[l].local_rotary ? local_cos : cos, *layer_sin = layers[l].local_rotary ? local_sin : sin;
+            reference_norm(hidden, layers[l].input_norm, H, eps, normed);
+            for (int i = 0; i < (l == 0 ? 3 : 1); i++) reference_product(&matrices[l][i], normed, qkv, 0, int8);
+            for (int h = 0; h < KEY_HEADS; h++) {
+                if (layers[l].key_norm) reference_norm(qkv + width + h * HD, layers[l].key_norm, HD, eps, qkv + width + h * HD);
+                if (!layers[l].unrotated) reference_rotate(qkv + width + h * HD, layer_cos, layer_sin, HD);
+                for (int f = 0; f < HD; f++) {
+                    const double key = qkv[width + h * HD + f], value = qkv[width + key_width + h * HD + f];
+                    reference_keys[l][(h * CAPACITY + position) * HD + f] = r ? rounded_to_half(key) : key;
+                    reference_values[l][(h * CAPACITY + position) * HD + f] = r ? rounded_to_half(value) : value;
+                }
             }
-        }
-        for (int q = 0; q < HEADS; q++) {
-            double *query = qkv + q * HD, *out = attended + q * HD;
-            const double *k = reference_keys[l] + (q / group) * CAPACITY * HD, *v = reference_values[l] + (q / group) * CAPACITY * HD;
-            if (layers[l].query_norm) reference_norm(query, layers[l].query_norm, HD, eps, query);
-            if (!layers[l].unrotated) reference_rotate(query, layer_cos, layer_sin, HD);
-            const ptrdiff_t first = layers[l].windowed && position >= WINDOW ? position - WINDOW + 1 : 0;
-            double largest = -INFINITY, total = 0, *scores = malloc((size_t)(position + 1) * sizeof(double));
-            for (ptrdiff_t p = first; p <= position; p++) {
-                scores[p] = 0;
-                for (int f = 0; f < HD; f++) scores[p] += query[f] * k[p * HD + f];
-                scores[p] *= scale;
-                largest = fmax(largest, scores[p]);
+            for (int q = 0; q < HEADS; q++) {
+                double *query = qkv + q * HD, *out = attended + q * HD;
+                const double *k = reference_keys[l] + (q / group) * CAPACITY * HD, *v = reference_values[l] + (q / group) * CAPACITY * HD;
+                if (layers[l].query_norm) reference_norm(query, layers[l].query_norm, HD, eps, query);
+                if (!layers[l].unrotated) reference_rotate(query, layer_cos, layer_sin, HD);
+                const ptrdiff_t first = layers[l].windowed && position >= WINDOW ? position - WINDOW + 1 : 0;
+                double largest = -INFINITY, total = 0, *scores = malloc((size_t)(position + 1) * sizeof(double));
+                for (ptrdiff_t p = first; p <= position; p++) {
+                    scores[p] = 0;
+                    for (int f = 0; f < HD; f++) scores[p] += query[f] * k[p * HD + f];
+                    scores[p] *= scale;
+                    largest = fmax(largest, scores[p]);
+                }
+                for (int f = 0; f < HD; f++) out[f] = 0;
+                for (ptrdiff_t p = first; p <= position; p++) {
+                    const double weight = exp(scores[p] - largest);
+                    total += weight;
+                    for (int f = 0; f < HD; f++) out[f] += weight * v[p * HD + f];
+                }
+                for (int f = 0; f < HD; f++) out[f] /= total;
+                free(scores);
             }
-            for (int f = 0; f < HD; f++) out[f] = 0;
-            for (ptrdiff_t p = first; p <= position; p++) {
-                const double weight = exp(scores[p] - largest);
-                total += weight;
-                for (int f = 0; f < HD; f++) out[f] += weight * v[p * HD + f];
+            double output[H];
+            reference_product(&matrices[l][5], attended, output, 0, int8);
+            if (layers[l].attention_output_norm) reference_norm(output, layers[l].attention_output_norm, H, eps, output);
+            for (int i = 0; i < H; i++) hidden[i] += output[i];
+            reference_norm(hidden, layers[l].post_attention_norm, H, eps, normed);
+            for (int i = 3; i < (l == 0 ? 5 : 4); i++) reference_product(&matrices[l][i], normed, gate_up, 0, int8);
+            for (int i = 0; i < I; i++) {
+                const double x = gate_up[i];
+                const double activated = layers[l].gelu_gate ? 0.5 * x * (1 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+                                                             : x / (1 + exp(-x));
+                gated[i] = activated * gate_up[I + i];
             }
-            for (int f = 0; f < HD; f++) out[f] /= total;
-            free(scores);
+            reference_product(&matrices[l][6], gated, output, 0, int8);
+            if (layers[l].mlp_output_norm) reference_norm(output, layers[l].mlp_output_norm, H, eps, output);
+            for (int i = 0; i < H; i++) hidden[i] += output[i];
         }
-        double output[H];
-        reference_product(&matrices[l][5], attended, output, 0, int8);
-        if (layers[l].attention_output_norm) reference_norm(output, layers[l].attention_output_norm, H, eps, output);
-        for (int i = 0; i < H; i++) hidden[i] += output[i];
-        reference_norm(hidden, layers[l].post_attention_norm, H, eps, normed);
-        for (int i = 3; i < (l == 0 ? 5 : 4); i++) reference_product(&matrices[l][i], normed, gate_up, 0, int8);
-        for (int i = 0; i < I; i++) {
-            const double x = gate_up[i];
-            const double activated = layers[l].gelu_gate ? 0.5 * x * (1 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
-                                                         : x / (1 + exp(-x));
-            gated[i] = activated * gate_up[I + i];
-        }
-        reference_product(&matrices[l][6], gated, output, 0, int8);
-        if (layers[l].mlp_output_norm) reference_norm(output, layers[l].mlp_output_norm, H, eps, output);
-        for (int i = 0; i < H; i++) hidden[i] += output[i];
+        reference_norm(hidden, norms + 2 * L * H, H, eps, final);
+        reference_product(&head, final, logits, 0, int8);
     }
-    reference_norm(hidden, norms + 2 * L * H, H, eps, final);
-    reference_product(&head, final, logits, 0, int8);
 
-    // With and without the head; then the same reading each product as the streams this CPU does not choose.
-    for (int run = 0; run < 4; run++) {
-        const int with_head = run % 2, streams = run < 2 ? 0 : vlm_quant_streams() == 1 ? VLM_QUANT_MAX_STREAMS : 1;
+    // With and without the head; then the same reading each product as the streams this CPU does not choose; then
+    // with the cache in halves.
+    for (int run = 0; run < 5; run++) {
+        const int half = run == 4, with_head = run % 2 || half;
+        const int streams = run == 2 || run == 3 ? (vlm_quant_streams() == 1 ? VLM_QUANT_MAX_STREAMS : 1) : 0;
         float *cache_keys[L], *cache_values[L];
+        uint16_t *half_keys[L], *half_values[L];
         for (int l = 0; l < L; l++) {
             cache_keys[l] = malloc(KEY_HEADS * CAPACITY * HD * sizeof(float));
             cache_values[l] = malloc(KEY_HEADS * CAPACITY * HD * sizeof(float));
             memcpy(cache_keys[l], keys[l], KEY_HEADS * CAPACITY * HD * sizeof(float));
             memcpy(cache_values[l], values[l], KEY_HEADS * CAPACITY * HD * sizeof(float));
+            half_keys[l] = malloc(KEY_HEADS * CAPACITY * HD * sizeof(uint16_t));
+            half_values[l] = malloc(KEY_HEADS * CAPACITY * HD * sizeof(uint16_t));
+            vlm_floats_to_halves(keys[l], KEY_HEADS * CAPACITY * HD, half_keys[l], isa);
+            vlm_floats_to_halves(values[l], KEY_HEADS * CAPACITY * HD, half_values[l], isa);
         }
         float *step_hidden = malloc(H * sizeof(float)), *step_logits = malloc(VOCAB * sizeof(float));
         memcpy(step_hidden, embedding, H * sizeof(float));
@@ -740,25 +805,32 @@ static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_i
             .capacity = CAPACITY, .position = position, .parts = parts, .window = WINDOW, .window_parts = 2, .int8 = int8,
             .cos = cos, .sin = sin, .local_cos = local_cos,
             .local_sin = local_sin, .hidden = step_hidden,
-            .logits = with_head ? step_logits : NULL, .streams = streams};
+            .logits = with_head ? step_logits : NULL, .streams = streams,
+            .half_keys = half ? half_keys : NULL, .half_values = half ? half_values : NULL};
         float *scratch = malloc((size_t)vlm_decoder_step_scratch_floats(&step) * sizeof(float));
         step.scratch = scratch;
         char what[96];
-        snprintf(what, sizeof what, "decoder_step position %td parts %td %s%s%s streams %d", position, parts,
-                 isa_name(isa), int8 ? " int8" : "", with_head ? " head" : "", streams);
+        snprintf(what, sizeof what, "decoder_step position %td parts %td %s%s%s%s streams %d", position, parts,
+                 isa_name(isa), int8 ? " int8" : "", with_head ? " head" : "", half ? " f16 cache" : "", streams);
         if (vlm_decoder_step_run(&step, isa) != 0) {
             fprintf(stderr, "%s: refused\n", what);
             failures++;
         } else if (with_head) {
-            expect_close(what, step_logits, logits, VOCAB, 1e-3);
+            expect_close(what, step_logits, logits_of[half], VOCAB, 1e-3);
         } else {
-            expect_close(what, step_hidden, final, H, 1e-3);
+            expect_close(what, step_hidden, final_of[half], H, 1e-3);
         }
         for (int l = 0; l < L; l++) {
-            expect_close(what, cache_keys[l], reference_keys[l], KEY_HEADS * CAPACITY * HD, 1e-3);
-            expect_close(what, cache_values[l], reference_values[l], KEY_HEADS * CAPACITY * HD, 1e-3);
+            if (half) {
+                vlm_halves_to_floats(half_keys[l], KEY_HEADS * CAPACITY * HD, cache_keys[l], isa);
+                vlm_halves_to_floats(half_values[l], KEY_HEADS * CAPACITY * HD, cache_values[l], isa);
+            }
+            expect_close(what, cache_keys[l], reference_keys_of[half][l], KEY_HEADS * CAPACITY * HD, 1e-3);
+            expect_close(what, cache_values[l], reference_values_of[half][l], KEY_HEADS * CAPACITY * HD, 1e-3);
             free(cache_keys[l]);
             free(cache_values[l]);
+            free(half_keys[l]);
+            free(half_values[l]);
         }
         free(step_hidden);
         free(step_logits);
@@ -772,8 +844,10 @@ static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_i
         }
         free(keys[l]);
         free(values[l]);
-        free(reference_keys[l]);
-        free(reference_values[l]);
+        for (int r = 0; r < 2; r++) {
+            free(reference_keys_of[r][l]);
+            free(reference_values_of[r][l]);
+        }
     }
     free(head.packed);
     free(head.values);

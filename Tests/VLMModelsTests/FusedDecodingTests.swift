@@ -98,8 +98,18 @@ struct FusedDecodingTests {
                 return
             }
         }
-        for (fused, layered) in zip(caches[0].keys + caches[0].values, caches[1].keys + caches[1].values) {
-            #expect(fused.scalars == layered.scalars)
+        for (fused, layered) in zip(caches[0].layers, caches[1].layers) {
+            switch (fused, layered) {
+            case let (.floats(fusedKey, fusedValue), .floats(key, value)):
+                #expect(fusedKey.scalars == key.scalars && fusedValue.scalars == value.scalars)
+            case let (.halves(fusedKey, fusedValue), .halves(key, value)):
+                #expect(Array(UnsafeBufferPointer(start: fusedKey.pointer, count: fusedKey.count))
+                        == Array(UnsafeBufferPointer(start: key.pointer, count: key.count)))
+                #expect(Array(UnsafeBufferPointer(start: fusedValue.pointer, count: fusedValue.count))
+                        == Array(UnsafeBufferPointer(start: value.pointer, count: value.count)))
+            default:
+                Issue.record("the two caches hold different element types")
+            }
         }
     }
 
@@ -129,5 +139,17 @@ struct FusedDecodingTests {
         let tokens = expected.sequence.map { $0 * 97 % 49152 }
         try Self.expectFusedStepsEqualLayerByLayer(try LlamaForCausalLM(gguf: try #require(SmolLM2.url)), tokens: tokens,
                                                    promptLength: 120)
+    }
+}
+
+extension FusedDecodingTests {
+    /// With its cache in fp16 the fused step rounds each key and value as the layer-by-layer path stores them and
+    /// reads them as it does: the same logits and the same cached halves.
+    @Test(arguments: fixtures)
+    func halfCacheFusedStepsEqualTheLayerByLayerPath(_ file: URL) throws {
+        let expected = try Self.expected(file)
+        let model = try KVCache.ElementType.$forNewModels.withValue(.float16) { try LlamaForCausalLM(gguf: file) }
+        #expect(try model.makeCache(batch: 1, capacity: 1).elementType == .float16)
+        try Self.expectFusedStepsEqualLayerByLayer(model, tokens: expected.sequence, promptLength: expected.input_ids[0].count)
     }
 }

@@ -103,9 +103,77 @@ extension GroupedQueryAttentionTests {
 }
 
 /// A small deterministic generator, so the test inputs are the same on every run.
+extension GroupedQueryAttentionTests {
+    /// Rounding to halves gives the bits Swift's own `Float16(_:)` gives (to nearest, ties to even), on every path:
+    /// halfway cases in the normal and subnormal ranges, the edges of both, overflow, signed zeros and infinities,
+    /// and random bit patterns of every exponent.
+    @Test(arguments: [KernelPath.best, .scalar])
+    func roundingToHalvesMatchesSwiftsFloat16(path: KernelPath) {
+        let ulp = Float(Float16.ulpOfOne)
+        var floats: [Float] = [0, -0, 1, -1, 1 + ulp / 2, 1 + ulp * 1.5, 1 + ulp / 2 + ulp / 1024, 65504, 65519.996, 65520,
+                               -65520, 1e10, .infinity, -.infinity, Float(Float16.leastNormalMagnitude),
+                               Float(Float16.leastNonzeroMagnitude), Float(Float16.leastNonzeroMagnitude) / 2,
+                               Float(Float16.leastNonzeroMagnitude) * 0.5000001, Float(Float16.leastNonzeroMagnitude) * 1.5,
+                               Float(Float16.leastNonzeroMagnitude) * 2.5, Float(Float16.leastNormalMagnitude) * (1 - ulp / 2),
+                               .leastNonzeroMagnitude, .greatestFiniteMagnitude, 3.0e-8, -2.9802322e-8]
+        var generator = SplitMix(seed: 31)
+        for _ in 0..<100_000 { floats.append(Float(bitPattern: UInt32(truncatingIfNeeded: generator.nextBits()))) }
+        floats.append(.nan)
+        var halves = [UInt16](repeating: 0, count: floats.count)
+        roundToHalves(floats, count: floats.count, into: &halves, path: path)
+        for (float, half) in zip(floats, halves) {
+            if float.isNaN {
+                #expect(Float16(bitPattern: half).isNaN)
+            } else if half != Float16(float).bitPattern {
+                Issue.record("\(float) (\(String(float.bitPattern, radix: 16))): \(String(half, radix: 16)), Swift \(String(Float16(float).bitPattern, radix: 16))")
+                return
+            }
+        }
+    }
+
+    /// Keys and values kept as halves give exactly what floats holding the same (rounded) values give: a decoding
+    /// step split along the keys, and a prompt with a padding mask, over a head-major cache read from an offset.
+    @Test(arguments: [KernelPath.best, .scalar])
+    func halfKeysAndValuesGiveWhatTheirFloatsGive(path: KernelPath) {
+        let (batch, heads, keyHeads, headDim, capacity, firstKey, keyLength) = (2, 6, 3, 16, 400, 37, 290)
+        var generator = SplitMix(seed: 41)
+        func random(_ shape: [Int], spread: Float = 1) -> Tensor {
+            Tensor(shape: shape, scalars: (0..<Tensor.elementCount(shape)).map { _ in spread * generator.nextFloat() })
+        }
+        func halves(_ x: Tensor) -> HalfTensor {
+            let half = HalfTensor(uninitialized: x.shape)
+            roundToHalves(x.storage.pointer, count: x.count, into: half.pointer, path: path)
+            return half
+        }
+        let shape = [batch, keyHeads * capacity, headDim]
+        let (halfKey, halfValue) = (halves(random(shape)), halves(random(shape)))
+        let widened = KeysAndValues.floats(key: halfKey.floats, value: halfValue.floats)
+        let half = KeysAndValues.halves(key: halfKey, value: halfValue)
+        for queryLength in [1, 5] {
+            let query = random([batch, queryLength, heads * headDim], spread: 3)
+            let mask = queryLength == 1 ? nil
+                : Tensor(shape: [batch, keyLength], scalars: (0..<(batch * keyLength)).map { $0 % 7 == 3 ? 0 : 1 })
+            func attend(_ keysAndValues: KeysAndValues) -> [Float] {
+                groupedQueryAttention(query: query, keysAndValues: keysAndValues, heads: heads, keyHeads: keyHeads,
+                                      keyLength: keyLength, firstKey: firstKey, layout: .headMajor, causal: true,
+                                      keyPaddingMask: mask, scale: 0.3, path: path).scalars
+            }
+            let (actual, expected) = (attend(half), attend(widened))
+            #expect(actual == expected, "\(queryLength) query rows: differences up to \(zip(actual, expected).map { abs($0 - $1) }.max() ?? 0)")
+        }
+    }
+}
+
 private struct SplitMix {
     var state: UInt64
     init(seed: UInt64) { state = seed }
+    mutating func nextBits() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
     mutating func nextFloat() -> Float {
         state &+= 0x9E37_79B9_7F4A_7C15
         var z = state

@@ -54,7 +54,18 @@ typedef struct vlm_attention_problem {
     /// where the CPU has them, the head size is even and there are more than 4 query rows (a decoding step's
     /// attention reads a KV cache, not products); elsewhere the fp32 kernels run.
     int bf16_products;
+    /// Where non-NULL, the keys and values are IEEE half floats here, not floats at `key` and `value` (a KV cache
+    /// kept at half an fp32 cache's size; `key_stride` and `value_stride` count halves). They are widened to fp32 as
+    /// they are read, so the result is what the same problem gives over floats holding the same values.
+    const uint16_t *half_key, *half_value;
 } vlm_attention_problem;
+
+/// `count` floats rounded to IEEE half floats (to nearest, ties to even; overflow to infinity, NaN kept NaN), as
+/// PyTorch's `.half()` rounds them; every `isa` gives the same bits.
+void vlm_floats_to_halves(const float *x, ptrdiff_t count, uint16_t *y, vlm_kernel_isa isa);
+
+/// `count` IEEE half floats widened to floats (exactly).
+void vlm_halves_to_floats(const uint16_t *x, ptrdiff_t count, float *y, vlm_kernel_isa isa);
 
 /// Runs one attention unit. A query that sees no key at all averages every value uniformly, as PyTorch does
 /// when all its scores carry the same large negative mask. Returns 0, or -1 when scratch memory cannot be allocated.
@@ -374,6 +385,11 @@ typedef struct vlm_decoder_step {
     /// this CPU's vlm_quant_streams(). The same results either way; the choice is there to be measured. (Last, so
     /// that scripts/bench_decoder_step.py can drive builds from before it.)
     int streams;
+    /// Where non-NULL, each layer's cache holds IEEE half floats here (the same layout, counted in halves) and `keys`
+    /// and `values` are unused: the new key and value are rounded to halves as they are stored
+    /// (vlm_floats_to_halves) and attention widens them as it reads them.
+    uint16_t *const *half_keys;
+    uint16_t *const *half_values;
 } vlm_decoder_step;
 
 /// Floats of shared scratch a step needs.
