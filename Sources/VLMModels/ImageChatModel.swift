@@ -20,6 +20,7 @@ public protocol ImageChatModel: ImageToTextModel {
 
 extension ImageChatModel {
     public func attentionMask(promptIds: [Int]) -> [Int]? { nil }
+    public var cacheElementType: KVCache.ElementType { textDecoder.cacheElementType }
 }
 
 extension ImageChatModel {

@@ -27,6 +27,12 @@ public protocol ImageToTextModel: AnyObject, Sendable {
     func generate(imageEmbeddings: Tensor, inputIds: [[Int]]?, attentionMask: [[Int]]?, config: GenerationConfig,
                   stoppingCriteria: [any StoppingCriterion], seed: UInt64,
                   onStep: ((_ tokens: [Int?]) throws -> Void)?) throws -> GenerationOutput
+    /// What its language model's KV caches hold keys and values in.
+    var cacheElementType: KVCache.ElementType { get }
+}
+
+extension ImageToTextModel {
+    public var cacheElementType: KVCache.ElementType { .float32 }
 }
 
 extension ImageToTextModel {

@@ -221,6 +221,7 @@ struct Bench: AsyncParsableCommand {
     /// after the language model's prefill (`first_token_ms`) and the other 19 one step each. Medians of the runs,
     /// after one warm-up run.
     private func benchImageToText(_ pipeline: ImageToTextPipeline, precision: MatrixPrecision) throws {
+        try cache.check(pipeline.model, path: options.model)
         var generator = SeededGenerator(seed: 0x5EED)
         let photo = RGBImage(width: 640, height: 480, pixels: (0..<(640 * 480 * 3)).map { _ in UInt8.random(in: 0...255, using: &generator) })
         let processed = try pipeline.processor.imageProcessor.preprocess([photo])

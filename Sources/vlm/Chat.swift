@@ -43,8 +43,8 @@ struct Chat: AsyncParsableCommand {
         let checkpoint = try? ModelDirectory(url: path)
         if let checkpoint, case .imageToText = try ModelRegistry.family(of: checkpoint, for: .chat).builder {
             let pipeline = try precision.building(storedIn: path) { try ImageToTextPipeline(directory: path, task: .chat) }
+            try cache.check(pipeline.model, path: path.path)
             if let chat = try ImageTextToTextPipeline.chatting(with: pipeline, directory: path, chatTemplate: template) {
-                try cache.check(chat.text.model, path: path.path)
                 try chatAboutImages(chat.withChatTemplateContext(context))
             } else {
                 guard template == nil && context.isEmpty else { throw ChatError.noChatTemplates(path.path) }

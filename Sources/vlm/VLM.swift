@@ -82,9 +82,26 @@ struct CacheTypeOption: ParsableArguments {
     /// An error unless `model` (the one at `path`) holds its caches as asked: decoders with fp32 caches only ignore
     /// the setting, and that should not pass unnoticed.
     func check(_ model: any CausalLanguageModel, path: String) throws {
-        guard model.cacheElementType == cacheType else {
-            throw ValidationError("\(path): this model's decoder holds its KV cache in \(model.cacheElementType.rawValue) only, not --cache-type \(cacheType.rawValue)")
+        try check(model.cacheElementType, path: path)
+    }
+
+    func check(_ model: any ImageToTextModel, path: String) throws {
+        try check(model.cacheElementType, path: path)
+    }
+
+    private func check(_ cacheElementType: KVCache.ElementType, path: String) throws {
+        guard cacheElementType == cacheType else {
+            throw CacheTypeError(path: path, held: cacheElementType, asked: cacheType)
         }
+    }
+}
+
+struct CacheTypeError: Error, CustomStringConvertible {
+    let path: String
+    let held: KVCache.ElementType, asked: KVCache.ElementType
+
+    var description: String {
+        "\(path): this model's decoder holds its KV cache in \(held.rawValue) only, not --cache-type \(asked.rawValue) (Llama-family and Gemma 3 decoders take f16)"
     }
 }
 

@@ -82,6 +82,25 @@ struct GenerateCLITests {
                 "\(run.stdout)")
     }
 
+    /// `--cache-type f16`: the continuation transformers gives with its cache rounded to fp16
+    /// (smollm2-f16-cache.json); a model whose decoder keeps fp32 caches only (BLIP-2's OPT) refuses it in one line.
+    @Test func halfCacheContinuesAsTransformersWithAnFP16Cache() throws {
+        let expected = try JSONDecoder().decode(RealSmolLM2.Expected.self, from: Data(
+            contentsOf: CLI.fixtures.appendingPathComponent("llama/smollm2-f16-cache.json")))
+        let testCase = try #require(expected.cases.first { $0.text == "The capital of France is" })
+        let run = try CLI.run(["generate", "--model", model, "--prompt", testCase.text, "--temperature", "0",
+                               "--max-new-tokens", String(expected.max_new_tokens), "--cache-type", "f16", "--json"])
+        #expect(run.status == 0, "\(run.stderr)")
+        #expect(try #require(try CLI.json(run) as? [String: Any])["ids"] as? [Int] == testCase.new_tokens)
+
+        let opt = CLI.fixtures.appendingPathComponent("image-to-text/blip2-opt").path
+        let photo = CLI.fixtures.appendingPathComponent("photos/coffee.png").path
+        let refused = try CLI.run(["chat", "--model", opt, "--image", photo, "--cache-type", "f16"],
+                                  standardInput: URL(fileURLWithPath: "/dev/null"))
+        #expect(refused.status != 0 && refused.stdout.isEmpty)
+        #expect(refused.stderr.split(separator: "\n").count == 1 && refused.stderr.contains("--cache-type f16"), "\(refused.stderr)")
+    }
+
     @Test func badSettingsAreOneLineErrors() throws {
         for arguments in [["--prompt", "Hi", "--top-p", "2"], ["--prompt", "Hi", "--num-beams", "0"], ["--chat", "/nonexistent.json"]] {
             let run = try CLI.run(["generate", "--model", model] + arguments)
