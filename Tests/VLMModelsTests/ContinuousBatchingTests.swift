@@ -128,12 +128,15 @@ private func greedy(maxNewTokens: Int, eos: [Int] = []) -> GenerationConfig {
     /// together (left-padded, joining and leaving at different steps) give the same floats as each decoded alone, in
     /// fp32 and in int8 (whose rounding of activations would turn the smallest difference into a visible one). The
     /// real SmolLM2 Q4_1 file, prompts of 60 to 180 tokens of the perplexity passage, so that each sequence's
-    /// attention splits its keys in parts.
+    /// attention splits its keys in parts; and with the caches in fp16, packed and grown as halves.
     @Test(.enabled(if: SmolLM2.url != nil, Comment(rawValue: SmolLM2.skipMessage)),
-          arguments: [MatrixPrecision.float32, .int8])
-    func batchedDecodingMatchesAlone(precision: MatrixPrecision) async throws {
+          arguments: zip([MatrixPrecision.float32, .int8, .float32], [KVCache.ElementType.float32, .float32, .float16]))
+    func batchedDecodingMatchesAlone(precision: MatrixPrecision, cacheType: KVCache.ElementType) async throws {
         let url = try #require(SmolLM2.url)
-        let model = try MatrixPrecision.$forNewLayers.withValue(precision) { try LlamaForCausalLM(gguf: url) }
+        let model = try KVCache.ElementType.$forNewModels.withValue(cacheType) {
+            try MatrixPrecision.$forNewLayers.withValue(precision) { try LlamaForCausalLM(gguf: url) }
+        }
+        #expect(model.cacheElementType == cacheType)
         let passage = try JSONDecoder().decode(SmolLM2GGUFTests.PerplexityExpected.self, from: Data(contentsOf: SmolLM2
             .packageRoot.appendingPathComponent("Tests/Fixtures/llama/smollm2-perplexity.json"))).input_ids
         let requests = [(0, 140, 10), (60, 180, 6), (200, 60, 14)].map { start, count, newTokens in
@@ -146,7 +149,7 @@ private func greedy(maxNewTokens: Int, eos: [Int] = []) -> GenerationConfig {
         defer { alone.shutdown() }
         let (batched, single) = try await (runConcurrently(together, requests), runConcurrently(alone, requests))
         for index in requests.indices {
-            #expect(batched[index].tokens == single[index].tokens, "\(precision) request \(index)")
+            #expect(batched[index].tokens == single[index].tokens, "\(precision) \(cacheType) request \(index)")
         }
     }
 
