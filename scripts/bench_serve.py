@@ -3,7 +3,7 @@
 
 Usage:  python3 scripts/bench_serve.py [--model FILE.gguf] [--vlm .build/release/vlm] [--llama-server PATH]
                                       [--clients 1,8] [--tokens 128] [--requests 2] [--rounds 3] [--threads 2]
-                                      [--grammar FILE.gbnf] [--dtype fp32|bf16|int8] [--json]
+                                      [--grammar FILE.gbnf] [--dtype fp32|bf16|int8] [--cache-type f32|f16] [--json]
 
 Each server is started on a free loopback port with --threads threads and 8 parallel sequences (`vlm serve
 --max-batch 8`; `llama-server -np 8 -cb`). For each client count, that many clients each send --requests streaming
@@ -17,7 +17,8 @@ With --grammar, every request carries that GBNF grammar (the `grammar` field bot
 grammar, as structured outputs run. `ignore_eos` keeps every request at --tokens tokens only if the grammar never
 forbids every token, so give one that can always go on (scripts/bench_grammar.gbnf: JSON records without end).
 
---dtype is `vlm serve`'s (int8: every product on the GGUF blocks takes int8 activations, as llama.cpp's do).
+--dtype is `vlm serve`'s (int8: every product on the GGUF blocks takes int8 activations, as llama.cpp's do), and so is
+--cache-type (f16: the KV caches in halves, as llama-server keeps them by default).
 
 llama-server is built from the llama.cpp that PyPI's llama-cpp-python 0.3.36 source package vendors (the file
 .ci/run also fetches, sha256-pinned) into .build-llama-server/ the first time (cmake, -DGGML_NATIVE=ON; about 10
@@ -185,6 +186,7 @@ def main():
     parser.add_argument("--engines", default="vlm serve,llama-server", help="which servers to run, comma-separated")
     parser.add_argument("--grammar", type=Path, help="a GBNF grammar every request is decoded under")
     parser.add_argument("--dtype", choices=["fp32", "bf16", "int8"], help="vlm serve's --dtype")
+    parser.add_argument("--cache-type", choices=["f32", "f16"], help="vlm serve's --cache-type")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     global GRAMMAR
@@ -198,7 +200,8 @@ def main():
         port = free_port()
         if name == "vlm serve":
             command = [args.vlm, "serve", "--model", args.model, "--port", str(port), "--max-batch", str(SLOTS),
-                       "--max-queue", "256"] + (["--dtype", args.dtype] if args.dtype else [])
+                       "--max-queue", "256"] + (["--dtype", args.dtype] if args.dtype else []) \
+                + (["--cache-type", args.cache_type] if args.cache_type else [])
         else:
             # One slot holds a prompt and its tokens with room to spare; -c is the total over slots.
             command = [llama, "-m", args.model, "--port", str(port), "-t", str(args.threads), "-tb", str(args.threads),

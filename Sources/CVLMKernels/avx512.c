@@ -76,10 +76,25 @@ AVX512_INLINE void prefetch_row(const float *row, ptrdiff_t count) {
         _mm_prefetch((const char *)(row + offset), _MM_HINT_T0);
 }
 
-/// The same into L2.
-AVX512_INLINE void prefetch_row_to_l2(const float *row, ptrdiff_t count) {
-    for (ptrdiff_t offset = 0; offset < count; offset += 64 / (ptrdiff_t)sizeof(float))
-        _mm_prefetch((const char *)(row + offset), _MM_HINT_T1);
+
+/// 16 keys' or values' features from `row` (floats, or with `half` IEEE halves widened exactly), element `at` on,
+/// under `mask`.
+AVX512_INLINE __m512 load_elements(const void *row, ptrdiff_t at, __mmask16 mask, const int half) {
+    return half ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, (const uint16_t *)row + at))
+                : _mm512_maskz_loadu_ps(mask, (const float *)row + at);
+}
+
+/// Row `index` of rows `stride` elements apart (floats, or with `half` halves).
+AVX512_INLINE const void *element_row(const void *base, ptrdiff_t index, ptrdiff_t stride, const int half) {
+    return (const char *)base + index * stride * (half ? 2 : 4);
+}
+
+/// Prefetches `count` elements from `row` into L1 (`hint` _MM_HINT_T0) or L2 (_MM_HINT_T1).
+AVX512_INLINE void prefetch_elements(const void *row, ptrdiff_t count, const int half, const int hint) {
+    for (ptrdiff_t offset = 0; offset < count * (half ? 2 : 4); offset += 64) {
+        if (hint == _MM_HINT_T0) _mm_prefetch((const char *)row + offset, _MM_HINT_T0);
+        else _mm_prefetch((const char *)row + offset, _MM_HINT_T1);
+    }
 }
 
 /// A value tile's accumulators: zero, or with `rescale` each row's output so far times its factor.
@@ -103,18 +118,19 @@ AVX512_INLINE void store_value_sums(const int rows_in_block, const int vectors, 
 }
 
 /// out_r[c0 ..] = Σ_j p_r[j] · v_j[c0 ..] over `keys` keys, for `vectors` vectors of 16 features, the last one
-/// masked by `last`. With `rescale`, the sum adds to out_r[c0 ..]·rescale[r] instead of replacing it.
-AVX512_INLINE void values_tile(const int rows_in_block, const int vectors, const float *probabilities,
-                               ptrdiff_t packed_width, ptrdiff_t keys, const float *v, ptrdiff_t value_stride,
+/// masked by `last`; values are floats, or with `half` halves. With `rescale`, the sum adds to out_r[c0 ..]·rescale[r]
+/// instead of replacing it.
+AVX512_INLINE void values_tile(const int rows_in_block, const int vectors, const int half, const float *probabilities,
+                               ptrdiff_t packed_width, ptrdiff_t keys, const void *v, ptrdiff_t value_stride,
                                __mmask16 last, const float *rescale, float *const *out) {
     __m512 acc[ROWS][MAX_VECTORS];
     begin_value_sums(rows_in_block, vectors, last, rescale, out, acc);
     for (ptrdiff_t j = 0; j < keys; j++) {
-        const float *row = v + j * value_stride;
-        prefetch_row(row + PREFETCH_ROWS * value_stride, vectors * LANES);
+        const void *row = element_row(v, j, value_stride, half);
+        prefetch_elements(element_row(v, j + PREFETCH_ROWS, value_stride, half), vectors * LANES, half, _MM_HINT_T0);
         __m512 value[MAX_VECTORS];
-        for (int n = 0; n < vectors - 1; n++) value[n] = _mm512_loadu_ps(row + n * LANES);
-        value[vectors - 1] = _mm512_maskz_loadu_ps(last, row + (vectors - 1) * LANES);
+        for (int n = 0; n < vectors - 1; n++) value[n] = load_elements(row, n * LANES, (__mmask16)0xFFFF, half);
+        value[vectors - 1] = load_elements(row, (vectors - 1) * LANES, last, half);
         for (int r = 0; r < rows_in_block; r++) {
             __m512 p = _mm512_set1_ps(probabilities[r * packed_width + j]);
             for (int n = 0; n < vectors; n++) acc[r][n] = _mm512_fmadd_ps(p, value[n], acc[r][n]);
@@ -137,20 +153,27 @@ AVX512 static void scores_block(int rows_in_block, int vectors, const float *con
 #undef SCORES_CASE
 }
 
-AVX512 static void values_block(int rows_in_block, int vectors, const float *probabilities, ptrdiff_t packed_width,
-                                ptrdiff_t keys, const float *v, ptrdiff_t value_stride, __mmask16 last,
-                                const float *rescale, float *const *out) {
+AVX512 static void values_block(int rows_in_block, int vectors, int half, const float *probabilities,
+                                ptrdiff_t packed_width, ptrdiff_t keys, const void *v, ptrdiff_t value_stride,
+                                __mmask16 last, const float *rescale, float *const *out) {
 #define VALUES_CASE(R, N) \
-    case R * 8 + N: values_tile(R, N, probabilities, packed_width, keys, v, value_stride, last, rescale, out); break;
-    switch (rows_in_block * 8 + vectors) { ALL_TILE_CASES(VALUES_CASE) }
+    case R * 8 + N: values_tile(R, N, 0, probabilities, packed_width, keys, v, value_stride, last, rescale, out); break;
+#define HALF_VALUES_CASE(R, N) \
+    case R * 8 + N: values_tile(R, N, 1, probabilities, packed_width, keys, v, value_stride, last, rescale, out); break;
+    if (half) {
+        switch (rows_in_block * 8 + vectors) { ALL_TILE_CASES(HALF_VALUES_CASE) }
+    } else {
+        switch (rows_in_block * 8 + vectors) { ALL_TILE_CASES(VALUES_CASE) }
+    }
 #undef VALUES_CASE
+#undef HALF_VALUES_CASE
 }
 
 /// out[r][0 ..< d] = Σ_j probabilities[r][j] · v[j] over `keys` value rows (`value_stride` floats apart) for the
 /// `rows` probability rows (`packed_width` floats apart), a tile of feature vectors at a time. With `rescale`, the
 /// sums add to out[r]·rescale[r].
 AVX512 static void values_rows(int rows, const float *probabilities, ptrdiff_t packed_width, ptrdiff_t keys,
-                               const float *v, ptrdiff_t value_stride, ptrdiff_t d, const float *rescale,
+                               const void *v, int half, ptrdiff_t value_stride, ptrdiff_t d, const float *rescale,
                                float *const *out) {
     const ptrdiff_t feature_vectors = (d + LANES - 1) / LANES;
     for (ptrdiff_t c0 = 0; c0 < feature_vectors; c0 += MAX_VECTORS) {
@@ -159,8 +182,8 @@ AVX512 static void values_rows(int rows, const float *probabilities, ptrdiff_t p
         __mmask16 last = tail_mask(d - (c0 + vectors - 1) * LANES);
         float *out_chunk[ROWS];
         for (int r = 0; r < rows; r++) out_chunk[r] = out[r] + c0 * LANES;
-        values_block(rows, vectors, probabilities, packed_width, keys, v + c0 * LANES, value_stride, last, rescale,
-                     out_chunk);
+        values_block(rows, vectors, half, probabilities, packed_width, keys, element_row(v, c0 * LANES, 1, half),
+                     value_stride, last, rescale, out_chunk);
     }
 }
 
@@ -255,18 +278,29 @@ AVX512_INLINE __m512 dot_lanes(const float *q, const float *k, ptrdiff_t full, p
     return acc;
 }
 
+/// The same with k in halves.
+AVX512_INLINE __m512 dot_lanes_half(const float *q, const uint16_t *k, ptrdiff_t full, ptrdiff_t head_dim,
+                                    __mmask16 tail) {
+    __m512 acc = _mm512_setzero_ps();
+    for (ptrdiff_t c = 0; c < full; c += LANES)
+        acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + c), load_elements(k, c, (__mmask16)0xFFFF, 1), acc);
+    if (full < head_dim)
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, q + full), load_elements(k, full, tail, 1), acc);
+    return acc;
+}
+
 /// Scores of `rows_in_block` query rows against four keys `key_stride` floats apart, stored at `scores[r·packed_width
 /// ...]`: a register tile of rows × keys, each feature vector of a key loaded once for all rows, and each row's four
 /// sums reduced together.
-AVX512_INLINE void scores_keys4(const int rows_in_block, const float *const *q, ptrdiff_t head_dim, const float *k,
-                                ptrdiff_t key_stride, float *scores, ptrdiff_t packed_width) {
+AVX512_INLINE void scores_keys4(const int rows_in_block, const int half, const float *const *q, ptrdiff_t head_dim,
+                                const void *k, ptrdiff_t key_stride, float *scores, ptrdiff_t packed_width) {
     __m512 acc[4][4];
     for (int r = 0; r < rows_in_block; r++)
         for (int t = 0; t < 4; t++) acc[r][t] = _mm512_setzero_ps();
     for (ptrdiff_t c = 0; c < head_dim; c += LANES) {
         const __mmask16 m = tail_mask(head_dim - c);
         __m512 keys[4];
-        for (int t = 0; t < 4; t++) keys[t] = _mm512_maskz_loadu_ps(m, k + t * key_stride + c);
+        for (int t = 0; t < 4; t++) keys[t] = load_elements(element_row(k, t, key_stride, half), c, m, half);
         for (int r = 0; r < rows_in_block; r++) {
             const __m512 query = _mm512_maskz_loadu_ps(m, q[r] + c);
             for (int t = 0; t < 4; t++) acc[r][t] = _mm512_fmadd_ps(query, keys[t], acc[r][t]);
@@ -276,13 +310,17 @@ AVX512_INLINE void scores_keys4(const int rows_in_block, const float *const *q, 
         _mm_storeu_ps(scores + r * packed_width, sum_lanes4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
 }
 
-AVX512 static void scores_keys4_block(int rows_in_block, const float *const *q, ptrdiff_t head_dim, const float *k,
-                                      ptrdiff_t key_stride, float *scores, ptrdiff_t packed_width) {
-    switch (rows_in_block) {
-    case 1: scores_keys4(1, q, head_dim, k, key_stride, scores, packed_width); break;
-    case 2: scores_keys4(2, q, head_dim, k, key_stride, scores, packed_width); break;
-    case 3: scores_keys4(3, q, head_dim, k, key_stride, scores, packed_width); break;
-    default: scores_keys4(4, q, head_dim, k, key_stride, scores, packed_width); break;
+AVX512 static void scores_keys4_block(int rows_in_block, int half, const float *const *q, ptrdiff_t head_dim,
+                                      const void *k, ptrdiff_t key_stride, float *scores, ptrdiff_t packed_width) {
+    switch (rows_in_block * 2 + half) {
+    case 2: scores_keys4(1, 0, q, head_dim, k, key_stride, scores, packed_width); break;
+    case 3: scores_keys4(1, 1, q, head_dim, k, key_stride, scores, packed_width); break;
+    case 4: scores_keys4(2, 0, q, head_dim, k, key_stride, scores, packed_width); break;
+    case 5: scores_keys4(2, 1, q, head_dim, k, key_stride, scores, packed_width); break;
+    case 6: scores_keys4(3, 0, q, head_dim, k, key_stride, scores, packed_width); break;
+    case 7: scores_keys4(3, 1, q, head_dim, k, key_stride, scores, packed_width); break;
+    case 8: scores_keys4(4, 0, q, head_dim, k, key_stride, scores, packed_width); break;
+    default: scores_keys4(4, 1, q, head_dim, k, key_stride, scores, packed_width); break;
     }
 }
 
@@ -291,9 +329,9 @@ AVX512 static void scores_keys4_block(int rows_in_block, const float *const *q, 
 /// one. Every query row meets four keys while they are in L1, in tiles of four rows by four keys (a C harness of a
 /// decoding step's attention with Qwen2-0.5B's shapes, seven query heads per key head, 620 cached positions in L3 on
 /// a Zen 4 VM: 1.5× faster than one key and one reduction at a time).
-AVX512 static void scores_unpacked(int rows, const float *const *q, ptrdiff_t head_dim, const float *key,
-                                   ptrdiff_t key_stride, ptrdiff_t keys, float *scores, ptrdiff_t packed_width,
-                                   const float *value, ptrdiff_t value_stride, int first_pass) {
+AVX512_INLINE void scores_unpacked_of(int rows, const float *const *q, ptrdiff_t head_dim, const void *key,
+                                      const int half, ptrdiff_t key_stride, ptrdiff_t keys, float *scores,
+                                      ptrdiff_t packed_width, const void *value, ptrdiff_t value_stride, int first_pass) {
     const ptrdiff_t full = head_dim / LANES * LANES;
     const __mmask16 tail = tail_mask(head_dim - full);
     // A decoding step's keys come from memory (the weights streamed through the caches since this layer's last
@@ -302,26 +340,38 @@ AVX512 static void scores_unpacked(int rows, const float *const *q, ptrdiff_t he
     // ahead. Measured on a Zen 4 VM with a cache of 300 positions (SmolLM2-135M's shapes): 17 GB/s with the near
     // prefetches only, 24 with these.
     for (ptrdiff_t j = 0; first_pass && j < PREFETCH_FAR_ROWS && j < keys; j++) {
-        prefetch_row_to_l2(key + j * key_stride, head_dim);
-        prefetch_row_to_l2(value + j * value_stride, head_dim);
+        prefetch_elements(element_row(key, j, key_stride, half), head_dim, half, _MM_HINT_T1);
+        prefetch_elements(element_row(value, j, value_stride, half), head_dim, half, _MM_HINT_T1);
     }
     ptrdiff_t j = 0;
     for (; j + 4 <= keys; j += 4) {
-        const float *k = key + j * key_stride;
+        const void *k = element_row(key, j, key_stride, half);
         for (int t = 0; t < 4; t++) {
-            prefetch_row(k + (PREFETCH_ROWS + t) * key_stride, head_dim);
-            prefetch_row_to_l2(k + (PREFETCH_FAR_ROWS + t) * key_stride, head_dim);
-            prefetch_row_to_l2(value + (j + PREFETCH_FAR_ROWS + t) * value_stride, head_dim);
+            prefetch_elements(element_row(k, PREFETCH_ROWS + t, key_stride, half), head_dim, half, _MM_HINT_T0);
+            prefetch_elements(element_row(k, PREFETCH_FAR_ROWS + t, key_stride, half), head_dim, half, _MM_HINT_T1);
+            prefetch_elements(element_row(value, j + PREFETCH_FAR_ROWS + t, value_stride, half), head_dim, half,
+                              _MM_HINT_T1);
         }
         for (int r0 = 0; r0 < rows; r0 += 4)
-            scores_keys4_block(rows - r0 < 4 ? rows - r0 : 4, q + r0, head_dim, k, key_stride,
+            scores_keys4_block(rows - r0 < 4 ? rows - r0 : 4, half, q + r0, head_dim, k, key_stride,
                                scores + r0 * packed_width + j, packed_width);
     }
     for (; j < keys; j++) {
-        const float *k = key + j * key_stride;
+        const void *k = element_row(key, j, key_stride, half);
         for (int r = 0; r < rows; r++)
-            scores[r * packed_width + j] = _mm512_reduce_add_ps(dot_lanes(q[r], k, full, head_dim, tail));
+            scores[r * packed_width + j] = _mm512_reduce_add_ps(
+                half ? dot_lanes_half(q[r], k, full, head_dim, tail) : dot_lanes(q[r], k, full, head_dim, tail));
     }
+}
+
+/// scores_unpacked_of with its keys' element type fixed, each compiled on its own.
+AVX512 static void scores_unpacked(int rows, const float *const *q, ptrdiff_t head_dim, const void *key, int half,
+                                   ptrdiff_t key_stride, ptrdiff_t keys, float *scores, ptrdiff_t packed_width,
+                                   const void *value, ptrdiff_t value_stride, int first_pass) {
+    if (half)
+        scores_unpacked_of(rows, q, head_dim, key, 1, key_stride, keys, scores, packed_width, value, value_stride, first_pass);
+    else
+        scores_unpacked_of(rows, q, head_dim, key, 0, key_stride, keys, scores, packed_width, value, value_stride, first_pass);
 }
 
 /// kᵀ of one head in panels of `panel_width` keys (a multiple of 16): panel after panel, each `head_dim` rows of
@@ -400,7 +450,7 @@ AVX512 int vlm_attention_avx512(const vlm_attention_problem *p) {
             // Causal visibility grows with the row, so the block's last row sees the most keys.
             const ptrdiff_t block_keys = visible[rows_in_block - 1];
             if (!packed)
-                scores_unpacked(rows_in_block, q, d, p->key + h * d, p->key_stride, block_keys, scores, packed_width, v,
+                scores_unpacked(rows_in_block, q, d, p->key + h * d, 0, p->key_stride, block_keys, scores, packed_width, v,
                                 p->value_stride, 1);
             for (ptrdiff_t j0 = 0; packed && j0 < block_keys; j0 += MAX_VECTORS * LANES) {
                 ptrdiff_t remaining = (block_keys - j0 + LANES - 1) / LANES;
@@ -415,7 +465,7 @@ AVX512 int vlm_attention_avx512(const vlm_attention_problem *p) {
             // Rows that see fewer keys than the block reads contribute nothing for the rest.
             for (int r = 0; r < rows_in_block; r++)
                 memset(scores + r * packed_width + used[r], 0, (size_t)(block_used - used[r]) * sizeof(float));
-            values_rows(rows_in_block, scores, packed_width, block_used, v, p->value_stride, d, NULL, out);
+            values_rows(rows_in_block, scores, packed_width, block_used, v, 0, p->value_stride, d, NULL, out);
             i0 += rows_in_block;
         }
     }
@@ -587,7 +637,7 @@ AVX512 static void fp32_group_tile(void *state, const vlm_attention_problem *p, 
     for (int r = 0; r < rows; r++)
         rescale[r] = online_softmax_row(t->scores + r * key_tile, valid[r], group_keys, p->scale,
                                         t->mask_bias ? t->mask_bias + first_key : NULL, maxima + r, sums + r);
-    values_rows(rows, t->scores, key_tile, group_keys, t->values + first_key * d, d, d, rescale, out);
+    values_rows(rows, t->scores, key_tile, group_keys, t->values + first_key * d, 0, d, d, rescale, out);
 }
 
 AVX512 int vlm_attention_tiled_avx512(const vlm_attention_problem *p, ptrdiff_t query_block, ptrdiff_t key_tile) {
@@ -841,73 +891,32 @@ AVX512_BF16 int vlm_attention_tiled_bf16_avx512(const vlm_attention_problem *p, 
 /// many keys the part has.
 enum { PARTIAL_KEY_TILE = 128 };
 
-/// Asks for rows `first ..< end` of `count` halves, `stride` halves apart, into L2.
-AVX512 static void prefetch_half_rows(const uint16_t *halves, ptrdiff_t stride, ptrdiff_t first, ptrdiff_t end,
-                                      ptrdiff_t count) {
-    for (ptrdiff_t r = first; r < end; r++)
-        for (ptrdiff_t offset = 0; offset < count * (ptrdiff_t)sizeof(uint16_t); offset += 64)
-            _mm_prefetch((const char *)(halves + r * stride) + offset, _MM_HINT_T1);
-}
-
-/// Rows of a half KV cache asked for ahead of their widening (4 KiB of a head of 64 halves a position). Measured in
-/// the step harness on a Zen 5 VM (SmolLM2-135M's shapes, 320 positions): 16 and 32 rows the same, 64 and 128 2-5%
-/// slower, 8 1-3% slower, none 15% slower.
-enum { HALF_ROWS_AHEAD = 32 };
-
-/// `rows` rows of `count` IEEE half floats, `stride` halves apart, widened into consecutive rows of `count` floats,
-/// asking for the rows HALF_ROWS_AHEAD on of this stream and of `other` (the values beside the keys) into L2: the
-/// rows come from memory, a few kilobytes of each head a step.
-AVX512 static void widen_rows(const uint16_t *halves, const uint16_t *other, ptrdiff_t stride, ptrdiff_t rows,
-                              ptrdiff_t count, float *floats) {
-    for (ptrdiff_t r = 0; r < rows; r++) {
-        prefetch_half_rows(halves, stride, r + HALF_ROWS_AHEAD, r + HALF_ROWS_AHEAD + 1, count);
-        prefetch_half_rows(other, stride, r + HALF_ROWS_AHEAD, r + HALF_ROWS_AHEAD + 1, count);
-        vlm_halves_to_floats_avx512(halves + r * stride, count, floats + r * count);
-    }
-}
-
 AVX512 int vlm_attention_partial_avx512(const vlm_attention_problem *p, ptrdiff_t first_key, ptrdiff_t key_count,
                                         float *maxima, float *sums, float *outputs) {
-    // (Half keys are widened into rows `head_dim` apart.)
     if (!p->half_key && p->key_stride > INT32_MAX / LANES)
         return vlm_attention_partial_scalar(p, first_key, key_count, maxima, sums, outputs);
     const ptrdiff_t d = p->head_dim, rows = p->query_length;
-    // One block: a row of scores per query row, the rows' rescale factors, a tile of widened keys and one of values
-    // where they are halves, then pointers to the query rows (aligned_alloc takes whole 64-byte units).
-    const ptrdiff_t widened_floats = p->half_key ? (PARTIAL_KEY_TILE * d + LANES - 1) / LANES * LANES : 0;
-    const ptrdiff_t floats = rows * PARTIAL_KEY_TILE + (rows + LANES - 1) / LANES * LANES + 2 * widened_floats;
+    // One block: a row of scores per query row, the rows' rescale factors, then pointers to the query rows
+    // (aligned_alloc takes whole 64-byte units).
+    const ptrdiff_t floats = rows * PARTIAL_KEY_TILE + (rows + LANES - 1) / LANES * LANES;
     const size_t bytes = (size_t)floats * sizeof(float) + (size_t)rows * sizeof(float *);
     float *scores = vlm_attention_partial_scratch(bytes);
     if (!scores) return -1;
     float *rescale = scores + rows * PARTIAL_KEY_TILE;
-    float *widened_keys = rescale + (rows + LANES - 1) / LANES * LANES, *widened_values = widened_keys + widened_floats;
     const float **q = (const float **)(scores + floats);
     for (ptrdiff_t r = 0; r < rows; r++) q[r] = p->query + r * p->query_stride;
+    // Half keys and values (a KV cache kept in fp16) are widened as they are loaded, into the same arithmetic.
+    const int half = p->half_key != NULL;
+    const void *key = half ? (const void *)p->half_key : (const void *)p->key;
+    const void *value = half ? (const void *)p->half_value : (const void *)p->value;
     // Online softmax over tiles of keys: each row keeps its largest score and its sum, and the outputs are rescaled
     // when a tile raises the largest.
     for (ptrdiff_t j0 = 0; j0 < key_count; j0 += PARTIAL_KEY_TILE) {
         const ptrdiff_t tile = key_count - j0 < PARTIAL_KEY_TILE ? key_count - j0 : PARTIAL_KEY_TILE;
-        const float *key, *value;
-        ptrdiff_t key_stride = p->key_stride, value_stride = p->value_stride;
-        if (p->half_key) {
-            // A tile of halves widened into L1, then read as floats are; a part's first rows asked for at once.
-            const uint16_t *keys = p->half_key + (first_key + j0) * p->key_stride;
-            const uint16_t *values = p->half_value + (first_key + j0) * p->value_stride;
-            if (j0 == 0) {
-                const ptrdiff_t first_rows = key_count < HALF_ROWS_AHEAD ? key_count : HALF_ROWS_AHEAD;
-                prefetch_half_rows(keys, p->key_stride, 0, first_rows, d);
-                prefetch_half_rows(values, p->value_stride, 0, first_rows, d);
-            }
-            widen_rows(keys, values, p->key_stride, tile, d, widened_keys);
-            widen_rows(values, keys, p->value_stride, tile, d, widened_values);
-            key = widened_keys, value = widened_values;
-            key_stride = value_stride = d;
-        } else {
-            key = p->key + (first_key + j0) * p->key_stride;
-            value = p->value + (first_key + j0) * p->value_stride;
-        }
-        scores_unpacked((int)rows, q, d, key, key_stride, tile, scores, PARTIAL_KEY_TILE, value, value_stride,
-                        j0 == 0);
+        const void *keys = element_row(key, first_key + j0, p->key_stride, half);
+        const void *values = element_row(value, first_key + j0, p->value_stride, half);
+        scores_unpacked((int)rows, q, d, keys, half, p->key_stride, tile, scores, PARTIAL_KEY_TILE, values,
+                        p->value_stride, j0 == 0);
         for (ptrdiff_t r = 0; r < rows; r++) {
             float pending;
             const float tile_max = scale_scores(scores + r * PARTIAL_KEY_TILE, tile, p->scale, NULL, &pending);
@@ -922,7 +931,7 @@ AVX512 int vlm_attention_partial_avx512(const vlm_attention_problem *p, ptrdiff_
             const int block = rows - r0 < 4 ? (int)(rows - r0) : 4;
             float *out[ROWS];
             for (int r = 0; r < block; r++) out[r] = outputs + (r0 + r) * d;
-            values_rows(block, scores + r0 * PARTIAL_KEY_TILE, PARTIAL_KEY_TILE, tile, value, value_stride, d,
+            values_rows(block, scores + r0 * PARTIAL_KEY_TILE, PARTIAL_KEY_TILE, tile, values, half, p->value_stride, d,
                         j0 == 0 ? NULL : rescale + r0, out);
         }
     }
