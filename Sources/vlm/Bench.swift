@@ -57,10 +57,13 @@ struct Bench: AsyncParsableCommand {
         let decodeTokensPerSecond: Double
         /// The precision the linear layers ran in (GGUF-quantized matrices: the activations' type).
         let dtype: MatrixPrecision
+        /// What the KV cache held keys and values in (`f32`, `f16`).
+        let cacheType: String
 
         enum CodingKeys: String, CodingKey {
             case task, promptTokens = "prompt_tokens", newTokens = "new_tokens"
             case prefillTokensPerSecond = "prefill_tokens_per_s", decodeTokensPerSecond = "decode_tokens_per_s", dtype
+            case cacheType = "cache_type"
         }
     }
 
@@ -412,12 +415,14 @@ struct Bench: AsyncParsableCommand {
         }
         let report = TextReport(promptTokens: promptTokens, newTokens: newTokens,
                                 prefillTokensPerSecond: Double(promptTokens) / prefill.sorted()[runs / 2],
-                                decodeTokensPerSecond: Double(newTokens) / decode.sorted()[runs / 2], dtype: precision)
+                                decodeTokensPerSecond: Double(newTokens) / decode.sorted()[runs / 2], dtype: precision,
+                                cacheType: model.cacheElementType.rawValue)
         if json {
             try printJSON(report)
         } else {
-            print(String(format: "text-generation, %@: prefill %.1f tokens/s (%d-token prompt), decode %.1f tokens/s (%d tokens), median of %d runs",
-                         precision.rawValue, report.prefillTokensPerSecond, promptTokens, report.decodeTokensPerSecond, newTokens, runs))
+            print(String(format: "text-generation, %@, %@ KV cache: prefill %.1f tokens/s (%d-token prompt), decode %.1f tokens/s (%d tokens), median of %d runs",
+                         precision.rawValue, report.cacheType, report.prefillTokensPerSecond, promptTokens,
+                         report.decodeTokensPerSecond, newTokens, runs))
         }
     }
 }
