@@ -59,12 +59,16 @@ import VLMTensor
     /// Its decoding steps run fused (every projection and the tied head packed): the same floats as layer by layer,
     /// logits and cache, over the whole sequence, far past the sliding layers' 4-token window (their attention in
     /// one part, the full layer's split in parts from 128 positions on where the cores call for it).
-    /// The same built in int8, its products on int8 activations.
+    /// The same built in int8, its products on int8 activations, and with the cache in fp16 (the windows read from
+    /// the halves' offsets).
     @Test(.enabled(if: FusedDecoderStep.isSupported, "this CPU has no packed quantized products: no fused decoding step"),
-          arguments: [MatrixPrecision.float32, .int8])
-    func fusedStepsEqualTheLayerByLayerPath(precision: MatrixPrecision) throws {
+          arguments: zip([MatrixPrecision.float32, .int8, .float32], [KVCache.ElementType.float32, .float32, .float16]))
+    func fusedStepsEqualTheLayerByLayerPath(precision: MatrixPrecision, cacheType: KVCache.ElementType) throws {
         let expected = try Self.expected.get()
-        let model = try MatrixPrecision.$forNewLayers.withValue(precision) { try Gemma3ForCausalLM(gguf: GGUFFile(url: Self.url)) }
+        let model = try KVCache.ElementType.$forNewModels.withValue(cacheType) {
+            try MatrixPrecision.$forNewLayers.withValue(precision) { try Gemma3ForCausalLM(gguf: GGUFFile(url: Self.url)) }
+        }
+        #expect(model.cacheElementType == cacheType)
         #expect(model.fusedStep?.vocabularySize == 160)
         #expect(model.fusedStep?.int8 == (model.layers[0].down.precision == .int8))
         try FusedDecodingTests.expectFusedStepsEqualLayerByLayer(model, tokens: expected.sequence, promptLength: 1) {
