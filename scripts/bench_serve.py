@@ -3,7 +3,8 @@
 
 Usage:  python3 scripts/bench_serve.py [--model FILE.gguf] [--vlm .build/release/vlm] [--llama-server PATH]
                                       [--clients 1,8] [--tokens 128] [--requests 2] [--rounds 3] [--threads 2]
-                                      [--grammar FILE.gbnf] [--dtype fp32|bf16|int8] [--cache-type f32|f16] [--json]
+                                      [--grammar FILE.gbnf] [--dtype fp32|bf16|int8] [--cache-type f32|f16]
+                                      [--prompt-words N] [--json]
 
 Each server is started on a free loopback port with --threads threads and 8 parallel sequences (`vlm serve
 --max-batch 8`; `llama-server -np 8 -cb`). For each client count, that many clients each send --requests streaming
@@ -16,6 +17,9 @@ drifts, and loads run side by side drift together. The table gives the median ov
 With --grammar, every request carries that GBNF grammar (the `grammar` field both servers read): decoding under a
 grammar, as structured outputs run. `ignore_eos` keeps every request at --tokens tokens only if the grammar never
 forbids every token, so give one that can always go on (scripts/bench_grammar.gbnf: JSON records without end).
+
+--prompt-words N gives each request a prompt of N more words (a seeded draw from a fixed list, its own for each
+request), so that the sequences decode over long KV caches.
 
 --dtype is `vlm serve`'s (int8: every product on the GGUF blocks takes int8 activations, as llama.cpp's do), and so is
 --cache-type (f16: the KV caches in halves, as llama-server keeps them by default).
@@ -30,6 +34,7 @@ import hashlib
 import http.client
 import json
 import os
+import random
 import socket
 import statistics
 import subprocess
@@ -144,13 +149,19 @@ def one_request(port: int, model: str, prompt: str, tokens: int) -> tuple[float,
     return first if first is not None else total, total, usage if usage is not None else counted
 
 
-def load(port: int, model: str, clients: int, requests: int, tokens: int) -> dict:
+WORDS = ("the lighthouse keeper watched ships pass through fog and storm while gulls circled over grey water near "
+         "rocks where lanterns burned each night and sailors sang of distant harbours").split()
+
+
+def load(port: int, model: str, clients: int, requests: int, tokens: int, prompt_words: int = 0) -> dict:
     results, errors = [], []
 
     def client(index: int):
         try:
             for number in range(requests):
-                prompt = f"Client {index}, request {number}: write a long story about a lighthouse keeper."
+                draw = random.Random(index * 1000 + number)
+                passage = " ".join(draw.choice(WORDS) for _ in range(prompt_words))
+                prompt = f"Client {index}, request {number}: write a long story about a lighthouse keeper. {passage}"
                 results.append(one_request(port, model, prompt, tokens))
         except Exception as error:  # noqa: BLE001 - reported below
             errors.append(repr(error))
@@ -187,6 +198,7 @@ def main():
     parser.add_argument("--grammar", type=Path, help="a GBNF grammar every request is decoded under")
     parser.add_argument("--dtype", choices=["fp32", "bf16", "int8"], help="vlm serve's --dtype")
     parser.add_argument("--cache-type", choices=["f32", "f16"], help="vlm serve's --cache-type")
+    parser.add_argument("--prompt-words", type=int, default=0, help="words added to every prompt")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     global GRAMMAR
@@ -205,7 +217,7 @@ def main():
         else:
             # One slot holds a prompt and its tokens with room to spare; -c is the total over slots.
             command = [llama, "-m", args.model, "--port", str(port), "-t", str(args.threads), "-tb", str(args.threads),
-                       "-np", str(SLOTS), "-cb", "-c", str(SLOTS * 512), "--log-disable"]
+                       "-np", str(SLOTS), "-cb", "-c", str(SLOTS * (512 + 2 * args.prompt_words)), "--log-disable"]
         return Server(name, [str(c) for c in command], port, env)
 
     measured = {name: {c: [] for c in clients} for name in engines}
@@ -216,12 +228,14 @@ def main():
             try:
                 load(server.port, args.model.name, 1, 1, 8)  # warm-up
                 for count in clients:
-                    measured[name][count].append(load(server.port, args.model.name, count, args.requests, args.tokens))
+                    measured[name][count].append(load(server.port, args.model.name, count, args.requests, args.tokens,
+                                                      args.prompt_words))
             finally:
                 server.stop()
 
     summary = {"machine": describe(args.threads), "threads": args.threads, "model": args.model.name,
                "grammar": args.grammar.name if args.grammar else None, "tokens": args.tokens,
+               "prompt_words": args.prompt_words,
                "requests_per_client": args.requests, "rounds": args.rounds, "results": {}}
     for name, by_clients in measured.items():
         summary["results"][name] = {
@@ -233,7 +247,8 @@ def main():
     print(machine_summary(summary["machine"]))
     print(f"{args.threads} threads; {args.model.name}; {'under ' + args.grammar.name + '; ' if args.grammar else ''}"
           f"{args.tokens} tokens per request, "
-          f"{args.requests} requests per client; median of {args.rounds} rounds")
+          f"{args.requests} requests per client{', prompts of %d more words' % args.prompt_words if args.prompt_words else ''}; "
+          f"median of {args.rounds} rounds{'; vlm serve --cache-type ' + args.cache_type if args.cache_type else ''}")
     print(f"{'server':<14}{'clients':>8}{'tok/s':>10}{'TTFT p50 ms':>13}{'TTFT p99 ms':>13}")
     for name, by_clients in summary["results"].items():
         for count, row in by_clients.items():
