@@ -56,20 +56,44 @@ AVX2_INLINE __m256 exp_nonpositive(__m256 x) {
 /// Rows of keys or values ahead of the one being read that are prefetched (see avx512.c).
 enum { PREFETCH_ROWS = 8 };
 
-AVX2_INLINE void prefetch_row(const float *row, ptrdiff_t count) {
-    for (ptrdiff_t offset = 0; offset < count; offset += 64 / (ptrdiff_t)sizeof(float))
-        _mm_prefetch((const char *)(row + offset), _MM_HINT_T0);
-}
-
 /// Feature vectors of the value product kept in registers at a time.
 enum { VALUE_VECTORS = 8 };
 
-AVX2 int vlm_attention_partial_avx2(const vlm_attention_problem *p, ptrdiff_t first_key, ptrdiff_t key_count,
-                                    float *maxima, float *sums, float *outputs) {
+/// Eight keys' or values' features from `row` (floats, or with `half` IEEE halves widened exactly, F16C), element
+/// `at` on, the lanes from `count` on zero.
+AVX2_INLINE __m256 load_elements(const void *row, ptrdiff_t at, ptrdiff_t count, const int half) {
+    if (!half) {
+        const float *floats = (const float *)row + at;
+        return count >= LANES ? _mm256_loadu_ps(floats) : _mm256_maskload_ps(floats, tail_mask(count));
+    }
+    const uint16_t *halves = (const uint16_t *)row + at;
+    if (count >= LANES) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)halves));
+    uint16_t part[LANES] = {0};
+    memcpy(part, halves, (size_t)count * sizeof(uint16_t));
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)part));
+}
+
+/// Row `index` of rows `stride` elements apart (floats, or with `half` halves).
+AVX2_INLINE const void *element_row(const void *base, ptrdiff_t index, ptrdiff_t stride, const int half) {
+    return (const char *)base + index * stride * (half ? 2 : 4);
+}
+
+/// Prefetches `count` elements from `row`.
+AVX2_INLINE void prefetch_elements(const void *row, ptrdiff_t count, const int half) {
+    for (ptrdiff_t offset = 0; offset < count * (half ? 2 : 4); offset += 64)
+        _mm_prefetch((const char *)row + offset, _MM_HINT_T0);
+}
+
+/// vlm_attention_partial_avx2 with its keys' and values' element type a constant (floats, or `half` halves read
+/// where they lie), each compiled on its own.
+AVX2_INLINE int attention_partial(const vlm_attention_problem *p, ptrdiff_t first_key, ptrdiff_t key_count,
+                                  float *maxima, float *sums, float *outputs, const int half) {
     const ptrdiff_t d = p->head_dim, width = (key_count + LANES - 1) / LANES * LANES;
     float *scores = vlm_attention_partial_scratch((size_t)width * sizeof(float));
     if (!scores) return -1;
-    const float *key = p->key + first_key * p->key_stride, *value = p->value + first_key * p->value_stride;
+    const void *key = element_row(half ? (const void *)p->half_key : (const void *)p->key, first_key, p->key_stride, half);
+    const void *value = element_row(half ? (const void *)p->half_value : (const void *)p->value, first_key,
+                                    p->value_stride, half);
     const ptrdiff_t full = d / LANES * LANES;
     const __m256i tail = tail_mask(d - full);
     for (ptrdiff_t i = 0; i < p->query_length; i++) {
@@ -77,17 +101,17 @@ AVX2 int vlm_attention_partial_avx2(const vlm_attention_problem *p, ptrdiff_t fi
         // Scores: one dot product per key, eight features at a time.
         __m256 max_vector = _mm256_set1_ps(-INFINITY);
         for (ptrdiff_t j = 0; j < key_count; j++) {
-            const float *k = key + j * p->key_stride;
-            if (i == 0) prefetch_row(k + PREFETCH_ROWS * p->key_stride, d);
+            const void *k = element_row(key, j, p->key_stride, half);
+            if (i == 0) prefetch_elements(element_row(k, PREFETCH_ROWS, p->key_stride, half), d, half);
             __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
             ptrdiff_t c = 0;
             for (; c + 2 * LANES <= full; c += 2 * LANES) {
-                acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(k + c), acc0);
-                acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + c + LANES), _mm256_loadu_ps(k + c + LANES), acc1);
+                acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), load_elements(k, c, LANES, half), acc0);
+                acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + c + LANES), load_elements(k, c + LANES, LANES, half), acc1);
             }
-            if (c < full) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(k + c), acc0);
+            if (c < full) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), load_elements(k, c, LANES, half), acc0);
             if (full < d)
-                acc1 = _mm256_fmadd_ps(_mm256_maskload_ps(q + full, tail), _mm256_maskload_ps(k + full, tail), acc1);
+                acc1 = _mm256_fmadd_ps(_mm256_maskload_ps(q + full, tail), load_elements(k, full, d - full, half), acc1);
             scores[j] = sum8(_mm256_add_ps(acc0, acc1)) * p->scale;
         }
         for (ptrdiff_t j = 0; j < key_count; j += LANES) {
@@ -118,11 +142,13 @@ AVX2 int vlm_attention_partial_avx2(const vlm_attention_problem *p, ptrdiff_t fi
             __m256 acc[VALUE_VECTORS];
             for (int n = 0; n < vectors; n++) acc[n] = _mm256_setzero_ps();
             for (ptrdiff_t j = 0; j < key_count; j++) {
-                const float *v = value + j * p->value_stride + c0;
-                if (i == 0 && c0 == 0) prefetch_row(v + PREFETCH_ROWS * p->value_stride, d);
+                const void *v = element_row(value, j, p->value_stride, half);
+                if (i == 0 && c0 == 0) prefetch_elements(element_row(v, PREFETCH_ROWS, p->value_stride, half), d, half);
                 const __m256 e = _mm256_set1_ps(scores[j]);
-                for (int n = 0; n < vectors - 1; n++) acc[n] = _mm256_fmadd_ps(e, _mm256_loadu_ps(v + n * LANES), acc[n]);
-                acc[vectors - 1] = _mm256_fmadd_ps(e, _mm256_maskload_ps(v + (vectors - 1) * LANES, last), acc[vectors - 1]);
+                for (int n = 0; n < vectors - 1; n++)
+                    acc[n] = _mm256_fmadd_ps(e, load_elements(v, c0 + n * LANES, LANES, half), acc[n]);
+                acc[vectors - 1] = _mm256_fmadd_ps(
+                    e, load_elements(v, c0 + (vectors - 1) * LANES, span - (vectors - 1) * LANES, half), acc[vectors - 1]);
             }
             for (int n = 0; n < vectors - 1; n++) _mm256_storeu_ps(out + c0 + n * LANES, acc[n]);
             _mm256_maskstore_ps(out + c0 + (vectors - 1) * LANES, last, acc[vectors - 1]);
@@ -131,6 +157,33 @@ AVX2 int vlm_attention_partial_avx2(const vlm_attention_problem *p, ptrdiff_t fi
         sums[i] = (float)sum;
     }
     return 0;
+}
+
+AVX2 int vlm_attention_partial_avx2(const vlm_attention_problem *p, ptrdiff_t first_key, ptrdiff_t key_count,
+                                    float *maxima, float *sums, float *outputs) {
+    return p->half_key ? attention_partial(p, first_key, key_count, maxima, sums, outputs, 1)
+                       : attention_partial(p, first_key, key_count, maxima, sums, outputs, 0);
+}
+
+AVX2 void vlm_floats_to_halves_avx2(const float *x, ptrdiff_t count, uint16_t *y) {
+    ptrdiff_t i = 0;
+    for (; i + LANES <= count; i += LANES)
+        _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    if (i < count) {
+        uint16_t part[LANES];
+        _mm_storeu_si128((__m128i *)part, _mm256_cvtps_ph(_mm256_maskload_ps(x + i, tail_mask(count - i)),
+                                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        memcpy(y + i, part, (size_t)(count - i) * sizeof(uint16_t));
+    }
+}
+
+AVX2 void vlm_halves_to_floats_avx2(const uint16_t *x, ptrdiff_t count, float *y) {
+    for (ptrdiff_t i = 0; i < count; i += LANES) {
+        const ptrdiff_t n = count - i < LANES ? count - i : LANES;
+        const __m256 floats = load_elements(x, i, n, 1);
+        if (n == LANES) _mm256_storeu_ps(y + i, floats);
+        else _mm256_maskstore_ps(y + i, tail_mask(n), floats);
+    }
 }
 
 AVX2 void vlm_gated_silu_avx2(const float *x, ptrdiff_t rows, ptrdiff_t width, float *y) {

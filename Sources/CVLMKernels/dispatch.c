@@ -121,6 +121,10 @@ void vlm_floats_to_halves(const float *x, ptrdiff_t count, uint16_t *y, vlm_kern
         vlm_floats_to_halves_avx512(x, count, y);
         return;
     }
+    if (isa == VLM_ISA_AVX2 && vlm_has_avx2()) {
+        vlm_floats_to_halves_avx2(x, count, y);
+        return;
+    }
 #endif
     (void)isa;
     vlm_floats_to_halves_scalar(x, count, y);
@@ -130,6 +134,10 @@ void vlm_halves_to_floats(const uint16_t *x, ptrdiff_t count, float *y, vlm_kern
 #if defined(__x86_64__)
     if (isa == VLM_ISA_AVX512 && vlm_best_isa() == VLM_ISA_AVX512) {
         vlm_halves_to_floats_avx512(x, count, y);
+        return;
+    }
+    if (isa == VLM_ISA_AVX2 && vlm_has_avx2()) {
+        vlm_halves_to_floats_avx2(x, count, y);
         return;
     }
 #endif
@@ -215,6 +223,8 @@ int vlm_attention_partial(const vlm_attention_problem *problem, ptrdiff_t first_
 #if defined(__x86_64__)
     if (isa == VLM_ISA_AVX512 && vlm_best_isa() == VLM_ISA_AVX512)
         return vlm_attention_partial_avx512(problem, first_key, key_count, maxima, sums, outputs);
+    if (isa == VLM_ISA_AVX2 && vlm_has_avx2())
+        return vlm_attention_partial_avx2(problem, first_key, key_count, maxima, sums, outputs);
 #endif
     vlm_attention_problem widened;
     if (problem->half_key) {
@@ -222,10 +232,6 @@ int vlm_attention_partial(const vlm_attention_problem *problem, ptrdiff_t first_
         problem = &widened;
         first_key = 0;
     }
-#if defined(__x86_64__)
-    if (isa == VLM_ISA_AVX2 && vlm_has_avx2())
-        return vlm_attention_partial_avx2(problem, first_key, key_count, maxima, sums, outputs);
-#endif
     (void)isa;
     return vlm_attention_partial_scalar(problem, first_key, key_count, maxima, sums, outputs);
 }

@@ -37,6 +37,8 @@ int vlm_attention_partial_scalar(const vlm_attention_problem *p, ptrdiff_t first
 void vlm_floats_to_halves_scalar(const float *x, ptrdiff_t count, uint16_t *y);
 void vlm_floats_to_halves_avx512(const float *x, ptrdiff_t count, uint16_t *y);
 void vlm_halves_to_floats_avx512(const uint16_t *x, ptrdiff_t count, float *y);
+void vlm_floats_to_halves_avx2(const float *x, ptrdiff_t count, uint16_t *y);
+void vlm_halves_to_floats_avx2(const uint16_t *x, ptrdiff_t count, float *y);
 void vlm_layer_norm_scalar(const float *x, float *y, ptrdiff_t rows, ptrdiff_t features, const float *weight,
                            const float *bias, float eps);
 void vlm_quantize_rows_int8_scalar(const float *x, ptrdiff_t rows, ptrdiff_t features, signed char *q, float *scales);

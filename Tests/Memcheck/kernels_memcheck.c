@@ -862,6 +862,59 @@ static void check_decoder_step(ptrdiff_t position, ptrdiff_t parts, vlm_kernel_i
     free(embedding);
 }
 
+/// Every ISA's half conversions give the portable ones' bits: all 65,536 halves widened (NaNs to NaNs), and floats
+/// of every kind (random bit patterns, halfway cases, subnormal and overflowing ones) rounded, at lengths that leave
+/// tails.
+static void check_half_conversion(void) {
+    enum { HALVES = 1 << 16, FLOATS = 1 << 18 };
+    uint16_t *halves = malloc(HALVES * sizeof(uint16_t)), *rounded[2];
+    float *widened[2], *floats = malloc(FLOATS * sizeof(float));
+    for (int i = 0; i < HALVES; i++) halves[i] = (uint16_t)i;
+    uint64_t state = 0x9E3779B97F4A7C15ull;
+    for (int i = 0; i < FLOATS; i++) {
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        uint32_t bits = (uint32_t)(state >> 32);
+        // Every fourth a float near a half's rounding boundary: a half's bits widened, plus or minus a few units.
+        if (i % 4 == 1) bits = ((uint32_t)(bits & 0x8000) << 16 | (uint32_t)((bits >> 16) & 0x7FFF) << 13) + 0x38000000u
+                               + (bits & 0x1FFF) - 0x1000;
+        memcpy(floats + i, &bits, sizeof bits);
+    }
+    for (int r = 0; r < 2; r++) {
+        widened[r] = malloc(HALVES * sizeof(float));
+        rounded[r] = malloc(FLOATS * sizeof(uint16_t));
+    }
+    vlm_halves_to_floats(halves, HALVES, widened[0], VLM_ISA_SCALAR);
+    vlm_floats_to_halves(floats, FLOATS, rounded[0], VLM_ISA_SCALAR);
+    for (int isa = 1; isa < 3; isa++) {
+        for (ptrdiff_t length = HALVES - 3; length <= HALVES; length += 3) {
+            memset(widened[1], 0xFF, HALVES * sizeof(float));
+            vlm_halves_to_floats(halves, length, widened[1], isas[isa]);
+            // NaNs as NaNs: F16C quiets a signalling NaN, the portable widening keeps its payload as it is.
+            for (ptrdiff_t i = 0; i < length; i++) {
+                if (isnan(widened[0][i]) ? !isnan(widened[1][i]) : memcmp(widened[0] + i, widened[1] + i, sizeof(float)) != 0) {
+                    fprintf(stderr, "halves_to_floats %s: %04x widens to %.9g, the portable widening %.9g\n", isa_names[isa],
+                            (unsigned)i, widened[1][i], widened[0][i]);
+                    failures++;
+                    break;
+                }
+            }
+        }
+        for (ptrdiff_t length = FLOATS - 5; length <= FLOATS; length += 5) {
+            vlm_floats_to_halves(floats, length, rounded[1], isas[isa]);
+            if (memcmp(rounded[0], rounded[1], (size_t)length * sizeof(uint16_t)) != 0) {
+                fprintf(stderr, "floats_to_halves %s: differs from the portable rounding\n", isa_names[isa]);
+                failures++;
+            }
+        }
+    }
+    for (int r = 0; r < 2; r++) {
+        free(widened[r]);
+        free(rounded[r]);
+    }
+    free(halves);
+    free(floats);
+}
+
 static void count_index(void *context, ptrdiff_t index) { ((int *)context)[index] += 1; }
 
 /// Per-row int8 quantization against the formula in float arithmetic, exactly: every ISA multiplies by the same
@@ -904,6 +957,7 @@ int main(void) {
         for (int causal = 0; causal < 2; causal++)
             for (int masked = 0; masked < 2; masked++)
                 check_attention(shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], causal, masked);
+    check_half_conversion();
     check_elementwise(1, 1);
     check_elementwise(3, 17);
     check_elementwise(2, 64);
