@@ -109,6 +109,29 @@ func groupedQueryAttention(query: Tensor, keysAndValues: KeysAndValues, heads: I
         return decodingAttention(query: query, keysAndValues: keysAndValues, heads: heads, keyHeads: keyHeads,
                                  keyLength: keyLength, firstKeys: firstKeys, keys: keys, scale: scale, path: path)
     }
+    if case let .halves(key, value) = keysAndValues {
+        // A prompt reads each key head once per query head of its group: its attended halves widened once, head-major.
+        let widened = [key, value].map { halves in
+            let floats = Tensor(uninitialized: [batch, keyHeads * keyLength, headDim])
+            for item in 0..<batch {
+                for head in 0..<keyHeads {
+                    let from = halves.pointer + keys.offset(item: item, keyHead: head)
+                    let to = floats.storage.pointer + (item * keyHeads + head) * keyLength * headDim
+                    if keys.stride == headDim {
+                        vlm_halves_to_floats(from, keyLength * headDim, to, path.isa)
+                        continue
+                    }
+                    for position in 0..<keyLength {
+                        vlm_halves_to_floats(from + position * keys.stride, headDim, to + position * headDim, path.isa)
+                    }
+                }
+            }
+            return floats
+        }
+        return groupedQueryAttention(query: query, keysAndValues: .floats(key: widened[0], value: widened[1]), heads: heads,
+                                     keyHeads: keyHeads, keyLength: keyLength, layout: .headMajor, causal: causal,
+                                     keyPaddingMask: keyPaddingMask, scale: scale, path: path)
+    }
     let run: @Sendable (Int) -> Void = { unit in
         let (item, head) = unit.quotientAndRemainder(dividingBy: heads)
         let keyOffset = keys.offset(item: item, keyHead: head / group)
