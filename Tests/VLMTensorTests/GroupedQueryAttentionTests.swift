@@ -8,11 +8,8 @@ import Testing
     func matchesAttentionOnRepeatedHeads(path: KernelPath) {
         let (batch, queryLength, heads, keyHeads, headDim, capacity, keyLength) = (2, 3, 6, 2, 8, 9, 7)
         var generator = SplitMix(seed: 11)
-        func random(_ shape: [Int]) -> Tensor {
-            Tensor(shape: shape, scalars: (0..<Tensor.elementCount(shape)).map { _ in generator.nextFloat() })
-        }
-        let query = random([batch, queryLength, heads * headDim])
-        let key = random([batch, capacity, keyHeads * headDim]), value = random([batch, capacity, keyHeads * headDim])
+        let query = generator.tensor([batch, queryLength, heads * headDim])
+        let key = generator.tensor([batch, capacity, keyHeads * headDim]), value = generator.tensor([batch, capacity, keyHeads * headDim])
         let mask = Tensor(shape: [batch, keyLength], scalars: (0..<(batch * keyLength)).map { $0 == 1 ? 0 : 1 })
         func repeated(_ x: Tensor) -> Tensor {
             var scalars: [Float] = []
@@ -42,11 +39,8 @@ import Testing
     func decodingStepSplitAlongTheKeysMatchesTheWholeAttention(path: KernelPath) {
         let (batch, heads, keyHeads, headDim, capacity, keyLength) = (1, 5, 1, 24, 320, 300)
         var generator = SplitMix(seed: 5)
-        func random(_ shape: [Int], spread: Float = 1) -> Tensor {
-            Tensor(shape: shape, scalars: (0..<Tensor.elementCount(shape)).map { _ in spread * generator.nextFloat() })
-        }
-        let query = random([batch, 1, heads * headDim], spread: 3)
-        let key = random([batch, capacity, keyHeads * headDim]), value = random([batch, capacity, keyHeads * headDim])
+        let query = generator.tensor([batch, 1, heads * headDim], spread: 3)
+        let key = generator.tensor([batch, capacity, keyHeads * headDim]), value = generator.tensor([batch, capacity, keyHeads * headDim])
         let ones = Tensor(shape: [batch, keyLength], scalars: Array(repeating: 1, count: batch * keyLength))
         let expected = groupedQueryAttention(query: query, key: key, value: value, heads: heads, keyHeads: keyHeads,
                                              keyLength: keyLength, causal: true, keyPaddingMask: ones, scale: 0.4, path: path)
@@ -65,11 +59,8 @@ extension GroupedQueryAttentionTests {
     func headMajorKeysFromAnOffsetMatchTokenMajorOnes(path: KernelPath) {
         let (batch, heads, keyHeads, headDim, capacity, firstKey, keyLength) = (2, 6, 3, 16, 400, 37, 290)
         var generator = SplitMix(seed: 23)
-        func random(_ shape: [Int], spread: Float = 1) -> Tensor {
-            Tensor(shape: shape, scalars: (0..<Tensor.elementCount(shape)).map { _ in spread * generator.nextFloat() })
-        }
         let width = keyHeads * headDim
-        let key = random([batch, capacity, width]), value = random([batch, capacity, width])
+        let key = generator.tensor([batch, capacity, width]), value = generator.tensor([batch, capacity, width])
         func headMajor(_ x: Tensor) -> Tensor {
             var scalars: [Float] = []
             for item in 0..<batch {
@@ -84,7 +75,7 @@ extension GroupedQueryAttentionTests {
         }
         let mask = Tensor(shape: [batch, keyLength], scalars: (0..<(batch * keyLength)).map { $0 % 7 == 3 ? 0 : 1 })
         for (queryLength, keyPaddingMask) in [(1, nil), (3, mask)] {
-            let query = random([batch, queryLength, heads * headDim], spread: 3)
+            let query = generator.tensor([batch, queryLength, heads * headDim], spread: 3)
             let expected = groupedQueryAttention(
                 query: query, key: sequenceSlice(key, firstKey..<(firstKey + keyLength)),
                 value: sequenceSlice(value, firstKey..<(firstKey + keyLength)), heads: heads, keyHeads: keyHeads,
@@ -137,20 +128,17 @@ extension GroupedQueryAttentionTests {
     func halfKeysAndValuesGiveWhatTheirFloatsGive(path: KernelPath) {
         let (batch, heads, keyHeads, headDim, capacity, firstKey, keyLength) = (2, 6, 3, 16, 400, 37, 290)
         var generator = SplitMix(seed: 41)
-        func random(_ shape: [Int], spread: Float = 1) -> Tensor {
-            Tensor(shape: shape, scalars: (0..<Tensor.elementCount(shape)).map { _ in spread * generator.nextFloat() })
-        }
         func halves(_ x: Tensor) -> HalfTensor {
             let half = HalfTensor(uninitialized: x.shape)
             roundToHalves(x.storage.pointer, count: x.count, into: half.pointer, path: path)
             return half
         }
         let shape = [batch, keyHeads * capacity, headDim]
-        let (halfKey, halfValue) = (halves(random(shape)), halves(random(shape)))
+        let (halfKey, halfValue) = (halves(generator.tensor(shape)), halves(generator.tensor(shape)))
         let widened = KeysAndValues.floats(key: halfKey.floats, value: halfValue.floats)
         let half = KeysAndValues.halves(key: halfKey, value: halfValue)
         for queryLength in [1, 5] {
-            let query = random([batch, queryLength, heads * headDim], spread: 3)
+            let query = generator.tensor([batch, queryLength, heads * headDim], spread: 3)
             let mask = queryLength == 1 ? nil
                 : Tensor(shape: [batch, keyLength], scalars: (0..<(batch * keyLength)).map { $0 % 7 == 3 ? 0 : 1 })
             func attend(_ keysAndValues: KeysAndValues) -> [Float] {
@@ -174,6 +162,11 @@ private struct SplitMix {
         z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
         return z ^ (z >> 31)
     }
+    /// A tensor of `shape` drawn uniformly from `-spread ..< spread`.
+    mutating func tensor(_ shape: [Int], spread: Float = 1) -> Tensor {
+        Tensor(shape: shape, scalars: (0..<Tensor.elementCount(shape)).map { _ in spread * nextFloat() })
+    }
+
     mutating func nextFloat() -> Float {
         state &+= 0x9E37_79B9_7F4A_7C15
         var z = state
