@@ -3,7 +3,8 @@
 Run by hand from the repository root with the oracle venv (oracle/requirements.txt):
 
     python oracle/llama.py                      # tiny checkpoints → Tests/Fixtures/llama/<case>/
-    python oracle/llama.py --smollm2 PATH.gguf  # also Tests/Fixtures/llama/smollm2.json from the real GGUF
+    python oracle/llama.py --smollm2 PATH.gguf  # also Tests/Fixtures/llama/smollm2.json from the real GGUF, and
+                                                # smollm2-f16-cache.json: the same with an fp16 KV cache
 
 gqa-untied.gguf is that case converted as llama.cpp does (permuted Q/K, quantized MLP), with gqa-untied.gguf.json the
 logits transformers computes from the GGUF; qwen2-tiny.gguf(.json) likewise for a tiny random Qwen2 written as

@@ -224,7 +224,8 @@ static void run_attention(step_run *run, const vlm_decoder_layer *layer, atomic_
             }
             const ptrdiff_t stored = head_start + s->position * hd;
             if (s->half_keys) {
-                // Rotated in place (each pair is read before it is written), then rounded into the cache.
+                // Rotated into the thread's key row (in place after a key norm: each pair is read before it is
+                // written), then rounded into the cache.
                 if (!layer->unrotated) {
                     vlm_rotate_half(key, 1, 1, hd, cos, sin, t->key);
                     key = t->key;
