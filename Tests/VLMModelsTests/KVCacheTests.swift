@@ -28,9 +28,9 @@ import VLMTensor
                 }
             }
             guard rounding else { return floats }
-            var halves = [UInt16](repeating: 0, count: floats.count)
-            roundToHalves(floats, count: floats.count, into: &halves)
-            return halves.map { Float(Float16(bitPattern: $0)) }
+            let halves = HalfTensor(uninitialized: [floats.count])
+            roundToHalves(floats, count: floats.count, into: halves.pointer)
+            return halves.floats.scalars
         }
     }
 
