@@ -11,8 +11,9 @@ Each server is started on a free loopback port with --threads threads and 8 para
 `/v1/completions` requests one after another (their own prompt, temperature 0, `max_tokens` --tokens with
 `ignore_eos`, so every request generates exactly that many tokens). Aggregate decode throughput is all clients'
 tokens over the wall time of the load; time to first token is measured per request, from sending it to the first
-chunk holding text. The servers take turns for --rounds rounds (order alternating): a shared machine's speed
-drifts, and loads run side by side drift together. The table gives the median over rounds.
+chunk holding text, and each request's own decoding speed from then to its end (the median is shown). The servers
+take turns for --rounds rounds (order alternating): a shared machine's speed drifts, and loads run side by side
+drift together. The table gives the median over rounds.
 
 With --grammar, every request carries that GBNF grammar (the `grammar` field both servers read): decoding under a
 grammar, as structured outputs run. `ignore_eos` keeps every request at --tokens tokens only if the grammar never
@@ -181,7 +182,10 @@ def load(port: int, model: str, clients: int, requests: int, tokens: int, prompt
     ttft = sorted(r[0] for r in results)
     return {"tokens_per_second": generated / wall,
             "ttft_p50": statistics.median(ttft),
-            "ttft_p99": ttft[min(len(ttft) - 1, int(round(0.99 * (len(ttft) - 1))))]}
+            "ttft_p99": ttft[min(len(ttft) - 1, int(round(0.99 * (len(ttft) - 1))))],
+            # Each request's tokens after its first over the time after its first: its own decoding speed, prompts
+            # (its own and those of requests joining meanwhile) included where they run between its steps.
+            "decode_p50": statistics.median((r[2] - 1) / (r[1] - r[0]) for r in results if r[2] > 1 and r[1] > r[0])}
 
 
 def main():
@@ -239,7 +243,8 @@ def main():
                "requests_per_client": args.requests, "rounds": args.rounds, "results": {}}
     for name, by_clients in measured.items():
         summary["results"][name] = {
-            str(count): {key: statistics.median(r[key] for r in runs) for key in ("tokens_per_second", "ttft_p50", "ttft_p99")}
+            str(count): {key: statistics.median(r[key] for r in runs)
+                         for key in ("tokens_per_second", "ttft_p50", "ttft_p99", "decode_p50")}
             for count, runs in by_clients.items()}
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -249,10 +254,11 @@ def main():
           f"{args.tokens} tokens per request, "
           f"{args.requests} requests per client{', prompts of %d more words' % args.prompt_words if args.prompt_words else ''}; "
           f"median of {args.rounds} rounds{'; vlm serve --cache-type ' + args.cache_type if args.cache_type else ''}")
-    print(f"{'server':<14}{'clients':>8}{'tok/s':>10}{'TTFT p50 ms':>13}{'TTFT p99 ms':>13}")
+    print(f"{'server':<14}{'clients':>8}{'tok/s':>10}{'TTFT p50 ms':>13}{'TTFT p99 ms':>13}{'request tok/s p50':>19}")
     for name, by_clients in summary["results"].items():
         for count, row in by_clients.items():
-            print(f"{name:<14}{count:>8}{row['tokens_per_second']:>10.1f}{row['ttft_p50'] * 1000:>13.0f}{row['ttft_p99'] * 1000:>13.0f}")
+            print(f"{name:<14}{count:>8}{row['tokens_per_second']:>10.1f}{row['ttft_p50'] * 1000:>13.0f}"
+                  f"{row['ttft_p99'] * 1000:>13.0f}{row['decode_p50']:>19.1f}")
     vlm, llama_results = summary["results"].get("vlm serve"), summary["results"].get("llama-server")
     if vlm and llama_results:
         for count in clients:
