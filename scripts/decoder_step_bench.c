@@ -47,20 +47,6 @@ static void *symbol(void *library, const char *path, const char *name) {
     return found;
 }
 
-/// A float's nearest half (ties to even) for the cache's values, which are far from the subnormal and overflow
-/// ranges.
-static uint16_t half_bits(float x) {
-    uint32_t bits;
-    memcpy(&bits, &x, sizeof bits);
-    const uint32_t magnitude = bits & 0x7FFFFFFFu;
-    uint16_t half = 0;
-    if (magnitude >= 0x38800000u) {
-        const uint32_t rebased = magnitude - 0x38000000u, kept = rebased >> 13, rest = rebased & 0x1FFF;
-        half = (uint16_t)(kept + (rest > 0x1000 || (rest == 0x1000 && (kept & 1))));
-    }
-    return (uint16_t)(((bits >> 16) & 0x8000) | half);
-}
-
 static uint64_t random_state = 0x5eed;
 static uint32_t random_bits(void) {
     random_state = random_state * 6364136223846793005ull + 1442695040888963407ull;
@@ -127,6 +113,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     kernels builds[2] = {{0}};
+    void (*floats_to_halves)(const float *, ptrdiff_t, uint16_t *, vlm_kernel_isa) = NULL;
     for (int i = 0; i < count; i++) {
         kernels *k = &builds[i];
         k->path = argv[4 + i];
@@ -152,6 +139,9 @@ int main(int argc, char **argv) {
         k->pack = symbol(library, k->path, "vlm_quant_pack");
         k->scratch_floats = symbol(library, k->path, "vlm_decoder_step_scratch_floats");
         k->run = symbol(library, k->path, "vlm_decoder_step_run");
+        // The half cache is rounded by the first build that reads one (only those builds have the rounding).
+        if (k->half_cache && !floats_to_halves)
+            floats_to_halves = symbol(library, k->path, "vlm_floats_to_halves");
     }
     ptrdiff_t block_elements, block_bytes;
     if (builds[0].block_layout(format, &block_elements, &block_bytes) != 0 || block_elements != 32) {
@@ -194,9 +184,9 @@ int main(int argc, char **argv) {
         half_keys[l] = malloc(cache_floats * sizeof(uint16_t));
         half_values[l] = malloc(cache_floats * sizeof(uint16_t));
         if (!half_keys[l] || !half_values[l]) return 1;
-        for (size_t i = 0; i < cache_floats; i++) {
-            half_keys[l][i] = half_bits(keys[l][i]);
-            half_values[l][i] = half_bits(values[l][i]);
+        if (floats_to_halves) {
+            floats_to_halves(keys[l], (ptrdiff_t)cache_floats, half_keys[l], VLM_ISA_SCALAR);
+            floats_to_halves(values[l], (ptrdiff_t)cache_floats, half_values[l], VLM_ISA_SCALAR);
         }
     }
     // Each build's weights one after another, as one model's lie, from the same random blocks.

@@ -70,11 +70,6 @@ enum { PREFETCH_ROWS = 8 };
 /// Rows ahead for prefetches into L2 where rows come from memory (see scores_unpacked).
 enum { PREFETCH_FAR_ROWS = 32 };
 
-/// Prefetches `count` floats from `row` (a prefetch past the end of an array is dropped, not a fault).
-AVX512_INLINE void prefetch_row(const float *row, ptrdiff_t count) {
-    for (ptrdiff_t offset = 0; offset < count; offset += 64 / (ptrdiff_t)sizeof(float))
-        _mm_prefetch((const char *)(row + offset), _MM_HINT_T0);
-}
 
 
 /// 16 keys' or values' features from `row` (floats, or with `half` IEEE halves widened exactly), element `at` on,
@@ -89,7 +84,8 @@ AVX512_INLINE const void *element_row(const void *base, ptrdiff_t index, ptrdiff
     return (const char *)base + index * stride * (half ? 2 : 4);
 }
 
-/// Prefetches `count` elements from `row` into L1 (`hint` _MM_HINT_T0) or L2 (_MM_HINT_T1).
+/// Prefetches `count` elements from `row` into L1 (`hint` _MM_HINT_T0) or L2 (_MM_HINT_T1); a prefetch past the end
+/// of an array is dropped, not a fault.
 AVX512_INLINE void prefetch_elements(const void *row, ptrdiff_t count, const int half, const int hint) {
     for (ptrdiff_t offset = 0; offset < count * (half ? 2 : 4); offset += 64) {
         if (hint == _MM_HINT_T0) _mm_prefetch((const char *)row + offset, _MM_HINT_T0);
@@ -502,7 +498,7 @@ AVX512 static void pack_values(const float *value, ptrdiff_t value_stride, ptrdi
                                float *packed) {
     for (ptrdiff_t j = 0; j < key_length; j++) {
         const float *row = value + j * value_stride;
-        prefetch_row(row + PREFETCH_ROWS * value_stride, head_dim);
+        prefetch_elements(row + PREFETCH_ROWS * value_stride, head_dim, 0, _MM_HINT_T0);
         for (ptrdiff_t c = 0; c < head_dim; c += LANES) {
             __mmask16 m = tail_mask(head_dim - c);
             _mm512_mask_storeu_ps(packed + j * head_dim + c, m, _mm512_maskz_loadu_ps(m, row + c));
@@ -707,7 +703,7 @@ AVX512_BF16 static void pack_keys_bf16(const float *key, ptrdiff_t key_stride, p
     memset(packed + (panels - 1) * pairs * PANEL, 0, (size_t)(pairs * PANEL) * sizeof(uint32_t));
     for (ptrdiff_t j = 0; j < key_length; j++) {
         const float *source = key + j * key_stride;
-        prefetch_row(source + PREFETCH_ROWS * key_stride, d);
+        prefetch_elements(source + PREFETCH_ROWS * key_stride, d, 0, _MM_HINT_T0);
         bf16_pairs(source, d, row);
         uint32_t *column = packed + j / PANEL * pairs * PANEL + j % PANEL;
         for (ptrdiff_t c = 0; c < pairs; c++) column[c * PANEL] = row[c];
@@ -721,8 +717,8 @@ AVX512_BF16 static void pack_values_bf16(const float *value, ptrdiff_t value_str
     for (ptrdiff_t i = 0; 2 * i < key_length; i++) {
         const float *even = value + 2 * i * value_stride, *odd = even + value_stride;
         const int has_odd = 2 * i + 1 < key_length;
-        prefetch_row(even + PREFETCH_ROWS * value_stride, d);
-        prefetch_row(odd + PREFETCH_ROWS * value_stride, d);
+        prefetch_elements(even + PREFETCH_ROWS * value_stride, d, 0, _MM_HINT_T0);
+        prefetch_elements(odd + PREFETCH_ROWS * value_stride, d, 0, _MM_HINT_T0);
         for (ptrdiff_t c = 0; c < d; c += LANES) {
             const ptrdiff_t left = d - c;
             const __m512i low = bf16_lanes(even + c, left);
