@@ -68,9 +68,15 @@ public final class KVCache: @unchecked Sendable {
     var layers: [KeysAndValues] { (0..<layerCount).map(keysAndValues(layer:)) }
 
     /// The start of each layer's keys, then of each layer's values, as bytes: copies move elements of either type.
-    private var buffers: [UnsafeMutableRawPointer] {
-        elementType == .float32 ? (keys + values).map { UnsafeMutableRawPointer($0.storage.pointer) }
-            : (halfKeys + halfValues).map { UnsafeMutableRawPointer($0.pointer) }
+    private var buffers: [UnsafeMutableRawPointer] { (0..<(2 * layerCount)).map(buffer) }
+
+    /// Buffer `index` of `buffers`.
+    private func buffer(_ index: Int) -> UnsafeMutableRawPointer {
+        let (isValue, layer) = index.quotientAndRemainder(dividingBy: layerCount)
+        switch elementType {
+        case .float32: return UnsafeMutableRawPointer((isValue == 0 ? keys : values)[layer].storage.pointer)
+        case .float16: return UnsafeMutableRawPointer((isValue == 0 ? halfKeys : halfValues)[layer].pointer)
+        }
     }
 
     /// Where position `position` of head `head` of row `row` starts in a layer's tensor, in elements.
@@ -89,12 +95,12 @@ public final class KVCache: @unchecked Sendable {
     /// (rounded to halves in a half cache).
     func store(layer: Int, key: Tensor, value: Tensor) {
         let count = key.shape[1]
-        for (index, source) in [key, value].enumerated() {
-            let floats = elementType == .float32 ? [keys, values][index][layer].storage.pointer : nil
-            let halves = elementType == .float16 ? [halfKeys, halfValues][index][layer].pointer : nil
+        for (source, target) in [(key, buffer(layer)), (value, buffer(layerCount + layer))] {
             func write(_ from: UnsafeMutablePointer<Float>, at element: Int, count: Int) {
-                if let floats { (floats + element).update(from: from, count: count) }
-                if let halves { roundToHalves(from, count: count, into: halves + element) }
+                switch elementType {
+                case .float32: (target.assumingMemoryBound(to: Float.self) + element).update(from: from, count: count)
+                case .float16: roundToHalves(from, count: count, into: target.assumingMemoryBound(to: UInt16.self) + element)
+                }
             }
             for item in 0..<batch {
                 let from = source.storage.pointer + item * count * width
