@@ -186,6 +186,40 @@ AVX2 void vlm_halves_to_floats_avx2(const uint16_t *x, ptrdiff_t count, float *y
     }
 }
 
+/// vlm_argmax_avx512's two passes, eight lanes at a time.
+AVX2 ptrdiff_t vlm_argmax_avx2(const float *x, ptrdiff_t count) {
+    const __m256 lowest = _mm256_set1_ps(-INFINITY);
+    __m256 largest[4] = {lowest, lowest, lowest, lowest};
+    int unordered = 0;
+    ptrdiff_t i = 0;
+    for (; i + 4 * LANES <= count; i += 4 * LANES) {
+        __m256 v[4];
+        for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(x + i + k * LANES);
+        unordered |= _mm256_movemask_ps(_mm256_or_ps(_mm256_cmp_ps(v[0], v[1], _CMP_UNORD_Q),
+                                                     _mm256_cmp_ps(v[2], v[3], _CMP_UNORD_Q)));
+        for (int k = 0; k < 4; k++) largest[k] = _mm256_max_ps(largest[k], v[k]);
+    }
+    for (; i < count; i += LANES) {
+        const __m256i m = tail_mask(count - i);
+        const __m256 v = _mm256_blendv_ps(lowest, _mm256_maskload_ps(x + i, m), _mm256_castsi256_ps(m));
+        unordered |= _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        largest[0] = _mm256_max_ps(largest[0], v);
+    }
+    __m256 all = _mm256_max_ps(_mm256_max_ps(largest[0], largest[1]), _mm256_max_ps(largest[2], largest[3]));
+    __m128 half = _mm_max_ps(_mm256_castps256_ps128(all), _mm256_extractf128_ps(all, 1));
+    half = _mm_max_ps(half, _mm_movehl_ps(half, half));
+    half = _mm_max_ss(half, _mm_movehdup_ps(half));
+    const __m256 target = _mm256_set1_ps(_mm_cvtss_f32(half));
+    for (i = 0; i < count; i += LANES) {
+        const __m256i m = tail_mask(count - i);
+        const __m256 v = _mm256_maskload_ps(x + i, m);
+        const __m256 found = unordered ? _mm256_cmp_ps(v, v, _CMP_UNORD_Q) : _mm256_cmp_ps(v, target, _CMP_EQ_OQ);
+        const int hit = _mm256_movemask_ps(found) & _mm256_movemask_ps(_mm256_castsi256_ps(m));
+        if (hit) return i + __builtin_ctz((unsigned)hit);
+    }
+    return 0;
+}
+
 AVX2 void vlm_gated_silu_avx2(const float *x, ptrdiff_t rows, ptrdiff_t width, float *y) {
     const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
     for (ptrdiff_t r = 0; r < rows; r++) {

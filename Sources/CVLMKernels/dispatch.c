@@ -236,6 +236,16 @@ int vlm_attention_partial(const vlm_attention_problem *problem, ptrdiff_t first_
     return vlm_attention_partial_scalar(problem, first_key, key_count, maxima, sums, outputs);
 }
 
+ptrdiff_t vlm_argmax(const float *x, ptrdiff_t count, vlm_kernel_isa isa) {
+    if (count <= 1) return 0;
+#if defined(__x86_64__)
+    if (isa == VLM_ISA_AVX512 && vlm_best_isa() == VLM_ISA_AVX512) return vlm_argmax_avx512(x, count);
+    if (isa == VLM_ISA_AVX2 && vlm_has_avx2()) return vlm_argmax_avx2(x, count);
+#endif
+    (void)isa;
+    return vlm_argmax_scalar(x, count);
+}
+
 void vlm_gated_silu(const float *x, ptrdiff_t rows, ptrdiff_t width, float *y, vlm_kernel_isa isa) {
     if (rows <= 0 || width <= 0) return;
 #if defined(__x86_64__)

@@ -27,6 +27,7 @@ int vlm_quant_int8_matmul_streams(const void *packed, vlm_quant_format format, p
 
 int vlm_attention_scalar(const vlm_attention_problem *problem);
 void vlm_gated_silu_scalar(const float *x, ptrdiff_t rows, ptrdiff_t width, float *y);
+ptrdiff_t vlm_argmax_scalar(const float *x, ptrdiff_t count);
 /// A 64-byte aligned buffer of at least `bytes` for one vlm_attention_partial call, kept by the calling thread
 /// and grown as needed, or NULL when it cannot be: a decoding step runs a few hundred such calls, and each
 /// allocating its own was a per-step allocation for every one.
@@ -51,6 +52,8 @@ int vlm_attention_tiled_avx512(const vlm_attention_problem *problem, ptrdiff_t q
 /// The same schedule with the score and value products on bf16-rounded operands (AVX512-BF16); `head_dim` even.
 int vlm_attention_tiled_bf16_avx512(const vlm_attention_problem *problem, ptrdiff_t query_block, ptrdiff_t key_tile);
 void vlm_gated_silu_avx512(const float *x, ptrdiff_t rows, ptrdiff_t width, float *y);
+ptrdiff_t vlm_argmax_avx512(const float *x, ptrdiff_t count);
+ptrdiff_t vlm_argmax_avx2(const float *x, ptrdiff_t count);
 int vlm_attention_partial_avx512(const vlm_attention_problem *p, ptrdiff_t first_key, ptrdiff_t key_count, float *maxima,
                                  float *sums, float *outputs);
 void vlm_layer_norm_avx512(const float *x, float *y, ptrdiff_t rows, ptrdiff_t features, const float *weight,

@@ -166,6 +166,15 @@ PORTABLE_CLONES void vlm_gated_silu_scalar(const float *x, ptrdiff_t rows, ptrdi
     }
 }
 
+ptrdiff_t vlm_argmax_scalar(const float *x, ptrdiff_t count) {
+    ptrdiff_t best = 0;
+    for (ptrdiff_t i = 0; i < count; i++) {
+        if (x[i] != x[i]) return i;
+        if (x[i] > x[best]) best = i;
+    }
+    return best;
+}
+
 /// Σ (x[c] - center)² over `count` floats (Σ x[c] with `square` false), in double. Eight independent partial sums
 /// let the loop vectorize without reassociating a single sum.
 static inline double sum_in_double(const float *x, ptrdiff_t count, double center, int square) {

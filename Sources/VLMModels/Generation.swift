@@ -310,13 +310,7 @@ struct DecodingState<Model: CausalLanguageModel> {
 }
 
 /// The first index of the largest score (torch's `argmax`).
-func argmax(_ scores: [Float]) -> Int {
-    scores.withUnsafeBufferPointer { scores in
-        var best = 0
-        for index in scores.indices where scores[index] > scores[best] { best = index }
-        return best
-    }
-}
+func argmax(_ scores: [Float]) -> Int { scores.withUnsafeBufferPointer { VLMTensor.argmax($0) } }
 
 /// Each row of `x [B, …]` repeated `count` times in place (torch's `repeat_interleave(count, dim=0)`).
 func repeatRows(_ x: Tensor, _ count: Int) -> Tensor {

@@ -385,6 +385,31 @@ static void check_elementwise(ptrdiff_t rows, ptrdiff_t width) {
     free(normed);
 }
 
+/// Every ISA's argmax of `count` floats allocated to the byte (its tails read only what is there) is the first
+/// largest, or the first NaN: for few distinct values (ties), all negative, all -inf, and one or two NaNs placed
+/// anywhere.
+static void check_argmax(ptrdiff_t count) {
+    float *x = malloc((size_t)count * sizeof(float));
+    for (int variant = 0; variant < 5; variant++) {
+        for (ptrdiff_t i = 0; i < count; i++)
+            x[i] = variant == 1 ? -INFINITY : variant == 2 ? -1.0f - (float)(next() % 5) : (float)(next() % 5) - 2.0f;
+        if (variant >= 3) x[next() % count] = NAN;
+        if (variant == 4) x[next() % count] = NAN;
+        ptrdiff_t expected = 0;
+        for (ptrdiff_t i = 1; i < count; i++)
+            if (x[i] > x[expected] || (isnan(x[i]) && !isnan(x[expected]))) expected = i;
+        for (int isa = 0; isa < 3; isa++) {
+            const ptrdiff_t found = vlm_argmax(x, count, isas[isa]);
+            if (found != expected) {
+                fprintf(stderr, "argmax %s of %td (variant %d): %td, not %td\n", isa_names[isa], count, variant, found,
+                        expected);
+                failures++;
+            }
+        }
+    }
+    free(x);
+}
+
 static void check_gemm(ptrdiff_t m, ptrdiff_t n, ptrdiff_t k, int transpose) {
     float *a = random_floats(m * k), *b = random_floats(k * n), *c = malloc((size_t)(m * n) * sizeof(float));
     double *expected = calloc((size_t)(m * n), sizeof(double));
@@ -962,6 +987,8 @@ int main(void) {
     check_elementwise(3, 17);
     check_elementwise(2, 64);
     check_elementwise(4, 100);
+    for (ptrdiff_t count = 1; count <= 70; count++) check_argmax(count);
+    check_argmax(49152 + 3);
     check_row_quantization(1, 1);
     check_row_quantization(3, 17);
     check_row_quantization(2, 64);

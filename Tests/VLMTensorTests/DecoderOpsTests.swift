@@ -38,6 +38,28 @@ import Testing
         #expect(output.scalars.map(\.bitPattern) == expected.map(\.bitPattern))
     }
 
+    /// torch.argmax's answers: the first of tied largest values (+0 and -0 tie), and the first NaN over any number.
+    /// Lengths around the vector widths, so that each appears in the main loops and in the tails.
+    @Test(arguments: [KernelPath.best, .scalar])
+    func argmaxTakesTheFirstLargestOrTheFirstNaN(path: KernelPath) {
+        func argmax(_ values: [Float]) -> Int { values.withUnsafeBufferPointer { VLMTensor.argmax($0, path: path) } }
+        for count in [1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 49_152] {
+            let ramp = (0..<count).map { Float($0 % 5) - 4 }
+            #expect(argmax(ramp) == min(4, count - 1), "\(count)")
+            #expect(argmax(Array(repeating: -.infinity, count: count)) == 0, "\(count)")
+            var zeros = Array(repeating: Float(-3), count: count)
+            zeros[count - 1] = 0
+            if count > 2 { zeros[count / 2] = -0.0 }
+            #expect(argmax(zeros) == (count > 2 ? count / 2 : count - 1), "\(count)")
+            var withNaN = ramp
+            withNaN[count - 1] = .nan
+            if count > 3 { withNaN[count - 3] = .nan }
+            #expect(argmax(withNaN) == (count > 3 ? count - 3 : count - 1), "\(count)")
+        }
+        let tensor = Tensor(shape: [2, 3], scalars: [1, 5, 5, 7, -1, .nan])
+        #expect(argmaxLastDimension(tensor) == [1, 2])
+    }
+
     @Test func splitLastDimensionCutsEveryRow() {
         let x = Tensor(shape: [2, 5], scalars: (0..<10).map(Float.init))
         let parts = splitLastDimension(x, widths: [2, 3])

@@ -100,6 +100,10 @@ int vlm_attention_scheduled(const vlm_attention_problem *problem, vlm_attention_
 int vlm_attention_partial(const vlm_attention_problem *problem, ptrdiff_t first_key, ptrdiff_t key_count, float *maxima,
                           float *sums, float *outputs, vlm_kernel_isa isa);
 
+/// The index of the first largest of `count` (≥ 1) floats, a NaN counting as larger than any number (torch's
+/// `argmax`): the first NaN where there is one.
+ptrdiff_t vlm_argmax(const float *x, ptrdiff_t count, vlm_kernel_isa isa);
+
 /// `y[r][c] = silu(x[r][c]) · x[r][width + c]` for `rows` rows of `2 · width` floats (a gated MLP's stacked gate and
 /// up projections), with silu(g) = g / (1 + e^-g) to a few ulp.
 void vlm_gated_silu(const float *x, ptrdiff_t rows, ptrdiff_t width, float *y, vlm_kernel_isa isa);
