@@ -15,8 +15,9 @@ public struct ImageSize: Sendable, Hashable, Codable {
 /// What an image processor makes of a batch of images, as transformers' `BatchFeature`: the pixel values, and each
 /// image's size before processing (`image_sizes`, which tiling processors report and their models read).
 public struct ProcessedImages: Sendable {
-    /// `pixel_values` as the model takes them: `[N, 3, H, W]` for the fixed-size processors, `[N, patches, 3, H, W]`
-    /// for the tiling ones, `[N, max_num_patches, p·p·3]` for SigLIP 2's flattened patches.
+    /// `pixel_values` as the model takes them: `[N, 3, H, W]` for the fixed-size processors (`[N + Σ crops, 3, H, W]`
+    /// with Gemma 3's pan and scan), `[N, patches, 3, H, W]` for the tiling ones, `[N, max_num_patches, p·p·3]` for
+    /// SigLIP 2's flattened patches.
     public var pixelValues: Tensor
     /// Each input image's (height, width), in order.
     public var imageSizes: [ImageSize]
@@ -31,15 +32,19 @@ public struct ProcessedImages: Sendable {
     /// `spatial_shapes`: each image's patch grid, its rows and columns as `height` and `width`, where `pixelValues`
     /// holds flattened patches; nil otherwise.
     public var spatialShapes: [ImageSize]?
+    /// Gemma 3's pan and scan (transformers' `num_crops`): per image, how many crops of it follow it in
+    /// `pixelValues`; nil where nothing was cropped so.
+    public var crops: [Int]?
 
     public init(pixelValues: Tensor, imageSizes: [ImageSize], pixelMask: Tensor? = nil, tiled: [Bool]? = nil,
-                pixelAttentionMask: Tensor? = nil, spatialShapes: [ImageSize]? = nil) {
+                pixelAttentionMask: Tensor? = nil, spatialShapes: [ImageSize]? = nil, crops: [Int]? = nil) {
         self.pixelValues = pixelValues
         self.imageSizes = imageSizes
         self.pixelMask = pixelMask
         self.tiled = tiled
         self.pixelAttentionMask = pixelAttentionMask
         self.spatialShapes = spatialShapes
+        self.crops = crops
     }
 }
 

@@ -59,19 +59,10 @@ public struct StandardImageProcessorConfig: Sendable, Equatable {
     }()
 
     /// A Gemma 3 preprocessor config: `Gemma3ImageProcessorPil`'s defaults are ViT's (224×224 bilinear, mean and
-    /// std 0.5, no crop). Pan and scan, which adds crops of a wide or tall image, is not done here: a config that
-    /// turns it on is refused rather than read without it.
+    /// std 0.5, no crop). Its pan-and-scan keys are not read: transformers' `Gemma3Processor` passes its own call-time
+    /// settings over them (off unless the call asks; see ``PanAndScan``).
     static func gemma3(json data: Data, file: String) throws -> StandardImageProcessorConfig {
-        let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any]
-        if let panAndScan = object?["do_pan_and_scan"], !(panAndScan is NSNull) {
-            guard let flag = panAndScan as? Bool else {
-                throw ImageProcessorError.invalidConfig(file: file, reason: "do_pan_and_scan must be true, false or null")
-            }
-            guard !flag else {
-                throw ImageProcessorError.invalidConfig(file: file, reason: "do_pan_and_scan is true; Gemma 3's pan and scan crops are not supported")
-            }
-        }
-        return try StandardImageProcessorConfig(json: data, defaults: .vit, file: file)
+        try StandardImageProcessorConfig(json: data, defaults: .vit, file: file)
     }
 
     /// `OwlViTImageProcessorPil`'s defaults: 768×768 bicubic, no crop (a 768×768 one when asked), CLIP's mean and std.

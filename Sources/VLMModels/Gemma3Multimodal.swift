@@ -128,9 +128,40 @@ public final class Gemma3ForConditionalGeneration: ImageChatModel, @unchecked Se
     }
 
     /// `get_image_features(...).pooler_output` per image: `[mm_tokens_per_image, text hiddenSize]` each, from pixel
-    /// values `[N, 3, S, S]`.
+    /// values `[N, 3, S, S]`; with pan-and-scan crops, an image's rows then its crops' (`[(1 + crops) · tokens,
+    /// hiddenSize]`), in the order its text puts their tokens.
     public func imageFeatures(_ images: ProcessedImages) throws -> [Tensor] {
-        try splitImages(imageEmbeddings(pixelValues: images.pixelValues))
+        let views = splitImages(try imageEmbeddings(pixelValues: images.pixelValues))
+        guard let crops = try viewCounts(images) else { return views }
+        var first = 0
+        return crops.map { count in
+            defer { first += count }
+            return count == 1 ? views[first] : concatenate(Array(views[first..<(first + count)]), axis: 0)
+        }
+    }
+
+    /// One row per image (``imageFeatures(_:)``'s rows): images with pan-and-scan crops batch only when each has as
+    /// many as the others.
+    ///
+    /// - Throws: `ModelError.invalidInput` for images with different numbers of crops, which go one at a time.
+    public func imageEmbeddings(_ images: ProcessedImages) throws -> Tensor {
+        let embeddings = try imageEmbeddings(pixelValues: images.pixelValues)
+        guard let counts = try viewCounts(images) else { return embeddings }
+        guard let count = counts.first, counts.allSatisfy({ $0 == count }) else {
+            throw ModelError.invalidInput("images cut into different numbers of pan-and-scan crops (\(counts.map { String($0 - 1) }.joined(separator: ", "))) do not batch: give them one at a time")
+        }
+        // An image's views are consecutive rows.
+        return embeddings.reshaped([counts.count, count * embeddings.shape[1], embeddings.shape[2]])
+    }
+
+    /// How many rows of pixel values each image has (itself and its crops); nil where nothing was cropped.
+    private func viewCounts(_ images: ProcessedImages) throws -> [Int]? {
+        guard let crops = images.crops else { return nil }
+        let counts = crops.map { 1 + $0 }
+        guard crops.allSatisfy({ $0 >= 0 }), counts.reduce(0, +) == images.pixelValues.shape.first else {
+            throw ModelError.invalidInput("pan-and-scan crops \(crops) do not account for \(images.pixelValues.shape.first ?? 0) images of pixel values")
+        }
+        return counts
     }
 
     /// The image rows of every image of `pixelValues` `[N, 3, S, S]`: `[N, mm_tokens_per_image, text hiddenSize]`.

@@ -33,6 +33,16 @@ public final class ImageTextToTextPipeline: Sendable {
                                       chatTemplate: chatTemplate, responseTemplate: responseTemplate)
     }
 
+    /// The same pipeline reading images with Gemma 3's pan and scan (transformers' `do_pan_and_scan=True`).
+    ///
+    /// - Throws: `PipelineError.panAndScanNotSupported` for a model whose processor is not Gemma 3's.
+    public func withPanAndScan(_ settings: PanAndScan = PanAndScan()) throws -> ImageTextToTextPipeline {
+        guard var gemma = processor as? Gemma3Processor else { throw PipelineError.panAndScanNotSupported }
+        gemma.panAndScan = settings
+        return ImageTextToTextPipeline(model: model, processor: gemma, chatTemplate: layout.chatTemplate, config: text.config,
+                                       imagePartsAsText: layout.imagePartsAsText, responseTemplate: text.responseTemplate)
+    }
+
     /// The same model and processor with another chat template (llama-server's `--chat-template-file`).
     public func withChatTemplate(_ template: ChatTemplate) -> ImageTextToTextPipeline {
         ImageTextToTextPipeline(model: model, processor: processor, chatTemplate: template, config: text.config,

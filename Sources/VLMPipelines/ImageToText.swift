@@ -42,18 +42,27 @@ public final class ImageToTextPipeline: Sendable {
         self.init(model: try ModelRegistry.imageToTextModel(checkpoint, for: task), processor: processor, config: config)
     }
 
+    /// The same pipeline reading images with Gemma 3's pan and scan (transformers' `do_pan_and_scan=True`).
+    ///
+    /// - Throws: `PipelineError.panAndScanNotSupported` for a model whose processor is not Gemma 3's.
+    public func withPanAndScan(_ settings: PanAndScan = PanAndScan()) throws -> ImageToTextPipeline {
+        guard var gemma = processor as? Gemma3Processor else { throw PipelineError.panAndScanNotSupported }
+        gemma.panAndScan = settings
+        return ImageToTextPipeline(model: model, processor: gemma, config: config)
+    }
+
     /// One text per image: a caption, or with `prompt`, the prompt's continuation.
     public func callAsFunction(_ images: [RGBImage], prompt: String? = nil, settings: GenerationConfig? = nil,
                                seed: UInt64 = 0) throws -> [ImageToTextResult] {
         guard !images.isEmpty else { throw PipelineError.noInputs }
-        let processed = try processor.imageProcessor.preprocess(images)
+        let processed = try processor.preprocess(images)
         let prompts = try processor.promptIds(prompt, for: processed)
         if prompts?.contains(where: \.isEmpty) == true { throw PipelineError.emptyPrompt }
         // Prompts of different lengths (LLaVA-NeXT's, whose image tokens follow each image's size) do not batch:
         // each image goes alone, as transformers' pipeline takes them.
         if let prompts, Set(prompts).count > 1 {
             return try images.indices.map { index in
-                let embedding = try model.imageEmbeddings(processor.imageProcessor.preprocess([images[index]]))
+                let embedding = try model.imageEmbeddings(processor.preprocess([images[index]]))
                 return try generate(embedding, count: 1, prompts: [prompts[index]], settings: settings, seed: seed)[0]
             }
         }
@@ -74,7 +83,7 @@ public final class ImageToTextPipeline: Sendable {
 
     /// What the model conditions on for each image, computed once (a conversation keeps them).
     public func imageEmbeddings(_ images: [RGBImage]) throws -> Tensor {
-        try model.imageEmbeddings(processor.imageProcessor.preprocess(images))
+        try model.imageEmbeddings(processor.preprocess(images))
     }
 
     /// One image's text for prompt ids already laid out by the processor, streaming each piece of text to `onText`

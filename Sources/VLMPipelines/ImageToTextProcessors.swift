@@ -9,6 +9,9 @@ import VLMTokenizers
 public protocol ImageToTextProcessor: Sendable {
     var imageProcessor: any ImageProcessor { get }
     var tokenizer: Tokenizer { get }
+    /// `images` as the model reads them: the image processor's output, unless the processor adds to it (Gemma 3's
+    /// pan and scan crops).
+    func preprocess(_ images: [RGBImage]) throws -> ProcessedImages
     /// The ids the model reads for one image and `prompt` (image tokens included where the family puts them); nil
     /// when there is no prompt and the model starts on its own.
     func promptIds(_ prompt: String?) throws -> [Int]?
@@ -41,7 +44,7 @@ public protocol ImageChatProcessor: ImageToTextProcessor {
 
 extension ImageChatProcessor {
     public func preprocess(_ images: [RGBImage], conversationImageCount: Int) throws -> ProcessedImages {
-        try imageProcessor.preprocess(images)
+        try preprocess(images)
     }
 
     public func imageLayout(conversationImageCount count: Int) -> Int { 0 }
@@ -75,6 +78,8 @@ extension ImageChatProcessor {
 }
 
 extension ImageToTextProcessor {
+    public func preprocess(_ images: [RGBImage]) throws -> ProcessedImages { try imageProcessor.preprocess(images) }
+
     public func promptIds(_ prompt: String?, for images: ProcessedImages) throws -> [[Int]]? {
         try promptIds(prompt).map { Array(repeating: $0, count: images.imageSizes.count) }
     }
@@ -446,6 +451,10 @@ public struct LlavaOnevisionProcessor: ImageChatProcessor {
 /// `<start_of_image>` the text holds expanded into its `full_image_sequence`: a blank line, `<start_of_image>`,
 /// `image_seq_length` image tokens, `<end_of_image>` and a blank line; the text is then tokenized as a whole.
 ///
+/// With ``panAndScan`` (`do_pan_and_scan=True`), an image wide or tall enough is also read as crops, and its
+/// `<start_of_image>` becomes "Here is the original image " + its sequence + " and here are some crops to help you
+/// see better " + one sequence per crop, joined by spaces.
+///
 /// Questions are asked in the layout of Gemma 3's chat template (`<start_of_turn>user\n<start_of_image>…<end_of_turn>`
 /// then the model's turn). A prompt without `<start_of_image>` reads the image first.
 public struct Gemma3Processor: ImageChatProcessor {
@@ -457,6 +466,9 @@ public struct Gemma3Processor: ImageChatProcessor {
     public let imageSoftToken: String, endOfImageToken: String
     /// Image tokens per image (`image_seq_length`, 256 by default): the model's `mm_tokens_per_image`.
     public let imageSeqLength: Int
+    /// Pan and scan, as transformers' processor does it when a call asks (`do_pan_and_scan=True`); nil (its
+    /// default): every image read whole only. A checkpoint's config does not turn it on (see ``PanAndScan``).
+    public var panAndScan: PanAndScan?
 
     /// Reads the tokenizer files, the image processor config, processor_config.json's `image_seq_length` and the
     /// tokenizer's image markers (tokenizer_config.json's `boi_token`, `eoi_token` and `image_token`, at its top
@@ -500,20 +512,44 @@ public struct Gemma3Processor: ImageChatProcessor {
         (self.imageToken, self.imageSoftToken, self.endOfImageToken) = (imageToken, imageSoftToken, endOfImageToken)
     }
 
-    /// ``imageSeqLength`` for each image.
+    /// Each image, then with ``panAndScan`` its crops after it, through the image processor.
+    public func preprocess(_ images: [RGBImage]) throws -> ProcessedImages {
+        guard let panAndScan else { return try imageProcessor.preprocess(images) }
+        let crops = try images.map(panAndScan.crops(of:))
+        var processed = try imageProcessor.preprocess(zip(images, crops).flatMap { [$0] + $1 })
+        processed.imageSizes = images.map { ImageSize(height: $0.height, width: $0.width) }
+        processed.crops = crops.map(\.count)
+        return processed
+    }
+
+    /// ``imageSeqLength`` for each image and each of its crops.
     public func imageTokenCounts(_ images: ProcessedImages) -> [Int] {
-        Array(repeating: imageSeqLength, count: images.imageSizes.count)
+        (images.crops ?? Array(repeating: 0, count: images.imageSizes.count)).map { imageSeqLength * (1 + $0) }
     }
 
-    /// `full_image_sequence` for an image of `tokenCount` tokens.
+    /// `full_image_sequence` for an image of `tokenCount` tokens; for a whole multiple of ``imageSeqLength``, the
+    /// text of an image and its crops, one sequence each.
     public func imageText(tokenCount: Int) -> String {
-        "\n\n\(imageToken)" + String(repeating: imageSoftToken, count: tokenCount) + "\(endOfImageToken)\n\n"
+        func sequence(_ count: Int) -> String {
+            "\n\n\(imageToken)" + String(repeating: imageSoftToken, count: count) + "\(endOfImageToken)\n\n"
+        }
+        guard tokenCount > imageSeqLength, tokenCount % imageSeqLength == 0 else { return sequence(tokenCount) }
+        let crops = Array(repeating: sequence(imageSeqLength), count: tokenCount / imageSeqLength - 1)
+        return "Here is the original image \(sequence(imageSeqLength)) and here are some crops to help you see better "
+            + crops.joined(separator: " ")
     }
 
-    public func promptIds(_ prompt: String?) throws -> [Int]? {
+    public func promptIds(_ prompt: String?) throws -> [Int]? { promptIds(prompt, tokenCount: imageSeqLength) }
+
+    /// One prompt per image, each with that image's crops.
+    public func promptIds(_ prompt: String?, for images: ProcessedImages) throws -> [[Int]]? {
+        imageTokenCounts(images).map { promptIds(prompt, tokenCount: $0) }
+    }
+
+    private func promptIds(_ prompt: String?, tokenCount: Int) -> [Int] {
         let text = prompt ?? questionPrompt("Describe this image.")
         let placed = text.contains(imageToken) ? text : imageToken + text
-        return tokenizer.encode(placed.replacingOccurrences(of: imageToken, with: imageText(tokenCount: imageSeqLength))).ids
+        return tokenizer.encode(placed.replacingOccurrences(of: imageToken, with: imageText(tokenCount: tokenCount))).ids
     }
 
     /// Gemma 3's chat layout for one user turn with the image, the model's turn opened.

@@ -28,6 +28,8 @@ public enum PipelineError: Error, CustomStringConvertible {
     case labelTooLong(String, tokens: Int, limit: Int)
     /// An image has more pixels than images may have (Pillow's decompression-bomb limit).
     case imageTooLarge(width: Int, height: Int, limit: Int)
+    /// Pan and scan was asked of a model whose processor does not crop so (only Gemma 3's does).
+    case panAndScanNotSupported
 
     public var description: String {
         switch self {
@@ -53,6 +55,8 @@ public enum PipelineError: Error, CustomStringConvertible {
             return "label \"\(label.prefix(40))\(label.count > 40 ? "…" : "")\" is \(tokens) tokens long, more than the \(limit) the text model takes"
         case .imageTooLarge(let width, let height, let limit):
             return "a \(width)x\(height) image has more than the \(limit) pixels an image may have"
+        case .panAndScanNotSupported:
+            return "pan and scan is Gemma 3's way of reading images; this model's processor does not crop images so"
         }
     }
 }

@@ -128,21 +128,4 @@ import VLMTemplates
         #expect(results.map(\.ids) == [request.greedy.ids])
         #expect(results.map(\.text) == [request.greedy.text])
     }
-
-    @Test func panAndScanIsRefusedInOneLine() throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("gemma3-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(at: directory) }
-        for file in ["config.json", "tokenizer.json", "tokenizer_config.json"] {
-            try FileManager.default.copyItem(at: Self.directory.appendingPathComponent(file), to: directory.appendingPathComponent(file))
-        }
-        let settings = try #require(try JSONSerialization.jsonObject(with: Data(contentsOf: Self.directory.appendingPathComponent("processor_config.json"))) as? [String: Any])
-        var imageProcessor = try #require(settings["image_processor"] as? [String: Any])
-        imageProcessor["do_pan_and_scan"] = true
-        var changed = settings
-        changed["image_processor"] = imageProcessor
-        try JSONSerialization.data(withJSONObject: changed).write(to: directory.appendingPathComponent("processor_config.json"))
-        let error = try #require(throws: ImageProcessorError.self) { try Gemma3Processor(directory: ModelDirectory(url: directory)) }
-        #expect(error.description.contains("do_pan_and_scan") && !error.description.contains("\n"))
-    }
 }
