@@ -41,6 +41,14 @@ public struct VisualQuestionAnsweringPipeline: Sendable {
         answerer = .generator(generator)
     }
 
+    /// The same pipeline reading images with Gemma 3's pan and scan (``ImageToTextPipeline/withPanAndScan(_:)``).
+    ///
+    /// - Throws: `PipelineError.panAndScanNotSupported` for any other family.
+    public func withPanAndScan(_ settings: PanAndScan = PanAndScan()) throws -> VisualQuestionAnsweringPipeline {
+        guard case .generator(let pipeline) = answerer else { throw PipelineError.panAndScanNotSupported }
+        return VisualQuestionAnsweringPipeline(generator: try pipeline.withPanAndScan(settings))
+    }
+
     /// The generation settings a call without any uses; nil for a classifying model.
     public var generationConfig: GenerationConfig? {
         if case .generator(let pipeline) = answerer { return pipeline.config }

@@ -10,6 +10,7 @@ struct Ask: AsyncParsableCommand {
     @OptionGroup var options: ModelOption
     @OptionGroup var settings: GenerationSettings
     @OptionGroup var precision: PrecisionOption
+    @OptionGroup var panAndScan: PanAndScanOption
 
     @Option(help: "The question, asked of every image.")
     var question: String
@@ -48,9 +49,10 @@ struct Ask: AsyncParsableCommand {
     func run() async throws {
         guard !images.isEmpty else { throw PipelineError.noInputs }
         let source = mmproj == nil ? try await options.directory() : try await options.fileOrDirectory()
-        let pipeline = try mmproj.map { mmproj in
+        let loaded = try mmproj.map { mmproj in
             try precision.building { VisualQuestionAnsweringPipeline(generator: try ggufPairPipeline(model: source, mmproj: mmproj)) }
         } ?? precision.building(storedIn: source) { try VisualQuestionAnsweringPipeline(directory: source) }
+        let pipeline = panAndScan.panAndScan ? try loaded.withPanAndScan() : loaded
         let config = try pipeline.generationConfig.map(settings.apply)
         let decoded = try images.map { try ImageDecoder.decode(contentsOf: URL(fileURLWithPath: $0)) }
         let results = try pipeline(decoded, question: question, settings: config, seed: settings.samplerSeed,

@@ -9,6 +9,7 @@ struct Caption: AsyncParsableCommand {
     @OptionGroup var options: ModelOption
     @OptionGroup var settings: GenerationSettings
     @OptionGroup var precision: PrecisionOption
+    @OptionGroup var panAndScan: PanAndScanOption
 
     @Option(help: "Text the caption continues (prompted captioning); the output is the continuation only.")
     var prompt: String?
@@ -34,8 +35,8 @@ struct Caption: AsyncParsableCommand {
     func run() async throws {
         guard !images.isEmpty else { throw PipelineError.noInputs }
         let source = mmproj == nil ? try await options.directory() : try await options.fileOrDirectory()
-        let pipeline = try mmproj.map { mmproj in try precision.building { try ggufPairPipeline(model: source, mmproj: mmproj) } }
-            ?? precision.building(storedIn: source) { try ImageToTextPipeline(directory: source, task: .caption) }
+        let pipeline = try panAndScan.apply(to: mmproj.map { mmproj in try precision.building { try ggufPairPipeline(model: source, mmproj: mmproj) } }
+            ?? precision.building(storedIn: source) { try ImageToTextPipeline(directory: source, task: .caption) })
         let config = try settings.apply(to: pipeline.config)
         if let logits {
             guard config.numBeams == 1 else { throw CaptionError.logitsNeedOneBeam }

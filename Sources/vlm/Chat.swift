@@ -17,6 +17,7 @@ struct Chat: AsyncParsableCommand {
     @OptionGroup var precision: PrecisionOption
     @OptionGroup var cache: CacheTypeOption
     @OptionGroup var chatTemplate: ChatTemplateOption
+    @OptionGroup var panAndScan: PanAndScanOption
 
     @Option(help: "A system message opening the conversation.")
     var system: String?
@@ -37,7 +38,7 @@ struct Chat: AsyncParsableCommand {
         if let mmproj {
             let pipeline = try precision.building { try ImageTextToTextPipeline(gguf: path, mmproj: URL(fileURLWithPath: mmproj)) }
             try cache.check(pipeline.text.model, path: path.path)
-            try chatAboutImages((template.map(pipeline.withChatTemplate) ?? pipeline).withChatTemplateContext(context))
+            try chatAboutImages(panAndScan.apply(to: (template.map(pipeline.withChatTemplate) ?? pipeline).withChatTemplateContext(context)))
             return
         }
         let checkpoint = try? ModelDirectory(url: path)
@@ -45,15 +46,15 @@ struct Chat: AsyncParsableCommand {
             let pipeline = try precision.building(storedIn: path) { try ImageToTextPipeline(directory: path, task: .chat) }
             try cache.check(pipeline.model, path: path.path)
             if let chat = try ImageTextToTextPipeline.chatting(with: pipeline, directory: path, chatTemplate: template) {
-                try chatAboutImages(chat.withChatTemplateContext(context))
+                try chatAboutImages(panAndScan.apply(to: chat.withChatTemplateContext(context)))
             } else {
                 guard template == nil && context.isEmpty else { throw ChatError.noChatTemplates(path.path) }
                 guard let image else { throw ChatError.needsImage(path.path) }
-                try chat(about: image, pipeline: pipeline)
+                try chat(about: image, pipeline: panAndScan.apply(to: pipeline))
             }
             return
         }
-        guard image == nil else { throw ChatError.readsNoImages(path.path) }
+        guard image == nil, !panAndScan.panAndScan else { throw ChatError.readsNoImages(path.path) }
         let loaded = try precision.building { try TextGenerationPipeline(path: path) }
         try cache.check(loaded.model, path: path.path)
         let pipeline = (template.map(loaded.withChatTemplate) ?? loaded).withChatTemplateContext(context)
@@ -128,7 +129,7 @@ enum ChatError: Error, CustomStringConvertible {
         switch self {
         case .needsImage(let model): "\(model): an image-to-text model talks about an image: give it with --image FILE"
         case .systemAboutAnImage: "--system is for chat models: a conversation about an image has no system message"
-        case .readsNoImages(let model): "\(model): this model reads no images (it has no vision tower); --image is for models such as LLaVA and BLIP-2"
+        case .readsNoImages(let model): "\(model): this model reads no images (it has no vision tower); --image is for models such as LLaVA, BLIP-2 and Gemma 3, --pan-and-scan for Gemma 3"
         case .noChatTemplates(let model): "\(model): this model's chat is BLIP-2's question-and-answer prompt, not a chat template: --chat-template is for models that chat through one"
         }
     }

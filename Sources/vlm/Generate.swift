@@ -61,6 +61,7 @@ struct Generate: AsyncParsableCommand {
     @OptionGroup var precision: PrecisionOption
     @OptionGroup var cache: CacheTypeOption
     @OptionGroup var chatTemplate: ChatTemplateOption
+    @OptionGroup var panAndScan: PanAndScanOption
 
     @Option(help: "The text to continue, tokenized as the model's tokenizer does by default (special tokens added).")
     var prompt: String?
@@ -125,7 +126,7 @@ struct Generate: AsyncParsableCommand {
         if let mmproj {
             let pipeline = try precision.building { try ImageTextToTextPipeline(gguf: path, mmproj: URL(fileURLWithPath: mmproj)) }
             try cache.check(pipeline.text.model, path: path.path)
-            try answer(with: (template.map(pipeline.withChatTemplate) ?? pipeline).withChatTemplateContext(context))
+            try answer(with: panAndScan.apply(to: (template.map(pipeline.withChatTemplate) ?? pipeline).withChatTemplateContext(context)))
             return
         }
         if let checkpoint = try? ModelDirectory(url: path),
@@ -134,13 +135,13 @@ struct Generate: AsyncParsableCommand {
                 try ImageTextToTextPipeline(directory: path, chatTemplate: template).withChatTemplateContext(context)
             }
             try cache.check(pipeline.text.model, path: path.path)
-            try answer(with: pipeline)
+            try answer(with: panAndScan.apply(to: pipeline))
             return
         }
         let loaded = try precision.building { try TextGenerationPipeline(path: path) }
         try cache.check(loaded.model, path: path.path)
         let pipeline = (template.map(loaded.withChatTemplate) ?? loaded).withChatTemplateContext(context)
-        guard image.isEmpty else { throw ChatError.readsNoImages(path.path) }
+        guard image.isEmpty, !panAndScan.panAndScan else { throw ChatError.readsNoImages(path.path) }
         let config = try settings.apply(to: pipeline.config)
         let messages = try chat.map(readMessages)
         let toolList = try tools.map(readTools)

@@ -68,6 +68,20 @@ struct PrecisionOption: ParsableArguments {
 
 extension MatrixPrecision: ExpressibleByArgument {}
 
+/// `--pan-and-scan`: Gemma 3's crops of wide and tall images, as transformers' `do_pan_and_scan=True`.
+struct PanAndScanOption: ParsableArguments {
+    @Flag(help: "Gemma 3: read an image much wider than tall (or taller than wide) also as crops side by side, as transformers' processor does with do_pan_and_scan=True: 2 to 4 crops of at least 256 pixels, for images at least 1.2 times as long one way as the other.")
+    var panAndScan = false
+
+    func apply(to pipeline: ImageToTextPipeline) throws -> ImageToTextPipeline {
+        panAndScan ? try pipeline.withPanAndScan() : pipeline
+    }
+
+    func apply(to pipeline: ImageTextToTextPipeline) throws -> ImageTextToTextPipeline {
+        panAndScan ? try pipeline.withPanAndScan() : pipeline
+    }
+}
+
 /// `--cache-type`: what the KV caches of the decoder a command builds hold (llama.cpp's `--cache-type-k` and
 /// `--cache-type-v` together).
 struct CacheTypeOption: ParsableArguments {

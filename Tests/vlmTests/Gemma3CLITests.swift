@@ -48,3 +48,55 @@ import Testing
         #expect(run.stdout == expected.session.map { $0.answer + "\n" }.joined())
     }
 }
+
+/// `--pan-and-scan` on `vlm generate` and `vlm chat`, against oracle/gemma3_pan_and_scan.py's session (transformers'
+/// `apply_chat_template(..., do_pan_and_scan=True)`: coffee.png and rocket.jpg each read whole and as two crops).
+@Suite struct Gemma3PanAndScanCLITests {
+    struct Expected: Decodable {
+        struct Turn: Decodable { let images: [String]; let text: String; let input_ids: [Int]; let ids: [Int]; let answer: String }
+        let session: [Turn]
+    }
+
+    static let chatTokens = 8
+
+    static func expected() throws -> Expected {
+        try JSONDecoder().decode(Expected.self, from: Data(contentsOf: CLI.fixtures.appendingPathComponent("gemma3/pan-and-scan.json")))
+    }
+
+    @Test func generateReadsAnImageAndItsCrops() throws {
+        let turn = try Self.expected().session[0]
+        let run = try CLI.run(["generate", "--model", Gemma3CLITests.model, "--image", turn.images[0], "--prompt", turn.text,
+                               "--pan-and-scan", "--temperature", "0", "--max-new-tokens", String(Self.chatTokens), "--json"],
+                              directory: CLI.fixtures)
+        #expect(run.status == 0, "\(run.stderr)")
+        let result = try #require(try CLI.json(run) as? [String: Any])
+        #expect(result["ids"] as? [Int] == turn.ids)
+        #expect(result["prompt_tokens"] as? Int == turn.input_ids.count)
+        #expect(result["text"] as? String == turn.answer)
+    }
+
+    @Test func chatReadsEachTurnsImagesAndCrops() throws {
+        let expected = try Self.expected()
+        var lines: [String] = []
+        for (index, turn) in expected.session.enumerated() {
+            if index > 0 { lines += turn.images.map { "/image \($0)" } }
+            lines.append(turn.text)
+        }
+        let input = FileManager.default.temporaryDirectory.appendingPathComponent("vlm-gemma3-pas-\(UUID().uuidString).txt")
+        defer { try? FileManager.default.removeItem(at: input) }
+        try Data((lines.joined(separator: "\n") + "\n").utf8).write(to: input)
+        let run = try CLI.run(["chat", "--model", Gemma3CLITests.model, "--pan-and-scan", "--temperature", "0",
+                               "--max-new-tokens", String(Self.chatTokens), "--image", expected.session[0].images[0]],
+                              standardInput: input, directory: CLI.fixtures)
+        #expect(run.status == 0, "\(run.stderr)")
+        #expect(run.stdout == expected.session.map { $0.answer + "\n" }.joined())
+    }
+
+    /// A model whose processor does not crop refuses the flag in one line.
+    @Test func captionOfAnotherFamilyRefusesPanAndScan() throws {
+        let run = try CLI.run(["caption", "--model", CLI.fixtures.appendingPathComponent("image-to-text/blip-captioning").path,
+                               "--pan-and-scan", CLI.fixtures.appendingPathComponent("photos/coffee.png").path])
+        #expect(run.status != 0)
+        #expect(run.stderr.contains("pan and scan") && run.stderr.split(separator: "\n").count == 1, "\(run.stderr)")
+    }
+}
