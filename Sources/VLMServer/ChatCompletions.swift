@@ -19,6 +19,7 @@ extension VLMServer {
         let toolRequest = try ToolRequest(fields)
         let templateArguments = try fields.chatTemplateArguments()
         let ending = try fields.promptEnding()
+        let panAndScan = try fields.panAndScan()
         let parallelToolCalls = try fields.bool("parallel_tool_calls") ?? true
         if let forced = try toolRequest?.grammar() {
             guard requested.grammar == nil else {
@@ -38,6 +39,9 @@ extension VLMServer {
         let prompt: LanguageModelPrompt
         switch model.role {
         case let .text(text, textBatcher):
+            if panAndScan != nil {
+                throw APIError.invalid("The model `\(model.id)` reads no images: pan and scan is for Gemma 3", param: "mm_processor_kwargs")
+            }
             let messages = templateToolCalls(try await chatMessages(raw, readsImages: false))
             (pipeline, batcher) = (text, textBatcher)
             let ids = try preparing {
@@ -45,7 +49,13 @@ extension VLMServer {
                                    addGenerationPrompt: ending.addGenerationPrompt, continueFinalMessage: ending.continueFinalMessage)
             }
             prompt = LanguageModelPrompt(ids: ids)
-        case let .imageChat(imageChat, chatBatcher):
+        case let .imageChat(served, chatBatcher):
+            let imageChat: ImageTextToTextPipeline
+            do {
+                imageChat = try panAndScan.map(served.withPanAndScan) ?? served
+            } catch let error as PipelineError {
+                throw APIError.invalid("The model `\(model.id)`: \(error)", param: "mm_processor_kwargs")
+            }
             let messages = templateToolCalls(try await chatMessages(raw, readsImages: true))
             (pipeline, batcher) = (imageChat.text, chatBatcher)
             var arguments = templateArguments

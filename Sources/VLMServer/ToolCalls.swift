@@ -181,6 +181,31 @@ extension RequestFields {
         return ending
     }
 
+    /// `mm_processor_kwargs` (vLLM's: settings for the model's processor): Gemma 3's pan and scan, on with
+    /// `do_pan_and_scan` and shaped by `pan_and_scan_min_crop_size`, `pan_and_scan_max_num_crops` and
+    /// `pan_and_scan_min_ratio_to_activate` as transformers' processor takes them; nil when it is not asked for.
+    func panAndScan() throws -> PanAndScan? {
+        let param = "mm_processor_kwargs"
+        guard let value = self[param] else { return nil }
+        guard case .object(let pairs) = value else { throw APIError.invalid("'\(param)' must be an object", param: param) }
+        var on = false, settings = PanAndScan()
+        for (key, setting) in pairs where setting != .null {
+            switch (key, setting) {
+            case ("do_pan_and_scan", .bool(let flag)): on = flag
+            case ("pan_and_scan_min_crop_size", .int(let size)) where size > 0: settings.minCropSize = size
+            case ("pan_and_scan_max_num_crops", .int(let count)) where count > 0: settings.maxCrops = count
+            case ("pan_and_scan_min_ratio_to_activate", .int(let ratio)): settings.minRatioToActivate = Double(ratio)
+            case ("pan_and_scan_min_ratio_to_activate", .double(let ratio)) where ratio.isFinite: settings.minRatioToActivate = ratio
+            case ("do_pan_and_scan", _), ("pan_and_scan_min_crop_size", _), ("pan_and_scan_max_num_crops", _),
+                 ("pan_and_scan_min_ratio_to_activate", _):
+                throw APIError.invalid("'\(param).\(key)' must be \(key == "do_pan_and_scan" ? "a boolean" : key.hasSuffix("ratio_to_activate") ? "a finite number" : "a positive integer")", param: param)
+            default:
+                throw APIError.invalid("'\(param)' may hold Gemma 3's do_pan_and_scan, pan_and_scan_min_crop_size, pan_and_scan_max_num_crops and pan_and_scan_min_ratio_to_activate, not '\(key)'", param: param)
+            }
+        }
+        return on ? settings : nil
+    }
+
     /// `chat_template_kwargs` (vLLM's, llama-server's and transformers serve's): more variables for the chat template,
     /// as `apply_chat_template(**kwargs)` takes them (Qwen 3's `enable_thinking`, …). The variables the server sets
     /// itself may not be overridden.

