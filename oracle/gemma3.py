@@ -267,9 +267,9 @@ def request_record(model, processor, images, prompt, config):
     return record, difference
 
 
-def answer(model, processor, messages):
+def answer(model, processor, messages, **processor_kwargs):
     inputs = processor.apply_chat_template(absolute(messages), add_generation_prompt=True, tokenize=True,
-                                           return_dict=True, return_tensors="pt")
+                                           return_dict=True, return_tensors="pt", **processor_kwargs)
     prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
     ids = inputs.input_ids[0].tolist()
     assert ids[:2] != [processor.tokenizer.bos_token_id] * 2, "the chat path doubled bos"
@@ -278,11 +278,11 @@ def answer(model, processor, messages):
                 **greedy(model, processor, inputs, CHAT_TOKENS, strip=False))
 
 
-def session_record(model, processor):
+def session_record(model, processor, session=SESSION, **processor_kwargs):
     messages, turns = [], []
-    for images, question in SESSION:
+    for images, question in session:
         messages.append(user(*[image(p) for p in images], text(question)))
-        record = answer(model, processor, messages)
+        record = answer(model, processor, messages, **processor_kwargs)
         turns.append(dict(images=images, text=question, prompt=record["prompt"], input_ids=record["input_ids"],
                           ids=record["ids"], answer=record["text"], min_margin=record["min_margin"]))
         messages.append(assistant(record["text"]))

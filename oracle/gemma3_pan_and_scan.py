@@ -25,7 +25,7 @@ pan-and-scan.json (compact):
 - "chat": `processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
   do_pan_and_scan=True)` + 8 greedy tokens: messages, prompt, input_ids, token_type_ids, ids, text, min margin.
 - "session": a conversation built turn by turn with pan and scan, the model's answers fed back (as oracle/gemma3.py's
-  session): per turn its images, text, input_ids, ids, answer, min margin.
+  session): per turn its images, text, prompt, input_ids, ids, answer, min margin.
 Floats are written with 9 significant digits, which give back the float32 each was.
 """
 import base64
@@ -39,8 +39,8 @@ import torch
 from transformers import AutoProcessor, Gemma3ForConditionalGeneration
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gemma3 import CHAT_TOKENS, FIXTURES, NEW_TOKENS, OUT, TINY, greedy, photo  # noqa: E402
-from image_chat import absolute, assistant, image, text, user  # noqa: E402
+from gemma3 import FIXTURES, NEW_TOKENS, OUT, TINY, answer, greedy, photo, session_record  # noqa: E402
+from image_chat import assistant, image, text, user  # noqa: E402
 
 COFFEE, ROCKET, CHELSEA, CAMERA = "photos/coffee.png", "photos/rocket.jpg", "photos/chelsea.png", "photos/camera.png"
 WIDE, TALL = "llava-next/photos/wide.png", "llava-next/photos/tall.png"
@@ -128,26 +128,6 @@ def request_record(model, processor, settings, images, prompt, image_token_index
     return record if messages is None else dict(messages=messages, **record)
 
 
-def answer(model, processor, messages):
-    inputs = processor.apply_chat_template(absolute(messages), add_generation_prompt=True, tokenize=True,
-                                           return_dict=True, return_tensors="pt", do_pan_and_scan=True)
-    prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
-    return dict(prompt=prompt, input_ids=inputs.input_ids[0].tolist(),
-                token_type_ids=inputs.token_type_ids[0].tolist(),
-                **greedy(model, processor, inputs, CHAT_TOKENS, strip=False))
-
-
-def session_record(model, processor):
-    messages, turns = [], []
-    for images, question in SESSION:
-        messages.append(user(*[image(p) for p in images], text(question)))
-        record = answer(model, processor, messages)
-        turns.append(dict(images=images, text=question, input_ids=record["input_ids"], ids=record["ids"],
-                          answer=record["text"], min_margin=record["min_margin"]))
-        messages.append(assistant(record["text"]))
-    return turns
-
-
 def compact(value):
     """`value` with every float cut to 9 significant digits (float32 round-trips through them)."""
     if isinstance(value, float):
@@ -167,8 +147,8 @@ def main():
     requests = [request_record(model, processor, settings, images, prompt, model.config.image_token_index)
                 for settings, images, prompt in REQUESTS]
     assert [r["num_crops"] for r in requests] == [[2], [2, 0], [3]], [r["num_crops"] for r in requests]
-    chat = dict(messages=CONVERSATION, **answer(model, processor, CONVERSATION))
-    session = session_record(model, processor)
+    chat = dict(messages=CONVERSATION, **answer(model, processor, CONVERSATION, do_pan_and_scan=True))
+    session = session_record(model, processor, SESSION, do_pan_and_scan=True)
     margins = [r["greedy"]["min_margin"] for r in requests] + [chat["min_margin"]] + [t["min_margin"] for t in session]
     assert min(margins) > 1e-3, f"near-tie ({min(margins)})"
     path = os.path.join(OUT, "pan-and-scan.json")

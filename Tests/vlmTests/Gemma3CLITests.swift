@@ -19,9 +19,19 @@ import Testing
     /// `--image … --prompt` is one user turn without a system message: the session's first turn.
     @Test func generateWithAnImageAndAPromptIsOneUserTurn() throws {
         let expected = try Self.expected()
-        let turn = expected.session[0]
-        let run = try CLI.run(["generate", "--model", Self.model, "--image", turn.images[0], "--prompt", turn.text,
-                               "--temperature", "0", "--max-new-tokens", String(expected.chat_tokens), "--json"],
+        try Self.expectGenerate(expected.session[0], tokens: expected.chat_tokens)
+    }
+
+    /// Three turns over one KV cache, the second bringing another photo.
+    @Test func chatSessionAnswersEachTurnLikeTransformers() throws {
+        let expected = try Self.expected()
+        try Self.expectChat(expected.session, tokens: expected.chat_tokens)
+    }
+
+    /// `vlm generate --image IMAGE --prompt TEXT` (and `arguments`) gives `turn`'s answer.
+    static func expectGenerate(_ turn: Expected.Turn, tokens: Int, arguments: [String] = []) throws {
+        let run = try CLI.run(["generate", "--model", model, "--image", turn.images[0], "--prompt", turn.text,
+                               "--temperature", "0", "--max-new-tokens", String(tokens), "--json"] + arguments,
                               directory: CLI.fixtures)
         #expect(run.status == 0, "\(run.stderr)")
         let result = try #require(try CLI.json(run) as? [String: Any])
@@ -30,32 +40,29 @@ import Testing
         #expect(result["text"] as? String == turn.answer)
     }
 
-    /// Three turns over one KV cache, the second bringing another photo.
-    @Test func chatSessionAnswersEachTurnLikeTransformers() throws {
-        let expected = try Self.expected()
+    /// `vlm chat` (with `arguments`) over `turns`, each turn's images after the first's given as "/image PATH" lines,
+    /// answers each turn as transformers did.
+    static func expectChat(_ turns: [Expected.Turn], tokens: Int, arguments: [String] = []) throws {
         var lines: [String] = []
-        for (index, turn) in expected.session.enumerated() {
+        for (index, turn) in turns.enumerated() {
             if index > 0 { lines += turn.images.map { "/image \($0)" } }
             lines.append(turn.text)
         }
         let input = FileManager.default.temporaryDirectory.appendingPathComponent("vlm-gemma3-\(UUID().uuidString).txt")
         defer { try? FileManager.default.removeItem(at: input) }
         try Data((lines.joined(separator: "\n") + "\n").utf8).write(to: input)
-        let run = try CLI.run(["chat", "--model", Self.model, "--temperature", "0", "--max-new-tokens", String(expected.chat_tokens),
-                               "--image", expected.session[0].images[0]],
+        let run = try CLI.run(["chat", "--model", model, "--temperature", "0", "--max-new-tokens", String(tokens),
+                               "--image", turns[0].images[0]] + arguments,
                               standardInput: input, directory: CLI.fixtures)
         #expect(run.status == 0, "\(run.stderr)")
-        #expect(run.stdout == expected.session.map { $0.answer + "\n" }.joined())
+        #expect(run.stdout == turns.map { $0.answer + "\n" }.joined())
     }
 }
 
 /// `--pan-and-scan` on `vlm generate` and `vlm chat`, against oracle/gemma3_pan_and_scan.py's session (transformers'
 /// `apply_chat_template(..., do_pan_and_scan=True)`: coffee.png and rocket.jpg each read whole and as two crops).
 @Suite struct Gemma3PanAndScanCLITests {
-    struct Expected: Decodable {
-        struct Turn: Decodable { let images: [String]; let text: String; let input_ids: [Int]; let ids: [Int]; let answer: String }
-        let session: [Turn]
-    }
+    struct Expected: Decodable { let session: [Gemma3CLITests.Expected.Turn] }
 
     static let chatTokens = 8
 
@@ -64,32 +71,11 @@ import Testing
     }
 
     @Test func generateReadsAnImageAndItsCrops() throws {
-        let turn = try Self.expected().session[0]
-        let run = try CLI.run(["generate", "--model", Gemma3CLITests.model, "--image", turn.images[0], "--prompt", turn.text,
-                               "--pan-and-scan", "--temperature", "0", "--max-new-tokens", String(Self.chatTokens), "--json"],
-                              directory: CLI.fixtures)
-        #expect(run.status == 0, "\(run.stderr)")
-        let result = try #require(try CLI.json(run) as? [String: Any])
-        #expect(result["ids"] as? [Int] == turn.ids)
-        #expect(result["prompt_tokens"] as? Int == turn.input_ids.count)
-        #expect(result["text"] as? String == turn.answer)
+        try Gemma3CLITests.expectGenerate(Self.expected().session[0], tokens: Self.chatTokens, arguments: ["--pan-and-scan"])
     }
 
     @Test func chatReadsEachTurnsImagesAndCrops() throws {
-        let expected = try Self.expected()
-        var lines: [String] = []
-        for (index, turn) in expected.session.enumerated() {
-            if index > 0 { lines += turn.images.map { "/image \($0)" } }
-            lines.append(turn.text)
-        }
-        let input = FileManager.default.temporaryDirectory.appendingPathComponent("vlm-gemma3-pas-\(UUID().uuidString).txt")
-        defer { try? FileManager.default.removeItem(at: input) }
-        try Data((lines.joined(separator: "\n") + "\n").utf8).write(to: input)
-        let run = try CLI.run(["chat", "--model", Gemma3CLITests.model, "--pan-and-scan", "--temperature", "0",
-                               "--max-new-tokens", String(Self.chatTokens), "--image", expected.session[0].images[0]],
-                              standardInput: input, directory: CLI.fixtures)
-        #expect(run.status == 0, "\(run.stderr)")
-        #expect(run.stdout == expected.session.map { $0.answer + "\n" }.joined())
+        try Gemma3CLITests.expectChat(Self.expected().session, tokens: Self.chatTokens, arguments: ["--pan-and-scan"])
     }
 
     /// A model whose processor does not crop refuses the flag in one line.
