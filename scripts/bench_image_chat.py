@@ -4,12 +4,13 @@
     python scripts/make_image_chat_checkpoints.py --family gemma3   # models/gemma-3-4b-12-layers-random
     swift build -c release
     python scripts/bench_image_chat.py [--model DIR] [--dtype fp32 bf16] [--new-tokens 16] [--runs 3] [--rounds 3]
-                                       [--vlm .build/release/vlm] [--json results.json]
+                                       [--vlm .build/release/vlm] [--json results.json] [--pan-and-scan]
 
 The work is one user turn of the checkpoint's chat template holding a 640×480 photo of noise and "What is in this
 picture?", as transformers' `image-text-to-text` pipeline builds it: for LLaVA-OneVision at 640×480 the anyres tiling
 makes 2,929 image tokens, so the prompt is about 2,945 tokens; Gemma 3 resizes any photo to 896×896 (4,096 patches
-in its vision tower) and reads 256 image tokens, a 286-token prompt. Each engine reports
+in its vision tower) and reads 256 image tokens, a 286-token prompt (with --pan-and-scan the photo is read whole and
+as two 320×480 crops, each resized to 896×896: three views, 768 image tokens). Each engine reports
 
 - image: the vision tower and projector over every tile (PyTorch: `get_image_features`; SwiftVLM: `image_ms`),
 - first token: the time from the processed inputs to the first generated token, image included (PyTorch: one
@@ -98,6 +99,8 @@ def main():
     parser.add_argument("--vlm", default=os.path.join(ROOT, ".build", "release", "vlm"))
     parser.add_argument("--vlm-timeout", type=float, default=1800)
     parser.add_argument("--json", help="also write every sample as JSON to this file")
+    parser.add_argument("--pan-and-scan", action="store_true",
+                        help="Gemma 3: the photo also read as crops (do_pan_and_scan=True; vlm bench --pan-and-scan)")
     args = parser.parse_args()
     if args.new_tokens < 2 or args.runs < 1 or args.rounds < 1:
         parser.error("--new-tokens must be at least 2, --runs and --rounds positive")
@@ -113,7 +116,9 @@ def main():
     text = processor.apply_chat_template(messages, add_generation_prompt=True)
     # As apply_chat_template(tokenize=True) does: no second bos where the template wrote one (Gemma 3's does).
     bos = processor.tokenizer.bos_token
-    inputs = processor(images=photo, text=text, return_tensors="pt", add_special_tokens=not (bos and text.startswith(bos)))
+    crops = {"do_pan_and_scan": True} if args.pan_and_scan else {}
+    inputs = processor(images=photo, text=text, return_tensors="pt", add_special_tokens=not (bos and text.startswith(bos)),
+                       **crops)
     prompt_tokens = inputs["input_ids"].shape[1]
     pytorch_turn(model, inputs, 2)  # untimed: first-call allocations
 
@@ -125,8 +130,8 @@ def main():
         torch_first = statistics.median(r["first_token_ms"] for r in runs)
         torch_decode = statistics.median(r["decode_tokens_per_s"] for r in runs)
         for dtype in args.dtype:
-            report = vlm_turn(args.vlm, ["--model", args.model], photo_path, args.new_tokens, args.runs, dtype,
-                              args.threads, args.vlm_timeout)
+            report = vlm_turn(args.vlm, ["--model", args.model] + (["--pan-and-scan"] if args.pan_and_scan else []),
+                              photo_path, args.new_tokens, args.runs, dtype, args.threads, args.vlm_timeout)
             samples[dtype].append(report)
             ratios[dtype]["first_token"].append(report["first_token_ms"] / torch_first)
             ratios[dtype]["decode"].append(report["decode_tokens_per_s"] / torch_decode)
@@ -136,7 +141,8 @@ def main():
     load_after = os.getloadavg()[0]
 
     print(summary(machine))
-    print(f"{os.path.basename(args.model)}, {prompt_tokens}-token prompt, {args.new_tokens} new tokens, "
+    print(f"{os.path.basename(args.model)}{', pan and scan' if args.pan_and_scan else ''}, {prompt_tokens}-token prompt, "
+          f"{inputs['pixel_values'].shape[0]} views of the photo, {args.new_tokens} new tokens, "
           f"{args.threads} threads; torch {torch.__version__} fp32; OMP_WAIT_POLICY="
           f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}; {args.rounds} rounds; 1-minute load average "
           f"{load_before:.1f} before, {load_after:.1f} after\n")

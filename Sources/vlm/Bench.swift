@@ -9,6 +9,7 @@ struct Bench: AsyncParsableCommand {
     @OptionGroup var options: ModelOption
     @OptionGroup var precision: PrecisionOption
     @OptionGroup var cache: CacheTypeOption
+    @OptionGroup var panAndScan: PanAndScanOption
 
     @Option(help: "Images per forward pass (image-text models).")
     var batchSize = 1
@@ -82,6 +83,9 @@ struct Bench: AsyncParsableCommand {
 
     private func runWithCacheType() async throws {
         guard mmproj == nil || options.model.hasSuffix(".gguf") else { throw ValidationError("--mmproj goes with a GGUF --model") }
+        guard !panAndScan.panAndScan || (image != nil && prompt != nil) else {
+            throw ValidationError("--pan-and-scan goes with --image and --prompt (Gemma 3's image chat)")
+        }
         if options.model.hasSuffix(".gguf") {
             let ran = (precision.dtype ?? .float32).available
             if let mmproj, let image, let prompt {
@@ -165,7 +169,8 @@ struct Bench: AsyncParsableCommand {
     private func benchImageTextToText(_ pipeline: ImageTextToTextPipeline, image: String, prompt: String,
                                       precision: MatrixPrecision) throws {
         try cache.check(pipeline.text.model, path: options.model)
-        let processed = try pipeline.processor.imageProcessor.preprocess([ImageDecoder.decode(contentsOf: URL(fileURLWithPath: image))])
+        let pipeline = try panAndScan.apply(to: pipeline)
+        let processed = try pipeline.processor.preprocess([ImageDecoder.decode(contentsOf: URL(fileURLWithPath: image))])
         let messages: [JSONValue] = [["role": "user", "content": [["type": "image"], ["type": "text", "text": .string(prompt)]]]]
         let ids = try pipeline.promptIds(messages, imageTokenCounts: pipeline.processor.imageTokenCounts(processed))
         var config = pipeline.text.config
