@@ -407,6 +407,12 @@ public final class Blip2ForConditionalGeneration: ImageToTextModel, @unchecked S
 
     public var vocabularySize: Int { languageModel.vocabularySize }
 
+    /// OPT's caches as it was built; T5's decoder keeps fp32 ones.
+    public var cacheElementType: KVCache.ElementType {
+        if case .opt(let model) = languageModel { return model.cacheElementType }
+        return .float32
+    }
+
     /// OPT's learned positions hold the prompt and the new tokens; T5's relative positions are unbounded.
     public func positionsLeft(promptLength: Int?) -> Int? {
         guard case .opt(let text) = config.textConfig else { return nil }

@@ -187,8 +187,12 @@ public final class GPT2LMHeadModel: CausalLanguageModel, CrossAttendingModel, @u
 
     public func makeCache(batch: Int, capacity: Int) throws -> KVCache {
         try makeBoundedCache(batch: batch, capacity: capacity, layers: blocks.count, width: config.hiddenSize,
-                             heads: config.numAttentionHeads)
+                             heads: config.numAttentionHeads, elementType: cacheElementType)
     }
+
+    /// What `makeCache`'s self-attention caches hold keys and values in: ``KVCache/ElementType/forNewModels`` where
+    /// the model was built (cross-attention keeps its encoder's keys and values in fp32).
+    public let cacheElementType = KVCache.ElementType.forNewModels
 
     public func logits(inputsEmbeds: Tensor, attentionMask: [[Int]]? = nil, positionIds: [[Int]]? = nil,
                        cache: KVCache? = nil, lastPositionOnly: Bool = false) throws -> Tensor {

@@ -168,8 +168,11 @@ public final class OPTForCausalLM: CausalLanguageModel, @unchecked Sendable {
 
     public func makeCache(batch: Int, capacity: Int) throws -> KVCache {
         try makeBoundedCache(batch: batch, capacity: capacity, layers: layers.count, width: config.hiddenSize,
-                             heads: config.numAttentionHeads)
+                             heads: config.numAttentionHeads, elementType: cacheElementType)
     }
+
+    /// What `makeCache` holds keys and values in: ``KVCache/ElementType/forNewModels`` where the model was built.
+    public let cacheElementType = KVCache.ElementType.forNewModels
 
     /// Logits for input embeddings `[B, T, wordEmbedProjDim]`; see
     /// ``CausalLanguageModel/logits(inputsEmbeds:attentionMask:positionIds:cache:lastPositionOnly:)``, except that

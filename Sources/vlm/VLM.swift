@@ -85,7 +85,7 @@ struct PanAndScanOption: ParsableArguments {
 /// `--cache-type`: what the KV caches of the decoder a command builds hold (llama.cpp's `--cache-type-k` and
 /// `--cache-type-v` together).
 struct CacheTypeOption: ParsableArguments {
-    @Option(name: .customLong("cache-type"), help: "What the decoder's KV cache holds its keys and values in: f32 (the default: the same numbers as transformers) or f16 (half the memory and half the bytes each decoding step reads from the cache, as llama.cpp's default --cache-type-k f16 --cache-type-v f16; attention still computes in fp32). Llama-family and Gemma 3 decoders, GGUF ones included.")
+    @Option(name: .customLong("cache-type"), help: "What the decoder's KV cache holds its keys and values in: f32 (the default: the same numbers as transformers) or f16 (half the memory and half the bytes each decoding step reads from the cache, as llama.cpp's default --cache-type-k f16 --cache-type-v f16; attention still computes in fp32). Llama-family, Gemma 3, OPT and GPT-2 decoders, GGUF ones included.")
     var cacheType: KVCache.ElementType = .float32
 
     /// `body` with the decoders it builds holding `--cache-type`'s caches.
@@ -115,7 +115,7 @@ struct CacheTypeError: Error, CustomStringConvertible {
     let held: KVCache.ElementType, asked: KVCache.ElementType
 
     var description: String {
-        "\(path): this model's decoder holds its KV cache in \(held.rawValue) only, not --cache-type \(asked.rawValue) (Llama-family and Gemma 3 decoders take f16)"
+        "\(path): this model's decoder holds its KV cache in \(held.rawValue) only, not --cache-type \(asked.rawValue) (Llama-family, Gemma 3, OPT and GPT-2 decoders take f16)"
     }
 }
 

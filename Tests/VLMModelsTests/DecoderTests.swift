@@ -123,6 +123,41 @@ func unpaddedRows(_ logits: Tensor, mask: [[Int]]) -> [[Float]] {
         }
     }
 
+    /// OPT and GPT-2 with their caches in fp16 (`--cache-type f16`) against transformers with its cache layers
+    /// rounding every stored key and value to fp16 (oracle/half_cache_decoders.py): the prompt's last logits within
+    /// twice what the oracle's own logits move by when keys and values move by 3e-7 of themselves before rounding,
+    /// and the greedy continuation identical.
+    @Test func halfCachesMatchTransformersRoundingItsCache() throws {
+        struct Expected: Decodable {
+            struct Case: Decodable {
+                let `case`: String
+                let input_ids: [Int]
+                let logits: [Float]
+                let rounding_sensitivity: Float
+                let change_from_fp32: Float
+                let new_tokens: [Int]
+            }
+            let max_new_tokens: Int
+            let cases: [Case]
+        }
+        let expected = try JSONDecoder().decode(Expected.self, from: Data(contentsOf: DecoderFixture.root.appendingPathComponent("f16-cache.json")))
+        #expect(expected.cases.count == 3)
+        for testCase in expected.cases {
+            let model = try KVCache.ElementType.$forNewModels.withValue(.float16) {
+                try ModelRegistry.causalLanguageModel(ModelDirectory(url: DecoderFixture.root.appendingPathComponent(testCase.case)))
+            }
+            #expect(model.cacheElementType == .float16)
+            let cache = try model.makeCache(batch: 1, capacity: testCase.input_ids.count)
+            let logits = try model.logits(inputIds: [testCase.input_ids], cache: cache, lastPositionOnly: true)
+            let difference = maxDifference(logits.scalars, testCase.logits)
+            #expect(difference <= 2 * testCase.rounding_sensitivity + 1e-6, "\(testCase.case): \(difference)")
+            #expect(difference < testCase.change_from_fp32 / 4, "\(testCase.case): as far from transformers as an fp32 cache is")
+            let output = try model.generate(inputIds: [testCase.input_ids], attentionMask: nil,
+                                            options: GenerationOptions(maxNewTokens: expected.max_new_tokens, eosTokenIds: []))
+            #expect(output == [testCase.new_tokens], "\(testCase.case)")
+        }
+    }
+
     /// A prefill longer than Mistral's window (per-query windows), then single steps, against full recomputation;
     /// likewise for OPT's and GPT-2's caches.
     @Test(arguments: ["mistral-sliding", "qwen2", "qwen3", "smollm3", "gemma3", "opt-post-proj", "gpt2"])

@@ -83,7 +83,7 @@ struct GenerateCLITests {
     }
 
     /// `--cache-type f16`: the continuation transformers gives with its cache rounded to fp16
-    /// (smollm2-f16-cache.json); a model whose decoder keeps fp32 caches only (BLIP-2's OPT) refuses it in one line.
+    /// (smollm2-f16-cache.json); a model whose decoder keeps fp32 caches only (BLIP-2's T5) refuses it in one line.
     @Test func halfCacheContinuesAsTransformersWithAnFP16Cache() throws {
         let expected = try JSONDecoder().decode(RealSmolLM2.Expected.self, from: Data(
             contentsOf: CLI.fixtures.appendingPathComponent("llama/smollm2-f16-cache.json")))
@@ -93,9 +93,9 @@ struct GenerateCLITests {
         #expect(run.status == 0, "\(run.stderr)")
         #expect(try #require(try CLI.json(run) as? [String: Any])["ids"] as? [Int] == testCase.new_tokens)
 
-        let opt = CLI.fixtures.appendingPathComponent("image-to-text/blip2-opt").path
+        let t5 = CLI.fixtures.appendingPathComponent("image-to-text/blip2-flan-t5").path
         let photo = CLI.fixtures.appendingPathComponent("photos/coffee.png").path
-        let refused = try CLI.run(["chat", "--model", opt, "--image", photo, "--cache-type", "f16"],
+        let refused = try CLI.run(["chat", "--model", t5, "--image", photo, "--cache-type", "f16"],
                                   standardInput: URL(fileURLWithPath: "/dev/null"))
         #expect(refused.status != 0 && refused.stdout.isEmpty)
         #expect(refused.stderr.split(separator: "\n").count == 1 && refused.stderr.contains("--cache-type f16"), "\(refused.stderr)")
