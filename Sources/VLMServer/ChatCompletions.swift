@@ -39,7 +39,7 @@ extension VLMServer {
         let prompt: LanguageModelPrompt
         switch model.role {
         case let .text(text, textBatcher):
-            if panAndScan != nil {
+            if panAndScan.asked == true {
                 throw APIError.invalid("The model `\(model.id)` reads no images: pan and scan is for Gemma 3", param: "mm_processor_kwargs")
             }
             let messages = templateToolCalls(try await chatMessages(raw, readsImages: false))
@@ -52,7 +52,9 @@ extension VLMServer {
         case let .imageChat(served, chatBatcher):
             let imageChat: ImageTextToTextPipeline
             do {
-                imageChat = try panAndScan.map(served.withPanAndScan) ?? served
+                // The server's default reaches only the models that crop so; a request's own choice is checked.
+                let crops = panAndScan.asked ?? (configuration.panAndScan && served.processor is Gemma3Processor)
+                imageChat = crops ? try served.withPanAndScan(panAndScan.settings) : served
             } catch let error as PipelineError {
                 throw APIError.invalid("The model `\(model.id)`: \(error)", param: "mm_processor_kwargs")
             }

@@ -36,6 +36,10 @@ public struct ServerConfiguration: Sendable {
     public var kvCacheBytes = 1 << 30
     /// A generation still running after this long ends with finish_reason "length".
     public var requestTimeout: Duration = .seconds(600)
+    /// Gemma 3 models read images with pan and scan unless a request's `mm_processor_kwargs` says
+    /// `do_pan_and_scan: false` (vLLM's `--mm-processor-kwargs '{"do_pan_and_scan": true}'`); other models are not
+    /// affected.
+    public var panAndScan = false
 
     public init() {}
 }

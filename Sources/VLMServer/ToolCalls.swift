@@ -181,14 +181,14 @@ extension RequestFields {
         return ending
     }
 
-    /// `mm_processor_kwargs` (vLLM's: settings for the model's processor): Gemma 3's pan and scan, on with
-    /// `do_pan_and_scan` and shaped by `pan_and_scan_min_crop_size`, `pan_and_scan_max_num_crops` and
-    /// `pan_and_scan_min_ratio_to_activate` as transformers' processor takes them; nil when it is not asked for.
-    func panAndScan() throws -> PanAndScan? {
+    /// `mm_processor_kwargs` (vLLM's: settings for the model's processor): Gemma 3's pan and scan, on or off as
+    /// `do_pan_and_scan` says (`asked`, nil where it is not given) and shaped by `pan_and_scan_min_crop_size`,
+    /// `pan_and_scan_max_num_crops` and `pan_and_scan_min_ratio_to_activate` as transformers' processor takes them.
+    func panAndScan() throws -> (asked: Bool?, settings: PanAndScan) {
         let param = "mm_processor_kwargs"
-        guard let value = self[param] else { return nil }
+        var on: Bool?, settings = PanAndScan()
+        guard let value = self[param] else { return (on, settings) }
         guard case .object(let pairs) = value else { throw APIError.invalid("'\(param)' must be an object", param: param) }
-        var on = false, settings = PanAndScan()
         for (key, setting) in pairs where setting != .null {
             switch (key, setting) {
             case ("do_pan_and_scan", .bool(let flag)): on = flag
@@ -203,7 +203,7 @@ extension RequestFields {
                 throw APIError.invalid("'\(param)' may hold Gemma 3's do_pan_and_scan, pan_and_scan_min_crop_size, pan_and_scan_max_num_crops and pan_and_scan_min_ratio_to_activate, not '\(key)'", param: param)
             }
         }
-        return on ? settings : nil
+        return (on, settings)
     }
 
     /// `chat_template_kwargs` (vLLM's, llama-server's and transformers serve's): more variables for the chat template,

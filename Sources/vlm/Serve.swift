@@ -16,6 +16,7 @@ struct Serve: AsyncParsableCommand {
     @OptionGroup var precision: PrecisionOption
     @OptionGroup var cache: CacheTypeOption
     @OptionGroup var chatTemplate: ChatTemplateOption
+    @OptionGroup var panAndScan: PanAndScanOption
 
     @Option(help: "A JSON file holding a response template (transformers' tokenizer_config.json \"response_template\", or a file with that key): how the models' chat replies are split into content, reasoning_content and tool_calls, for models that ship none. Default: the checkpoint's own, else transformers serve's for its model type (Qwen 2/3/3.5, Gemma 4).")
     var responseTemplate: String?
@@ -101,6 +102,7 @@ struct Serve: AsyncParsableCommand {
         configuration.maxBodyBytes = maxBodyMb << 20
         configuration.maxImagePixels = maxImagePixels
         configuration.requestTimeout = .seconds(timeout)
+        configuration.panAndScan = panAndScan.panAndScan
         let template = try responseTemplate.map(Self.loadResponseTemplate)
         let chatTemplateContext = try chatTemplate.context()
         let chatTemplate = try chatTemplate.template()
@@ -117,6 +119,12 @@ struct Serve: AsyncParsableCommand {
             case .embeddings: break
             }
             served.append(model)
+        }
+        if panAndScan.panAndScan && !served.contains(where: {
+            if case .imageChat(let pipeline, _) = $0.role { return pipeline.processor is Gemma3Processor }
+            return false
+        }) {
+            throw ValidationError("--pan-and-scan is for Gemma 3 image chat models, and none of \(models.joined(separator: ", ")) is one")
         }
         let server = try VLMServer(models: served, configuration: configuration)
         let names = served.map(\.id).joined(separator: ", ")

