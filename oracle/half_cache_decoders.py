@@ -18,28 +18,14 @@ import os
 import sys
 
 import torch
-from transformers import AutoModelForCausalLM, cache_utils
+from transformers import AutoModelForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from decoders import FIXTURES, PROMPTS  # noqa: E402
 import llama  # noqa: E402
 
 CASES = ["opt-pre", "opt-post-proj", "gpt2"]
-JITTER = {"scale": 0.0}
-
-
-def round_cache_layers():
-    def jittered(x):
-        return x * (1 + JITTER["scale"] * torch.randn_like(x)) if JITTER["scale"] else x
-
-    def rounding(update):
-        return lambda self, key, value, *args, **kwargs: update(
-            self, jittered(key).half().float(), jittered(value).half().float(), *args, **kwargs)
-
-    cache_utils.DynamicLayer.update = rounding(cache_utils.DynamicLayer.update)
-
-
-def case_record(name):
+def case_record(name, jitter):
     directory = os.path.join(FIXTURES, name)
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
     with open(os.path.join(directory, "expected.json")) as file:
@@ -47,10 +33,10 @@ def case_record(name):
     ids = torch.tensor([PROMPTS[0]])
     with torch.no_grad():
         logits = model(input_ids=ids, use_cache=True).logits[0, -1]
-        JITTER["scale"] = 3e-7
+        jitter["scale"] = 3e-7
         sensitivity = max((model(input_ids=ids, use_cache=True).logits[0, -1] - logits).abs().max().item()
                           for _ in range(3))
-        JITTER["scale"] = 0.0
+        jitter["scale"] = 0.0
         # The cache must be in the pass: without one, attention reads the unrounded keys and values.
         plain = model(input_ids=ids, use_cache=False).logits[0, -1]
     moved = (logits - plain).abs().max().item()
@@ -64,8 +50,8 @@ def case_record(name):
 
 def main():
     torch.manual_seed(0)
-    round_cache_layers()
-    records = [case_record(name) for name in CASES]
+    jitter = llama.round_cache_layers()
+    records = [case_record(name, jitter) for name in CASES]
     for record in records:
         assert record["min_margin"] > 1e-3, f"{record['case']}: near-tie {record['min_margin']}"
         print(record["case"], "moved", f"{record['change_from_fp32']:.2e}", "sensitivity",

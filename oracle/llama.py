@@ -492,17 +492,12 @@ def smollm2(path):
         cases=cases), open(os.path.join(FIXTURES, "smollm2.json"), "w"), indent=1)
 
 
-def smollm2_half_cache(path):
-    """Tests/Fixtures/llama/smollm2-f16-cache.json: smollm2()'s prompts with a KV cache kept in fp16, as llama.cpp keeps
-    its cache by default: transformers' cache layers round every key and value they store to fp16 (to nearest, ties to
-    even) and attention reads them back as fp32, the prompt's own included. The prompt logits, the greedy continuation,
-    its last step's logits and whether it is the fp32 cache's continuation (smollm2.json)."""
-    from transformers import AutoTokenizer, cache_utils
-    directory, file = os.path.split(path)
-    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=file)
-    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=file, dtype=torch.float32).eval()
-    # Relative noise added to keys and values before they are rounded: fp32 arithmetic that differs from PyTorch's
-    # in the last bits moves a few of them across a rounding boundary, a whole half-ulp.
+def round_cache_layers():
+    """Makes transformers' cache layers round every key and value they store to fp16 (to nearest, ties to even), read
+    back as fp32, as llama.cpp keeps its cache by default. Returns the jitter setting: {"scale": s} multiplies keys
+    and values by 1 + s·N(0, 1) before rounding (fp32 arithmetic that differs from PyTorch's in the last bits moves a
+    few of them across a rounding boundary, a whole half-ulp)."""
+    from transformers import cache_utils
     jitter = {"scale": 0.0}
 
     def jittered(x):
@@ -513,6 +508,19 @@ def smollm2_half_cache(path):
             return lambda self, key, value, *args, **kwargs: update(
                 self, jittered(key).half().float(), jittered(value).half().float(), *args, **kwargs)
         layer.update = rounding(layer.update)
+    return jitter
+
+
+def smollm2_half_cache(path):
+    """Tests/Fixtures/llama/smollm2-f16-cache.json: smollm2()'s prompts with a KV cache kept in fp16, as llama.cpp keeps
+    its cache by default: transformers' cache layers round every key and value they store to fp16 (to nearest, ties to
+    even) and attention reads them back as fp32, the prompt's own included. The prompt logits, the greedy continuation,
+    its last step's logits and whether it is the fp32 cache's continuation (smollm2.json)."""
+    from transformers import AutoTokenizer
+    directory, file = os.path.split(path)
+    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=file)
+    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=file, dtype=torch.float32).eval()
+    jitter = round_cache_layers()
     fp32 = json.load(open(os.path.join(FIXTURES, "smollm2.json")))
     torch.manual_seed(0)
     cases = []
