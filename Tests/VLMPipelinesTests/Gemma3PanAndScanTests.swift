@@ -91,6 +91,16 @@ import VLMTensor
         #expect(viewed == 3)
     }
 
+    /// transformers' own `test_pan_and_scan` (tests/models/gemma3/test_image_processing_gemma3.py): under its tester's
+    /// settings (crops of at least 10 pixels, at most 2, from a ratio of 1.2) a 600×300 image is read whole and as 2
+    /// crops, and its square test images are not cut.
+    @Test func upstreamPanAndScanTestHolds() throws {
+        let settings = PanAndScan(minCropSize: 10, maxCrops: 2, minRatioToActivate: 1.2)
+        let wide = RGBImage(width: 600, height: 300, pixels: Array(repeating: 7, count: 600 * 300 * 3))
+        #expect(try settings.crops(of: wide).map { [$0.width, $0.height] } == [[300, 300], [300, 300]])
+        #expect(settings.cropRectangles(width: 400, height: 400).isEmpty)
+    }
+
     /// The prompt names each image and its crops ("Here is the original image …"), and the pixel values hold each
     /// image's views after it.
     @Test func processorWritesImagesAndCropsLikeTransformers() throws {
