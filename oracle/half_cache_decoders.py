@@ -33,12 +33,9 @@ def case_record(name, jitter):
     ids = torch.tensor([PROMPTS[0]])
     with torch.no_grad():
         logits = model(input_ids=ids, use_cache=True).logits[0, -1]
-        jitter["scale"] = 3e-7
-        sensitivity = max((model(input_ids=ids, use_cache=True).logits[0, -1] - logits).abs().max().item()
-                          for _ in range(3))
-        jitter["scale"] = 0.0
         # The cache must be in the pass: without one, attention reads the unrounded keys and values.
         plain = model(input_ids=ids, use_cache=False).logits[0, -1]
+    sensitivity = llama.rounding_sensitivity(model, ids, logits, jitter)
     moved = (logits - plain).abs().max().item()
     assert moved > 5 * sensitivity, f"{name}: the rounding moves logits by {moved}, no more than its noise {sensitivity}"
     (new,), margin = llama.greedy(model, ids, torch.ones_like(ids), None)

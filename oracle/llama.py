@@ -511,6 +511,17 @@ def round_cache_layers():
     return jitter
 
 
+def rounding_sensitivity(model, ids, logits, jitter):
+    """How far the last position's `logits` (of `ids`, through the rounding cache) move when the keys and values move
+    by 3e-7 of themselves before rounding, the largest of three draws: the spread any fp32 implementation's fp16
+    cache shows against this one."""
+    jitter["scale"] = 3e-7
+    with torch.no_grad():
+        moved = max((model(input_ids=ids, use_cache=True).logits[0, -1] - logits).abs().max().item() for _ in range(3))
+    jitter["scale"] = 0.0
+    return moved
+
+
 def smollm2_half_cache(path):
     """Tests/Fixtures/llama/smollm2-f16-cache.json: smollm2()'s prompts with a KV cache kept in fp16, as llama.cpp keeps
     its cache by default: transformers' cache layers round every key and value they store to fp16 (to nearest, ties to
@@ -528,12 +539,7 @@ def smollm2_half_cache(path):
         ids = torch.tensor([reference["input_ids"]])
         with torch.no_grad():
             last = model(input_ids=ids, use_cache=True).logits[0, -1]
-            # How far the prompt's logits move when the keys and values move by 3e-7 of themselves before rounding
-            # (three draws): the spread any fp32 implementation's fp16 cache shows against this one.
-            jitter["scale"] = 3e-7
-            sensitivity = max((model(input_ids=ids, use_cache=True).logits[0, -1] - last).abs().max().item()
-                              for _ in range(3))
-            jitter["scale"] = 0.0
+        sensitivity = rounding_sensitivity(model, ids, last, jitter)
         top = last.topk(10)
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=fp32["max_new_tokens"],
                              do_sample=False, eos_token_id=[2], pad_token_id=2, output_logits=True,
@@ -543,12 +549,7 @@ def smollm2_half_cache(path):
         final = out.logits[-1][0]
         final_top = final.topk(10)
         # The same for the last step's logits, from one pass over the prompt and the continuation.
-        with torch.no_grad():
-            sequence = out.sequences[:, :-1]
-            jitter["scale"] = 3e-7
-            final_sensitivity = max((model(input_ids=sequence, use_cache=True).logits[0, -1] - final).abs().max().item()
-                                    for _ in range(3))
-            jitter["scale"] = 0.0
+        final_sensitivity = rounding_sensitivity(model, out.sequences[:, :-1], final, jitter)
         cases.append(dict(text=reference["text"], input_ids=reference["input_ids"], top_ids=top.indices.tolist(),
                           top_logits=top.values.tolist(), logits_head=last[:64].tolist(), new_tokens=new,
                           final_top_ids=final_top.indices.tolist(), final_top_logits=final_top.values.tolist(),
