@@ -334,10 +334,11 @@ AVX512_INLINE void scores_unpacked_of(int rows, const float *const *q, ptrdiff_t
     // step), a few lines of each row, and the pass over them is short: rows are asked for into L2 well ahead, the
     // first ones before the first pass (later passes continue where the one before asked), and into L1 a few rows
     // ahead. Measured on a Zen 4 VM with a cache of 300 positions (SmolLM2-135M's shapes): 17 GB/s with the near
-    // prefetches only, 24 with these.
+    // prefetches only, 24 with these. With `value` the values are asked for too, keeping pace with the keys, so the
+    // value pass reads L2; without it (values_with_keys) the value pass streams them itself.
     for (ptrdiff_t j = 0; first_pass && j < PREFETCH_FAR_ROWS && j < keys; j++) {
         prefetch_elements(element_row(key, j, key_stride, half), head_dim, half, _MM_HINT_T1);
-        prefetch_elements(element_row(value, j, value_stride, half), head_dim, half, _MM_HINT_T1);
+        if (value) prefetch_elements(element_row(value, j, value_stride, half), head_dim, half, _MM_HINT_T1);
     }
     ptrdiff_t j = 0;
     for (; j + 4 <= keys; j += 4) {
@@ -345,8 +346,9 @@ AVX512_INLINE void scores_unpacked_of(int rows, const float *const *q, ptrdiff_t
         for (int t = 0; t < 4; t++) {
             prefetch_elements(element_row(k, PREFETCH_ROWS + t, key_stride, half), head_dim, half, _MM_HINT_T0);
             prefetch_elements(element_row(k, PREFETCH_FAR_ROWS + t, key_stride, half), head_dim, half, _MM_HINT_T1);
-            prefetch_elements(element_row(value, j + PREFETCH_FAR_ROWS + t, value_stride, half), head_dim, half,
-                              _MM_HINT_T1);
+            if (value)
+                prefetch_elements(element_row(value, j + PREFETCH_FAR_ROWS + t, value_stride, half), head_dim, half,
+                                  _MM_HINT_T1);
         }
         for (int r0 = 0; r0 < rows; r0 += 4)
             scores_keys4_block(rows - r0 < 4 ? rows - r0 : 4, half, q + r0, head_dim, k, key_stride,
@@ -358,6 +360,16 @@ AVX512_INLINE void scores_unpacked_of(int rows, const float *const *q, ptrdiff_t
             scores[r * packed_width + j] = _mm512_reduce_add_ps(
                 half ? dot_lanes_half(q[r], k, full, head_dim, tail) : dot_lanes(q[r], k, full, head_dim, tail));
     }
+}
+
+/// Whether a core reading keys in place should bring their values along (vlm_attention_problem's `streams`). Two
+/// streams a core were the Zen 4 VM's best. On a Zen 5 VM, where the decoding products read best as one stream a
+/// core (vlm_quant_streams), SmolLM2-135M's decoding step over an fp32 cache (scripts/bench_decoder_step.py, Q4_1,
+/// the builds alternating step by step) ran 1.00× as fast with the values in a pass of their own at 320 cached
+/// positions, 1.01–1.02× at 1,000 and 1.04–1.05× at 2,000; over an fp16 cache, whose rows are half as long, 0.95–0.97×
+/// at 1,000 (once 1.01×), so halves keep their values coming with the keys.
+static int values_with_keys(const vlm_attention_problem *p) {
+    return p->half_key || (p->streams > 0 ? p->streams : vlm_quant_streams()) > 1;
 }
 
 /// scores_unpacked_of with its keys' element type fixed, each compiled on its own.
@@ -446,8 +458,8 @@ AVX512 int vlm_attention_avx512(const vlm_attention_problem *p) {
             // Causal visibility grows with the row, so the block's last row sees the most keys.
             const ptrdiff_t block_keys = visible[rows_in_block - 1];
             if (!packed)
-                scores_unpacked(rows_in_block, q, d, p->key + h * d, 0, p->key_stride, block_keys, scores, packed_width, v,
-                                p->value_stride, 1);
+                scores_unpacked(rows_in_block, q, d, p->key + h * d, 0, p->key_stride, block_keys, scores, packed_width,
+                                values_with_keys(p) ? v : NULL, p->value_stride, 1);
             for (ptrdiff_t j0 = 0; packed && j0 < block_keys; j0 += MAX_VECTORS * LANES) {
                 ptrdiff_t remaining = (block_keys - j0 + LANES - 1) / LANES;
                 int vectors = (int)(remaining < MAX_VECTORS ? remaining : MAX_VECTORS);
@@ -905,14 +917,15 @@ AVX512 int vlm_attention_partial_avx512(const vlm_attention_problem *p, ptrdiff_
     const int half = p->half_key != NULL;
     const void *key = half ? (const void *)p->half_key : (const void *)p->key;
     const void *value = half ? (const void *)p->half_value : (const void *)p->value;
+    const int bring_values = values_with_keys(p);
     // Online softmax over tiles of keys: each row keeps its largest score and its sum, and the outputs are rescaled
     // when a tile raises the largest.
     for (ptrdiff_t j0 = 0; j0 < key_count; j0 += PARTIAL_KEY_TILE) {
         const ptrdiff_t tile = key_count - j0 < PARTIAL_KEY_TILE ? key_count - j0 : PARTIAL_KEY_TILE;
         const void *keys = element_row(key, first_key + j0, p->key_stride, half);
         const void *values = element_row(value, first_key + j0, p->value_stride, half);
-        scores_unpacked((int)rows, q, d, keys, half, p->key_stride, tile, scores, PARTIAL_KEY_TILE, values,
-                        p->value_stride, j0 == 0);
+        scores_unpacked((int)rows, q, d, keys, half, p->key_stride, tile, scores, PARTIAL_KEY_TILE,
+                        bring_values ? values : NULL, p->value_stride, j0 == 0);
         for (ptrdiff_t r = 0; r < rows; r++) {
             float pending;
             const float tile_max = scale_scores(scores + r * PARTIAL_KEY_TILE, tile, p->scale, NULL, &pending);

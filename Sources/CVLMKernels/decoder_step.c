@@ -256,7 +256,7 @@ static void run_attention(step_run *run, const vlm_decoder_layer *layer, atomic_
             .half_key = s->half_keys ? s->half_keys[l] + start : NULL,
             .half_value = s->half_keys ? s->half_values[l] + start : NULL, .query_stride = hd, .key_stride = hd,
             .value_stride = hd, .output_stride = hd, .query_length = group, .key_length = key_length, .head_dim = hd,
-            .head_count = 1, .scale = s->scale};
+            .head_count = 1, .scale = s->scale, .streams = run->streams};
         const ptrdiff_t slot = item * group;
         if (vlm_attention_partial(&problem, first, count, run->maxima + slot, run->sums + slot,
                                   run->partials + slot * hd, run->isa) != 0)

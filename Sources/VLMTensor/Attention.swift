@@ -160,7 +160,7 @@ private func runAttention(_ layout: AttentionLayout, query: Tensor, queryOffset:
             output_stride: width, query_length: queryLength, key_length: keyLength, head_dim: headDim,
             head_count: headCount, scale: scale, causal: causal ? 1 : 0,
             key_mask: keyPaddingMask.map { UnsafePointer($0.storage.pointer + item * keyLength) },
-            bf16_products: precision == .bfloat16 ? 1 : 0, half_key: nil, half_value: nil)
+            bf16_products: precision == .bfloat16 ? 1 : 0, half_key: nil, half_value: nil, streams: 0)
         precondition(vlm_attention(&problem, path.isa) == 0, "out of memory for attention scratch over \(keyLength) keys")
     }
     if batch * heads * queryLength * keyLength * headDim < parallelAttentionWork {

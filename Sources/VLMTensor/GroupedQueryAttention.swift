@@ -141,7 +141,7 @@ func groupedQueryAttention(query: Tensor, keysAndValues: KeysAndValues, heads: I
             query_stride: width, key_stride: keys.stride, value_stride: keys.stride, output_stride: width,
             query_length: queryLength, key_length: keyLength, head_dim: headDim, head_count: 1, scale: scale,
             causal: causal ? 1 : 0, key_mask: keyPaddingMask.map { UnsafePointer($0.storage.pointer + item * keyLength) },
-            bf16_products: 0, half_key: nil, half_value: nil)
+            bf16_products: 0, half_key: nil, half_value: nil, streams: 0)
         keysAndValues.address(&problem, offset: keyOffset)
         precondition(vlm_attention(&problem, path.isa) == 0, "out of memory for attention scratch over \(keyLength) keys")
     }
@@ -203,7 +203,7 @@ private func decodingAttention(query: Tensor, keysAndValues: KeysAndValues, head
             query: query.storage.pointer + item * width + keyHead * group * headDim, key: nil, value: nil, output: nil,
             query_stride: headDim, key_stride: keys.stride, value_stride: keys.stride, output_stride: headDim,
             query_length: group, key_length: keyLength, head_dim: headDim, head_count: 1, scale: scale, causal: 0,
-            key_mask: nil, bf16_products: 0, half_key: nil, half_value: nil)
+            key_mask: nil, bf16_products: 0, half_key: nil, half_value: nil, streams: 0)
         keysAndValues.address(&problem, offset: keyOffset)
         let first = part * partLength
         precondition(vlm_attention_partial(&problem, firstKeys[item] + first, min(partLength, length - first),

@@ -231,17 +231,21 @@ static void check_attention(ptrdiff_t queries, ptrdiff_t keys, ptrdiff_t head_di
         }
     }
     float *output = malloc((size_t)(queries * width) * sizeof(float));
+    // Keys and values read as one stream a core and as several (vlm_attention_problem's `streams`).
     for (int isa = 0; isa < 3; isa++) {
-        vlm_attention_problem problem = {
-            .query = qkv, .key = kv + width, .value = kv + 2 * width, .output = output,
-            .query_stride = stride, .key_stride = stride, .value_stride = stride, .output_stride = width,
-            .query_length = queries, .key_length = keys, .head_dim = head_dim, .head_count = heads,
-            .scale = scale, .causal = causal, .key_mask = mask};
-        memset(output, 0xFF, (size_t)(queries * width) * sizeof(float));
-        if (vlm_attention(&problem, isas[isa]) != 0) failures++;
-        char what[96];
-        snprintf(what, sizeof what, "attention %s q%td k%td d%td h%td c%d m%d", isa_names[isa], queries, keys, head_dim, heads, causal, masked);
-        expect_close(what, output, expected, queries * width, 2e-5);
+        for (int streams = 1; streams <= VLM_QUANT_MAX_STREAMS; streams += VLM_QUANT_MAX_STREAMS - 1) {
+            vlm_attention_problem problem = {
+                .query = qkv, .key = kv + width, .value = kv + 2 * width, .output = output,
+                .query_stride = stride, .key_stride = stride, .value_stride = stride, .output_stride = width,
+                .query_length = queries, .key_length = keys, .head_dim = head_dim, .head_count = heads,
+                .scale = scale, .causal = causal, .key_mask = mask, .streams = streams};
+            memset(output, 0xFF, (size_t)(queries * width) * sizeof(float));
+            if (vlm_attention(&problem, isas[isa]) != 0) failures++;
+            char what[112];
+            snprintf(what, sizeof what, "attention %s q%td k%td d%td h%td c%d m%d s%d", isa_names[isa], queries, keys,
+                     head_dim, heads, causal, masked, streams);
+            expect_close(what, output, expected, queries * width, 2e-5);
+        }
     }
     if (vlm_has_avx512_bf16()) {
         // bf16 products (taken where there are more than 4 queries and the head size is even): bf16-rounded q and k
@@ -299,15 +303,18 @@ static void check_attention(ptrdiff_t queries, ptrdiff_t keys, ptrdiff_t head_di
         free(from_halves);
     }
     if (!causal && !masked) {
-        // One head's query rows over two key ranges, merged: the decoding split.
-        for (int isa = 0; isa < 3; isa++) {
+        // One head's query rows over two key ranges, merged: the decoding split, its keys and values read as one
+        // stream a core and as several.
+        for (int run = 0; run < 6; run++) {
+            const int isa = run / 2, streams = run % 2 ? VLM_QUANT_MAX_STREAMS : 1;
             const ptrdiff_t split = keys / 2 > 0 ? keys / 2 : 1;
             float maxima[2][64], sums[2][64];
             float *parts = malloc((size_t)(2 * queries * head_dim) * sizeof(float));
             vlm_attention_problem problem = {
                 .query = qkv, .key = kv + width, .value = kv + 2 * width, .output = output,
                 .query_stride = stride, .key_stride = stride, .value_stride = stride, .output_stride = head_dim,
-                .query_length = queries, .key_length = keys, .head_dim = head_dim, .head_count = 1, .scale = scale};
+                .query_length = queries, .key_length = keys, .head_dim = head_dim, .head_count = 1, .scale = scale,
+                .streams = streams};
             int status = vlm_attention_partial(&problem, 0, split, maxima[0], sums[0], parts, isas[isa]);
             if (keys > split)
                 status |= vlm_attention_partial(&problem, split, keys - split, maxima[1], sums[1], parts + queries * head_dim, isas[isa]);
@@ -326,7 +333,8 @@ static void check_attention(ptrdiff_t queries, ptrdiff_t keys, ptrdiff_t head_di
                 }
             }
             char what[96];
-            snprintf(what, sizeof what, "attention_partial %s q%td k%td d%td", isa_names[isa], queries, keys, head_dim);
+            snprintf(what, sizeof what, "attention_partial %s q%td k%td d%td s%d", isa_names[isa], queries, keys, head_dim,
+                     streams);
             expect_close(what, merged, reference, queries * head_dim, 2e-5);
             free(parts);
             free(merged);

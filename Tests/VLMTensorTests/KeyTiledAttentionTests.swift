@@ -69,7 +69,7 @@ import Testing
                             query_length: shape.queryLength, key_length: shape.keyLength, head_dim: shape.headDim,
                             head_count: shape.heads, scale: 1 / Float(shape.headDim).squareRoot(),
                             causal: shape.causal ? 1 : 0, key_mask: nil, bf16_products: bf16 ? 1 : 0,
-                            half_key: nil, half_value: nil)
+                            half_key: nil, half_value: nil, streams: 0)
                         let status = inputs.mask.map { mask in
                             mask.withUnsafeBufferPointer { mask in
                                 problem.key_mask = mask.baseAddress! + item * shape.keyLength
@@ -171,7 +171,7 @@ import Testing
                                     output: output.baseAddress, query_stride: width, key_stride: width,
                                     value_stride: width, output_stride: width, query_length: length, key_length: length,
                                     head_dim: width, head_count: 1, scale: 0.125, causal: 0, key_mask: mask.baseAddress,
-                                    bf16_products: 0, half_key: nil, half_value: nil)
+                                    bf16_products: 0, half_key: nil, half_value: nil, streams: 0)
                                 #expect(vlm_attention_scheduled(&problem, VLM_ATTENTION_KEY_TILES, 12, 64, vlm_best_isa()) == 0)
                             }
                         }

@@ -58,6 +58,11 @@ typedef struct vlm_attention_problem {
     /// kept at half an fp32 cache's size; `key_stride` and `value_stride` count halves). They are widened to fp32 as
     /// they are read, so the result is what the same problem gives over floats holding the same values.
     const uint16_t *half_key, *half_value;
+    /// How many places of memory one core reads from at once where float keys and values are read in place (at most
+    /// four query rows, as a decoding step's): 1 reads the values in a pass of their own after the keys', more asks
+    /// for each key's value while the keys are read (as halves always do); 0 takes this CPU's vlm_quant_streams().
+    /// Only where the bytes come from changes, never the result.
+    int streams;
 } vlm_attention_problem;
 
 /// `count` floats rounded to IEEE half floats (to nearest, ties to even; overflow to infinity, NaN kept NaN), as
