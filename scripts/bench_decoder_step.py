@@ -2,12 +2,14 @@
 """Decoding steps of the C kernels alone (no Swift, no model file), and a change to them set against a baseline.
 
 Usage:  python3 scripts/bench_decoder_step.py [--baseline REV | --streams 1 4] [--format Q4_1] [--dtype fp32|int8]
-                                             [--position 320] [--steps 400] [--rounds 4] [--threads 2] [--json]
+                                             [--position 320] [--capacity N] [--steps 400] [--rounds 4] [--threads 2]
+                                             [--json]
 
 Builds Sources/CVLMKernels as it is in the working tree into a shared library (and, with --baseline, as it is at
 the git revision REV into another) and runs scripts/decoder_step_bench.c over it: the fused decoding step
 (vlm_decoder_step_run, its products in fixed point or with --dtype int8 in int8) of a SmolLM2-135M-shaped model, random weights of one GGUF block format laid out on huge pages
-as vlm lays a model's, a KV cache of --position positions. With a baseline the two builds take alternate steps in
+as vlm lays a model's, a KV cache of --position positions (with --capacity, room for that many, each key head's
+positions that far apart as in the cache `vlm` makes for a prompt and its new tokens; by default just enough). With a baseline the two builds take alternate steps in
 one process, so that both see the same memory speed; `vlm bench` runs, seconds apart, drift by more than the few
 percent a kernel change moves (two alternated runs of one binary differed by 5% in medians here). Each round reports
 each build's mean step time and the weights it streamed per second; the summary gives the median over the rounds
@@ -72,6 +74,7 @@ def main():
     parser.add_argument("--streams", type=int, nargs="+", choices=[1, 4], metavar="COUNT",
                         help="streams a thread (1 or 4): one count for every build, or two for the working tree's")
     parser.add_argument("--position", type=int, default=320, help="cached positions before the step's own")
+    parser.add_argument("--capacity", type=int, help="the cache's room in positions (default: position + 1)")
     parser.add_argument("--steps", type=int, default=400, help="timed steps per build and round")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2)
@@ -104,7 +107,8 @@ def main():
         rounds = []
         for index in range(args.rounds):
             order = builds if index % 2 == 0 else builds[::-1]
-            done = subprocess.run([bench, *(["--int8"] if args.dtype == "int8" else []), str(FORMATS[args.format]),
+            done = subprocess.run([bench, *(["--int8"] if args.dtype == "int8" else []),
+                                   *(["--capacity", str(args.capacity)] if args.capacity else []), str(FORMATS[args.format]),
                                    str(args.position), str(args.steps), *(argument for _, argument in order)],
                                   check=True, capture_output=True, text=True, env=env)
             result = json.loads(done.stdout)
@@ -113,7 +117,8 @@ def main():
             weight_bytes = result["weight_bytes"]
     names = [name for name, _ in builds]
     ratios = [r[names[0]]["ms_per_step"] / r[names[1]]["ms_per_step"] for r in rounds] if len(names) == 2 else []
-    report = {"machine": machine, "format": args.format, "dtype": args.dtype, "position": args.position, "steps": args.steps,
+    report = {"machine": machine, "format": args.format, "dtype": args.dtype, "position": args.position,
+              "capacity": args.capacity or args.position + 1, "steps": args.steps,
               "threads": args.threads, "weight_bytes": weight_bytes, "rounds": rounds,
               "median_ratio": statistics.median(ratios) if ratios else None}
     if args.json:
@@ -121,7 +126,7 @@ def main():
         return
     print(summary(machine))
     print(f"SmolLM2-135M-shaped decoding step, {args.format} ({args.dtype} products), {weight_bytes / 1e6:.1f} MB of weights, "
-          f"{args.position} cached positions, {args.threads} threads, {args.steps} steps per build and round")
+          f"{args.position} cached positions (room for {args.capacity or args.position + 1}), {args.threads} threads, {args.steps} steps per build and round")
     for index, r in enumerate(rounds):
         cells = ", ".join(f"{name} {r[name]['ms_per_step']:.3f} ms ({r[name]['weights_gb_per_s']:.1f} GB/s)"
                           for name in names)

@@ -6,8 +6,10 @@
 // `position + 1` cached positions and writes the same new one, so both builds compute the same logits unless their
 // arithmetic differs (reported). Built and run by scripts/bench_decoder_step.py.
 //
-// Usage: decoder_step_bench [--int8] FORMAT POSITION STEPS LIBRARY[@STREAMS][+f16] [LIBRARY[@STREAMS][+f16]]
-// (--int8: the step's int8 products; @STREAMS: the step's `streams`, 1 or 4, where the CPU's choice is not wanted;
+// Usage: decoder_step_bench [--int8] [--capacity N] FORMAT POSITION STEPS LIBRARY[@STREAMS][+f16]
+//        [LIBRARY[@STREAMS][+f16]]
+// (--int8: the step's int8 products; --capacity: the cache's room, each key head's positions that many rows apart as
+// in a `vlm` cache made for a prompt and its new tokens, POSITION + 1 by default; @STREAMS: the step's `streams`, 1 or 4, where the CPU's choice is not wanted;
 // +f16: the build reads a copy of the cache rounded to halves (its `half_keys`); one library may be named twice,
 // with two counts or with and without +f16.)
 #include <dlfcn.h>
@@ -101,15 +103,21 @@ static double now(void) {
 int main(int argc, char **argv) {
     const int int8 = argc > 1 && strcmp(argv[1], "--int8") == 0;
     if (int8) argv++, argc--;
+    ptrdiff_t room = 0;
+    if (argc > 2 && strcmp(argv[1], "--capacity") == 0) {
+        room = atol(argv[2]);
+        argv += 2, argc -= 2;
+    }
     if (argc < 5 || argc > 6) {
-        fprintf(stderr, "usage: %s [--int8] FORMAT POSITION STEPS LIBRARY[@STREAMS] [LIBRARY[@STREAMS]]\n", argv[0]);
+        fprintf(stderr, "usage: %s [--int8] [--capacity N] FORMAT POSITION STEPS LIBRARY[@STREAMS] [LIBRARY[@STREAMS]]\n",
+                argv[0]);
         return 2;
     }
     const vlm_quant_format format = (vlm_quant_format)atoi(argv[1]);
-    const ptrdiff_t position = atol(argv[2]), capacity = position + 1;
+    const ptrdiff_t position = atol(argv[2]), capacity = room > 0 ? room : position + 1;
     const int steps = atoi(argv[3]), count = argc - 4;
-    if (position < 0 || steps < 2) {
-        fprintf(stderr, "POSITION must be at least 0 and STEPS at least 2\n");
+    if (position < 0 || steps < 2 || capacity <= position) {
+        fprintf(stderr, "POSITION must be at least 0 and below the capacity, and STEPS at least 2\n");
         return 2;
     }
     kernels builds[2] = {{0}};
