@@ -996,6 +996,33 @@ AVX512 void vlm_gated_silu_avx512(const float *x, ptrdiff_t rows, ptrdiff_t widt
     }
 }
 
+/// vlm_rms_norm_scalar's arithmetic, operation for operation: lane k of one accumulator sums the squares of elements
+/// k, k + 8, … in double (exact products, so fused or not the same), the lanes meet in the same order, and each
+/// output is weight · (x · inverse) in floats: the same bits, about four times as fast (SmolLM2-135M's 576 features:
+/// 0.18 µs a row in C).
+AVX512 void vlm_rms_norm_avx512(const float *x, const float *weight, ptrdiff_t rows, ptrdiff_t features, float eps,
+                                float *y) {
+    for (ptrdiff_t row = 0; row < rows; row++, x += features, y += features) {
+        __m512d partial = _mm512_setzero_pd();
+        ptrdiff_t i = 0;
+        for (; i + 8 <= features; i += 8) {
+            const __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps(x + i));
+            partial = _mm512_add_pd(partial, _mm512_mul_pd(v, v));
+        }
+        double p[8];
+        _mm512_storeu_pd(p, partial);
+        double sum_of_squares = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+        for (; i < features; i++) sum_of_squares += (double)x[i] * (double)x[i];
+        const __m512 inverse = _mm512_set1_ps(1 / sqrtf((float)(sum_of_squares / (double)features) + eps));
+        // In place too: each vector is read before it is written.
+        for (i = 0; i < features; i += LANES) {
+            const __mmask16 m = tail_mask(features - i);
+            const __m512 scaled = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inverse);
+            _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, weight + i), scaled));
+        }
+    }
+}
+
 AVX512 void vlm_layer_norm_avx512(const float *x, float *y, ptrdiff_t rows, ptrdiff_t features, const float *weight,
                                   const float *bias, float eps) {
     for (ptrdiff_t row = 0; row < rows; row++) {

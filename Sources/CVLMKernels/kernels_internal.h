@@ -43,6 +43,8 @@ void vlm_halves_to_floats_avx2(const uint16_t *x, ptrdiff_t count, float *y);
 void vlm_layer_norm_scalar(const float *x, float *y, ptrdiff_t rows, ptrdiff_t features, const float *weight,
                            const float *bias, float eps);
 void vlm_quantize_rows_int8_scalar(const float *x, ptrdiff_t rows, ptrdiff_t features, signed char *q, float *scales);
+/// vlm_rms_norm in portable C; the AVX-512 version gives the same bits.
+void vlm_rms_norm_scalar(const float *x, const float *weight, ptrdiff_t rows, ptrdiff_t features, float eps, float *y);
 
 #if defined(__x86_64__)
 int vlm_attention_avx512(const vlm_attention_problem *problem);
@@ -58,6 +60,7 @@ int vlm_attention_partial_avx512(const vlm_attention_problem *p, ptrdiff_t first
                                  float *sums, float *outputs);
 void vlm_layer_norm_avx512(const float *x, float *y, ptrdiff_t rows, ptrdiff_t features, const float *weight,
                            const float *bias, float eps);
+void vlm_rms_norm_avx512(const float *x, const float *weight, ptrdiff_t rows, ptrdiff_t features, float eps, float *y);
 void vlm_quantize_rows_int8_avx512(const float *x, ptrdiff_t rows, ptrdiff_t features, signed char *q, float *scales);
 void vlm_panel_matvec_avx512(const float *w, ptrdiff_t k, ptrdiff_t n, ptrdiff_t panel_stride, const float *x,
                              const float *bias, float *y, ptrdiff_t first_panel, ptrdiff_t panel_count);

@@ -418,6 +418,29 @@ static void check_argmax(ptrdiff_t count) {
     free(x);
 }
 
+/// vlm_rms_norm (AVX-512 where the CPU has it) gives the portable version's bits, into a buffer and in place, every
+/// row normalized on its own.
+static void check_rms_norm(ptrdiff_t rows, ptrdiff_t features) {
+    float *x = random_floats(rows * features), *weight = random_floats(features);
+    for (ptrdiff_t i = 0; i < rows * features; i += 7) x[i] *= 1e3f;
+    float *expected = malloc((size_t)(rows * features) * sizeof(float));
+    float *y = malloc((size_t)(rows * features) * sizeof(float));
+    vlm_rms_norm_scalar(x, weight, rows, features, 1e-6f, expected);
+    vlm_rms_norm(x, weight, rows, features, 1e-6f, y);
+    int same = memcmp(y, expected, (size_t)(rows * features) * sizeof(float)) == 0;
+    vlm_rms_norm(x, weight, rows, features, 1e-6f, x);
+    same = same && memcmp(x, expected, (size_t)(rows * features) * sizeof(float)) == 0;
+    if (!same) {
+        fprintf(stderr, "rms_norm %s of %td rows of %td: not the portable version's bits\n", isa_name(vlm_best_isa()),
+                rows, features);
+        failures++;
+    }
+    free(x);
+    free(weight);
+    free(expected);
+    free(y);
+}
+
 static void check_gemm(ptrdiff_t m, ptrdiff_t n, ptrdiff_t k, int transpose) {
     float *a = random_floats(m * k), *b = random_floats(k * n), *c = malloc((size_t)(m * n) * sizeof(float));
     double *expected = calloc((size_t)(m * n), sizeof(double));
@@ -997,6 +1020,8 @@ int main(void) {
     check_elementwise(4, 100);
     for (ptrdiff_t count = 1; count <= 70; count++) check_argmax(count);
     check_argmax(49152 + 3);
+    for (ptrdiff_t features = 1; features <= 70; features++) check_rms_norm(3, features);
+    check_rms_norm(5, 576);
     check_row_quantization(1, 1);
     check_row_quantization(3, 17);
     check_row_quantization(2, 64);
