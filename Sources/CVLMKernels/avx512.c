@@ -998,8 +998,9 @@ AVX512 void vlm_gated_silu_avx512(const float *x, ptrdiff_t rows, ptrdiff_t widt
 
 /// vlm_rms_norm_scalar's arithmetic, operation for operation: lane k of one accumulator sums the squares of elements
 /// k, k + 8, … in double (exact products, so fused or not the same), the lanes meet in the same order, and each
-/// output is weight · (x · inverse) in floats: the same bits, about four times as fast (SmolLM2-135M's 576 features:
-/// 0.18 µs a row in C).
+/// output is weight · (x · inverse) in floats: the same bits. SmolLM2-135M's 576 features on a Zen 5 VM: 0.089 µs a
+/// row against the portable version's 0.140 (the lanes' chains of dependent additions, which the bits fix, bound
+/// both).
 AVX512 void vlm_rms_norm_avx512(const float *x, const float *weight, ptrdiff_t rows, ptrdiff_t features, float eps,
                                 float *y) {
     for (ptrdiff_t row = 0; row < rows; row++, x += features, y += features) {
