@@ -19,7 +19,8 @@ side by side drift together. The table shows each engine's median over the round
 per-round ratios. Each round starts with a probe (scripts/machine.py) reading a buffer the size of the weights one
 decoding step reads (the GGUF file's tensors, less the token embedding table unless it is the head): each engine's
 decode speed times those bytes, set against that round's probe, says how near the memory's limit it decodes (the
-medians are shown). SwiftVLM is built with `swift build -c release` (or --vlm names a built binary) and run with
+medians are shown); "with cache" adds the keys and values a step reads at the mean decoding position (fp32 or f16
+for SwiftVLM as --cache-type says, f16 for llama.cpp), which the weights' figure leaves out. SwiftVLM is built with `swift build -c release` (or --vlm names a built binary) and run with
 OMP_NUM_THREADS set to --threads. llama.cpp keeps its extra weight buffers (weights repacked for its faster CPU
 kernels, AMX ones where the CPU reports AMX) unless a short trial run with them dies of a signal: VMs that report AMX
 but withhold it kill ggml's AMX kernels.
@@ -187,12 +188,11 @@ def gguf_layout(model: Path) -> dict:
         if f.read(4) != b"GGUF" or unpack("I") < 2:
             raise SystemExit(f"{model}: not a GGUF v2/v3 file")
         tensor_count, kv_count = unpack("Q"), unpack("Q")
-        alignment = 32
+        metadata = {}
         for _ in range(kv_count):
             key = string()
-            found = value(unpack("I"))
-            if key == "general.alignment":
-                alignment = found
+            metadata[key] = value(unpack("I"))
+        alignment = metadata.get("general.alignment", 32)
         tensors = []
         for _ in range(tensor_count):
             name = string()
@@ -203,7 +203,7 @@ def gguf_layout(model: Path) -> dict:
     ends = [tensor["offset"] for tensor in tensors[1:]] + [model.stat().st_size - data_start]
     for tensor, end in zip(tensors, ends):
         tensor["bytes"] = end - tensor["offset"]
-    return {"data_start": data_start, "size": model.stat().st_size, "tensors": tensors}
+    return {"data_start": data_start, "size": model.stat().st_size, "tensors": tensors, "metadata": metadata}
 
 
 def step_weight_bytes(model: Path) -> int:
@@ -213,6 +213,23 @@ def step_weight_bytes(model: Path) -> int:
     if "output.weight" in sizes:
         sizes.pop("token_embd.weight", None)
     return sum(sizes.values())
+
+
+def step_cache_bytes(model: Path, mean_position: float, element_bytes: int):
+    """The bytes of keys and values a decoding step at `mean_position` cached positions reads, every layer's keys and
+    values of every position in elements of `element_bytes`; None where a sliding window would cut that short."""
+    metadata = gguf_layout(model)["metadata"]
+    arch = metadata["general.architecture"]
+    window = metadata.get(f"{arch}.attention.sliding_window")
+    if window and window < mean_position:
+        return None
+    heads, layers = metadata[f"{arch}.attention.head_count"], metadata[f"{arch}.block_count"]
+    key_heads = metadata.get(f"{arch}.attention.head_count_kv", heads)
+    head_dim = metadata[f"{arch}.embedding_length"] // heads
+    key_dim = metadata.get(f"{arch}.attention.key_length", head_dim)
+    value_dim = metadata.get(f"{arch}.attention.value_length", head_dim)
+    per_layer = [key_heads] * layers if isinstance(key_heads, int) else key_heads
+    return sum(count * (key_dim + value_dim) for count in per_layer) * element_bytes * mean_position
 
 
 def cpu_reports_amx() -> bool:
@@ -283,6 +300,10 @@ def main():
     engines = {"swiftvlm": lambda: bench_swiftvlm(vlm, model, args),
                "llama.cpp": lambda: llamacpp.bench(model, args, extra_buffers)}
     weight_bytes = step_weight_bytes(model)
+    # The cache a step reads, on average over the decoded tokens: llama.cpp keeps it in f16.
+    mean_position = args.prompt_tokens + (args.new_tokens + 1) / 2
+    cache_bytes = {"swiftvlm": step_cache_bytes(model, mean_position, 4 if args.cache_type == "f32" else 2),
+                   "llama.cpp": step_cache_bytes(model, mean_position, 2)}
     probe_megabytes = -(-weight_bytes // (1 << 20))
     rounds, probes = [], []
     for index in range(args.rounds):
@@ -293,14 +314,18 @@ def main():
         for engine in engines:
             read = weight_bytes * rounds[-1][engine]["decode_tokens_per_s"] / 1e9
             rounds[-1][engine].update(weights_gb_per_s=read, of_probe=read / probes[-1])
+            if cache_bytes[engine] is not None:
+                rounds[-1][engine]["with_cache_of_probe"] = read / probes[-1] * (1 + cache_bytes[engine] / weight_bytes)
     keys = ("prefill_tokens_per_s", "decode_tokens_per_s")
     results = {"model": str(model), "dtype": args.dtype, "cache_type": args.cache_type, "machine": machine, "llamacpp": type(llamacpp).__name__,
                "llamacpp_extra_buffers": extra_buffers, "threads": args.threads,
                "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "step_weight_bytes": weight_bytes,
+               "step_cache_bytes": cache_bytes,
                "probe_gb_per_s": probes, "runs": args.runs, "load_average": load_before, "rounds": rounds}
     for engine in engines:
         results[engine] = {key: statistics.median(r[engine][key] for r in rounds)
-                           for key in (*keys, "weights_gb_per_s", "of_probe")}
+                           for key in (*keys, "weights_gb_per_s", "of_probe", "with_cache_of_probe")
+                           if key in rounds[0][engine]}
     for key in keys:
         ratios = [r["swiftvlm"][key] / r["llama.cpp"][key] for r in rounds]
         results[f"ratio_{key}"] = statistics.median(ratios)
@@ -315,17 +340,22 @@ def main():
           f"{load_before:.1f} before; llama.cpp through "
           f"{'llama-bench' if isinstance(llamacpp, LlamaBench) else 'llama-cpp-python'}, its extra weight buffers "
           f"{'on' if extra_buffers else 'off: AMX reported but withheld'})")
-    print(f"{'':10} {'prefill tok/s':>14} {'decode tok/s':>13} {'weights GB/s':>13} {'of probe':>9}")
+    print(f"{'':10} {'prefill tok/s':>14} {'decode tok/s':>13} {'weights GB/s':>13} {'of probe':>9} {'with cache':>11}")
     for engine in engines:
         r = results[engine]
+        with_cache = f"{r['with_cache_of_probe']:11.0%}" if "with_cache_of_probe" in r else f"{'n/a':>11}"
         print(f"{engine:10} {r['prefill_tokens_per_s']:14.1f} {r['decode_tokens_per_s']:13.1f} "
-              f"{r['weights_gb_per_s']:13.1f} {r['of_probe']:9.0%}")
+              f"{r['weights_gb_per_s']:13.1f} {r['of_probe']:9.0%} {with_cache}")
     print(f"{'ratio':10} {results['ratio_prefill_tokens_per_s']:14.2f} {results['ratio_decode_tokens_per_s']:13.2f}")
     for key in keys:
         print(f"per-round {key.split('_')[0]} ratios: " + " ".join(f"{x:.2f}" for x in results[f"ratios_{key}"]))
     print(f"a decoding step reads {weight_bytes / 1e6:.1f} MB of weights; the probe read {probe_megabytes} MB at "
           + ", ".join(f"{x:g}" for x in probes) + " GB/s before each round; SwiftVLM's share of it per round: "
           + ", ".join(f"{r['swiftvlm']['of_probe']:.0%}" for r in rounds))
+    if cache_bytes["swiftvlm"] is not None:
+        print(f"with its KV cache ({cache_bytes['swiftvlm'] / 1e6:.1f} MB at the mean position {mean_position:g}; "
+              f"llama.cpp's f16 one {cache_bytes['llama.cpp'] / 1e6:.1f} MB) SwiftVLM's step reads "
+              + ", ".join(f"{r['swiftvlm']['with_cache_of_probe']:.0%}" for r in rounds) + " of the probe's speed")
 
 
 if __name__ == "__main__":
