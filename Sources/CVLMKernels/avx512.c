@@ -365,9 +365,9 @@ AVX512_INLINE void scores_unpacked_of(int rows, const float *const *q, ptrdiff_t
 /// Whether a core reading keys in place should bring their values along (vlm_attention_problem's `streams`). Two
 /// streams a core were the Zen 4 VM's best. On a Zen 5 VM, where the decoding products read best as one stream a
 /// core (vlm_quant_streams), SmolLM2-135M's decoding step over an fp32 cache (scripts/bench_decoder_step.py, Q4_1,
-/// the builds alternating step by step) ran 1.00× as fast with the values in a pass of their own at 320 cached
-/// positions, 1.01–1.02× at 1,000 and 1.04–1.05× at 2,000; over an fp16 cache, whose rows are half as long, 0.95–0.97×
-/// at 1,000 (once 1.01×), so halves keep their values coming with the keys.
+/// the builds alternating step by step) ran 1.00–1.01× as fast with the values in a pass of their own at 320 cached
+/// positions, 1.01–1.03× at 1,000 and 1.03–1.05× at 2,000; over an fp16 cache, whose rows are half as long,
+/// 0.95–0.97× at 1,000 (once 1.01×), so halves keep their values coming with the keys.
 static int values_with_keys(const vlm_attention_problem *p) {
     return p->half_key || (p->streams > 0 ? p->streams : vlm_quant_streams()) > 1;
 }

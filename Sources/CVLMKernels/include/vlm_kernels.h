@@ -390,8 +390,9 @@ typedef struct vlm_decoder_step {
     /// vlm_decoder_step_scratch_floats floats.
     float *scratch;
     float *logits;
-    /// The streams each thread reads its share of a product as: 1 or VLM_QUANT_MAX_STREAMS; anything else (0) takes
-    /// this CPU's vlm_quant_streams(). The same results either way; the choice is there to be measured. (Last, so
+    /// The streams each thread reads its share of a product as, and its attention parts' keys and values (the
+    /// attention problems' `streams`): 1 or VLM_QUANT_MAX_STREAMS; anything else (0) takes this CPU's
+    /// vlm_quant_streams(). The same results either way; the choice is there to be measured. (Last, so
     /// that scripts/bench_decoder_step.py can drive builds from before it.)
     int streams;
     /// Where non-NULL, each layer's cache holds IEEE half floats here (the same layout, counted in halves) and `keys`
