@@ -1,3 +1,4 @@
+import CVLMKernels
 import Testing
 @testable import VLMTensor
 
@@ -21,6 +22,33 @@ import Testing
             let expected = Activation.silu(gates[index]) * ups[index]
             #expect(abs(actual - expected) <= 4 * Float.ulpOfOne * abs(expected) + 1e-30, "\(gates[index]): \(actual) vs \(expected)")
         }
+    }
+
+    /// A prompt's many rows of SiLU gating, split among the cores, are the floats the kernel gives over all of them at
+    /// once.
+    @Test(arguments: [3, 70])
+    func gatedSiluOfManyRowsIsTheKernelsOverAllOfThem(rows: Int) {
+        let width = 1024
+        let stacked = (0..<(rows * 2 * width)).map { Float(($0 * 7919) % 2003) / 2003 * 12 - 6 }
+        let input = Tensor(shape: [rows, 2 * width], scalars: stacked)
+        let output = gatedActivation(input, activation: .silu)
+        var expected = [Float](repeating: .nan, count: rows * width)
+        vlm_gated_silu(input.storage.pointer, rows, width, &expected, KernelPath.best.isa)
+        #expect(output.shape == [rows, width])
+        #expect(zip(output.scalars, expected).filter { $0.bitPattern != $1.bitPattern }.count == 0)
+    }
+
+    /// A prompt's many rows of RMS norm, split among the cores, are the floats the kernel gives over all of them at
+    /// once.
+    @Test(arguments: [3, 300])
+    func rmsNormOfManyRowsIsTheKernelsOverAllOfThem(rows: Int) {
+        let features = 576
+        let x = Tensor(shape: [rows, features], scalars: (0..<(rows * features)).map { Float(($0 * 7919) % 2003) / 2003 * 12 - 6 })
+        let weight = Tensor(shape: [features], scalars: (0..<features).map { Float($0 % 13) * 0.1 + 0.5 })
+        let output = rmsNorm(x, weight: weight, eps: 1e-5)
+        var expected = [Float](repeating: .nan, count: rows * features)
+        vlm_rms_norm(x.storage.pointer, weight.storage.pointer, rows, features, 1e-5, &expected)
+        #expect(zip(output.scalars, expected).filter { $0.bitPattern != $1.bitPattern }.count == 0)
     }
 
     /// Other activations (GELU's tanh form for Gemma) are the scalar definition exactly, in one thread for a few rows
