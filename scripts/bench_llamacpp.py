@@ -206,19 +206,20 @@ def gguf_layout(model: Path) -> dict:
     return {"data_start": data_start, "size": model.stat().st_size, "tensors": tensors, "metadata": metadata}
 
 
-def step_weight_bytes(model: Path) -> int:
-    """The bytes of weights one decoding step reads: every tensor of the GGUF file but the token embedding table
-    (one row of it a step), unless the file has no `output.weight` and the table is the head."""
-    sizes = {tensor["name"]: tensor["bytes"] for tensor in gguf_layout(model)["tensors"]}
+def step_weight_bytes(layout: dict) -> int:
+    """The bytes of weights one decoding step reads (`layout` from gguf_layout): every tensor of the GGUF file but the
+    token embedding table (one row of it a step), unless the file has no `output.weight` and the table is the head."""
+    sizes = {tensor["name"]: tensor["bytes"] for tensor in layout["tensors"]}
     if "output.weight" in sizes:
         sizes.pop("token_embd.weight", None)
     return sum(sizes.values())
 
 
-def step_cache_bytes(model: Path, mean_position: float, element_bytes: int):
-    """The bytes of keys and values a decoding step at `mean_position` cached positions reads, every layer's keys and
-    values of every position in elements of `element_bytes`; None where a sliding window would cut that short."""
-    metadata = gguf_layout(model)["metadata"]
+def step_cache_bytes(layout: dict, mean_position: float, element_bytes: int):
+    """The bytes of keys and values a decoding step at `mean_position` cached positions reads (`layout` from
+    gguf_layout), every layer's keys and values of every position in elements of `element_bytes`; None where a sliding
+    window would cut that short."""
+    metadata = layout["metadata"]
     arch = metadata["general.architecture"]
     window = metadata.get(f"{arch}.attention.sliding_window")
     if window and window < mean_position:
@@ -299,11 +300,12 @@ def main():
     extra_buffers = llamacpp_extra_buffers_run(llamacpp, model, args)
     engines = {"swiftvlm": lambda: bench_swiftvlm(vlm, model, args),
                "llama.cpp": lambda: llamacpp.bench(model, args, extra_buffers)}
-    weight_bytes = step_weight_bytes(model)
+    layout = gguf_layout(model)
+    weight_bytes = step_weight_bytes(layout)
     # The cache a step reads, on average over the decoded tokens: llama.cpp keeps it in f16.
     mean_position = args.prompt_tokens + (args.new_tokens + 1) / 2
-    cache_bytes = {"swiftvlm": step_cache_bytes(model, mean_position, 4 if args.cache_type == "f32" else 2),
-                   "llama.cpp": step_cache_bytes(model, mean_position, 2)}
+    cache_bytes = {"swiftvlm": step_cache_bytes(layout, mean_position, 4 if args.cache_type == "f32" else 2),
+                   "llama.cpp": step_cache_bytes(layout, mean_position, 2)}
     probe_megabytes = -(-weight_bytes // (1 << 20))
     rounds, probes = [], []
     for index in range(args.rounds):

@@ -129,7 +129,7 @@ def swiftvlm_alone(vlm: Path, model: Path, rounds: int, threads: int) -> dict:
     """`vlm bench` beside the read probe, round by round, as bench_llamacpp.py measures it but without llama.cpp
     (its JSON's shape, less the llama.cpp parts): how near the memory's limit a decoding step reads its weights."""
     args = argparse.Namespace(threads=threads, runs=3, prompt_tokens=256, new_tokens=128)
-    weight_bytes = step_weight_bytes(model)
+    weight_bytes = step_weight_bytes(gguf_layout(model))
     megabytes = -(-weight_bytes // (1 << 20))
     machine = describe(threads)
     measured, probes = [], []
