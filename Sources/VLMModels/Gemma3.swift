@@ -305,13 +305,10 @@ public final class Gemma3ForCausalLM: CausalLanguageModel, @unchecked Sendable {
         let logits: Tensor
         if fusing, let step = fusedStep, let cache, pass.keyPaddingMask == nil, pass.batch == 1, pass.length == 1,
            cache.heads == config.numKeyValueHeads {
-            let position = try pass.positions(positionIds, below: 1 << 24)[0]
-            let full = rotaryTables(positions: position, inverseFrequencies: fullAttentionFrequencies)
-            let output = step(embedding: inputsEmbeds, cache: cache.layers, capacity: cache.capacity,
-                              position: cache.length, cos: full.cos, sin: full.sin,
-                              local: rotaryTables(positions: position, inverseFrequencies: slidingAttentionFrequencies))
-            cache.advance(by: 1)
-            logits = step.vocabularySize == nil ? lmHead(output) : output
+            let position = try pass.positions(positionIds, below: 1 << 24)[0][0]
+            logits = runFusedStep(step, cache: cache, position: position) {
+                $0.initialize(from: inputsEmbeds.storage.pointer, count: config.hiddenSize)
+            }
         } else {
             var hidden = try hiddenStates(inputsEmbeds: inputsEmbeds, pass: pass, positionIds: positionIds, cache: cache,
                                           blocks: attentionBlocks(attentionMask))
@@ -321,8 +318,40 @@ public final class Gemma3ForCausalLM: CausalLanguageModel, @unchecked Sendable {
             }
             logits = lmHead(hidden)
         }
+        return softCapped(logits)
+    }
+
+    /// See ``CausalLanguageModel/logits(nextToken:cache:)``: the fused step, its scaled embedding row and rotary rows
+    /// written into the cache's workspace, where the inputs fit it; else the general path, which names what does not.
+    public func logits(nextToken token: Int, cache: KVCache) throws -> Tensor {
+        guard let step = fusedStep, cache.batch == 1, cache.length < cache.capacity, cache.length < 1 << 24,
+              cache.layerCount == layers.count, cache.heads == config.numKeyValueHeads,
+              cache.width == config.numKeyValueHeads * config.headDim, token >= 0, token < config.vocabSize else {
+            return try logits(inputIds: [[token]], cache: cache)
+        }
+        return softCapped(runFusedStep(step, cache: cache, position: cache.length) { row in
+            embedTokens.copyRow(token, into: row)
+            for index in 0..<config.hiddenSize { row[index] *= embeddingScale }
+        })
+    }
+
+    /// One fused step over `cache` for the embedding `embed` writes, its queries and keys rotated to `position`.
+    private func runFusedStep(_ step: FusedDecoderStep, cache: KVCache, position: Int,
+                              embed: (UnsafeMutablePointer<Float>) -> Void) -> Tensor {
+        let workspace = cache.workspace(for: step)
+        embed(workspace.hidden.storage.pointer)
+        rotaryRow(position: position, inverseFrequencies: fullAttentionFrequencies, cosines: workspace.cos, sines: workspace.sin)
+        rotaryRow(position: position, inverseFrequencies: slidingAttentionFrequencies, cosines: workspace.localCos,
+                  sines: workspace.localSin)
+        let output = step(workspace, position: cache.length)
+        cache.advance(by: 1)
+        return step.vocabularySize == nil ? lmHead(output) : output
+    }
+
+    /// `logits` through Gemma 2's soft cap where the config sets one, as transformers computes it: divide, tanh,
+    /// multiply (in place).
+    private func softCapped(_ logits: Tensor) -> Tensor {
         guard let cap = config.finalLogitSoftcapping.map(Float.init) else { return logits }
-        // Gemma 2's soft cap, as transformers computes it: divide, tanh, multiply.
         let pointer = logits.storage.pointer
         for index in 0..<logits.count { pointer[index] = tanh(pointer[index] / cap) * cap }
         return logits

@@ -29,6 +29,10 @@ public protocol CausalLanguageModel: AnyObject, Sendable {
     var contextLength: Int? { get }
     /// What the caches of `makeCache(batch:capacity:)` hold keys and values in.
     var cacheElementType: KVCache.ElementType { get }
+    /// The logits `[1, 1, vocabularySize]` of `token` after the positions a one-row `cache` holds, the cache extended
+    /// by it: `logits(inputIds: [[token]], cache: cache)`. A decoder whose steps run fused allocates nothing here
+    /// from the cache's second step on; its logits are then one of two rows the cache keeps, the one no caller holds.
+    func logits(nextToken token: Int, cache: KVCache) throws -> Tensor
 }
 
 extension CausalLanguageModel {
@@ -38,6 +42,10 @@ extension CausalLanguageModel {
 }
 
 extension CausalLanguageModel {
+    public func logits(nextToken token: Int, cache: KVCache) throws -> Tensor {
+        try logits(inputIds: [[token]], cache: cache)
+    }
+
     /// Logits for token ids; see ``logits(inputsEmbeds:attentionMask:positionIds:cache:lastPositionOnly:)``.
     public func logits(inputIds: [[Int]], attentionMask: [[Int]]? = nil, positionIds: [[Int]]? = nil,
                        cache: KVCache? = nil, lastPositionOnly: Bool = false) throws -> Tensor {
@@ -273,6 +281,8 @@ struct DecodingState<Model: CausalLanguageModel> {
     var positions: [[Int]]
     /// `[rows, 1, vocabulary]`, as the model returned them: copied out once, a row at a time, by `scores(row:)`.
     private var logits: Tensor
+    /// One row without padding or blocks (a mask of ones), its positions those its cache holds.
+    private let unpadded: Bool
 
     /// Runs the prompt: all of it into a new cache of `capacity` positions, or, given `cache`, the positions after
     /// those it holds (the prompt's embeddings are then just those).
@@ -288,6 +298,7 @@ struct DecodingState<Model: CausalLanguageModel> {
             }.dropFirst(cache?.length ?? 0))
         }
         self.cache = try cache ?? model.makeCache(batch: rows, capacity: capacity)
+        unpadded = rows == 1 && mask[0].allSatisfy { $0 == 1 } && positions[0].last.map { $0 + 1 } == mask[0].count
         logits = try model.logits(inputsEmbeds: prompt.embeds, attentionMask: mask, positionIds: positions, cache: self.cache,
                                   lastPositionOnly: true)
     }
@@ -304,6 +315,11 @@ struct DecodingState<Model: CausalLanguageModel> {
         for row in mask.indices {
             mask[row].append(1)
             positions[row] = [(positions[row].last ?? -1) + 1]
+        }
+        // One row that is all tokens, at the positions the cache holds: what a step by token alone computes.
+        if unpadded, tokens.count == 1 {
+            logits = try model.logits(nextToken: tokens[0], cache: cache)
+            return
         }
         logits = try model.logits(inputIds: tokens.map { [$0] }, attentionMask: mask, positionIds: positions, cache: cache)
     }

@@ -58,6 +58,18 @@ public final class KVCache: @unchecked Sendable {
         halfValues = (0..<halves).map { _ in HalfTensor(uninitialized: shape) }
     }
 
+    /// What a fused decoding step over this cache reuses from step to step (see ``workspace(for:)``).
+    private var stepWorkspace: FusedDecoderStep.Workspace?
+
+    /// The workspace of `step`'s decoding steps over this cache, made by the first of them: its buffers are the
+    /// cache's for as long as the cache lives.
+    func workspace(for step: FusedDecoderStep) -> FusedDecoderStep.Workspace {
+        if let stepWorkspace, stepWorkspace.serves(step) { return stepWorkspace }
+        let workspace = step.makeWorkspace(cache: layers, capacity: capacity)
+        stepWorkspace = workspace
+        return workspace
+    }
+
     /// Layer `layer`'s keys and values, as attention reads them.
     func keysAndValues(layer: Int) -> KeysAndValues {
         elementType == .float32 ? .floats(key: keys[layer], value: values[layer])

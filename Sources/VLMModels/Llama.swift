@@ -153,11 +153,15 @@ public struct LlamaConfig: Decodable, Sendable {
     /// The rotary tables of `positions` from ``rotaryInverseFrequencies(file:)``, "dynamic" scaling's frequencies
     /// recomputed for a pass reaching past `maxPositionEmbeddings`.
     public func rotaryTables(positions: [Int], inverseFrequencies: [Float]) -> (cos: Tensor, sin: Tensor) {
-        let largest = positions.max() ?? 0
-        let frequencies = rope.ropeType == "dynamic" && largest >= maxPositionEmbeddings
-            ? rope.dynamicInverseFrequencies(headDim: headDim, sequenceLength: largest + 1, maxPositionEmbeddings: maxPositionEmbeddings)
-            : inverseFrequencies
-        return VLMTensor.rotaryTables(positions: positions, inverseFrequencies: frequencies)
+        VLMTensor.rotaryTables(positions: positions,
+                               inverseFrequencies: rotaryFrequencies(reaching: positions.max() ?? 0, inverseFrequencies))
+    }
+
+    /// The inverse frequencies of a pass whose largest position is `largest`: `inverseFrequencies`, or "dynamic"
+    /// scaling's recomputed past `maxPositionEmbeddings`.
+    func rotaryFrequencies(reaching largest: Int, _ inverseFrequencies: [Float]) -> [Float] {
+        guard rope.ropeType == "dynamic" && largest >= maxPositionEmbeddings else { return inverseFrequencies }
+        return rope.dynamicInverseFrequencies(headDim: headDim, sequenceLength: largest + 1, maxPositionEmbeddings: maxPositionEmbeddings)
     }
 
     /// The sliding window of layer `index`, nil where it attends to every earlier position.
@@ -467,16 +471,37 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
         let inputs = try checkedInputs(inputsEmbeds: inputsEmbeds, attentionMask: attentionMask, positionIds: positionIds, cache: cache)
         if fusing, let step = fusedStep, let cache, inputs.keyPaddingMask == nil, inputsEmbeds.shape[0] == 1,
            inputsEmbeds.shape[1] == 1, cache.heads == config.numKeyValueHeads {
-            let tables = rotaryTables(positions: inputs.positions[0])
-            let output = step(embedding: inputsEmbeds, cache: cache.layers, capacity: cache.capacity,
-                              position: cache.length, cos: tables.cos, sin: tables.sin)
-            cache.advance(by: 1)
-            return step.vocabularySize == nil ? lmHead(output) : output
+            return runFusedStep(step, cache: cache, position: inputs.positions[0][0]) {
+                $0.initialize(from: inputsEmbeds.storage.pointer, count: config.hiddenSize)
+            }
         }
         let hidden = try hiddenStates(inputsEmbeds: inputsEmbeds, inputs: inputs, cache: cache)
         let (batch, length) = (hidden.shape[0], hidden.shape[1])
         guard lastPositionOnly, length > 1 else { return lmHead(hidden) }
         return lmHead(gatherTokens(hidden, positions: Array(repeating: length - 1, count: batch)).reshaped([batch, 1, config.hiddenSize]))
+    }
+
+    /// See ``CausalLanguageModel/logits(nextToken:cache:)``: the fused step, its embedding row and rotary row written
+    /// into the cache's workspace, where the inputs fit it; else the general path, which names what does not fit.
+    public func logits(nextToken token: Int, cache: KVCache) throws -> Tensor {
+        guard let step = fusedStep, cache.batch == 1, cache.length < cache.capacity, cache.length < 1 << 24,
+              cache.layerCount == layers.count, cache.heads == config.numKeyValueHeads,
+              cache.width == config.numKeyValueHeads * config.headDim, token >= 0, token < config.vocabSize else {
+            return try logits(inputIds: [[token]], cache: cache)
+        }
+        return runFusedStep(step, cache: cache, position: cache.length) { embedTokens.copyRow(token, into: $0) }
+    }
+
+    /// One fused step over `cache` for the embedding `embed` writes, its queries and keys rotated to `position`.
+    private func runFusedStep(_ step: FusedDecoderStep, cache: KVCache, position: Int,
+                              embed: (UnsafeMutablePointer<Float>) -> Void) -> Tensor {
+        let workspace = cache.workspace(for: step)
+        embed(workspace.hidden.storage.pointer)
+        VLMTensor.rotaryRow(position: position, inverseFrequencies: config.rotaryFrequencies(reaching: position, inverseFrequencies),
+                            cosines: workspace.cos, sines: workspace.sin)
+        let output = step(workspace, position: cache.length)
+        cache.advance(by: 1)
+        return step.vocabularySize == nil ? lmHead(output) : output
     }
 
     /// The final normalized hidden states `[B, T, hiddenSize]` (transformers' `last_hidden_state`).

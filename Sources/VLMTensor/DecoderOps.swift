@@ -40,14 +40,22 @@ public func rotaryTables(positions: [Int], inverseFrequencies: [Float]) -> (cos:
     let cosines = Tensor(uninitialized: [positions.count, half])
     let sines = Tensor(uninitialized: [positions.count, half])
     for (row, position) in positions.enumerated() {
-        for index in 0..<half {
-            // fp32 product, then fp32 cos/sin, as transformers' LlamaRotaryEmbedding.
-            let angle = Float(position) * inverseFrequencies[index]
-            cosines.storage.pointer[row * half + index] = cos(angle)
-            sines.storage.pointer[row * half + index] = sin(angle)
-        }
+        rotaryRow(position: position, inverseFrequencies: inverseFrequencies, cosines: cosines.storage.pointer + row * half,
+                  sines: sines.storage.pointer + row * half)
     }
     return (cosines, sines)
+}
+
+/// One position's row of ``rotaryTables(positions:inverseFrequencies:)`` (`inverseFrequencies.count` cosines and as
+/// many sines), written where a decoding step reads it.
+public func rotaryRow(position: Int, inverseFrequencies: [Float], cosines: UnsafeMutablePointer<Float>,
+                      sines: UnsafeMutablePointer<Float>) {
+    for index in inverseFrequencies.indices {
+        // fp32 product, then fp32 cos/sin, as transformers' LlamaRotaryEmbedding.
+        let angle = Float(position) * inverseFrequencies[index]
+        cosines[index] = cos(angle)
+        sines[index] = sin(angle)
+    }
 }
 
 /// Rotates each head of `x [B, T, heads·headDim]` by its position: transformers' `apply_rotary_pos_emb`, the

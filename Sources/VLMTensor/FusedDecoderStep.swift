@@ -141,35 +141,96 @@ package final class FusedDecoderStep: @unchecked Sendable {
         }
     }
 
-    /// Runs the step for the token `embedding` (`hiddenSize` floats) at cache position `position`, whose rotary
-    /// angles' cosines and sines (`headDim / 2` each) are `cos` and `sin` (`local` for the layers with a local
-    /// table): stores its key and value in each layer's `cache` (`[keyHeads·capacity, headDim]`, head-major, all
-    /// layers floats or all halves) and attends to positions `0 ... position`.
-    /// Returns the logits `[1, 1, vocabularySize]`, or without a head the final norm's output `[1, 1, hiddenSize]`.
-    package func callAsFunction(embedding: Tensor, cache: [KeysAndValues], capacity: Int, position: Int,
-                                cos: Tensor, sin: Tensor, local: (cos: Tensor, sin: Tensor)? = nil) -> Tensor {
-        let local = local ?? (cos, sin)
-        var keys: [UnsafeMutablePointer<Float>?] = [], values: [UnsafeMutablePointer<Float>?] = []
-        var halfKeys: [UnsafeMutablePointer<UInt16>?] = [], halfValues: [UnsafeMutablePointer<UInt16>?] = []
-        for layer in cache {
-            switch layer {
-            case let .floats(key, value):
-                keys.append(key.storage.pointer)
-                values.append(value.storage.pointer)
-            case let .halves(key, value):
-                halfKeys.append(key.pointer)
-                halfValues.append(value.pointer)
+    /// What the steps over one cache reuse, so that a step allocates nothing: the addresses of the cache's keys and
+    /// values, the step's scratch, the row the step runs on (the caller writes the token's embedding into `hidden`),
+    /// the rotary rows of its position (`cos` and `sin`, `localCos` and `localSin` for layers with a local table;
+    /// `headDim / 2` floats each) and two logits rows handed out in turn, each written again only once no caller
+    /// holds it.
+    package final class Workspace {
+        fileprivate let step: ObjectIdentifier
+        /// What the addresses point into.
+        fileprivate let cache: [KeysAndValues]
+        fileprivate let capacity: Int
+        fileprivate let keys: [UnsafeMutablePointer<Float>?], values: [UnsafeMutablePointer<Float>?]
+        fileprivate let halfKeys: [UnsafeMutablePointer<UInt16>?], halfValues: [UnsafeMutablePointer<UInt16>?]
+        fileprivate var scratch: Tensor
+        package let hidden: Tensor
+        package let cos: UnsafeMutablePointer<Float>, sin: UnsafeMutablePointer<Float>
+        package let localCos: UnsafeMutablePointer<Float>, localSin: UnsafeMutablePointer<Float>
+        private let rotary: Tensor
+        private var logits: (TensorStorage, TensorStorage)?
+        private let logitsShape: [Int]
+
+        fileprivate init(step: FusedDecoderStep, cache: [KeysAndValues], capacity: Int) {
+            self.step = ObjectIdentifier(step)
+            (self.cache, self.capacity) = (cache, capacity)
+            var keys: [UnsafeMutablePointer<Float>?] = [], values: [UnsafeMutablePointer<Float>?] = []
+            var halfKeys: [UnsafeMutablePointer<UInt16>?] = [], halfValues: [UnsafeMutablePointer<UInt16>?] = []
+            for layer in cache {
+                switch layer {
+                case let .floats(key, value):
+                    keys.append(key.storage.pointer)
+                    values.append(value.storage.pointer)
+                case let .halves(key, value):
+                    halfKeys.append(key.pointer)
+                    halfValues.append(value.pointer)
+                }
+            }
+            (self.keys, self.values, self.halfKeys, self.halfValues) = (keys, values, halfKeys, halfValues)
+            scratch = Tensor(uninitialized: [0])
+            hidden = Tensor(uninitialized: [1, 1, step.hiddenSize])
+            let half = step.headDim / 2
+            rotary = Tensor(uninitialized: [4, half])
+            (cos, sin) = (rotary.storage.pointer, rotary.storage.pointer + half)
+            (localCos, localSin) = (rotary.storage.pointer + 2 * half, rotary.storage.pointer + 3 * half)
+            logitsShape = [1, 1, step.vocabularySize ?? 0]
+            if let vocabularySize = step.vocabularySize {
+                logits = (TensorStorage(count: vocabularySize), TensorStorage(count: vocabularySize))
             }
         }
-        precondition(embedding.count == hiddenSize && cache.count == descriptors.count
-                     && (keys.count == cache.count || halfKeys.count == cache.count)
-                     && position >= 0 && position < capacity && cos.count == headDim / 2 && sin.count == headDim / 2
-                     && local.cos.count == headDim / 2 && local.sin.count == headDim / 2
+
+        /// Whether this workspace is `step`'s.
+        package func serves(_ step: FusedDecoderStep) -> Bool { self.step == ObjectIdentifier(step) }
+
+        /// A logits row no caller holds: one of the two, or a new one in place of the first where callers hold both.
+        fileprivate func freeLogits() -> Tensor? {
+            guard var (first, second) = logits else { return nil }
+            logits = nil
+            defer { logits = (first, second) }
+            if isKnownUniquelyReferenced(&first) { return Tensor(shape: logitsShape, storage: first) }
+            if isKnownUniquelyReferenced(&second) {
+                swap(&first, &second)
+                return Tensor(shape: logitsShape, storage: first)
+            }
+            first = TensorStorage(count: first.count)
+            return Tensor(shape: logitsShape, storage: first)
+        }
+
+        /// The scratch for `step`, grown where its attention has more parts than before.
+        fileprivate func scratch(floats: Int) -> Tensor {
+            if scratch.count < floats { scratch = Tensor(uninitialized: [floats]) }
+            return scratch
+        }
+    }
+
+    /// A workspace for steps over `cache` (each layer `[keyHeads·capacity, headDim]`, head-major, all layers floats
+    /// or all halves).
+    package func makeWorkspace(cache: [KeysAndValues], capacity: Int) -> Workspace {
+        precondition(cache.count == descriptors.count
                      && cache.allSatisfy { $0.shapesMatch && Tensor.elementCount($0.keyShape) >= keyHeads * capacity * headDim },
-                     "a fused decoding step at position \(position) of \(capacity) got mismatched inputs")
-        let hidden = Tensor(uninitialized: [1, 1, hiddenSize])
-        hidden.storage.pointer.initialize(from: embedding.storage.pointer, count: hiddenSize)
-        let logits = vocabularySize.map { Tensor(uninitialized: [1, 1, $0]) }
+                     "a fused decoding step's workspace got a cache that does not fit it")
+        return Workspace(step: self, cache: cache, capacity: capacity)
+    }
+
+    /// Runs the step for the token whose embedding is in `workspace.hidden`, at cache position `position`, whose
+    /// rotary rows are in the workspace: stores its key and value in each layer of the workspace's cache and attends
+    /// to positions `0 ... position`.
+    /// Returns the logits `[1, 1, vocabularySize]` (one of the workspace's rows), or without a head the final norm's
+    /// output `[1, 1, hiddenSize]` (a copy: the workspace's row is the next step's).
+    package func callAsFunction(_ workspace: Workspace, position: Int) -> Tensor {
+        precondition(workspace.step == ObjectIdentifier(self) && position >= 0 && position < workspace.capacity,
+                     "a fused decoding step at position \(position) of \(workspace.capacity) got another step's workspace")
+        let logits = workspace.freeLogits()
         var step = vlm_decoder_step()
         step.layer_count = descriptors.count
         (step.hidden_size, step.heads, step.key_heads, step.head_dim, step.intermediate_size) =
@@ -179,26 +240,26 @@ package final class FusedDecoderStep: @unchecked Sendable {
         step.int8 = int8 ? 1 : 0
         step.final_norm = UnsafePointer(finalNorm.storage.pointer)
         step.head = head ?? vlm_decoder_product()
-        step.capacity = capacity
+        step.capacity = workspace.capacity
         step.position = position
         step.parts = decodingAttentionParts(keyLength: position + 1, units: keyHeads)
         if let window {
             step.window = window
             step.window_parts = decodingAttentionParts(keyLength: window, units: keyHeads)
         }
-        step.cos = UnsafePointer(cos.storage.pointer)
-        step.sin = UnsafePointer(sin.storage.pointer)
-        step.local_cos = UnsafePointer(local.cos.storage.pointer)
-        step.local_sin = UnsafePointer(local.sin.storage.pointer)
-        step.hidden = hidden.storage.pointer
+        step.cos = UnsafePointer(workspace.cos)
+        step.sin = UnsafePointer(workspace.sin)
+        step.local_cos = UnsafePointer(workspace.localCos)
+        step.local_sin = UnsafePointer(workspace.localSin)
+        step.hidden = workspace.hidden.storage.pointer
         step.logits = logits?.storage.pointer
-        let scratch = Tensor(uninitialized: [vlm_decoder_step_scratch_floats(&step)])
+        let scratch = workspace.scratch(floats: vlm_decoder_step_scratch_floats(&step))
         step.scratch = scratch.storage.pointer
         let status = descriptors.withUnsafeBufferPointer { layers in
-            keys.withUnsafeBufferPointer { keys in
-                values.withUnsafeBufferPointer { values in
-                    halfKeys.withUnsafeBufferPointer { halfKeys in
-                        halfValues.withUnsafeBufferPointer { halfValues in
+            workspace.keys.withUnsafeBufferPointer { keys in
+                workspace.values.withUnsafeBufferPointer { values in
+                    workspace.halfKeys.withUnsafeBufferPointer { halfKeys in
+                        workspace.halfValues.withUnsafeBufferPointer { halfValues in
                             step.layers = layers.baseAddress
                             (step.keys, step.values) = (keys.baseAddress, values.baseAddress)
                             if !halfKeys.isEmpty { (step.half_keys, step.half_values) = (halfKeys.baseAddress, halfValues.baseAddress) }
@@ -209,7 +270,10 @@ package final class FusedDecoderStep: @unchecked Sendable {
             }
         }
         precondition(status == 0, "out of memory for a decoding step's scratch")
-        withExtendedLifetime((cache, scratch, self, local)) {}
-        return logits ?? hidden
+        withExtendedLifetime((workspace, scratch, self)) {}
+        if let logits { return logits }
+        let output = Tensor(uninitialized: [1, 1, hiddenSize])
+        output.storage.pointer.initialize(from: workspace.hidden.storage.pointer, count: hiddenSize)
+        return output
     }
 }

@@ -147,13 +147,16 @@ public final class QuantizedMatrix: @unchecked Sendable {
     /// Rows `ids` dequantized to fp32, `[ids.count, columns]`: an embedding lookup that reads only those rows.
     public func rows(_ ids: [Int]) -> Tensor {
         let output = Tensor(uninitialized: [ids.count, columns])
-        var matrix = kernelMatrix
-        for (index, id) in ids.enumerated() {
-            precondition(id >= 0 && id < rows, "embedding id \(id) outside vocabulary of \(rows)")
-            vlm_quant_dequantize_rows(&matrix, id, 1, output.storage.pointer + index * columns, columns, KernelPath.best.isa)
-        }
-        withExtendedLifetime(self) {}
+        for (index, id) in ids.enumerated() { copyRow(id, into: output.storage.pointer + index * columns) }
         return output
+    }
+
+    /// Row `id` dequantized into `destination` (`columns` floats): one row of ``rows(_:)``.
+    public func copyRow(_ id: Int, into destination: UnsafeMutablePointer<Float>) {
+        precondition(id >= 0 && id < rows, "embedding id \(id) outside vocabulary of \(rows)")
+        var matrix = kernelMatrix
+        vlm_quant_dequantize_rows(&matrix, id, 1, destination, columns, KernelPath.best.isa)
+        withExtendedLifetime(self) {}
     }
 
     func dequantized(path: KernelPath) -> Tensor {
@@ -239,6 +242,16 @@ public enum WeightMatrix: Sendable {
         switch self {
         case let .dense(tensor): embedding(tensor, ids: ids)
         case let .quantized(matrix): matrix.rows(ids)
+        }
+    }
+
+    /// Row `id` as fp32 into `destination` (`shape[1]` floats): one row of ``rows(_:)``.
+    public func copyRow(_ id: Int, into destination: UnsafeMutablePointer<Float>) {
+        switch self {
+        case let .dense(tensor):
+            precondition(tensor.rank == 2 && id >= 0 && id < tensor.shape[0], "embedding id \(id) outside vocabulary of \(shape[0])")
+            destination.initialize(from: tensor.storage.pointer + id * tensor.shape[1], count: tensor.shape[1])
+        case let .quantized(matrix): matrix.copyRow(id, into: destination)
         }
     }
 }

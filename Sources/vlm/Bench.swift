@@ -405,8 +405,8 @@ struct Bench: AsyncParsableCommand {
             var token = argmaxLastDimension(logits)[0]
             let prefilled = DispatchTime.now().uptimeNanoseconds
             for _ in 0..<newTokens {
-                logits = try model.logits(inputIds: [[token]], cache: cache)
-                token = argmaxLastDimension(logits)[0]
+                logits = try model.logits(nextToken: token, cache: cache)
+                token = argmax(UnsafeBufferPointer(start: logits.storage.pointer, count: logits.count))
             }
             let end = DispatchTime.now().uptimeNanoseconds
             return (Double(prefilled - start) / 1e9, Double(end - prefilled) / 1e9)

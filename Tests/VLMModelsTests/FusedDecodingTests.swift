@@ -153,3 +153,67 @@ extension FusedDecodingTests {
         try Self.expectFusedStepsEqualLayerByLayer(model, tokens: expected.sequence, promptLength: expected.input_ids[0].count)
     }
 }
+
+extension FusedDecodingTests {
+    /// A step by `logits(nextToken:cache:)`, through the cache's workspace, gives the floats a step by token ids gives,
+    /// and leaves the cache as that leaves it.
+    @Test(arguments: fixtures)
+    func nextTokenStepsEqualTokenIdSteps(_ file: URL) throws {
+        let expected = try Self.expected(file)
+        let model = try LlamaForCausalLM(gguf: file)
+        try Self.expectNextTokenStepsEqualTokenIdSteps(model, tokens: expected.sequence, promptLength: expected.input_ids[0].count,
+                                                       workspaceRows: model.fusedStep?.vocabularySize != nil)
+    }
+
+    /// The same for any model; that a caller who keeps every step's logits finds them unchanged by the steps after;
+    /// and with `workspaceRows` (the step writes the logits into the workspace's two rows) that a caller who keeps
+    /// the last step's while it takes the next, as a decoding loop does, gets the two rows in turn.
+    static func expectNextTokenStepsEqualTokenIdSteps(_ model: any CausalLanguageModel, tokens: [Int], promptLength: Int,
+                                                      workspaceRows: Bool) throws {
+        let caches = try (0..<3).map { _ in try model.makeCache(batch: 1, capacity: tokens.count) }
+        for cache in caches {
+            _ = try model.logits(inputIds: [Array(tokens[..<promptLength])], cache: cache, lastPositionOnly: true)
+        }
+        var kept: [(logits: Tensor, scalars: [Float])] = [], rows: [UnsafeMutablePointer<Float>] = []
+        var last: Tensor?
+        for position in promptLength..<tokens.count {
+            let next = try model.logits(nextToken: tokens[position], cache: caches[0])
+            let byIds = try model.logits(inputIds: [[tokens[position]]], cache: caches[1])
+            #expect(next.shape == byIds.shape)
+            guard next.scalars == byIds.scalars else {
+                Issue.record("position \(position): logits differ by up to \(maxDifference(next.scalars, byIds.scalars))")
+                return
+            }
+            kept.append((next, next.scalars))
+            last = try model.logits(nextToken: tokens[position], cache: caches[2])
+            rows.append(try #require(last).storage.pointer)
+        }
+        #expect(kept.allSatisfy { $0.logits.scalars == $0.scalars }, "a later step wrote over logits a caller holds")
+        for (next, byIds) in zip(caches[0].layers, caches[1].layers) {
+            guard case let (.floats(nextKey, nextValue), .floats(key, value)) = (next, byIds) else {
+                Issue.record("float caches expected")
+                return
+            }
+            #expect(nextKey.scalars == key.scalars && nextValue.scalars == value.scalars)
+        }
+        if workspaceRows {
+            #expect(Set(rows).count == 2, "a decoding loop's logits should take the workspace's two rows in turn")
+        }
+    }
+
+    /// SmolLM2 (its step runs the head, the logits in the workspace's rows), past its keys' split at 128 positions.
+    @Test(.enabled(if: SmolLM2.url != nil, Comment(rawValue: SmolLM2.skipMessage)))
+    func smolLM2NextTokenStepsEqualTokenIdSteps() throws {
+        let tokens = try Self.expected().sequence.map { $0 * 97 % 49152 }
+        try Self.expectNextTokenStepsEqualTokenIdSteps(try LlamaForCausalLM(gguf: try #require(SmolLM2.url)), tokens: tokens,
+                                                       promptLength: 120, workspaceRows: true)
+    }
+
+    /// A model without a fused step takes the token-id path.
+    @Test func nextTokenStepsWithoutAFusedStepEqualTokenIdSteps() throws {
+        let model = try LlamaForCausalLM(gguf: LlamaFixture.root.appendingPathComponent("qwen2-tiny.gguf"))
+        #expect(model.fusedStep == nil)
+        try Self.expectNextTokenStepsEqualTokenIdSteps(model, tokens: try Self.expected().sequence.map { $0 % model.vocabularySize },
+                                                       promptLength: 3, workspaceRows: false)
+    }
+}

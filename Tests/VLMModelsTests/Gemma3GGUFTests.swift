@@ -75,4 +75,13 @@ import VLMTensor
             try model.logits(inputsEmbeds: $0, attentionMask: nil, positionIds: nil, cache: $1, lastPositionOnly: false, fusing: $2)
         }
     }
+
+    /// Steps by `logits(nextToken:cache:)` (its scaled embedding row and both rotary tables written into the
+    /// cache's workspace) give the floats steps by token ids give.
+    @Test(.enabled(if: FusedDecoderStep.isSupported, "this CPU has no packed quantized products: no fused decoding step"))
+    func nextTokenStepsEqualTokenIdSteps() throws {
+        let model = try Gemma3ForCausalLM(gguf: GGUFFile(url: Self.url))
+        try FusedDecodingTests.expectNextTokenStepsEqualTokenIdSteps(model, tokens: try Self.expected.get().sequence,
+                                                                     promptLength: 1, workspaceRows: true)
+    }
 }
