@@ -319,7 +319,8 @@ private final class BatchEngine: @unchecked Sendable {
         if let key = request.prefixKey { prefixes.keep(key: key, cache: cache) }
         submission.continuation.yield(.started(cachedPromptTokens: reused))
         let row = Row(submission: submission, cache: cache)
-        row.choose(logits: logits.scalars[...])
+        row.choose(logits: UnsafeBufferPointer(start: logits.storage.pointer, count: logits.count))
+        withExtendedLifetime(logits) {}
         return row.done ? nil : row
     }
 
@@ -401,8 +402,9 @@ private final class Row {
         cachedCount = cache.length
     }
 
-    /// Picks the next token from this row's logits, reports it, and decides whether the sequence ends.
-    func choose(logits: ArraySlice<Float>) {
+    /// Picks the next token from this row's logits (copied once, for the logits processors), reports it, and decides
+    /// whether the sequence ends.
+    func choose(logits: UnsafeBufferPointer<Float>) {
         let request = submission.request
         if submission.isCancelled {
             finish(nil)
@@ -510,14 +512,20 @@ private struct RunningBatch {
     mutating func step(model: any CausalLanguageModel) throws {
         guard let cache else { return }
         for index in masks.indices { masks[index].append(1) }
-        let positions = rows.map { [$0.cachedCount] }
-        let logits = try model.logits(inputIds: rows.map { [$0.lastToken] }, attentionMask: masks, positionIds: positions,
-                                      cache: cache, lastPositionOnly: true).scalars
+        let logits: Tensor
+        if rows.count == 1, cache.batch == 1, rows[0].cachedCount == cache.length, masks[0].allSatisfy({ $0 == 1 }) {
+            // One row without padding, at the positions its cache holds: what a step by token alone computes.
+            logits = try model.logits(nextToken: rows[0].lastToken, cache: cache)
+        } else {
+            logits = try model.logits(inputIds: rows.map { [$0.lastToken] }, attentionMask: masks,
+                                      positionIds: rows.map { [$0.cachedCount] }, cache: cache, lastPositionOnly: true)
+        }
         let size = model.vocabularySize
         for (index, row) in rows.enumerated() {
             row.cachedCount += 1
-            if !row.done { row.choose(logits: logits[(index * size)..<((index + 1) * size)]) }
+            if !row.done { row.choose(logits: UnsafeBufferPointer(start: logits.storage.pointer + index * size, count: size)) }
         }
+        withExtendedLifetime(logits) {}
     }
 }
 
