@@ -324,9 +324,9 @@ public final class Gemma3ForCausalLM: CausalLanguageModel, @unchecked Sendable {
     /// See ``CausalLanguageModel/logits(nextToken:cache:)``: the fused step, its scaled embedding row and rotary rows
     /// written into the cache's workspace, where the inputs fit it; else the general path, which names what does not.
     public func logits(nextToken token: Int, cache: KVCache) throws -> Tensor {
-        guard let step = fusedStep, cache.batch == 1, cache.length < cache.capacity, cache.length < 1 << 24,
-              cache.layerCount == layers.count, cache.heads == config.numKeyValueHeads,
-              cache.width == config.numKeyValueHeads * config.headDim, token >= 0, token < config.vocabSize else {
+        guard let step = fusedStep, token >= 0, token < config.vocabSize,
+              cache.takesOneStep(layers: layers.count, heads: config.numKeyValueHeads,
+                                 width: config.numKeyValueHeads * config.headDim) else {
             return try logits(inputIds: [[token]], cache: cache)
         }
         return softCapped(runFusedStep(step, cache: cache, position: cache.length) { row in

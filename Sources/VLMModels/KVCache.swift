@@ -58,6 +58,12 @@ public final class KVCache: @unchecked Sendable {
         halfValues = (0..<halves).map { _ in HalfTensor(uninitialized: shape) }
     }
 
+    /// Whether this cache takes one more position of its one row from a decoder of `layers` layers whose keys and
+    /// values are `heads` heads of `width` features in all (positions below 2^24, as every pass checks).
+    func takesOneStep(layers: Int, heads: Int, width: Int) -> Bool {
+        batch == 1 && length < capacity && length < 1 << 24 && layerCount == layers && self.heads == heads && self.width == width
+    }
+
     /// What a fused decoding step over this cache reuses from step to step (see ``workspace(for:)``).
     private var stepWorkspace: FusedDecoderStep.Workspace?
 

@@ -147,7 +147,8 @@ package final class FusedDecoderStep: @unchecked Sendable {
     /// `headDim / 2` floats each) and two logits rows handed out in turn, each written again only once no caller
     /// holds it.
     package final class Workspace {
-        fileprivate let step: ObjectIdentifier
+        /// Weak: a cache that outlives its model does not keep the model's weights.
+        fileprivate weak var step: FusedDecoderStep?
         /// What the addresses point into.
         fileprivate let cache: [KeysAndValues]
         fileprivate let capacity: Int
@@ -162,7 +163,7 @@ package final class FusedDecoderStep: @unchecked Sendable {
         private let logitsShape: [Int]
 
         fileprivate init(step: FusedDecoderStep, cache: [KeysAndValues], capacity: Int) {
-            self.step = ObjectIdentifier(step)
+            self.step = step
             (self.cache, self.capacity) = (cache, capacity)
             var keys: [UnsafeMutablePointer<Float>?] = [], values: [UnsafeMutablePointer<Float>?] = []
             var halfKeys: [UnsafeMutablePointer<UInt16>?] = [], halfValues: [UnsafeMutablePointer<UInt16>?] = []
@@ -190,7 +191,7 @@ package final class FusedDecoderStep: @unchecked Sendable {
         }
 
         /// Whether this workspace is `step`'s.
-        package func serves(_ step: FusedDecoderStep) -> Bool { self.step == ObjectIdentifier(step) }
+        package func serves(_ step: FusedDecoderStep) -> Bool { self.step === step }
 
         /// A logits row no caller holds: one of the two, or a new one in place of the first where callers hold both.
         fileprivate func freeLogits() -> Tensor? {
@@ -228,7 +229,7 @@ package final class FusedDecoderStep: @unchecked Sendable {
     /// Returns the logits `[1, 1, vocabularySize]` (one of the workspace's rows), or without a head the final norm's
     /// output `[1, 1, hiddenSize]` (a copy: the workspace's row is the next step's).
     package func callAsFunction(_ workspace: Workspace, position: Int) -> Tensor {
-        precondition(workspace.step == ObjectIdentifier(self) && position >= 0 && position < workspace.capacity,
+        precondition(workspace.serves(self) && position >= 0 && position < workspace.capacity,
                      "a fused decoding step at position \(position) of \(workspace.capacity) got another step's workspace")
         let logits = workspace.freeLogits()
         var step = vlm_decoder_step()
