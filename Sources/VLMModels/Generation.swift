@@ -281,7 +281,7 @@ struct DecodingState<Model: CausalLanguageModel> {
     var positions: [[Int]]
     /// `[rows, 1, vocabulary]`, as the model returned them: copied out once, a row at a time, by `scores(row:)`.
     private var logits: Tensor
-    /// One row without padding or blocks (a mask of ones), its positions those its cache holds.
+    /// One row without padding or blocks (a mask of ones), so its positions are those its cache holds.
     private let unpadded: Bool
 
     /// Runs the prompt: all of it into a new cache of `capacity` positions, or, given `cache`, the positions after
@@ -298,7 +298,7 @@ struct DecodingState<Model: CausalLanguageModel> {
             }.dropFirst(cache?.length ?? 0))
         }
         self.cache = try cache ?? model.makeCache(batch: rows, capacity: capacity)
-        unpadded = rows == 1 && mask[0].allSatisfy { $0 == 1 } && positions[0].last.map { $0 + 1 } == mask[0].count
+        unpadded = rows == 1 && mask[0].allSatisfy { $0 == 1 }
         logits = try model.logits(inputsEmbeds: prompt.embeds, attentionMask: mask, positionIds: positions, cache: self.cache,
                                   lastPositionOnly: true)
     }
