@@ -338,14 +338,13 @@ public final class Gemma3ForCausalLM: CausalLanguageModel, @unchecked Sendable {
     /// One fused step over `cache` for the embedding `embed` writes, its queries and keys rotated to `position`.
     private func runFusedStep(_ step: FusedDecoderStep, cache: KVCache, position: Int,
                               embed: (UnsafeMutablePointer<Float>) -> Void) -> Tensor {
-        let workspace = cache.workspace(for: step)
-        embed(workspace.hidden.storage.pointer)
-        rotaryRow(position: position, inverseFrequencies: fullAttentionFrequencies, cosines: workspace.cos, sines: workspace.sin)
-        rotaryRow(position: position, inverseFrequencies: slidingAttentionFrequencies, cosines: workspace.localCos,
-                  sines: workspace.localSin)
-        let output = step(workspace, position: cache.length)
-        cache.advance(by: 1)
-        return step.vocabularySize == nil ? lmHead(output) : output
+        cache.runFusedStep(step, head: { lmHead($0) }) { workspace in
+            embed(workspace.hidden.storage.pointer)
+            rotaryRow(position: position, inverseFrequencies: fullAttentionFrequencies, cosines: workspace.cos,
+                      sines: workspace.sin)
+            rotaryRow(position: position, inverseFrequencies: slidingAttentionFrequencies, cosines: workspace.localCos,
+                      sines: workspace.localSin)
+        }
     }
 
     /// `logits` through Gemma 2's soft cap where the config sets one, as transformers computes it: divide, tanh,

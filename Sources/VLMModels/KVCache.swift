@@ -69,11 +69,23 @@ public final class KVCache: @unchecked Sendable {
 
     /// The workspace of `step`'s decoding steps over this cache, made by the first of them: its buffers are the
     /// cache's for as long as the cache lives.
-    func workspace(for step: FusedDecoderStep) -> FusedDecoderStep.Workspace {
+    private func workspace(for step: FusedDecoderStep) -> FusedDecoderStep.Workspace {
         if let stepWorkspace, stepWorkspace.serves(step) { return stepWorkspace }
         let workspace = step.makeWorkspace(cache: layers, capacity: capacity)
         stepWorkspace = workspace
         return workspace
+    }
+
+    /// One fused decoding step over this cache at its next position: `prepare` writes the token's embedding row and
+    /// the rotary rows of its position into the cache's workspace; the logits come back through `head` where the
+    /// step ends at the final norm.
+    func runFusedStep(_ step: FusedDecoderStep, head: (Tensor) -> Tensor,
+                      prepare: (FusedDecoderStep.Workspace) -> Void) -> Tensor {
+        let workspace = self.workspace(for: step)
+        prepare(workspace)
+        let output = step(workspace, position: length)
+        advance(by: 1)
+        return step.vocabularySize == nil ? head(output) : output
     }
 
     /// Layer `layer`'s keys and values, as attention reads them.

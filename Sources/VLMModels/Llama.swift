@@ -495,13 +495,11 @@ public final class LlamaForCausalLM: CausalLanguageModel, @unchecked Sendable {
     /// One fused step over `cache` for the embedding `embed` writes, its queries and keys rotated to `position`.
     private func runFusedStep(_ step: FusedDecoderStep, cache: KVCache, position: Int,
                               embed: (UnsafeMutablePointer<Float>) -> Void) -> Tensor {
-        let workspace = cache.workspace(for: step)
-        embed(workspace.hidden.storage.pointer)
-        VLMTensor.rotaryRow(position: position, inverseFrequencies: config.rotaryFrequencies(reaching: position, inverseFrequencies),
-                            cosines: workspace.cos, sines: workspace.sin)
-        let output = step(workspace, position: cache.length)
-        cache.advance(by: 1)
-        return step.vocabularySize == nil ? lmHead(output) : output
+        cache.runFusedStep(step, head: { lmHead($0) }) { workspace in
+            embed(workspace.hidden.storage.pointer)
+            VLMTensor.rotaryRow(position: position, inverseFrequencies: config.rotaryFrequencies(reaching: position, inverseFrequencies),
+                                cosines: workspace.cos, sines: workspace.sin)
+        }
     }
 
     /// The final normalized hidden states `[B, T, hiddenSize]` (transformers' `last_hidden_state`).
